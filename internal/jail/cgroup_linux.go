@@ -1,0 +1,361 @@
+package jail
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupHost is what this host offers for resource control, detected once.
+type cgroupHost struct {
+	mode string // "cgroup v1", "cgroup v2" or "" (none usable)
+	// v1: controller name -> directory under which this process's
+	// sandboxes get their groups.
+	v1 map[string]string
+	// v2: the directory under which sandbox groups are created.
+	v2 string
+	// why cgroups cannot be used, when mode is "".
+	reason string
+}
+
+var (
+	hostOnce sync.Once
+	host     cgroupHost
+)
+
+func detectCgroups() cgroupHost {
+	hostOnce.Do(func() { host = probeCgroups() })
+	return host
+}
+
+var v1Controllers = []string{"memory", "pids", "cpu", "cpuacct"}
+var v2Controllers = []string{"memory", "pids", "cpu"}
+
+type mountEntry struct {
+	root, point, fstype string
+	super               []string
+}
+
+func readMountinfo() []mountEntry {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 5 || len(fields) < sep+4 {
+			continue
+		}
+		out = append(out, mountEntry{root: fields[3], point: fields[4], fstype: fields[sep+1], super: strings.Split(fields[sep+3], ",")})
+	}
+	return out
+}
+
+// selfCgroups maps a v1 controller (or "" for v2) to this process's path.
+func selfCgroups() map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(readFileString("/proc/self/cgroup"), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			out[""] = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out
+}
+
+func probeCgroups() cgroupHost {
+	mounts := readMountinfo()
+	self := selfCgroups()
+	var reasons []string
+	// cgroup v2, where it holds the controllers we need.
+	for _, m := range mounts {
+		if m.fstype != "cgroup2" {
+			continue
+		}
+		dir := filepath.Join(m.point, strings.TrimPrefix(self[""], m.root))
+		if err := prepareV2Parent(dir); err != nil {
+			reasons = append(reasons, "cgroup v2: "+err.Error())
+			continue
+		}
+		return cgroupHost{mode: "cgroup v2", v2: dir}
+	}
+	// cgroup v1.
+	v1 := map[string]string{}
+	for _, m := range mounts {
+		if m.fstype != "cgroup" {
+			continue
+		}
+		for _, c := range m.super {
+			for _, want := range v1Controllers {
+				if c == want && v1[want] == "" {
+					if p, ok := self[want]; ok {
+						v1[want] = filepath.Join(m.point, strings.TrimPrefix(p, m.root))
+					}
+				}
+			}
+		}
+	}
+	var missing []string
+	for _, c := range v1Controllers {
+		if v1[c] == "" {
+			missing = append(missing, c)
+		} else if unix.Access(v1[c], unix.W_OK) != nil {
+			missing = append(missing, c+" (not writable: cgroups are not delegated to this user)")
+		}
+	}
+	if len(missing) == 0 {
+		return cgroupHost{mode: "cgroup v1", v1: v1}
+	}
+	if len(v1) > 0 {
+		reasons = append(reasons, "cgroup v1: missing "+strings.Join(missing, ", "))
+	}
+	if len(reasons) == 0 {
+		reasons = append(reasons, "no cgroup file system mounted")
+	}
+	return cgroupHost{reason: strings.Join(reasons, "; ")}
+}
+
+// prepareV2Parent makes dir able to hold sandbox groups with the memory,
+// pids and cpu controllers. A cgroup with processes cannot enable
+// controllers for its children ("no internal processes"), so if this
+// process sits in dir it moves itself into a leaf first.
+func prepareV2Parent(dir string) error {
+	avail := strings.Fields(readFileString(filepath.Join(dir, "cgroup.controllers")))
+	for _, c := range v2Controllers {
+		if !contains(avail, c) {
+			return fmt.Errorf("controller %s not available in %s", c, dir)
+		}
+	}
+	if unix.Access(filepath.Join(dir, "cgroup.subtree_control"), unix.W_OK) != nil {
+		return fmt.Errorf("%s is not writable: cgroups are not delegated to this user", dir)
+	}
+	enable := func() error {
+		enabled := strings.Fields(readFileString(filepath.Join(dir, "cgroup.subtree_control")))
+		var add []string
+		for _, c := range v2Controllers {
+			if !contains(enabled, c) {
+				add = append(add, "+"+c)
+			}
+		}
+		if len(add) == 0 {
+			return nil
+		}
+		return os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0)
+	}
+	err := enable()
+	if errors.Is(err, unix.EBUSY) {
+		leaf := filepath.Join(dir, "sandloop-supervisor")
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			return fmt.Errorf("move self to %s: %w", leaf, err)
+		}
+		err = enable()
+	}
+	return err
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// cgroup is one sandbox's group (one directory per v1 controller, or one
+// v2 directory).
+type cgroup struct {
+	mode string
+	dirs []string // v1: per controller; v2: one
+	byC  map[string]string
+}
+
+func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
+	cg := &cgroup{mode: h.mode, byC: map[string]string{}}
+	fail := func(err error) (*cgroup, error) {
+		cg.remove()
+		return nil, err
+	}
+	switch h.mode {
+	case "cgroup v1":
+		for _, c := range v1Controllers {
+			d := filepath.Join(h.v1[c], name)
+			if _, ok := cg.byC[c]; ok {
+				continue
+			}
+			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fail(fmt.Errorf("create cgroup: %w", err))
+			}
+			cg.byC[c] = d
+			if !contains(cg.dirs, d) { // cpu and cpuacct may share a hierarchy
+				cg.dirs = append(cg.dirs, d)
+			}
+		}
+		period := 100000
+		writes := []struct{ c, file, val string }{
+			{"memory", "memory.limit_in_bytes", strconv.FormatInt(l.Memory, 10)},
+			{"memory", "memory.memsw.limit_in_bytes", strconv.FormatInt(l.Memory, 10)}, // swap included
+			{"memory", "memory.swappiness", "0"},
+			{"pids", "pids.max", strconv.Itoa(l.Pids)},
+			{"cpu", "cpu.cfs_period_us", strconv.Itoa(period)},
+			{"cpu", "cpu.cfs_quota_us", strconv.Itoa(int(l.CPUs * float64(period)))},
+		}
+		for _, w := range writes {
+			p := filepath.Join(cg.byC[w.c], w.file)
+			if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
+				if w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist) {
+					continue // no swap accounting: there is no swap to limit
+				}
+				if w.file == "memory.swappiness" {
+					continue
+				}
+				return fail(fmt.Errorf("set %s: %w", p, err))
+			}
+		}
+	case "cgroup v2":
+		d := filepath.Join(h.v2, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fail(fmt.Errorf("create cgroup: %w", err))
+		}
+		cg.dirs = []string{d}
+		period := 100000
+		writes := []struct{ file, val string }{
+			{"memory.max", strconv.FormatInt(l.Memory, 10)},
+			{"memory.swap.max", "0"},
+			{"pids.max", strconv.Itoa(l.Pids)},
+			{"cpu.max", fmt.Sprintf("%d %d", int(l.CPUs*float64(period)), period)},
+		}
+		for _, w := range writes {
+			p := filepath.Join(d, w.file)
+			if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
+				if w.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist) {
+					continue
+				}
+				return fail(fmt.Errorf("set %s: %w", p, err))
+			}
+		}
+	default:
+		return nil, errors.New("no cgroups")
+	}
+	return cg, nil
+}
+
+// fd opens the v2 group for clone3(CLONE_INTO_CGROUP); -1 for v1.
+func (cg *cgroup) fd() (*os.File, error) {
+	if cg.mode != "cgroup v2" {
+		return nil, nil
+	}
+	return os.Open(cg.dirs[0])
+}
+
+// add moves pid (and all its threads) into the group.
+func (cg *cgroup) add(pid int) error {
+	for _, d := range cg.dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("add %d to %s: %w", pid, d, err)
+		}
+	}
+	return nil
+}
+
+// stats reads CPU time, peak memory and whether the OOM killer fired.
+func (cg *cgroup) stats() (cpu time.Duration, peak int64, oom bool) {
+	if cg.mode == "cgroup v1" {
+		ns, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["cpuacct"], "cpuacct.usage")), 10, 64)
+		peak, _ = strconv.ParseInt(readFileString(filepath.Join(cg.byC["memory"], "memory.max_usage_in_bytes")), 10, 64)
+		oom = keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.oom_control")), "oom_kill") > 0
+		return time.Duration(ns), peak, oom
+	}
+	d := cg.dirs[0]
+	us := keyedValue(readFileString(filepath.Join(d, "cpu.stat")), "usage_usec")
+	peak, _ = strconv.ParseInt(readFileString(filepath.Join(d, "memory.peak")), 10, 64)
+	oom = keyedValue(readFileString(filepath.Join(d, "memory.events")), "oom_kill") > 0
+	return time.Duration(us) * time.Microsecond, peak, oom
+}
+
+func keyedValue(text, key string) int64 {
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == key {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// kill sends SIGKILL to every process in the group.
+func (cg *cgroup) kill() {
+	if cg.mode == "cgroup v2" {
+		if os.WriteFile(filepath.Join(cg.dirs[0], "cgroup.kill"), []byte("1"), 0) == nil {
+			return
+		}
+	}
+	for _, d := range cg.dirs {
+		for _, f := range strings.Fields(readFileString(filepath.Join(d, "cgroup.procs"))) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+	}
+}
+
+// empty reports whether no process is left in the group.
+func (cg *cgroup) empty() bool {
+	for _, d := range cg.dirs {
+		if readFileString(filepath.Join(d, "cgroup.procs")) != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// remove kills what is left and deletes the group, waiting (bounded) for
+// the kernel to finish tearing dead processes down.
+func (cg *cgroup) remove() error {
+	var err error
+	for attempt := 0; attempt < 200; attempt++ {
+		if !cg.empty() {
+			cg.kill()
+		}
+		err = nil
+		for _, d := range cg.dirs {
+			if e := unix.Rmdir(d); e != nil && !errors.Is(e, unix.ENOENT) {
+				err = fmt.Errorf("remove cgroup %s: %w", d, e)
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		time.Sleep(time.Duration(attempt+1) * 500 * time.Microsecond)
+	}
+	return err
+}

@@ -1,0 +1,184 @@
+package jail
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initArg0 is argv[0] of the jail's init: the server re-executes its own
+// binary under this name inside the new namespaces.
+const initArg0 = "sandloop-jail-init"
+
+// Descriptors handed to the init. The program's extra files follow.
+const (
+	initConfigFD    = 3 // init reads its initConfig (JSON) until EOF
+	initStatusFD    = 4 // init writes one initStatus (JSON) and closes it
+	initWorkspaceFD = 5 // the workspace's mount (open_tree) or /dev/null
+	initFirstExtra  = 6
+)
+
+// initConfig is what the host tells the init.
+type initConfig struct {
+	Path       string
+	Args       []string
+	Env        []string
+	Dir        string
+	Limits     Limits
+	Network    Network
+	Files      []File
+	ExtraFiles int
+	// Workspace is the host path (resolved) of the workspace;
+	// WorkspaceTree says the host passed a clone of its mount instead
+	// (as root), to be attached rather than bound by path.
+	Workspace     string
+	WorkspaceTree bool
+	// RlimitOnly: no cgroup enforces memory/pids, so rlimits must.
+	RlimitMemory bool
+	RlimitPids   bool
+	// NewCgroupNS: unshare the cgroup namespace once the host has moved
+	// the init into its cgroup, so the jail sees its cgroup as "/".
+	NewCgroupNS bool
+}
+
+// initStatus is one of the init's reports, one JSON object per line: first
+// that the program started (Pid) or that setup failed (Error), then, when
+// the program has ended, how it ended (Exited).
+type initStatus struct {
+	Pid      int    `json:"pid,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Exited   bool   `json:"exited,omitempty"`
+	ExitCode int    `json:"code,omitempty"`
+	Signal   int    `json:"signal,omitempty"`
+}
+
+// MaybeInit runs the jail's init and exits if this process was started as
+// one; otherwise it returns at once. Call it first thing in main (and in
+// TestMain of packages that start jails).
+func MaybeInit() {
+	if len(os.Args) == 0 || os.Args[0] != initArg0 {
+		return
+	}
+	// Namespaces, capabilities and the bounding set are per thread: do all
+	// of the setup, and the fork of the program, from one thread.
+	runtime.LockOSThread()
+	os.Exit(runInit())
+}
+
+func runInit() int {
+	status := os.NewFile(initStatusFD, "status")
+	enc := json.NewEncoder(status)
+	report := func(st initStatus) { _ = enc.Encode(st) }
+	var cfg initConfig
+	cf := os.NewFile(initConfigFD, "config")
+	if err := json.NewDecoder(cf).Decode(&cfg); err != nil {
+		report(initStatus{Error: "read config: " + err.Error()})
+		return 126
+	}
+	cf.Close()
+	pid, err := setupAndStart(&cfg)
+	if err != nil {
+		report(initStatus{Error: err.Error()})
+		return 126
+	}
+	report(initStatus{Pid: pid})
+	st := superviseChild(pid)
+	report(st)
+	if st.Signal != 0 {
+		return 128 + st.Signal
+	}
+	return st.ExitCode
+}
+
+func setupAndStart(cfg *initConfig) (int, error) {
+	if cfg.NewCgroupNS {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return 0, fmt.Errorf("unshare cgroup namespace: %w", err)
+		}
+	}
+	if err := buildRoot(cfg); err != nil {
+		return 0, err
+	}
+	if err := unix.Sethostname([]byte("sandbox")); err != nil {
+		return 0, fmt.Errorf("sethostname: %w", err)
+	}
+	if cfg.Network != NetworkHost {
+		if err := loopbackUp(); err != nil {
+			return 0, fmt.Errorf("bring up loopback: %w", err)
+		}
+	}
+	if err := setRlimits(cfg); err != nil {
+		return 0, err
+	}
+	// Descriptors the init inherited from whoever started the server must
+	// not reach the program: only 0-2 and the extra files are handed on
+	// (ForkExec clears close-on-exec on exactly those).
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, fmt.Errorf("close_range: %w", err)
+	}
+	if err := dropPrivileges(); err != nil {
+		return 0, err
+	}
+	if err := loadSeccomp(); err != nil {
+		return 0, err
+	}
+	files := []uintptr{0, 1, 2}
+	for i := range cfg.ExtraFiles {
+		files = append(files, uintptr(initFirstExtra+i))
+	}
+	args := cfg.Args
+	if len(args) == 0 {
+		args = []string{cfg.Path}
+	}
+	pid, err := syscall.ForkExec(cfg.Path, args, &syscall.ProcAttr{
+		Dir:   cfg.Dir,
+		Env:   cfg.Env,
+		Files: files,
+		Sys: &syscall.SysProcAttr{
+			Setsid:    true,
+			Pdeathsig: syscall.SIGKILL,
+		},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start %s: %w", cfg.Path, err)
+	}
+	return pid, nil
+}
+
+// superviseChild forwards signals from the host to the program, reaps
+// every process that ends in the jail, and returns the program's exit
+// status. When the init returns, the kernel kills whatever is left in the
+// PID namespace (daemons included).
+func superviseChild(pid int) initStatus {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	go func() {
+		for s := range sigs {
+			_ = unix.Kill(pid, s.(unix.Signal))
+		}
+	}()
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return initStatus{Exited: true, ExitCode: 125}
+		}
+		if got != pid {
+			continue
+		}
+		switch {
+		case ws.Exited():
+			return initStatus{Exited: true, ExitCode: ws.ExitStatus()}
+		case ws.Signaled():
+			return initStatus{Exited: true, Signal: int(ws.Signal())}
+		}
+	}
+}

@@ -1,0 +1,139 @@
+// Package jail starts one process isolated from the host: namespaces, a mount
+// tree built from scratch, seccomp, cgroups (v1 and v2), rlimits, a wall-clock
+// timeout and bounded output capture.
+package jail
+
+import (
+	"errors"
+	"io"
+	"os"
+	"time"
+)
+
+// Inside the jail the sandboxed program runs as this user.
+const (
+	SandboxUID  = 1000
+	SandboxGID  = 1000
+	SandboxUser = "sandbox"
+	// WorkspaceDir is where the host workspace is mounted; it is the
+	// working directory and HOME.
+	WorkspaceDir = "/workspace"
+)
+
+// DefaultPython is the interpreter used inside the jail.
+const DefaultPython = "/usr/bin/python3"
+
+// Limits bound what the jailed process tree may use. Zero values mean the
+// documented default; a negative value means "no limit" where that is allowed.
+type Limits struct {
+	// Memory in bytes, swap included. If zero, 512 MiB.
+	Memory int64
+	// CPUs is the CPU quota in cores (0.5 = half a core). If zero, 1.
+	CPUs float64
+	// Pids is the maximum number of processes and threads. If zero, 256.
+	Pids int
+	// Timeout is the wall-clock limit; the whole group is killed when it
+	// passes. If zero, no timeout (the caller's context still applies).
+	Timeout time.Duration
+	// TmpSize caps /tmp and /dev/shm (each) in bytes. If zero, 256 MiB.
+	TmpSize int64
+	// FileSize caps the size of any one file written (RLIMIT_FSIZE). If zero, 1 GiB.
+	FileSize int64
+	// NoFile caps open descriptors (RLIMIT_NOFILE). If zero, 1024.
+	NoFile int
+	// Stack caps the main thread's stack (RLIMIT_STACK). If zero, 8 MiB.
+	Stack int64
+}
+
+// Network selects what network the jail sees.
+type Network string
+
+const (
+	// NetworkNone gives the jail its own network namespace with only
+	// loopback up: servers started inside can be reached from inside, and
+	// nothing leaves the jail. This is the default.
+	NetworkNone Network = "none"
+	// NetworkHost shares the host's network namespace. Only for trusted
+	// code that must reach a package index.
+	NetworkHost Network = "host"
+)
+
+// File is a file placed into the jail's read-only root before the program
+// starts (for example the kernel's own source).
+type File struct {
+	Path string // absolute path inside the jail, not under /workspace, /tmp, /dev or /proc
+	Data []byte
+	Mode os.FileMode // if zero, 0644
+}
+
+// Config describes one jailed process.
+type Config struct {
+	// Path is the program to run, as seen inside the jail.
+	Path string
+	// Args are the program's arguments, argv[0] included. If empty, [Path].
+	Args []string
+	// Env is the complete environment given to the program, on top of a
+	// minimal base (PATH, HOME, USER, LANG, TMPDIR). The server's own
+	// environment is never passed.
+	Env []string
+	// Workspace is a host directory mounted read-write at /workspace. It
+	// must exist. The jail makes it writable by the sandbox user.
+	Workspace string
+	// Dir is the working directory inside the jail. If empty, /workspace.
+	Dir string
+	// Limits bounds resource use.
+	Limits Limits
+	// Network selects the network. If empty, NetworkNone.
+	Network Network
+	// Files are placed into the jail's root (read-only) before start.
+	Files []File
+
+	// Stdin, Stdout and Stderr are connected to the program's standard
+	// descriptors. Nil means /dev/null for Stdin and discard for the
+	// others. A writer that is not an *os.File is fed from a pipe.
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// ExtraFiles are handed to the program as descriptors 3, 4, ... and are
+	// the only descriptors of the server it receives.
+	ExtraFiles []*os.File
+}
+
+// Result describes how a jailed process ended and what it used.
+type Result struct {
+	// ExitCode is the program's exit status, or 128+signal if a signal killed it.
+	ExitCode int
+	// Signal is the signal that ended the program, if any.
+	Signal string `json:",omitempty"`
+	// TimedOut reports that the wall-clock timeout killed the group.
+	TimedOut bool
+	// OOMKilled reports that the kernel's OOM killer fired in the group.
+	OOMKilled bool
+	// Duration is the wall-clock time from start to end.
+	Duration time.Duration
+	// CPUTime is user+system CPU time of the whole group.
+	CPUTime time.Duration
+	// MemoryPeak is the peak memory of the group in bytes (from the
+	// cgroup; from the largest RSS where no memory cgroup is available).
+	MemoryPeak int64
+	// Enforcement says how limits were enforced: "cgroup v1", "cgroup v2"
+	// or "rlimits".
+	Enforcement string
+	// Warnings lists degraded protections (for example no cgroups delegated).
+	Warnings []string `json:",omitempty"`
+}
+
+// Errors callers may branch on.
+var (
+	// ErrUnsupported means a safe jail cannot be built on this host.
+	ErrUnsupported = errors.New("jail: not supported on this host")
+)
+
+// ArgumentError reports a bad Config field.
+type ArgumentError struct {
+	Name string
+	Err  error
+}
+
+func (e *ArgumentError) Error() string { return "jail: invalid " + e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }

@@ -1,0 +1,373 @@
+package jail
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Host paths are read through the old root while the new one is built.
+const (
+	baseDir = "/tmp"      // a tmpfs is mounted here (in the jail's mount namespace only)
+	oldRoot = "/oldroot"  // the host's root, below the base tmpfs, until detached
+	newRoot = "/newroot"  // the jail's root, below the base tmpfs
+	hostFD  = "/oldroot/proc/self/fd/"
+)
+
+// systemDirs are mounted read-only from the host, or recreated as the same
+// symlink where the host has one (merged /usr).
+var systemDirs = []string{"/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"}
+
+// etcCopies are copied from the host's /etc when present: what the
+// interpreter, the dynamic linker, TLS and time zones need. Nothing that
+// holds secrets (shadow, ssh, ssl/private, machine-id) is on the list.
+var etcCopies = []string{"ld.so.cache", "ld.so.conf", "mime.types", "matplotlibrc", "nsswitch.conf", "protocols", "services"}
+
+// etcDirs are bind-mounted read-only from the host's /etc when present.
+var etcDirs = []string{"alternatives", "ssl/certs", "ca-certificates", "python3", "python3.11", "python3.12", "python3.13", "fonts"}
+
+// procMasked are hidden behind /dev/null (files) or an empty read-only
+// tmpfs (directories): they leak kernel addresses or host details.
+var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kpagecount", "kpageflags", "kpagecgroup", "config.gz", "sysrq-trigger", "acpi", "scsi", "asound", "firmware", "driver"}
+
+// procReadOnly are remounted read-only: kernel tunables.
+var procReadOnly = []string{"sys", "irq", "bus", "fs"}
+
+var devNodes = []string{"null", "zero", "full", "random", "urandom"}
+
+func mount(src, dst, fstype string, flags uintptr, data string) error {
+	if err := unix.Mount(src, dst, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// buildRoot builds the jail's file system from scratch and enters it with
+// pivot_root. Afterwards no host path is reachable but what was bound in.
+func buildRoot(cfg *initConfig) error {
+	// Keep every mount change inside this namespace.
+	if err := mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", baseDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m,mode=0755"); err != nil {
+		return err
+	}
+	for _, d := range []string{baseDir + oldRoot, baseDir + newRoot} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.PivotRoot(baseDir, baseDir+oldRoot); err != nil {
+		return fmt.Errorf("pivot_root to base: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	// The jail's root: a small tmpfs, remounted read-only once filled.
+	if err := mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
+		return err
+	}
+	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles}
+	for _, step := range steps {
+		if err := step(cfg); err != nil {
+			return err
+		}
+	}
+	// Detach the host's root, then make newroot "/" with the old base
+	// stacked below it and detached too.
+	if err := unix.Unmount(oldRoot, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach host root: %w", err)
+	}
+	if err := unix.Chdir(newRoot); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root to jail: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach base: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	if err := mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return err
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		dir = WorkspaceDir
+	}
+	if err := unix.Chdir(dir); err != nil {
+		return fmt.Errorf("chdir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// bindReadOnly bind-mounts src on dst and makes it read-only, keeping the
+// flags the kernel locks for mounts inherited from a more privileged
+// namespace (nodev, nosuid, noexec, atime flags).
+func bindReadOnly(src, dst string, extra uintptr) error {
+	if err := mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dst, err)
+	}
+	flags := unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | unix.MS_NOSUID | extra | lockedFlags(st.Flags)
+	return mount("", dst, "", flags, "")
+}
+
+func lockedFlags(f int64) uintptr {
+	var out uintptr
+	for _, m := range []struct {
+		st int64
+		ms uintptr
+	}{
+		{unix.ST_NODEV, unix.MS_NODEV},
+		{unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME},
+		{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
+		{unix.ST_RELATIME, unix.MS_RELATIME},
+	} {
+		if f&m.st != 0 {
+			out |= m.ms
+		}
+	}
+	return out
+}
+
+func mountSystem(*initConfig) error {
+	for _, d := range systemDirs {
+		src, dst := oldRoot+d, newRoot+d
+		fi, err := os.Lstat(src)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(src)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(target, dst); err != nil {
+				return err
+			}
+			continue
+		}
+		if !fi.IsDir() {
+			continue
+		}
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			return err
+		}
+		if err := bindReadOnly(src, dst, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func makeEtc(*initConfig) error {
+	etc := newRoot + "/etc"
+	if err := os.Mkdir(etc, 0o755); err != nil {
+		return err
+	}
+	generated := map[string]string{
+		"passwd": fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\n%s:x:%d:%d:sandbox:%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+			SandboxUser, SandboxUID, SandboxGID, WorkspaceDir),
+		"group":       fmt.Sprintf("root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", SandboxUser, SandboxGID),
+		"hosts":       "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"hostname":    "sandbox\n",
+		"resolv.conf": "",
+	}
+	for name, data := range generated {
+		if err := os.WriteFile(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, name := range etcCopies {
+		if _, ok := generated[name]; ok {
+			continue
+		}
+		data, err := os.ReadFile(oldRoot + "/etc/" + name)
+		if err != nil {
+			continue // optional
+		}
+		if err := os.WriteFile(filepath.Join(etc, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	// localtime is normally a symlink into /usr/share/zoneinfo.
+	if target, err := os.Readlink(oldRoot + "/etc/localtime"); err == nil {
+		if err := os.Symlink(target, etc+"/localtime"); err != nil {
+			return err
+		}
+	} else if data, err := os.ReadFile(oldRoot + "/etc/localtime"); err == nil {
+		if err := os.WriteFile(etc+"/localtime", data, 0o644); err != nil {
+			return err
+		}
+	}
+	for _, d := range etcDirs {
+		src := oldRoot + "/etc/" + d
+		fi, err := os.Stat(src)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		dst := filepath.Join(etc, d)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := bindReadOnly(src, dst, unix.MS_NODEV); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func makeDev(cfg *initConfig) error {
+	dev := newRoot + "/dev"
+	if err := os.Mkdir(dev, 0o755); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"); err != nil {
+		return err
+	}
+	for _, n := range devNodes {
+		dst := dev + "/" + n
+		if err := os.WriteFile(dst, nil, 0o666); err != nil {
+			return err
+		}
+		// Device nodes cannot be created in a user namespace; bind the
+		// host's (they carry no state).
+		if err := mount(oldRoot+"/dev/"+n, dst, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	links := map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
+	for name, target := range links {
+		if err := os.Symlink(target, dev+"/"+name); err != nil {
+			return err
+		}
+	}
+	shm := dev + "/shm"
+	if err := os.Mkdir(shm, 0o1777); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, tmpfsData(cfg.Limits.TmpSize, 1<<14, "1777")); err != nil {
+		return err
+	}
+	return mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, "")
+}
+
+func tmpfsData(size int64, inodes int, mode string) string {
+	return "size=" + strconv.FormatInt(size, 10) + ",nr_inodes=" + strconv.Itoa(inodes) + ",mode=" + mode
+}
+
+func mountProc(*initConfig) error {
+	proc := newRoot + "/proc"
+	if err := os.Mkdir(proc, 0o555); err != nil {
+		return err
+	}
+	// A fresh proc for the jail's own PID namespace: the host's processes
+	// are not in it.
+	if err := mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	for _, name := range procMasked {
+		p := proc + "/" + name
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if fi.IsDir() {
+			if err := mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0"); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := mount(newRoot+"/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	for _, name := range procReadOnly {
+		p := proc + "/" + name
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if err := bindReadOnly(p, p, unix.MS_NODEV|unix.MS_NOEXEC); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mountScratch mounts the size-capped /tmp and the workspace.
+func mountScratch(cfg *initConfig) error {
+	tmp := newRoot + "/tmp"
+	if err := os.Mkdir(tmp, 0o1777); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", tmp, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpfsData(cfg.Limits.TmpSize, 1<<16, "1777")); err != nil {
+		return err
+	}
+	ws := newRoot + WorkspaceDir
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		return err
+	}
+	if cfg.WorkspaceTree {
+		// The host cloned the workspace's mount with open_tree: attach
+		// it. Its parents need not be traversable by the sandbox user,
+		// and a path swapped under us cannot redirect the mount.
+		if err := unix.MoveMount(initWorkspaceFD, "", unix.AT_FDCWD, ws, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attach workspace: %w", err)
+		}
+	} else if err := mount(oldRoot+cfg.Workspace, ws, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(ws, &st); err != nil {
+		return err
+	}
+	return mount("", ws, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), "")
+}
+
+// placeFiles writes the configured files into the root before it becomes
+// read-only.
+func placeFiles(cfg *initConfig) error {
+	for _, f := range cfg.Files {
+		p := filepath.Join(newRoot, f.Path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := os.WriteFile(p, f.Data, mode.Perm()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validFilePath reports whether p may be used for a File: absolute, clean
+// and outside every mount point of the jail.
+func validFilePath(p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+		return errors.New("must be an absolute, clean path")
+	}
+	for _, m := range append([]string{"/etc", "/dev", "/proc", "/tmp", WorkspaceDir}, systemDirs...) {
+		if p == m || strings.HasPrefix(p, m+"/") {
+			return fmt.Errorf("%s is under %s", p, m)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,445 @@
+package jail
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostID is the host uid and gid the sandbox user maps to when the server
+// runs as root: nobody, which owns nothing on the host. (Without root, the
+// sandbox user maps to the server's own user.) Distinct jails sharing it
+// cannot reach each other: each has its own PID, mount, network and IPC
+// namespaces, and RLIMIT_NPROC is counted per user namespace.
+var HostID = 65534
+
+func (l Limits) withDefaults() Limits {
+	if l.Memory == 0 {
+		l.Memory = 512 << 20
+	}
+	if l.CPUs == 0 {
+		l.CPUs = 1
+	}
+	if l.Pids == 0 {
+		l.Pids = 256
+	}
+	if l.TmpSize == 0 {
+		l.TmpSize = 256 << 20
+	}
+	if l.FileSize == 0 {
+		l.FileSize = 1 << 30
+	}
+	if l.NoFile == 0 {
+		l.NoFile = 1024
+	}
+	if l.Stack == 0 {
+		l.Stack = 8 << 20
+	}
+	return l
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.Memory < 16<<20:
+		return &ArgumentError{"memory limit", fmt.Errorf("%d bytes is below the 16 MiB minimum", l.Memory)}
+	case l.CPUs < 0.01:
+		return &ArgumentError{"cpus", fmt.Errorf("%g is below 0.01", l.CPUs)}
+	case l.Pids < 8:
+		return &ArgumentError{"pids limit", fmt.Errorf("%d is below the minimum of 8", l.Pids)}
+	case l.Timeout < 0:
+		return &ArgumentError{"timeout", errors.New("must not be negative")}
+	case l.TmpSize < 1<<20:
+		return &ArgumentError{"tmp size", errors.New("must be at least 1 MiB")}
+	case l.NoFile < 16:
+		return &ArgumentError{"open files limit", errors.New("must be at least 16")}
+	}
+	return nil
+}
+
+// Process is a running jail.
+type Process struct {
+	cmd     *exec.Cmd
+	cg      *cgroup
+	start   time.Time
+	status  *bufio.Reader
+	statusF *os.File
+	warn    []string
+	enforce string
+
+	mu       sync.Mutex
+	timedOut bool
+	done     chan struct{}
+	timer    *time.Timer
+	result   *Result
+	waitErr  error
+	waitOnce sync.Once
+}
+
+// Start starts cfg in a new jail. The returned Process must be waited for.
+func Start(ctx context.Context, cfg *Config) (*Process, error) {
+	if cfg.Path == "" {
+		return nil, &ArgumentError{"path", errors.New("empty")}
+	}
+	limits := cfg.Limits.withDefaults()
+	if err := limits.validate(); err != nil {
+		return nil, err
+	}
+	for _, f := range cfg.Files {
+		if err := validFilePath(f.Path); err != nil {
+			return nil, &ArgumentError{"file path", err}
+		}
+	}
+	switch cfg.Network {
+	case "", NetworkNone, NetworkHost:
+	default:
+		return nil, &ArgumentError{"network", fmt.Errorf("%q is not none or host", cfg.Network)}
+	}
+	wsPath, err := filepath.Abs(cfg.Workspace)
+	if err == nil {
+		wsPath, err = filepath.EvalSymlinks(wsPath)
+	}
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(wsPath); err == nil && !fi.IsDir() {
+			err = errors.New("not a directory")
+		}
+	}
+	if err != nil {
+		return nil, &ArgumentError{"workspace", err}
+	}
+	// As root, hand the jail a detached clone of the workspace's mount: the
+	// jail's user may not traverse the path's parents. Without root the
+	// jail's user is the caller, who can.
+	ws, wsTree := openWorkspaceTree(wsPath)
+	defer ws.Close()
+
+	p := &Process{done: make(chan struct{})}
+	uid, gid := os.Getuid(), os.Getgid()
+	if uid == 0 {
+		uid, gid = HostID, HostID
+		if err := chownTree(wsPath, uid, gid); err != nil {
+			return nil, fmt.Errorf("prepare workspace: %w", err)
+		}
+	}
+
+	h := detectCgroups()
+	initCfg := initConfig{
+		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
+		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
+		Workspace: wsPath, WorkspaceTree: wsTree,
+	}
+	if h.mode != "" {
+		name := "sandloop-" + randomID()
+		cg, err := newCgroup(h, name, limits)
+		if err != nil {
+			return nil, err
+		}
+		p.cg, p.enforce = cg, h.mode
+		initCfg.NewCgroupNS = true
+	} else {
+		p.enforce = "rlimits"
+		p.warn = append(p.warn, "cgroups unavailable ("+h.reason+"): memory and process limits fall back to RLIMIT_DATA and RLIMIT_NPROC, CPU is not limited, peak memory is the largest RSS, and OOM kills cannot be told apart")
+		initCfg.RlimitMemory, initCfg.RlimitPids = true, true
+	}
+	fail := func(err error) (*Process, error) {
+		if p.cg != nil {
+			_ = p.cg.remove()
+		}
+		return nil, err
+	}
+
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	defer stW.Close()
+
+	flags := unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
+	if cfg.Network != NetworkHost {
+		flags |= unix.CLONE_NEWNET
+	}
+	cmd := &exec.Cmd{
+		Path: "/proc/self/exe",
+		Args: []string{initArg0},
+		Env:  []string{}, // never the server's environment
+		// Readers and writers that are not files go through pipes, so the
+		// jail is never handed a terminal (TIOCSTI) or a server file.
+		Stdin:      wrapReader(cfg.Stdin),
+		Stdout:     wrapWriter(cfg.Stdout),
+		Stderr:     wrapWriter(cfg.Stderr),
+		ExtraFiles: append([]*os.File{cfgR, stW, ws}, cfg.ExtraFiles...),
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:                 uintptr(flags),
+			UidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxUID, HostID: uid, Size: 1}},
+			GidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxGID, HostID: gid, Size: 1}},
+			GidMappingsEnableSetgroups: false,
+			Credential:                 &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, NoSetGroups: true},
+			// The init needs these in its own namespaces to build the
+			// mount tree; it drops all of them before the program starts.
+			AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE},
+			Pdeathsig:   syscall.SIGKILL,
+			Setsid:      true,
+		},
+		WaitDelay: 2 * time.Second,
+	}
+	if cgf, err := p.cgFD(); err != nil {
+		return fail(err)
+	} else if cgf != nil {
+		defer cgf.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(cgf.Fd())
+	}
+	p.cmd = cmd
+	if err := cmd.Start(); err != nil {
+		return fail(fmt.Errorf("start jail: %w", err))
+	}
+	p.start = time.Now()
+	cfgR.Close()
+	stW.Close()
+	p.statusF = stR
+	p.status = bufio.NewReader(io.LimitReader(stR, 1<<20))
+	abort := func(err error) (*Process, error) {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		stR.Close()
+		return fail(err)
+	}
+	if p.cg != nil && p.cg.mode == "cgroup v1" {
+		if err := p.cg.add(cmd.Process.Pid); err != nil {
+			return abort(err)
+		}
+	}
+	if err := json.NewEncoder(cfgW).Encode(&initCfg); err != nil {
+		return abort(fmt.Errorf("configure jail: %w", err))
+	}
+	cfgW.Close()
+	var st initStatus
+	if err := readStatus(p.status, &st); err != nil {
+		return abort(fmt.Errorf("jail did not start: %w", err))
+	}
+	if st.Error != "" {
+		return abort(fmt.Errorf("set up jail: %s", st.Error))
+	}
+	if limits.Timeout > 0 {
+		p.timer = time.AfterFunc(limits.Timeout, func() {
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+			p.Kill()
+		})
+	}
+	if ctx.Done() != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+				p.Kill()
+			case <-p.done:
+			}
+		}()
+	}
+	return p, nil
+}
+
+func (p *Process) cgFD() (*os.File, error) {
+	if p.cg == nil {
+		return nil, nil
+	}
+	return p.cg.fd()
+}
+
+func readStatus(r *bufio.Reader, st *initStatus) error {
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("the jail's init exited without a report")
+		}
+		return err
+	}
+	return json.Unmarshal(line, st)
+}
+
+// Pid is the host PID of the jail's init (PID 1 inside).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Signal delivers sig to the jailed program (the init forwards it).
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Kill kills every process of the jail. It is safe to call at any time.
+func (p *Process) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
+	if p.cg != nil {
+		p.cg.kill()
+	}
+}
+
+// Done is closed when the jail has ended and its resources are released.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Wait waits for the program to end, kills anything left in the jail,
+// removes its cgroup and reports what happened. It may be called more than
+// once and from several goroutines.
+func (p *Process) Wait() (*Result, error) {
+	p.waitOnce.Do(func() {
+		p.result, p.waitErr = p.wait()
+		close(p.done)
+	})
+	return p.result, p.waitErr
+}
+
+func (p *Process) wait() (*Result, error) {
+	waitErr := p.cmd.Wait()
+	end := time.Now()
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	var st initStatus
+	statusErr := readStatus(p.status, &st)
+	p.statusF.Close()
+
+	r := &Result{Duration: end.Sub(p.start), Enforcement: p.enforce, Warnings: p.warn}
+	p.mu.Lock()
+	r.TimedOut = p.timedOut
+	p.mu.Unlock()
+	if ps := p.cmd.ProcessState; ps != nil {
+		r.CPUTime = ps.UserTime() + ps.SystemTime()
+		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+			r.MemoryPeak = ru.Maxrss * 1024
+		}
+	}
+	switch {
+	case statusErr == nil && st.Exited:
+		r.ExitCode = st.ExitCode
+		if st.Signal != 0 {
+			r.ExitCode = 128 + st.Signal
+			r.Signal = unix.SignalName(syscall.Signal(st.Signal))
+		}
+	default:
+		// The init itself was killed (timeout, Kill, context, OOM).
+		r.ExitCode = 137
+		r.Signal = "SIGKILL"
+		var ee *exec.ExitError
+		if waitErr != nil && !errors.As(waitErr, &ee) && !errors.Is(waitErr, exec.ErrWaitDelay) {
+			return nil, fmt.Errorf("wait for jail: %w", waitErr)
+		}
+	}
+	if p.cg != nil {
+		cpu, peak, oom := p.cg.stats()
+		if cpu > 0 {
+			r.CPUTime = cpu
+		}
+		if peak > 0 {
+			r.MemoryPeak = peak
+		}
+		r.OOMKilled = oom
+		if err := p.cg.remove(); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// Run starts cfg in a jail and waits for it.
+func Run(ctx context.Context, cfg *Config) (*Result, error) {
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p.Wait()
+}
+
+// baseEnv is the start of every jail's environment.
+var baseEnv = []string{
+	"PATH=/usr/local/bin:/usr/bin:/bin",
+	"HOME=" + WorkspaceDir,
+	"USER=" + SandboxUser,
+	"LOGNAME=" + SandboxUser,
+	"LANG=C.UTF-8",
+	"TMPDIR=/tmp",
+}
+
+// buildEnv returns the base environment overridden by env (later wins).
+func buildEnv(env []string) []string {
+	out := make([]string, 0, len(baseEnv)+len(env))
+	idx := map[string]int{}
+	for _, kv := range append(append([]string{}, baseEnv...), env...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+// chownTree gives the workspace to the sandbox user's host id without
+// following symlinks.
+func chownTree(root string, uid, gid int) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	})
+}
+
+func openWorkspaceTree(path string) (*os.File, bool) {
+	if fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err == nil {
+		return os.NewFile(uintptr(fd), "workspace"), true
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		panic(err) // no /dev/null: nothing can work
+	}
+	return f, false
+}
+
+func randomID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type readerOnly struct{ io.Reader }
+type writerOnly struct{ io.Writer }
+
+func wrapReader(r io.Reader) io.Reader {
+	if r == nil {
+		return nil
+	}
+	return readerOnly{r}
+}
+
+func wrapWriter(w io.Writer) io.Writer {
+	if w == nil {
+		return nil
+	}
+	return writerOnly{w}
+}
