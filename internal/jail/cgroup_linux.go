@@ -268,14 +268,6 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 	return cg, nil
 }
 
-// fd opens the v2 group for clone3(CLONE_INTO_CGROUP); -1 for v1.
-func (cg *cgroup) fd() (*os.File, error) {
-	if cg.mode != "cgroup v2" {
-		return nil, nil
-	}
-	return os.Open(cg.dirs[0])
-}
-
 // add moves pid (and all its threads) into the group.
 func (cg *cgroup) add(pid int) error {
 	for _, d := range cg.dirs {

@@ -5,6 +5,7 @@ package jail
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"time"
@@ -137,3 +138,47 @@ type ArgumentError struct {
 
 func (e *ArgumentError) Error() string { return "jail: invalid " + e.Name + ": " + e.Err.Error() }
 func (e *ArgumentError) Unwrap() error { return e.Err }
+
+// WithDefaults returns l with every zero field set to its documented default.
+func (l Limits) WithDefaults() Limits {
+	if l.Memory == 0 {
+		l.Memory = 512 << 20
+	}
+	if l.CPUs == 0 {
+		l.CPUs = 1
+	}
+	if l.Pids == 0 {
+		l.Pids = 256
+	}
+	if l.TmpSize == 0 {
+		l.TmpSize = 256 << 20
+	}
+	if l.FileSize == 0 {
+		l.FileSize = 1 << 30
+	}
+	if l.NoFile == 0 {
+		l.NoFile = 1024
+	}
+	if l.Stack == 0 {
+		l.Stack = 8 << 20
+	}
+	return l
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.Memory < 16<<20:
+		return &ArgumentError{"memory limit", fmt.Errorf("%d bytes is below the 16 MiB minimum", l.Memory)}
+	case l.CPUs < 0.01:
+		return &ArgumentError{"cpus", fmt.Errorf("%g is below 0.01", l.CPUs)}
+	case l.Pids < 8:
+		return &ArgumentError{"pids limit", fmt.Errorf("%d is below the minimum of 8", l.Pids)}
+	case l.Timeout < 0:
+		return &ArgumentError{"timeout", errors.New("must not be negative")}
+	case l.TmpSize < 1<<20:
+		return &ArgumentError{"tmp size", errors.New("must be at least 1 MiB")}
+	case l.NoFile < 16:
+		return &ArgumentError{"open files limit", errors.New("must be at least 16")}
+	}
+	return nil
+}

@@ -13,9 +13,9 @@ import (
 
 // Host paths are read through the old root while the new one is built.
 const (
-	baseDir = "/tmp"      // a tmpfs is mounted here (in the jail's mount namespace only)
-	oldRoot = "/oldroot"  // the host's root, below the base tmpfs, until detached
-	newRoot = "/newroot"  // the jail's root, below the base tmpfs
+	baseDir = "/tmp"     // a tmpfs is mounted here (in the jail's mount namespace only)
+	oldRoot = "/oldroot" // the host's root, below the base tmpfs, until detached
+	newRoot = "/newroot" // the jail's root, below the base tmpfs
 	hostFD  = "/oldroot/proc/self/fd/"
 )
 

@@ -28,49 +28,6 @@ import (
 // namespaces, and RLIMIT_NPROC is counted per user namespace.
 var HostID = 65534
 
-func (l Limits) withDefaults() Limits {
-	if l.Memory == 0 {
-		l.Memory = 512 << 20
-	}
-	if l.CPUs == 0 {
-		l.CPUs = 1
-	}
-	if l.Pids == 0 {
-		l.Pids = 256
-	}
-	if l.TmpSize == 0 {
-		l.TmpSize = 256 << 20
-	}
-	if l.FileSize == 0 {
-		l.FileSize = 1 << 30
-	}
-	if l.NoFile == 0 {
-		l.NoFile = 1024
-	}
-	if l.Stack == 0 {
-		l.Stack = 8 << 20
-	}
-	return l
-}
-
-func (l Limits) validate() error {
-	switch {
-	case l.Memory < 16<<20:
-		return &ArgumentError{"memory limit", fmt.Errorf("%d bytes is below the 16 MiB minimum", l.Memory)}
-	case l.CPUs < 0.01:
-		return &ArgumentError{"cpus", fmt.Errorf("%g is below 0.01", l.CPUs)}
-	case l.Pids < 8:
-		return &ArgumentError{"pids limit", fmt.Errorf("%d is below the minimum of 8", l.Pids)}
-	case l.Timeout < 0:
-		return &ArgumentError{"timeout", errors.New("must not be negative")}
-	case l.TmpSize < 1<<20:
-		return &ArgumentError{"tmp size", errors.New("must be at least 1 MiB")}
-	case l.NoFile < 16:
-		return &ArgumentError{"open files limit", errors.New("must be at least 16")}
-	}
-	return nil
-}
-
 // Process is a running jail.
 type Process struct {
 	cmd     *exec.Cmd
@@ -95,7 +52,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	if cfg.Path == "" {
 		return nil, &ArgumentError{"path", errors.New("empty")}
 	}
-	limits := cfg.Limits.withDefaults()
+	limits := cfg.Limits.WithDefaults()
 	if err := limits.validate(); err != nil {
 		return nil, err
 	}
@@ -144,12 +101,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		Workspace: wsPath, WorkspaceTree: wsTree,
 	}
 	if h.mode != "" {
-		name := "sandloop-" + randomID()
-		cg, err := newCgroup(h, name, limits)
-		if err != nil {
-			return nil, err
-		}
-		p.cg, p.enforce = cg, h.mode
+		p.enforce = h.mode
 		initCfg.NewCgroupNS = true
 	} else {
 		p.enforce = "rlimits"
@@ -203,13 +155,6 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		},
 		WaitDelay: 2 * time.Second,
 	}
-	if cgf, err := p.cgFD(); err != nil {
-		return fail(err)
-	} else if cgf != nil {
-		defer cgf.Close()
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(cgf.Fd())
-	}
 	p.cmd = cmd
 	if err := cmd.Start(); err != nil {
 		return fail(fmt.Errorf("start jail: %w", err))
@@ -225,8 +170,15 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		stR.Close()
 		return fail(err)
 	}
-	if p.cg != nil && p.cg.mode == "cgroup v1" {
-		if err := p.cg.add(cmd.Process.Pid); err != nil {
+	// The group is made while the init starts up (it waits for its
+	// configuration, so nothing runs outside the group).
+	if h.mode != "" {
+		cg, err := newCgroup(h, "sandloop-"+randomID(), limits)
+		if err != nil {
+			return abort(err)
+		}
+		p.cg = cg
+		if err := cg.add(cmd.Process.Pid); err != nil {
 			return abort(err)
 		}
 	}
@@ -259,13 +211,6 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		}()
 	}
 	return p, nil
-}
-
-func (p *Process) cgFD() (*os.File, error) {
-	if p.cg == nil {
-		return nil, nil
-	}
-	return p.cg.fd()
 }
 
 func readStatus(r *bufio.Reader, st *initStatus) error {

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/spf13/pflag"
+)
+
+// sizeValue is a byte count given as 512M, 1GiB, 1.5g or a plain number.
+type sizeValue struct{ n *int64 }
+
+func (s sizeValue) String() string {
+	if s.n == nil || *s.n == 0 {
+		return ""
+	}
+	return strconv.FormatInt(*s.n, 10)
+}
+func (s sizeValue) Type() string { return "size" }
+func (s sizeValue) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s.n = n
+	return nil
+}
+
+// parseSize reads sizes like "512M", "2GiB", "100k", "1.5G" or "1048576".
+func parseSize(v string) (int64, error) {
+	t := strings.TrimSpace(strings.ToLower(v))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "ib"), "b")
+	mult := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		case 't':
+			mult = 1 << 40
+		}
+		if mult != 1 {
+			t = t[:len(t)-1]
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f <= 0 {
+		return 0, fmt.Errorf("%q is not a size (use e.g. 512M or 2G)", v)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+// limitFlags are the sandbox limits shared by run, exec and repl.
+type limitFlags struct {
+	timeout time.Duration
+	memory  int64
+	cpus    float64
+	pids    int
+	env     []string
+	network bool
+}
+
+func (l *limitFlags) register(fs *pflag.FlagSet) {
+	fs.DurationVar(&l.timeout, "timeout", 0, "wall-clock limit, e.g. 30s or 5m (default: none)")
+	fs.Var(sizeValue{&l.memory}, "memory", "memory limit, swap included, e.g. 512M (default 512M)")
+	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5 (default 1)")
+	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads (default 256)")
+	fs.StringArrayVar(&l.env, "env", nil, "environment variable K=V for the program (repeatable)")
+	fs.BoolVar(&l.network, "network", false, "share the host's network (default: loopback only)")
+}
+
+func (l *limitFlags) limits() (jail.Limits, error) {
+	for _, kv := range l.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return jail.Limits{}, usagef("--env %q must be KEY=VALUE", kv)
+		}
+	}
+	switch {
+	case l.timeout < 0:
+		return jail.Limits{}, usagef("--timeout must not be negative")
+	case l.cpus < 0:
+		return jail.Limits{}, usagef("--cpus must not be negative")
+	case l.pids < 0:
+		return jail.Limits{}, usagef("--pids must not be negative")
+	}
+	return jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout}, nil
+}
+
+func (l *limitFlags) networkMode() jail.Network {
+	if l.network {
+		return jail.NetworkHost
+	}
+	return jail.NetworkNone
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/spf13/cobra"
+)
+
+// scriptRun is one program run in a fresh sandbox by `run` or `exec`.
+type scriptRun struct {
+	lf    limitFlags
+	with  []string
+	out   string
+	stats bool
+}
+
+func (s *scriptRun) register(cmd *cobra.Command) {
+	s.lf.register(cmd.Flags())
+	cmd.Flags().StringVar(&s.out, "out", "", "copy the workspace to DIR after the run")
+	cmd.Flags().BoolVar(&s.stats, "stats", false, "print duration, CPU time and peak memory to stderr")
+}
+
+func newRunCmd() *cobra.Command {
+	var s scriptRun
+	cmd := &cobra.Command{
+		Use:   "run FILE [ARGS...]",
+		Short: "Run a Python script in a fresh sandbox; the exit code mirrors the script's",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			file := args[0]
+			data, err := os.ReadFile(file)
+			if err != nil {
+				return usagef("cannot read %s: %v", file, unwrapPathError(err))
+			}
+			name := filepath.Base(file)
+			argv := append([]string{"python3", name}, args[1:]...)
+			return s.run(cmd, argv, func(ws string) error {
+				for _, dir := range s.with {
+					if err := copyTree(dir, ws); err != nil {
+						return usagef("--with %s: %v", dir, unwrapPathError(err))
+					}
+				}
+				return os.WriteFile(filepath.Join(ws, name), data, 0o644)
+			})
+		},
+	}
+	cmd.Flags().SetInterspersed(false) // flags after FILE belong to the script
+	s.register(cmd)
+	cmd.Flags().StringArrayVar(&s.with, "with", nil, "copy DIR's files into the workspace too (repeatable)")
+	return cmd
+}
+
+func newExecCmd() *cobra.Command {
+	var s scriptRun
+	var code string
+	cmd := &cobra.Command{
+		Use:   "exec [-c CODE]",
+		Short: "Run Python code given inline or on stdin in a fresh sandbox",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("code") {
+				b, err := io.ReadAll(cmd.InOrStdin())
+				if err != nil {
+					return fmt.Errorf("read code from stdin: %w", err)
+				}
+				code = string(b)
+			}
+			return s.run(cmd, []string{"python3", "-c", code}, nil)
+		},
+	}
+	cmd.Flags().StringVarP(&code, "code", "c", "", "the code to run (default: read stdin)")
+	s.register(cmd)
+	return cmd
+}
+
+// run prepares a workspace, runs argv in a jail streaming its output, and
+// turns the outcome into the command's exit code.
+func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws string) error) error {
+	limits, err := s.lf.limits()
+	if err != nil {
+		return err
+	}
+	if s.out != "" {
+		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
+			return usagef("--out %s is not a directory", s.out)
+		}
+	}
+	ws, err := os.MkdirTemp("", "sandloop-ws-")
+	if err != nil {
+		return fmt.Errorf("create workspace: %w", err)
+	}
+	defer os.RemoveAll(ws)
+	if prepare != nil {
+		if err := prepare(ws); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	env := append([]string{"PYTHONUNBUFFERED=1"}, s.lf.env...)
+	res, err := jail.Run(ctx, &jail.Config{
+		Path:      jail.DefaultPython,
+		Args:      argv,
+		Env:       env,
+		Workspace: ws,
+		Limits:    limits,
+		Network:   s.lf.networkMode(),
+		Stdout:    cmd.OutOrStdout(),
+		Stderr:    cmd.ErrOrStderr(),
+	})
+	var ae *jail.ArgumentError
+	if errors.As(err, &ae) {
+		return usagef("%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	stderr := cmd.ErrOrStderr()
+	for _, w := range res.Warnings {
+		fmt.Fprintln(stderr, "sandloop: warning: "+w)
+	}
+	if s.out != "" {
+		if err := copyTree(ws, s.out); err != nil {
+			return fmt.Errorf("copy workspace to %s: %w", s.out, err)
+		}
+	}
+	if s.stats {
+		fmt.Fprintf(stderr, "sandloop: duration %s, cpu %s, peak memory %.1f MiB (%s)\n",
+			res.Duration.Round(time.Millisecond), res.CPUTime.Round(time.Millisecond), float64(res.MemoryPeak)/(1<<20), res.Enforcement)
+	}
+	code := res.ExitCode
+	switch {
+	case ctx.Err() != nil && !res.TimedOut:
+		fmt.Fprintln(stderr, "sandloop: interrupted")
+		code = 130
+	case res.TimedOut:
+		fmt.Fprintf(stderr, "sandloop: timed out after %s; every process of the sandbox was killed\n", limits.Timeout)
+		code = 124
+	case res.OOMKilled:
+		fmt.Fprintf(stderr, "sandloop: out of memory: the sandbox's memory limit (%s) was reached and the kernel killed the program\n", formatSize(limits.WithDefaults().Memory))
+	}
+	if code != 0 {
+		return &exitError{code}
+	}
+	return nil
+}
+
+func formatSize(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dG", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%dM", n>>20)
+	default:
+		return fmt.Sprintf("%d bytes", n)
+	}
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// copyTree copies regular files and directories from src into dst
+// (created if missing). Symlinks are copied as links, never followed, so a
+// workspace cannot point the copy at host files.
+func copyTree(src, dst string) error {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return errors.New("not a directory")
+	}
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(target, 0o755)
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			_ = os.Remove(target)
+			return os.Symlink(link, target)
+		case d.Type().IsRegular():
+			return copyFile(path, target)
+		}
+		return nil // devices, sockets and fifos are skipped
+	})
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fi.Mode().Perm()|0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,579 @@
+package jail
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	MaybeInit()
+	os.Exit(m.Run())
+}
+
+type run struct {
+	res            *Result
+	stdout, stderr string
+	ws             string
+}
+
+// runPy runs code with the sandbox's Python in a fresh jail.
+func runPy(t *testing.T, code string, mod func(*Config)) run {
+	t.Helper()
+	ws := t.TempDir()
+	var out, errb bytes.Buffer
+	cfg := &Config{Path: DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws, Stdout: &out, Stderr: &errb,
+		Limits: Limits{Timeout: 60 * time.Second}}
+	if mod != nil {
+		mod(cfg)
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return run{res, out.String(), errb.String(), ws}
+}
+
+// mustPrint runs code that prints one line and fails the test otherwise.
+func mustPrint(t *testing.T, code string) string {
+	t.Helper()
+	r := runPy(t, code, nil)
+	if r.res.ExitCode != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.res.ExitCode, r.stderr)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+// The code below prints what an attack achieved; each case says what it must print.
+func TestAttacksFail(t *testing.T) {
+	t.Setenv("SANDLOOP_TEST_SECRET", "hunter2-server-env")
+	hostTmp, err := os.CreateTemp("/tmp", "sandloop-host-file-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostTmp.WriteString("host secret")
+	hostTmp.Close()
+	t.Cleanup(func() { os.Remove(hostTmp.Name()) })
+
+	tryOpen := `
+def attempt(f):
+    try:
+        f()
+        return "OK"
+    except OSError as e:
+        return type(e).__name__ + ":" + (e.strerror or str(e))
+`
+	cases := []struct {
+		name, code string
+		want       func(string) bool
+		desc       string
+	}{
+		{"read /etc/shadow", tryOpen + `print(attempt(lambda: open('/etc/shadow').read()))`, isErr("No such file"), "shadow not present"},
+		{"list /root", tryOpen + `import os; print(attempt(lambda: os.listdir('/root')))`, isErr("No such file"), "/root not present"},
+		{"host home via /home", tryOpen + `import os; print(attempt(lambda: os.listdir('/home')))`, isErr("No such file"), "/home not present"},
+		{"server environment", `import os; print('leak' if any('hunter2' in v for v in os.environ.values()) else 'clean', sorted(os.environ))`, hasPrefix("clean"), "no server variable"},
+		{"host /proc environ", `import os
+found = []
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            if b'hunter2' in open('/proc/%s/environ' % p, 'rb').read(): found.append(p)
+        except OSError: pass
+print('found' if found else 'none', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))`, hasPrefix("none"), "no host process visible"},
+		{"write /usr", tryOpen + `print(attempt(lambda: open('/usr/bin/evil', 'w')))`, isErr("Read-only file system"), "EROFS"},
+		{"write /etc", tryOpen + `print(attempt(lambda: open('/etc/passwd', 'a')))`, isErr("Read-only file system"), "EROFS"},
+		{"host /tmp file", tryOpen + `import os; print(attempt(lambda: open('` + hostTmp.Name() + `').read()), os.listdir('/tmp'))`, isErr("No such file"), "host /tmp invisible"},
+		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
+		{"dev", `import os; print(sorted(os.listdir('/dev')))`, equals("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"), "minimal /dev"},
+		{"identity", `import os, pwd, socket; print(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, os.getcwd(), os.environ['HOME'], socket.gethostname())`, equals("1000 1000 sandbox /workspace /workspace sandbox"), "uid 1000 named sandbox"},
+		{"capabilities", `s = dict(l.split(':\t') for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+print(s['CapInh'], s['CapPrm'], s['CapEff'], s['CapBnd'], s['CapAmb'], s['NoNewPrivs'], s['Seccomp'])`, equals("0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 1 2"), "no capabilities, no_new_privs, seccomp filter"},
+		{"interfaces", `print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]))`, equals("['lo']"), "only loopback"},
+		{"route out", tryOpen + `import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print(attempt(lambda: s.connect(('192.0.2.1', 9))))`, isErr("Network is unreachable"), "no route (UDP connect sends nothing)"},
+		{"ptrace", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = os.fork()
+if pid == 0:
+    import time; time.sleep(5); os._exit(0)
+r = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
+print(r, os.strerror(ctypes.get_errno())); os.kill(pid, 9)`, equals("-1 Operation not permitted"), "EPERM"},
+		{"mount", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"unshare user", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"keyctl", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.syscall(250, 0, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"bpf", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.syscall(321, 0, 0, 0), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"io_uring", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(120)
+print(libc.syscall(425, 8, buf), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"clone newns", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.syscall(56, 0x00020000 | 17, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
+		{"netlink socket", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)))`, isErr("Address family not supported"), "EAFNOSUPPORT"},
+		{"packet socket", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)))`, isErr("Address family not supported"), "EAFNOSUPPORT"},
+		{"kernel addresses", `import os
+seen = [open(p, 'rb').read(10) for p in ('/proc/kallsyms', '/proc/kcore', '/proc/keys', '/proc/timer_list') if os.path.exists(p)]
+print(len(seen) > 0 and all(b == b'' for b in seen))`, equals("True"), "masked (empty)"},
+		{"proc sys", tryOpen + `print(attempt(lambda: open('/proc/sys/kernel/hostname', 'w').write('x')))`, isErr("Read-only file system"), "EROFS"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			got := mustPrint(t, c.code)
+			if !c.want(got) {
+				t.Errorf("attack %q: got %q, want %s", c.name, got, c.desc)
+			}
+		})
+	}
+}
+
+func isErr(substr string) func(string) bool {
+	return func(s string) bool { return s != "OK" && strings.Contains(s, substr) }
+}
+func hasPrefix(p string) func(string) bool { return func(s string) bool { return strings.HasPrefix(s, p) } }
+func equals(want string) func(string) bool { return func(s string) bool { return s == want } }
+
+func TestHostLoopbackUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	got := mustPrint(t, fmt.Sprintf(`import socket
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(('127.0.0.1', %d)); print('connected')
+except OSError as e:
+    print(type(e).__name__)`, port))
+	if got != "ConnectionRefusedError" {
+		t.Errorf("connect to the host's listener: got %q, want ConnectionRefusedError", got)
+	}
+	select {
+	case <-accepted:
+		t.Error("the host listener accepted a connection from the jail")
+	default:
+	}
+}
+
+func TestLoopbackInsideWorks(t *testing.T) {
+	got := mustPrint(t, `import socket, threading
+srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen()
+port = srv.getsockname()[1]
+threading.Thread(target=lambda: srv.accept()[0].sendall(b'pong'), daemon=True).start()
+c = socket.create_connection(('127.0.0.1', port)); print(c.recv(4).decode())`)
+	if got != "pong" {
+		t.Errorf("loopback server inside the jail: got %q, want pong", got)
+	}
+}
+
+func TestNoInheritedDescriptors(t *testing.T) {
+	// A descriptor without close-on-exec, as a careless parent might leave.
+	fd, err := syscall.Open("/etc/hostname", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	got := mustPrint(t, `import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))`)
+	// 0-2 and the descriptor listdir itself opened.
+	if got != "[0, 1, 2, 3]" {
+		t.Errorf("descriptors in the jail: %s, want [0, 1, 2, 3]", got)
+	}
+}
+
+func TestExtraFilesHandedOver(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	res := runPy(t, `import os; os.write(3, b'via fd 3'); print(sorted(int(f) for f in os.listdir('/proc/self/fd')))`, func(c *Config) {
+		c.ExtraFiles = []*os.File{w}
+	})
+	w.Close()
+	buf := make([]byte, 64)
+	n, _ := r.Read(buf)
+	if string(buf[:n]) != "via fd 3" || strings.TrimSpace(res.stdout) != "[0, 1, 2, 3, 4]" {
+		t.Errorf("extra file: read %q, fds %s", buf[:n], res.stdout)
+	}
+}
+
+func TestForkBombStoppedByPidsLimit(t *testing.T) {
+	r := runPy(t, `import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(30); os._exit(0)
+        n += 1
+except OSError as e:
+    print(n, type(e).__name__)`, func(c *Config) { c.Limits.Pids = 32 })
+	f := strings.Fields(r.stdout)
+	if len(f) != 2 || f[1] != "BlockingIOError" {
+		t.Fatalf("fork bomb: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	if n, _ := strconv.Atoi(f[0]); n >= 32 || n < 8 {
+		t.Errorf("fork bomb made %d processes under a limit of 32", n)
+	}
+	if r.res.Duration > 20*time.Second {
+		t.Errorf("the sleeping children outlived the program: run took %s", r.res.Duration)
+	}
+}
+
+func TestMemoryBombOOMKilled(t *testing.T) {
+	if detectCgroups().mode == "" {
+		t.Skip("no cgroups: OOM kills cannot be observed")
+	}
+	r := runPy(t, `chunks = []
+while True:
+    chunks.append(bytearray(8 << 20))`, func(c *Config) { c.Limits.Memory = 64 << 20 })
+	if !r.res.OOMKilled || r.res.ExitCode != 137 {
+		t.Errorf("memory bomb: %+v", r.res)
+	}
+	if r.res.MemoryPeak < 32<<20 || r.res.MemoryPeak > 80<<20 {
+		t.Errorf("peak memory %d, want close to the 64 MiB limit", r.res.MemoryPeak)
+	}
+}
+
+func TestCPUSpinStoppedAtTimeout(t *testing.T) {
+	r := runPy(t, `while True: pass`, func(c *Config) { c.Limits.Timeout = time.Second })
+	if !r.res.TimedOut || r.res.ExitCode != 137 {
+		t.Errorf("spin: %+v", r.res)
+	}
+	if r.res.Duration < time.Second || r.res.Duration > 15*time.Second {
+		t.Errorf("spin ran %s with a 1s timeout", r.res.Duration)
+	}
+}
+
+func TestCPUQuota(t *testing.T) {
+	if detectCgroups().mode == "" {
+		t.Skip("no cgroups")
+	}
+	// Two spinning processes for 1.5s wall under a quota of a quarter core.
+	r := runPy(t, `import os, time
+end = time.time() + 1.5
+pid = os.fork()
+while time.time() < end: pass
+if pid == 0: os._exit(0)
+os.wait()`, func(c *Config) { c.Limits.CPUs = 0.25 })
+	if r.res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s", r.res.ExitCode, r.stderr)
+	}
+	// Unthrottled they would use ~3s of CPU.
+	if r.res.CPUTime > time.Second {
+		t.Errorf("CPU time %s under a 0.25 CPU quota over ~1.5s", r.res.CPUTime)
+	}
+}
+
+func TestPrintFloodBounded(t *testing.T) {
+	capOut := NewCapture(64<<10, 64<<10)
+	capErr := NewCapture(64<<10, 64<<10)
+	ws := t.TempDir()
+	res, err := Run(context.Background(), &Config{
+		Path: DefaultPython, Workspace: ws, Stdout: capOut, Stderr: capErr,
+		Limits: Limits{Timeout: 120 * time.Second},
+		Args: []string{"python3", "-c", `import sys
+chunk = b'x' * (1 << 20)
+for _ in range(1024): sys.stdout.buffer.write(chunk)
+sys.stdout.flush()
+print('the end', flush=True)
+def deep(): raise ValueError('after the flood')
+deep()`},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 1 {
+		t.Errorf("exit %d", res.ExitCode)
+	}
+	if capOut.Total() < 1<<30 || capOut.Dropped() < (1<<30)-(128<<10) {
+		t.Errorf("stdout total %d dropped %d", capOut.Total(), capOut.Dropped())
+	}
+	if !strings.HasSuffix(string(capOut.Tail()), "the end\n") {
+		t.Errorf("stdout tail lost the last line: %q", capOut.Tail()[len(capOut.Tail())-20:])
+	}
+	if s := capErr.String(); !strings.Contains(s, "Traceback") || !strings.Contains(s, "ValueError: after the flood") {
+		t.Errorf("traceback lost: %q", s)
+	}
+}
+
+func TestDoubleForkedDaemonGone(t *testing.T) {
+	marker := "sandloop-daemon-" + randomID()
+	r := runPy(t, fmt.Sprintf(`import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv('/bin/sleep', ['sleep', '300', '%s'])
+    os._exit(0)
+time.sleep(0.3)
+print('parent done')`, marker), nil)
+	if !strings.Contains(r.stdout, "parent done") {
+		t.Fatalf("stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	if pids := hostPidsWithArg(marker); len(pids) > 0 {
+		t.Errorf("daemon survived the run: host pids %v", pids)
+	}
+}
+
+func hostPidsWithArg(arg string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if bytes.Contains(b, []byte(arg)) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func TestWorkspaceAndLimitsOnFiles(t *testing.T) {
+	r := runPy(t, `import os
+open('out.txt', 'w').write('written in the jail')
+try:
+    open('big', 'wb').write(b'x' * (2 << 20))
+    print('big written')
+except OSError as e:
+    print(type(e).__name__)
+try:
+    for i in range(4):
+        open('/tmp/t%d' % i, 'wb').write(b'x' * (900 << 10))
+except OSError as e:
+    print('tmp', e.strerror)`, func(c *Config) {
+		c.Limits.FileSize = 1 << 20
+		c.Limits.TmpSize = 2 << 20
+	})
+	if b, err := os.ReadFile(filepath.Join(r.ws, "out.txt")); err != nil || string(b) != "written in the jail" {
+		t.Errorf("workspace file: %q %v", b, err)
+	}
+	// RLIMIT_FSIZE raises SIGXFSZ, which Python ignores, so write fails with EFBIG.
+	if !strings.Contains(r.stdout, "OSError") && !strings.Contains(r.stdout, "File too large") {
+		t.Errorf("file size limit not enforced: %q %q", r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "tmp No space left on device") {
+		t.Errorf("/tmp cap not enforced: %q", r.stdout)
+	}
+}
+
+func TestExitCodeSignalAndStats(t *testing.T) {
+	r := runPy(t, `import os, signal, sys; x = bytearray(40 << 20); sys.stdout.write('hi'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGSEGV)`, nil)
+	if r.res.ExitCode != 128+11 || r.res.Signal != "SIGSEGV" {
+		t.Errorf("signal: %+v", r.res)
+	}
+	if r.res.MemoryPeak < 40<<20 {
+		t.Errorf("peak memory %d below the 40 MiB allocated", r.res.MemoryPeak)
+	}
+	r = runPy(t, `import sys; sys.exit(7)`, nil)
+	if r.res.ExitCode != 7 || r.res.Signal != "" || r.res.CPUTime <= 0 {
+		t.Errorf("exit 7: %+v", r.res)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	ws := t.TempDir()
+	cases := []*Config{
+		{Path: "", Workspace: ws},
+		{Path: DefaultPython, Workspace: filepath.Join(ws, "missing")},
+		{Path: DefaultPython, Workspace: ws, Limits: Limits{Memory: 1024}},
+		{Path: DefaultPython, Workspace: ws, Network: "internet"},
+		{Path: DefaultPython, Workspace: ws, Files: []File{{Path: "/workspace/x"}}},
+	}
+	for _, c := range cases {
+		_, err := Run(context.Background(), c)
+		var ae *ArgumentError
+		if !asArgErr(err, &ae) {
+			t.Errorf("config %+v: got %v, want an ArgumentError", c, err)
+		}
+	}
+	// A program that does not exist is a setup error, reported cleanly.
+	if _, err := Run(context.Background(), &Config{Path: "/nonexistent", Workspace: ws}); err == nil || !strings.Contains(err.Error(), "/nonexistent") {
+		t.Errorf("missing program: %v", err)
+	}
+}
+
+func asArgErr(err error, target **ArgumentError) bool {
+	ae, ok := err.(*ArgumentError)
+	if ok {
+		*target = ae
+	}
+	return ok
+}
+
+func TestFilesPlacedReadOnly(t *testing.T) {
+	r := runPy(t, `print(open('/opt/sandloop/hello.py').read())
+try:
+    open('/opt/sandloop/hello.py', 'w')
+except OSError as e:
+    print(e.strerror)`, func(c *Config) {
+		c.Files = []File{{Path: "/opt/sandloop/hello.py", Data: []byte("print('hi')")}}
+	})
+	if r.stdout != "print('hi')\nRead-only file system\n" {
+		t.Errorf("got %q", r.stdout)
+	}
+}
+
+// snapshot is what a jail could leave behind on the host.
+type snapshot struct {
+	cgroups, mounts, inits int
+	tmp                    map[string]bool
+}
+
+func takeSnapshot(t *testing.T) snapshot {
+	s := snapshot{tmp: map[string]bool{}}
+	h := detectCgroups()
+	for _, d := range append(mapValues(h.v1), h.v2) {
+		if d == "" {
+			continue
+		}
+		m, _ := filepath.Glob(filepath.Join(d, "sandloop-*"))
+		for _, x := range m {
+			if !strings.HasSuffix(x, "sandloop-supervisor") {
+				s.cgroups++
+			}
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	s.mounts = bytes.Count(mi, []byte("\n"))
+	s.inits = len(hostPidsWithArg(initArg0))
+	entries, _ := os.ReadDir(os.TempDir())
+	for _, e := range entries {
+		s.tmp[e.Name()] = true
+	}
+	return s
+}
+
+func mapValues(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func TestNothingLeftAfter200Runs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("200 runs")
+	}
+	ws := t.TempDir()
+	before := takeSnapshot(t)
+	for i := 0; i < 200; i++ {
+		cfg := &Config{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 60 & echo $$"}, Workspace: ws}
+		if i%4 == 0 {
+			cfg.Limits.Timeout = 50 * time.Millisecond
+		}
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		_ = res
+	}
+	after := takeSnapshot(t)
+	if after.cgroups != before.cgroups || after.mounts != before.mounts || after.inits != before.inits {
+		t.Errorf("left behind: before %+v after %+v", before, after)
+	}
+	for name := range after.tmp {
+		if !before.tmp[name] && strings.HasPrefix(name, "sandloop") {
+			t.Errorf("temp entry left: %s", name)
+		}
+	}
+	if pids := hostPidsWithArg("sleep"); len(pids) > 0 {
+		for _, p := range pids {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+			if bytes.Contains(b, []byte("NSpid:")) && bytes.Count(bytes.SplitN(bytes.SplitN(b, []byte("NSpid:"), 2)[1], []byte("\n"), 2)[0], []byte("\t")) > 1 {
+				t.Errorf("a jailed sleep survived: pid %d", p)
+			}
+		}
+	}
+}
+
+func TestDoctorProbe(t *testing.T) {
+	r := Probe()
+	if !r.UserNamespaces.OK || !r.Namespaces.OK || !r.Seccomp.OK {
+		t.Errorf("probe: %+v", r)
+	}
+	b, _ := json.Marshal(r)
+	t.Logf("%s", b)
+}
+
+// TestRootless runs a subset of this file as an unprivileged user: the jail
+// must still work, with rlimits standing in for cgroups.
+func TestRootless(t *testing.T) {
+	if os.Getenv("SANDLOOP_ROOTLESS_CHILD") != "" {
+		if os.Geteuid() == 0 {
+			t.Fatal("child still root")
+		}
+		r := runPy(t, `import os; print(os.getuid())`, nil)
+		if strings.TrimSpace(r.stdout) != "1000" || r.res.Enforcement == "" {
+			t.Fatalf("rootless run: %+v %q %q", r.res, r.stdout, r.stderr)
+		}
+		t.Logf("rootless enforcement: %s warnings: %v", r.res.Enforcement, r.res.Warnings)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user")
+	}
+	dir, err := os.MkdirTemp("", "sandloop-rootless-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, _ := os.Executable()
+	bin := filepath.Join(dir, "jail.test")
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	os.Mkdir(tmp, 0o700)
+	os.Chown(tmp, 65534, 65534)
+	subset := "^(TestRootless|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors)$"
+	cmd := exec.Command(bin, "-test.run", subset, "-test.v")
+	cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
+	cmd.Dir = tmp
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("rootless subset failed: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("rootless enforcement: rlimits")) {
+		t.Errorf("rootless run did not fall back to rlimits:\n%s", out)
+	}
+	if !bytes.Contains(out, []byte("--- PASS: TestAttacksFail")) {
+		t.Errorf("attack tests did not pass rootless:\n%s", out)
+	}
+}

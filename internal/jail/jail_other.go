@@ -1,0 +1,28 @@
+//go:build !linux
+
+package jail
+
+import (
+	"context"
+	"os"
+)
+
+// MaybeInit does nothing where jails are unsupported.
+func MaybeInit() {}
+
+// Process is a running jail (never, on this system).
+type Process struct{}
+
+// Start fails: the jail needs Linux namespaces.
+func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
+
+// Run fails: the jail needs Linux namespaces.
+func Run(context.Context, *Config) (*Result, error) { return nil, ErrUnsupported }
+
+func (*Process) Pid() int               { return 0 }
+func (*Process) Signal(os.Signal) error { return ErrUnsupported }
+func (*Process) Kill()                  {}
+func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
+func (*Process) Done() <-chan struct{}  { return nil }
+func Probe() HostReport                 { return HostReport{} }
+func SeccompSupported() bool            { return false }
