@@ -149,7 +149,9 @@ print(len(seen) > 0 and all(b == b'' for b in seen))`, equals("True"), "masked (
 func isErr(substr string) func(string) bool {
 	return func(s string) bool { return s != "OK" && strings.Contains(s, substr) }
 }
-func hasPrefix(p string) func(string) bool { return func(s string) bool { return strings.HasPrefix(s, p) } }
+func hasPrefix(p string) func(string) bool {
+	return func(s string) bool { return strings.HasPrefix(s, p) }
+}
 func equals(want string) func(string) bool { return func(s string) bool { return s == want } }
 
 func TestHostLoopbackUnreachable(t *testing.T) {

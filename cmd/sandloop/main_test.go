@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/jail"
+)
+
+func TestMain(m *testing.M) {
+	jail.MaybeInit()
+	os.Exit(m.Run())
+}
+
+// sandloop runs the CLI in-process and returns exit code, stdout, stderr.
+func sandloop(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := execute(args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func writeFile(t *testing.T, dir, name, data string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestRunMirrorsExitCodeAndStreams(t *testing.T) {
+	dir := t.TempDir()
+	script := writeFile(t, dir, "hello.py", `import sys
+print("args", sys.argv[1:])
+print("to stderr", file=sys.stderr)
+sys.exit(3)`)
+	code, out, errOut := sandloop(t, "", "run", script, "a", "--flag-for-script")
+	if code != 3 {
+		t.Errorf("exit code %d, want 3 (stderr %q)", code, errOut)
+	}
+	if out != "args ['a', '--flag-for-script']\n" || !strings.Contains(errOut, "to stderr") {
+		t.Errorf("stdout %q stderr %q", out, errOut)
+	}
+}
+
+func TestRunWithOutAndStats(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	os.Mkdir(data, 0o755)
+	writeFile(t, data, "in.csv", "a,b\n1,2\n")
+	script := writeFile(t, dir, "job.py", `import csv
+rows = list(csv.reader(open("in.csv")))
+open("result.txt", "w").write(str(len(rows)))`)
+	out := filepath.Join(dir, "out")
+	code, _, errOut := sandloop(t, "", "run", "--with", data, "--out", out, "--stats", "--memory", "256M", "--cpus", "0.5", "--pids", "64", "--timeout", "30s", "--env", "X=1", script)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "result.txt")); err != nil || string(b) != "2" {
+		t.Errorf("--out result.txt: %q %v", b, err)
+	}
+	if !strings.Contains(errOut, "sandloop: duration ") || !strings.Contains(errOut, "peak memory") {
+		t.Errorf("--stats missing: %q", errOut)
+	}
+}
+
+func TestExecCodeAndStdin(t *testing.T) {
+	code, out, _ := sandloop(t, "", "exec", "-c", "print(6*7)")
+	if code != 0 || out != "42\n" {
+		t.Errorf("exec -c: %d %q", code, out)
+	}
+	code, out, _ = sandloop(t, "import os\nprint(os.environ['GREETING'])\n", "exec", "--env", "GREETING=hi")
+	if code != 0 || out != "hi\n" {
+		t.Errorf("exec stdin: %d %q", code, out)
+	}
+	code, _, errOut := sandloop(t, "", "exec", "--timeout", "500ms", "-c", "while True: pass")
+	if code != 124 || !strings.Contains(errOut, "timed out after 500ms") {
+		t.Errorf("timeout: %d %q", code, errOut)
+	}
+	code, _, errOut = sandloop(t, "", "exec", "--memory", "64M", "-c", "x = [bytearray(8<<20) for _ in range(100)]")
+	if code != 137 || !strings.Contains(errOut, "out of memory") {
+		t.Errorf("oom: %d %q", code, errOut)
+	}
+}
+
+func TestBadInputExitsTwo(t *testing.T) {
+	dir := t.TempDir()
+	script := writeFile(t, dir, "ok.py", "print(1)")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", filepath.Join(dir, "missing.py")}, "cannot read"},
+		{[]string{"run"}, "requires at least 1 arg"},
+		{[]string{"run", "--memory", "lots", script}, `"lots" is not a size`},
+		{[]string{"run", "--timeout", "soon", script}, "invalid argument"},
+		{[]string{"exec", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"exec", "--env", "NOEQUALS", "-c", "1"}, "must be KEY=VALUE"},
+		{[]string{"exec", "--memory", "1k", "-c", "1"}, "below the 16 MiB minimum"},
+		{[]string{"run", "--with", filepath.Join(dir, "nodir"), script}, "--with"},
+		{[]string{"frobnicate"}, "unknown command"},
+	}
+	for _, c := range cases {
+		code, out, errOut := sandloop(t, "", c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || out != "" {
+			t.Errorf("%v: exit %d stderr %q stdout %q; want exit 2 and one line containing %q", c.args, code, errOut, out, c.want)
+		}
+	}
+}
+
+func TestDoctor(t *testing.T) {
+	code, out, errOut := sandloop(t, "", "doctor")
+	if code != 0 {
+		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what sandloop needs on Debian, idempotently: the sandbox's Python
+# and the libraries users reach for most. Runs apt-get only when something
+# is missing.
+set -euo pipefail
+pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask python3-requests python3-pytest python3-pil)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+command -v go >/dev/null || { echo "Go 1.26 or newer is required (https://go.dev/dl)"; exit 1; }
