@@ -1,0 +1,377 @@
+// Package workspace gives the server safe access to a sandbox's files: every
+// path is resolved inside the workspace (os.Root), so a symlink or ".."
+// planted by sandboxed code never leads out of it, and nothing blocks on a
+// FIFO or a device.
+package workspace
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Errors callers may branch on.
+var (
+	ErrNotFound = errors.New("no such file or directory")
+	ErrTooLarge = errors.New("too large")
+	// ErrNotRegular: the path is a directory, FIFO, socket or device.
+	ErrNotRegular = errors.New("not a regular file")
+)
+
+// PathError reports a path that cannot be used, and why.
+type PathError struct {
+	Path string
+	Err  error
+}
+
+func (e *PathError) Error() string { return fmt.Sprintf("path %q: %v", e.Path, e.Err) }
+func (e *PathError) Unwrap() error { return e.Err }
+
+// LimitError reports a size cap that a write would exceed.
+type LimitError struct {
+	What  string // "file" or "workspace"
+	Limit int64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("the %s size limit of %d bytes would be exceeded", e.What, e.Limit)
+}
+func (e *LimitError) Unwrap() error { return ErrTooLarge }
+
+// Options bound what may be written. Zero values mean the defaults.
+type Options struct {
+	// MaxFileBytes caps one file written through the workspace. If zero, 100 MiB.
+	MaxFileBytes int64
+	// MaxTotalBytes caps the workspace's total size after a write. If zero, 1 GiB.
+	MaxTotalBytes int64
+	// UID and GID, when OwnerSet, own the files and directories written,
+	// so that the sandbox user can change them.
+	OwnerSet bool
+	UID, GID int
+}
+
+// Workspace is one directory, accessed without ever leaving it.
+type Workspace struct {
+	root *os.Root
+	opts Options
+}
+
+// Open opens dir.
+func Open(dir string, opts Options) (*Workspace, error) {
+	if opts.MaxFileBytes == 0 {
+		opts.MaxFileBytes = 100 << 20
+	}
+	if opts.MaxTotalBytes == 0 {
+		opts.MaxTotalBytes = 1 << 30
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	return &Workspace{root: r, opts: opts}, nil
+}
+
+// Close releases the workspace's directory handle.
+func (w *Workspace) Close() error { return w.root.Close() }
+
+// Clean validates a client-supplied path and returns it relative to the
+// workspace root ("." for the root). Leading slashes are allowed ("/a" is
+// "a"); "..", NUL bytes and empty components are not.
+func Clean(p string) (string, error) {
+	if strings.ContainsRune(p, 0) {
+		return "", &PathError{p, errors.New("contains a NUL byte")}
+	}
+	rel := strings.TrimLeft(p, "/")
+	if rel == "" || rel == "." {
+		return ".", nil
+	}
+	for _, part := range strings.Split(rel, "/") {
+		if part == ".." {
+			return "", &PathError{p, errors.New(`".." is not allowed`)}
+		}
+	}
+	c := path.Clean(rel)
+	if c == "." || strings.HasPrefix(c, "../") {
+		return ".", nil
+	}
+	return c, nil
+}
+
+// mapErr turns os errors into the package's.
+func mapErr(p string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return &PathError{p, ErrNotFound}
+	case strings.Contains(err.Error(), "path escapes"):
+		return &PathError{p, errors.New("leads outside the workspace (symlink or ..)")}
+	}
+	return &PathError{p, err}
+}
+
+// Entry describes one file or directory.
+type Entry struct {
+	Path    string    `json:"path"`
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // file, dir, symlink, other
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+func entryOf(p string, fi fs.FileInfo) Entry {
+	t := "other"
+	switch {
+	case fi.Mode().IsRegular():
+		t = "file"
+	case fi.IsDir():
+		t = "dir"
+	case fi.Mode()&fs.ModeSymlink != 0:
+		t = "symlink"
+	}
+	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC()}
+}
+
+// List returns the entries of directory p, sorted by name.
+func (w *Workspace) List(p string) ([]Entry, error) {
+	rel, err := Clean(p)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := w.root.Stat(rel)
+	if err != nil {
+		return nil, mapErr(p, err)
+	}
+	if !fi.IsDir() {
+		return []Entry{entryOf(rel, fi)}, nil
+	}
+	des, err := fs.ReadDir(w.root.FS(), rel)
+	if err != nil {
+		return nil, mapErr(p, err)
+	}
+	out := make([]Entry, 0, len(des))
+	for _, de := range des {
+		info, err := de.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, entryOf(path.Join(rel, de.Name()), info))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Stat describes p without following a final symlink.
+func (w *Workspace) Stat(p string) (Entry, error) {
+	rel, err := Clean(p)
+	if err != nil {
+		return Entry{}, err
+	}
+	fi, err := w.root.Lstat(rel)
+	if err != nil {
+		return Entry{}, mapErr(p, err)
+	}
+	return entryOf(rel, fi), nil
+}
+
+// Open opens regular file p for reading. It never blocks on a FIFO and
+// never opens a device.
+func (w *Workspace) Open(p string) (*os.File, Entry, error) {
+	rel, err := Clean(p)
+	if err != nil {
+		return nil, Entry{}, err
+	}
+	f, err := w.root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, Entry{}, mapErr(p, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, Entry{}, mapErr(p, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, Entry{}, &PathError{p, ErrNotRegular}
+	}
+	return f, entryOf(rel, fi), nil
+}
+
+// ReadFile reads regular file p, failing if it is larger than max bytes.
+func (w *Workspace) ReadFile(p string, max int64) ([]byte, error) {
+	f, e, err := w.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if e.Size > max {
+		return nil, &PathError{p, &LimitError{"file", max}}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, mapErr(p, err)
+	}
+	if int64(len(b)) > max {
+		return nil, &PathError{p, &LimitError{"file", max}}
+	}
+	return b, nil
+}
+
+// Write creates or replaces file p with r's bytes, creating parent
+// directories. The new content appears atomically; on any error (a size
+// cap included) the old file is left as it was.
+func (w *Workspace) Write(p string, r io.Reader) (int64, error) {
+	rel, err := Clean(p)
+	if err != nil {
+		return 0, err
+	}
+	if rel == "." {
+		return 0, &PathError{p, errors.New("is the workspace itself")}
+	}
+	if fi, err := w.root.Lstat(rel); err == nil && fi.IsDir() {
+		return 0, &PathError{p, errors.New("is a directory")}
+	}
+	dir := path.Dir(rel)
+	if err := w.mkdirAll(dir); err != nil {
+		return 0, err
+	}
+	used, err := w.Usage()
+	if err != nil {
+		return 0, err
+	}
+	if old, err := w.root.Lstat(rel); err == nil && old.Mode().IsRegular() {
+		used -= old.Size()
+	}
+	limit := w.opts.MaxFileBytes
+	what := "file"
+	if room := w.opts.MaxTotalBytes - used; room < limit {
+		limit, what = max(room, 0), "workspace"
+	}
+	tmp := path.Join(dir, ".sandloop-upload-"+randomHex())
+	f, err := w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return 0, mapErr(p, err)
+	}
+	n, err := io.Copy(f, io.LimitReader(r, limit+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && n > limit {
+		cap := w.opts.MaxFileBytes
+		if what == "workspace" {
+			cap = w.opts.MaxTotalBytes
+		}
+		err = &PathError{p, &LimitError{what, cap}}
+	}
+	if err == nil {
+		err = w.chown(tmp)
+	}
+	if err == nil {
+		err = w.root.Rename(tmp, rel)
+	}
+	if err != nil {
+		_ = w.root.Remove(tmp)
+		var pe *PathError
+		if errors.As(err, &pe) {
+			return 0, err
+		}
+		return 0, mapErr(p, err)
+	}
+	return n, nil
+}
+
+func (w *Workspace) mkdirAll(dir string) error {
+	if dir == "." {
+		return nil
+	}
+	if err := w.root.MkdirAll(dir, 0o755); err != nil {
+		return mapErr(dir, err)
+	}
+	// Give each new component to the sandbox user.
+	for d := dir; d != "." && d != "/"; d = path.Dir(d) {
+		if err := w.chown(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *Workspace) chown(p string) error {
+	if !w.opts.OwnerSet {
+		return nil
+	}
+	if err := w.root.Lchown(p, w.opts.UID, w.opts.GID); err != nil {
+		return mapErr(p, err)
+	}
+	return nil
+}
+
+// Mkdir creates directory p and its parents.
+func (w *Workspace) Mkdir(p string) error {
+	rel, err := Clean(p)
+	if err != nil {
+		return err
+	}
+	return w.mkdirAll(rel)
+}
+
+// Remove deletes file or directory p (recursively). Removing the root
+// empties the workspace but keeps it.
+func (w *Workspace) Remove(p string) error {
+	rel, err := Clean(p)
+	if err != nil {
+		return err
+	}
+	if rel == "." {
+		des, err := fs.ReadDir(w.root.FS(), ".")
+		if err != nil {
+			return mapErr(p, err)
+		}
+		for _, de := range des {
+			if err := w.root.RemoveAll(de.Name()); err != nil {
+				return mapErr(de.Name(), err)
+			}
+		}
+		return nil
+	}
+	if _, err := w.root.Lstat(rel); err != nil {
+		return mapErr(p, err)
+	}
+	return mapErr(p, w.root.RemoveAll(rel))
+}
+
+// Usage is the total size of the regular files in the workspace.
+func (w *Workspace) Usage() (int64, error) {
+	var total int64
+	err := fs.WalkDir(w.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				total += fi.Size()
+			}
+		}
+		return nil
+	})
+	return total, err
+}
+
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
