@@ -1,0 +1,115 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// KernelPath is where kernel.py is placed inside the jail (read-only).
+const KernelPath = "/opt/sandloop/kernel.py"
+
+// kernelEnv is the environment every kernel gets on top of the jail's.
+var kernelEnv = []string{
+	// Figures render with Agg; the kernel's backend module makes show()
+	// and figures left open come back as PNG results.
+	"MPLBACKEND=module://sandloop_backend",
+	// matplotlib and fontconfig caches go to the jail's tmpfs: the root
+	// is read-only and the workspace is the user's.
+	"MPLCONFIGDIR=/tmp/.sandloop/matplotlib",
+	"XDG_CACHE_HOME=/tmp/.sandloop/cache",
+	"PYTHONDONTWRITEBYTECODE=1",
+}
+
+// jailLauncher starts kernels in a local jail with the session's limits.
+func (s *Session) jailLauncher() kernel.Launcher {
+	limits := s.opts.Limits
+	limits.Timeout = 0 // sessions live until closed
+	env := append([]string(nil), kernelEnv...)
+	keys := make([]string, 0, len(s.opts.Env))
+	for k := range s.opts.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+s.opts.Env[k])
+	}
+	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+		p, err := jail.Start(ctx, &jail.Config{
+			Path:       jail.DefaultPython,
+			Args:       []string{"python3", KernelPath},
+			Env:        env,
+			Workspace:  s.workspace,
+			Limits:     limits,
+			Network:    s.opts.Network,
+			Files:      []jail.File{{Path: KernelPath, Data: kernel.Source, Mode: 0o444}},
+			Stderr:     logWriter{s.log},
+			ExtraFiles: f.List(),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &jailProcess{p: p, limits: limits.WithDefaults()}, nil
+	}
+}
+
+// logWriter logs what the kernel's Python says before the kernel takes
+// over its stderr (it only speaks if the installation is broken).
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Warn("kernel stderr", "text", string(p))
+	return len(p), nil
+}
+
+// jailProcess adapts a jail.Process to kernel.Process.
+type jailProcess struct {
+	p      *jail.Process
+	limits jail.Limits
+}
+
+func (j *jailProcess) Signal(sig os.Signal) error { return j.p.Signal(sig) }
+
+func (j *jailProcess) Kill() error {
+	j.p.Kill()
+	return nil
+}
+
+// Wait reports why the kernel ended, in words for the user's traceback.
+func (j *jailProcess) Wait() error {
+	r, err := j.p.Wait()
+	if err != nil {
+		return err
+	}
+	return exitError(r, j.limits)
+}
+
+func exitError(r *jail.Result, l jail.Limits) error {
+	switch {
+	case r == nil:
+		return nil
+	case r.OOMKilled:
+		return fmt.Errorf("killed by the out-of-memory killer: the session's memory limit is %s", bytesText(l.Memory))
+	case r.Signal != "":
+		return fmt.Errorf("killed by signal %s", r.Signal)
+	case r.ExitCode != 0:
+		return fmt.Errorf("exited with status %d", r.ExitCode)
+	}
+	return nil
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return strings.TrimSpace(fmt.Sprintf("%d bytes", n))
+}

@@ -1,0 +1,305 @@
+// Package session runs stateful Python sessions: each is one kernel in its
+// own jail with its own workspace, executing one cell at a time.
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// Errors callers may branch on.
+var (
+	// ErrRestartRequired means the session's kernel died or was killed
+	// (see the reason in the error); Restart brings it back.
+	ErrRestartRequired = errors.New("session must be restarted")
+	// ErrClosed means the session was closed.
+	ErrClosed = errors.New("session closed")
+)
+
+// Options configure a session. The zero value is ready to use.
+type Options struct {
+	// Limits bound the kernel's jail (memory, CPUs, pids, /tmp...). Its
+	// Timeout is ignored: a session lives until closed; see ExecTimeout.
+	Limits jail.Limits
+	// Network selects the jail's network. If empty, loopback only.
+	Network jail.Network
+	// Env is added to the kernel's environment (on top of the jail's
+	// minimal one, never the server's).
+	Env map[string]string
+	// Workspace is a host directory mounted at /workspace. If empty, a
+	// fresh temporary directory is made and removed by Close; a directory
+	// given here belongs to the caller and is kept.
+	Workspace string
+	// ExecTimeout is the timeout of an execution whose Request has none.
+	// If zero, 5 minutes; if negative, none.
+	ExecTimeout time.Duration
+	// InterruptGrace is how long interrupted code may take to stop before
+	// the kernel is killed. If zero, 2 seconds.
+	InterruptGrace time.Duration
+	// MaxOutputBytes caps stdout and stderr (each) kept in a Result. If
+	// zero, 1 MiB.
+	MaxOutputBytes int
+	// Launcher starts the kernel. If nil, it runs in a local jail
+	// (jail.Start with Limits, Network, Env and the workspace).
+	Launcher kernel.Launcher
+	// Logger receives diagnostics. If nil, they are discarded.
+	Logger *slog.Logger
+}
+
+// Session is one sandboxed Python kernel and its workspace. Its methods are
+// safe for concurrent use; executions run one at a time, in call order as
+// far as the scheduler allows.
+type Session struct {
+	id        string
+	opts      Options
+	log       *slog.Logger
+	workspace string
+	ownWS     bool
+	launch    kernel.Launcher
+
+	turn chan struct{} // held by Execute, Restart and CheckComplete
+
+	mu     sync.Mutex
+	k      *kernel.Kernel
+	closed bool
+}
+
+// New starts a session: a workspace, a jail and a kernel ready to execute.
+func New(ctx context.Context, opts Options) (*Session, error) {
+	s := &Session{id: newID(), opts: opts, turn: make(chan struct{}, 1)}
+	s.log = opts.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("session", s.id)
+	if opts.Workspace == "" {
+		dir, err := os.MkdirTemp("", "sandloop-ws-*")
+		if err != nil {
+			return nil, fmt.Errorf("create workspace: %w", err)
+		}
+		s.workspace, s.ownWS = dir, true
+	} else {
+		fi, err := os.Stat(opts.Workspace)
+		if err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("workspace %s: not a directory", opts.Workspace)
+		}
+		s.workspace = opts.Workspace
+	}
+	s.launch = opts.Launcher
+	if s.launch == nil {
+		s.launch = s.jailLauncher()
+	}
+	k, err := s.start(ctx)
+	if err != nil {
+		s.removeWorkspace()
+		return nil, err
+	}
+	s.k = k
+	s.log.Debug("session started", "workspace", s.workspace)
+	return s, nil
+}
+
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Session) start(ctx context.Context) (*kernel.Kernel, error) {
+	k, err := kernel.Start(ctx, s.launch, &kernel.Options{
+		InterruptGrace: s.opts.InterruptGrace,
+		MaxOutputBytes: s.opts.MaxOutputBytes,
+		Logger:         s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", s.id, err)
+	}
+	return k, nil
+}
+
+// ID identifies the session.
+func (s *Session) ID() string { return s.id }
+
+// Workspace is the host directory mounted at /workspace.
+func (s *Session) Workspace() string { return s.workspace }
+
+// kernel returns the current kernel, or an error if the session is closed.
+func (s *Session) kernel() (*kernel.Kernel, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	return s.k, nil
+}
+
+// Err returns nil while the session can execute, ErrClosed once closed, or
+// an error wrapping ErrRestartRequired (with the reason) after its kernel
+// died or was killed.
+func (s *Session) Err() error {
+	k, err := s.kernel()
+	if err != nil {
+		return err
+	}
+	if err := k.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	return nil
+}
+
+// acquire takes the session's turn, respecting ctx.
+func (s *Session) acquire(ctx context.Context) error {
+	select {
+	case s.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Session) release() { <-s.turn }
+
+// Execute runs one cell and returns its result, calling onEvent (if not
+// nil) with each event as it happens. A second call waits until the first
+// is done or ctx is done. Code that fails, times out or kills its kernel
+// gives a Result (status "error", "timeout", "killed"), not an error; the
+// error return is for a session that cannot execute (ErrClosed,
+// ErrRestartRequired) or a ctx done before the cell started. A ctx done
+// while the cell runs interrupts it (status "interrupted").
+func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	if req.Timeout == 0 {
+		switch {
+		case s.opts.ExecTimeout > 0:
+			req.Timeout = s.opts.ExecTimeout
+		case s.opts.ExecTimeout == 0:
+			req.Timeout = 5 * time.Minute
+		}
+	}
+	res, err := k.Execute(ctx, req, onEvent)
+	if errors.Is(err, kernel.ErrDead) {
+		if s.isClosed() {
+			return nil, ErrClosed
+		}
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	return res, err
+}
+
+// CheckComplete says whether code typed at a prompt is a complete cell
+// ("complete"), needs more lines ("incomplete") or cannot compile
+// ("invalid"), as Python's own prompt decides.
+func (s *Session) CheckComplete(ctx context.Context, code string) (string, error) {
+	if err := s.acquire(ctx); err != nil {
+		return "", err
+	}
+	defer s.release()
+	k, err := s.kernel()
+	if err != nil {
+		return "", err
+	}
+	status, err := k.CheckComplete(ctx, code)
+	if errors.Is(err, kernel.ErrDead) {
+		return "", fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	return status, err
+}
+
+// Interrupt interrupts the running execution, if any, as Ctrl-C would: it
+// ends with status "interrupted" and the session keeps its state (unless
+// the code ignores the interrupt past the grace period: then the kernel is
+// killed).
+func (s *Session) Interrupt() error {
+	k, err := s.kernel()
+	if err != nil {
+		return err
+	}
+	k.Interrupt()
+	return nil
+}
+
+// Restart replaces the kernel with a fresh one: all Python state is gone,
+// the workspace stays. A running execution ends with status "killed".
+func (s *Session) Restart(ctx context.Context) error {
+	old, err := s.kernel()
+	if err != nil {
+		return err
+	}
+	old.Kill("the session was restarted")
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	old.Close()
+	if s.isClosed() {
+		return ErrClosed
+	}
+	k, err := s.start(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		k.Close()
+		return ErrClosed
+	}
+	s.k = k
+	return nil
+}
+
+func (s *Session) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Close kills the kernel and everything it started and removes the
+// workspace if the session made it. A running execution ends with status
+// "killed". Close is idempotent.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	k := s.k
+	s.mu.Unlock()
+	k.Kill("the session was closed")
+	k.Close()
+	// Wait for a Restart in progress to give up its turn: it sees closed.
+	s.turn <- struct{}{}
+	<-s.turn
+	return s.removeWorkspace()
+}
+
+func (s *Session) removeWorkspace() error {
+	if !s.ownWS {
+		return nil
+	}
+	if err := os.RemoveAll(s.workspace); err != nil {
+		return fmt.Errorf("remove workspace: %w", err)
+	}
+	return nil
+}
