@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/spf13/cobra"
+)
+
+// serveMounts lets other files of this package mount handlers (e.g. /mcp).
+var serveMounts []func(m *session.Manager, mounts map[string]http.Handler) error
+
+func newServeCmd() *cobra.Command {
+	var (
+		addr, dataDir, tokenFile string
+		tokens, allowedHosts     []string
+		pool, maxSessions        int
+		idle, lifetime, execTO   time.Duration
+		def, max                 limitFlags
+		allowNetwork, jsonLogs   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the HTTP API (sessions, files, metrics) with a warm pool of sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			toks, err := server.LoadTokens(tokens, tokenFile)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if err := server.CheckBind(addr, toks); err != nil {
+				return usagef("%v", err)
+			}
+			defaults, err := def.limits()
+			if err != nil {
+				return err
+			}
+			maxima, err := max.limits()
+			if err != nil {
+				return err
+			}
+			if pool < 0 || maxSessions < 0 {
+				return usagef("--pool and --max-sessions must not be negative")
+			}
+			var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})
+			if jsonLogs {
+				handler = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
+			}
+			log := slog.New(handler)
+			_ = dataDir // run history (with the agent) lives here
+			mgr := session.NewManager(session.ManagerOptions{
+				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
+				Defaults: defaults, Max: maxima, ExecTimeout: execTO, Logger: log,
+			})
+			defer mgr.Close()
+			mounts := map[string]http.Handler{}
+			for _, mount := range serveMounts {
+				if err := mount(mgr, mounts); err != nil {
+					return err
+				}
+			}
+			srv, err := server.New(server.Options{
+				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
+				Logger: log, Mounts: mounts,
+			})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return usagef("cannot listen on %s: %v", addr, err)
+			}
+			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(ln) }()
+			url := "http://" + ln.Addr().String()
+			if len(toks) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s (token required)\n", url)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
+			}
+			if r := jail.Probe(); !r.Cgroups.OK {
+				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
+			}
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+			}
+			log.Info("shutting down: closing every session")
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				log.Warn("shutdown", "err", err)
+			}
+			return mgr.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (HOST:PORT)")
+	f.StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
+	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
+	f.StringArrayVar(&allowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
+	f.IntVar(&pool, "pool", 2, "sandboxes kept started ahead (0 = none)")
+	f.IntVar(&maxSessions, "max-sessions", 64, "sessions held at once")
+	f.DurationVar(&idle, "idle-timeout", 30*time.Minute, "close a session unused this long")
+	f.DurationVar(&lifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
+	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
+	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
+	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
+	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
+	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
+	f.Var(sizeValue{&max.memory}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
+	f.Float64Var(&max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
+	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
+	return cmd
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return d + "/sandloop"
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return h + "/.local/share/sandloop"
+	}
+	return ".sandloop"
+}
+
+func init() { extraCommands = append(extraCommands, newServeCmd) }

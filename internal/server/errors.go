@@ -1,0 +1,114 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// apiError is an error with its HTTP status and a stable code.
+type apiError struct {
+	Status     int
+	Code       string
+	Message    string
+	RetryAfter int // seconds, for 429
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{http.StatusBadRequest, "bad_request", fmt.Sprintf(format, args...), 0}
+}
+
+// errUnauthorized is returned when a token is missing or wrong.
+var errUnauthorized = &apiError{http.StatusUnauthorized, "unauthorized", "missing or invalid token: send Authorization: Bearer <token>", 0}
+
+// toAPIError maps every error the handlers can meet to a status, in this
+// one place.
+func toAPIError(err error) *apiError {
+	var ae *apiError
+	var pe *workspace.PathError
+	var le *workspace.LimitError
+	var sl *session.LimitError
+	var ja *jail.ArgumentError
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &mbe):
+		return &apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", mbe.Limit), 0}
+	case errors.As(err, &le):
+		return &apiError{http.StatusRequestEntityTooLarge, "too_large", err.Error(), 0}
+	case errors.Is(err, workspace.ErrNotFound), errors.Is(err, session.ErrNotFound):
+		return &apiError{http.StatusNotFound, "not_found", err.Error(), 0}
+	case errors.Is(err, workspace.ErrNotRegular):
+		return &apiError{http.StatusBadRequest, "not_a_file", err.Error(), 0}
+	case errors.As(err, &pe):
+		return &apiError{http.StatusBadRequest, "bad_path", err.Error(), 0}
+	case errors.As(err, &sl):
+		return &apiError{http.StatusBadRequest, "limit_too_high", err.Error(), 0}
+	case errors.As(err, &ja):
+		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
+	case errors.Is(err, session.ErrCapacity):
+		return &apiError{http.StatusTooManyRequests, "too_many_sessions", "the server holds as many sessions as it may: delete one or retry later", 5}
+	case errors.Is(err, session.ErrRestartRequired):
+		return &apiError{http.StatusConflict, "restart_required", err.Error() + ": POST /v1/sessions/{id}/restart", 0}
+	case errors.Is(err, session.ErrClosed):
+		return &apiError{http.StatusNotFound, "not_found", "the session was closed", 0}
+	case errors.Is(err, context.Canceled):
+		return &apiError{499, "canceled", "the request was canceled", 0}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &apiError{http.StatusGatewayTimeout, "timeout", err.Error(), 0}
+	}
+	return &apiError{http.StatusInternalServerError, "internal", err.Error(), 0}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	ae := toAPIError(err)
+	if ae.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+	}
+	writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// decodeJSON reads a JSON body strictly: unknown fields and wrong types
+// are errors that name the field.
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &mbe):
+			return err
+		case errors.As(err, &te):
+			return badRequest("field %q must be %s, not %s", te.Field, te.Type.String(), te.Value)
+		case errors.As(err, &se):
+			return badRequest("malformed JSON at byte %d: %v", se.Offset, err)
+		case err.Error() == "EOF":
+			return badRequest("empty body: send a JSON object")
+		}
+		return badRequest("invalid JSON: %v", err)
+	}
+	if dec.More() {
+		return badRequest("trailing data after the JSON object")
+	}
+	return nil
+}

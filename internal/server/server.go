@@ -1,0 +1,303 @@
+// Package server serves sandloop's HTTP API: sessions, executions
+// (JSON, NDJSON or SSE), files, metrics and the OpenAPI description.
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+//go:embed openapi.yaml
+var openapiYAML []byte
+
+// Options configure a Server.
+type Options struct {
+	// Manager holds the sessions. Required.
+	Manager *session.Manager
+	// Tokens are the accepted bearer tokens. If empty, no authentication
+	// (allowed only on loopback; see CheckBind).
+	Tokens []string
+	// AllowedHosts are extra Host header values accepted besides
+	// localhost, 127.0.0.1 and [::1] (defence against DNS rebinding).
+	AllowedHosts []string
+	// AllowNetwork lets sessions ask for the host's network.
+	AllowNetwork bool
+	// MaxBodyBytes caps JSON request bodies. If zero, 4 MiB.
+	MaxBodyBytes int64
+	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
+	// If zero, 100 MiB and 1 GiB.
+	MaxFileBytes, MaxWorkspaceBytes int64
+	// Keepalive is the interval of keepalive events in streams. If zero, 5s.
+	Keepalive time.Duration
+	// Logger receives request logs. If nil, they are discarded.
+	Logger *slog.Logger
+	// Extra handlers mounted by other packages (e.g. "/mcp", "/").
+	Mounts map[string]http.Handler
+}
+
+// Server is the HTTP API.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics *metrics
+	tokens  [][]byte
+}
+
+// route is one documented endpoint.
+type route struct {
+	method, pattern string
+	handler         http.HandlerFunc
+	public          bool // no token needed
+}
+
+// New returns the API server.
+func New(opts Options) (*Server, error) {
+	if opts.Manager == nil {
+		return nil, errors.New("server: a session manager is required")
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 4 << 20
+	}
+	if opts.MaxFileBytes == 0 {
+		opts.MaxFileBytes = 100 << 20
+	}
+	if opts.MaxWorkspaceBytes == 0 {
+		opts.MaxWorkspaceBytes = 1 << 30
+	}
+	if opts.Keepalive == 0 {
+		opts.Keepalive = 5 * time.Second
+	}
+	s := &Server{opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, t := range opts.Tokens {
+		if t != "" {
+			s.tokens = append(s.tokens, []byte(t))
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.metrics = newMetrics(reg, opts.Manager)
+	for _, rt := range s.routes() {
+		h := http.Handler(rt.handler)
+		if !rt.public {
+			h = s.requireToken(h)
+		}
+		s.mux.Handle(rt.method+" "+rt.pattern, h)
+	}
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	for p, h := range opts.Mounts {
+		s.mux.Handle(p, s.requireToken(h))
+	}
+	return s, nil
+}
+
+func (s *Server) routes() []route {
+	return []route{
+		{"GET", "/healthz", s.healthz, true},
+		{"GET", "/openapi.yaml", s.openapi, true},
+		{"POST", "/v1/sessions", s.createSession, false},
+		{"GET", "/v1/sessions", s.listSessions, false},
+		{"GET", "/v1/sessions/{id}", s.getSession, false},
+		{"DELETE", "/v1/sessions/{id}", s.deleteSession, false},
+		{"POST", "/v1/sessions/{id}/execute", s.execute, false},
+		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
+		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
+		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
+		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
+		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
+		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
+		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+	}
+}
+
+// Routes lists "METHOD /pattern" of every API route, for documentation checks.
+func (s *Server) Routes() []string {
+	var out []string
+	for _, rt := range s.routes() {
+		out = append(out, rt.method+" "+rt.pattern)
+	}
+	return append(out, "GET /metrics")
+}
+
+// ServeHTTP applies the browser defences, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if !s.hostAllowed(r.Host) {
+		writeError(w, &apiError{http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0})
+		return
+	}
+	if s.crossSiteWithoutToken(r) {
+		writeError(w, &apiError{http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0})
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w, status: 200}
+	s.mux.ServeHTTP(sw, r)
+	s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+}
+
+// statusWriter records the status for logs; it passes Flush through so
+// streaming works.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hostAllowed refuses Host headers that are not the server's own, so a web
+// page on a rebinding domain cannot reach a loopback server.
+func (s *Server) hostAllowed(host string) bool {
+	h := host
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		h = hh
+	}
+	h = strings.Trim(h, "[]")
+	switch h {
+	case "localhost", "127.0.0.1", "::1", "":
+		return true
+	}
+	if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, a := range s.opts.AllowedHosts {
+		if a == "*" || strings.EqualFold(a, h) || strings.EqualFold(a, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// crossSiteWithoutToken is a browser request from another origin that
+// does not carry a bearer token (a CSRF attempt: browsers add
+// Authorization only when the page's script sets it, which needs a CORS
+// preflight we never grant).
+func (s *Server) crossSiteWithoutToken(r *http.Request) bool {
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return false
+	}
+	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		return true
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" || origin == "null" && r.Method == http.MethodGet {
+		return false
+	}
+	u, err := url.Parse(origin)
+	return err != nil || u.Host != r.Host
+}
+
+// requireToken checks the bearer token (or ?token= for EventSource and
+// downloads from the web UI) and stores the caller's identity.
+func (s *Server) requireToken(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(s.tokens) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if tok == r.Header.Get("Authorization") {
+			tok = r.URL.Query().Get("token")
+		}
+		for _, t := range s.tokens {
+			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
+				h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), ownerOf(tok))))
+				return
+			}
+		}
+		writeError(w, errUnauthorized)
+	})
+}
+
+// ownerOf names a token's owner without keeping the token.
+func ownerOf(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:8])
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	st := s.opts.Manager.Stats()
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "sessions": st.Sessions, "pool_ready": st.PoolReady})
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Write(openapiYAML)
+}
+
+// CheckBind refuses to serve on a non-loopback address without a token.
+func CheckBind(addr string, tokens []string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--addr %q: %v (use HOST:PORT, e.g. 127.0.0.1:8080)", addr, err)
+	}
+	hasToken := false
+	for _, t := range tokens {
+		hasToken = hasToken || t != ""
+	}
+	if hasToken {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could run code; set --token, SANDLOOP_TOKEN or --token-file, or bind to 127.0.0.1", addr)
+}
+
+// LoadTokens gathers tokens from a flag value, the SANDLOOP_TOKEN
+// variable and a file with one token per line.
+func LoadTokens(flagTokens []string, file string) ([]string, error) {
+	var out []string
+	for _, t := range flagTokens {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	if t := strings.TrimSpace(os.Getenv("SANDLOOP_TOKEN")); t != "" {
+		out = append(out, t)
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				out = append(out, line)
+			}
+		}
+	}
+	for _, t := range out {
+		if len(t) < 16 {
+			return nil, fmt.Errorf("a token must be at least 16 characters long")
+		}
+	}
+	return out, nil
+}

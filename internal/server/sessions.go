@@ -1,0 +1,450 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+type createRequest struct {
+	TimeoutS *float64          `json:"timeout_s"`
+	MemoryMB *int64            `json:"memory_mb"`
+	CPUs     *float64          `json:"cpus"`
+	Pids     *int              `json:"pids"`
+	Env      map[string]string `json:"env"`
+	Network  *bool             `json:"network"`
+}
+
+type sessionJSON struct {
+	ID         string    `json:"id"`
+	Status     string    `json:"status"` // ready | restart_required
+	Message    string    `json:"message,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	LastUsedAt time.Time `json:"last_used_at"`
+	TimeoutS   float64   `json:"timeout_s"`
+	MemoryMB   int64     `json:"memory_mb"`
+	CPUs       float64   `json:"cpus"`
+	Pids       int       `json:"pids"`
+	Network    bool      `json:"network"`
+	FromPool   bool      `json:"from_pool"`
+}
+
+func toSessionJSON(ms *session.Managed) sessionJSON {
+	j := sessionJSON{
+		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
+		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
+		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
+	}
+	if err := ms.Err(); err != nil {
+		j.Status, j.Message = "restart_required", err.Error()
+	}
+	return j
+}
+
+func positive(name string, v float64, max float64) error {
+	if math.IsNaN(v) || v <= 0 || v > max {
+		return badRequest("%s must be a number above 0 and at most %g", name, max)
+	}
+	return nil
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+	var req createRequest
+	if r.ContentLength != 0 {
+		if err := decodeJSON(r, &req); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env}
+	if req.TimeoutS != nil {
+		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
+			writeError(w, err)
+			return
+		}
+		opts.ExecTimeout = time.Duration(*req.TimeoutS * float64(time.Second))
+	}
+	if req.MemoryMB != nil {
+		if *req.MemoryMB < 16 {
+			writeError(w, badRequest("memory_mb must be at least 16"))
+			return
+		}
+		opts.Limits.Memory = *req.MemoryMB << 20
+	}
+	if req.CPUs != nil {
+		if err := positive("cpus", *req.CPUs, 1024); err != nil {
+			writeError(w, err)
+			return
+		}
+		opts.Limits.CPUs = *req.CPUs
+	}
+	if req.Pids != nil {
+		if *req.Pids < 8 {
+			writeError(w, badRequest("pids must be at least 8"))
+			return
+		}
+		opts.Limits.Pids = *req.Pids
+	}
+	for k := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			writeError(w, badRequest("env: %q is not a valid variable name", k))
+			return
+		}
+	}
+	if req.Network != nil && *req.Network {
+		if !s.opts.AllowNetwork {
+			writeError(w, &apiError{http.StatusForbidden, "network_not_allowed", "this server does not give sessions the network (start it with --allow-network)", 0})
+			return
+		}
+		opts.Network = jail.NetworkHost
+	}
+	ms, err := s.opts.Manager.Create(r.Context(), opts)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.metrics.created.Inc()
+	writeJSON(w, http.StatusCreated, toSessionJSON(ms))
+}
+
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*session.Managed, bool) {
+	ms, err := s.opts.Manager.Get(owner(r.Context()), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return nil, false
+	}
+	ms.Touch()
+	return ms, true
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
+	list := s.opts.Manager.List(owner(r.Context()))
+	out := make([]sessionJSON, 0, len(list))
+	for _, ms := range list {
+		out = append(out, toSessionJSON(ms))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	if ms, ok := s.lookup(w, r); ok {
+		writeJSON(w, http.StatusOK, toSessionJSON(ms))
+	}
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
+	if err := s.opts.Manager.Delete(owner(r.Context()), r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type executeRequest struct {
+	Code     *string           `json:"code"`
+	TimeoutS *float64          `json:"timeout_s"`
+	Env      map[string]string `json:"env"`
+}
+
+// streamKind picks the response format from Accept.
+func streamKind(r *http.Request) string {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
+		switch mt {
+		case "application/x-ndjson", "application/jsonl":
+			return "ndjson"
+		case "text/event-stream":
+			return "sse"
+		}
+	}
+	return ""
+}
+
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+	var req executeRequest
+	if err := decodeJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Code == nil {
+		writeError(w, badRequest(`field "code" is required`))
+		return
+	}
+	kreq := kernel.Request{Code: *req.Code, Env: req.Env}
+	if req.TimeoutS != nil {
+		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
+			writeError(w, err)
+			return
+		}
+		kreq.Timeout = time.Duration(*req.TimeoutS * float64(time.Second))
+	}
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	ms.Begin()
+	defer ms.End()
+	start := time.Now()
+	kind := streamKind(r)
+	var res *kernel.Result
+	var err error
+	if kind == "" {
+		res, err = ms.Execute(r.Context(), kreq, nil)
+		if err == nil {
+			writeJSON(w, http.StatusOK, res)
+		}
+	} else {
+		res, err = s.stream(w, r, kind, func(emit kernel.EventFunc) (*kernel.Result, error) {
+			return ms.Execute(r.Context(), kreq, emit)
+		})
+	}
+	if err != nil && res == nil {
+		writeError(w, err)
+		return
+	}
+	if res != nil {
+		s.metrics.observe(res, time.Since(start))
+	}
+}
+
+// stream runs exec, writing each event as it comes (NDJSON lines or SSE
+// data events) and a keepalive event while nothing happens. The response
+// headers are sent with the first event, so an error before any event is
+// still a proper JSON error.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
+	flusher, _ := w.(http.Flusher)
+	rc := http.NewResponseController(w)
+	var mu sync.Mutex
+	started := false
+	write := func(v any) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !started {
+			started = true
+			if kind == "sse" {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Header().Set("Cache-Control", "no-cache")
+			} else {
+				w.Header().Set("Content-Type", "application/x-ndjson")
+			}
+			w.Header().Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if kind == "sse" {
+			fmt.Fprintf(w, "data: %s\n\n", b)
+		} else {
+			w.Write(b)
+			w.Write([]byte("\n"))
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(s.opts.Keepalive)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				write(map[string]string{"type": "keepalive"})
+			}
+		}
+	}()
+	res, err := exec(func(e kernel.Event) { write(e) })
+	close(done)
+	mu.Lock()
+	wasStarted := started
+	mu.Unlock()
+	if err != nil && wasStarted {
+		ae := toAPIError(err)
+		write(map[string]string{"type": "fatal", "code": ae.Code, "message": ae.Message})
+		return nil, nil
+	}
+	return res, err
+}
+
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if err := ms.Interrupt(); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	ms.Begin()
+	defer ms.End()
+	if err := ms.Restart(r.Context()); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toSessionJSON(ms))
+}
+
+// files opens the session's workspace for one request.
+func (s *Server) files(w http.ResponseWriter, r *http.Request) (*workspace.Workspace, bool) {
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return nil, false
+	}
+	opts := workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes}
+	if os.Geteuid() == 0 {
+		opts.OwnerSet, opts.UID, opts.GID = true, jail.HostID, jail.HostID
+	}
+	ws, err := workspace.Open(ms.Workspace(), opts)
+	if err != nil {
+		writeError(w, err)
+		return nil, false
+	}
+	return ws, true
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
+	ws, ok := s.files(w, r)
+	if !ok {
+		return
+	}
+	defer ws.Close()
+	p := r.URL.Query().Get("path")
+	list, err := ws.List(p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"path": cleanOrDot(p), "files": list})
+}
+
+func cleanOrDot(p string) string {
+	c, err := workspace.Clean(p)
+	if err != nil {
+		return p
+	}
+	return c
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	ws, ok := s.files(w, r)
+	if !ok {
+		return
+	}
+	defer ws.Close()
+	f, e, err := ws.Open(r.PathValue("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer f.Close()
+	ct := mime.TypeByExtension(path.Ext(e.Name))
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	// Served as an attachment: a workspace file is the sandbox's, not ours
+	// to render on the server's origin.
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": e.Name}))
+	w.Header().Set("Content-Security-Policy", "sandbox")
+	http.ServeContent(w, r, e.Name, e.ModTime, f)
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
+	ws, ok := s.files(w, r)
+	if !ok {
+		return
+	}
+	defer ws.Close()
+	if r.ContentLength > s.opts.MaxFileBytes {
+		writeError(w, &workspace.LimitError{What: "file", Limit: s.opts.MaxFileBytes})
+		return
+	}
+	n, err := ws.Write(r.PathValue("path"), r.Body)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	e, _ := ws.Stat(r.PathValue("path"))
+	e.Size = n
+	writeJSON(w, http.StatusCreated, e)
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	ws, ok := s.files(w, r)
+	if !ok {
+		return
+	}
+	defer ws.Close()
+	if err := ws.Remove(r.PathValue("path")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) archive(w http.ResponseWriter, r *http.Request) {
+	ws, ok := s.files(w, r)
+	if !ok {
+		return
+	}
+	defer ws.Close()
+	format := r.URL.Query().Get("format")
+	if format == "" {
+		format = workspace.FormatTarGz
+	}
+	if format != workspace.FormatTarGz && format != workspace.FormatZip {
+		writeError(w, badRequest("format %q: use tar.gz or zip", format))
+		return
+	}
+	sub := r.URL.Query().Get("path")
+	if _, err := workspace.Clean(sub); err != nil {
+		writeError(w, err)
+		return
+	}
+	ms, _ := s.opts.Manager.Get(owner(r.Context()), r.PathValue("id"))
+	name := "workspace-" + ms.ID() + "." + format
+	ct := "application/gzip"
+	if format == workspace.FormatZip {
+		ct = "application/zip"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": name}))
+	if err := ws.Archive(r.Context(), w, format, sub); err != nil {
+		// Headers are gone; cut the stream so the client sees a broken archive.
+		s.log.Warn("archive", "session", ms.ID(), "err", err)
+		if errors.Is(err, io.ErrShortWrite) {
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+}

@@ -1,0 +1,510 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+)
+
+// Manager errors callers may branch on.
+var (
+	// ErrNotFound: no session with that id belongs to the caller.
+	ErrNotFound = errors.New("session not found")
+	// ErrCapacity: the server holds as many sessions as it may.
+	ErrCapacity = errors.New("too many sessions")
+)
+
+// LimitError reports a requested limit above the server's maximum.
+type LimitError struct {
+	Name      string
+	Requested string
+	Max       string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s %s is above this server's maximum of %s", e.Name, e.Requested, e.Max)
+}
+
+// ManagerOptions configure a Manager. Zero values mean the defaults.
+type ManagerOptions struct {
+	// PoolSize is how many kernels are kept started ahead, so creating a
+	// session with the default limits does not wait for a jail and an
+	// interpreter. If zero, none: every session starts cold.
+	PoolSize int
+	// MaxSessions caps the sessions held at once (pooled ones not
+	// counted). If zero, 64.
+	MaxSessions int
+	// IdleTimeout closes a session not used for this long. If zero, 30
+	// minutes; if negative, never.
+	IdleTimeout time.Duration
+	// MaxLifetime closes a session this long after its creation. If zero,
+	// 12 hours; if negative, never.
+	MaxLifetime time.Duration
+	// ReapInterval is how often idle and expired sessions are looked for.
+	// If zero, 10 seconds.
+	ReapInterval time.Duration
+	// Defaults are the limits of a session that asks for none (and of the
+	// pooled kernels). Zero fields take jail's defaults.
+	Defaults jail.Limits
+	// Max bounds what a session may ask for. Zero fields mean: no more
+	// than the defaults.
+	Max jail.Limits
+	// ExecTimeout is the default execution timeout. If zero, 5 minutes.
+	ExecTimeout time.Duration
+	// MaxOutputBytes caps stdout and stderr kept per execution. If zero, 1 MiB.
+	MaxOutputBytes int
+	// Logger receives lifecycle events. If nil, they are discarded.
+	Logger *slog.Logger
+	// OnClose, if set, is called after a managed session is closed, with
+	// the reason ("deleted", "idle", "expired", "shutdown").
+	OnClose func(id, reason string)
+}
+
+// CreateOptions are what a caller may choose for one session.
+type CreateOptions struct {
+	// Owner is who the session belongs to (for example a token's hash);
+	// other owners cannot see it.
+	Owner string
+	// Limits: zero fields take the manager's defaults. Timeout is ignored.
+	Limits jail.Limits
+	// Env is the kernel's environment, on top of the jail's minimal one.
+	Env map[string]string
+	// Network: "" or "none" (loopback only) or "host" (if allowed by AllowNetwork).
+	Network jail.Network
+	// ExecTimeout is the default timeout of this session's executions.
+	// If zero, the manager's.
+	ExecTimeout time.Duration
+}
+
+// Managed is a session held by a Manager, with its bookkeeping.
+type Managed struct {
+	*Session
+	Owner       string
+	Created     time.Time
+	Limits      jail.Limits
+	Network     jail.Network
+	ExecTimeout time.Duration
+	FromPool    bool
+
+	mu       sync.Mutex
+	lastUsed time.Time
+	busy     int
+}
+
+// Touch marks the session used now; Begin and End bracket a request so a
+// long execution is never reaped as idle.
+func (m *Managed) Touch() { m.mu.Lock(); m.lastUsed = time.Now(); m.mu.Unlock() }
+
+// Begin marks a request in progress.
+func (m *Managed) Begin() { m.mu.Lock(); m.busy++; m.lastUsed = time.Now(); m.mu.Unlock() }
+
+// End marks a request done.
+func (m *Managed) End() { m.mu.Lock(); m.busy--; m.lastUsed = time.Now(); m.mu.Unlock() }
+
+// LastUsed is when the session last served a request.
+func (m *Managed) LastUsed() time.Time { m.mu.Lock(); defer m.mu.Unlock(); return m.lastUsed }
+
+func (m *Managed) idleSince() (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastUsed, m.busy == 0
+}
+
+// Manager holds the sessions of a server: a warm pool, a cap, limits
+// bounded by server-wide maxima, idle and lifetime reaping, and shutdown.
+type Manager struct {
+	opts     ManagerOptions
+	log      *slog.Logger
+	defaults jail.Limits
+	max      jail.Limits
+
+	mu       sync.Mutex
+	sessions map[string]*Managed
+	pool     []*Session
+	starting int // pooled kernels being started
+	closed   bool
+
+	refill chan struct{}
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// NewManager starts a manager and, in the background, its pool.
+func NewManager(opts ManagerOptions) *Manager {
+	if opts.MaxSessions == 0 {
+		opts.MaxSessions = 64
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = 30 * time.Minute
+	}
+	if opts.MaxLifetime == 0 {
+		opts.MaxLifetime = 12 * time.Hour
+	}
+	if opts.ReapInterval == 0 {
+		opts.ReapInterval = 10 * time.Second
+	}
+	if opts.ExecTimeout == 0 {
+		opts.ExecTimeout = 5 * time.Minute
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	def := opts.Defaults.WithDefaults()
+	def.Timeout = 0
+	mx := opts.Max
+	for _, f := range []struct {
+		max *int64
+		def int64
+	}{{&mx.Memory, def.Memory}, {&mx.TmpSize, def.TmpSize}, {&mx.FileSize, def.FileSize}, {&mx.Stack, def.Stack}} {
+		if *f.max == 0 {
+			*f.max = f.def
+		}
+	}
+	if mx.CPUs == 0 {
+		mx.CPUs = def.CPUs
+	}
+	if mx.Pids == 0 {
+		mx.Pids = def.Pids
+	}
+	if mx.NoFile == 0 {
+		mx.NoFile = def.NoFile
+	}
+	m := &Manager{
+		opts: opts, log: log, defaults: def, max: mx,
+		sessions: map[string]*Managed{},
+		refill:   make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+	}
+	m.wg.Add(2)
+	go m.poolLoop()
+	go m.reapLoop()
+	m.kick()
+	return m
+}
+
+func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, execTimeout time.Duration) Options {
+	return Options{
+		Limits: l, Env: env, Network: network, ExecTimeout: execTimeout,
+		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log,
+	}
+}
+
+// resolve fills a request's limits from the defaults and checks them
+// against the maxima.
+func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
+	l := req
+	if l.Memory == 0 {
+		l.Memory = m.defaults.Memory
+	}
+	if l.CPUs == 0 {
+		l.CPUs = m.defaults.CPUs
+	}
+	if l.Pids == 0 {
+		l.Pids = m.defaults.Pids
+	}
+	if l.TmpSize == 0 {
+		l.TmpSize = m.defaults.TmpSize
+	}
+	if l.FileSize == 0 {
+		l.FileSize = m.defaults.FileSize
+	}
+	if l.NoFile == 0 {
+		l.NoFile = m.defaults.NoFile
+	}
+	if l.Stack == 0 {
+		l.Stack = m.defaults.Stack
+	}
+	l.Timeout = 0
+	switch {
+	case l.Memory > m.max.Memory:
+		return l, &LimitError{"memory", fmt.Sprintf("%d MiB", l.Memory>>20), fmt.Sprintf("%d MiB", m.max.Memory>>20)}
+	case l.CPUs > m.max.CPUs:
+		return l, &LimitError{"cpus", fmt.Sprint(l.CPUs), fmt.Sprint(m.max.CPUs)}
+	case l.Pids > m.max.Pids:
+		return l, &LimitError{"pids", fmt.Sprint(l.Pids), fmt.Sprint(m.max.Pids)}
+	case l.TmpSize > m.max.TmpSize:
+		return l, &LimitError{"tmp size", fmt.Sprint(l.TmpSize), fmt.Sprint(m.max.TmpSize)}
+	}
+	return l, nil
+}
+
+// Create returns a new session for opts.Owner: a pooled kernel when the
+// request asks for nothing the pool's kernels lack, a cold one otherwise.
+func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, error) {
+	limits, err := m.resolve(opts.Limits)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Network == "" {
+		opts.Network = jail.NetworkNone
+	}
+	execTimeout := opts.ExecTimeout
+	if execTimeout == 0 {
+		execTimeout = m.opts.ExecTimeout
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if len(m.sessions) >= m.opts.MaxSessions {
+		m.mu.Unlock()
+		return nil, ErrCapacity
+	}
+	// Reserve the slot while the session starts.
+	placeholder := &Managed{}
+	key := "starting-" + newID()
+	m.sessions[key] = placeholder
+	var pooled *Session
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
+		pooled = m.pool[len(m.pool)-1]
+		m.pool = m.pool[:len(m.pool)-1]
+	}
+	m.mu.Unlock()
+	if pooled != nil {
+		m.kick()
+	}
+
+	s := pooled
+	if s != nil {
+		if err := s.Err(); err != nil { // died while waiting in the pool
+			s.Close()
+			s = nil
+		} else {
+			s.opts.ExecTimeout = execTimeout
+		}
+	}
+	if s == nil {
+		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, execTimeout))
+	}
+	m.mu.Lock()
+	delete(m.sessions, key)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	if m.closed {
+		m.mu.Unlock()
+		s.Close()
+		return nil, ErrClosed
+	}
+	now := time.Now()
+	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network,
+		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, lastUsed: now}
+	m.sessions[s.ID()] = ms
+	m.mu.Unlock()
+	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
+	return ms, nil
+}
+
+// Get returns owner's session id.
+func (m *Manager) Get(owner, id string) (*Managed, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ms, ok := m.sessions[id]
+	if !ok || ms.Session == nil || ms.Owner != owner {
+		return nil, ErrNotFound
+	}
+	return ms, nil
+}
+
+// List returns owner's sessions, oldest first.
+func (m *Manager) List(owner string) []*Managed {
+	m.mu.Lock()
+	var out []*Managed
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.Owner == owner {
+			out = append(out, ms)
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Delete closes owner's session id.
+func (m *Manager) Delete(owner, id string) error {
+	m.mu.Lock()
+	ms, ok := m.sessions[id]
+	if !ok || ms.Session == nil || ms.Owner != owner {
+		m.mu.Unlock()
+		return ErrNotFound
+	}
+	delete(m.sessions, id)
+	m.mu.Unlock()
+	return m.closeSession(ms, "deleted")
+}
+
+func (m *Manager) closeSession(ms *Managed, reason string) error {
+	err := ms.Close()
+	m.log.Info("session closed", "session", ms.ID(), "reason", reason)
+	if m.opts.OnClose != nil {
+		m.opts.OnClose(ms.ID(), reason)
+	}
+	return err
+}
+
+// Stats are the manager's gauges.
+type Stats struct {
+	Sessions  int
+	PoolReady int
+}
+
+// Stats reports how many sessions are held and how many kernels wait in the pool.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, ms := range m.sessions {
+		if ms.Session != nil {
+			n++
+		}
+	}
+	return Stats{Sessions: n, PoolReady: len(m.pool)}
+}
+
+// Close closes every session and pooled kernel and stops the background
+// work. It waits for all of them to be gone.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	sessions := make([]*Managed, 0, len(m.sessions))
+	for _, ms := range m.sessions {
+		if ms.Session != nil {
+			sessions = append(sessions, ms)
+		}
+	}
+	m.sessions = map[string]*Managed{}
+	m.mu.Unlock()
+	close(m.stop)
+	m.wg.Wait() // no pooled kernel is being started after this
+	m.mu.Lock()
+	pool := m.pool
+	m.pool = nil
+	m.mu.Unlock()
+	var errs []error
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	for _, ms := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.closeSession(ms, "shutdown"); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
+			}
+		}()
+	}
+	for _, s := range pool {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.Close() }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (m *Manager) kick() {
+	select {
+	case m.refill <- struct{}{}:
+	default:
+	}
+}
+
+// poolLoop keeps PoolSize kernels ready, one start at a time so refilling
+// never starves executions of CPU.
+func (m *Manager) poolLoop() {
+	defer m.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.refill:
+		}
+		for {
+			m.mu.Lock()
+			need := !m.closed && len(m.pool) < m.opts.PoolSize
+			m.mu.Unlock()
+			if !need {
+				break
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, m.opts.ExecTimeout))
+			cancel()
+			if err != nil {
+				m.log.Error("pool: start kernel", "err", err)
+				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+				select {
+				case <-m.stop:
+					return
+				case <-time.After(backoff):
+				}
+				continue
+			}
+			backoff = 0
+			m.mu.Lock()
+			if m.closed {
+				m.mu.Unlock()
+				s.Close()
+				return
+			}
+			m.pool = append(m.pool, s)
+			m.mu.Unlock()
+		}
+	}
+}
+
+func (m *Manager) reapLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.opts.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			m.Reap(time.Now())
+		}
+	}
+}
+
+// Reap closes sessions idle past IdleTimeout or older than MaxLifetime at
+// time now, and returns how many it closed.
+func (m *Manager) Reap(now time.Time) int {
+	var victims []*Managed
+	var reasons []string
+	m.mu.Lock()
+	for id, ms := range m.sessions {
+		if ms.Session == nil {
+			continue
+		}
+		last, idle := ms.idleSince()
+		switch {
+		case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
+			reasons = append(reasons, "expired")
+		case m.opts.IdleTimeout > 0 && idle && now.Sub(last) > m.opts.IdleTimeout:
+			reasons = append(reasons, "idle")
+		default:
+			continue
+		}
+		victims = append(victims, ms)
+		delete(m.sessions, id)
+	}
+	m.mu.Unlock()
+	for i, ms := range victims {
+		_ = m.closeSession(ms, reasons[i])
+	}
+	return len(victims)
+}
