@@ -122,15 +122,15 @@ type Exception struct {
 
 // Result aggregates the events of one execution.
 type Result struct {
-	Status          Status      `json:"status"`
-	Stdout          string      `json:"stdout"`
-	Stderr          string      `json:"stderr"`
-	Results         []Output    `json:"results"`
-	Error           *Exception  `json:"error"`
-	ExecutionCount  int         `json:"execution_count"`
-	DurationMS      float64     `json:"duration_ms"`
-	CPUMS           float64     `json:"cpu_ms"`
-	MemoryPeakBytes int64       `json:"memory_peak_bytes"`
+	Status          Status     `json:"status"`
+	Stdout          string     `json:"stdout"`
+	Stderr          string     `json:"stderr"`
+	Results         []Output   `json:"results"`
+	Error           *Exception `json:"error"`
+	ExecutionCount  int        `json:"execution_count"`
+	DurationMS      float64    `json:"duration_ms"`
+	CPUMS           float64    `json:"cpu_ms"`
+	MemoryPeakBytes int64      `json:"memory_peak_bytes"`
 	// Truncated reports that stdout or stderr exceeded the capture limit:
 	// the middle was dropped, keeping the head and the tail.
 	Truncated bool `json:"truncated"`

@@ -3,19 +3,16 @@
 package kernel
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -78,65 +75,37 @@ var (
 )
 
 // Kernel is a running kernel.py and the Go side of its protocol. Execute
-// runs one cell at a time; Interrupt and Close may be called concurrently.
+// runs one cell at a time; Interrupt, Kill and Close may be called
+// concurrently.
+//
+// One goroutine at a time (the holder of sem) does all the I/O, polling the
+// event pipe and the output pipes together. Before handling each event it
+// reads, it drains the output pipes: the kernel wrote that output before
+// the event, so stdout and stderr written at the descriptor level (C code,
+// subprocesses) come before the results and the end that follow them. No
+// reader goroutines means no hand-offs on the hot path.
 type Kernel struct {
-	proc   Process
-	opts   Options
-	log    *slog.Logger
-	token  string
-	req    *os.File
-	closeR []*os.File // our read ends
+	proc  Process
+	opts  Options
+	log   *slog.Logger
+	p     *pipes
+	start time.Time
 
-	items     chan item
 	exited    chan struct{} // closed when Wait returned
-	done      chan struct{} // closed by Close: stops the readers
-	sem       chan struct{} // one execution at a time
-	interrupt chan struct{}
+	sem       chan struct{} // one user of the pipes at a time
+	interrupt atomic.Bool
 	closeOnce sync.Once
-	readers   sync.WaitGroup
 
 	mu         sync.Mutex
 	exitErr    error
 	killReason string
 
-	// Owned by the goroutine holding sem.
-	count    int
-	marks    [3]int64 // per stream: highest marker seen
-	eof      [3]bool
-	pending  []wireEvent
-	writeBuf bytes.Buffer
-}
-
-type itemKind uint8
-
-const (
-	itemText itemKind = iota
-	itemMark
-	itemEvent
-	itemEOF
-	itemBad // a protocol violation; err says which
-)
-
-const (
-	chanEvents = 0
-	chanStdout = 1
-	chanStderr = 2
-)
-
-// item is what the reader goroutines hand to the executing goroutine.
-type item struct {
-	kind   itemKind
-	stream int
-	text   string
-	seq    int64
-	ev     wireEvent
-	err    error
+	count int // owned by the holder of sem
 }
 
 // wireEvent is an Event as the kernel sends it.
 type wireEvent struct {
 	Event
-	Seq    int64  `json:"seq"`
 	Pid    int    `json:"pid"`
 	Python string `json:"python"`
 }
@@ -145,11 +114,9 @@ type wireEvent struct {
 // start; the kernel lives until Close or until it dies.
 func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error) {
 	k := &Kernel{
-		items:     make(chan item, 256),
-		exited:    make(chan struct{}),
-		done:      make(chan struct{}),
-		sem:       make(chan struct{}, 1),
-		interrupt: make(chan struct{}, 1),
+		exited: make(chan struct{}),
+		sem:    make(chan struct{}, 1),
+		start:  time.Now(),
 	}
 	if opts != nil {
 		k.opts = *opts
@@ -167,63 +134,31 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	var tok [12]byte
-	rand.Read(tok[:])
-	k.token = hex.EncodeToString(tok[:])
-
-	var child, ours []*os.File
-	pipe := func() (r, w *os.File, err error) {
-		r, w, err = os.Pipe()
-		return
-	}
-	reqR, reqW, err1 := pipe()
-	evR, evW, err2 := pipe()
-	outR, outW, err3 := pipe()
-	errR, errW, err4 := pipe()
-	for _, f := range []*os.File{reqR, evW, outW, errW} {
-		if f != nil {
-			child = append(child, f)
-		}
-	}
-	for _, f := range []*os.File{reqW, evR, outR, errR} {
-		if f != nil {
-			ours = append(ours, f)
-		}
-	}
-	closeAll := func(fs []*os.File) {
-		for _, f := range fs {
-			f.Close()
-		}
-	}
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		closeAll(child)
-		closeAll(ours)
+	p, files, err := newPipes(k.opts.MaxEventBytes)
+	if err != nil {
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}
-	proc, err := launch(context.WithoutCancel(ctx), Files{Requests: reqR, Events: evW, Stdout: outW, Stderr: errW})
-	closeAll(child) // the kernel has its copies; EOF must mean the kernel is gone
+	proc, err := launch(context.WithoutCancel(ctx), files)
+	for _, f := range files.List() {
+		f.Close() // the kernel has its copies; EOF must mean the kernel is gone
+	}
 	if err != nil {
-		closeAll(ours)
+		p.close()
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}
 	k.proc = proc
-	k.req = reqW
-	k.closeR = []*os.File{evR, outR, errR}
-
+	k.p = p
 	go func() {
 		err := proc.Wait()
 		k.mu.Lock()
 		k.exitErr = err
 		k.mu.Unlock()
 		close(k.exited)
+		p.wake()
 	}()
-	k.readers.Add(3)
-	go k.readEvents(evR)
-	go k.readStream(outR, chanStdout)
-	go k.readStream(errR, chanStderr)
 
-	hello, _ := json.Marshal(map[string]any{"token": k.token, "max_event_bytes": k.opts.MaxEventBytes - 4096})
-	if err := k.write(append(hello, '\n')); err != nil {
+	hello, _ := json.Marshal(map[string]any{"max_event_bytes": k.opts.MaxEventBytes - 4096})
+	if err := p.writeRequest(append(hello, '\n'), time.Now().Add(10*time.Second)); err != nil {
 		k.Kill("could not send the hello")
 		k.Close()
 		return nil, fmt.Errorf("start kernel: %w", err)
@@ -235,144 +170,75 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	return k, nil
 }
 
+// readySink waits for the kernel's "ready", keeping what it says on stderr.
+type readySink struct {
+	stderr capture
+	ready  bool
+	log    *slog.Logger
+}
+
+func (r *readySink) text(stream int, s string) {
+	if stream == streamStderr {
+		r.stderr.write(s)
+	}
+}
+
+func (r *readySink) event(ev *wireEvent) bool {
+	if ev.Type == "ready" {
+		r.log.Debug("kernel ready", "pid", ev.Pid, "python", ev.Python)
+		r.ready = true
+		return true
+	}
+	return false
+}
+
 func (k *Kernel) awaitReady(ctx context.Context) error {
-	var stderr capture
-	stderr.limit = 8 << 10
+	stop := context.AfterFunc(ctx, k.p.wake)
+	defer stop()
+	r := &readySink{log: k.log}
+	r.stderr.limit = 8 << 10
 	for {
-		select {
-		case it := <-k.items:
-			switch it.kind {
-			case itemEvent:
-				if it.ev.Type == "ready" {
-					k.log.Debug("kernel ready", "pid", it.ev.Pid, "python", it.ev.Python)
-					return nil
-				}
-			case itemText:
-				if it.stream == chanStderr {
-					stderr.write(it.text)
-				}
-			case itemBad:
-				k.Kill("protocol error: " + it.err.Error())
-				return it.err
-			case itemEOF:
-				if it.stream == chanEvents {
-					k.awaitExit(time.Second)
-					return fmt.Errorf("kernel exited during start (%s): %s", k.reason(), stderr.String())
-				}
-			}
-		case <-k.exited:
-			// Collect what it said on stderr before dying.
-			k.drainText(&stderr, time.Second)
-			return fmt.Errorf("kernel exited during start (%s): %s", k.reason(), stderr.String())
-		case <-ctx.Done():
+		stopped, err := k.p.step(-1, r)
+		if err != nil {
+			k.Kill("protocol error: " + err.Error())
+			return err
+		}
+		if stopped {
+			return nil
+		}
+		if k.p.eof[streamEvents] || k.hasExited() {
+			k.awaitExit(time.Second)
+			k.drain(r, time.Second)
+			return fmt.Errorf("kernel exited during start (%s): %s", k.reason(), r.stderr.String())
+		}
+		if ctx.Err() != nil {
 			k.Kill("start canceled")
 			return ctx.Err()
 		}
 	}
 }
 
-// drainText collects stderr text until both output streams end or d passes.
-func (k *Kernel) drainText(c *capture, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for !(k.eof[chanStdout] && k.eof[chanStderr]) {
-		select {
-		case it := <-k.items:
-			switch it.kind {
-			case itemText:
-				if it.stream == chanStderr {
-					c.write(it.text)
-				}
-			case itemEOF:
-				k.eof[it.stream] = true
-			}
-		case <-t.C:
+// drain passes on what is left in the pipes until all of them end or d passes.
+func (k *Kernel) drain(s sink, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for !k.p.allEOF() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		if _, err := k.p.step(left, s); err != nil {
 			return
 		}
 	}
 }
 
-// send hands an item to the executing goroutine; false once the kernel is closed.
-func (k *Kernel) send(it item) bool {
+func (k *Kernel) hasExited() bool {
 	select {
-	case k.items <- it:
+	case <-k.exited:
 		return true
-	case <-k.done:
+	default:
 		return false
 	}
-}
-
-func (k *Kernel) readEvents(r io.Reader) {
-	defer k.readers.Done()
-	br := bufio.NewReaderSize(r, 64<<10)
-	var long []byte
-	for {
-		line, err := br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			long = append(long, line...)
-			if len(long) > k.opts.MaxEventBytes {
-				k.send(item{kind: itemBad, err: fmt.Errorf("event longer than %d bytes", k.opts.MaxEventBytes)})
-				return
-			}
-			continue
-		}
-		if long != nil {
-			line = append(long, line...)
-			long = nil
-		}
-		if len(bytes.TrimSpace(line)) > 0 {
-			var ev wireEvent
-			if jerr := json.Unmarshal(line, &ev); jerr != nil || ev.Type == "" {
-				k.send(item{kind: itemBad, err: fmt.Errorf("not an event: %.80q", line)})
-				return
-			}
-			if !k.send(item{kind: itemEvent, ev: ev}) {
-				return
-			}
-		}
-		if err != nil {
-			k.send(item{kind: itemEOF, stream: chanEvents})
-			return
-		}
-	}
-}
-
-func (k *Kernel) readStream(r io.Reader, stream int) {
-	defer k.readers.Done()
-	sp := newSplitter(k.token)
-	buf := make([]byte, 32<<10)
-	ok := true
-	text := func(b []byte) {
-		if ok {
-			ok = k.send(item{kind: itemText, stream: stream, text: string(b)})
-		}
-	}
-	mark := func(seq int64) {
-		if ok {
-			ok = k.send(item{kind: itemMark, stream: stream, seq: seq})
-		}
-	}
-	for ok {
-		n, err := r.Read(buf)
-		if n > 0 {
-			sp.feed(buf[:n], text, mark)
-		}
-		if err != nil {
-			sp.flush(text)
-			if ok {
-				k.send(item{kind: itemEOF, stream: stream})
-			}
-			return
-		}
-	}
-}
-
-func (k *Kernel) write(b []byte) error {
-	// The kernel reads each request whole before acting on it, so a write
-	// only blocks if the kernel is stuck or hostile.
-	k.req.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	_, err := k.req.Write(b)
-	return err
 }
 
 // Err returns nil while the kernel can execute, and an error wrapping
@@ -443,10 +309,8 @@ func (k *Kernel) awaitExit(d time.Duration) {
 // (status "interrupted"; the kernel's state survives). If the code does not
 // stop within the grace period the kernel is killed.
 func (k *Kernel) Interrupt() {
-	select {
-	case k.interrupt <- struct{}{}:
-	default:
-	}
+	k.interrupt.Store(true)
+	k.p.wake()
 }
 
 // Close kills the kernel and releases everything. It is safe to call more
@@ -455,18 +319,25 @@ func (k *Kernel) Close() error {
 	k.closeOnce.Do(func() {
 		k.Kill("the kernel was closed")
 		<-k.exited
-		// A running Execute ends now (killed); wait for it so it can
-		// collect the kernel's last output, then stop the readers.
+		// A running Execute ends now (killed) once it has collected the
+		// kernel's last output; then nobody uses the pipes.
 		k.sem <- struct{}{}
-		close(k.done)
-		k.req.Close()
-		for _, f := range k.closeR {
-			f.Close()
-		}
-		k.readers.Wait()
+		k.p.close()
 		<-k.sem
 	})
 	return nil
+}
+
+// completeSink waits for the reply to an is_complete request.
+type completeSink struct{ status string }
+
+func (c *completeSink) text(int, string) {}
+func (c *completeSink) event(ev *wireEvent) bool {
+	if ev.Type == "is_complete" {
+		c.status = string(ev.Status)
+		return true
+	}
+	return false
 }
 
 // CheckComplete says whether code typed at a prompt is a complete cell
@@ -483,36 +354,32 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 		return "", err
 	}
 	b, _ := json.Marshal(map[string]string{"op": "is_complete", "code": code})
-	if err := k.write(append(b, '\n')); err != nil {
+	if err := k.p.writeRequest(append(b, '\n'), time.Now().Add(10*time.Second)); err != nil {
 		k.Kill("could not write to the kernel: " + err.Error())
 		return "", k.Err()
 	}
+	// Bounded: the kernel answers at once; a kernel that does not is broken.
+	deadline := time.Now().Add(10 * time.Second)
+	stop := context.AfterFunc(ctx, k.p.wake)
+	defer stop()
+	c := &completeSink{}
 	for {
-		select {
-		case it := <-k.items:
-			switch it.kind {
-			case itemEvent:
-				if it.ev.Type == "is_complete" {
-					return string(it.ev.Status), nil
-				}
-				k.pending = append(k.pending, it.ev)
-			case itemMark:
-				k.marks[it.stream] = max(k.marks[it.stream], it.seq)
-			case itemBad:
-				k.Kill("protocol error: " + it.err.Error())
-				return "", k.Err()
-			case itemEOF:
-				k.eof[it.stream] = true
-				if it.stream == chanEvents {
-					k.awaitExit(time.Second)
-					return "", k.Err()
-				}
-			}
-		case <-k.exited:
+		stopped, err := k.p.step(time.Until(deadline), c)
+		switch {
+		case err != nil:
+			k.Kill("protocol error: " + err.Error())
 			return "", k.Err()
-		case <-ctx.Done():
-			// The reply will come; a stray reply is ignored by Execute.
+		case stopped:
+			return c.status, nil
+		case k.p.eof[streamEvents] || k.hasExited():
+			k.awaitExit(time.Second)
+			return "", k.Err()
+		case ctx.Err() != nil:
+			k.Kill("a completeness check was abandoned")
 			return "", ctx.Err()
+		case time.Now().After(deadline):
+			k.Kill("the kernel did not answer a completeness check")
+			return "", k.Err()
 		}
 	}
 }
@@ -533,16 +400,13 @@ func (k *Kernel) Execute(ctx context.Context, req Request, onEvent EventFunc) (*
 	if err := k.Err(); err != nil {
 		return nil, err
 	}
-	select {
-	case <-k.interrupt: // stale: nothing was running
-	default:
-	}
+	k.interrupt.Store(false) // nothing was running
 	x := &execution{k: k, req: req, onEvent: onEvent, start: time.Now()}
 	x.stdout.limit = k.opts.MaxOutputBytes
 	x.stderr.limit = k.opts.MaxOutputBytes
 
-	k.writeBuf.Reset()
-	enc := json.NewEncoder(&k.writeBuf)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(struct {
 		Code string            `json:"code"`
@@ -550,7 +414,7 @@ func (k *Kernel) Execute(ctx context.Context, req Request, onEvent EventFunc) (*
 	}{req.Code, req.Env}); err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
-	if err := k.write(k.writeBuf.Bytes()); err != nil {
+	if err := k.p.writeRequest(buf.Bytes(), time.Now().Add(10*time.Second)); err != nil {
 		k.Kill("could not write to the kernel: " + err.Error())
 		return x.died(), nil
 	}
@@ -567,86 +431,80 @@ type execution struct {
 	stdout, stderr capture
 	res            Result
 	timedOut       bool
+	dying          bool   // collecting the last words of a dead kernel
+	end            *Event // the end, if it came while dying
 }
 
 func (x *execution) run(ctx context.Context) *Result {
 	k := x.k
-	var timeoutC, graceC, resendC <-chan time.Time
-	if x.req.Timeout > 0 {
-		t := time.NewTimer(x.req.Timeout)
-		defer t.Stop()
-		timeoutC = t.C
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, k.p.wake)
+		defer stop()
 	}
-	ctxDone := ctx.Done()
-	interruptC := (<-chan struct{})(k.interrupt)
-	interrupted := false
-	var graceT *time.Timer
-	var resendT *time.Ticker
-	defer func() {
-		if graceT != nil {
-			graceT.Stop()
-			resendT.Stop()
-		}
-	}()
-	interrupt := func() {
+	var timeoutAt, graceAt, resendAt time.Time
+	if x.req.Timeout > 0 {
+		timeoutAt = x.start.Add(x.req.Timeout)
+	}
+	interrupted, ctxSeen := false, false
+	interrupt := func(now time.Time) {
 		if interrupted {
 			return
 		}
 		interrupted = true
 		k.signal(os.Interrupt)
-		graceT = time.NewTimer(k.opts.InterruptGrace)
-		graceC = graceT.C
+		graceAt = now.Add(k.opts.InterruptGrace)
 		// A SIGINT that lands while the kernel is not in user code is
 		// dropped; repeat it, as a user presses Ctrl-C again.
-		resendT = time.NewTicker(k.opts.InterruptGrace / 4)
-		resendC = resendT.C
+		resendAt = now.Add(k.opts.InterruptGrace / 4)
 	}
 	for {
-		select {
-		case it := <-k.items:
-			switch it.kind {
-			case itemText:
-				x.text(it.stream, it.text)
-			case itemMark:
-				k.marks[it.stream] = max(k.marks[it.stream], it.seq)
-			case itemEvent:
-				if it.ev.Seq > 0 { // replies without a seq (stray is_complete) are not ours
-					k.pending = append(k.pending, it.ev)
-				}
-			case itemBad:
-				k.Kill("protocol error: " + it.err.Error())
-				return x.died()
-			case itemEOF:
-				k.eof[it.stream] = true
-				if it.stream == chanEvents {
-					k.awaitExit(time.Second)
-					return x.died()
+		wait := time.Duration(-1)
+		for _, at := range [...]time.Time{timeoutAt, graceAt, resendAt} {
+			if !at.IsZero() {
+				if d := max(time.Until(at), 0); wait < 0 || d < wait {
+					wait = d
 				}
 			}
-			if x.deliver() {
-				return &x.res
-			}
-		case <-k.exited:
+		}
+		stopped, err := k.p.step(wait, x)
+		if err != nil {
+			k.Kill("protocol error: " + err.Error())
 			return x.died()
-		case <-timeoutC:
+		}
+		if stopped {
+			return &x.res
+		}
+		if k.p.eof[streamEvents] {
+			k.awaitExit(time.Second)
+			return x.died()
+		}
+		if k.hasExited() {
+			return x.died()
+		}
+		now := time.Now()
+		if !ctxSeen && ctx.Err() != nil {
+			ctxSeen = true
+			interrupt(now)
+		}
+		if k.interrupt.Swap(false) {
+			interrupt(now)
+		}
+		if !timeoutAt.IsZero() && !now.Before(timeoutAt) {
+			timeoutAt = time.Time{}
 			x.timedOut = true
-			interrupt()
-		case <-interruptC:
-			interruptC = nil
-			interrupt()
-		case <-ctxDone:
-			ctxDone = nil
-			interrupt()
-		case <-resendC:
-			k.signal(os.Interrupt)
-		case <-graceC:
+			interrupt(now)
+		}
+		if !graceAt.IsZero() && !now.Before(graceAt) {
 			if x.timedOut {
 				k.Kill(fmt.Sprintf("the execution exceeded its %s timeout and did not stop within %s of being interrupted; the kernel was killed", x.req.Timeout, k.opts.InterruptGrace))
 			} else {
 				k.Kill(fmt.Sprintf("the execution did not stop within %s of being interrupted; the kernel was killed", k.opts.InterruptGrace))
 			}
-			<-k.exited
 			return x.died()
+		}
+		if !resendAt.IsZero() && !now.Before(resendAt) {
+			k.signal(os.Interrupt)
+			resendAt = now.Add(k.opts.InterruptGrace / 4)
 		}
 	}
 }
@@ -657,26 +515,6 @@ func (k *Kernel) signal(sig os.Signal) {
 	}
 }
 
-// deliver passes on the pending events whose output has all arrived, and
-// reports whether the end event was among them.
-func (x *execution) deliver() bool {
-	k := x.k
-	for len(k.pending) > 0 {
-		ev := k.pending[0]
-		for _, s := range [...]int{chanStdout, chanStderr} {
-			if k.marks[s] < ev.Seq && !k.eof[s] {
-				return false
-			}
-		}
-		k.pending = k.pending[1:]
-		if x.event(ev.Event) {
-			k.pending = k.pending[:0:0]
-			return true
-		}
-	}
-	return false
-}
-
 func (x *execution) emit(ev Event) {
 	if x.onEvent != nil {
 		x.onEvent(ev)
@@ -685,7 +523,7 @@ func (x *execution) emit(ev Event) {
 
 func (x *execution) text(stream int, s string) {
 	ev := Event{Type: EventStdout, Text: s}
-	if stream == chanStderr {
+	if stream == streamStderr {
 		ev.Type = EventStderr
 		x.stderr.write(s)
 	} else {
@@ -695,14 +533,13 @@ func (x *execution) text(stream int, s string) {
 }
 
 // event records and passes on one kernel event; it reports whether it was the end.
-func (x *execution) event(ev Event) bool {
+func (x *execution) event(w *wireEvent) bool {
+	ev := w.Event
 	switch ev.Type {
-	case EventStdout, EventStderr:
-		stream := chanStdout
-		if ev.Type == EventStderr {
-			stream = chanStderr
-		}
-		x.text(stream, ev.Text)
+	case EventStdout:
+		x.text(streamStdout, ev.Text)
+	case EventStderr:
+		x.text(streamStderr, ev.Text)
 	case EventResult:
 		x.res.Results = append(x.res.Results, Output{IsMainResult: ev.IsMainResult, Data: ev.Data})
 		x.emit(ev)
@@ -714,17 +551,14 @@ func (x *execution) event(ev Event) bool {
 		x.res.Error = &Exception{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
 		x.emit(ev)
 	case EventEnd:
-		if x.timedOut && ev.Status == StatusInterrupted {
-			ev.Status = StatusTimeout
+		if x.dying {
+			x.end = &ev
+			return true
 		}
-		switch ev.Status {
-		case StatusOK, StatusError, StatusTimeout, StatusInterrupted:
-		default:
-			ev.Status = StatusError
-		}
-		x.k.count = ev.ExecutionCount
 		x.finish(ev)
 		return true
+	case "ready", "is_complete":
+		// A late reply to an abandoned request.
 	default:
 		x.k.log.Debug("unknown kernel event", "type", ev.Type)
 	}
@@ -732,6 +566,15 @@ func (x *execution) event(ev Event) bool {
 }
 
 func (x *execution) finish(end Event) {
+	if x.timedOut && end.Status == StatusInterrupted {
+		end.Status = StatusTimeout
+	}
+	switch end.Status {
+	case StatusOK, StatusError, StatusTimeout, StatusInterrupted, StatusKilled:
+	default:
+		end.Status = StatusError
+	}
+	x.k.count = end.ExecutionCount
 	r := &x.res
 	r.Status = end.Status
 	r.ExecutionCount = end.ExecutionCount
@@ -747,51 +590,26 @@ func (x *execution) finish(end Event) {
 	x.emit(end)
 }
 
-// died finishes an execution whose kernel is gone: it passes on what the
-// kernel managed to say, then a KernelDied error and an end "killed".
+// died finishes an execution whose kernel is gone (or going): it passes on
+// what the kernel managed to say, then a KernelDied error and an end
+// "killed".
 func (x *execution) died() *Result {
 	k := x.k
 	if k.Err() == nil {
 		k.Kill("the kernel stopped answering")
 	}
 	<-k.exited
-	// The output pipes end once every process of the kernel is gone; wait
-	// a little for the last words (a faulthandler traceback, say).
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-drain:
-	for !(k.eof[chanStdout] && k.eof[chanStderr] && k.eof[chanEvents]) {
-		select {
-		case it := <-k.items:
-			switch it.kind {
-			case itemText:
-				x.text(it.stream, it.text)
-			case itemEvent:
-				if it.ev.Seq > 0 {
-					k.pending = append(k.pending, it.ev)
-				}
-			case itemEOF:
-				k.eof[it.stream] = true
-			case itemBad:
-				k.eof[chanEvents] = true
-			}
-		case <-t.C:
-			break drain
-		}
+	// The pipes end once every process of the kernel is gone; wait a
+	// little for the last words (a faulthandler traceback, say).
+	x.dying = true
+	k.drain(x, time.Second)
+	if x.end != nil {
+		// It finished the cell before dying: report the cell as it was.
+		x.finish(*x.end)
+		return &x.res
 	}
-	for _, ev := range k.pending {
-		if ev.Type == EventEnd {
-			// It finished before dying: report the execution as it was.
-			x.event(ev.Event)
-			k.pending = nil
-			return &x.res
-		}
-		x.event(ev.Event)
-	}
-	k.pending = nil
 	k.count++
-	reason := k.reason()
-	errEv := Event{Type: EventError, Name: "KernelDied", Value: reason}
+	errEv := Event{Type: EventError, Name: "KernelDied", Value: k.reason()}
 	x.res.Error = &Exception{Name: errEv.Name, Value: errEv.Value}
 	x.emit(errEv)
 	x.finish(Event{

@@ -5,10 +5,10 @@ Standard library only. The Go side (internal/kernel) starts this program with:
   fd 4  events, one JSON object per line
   fd 5, fd 6  pipes the Go side reads as the cell's stdout and stderr; the
         kernel moves them to fds 1 and 2
-The first request is a hello carrying a random token. Before every batch of
-events the kernel writes a marker "\\x1b]sl;TOKEN;SEQ\\x07" to both output
-pipes and tags the events with SEQ, so the Go side can order output written
-at the descriptor level (C code, subprocesses) before the events that follow.
+The first request is a hello with settings. Output is flushed to the pipes
+before each batch of events is written, and the Go side drains the pipes
+before handling each event it reads, so output written at the descriptor
+level (C code, subprocesses) comes before the events that follow it.
 """
 
 import ast
@@ -52,15 +52,12 @@ class _State:
     deferred = False
     main_ident = threading.get_ident()
     count = 0
-    seq = 0
-    token = b""
     max_event = 16 << 20
     req = None
     ev_fd = -1
-    out_fd = -1
-    err_fd = -1
     clear_refs_fd = -1
-    status_fd = -1
+    child_cpu = 0.0
+    child_peak = 0
     lock = threading.Lock()
     shown = set()  # ids of figures already emitted in this cell
 
@@ -88,7 +85,7 @@ def _flush_stdio():
 
 
 def _send(*events):
-    """Write a batch of events, preceded by an ordering marker on both output pipes.
+    """Write a batch of events (dicts, or JSON text).
 
     A KeyboardInterrupt is held back while the main thread writes, so that it
     never leaves half an event on the channel.
@@ -109,24 +106,19 @@ def _send(*events):
 
 def _send_locked(events):
     with S.lock:
+        # Output buffered by Python goes to the pipes before the events: the
+        # Go side drains the pipes before handling each event it reads.
         _flush_stdio()
-        S.seq += 1
-        seq = S.seq
-        marker = b"\x1b]sl;" + S.token + b";" + str(seq).encode() + b"\x07"
-        _write_all(S.out_fd, marker)
-        _write_all(S.err_fd, marker)
-        lines = []
-        for ev in events:
-            ev["seq"] = seq
-            lines.append(json.dumps(ev, separators=(",", ":")).encode())
-        lines.append(b"")
-        _write_all(S.ev_fd, b"\n".join(lines))
+        _write_all(S.ev_fd, "".join([(ev if type(ev) is str else _encode(ev)) + "\n" for ev in events]).encode())
 
 
 def _reply(ev):
-    """Write a reply that needs no ordering against output."""
+    """Write a reply to a request that runs no user code."""
     with S.lock:
-        _write_all(S.ev_fd, json.dumps(ev, separators=(",", ":")).encode() + b"\n")
+        _write_all(S.ev_fd, _encode(ev).encode() + b"\n")
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 # ---------------------------------------------------------------- display
@@ -369,14 +361,37 @@ def _parse(code, filename):
 
 
 def _compile(code, filename):
-    """Compile a cell into (statements, final expression or None)."""
+    """Compile a cell into (statements, final expression or None).
+
+    Compiled cells are cached by source (agents resend the same code), with
+    the code objects renamed to this cell's filename for tracebacks.
+    """
+    hit = _compiled.get(code)
+    if hit is not None:
+        return tuple(_rename(c, filename) if c is not None else None for c in hit)
     tree = _parse(code, filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body.pop()
     body = compile(tree, filename, "exec") if tree.body else None
     expr = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+    if len(code) <= 4096:
+        if len(_compiled) >= 256:
+            _compiled.clear()
+        _compiled[code] = (body, expr)
     return body, expr
+
+
+_compiled = {}
+
+
+def _rename(c, filename):
+    if c.co_filename == filename:
+        return c
+    consts = c.co_consts
+    if any(type(k) is types.CodeType for k in consts):
+        consts = tuple(_rename(k, filename) if type(k) is types.CodeType else k for k in consts)
+    return c.replace(co_filename=filename, co_consts=consts)
 
 
 def _user_frames(tb):
@@ -413,31 +428,20 @@ def _error_event(e, parse=False):
     return {"type": "error", "name": name, "value": value, "traceback": tb_text}
 
 
+_getrusage = resource.getrusage
+_SELF = resource.RUSAGE_SELF
+_CHILDREN = resource.RUSAGE_CHILDREN
+
+
 def _peak_reset():
+    # Resets the peak RSS that getrusage reports as ru_maxrss (Linux >= 4.0),
+    # so the peak is this execution's.
     if S.clear_refs_fd >= 0:
         try:
             os.write(S.clear_refs_fd, b"5")
             return
         except OSError:
             pass
-
-
-def _peak_read(children_before):
-    peak = 0
-    if S.status_fd >= 0:
-        try:
-            data = os.pread(S.status_fd, 4096, 0)
-            i = data.find(b"VmHWM:")
-            if i >= 0:
-                peak = int(data[i + 6 : data.index(b"kB", i)]) * 1024
-        except (OSError, ValueError):
-            peak = 0
-    if peak == 0:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    if children > children_before:
-        peak = max(peak, children)
-    return peak
 
 
 def _run_user(ns, body, expr, quiet, events):
@@ -477,8 +481,7 @@ def run_cell(ns, req):
     env = req.get("env") or None
     S.shown = set()
     t0 = time.perf_counter()
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self0 = _getrusage(_SELF)
     _peak_reset()
     saved = None
     if env:
@@ -518,21 +521,26 @@ def run_cell(ns, req):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-    self1 = resource.getrusage(resource.RUSAGE_SELF)
-    child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (
-        self1.ru_utime - self0.ru_utime + self1.ru_stime - self0.ru_stime
-        + child1.ru_utime - child0.ru_utime + child1.ru_stime - child0.ru_stime
-    )
+    self1 = _getrusage(_SELF)
+    cpu = self1.ru_utime - self0.ru_utime + self1.ru_stime - self0.ru_stime
+    # Children count once waited for; one call per cell keeps this cheap.
+    child = _getrusage(_CHILDREN)
+    child_cpu = child.ru_utime + child.ru_stime
+    cpu += child_cpu - S.child_cpu
+    S.child_cpu = child_cpu
+    child_peak = child.ru_maxrss * 1024
+    grew = child_peak > S.child_peak
+    S.child_peak = child_peak
+    # Formatted by hand: this is on every execution's path.
     events.append(
-        {
-            "type": "end",
-            "status": status,
-            "execution_count": count,
-            "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
-            "cpu_ms": round(cpu * 1000, 3),
-            "memory_peak_bytes": _peak_read(child0.ru_maxrss * 1024),
-        }
+        '{"type":"end","status":"%s","execution_count":%d,"duration_ms":%.3f,"cpu_ms":%.3f,"memory_peak_bytes":%d}'
+        % (
+            status,
+            count,
+            (time.perf_counter() - t0) * 1000,
+            cpu * 1000,
+            max(self1.ru_maxrss * 1024, child_peak if grew else 0),
+        )
     )
     _send(*events)
 
@@ -590,18 +598,10 @@ def _setup():
     S.ev_fd = fcntl.fcntl(4, fcntl.F_DUPFD_CLOEXEC, 100)
     os.close(3)
     os.close(4)
-    # Our own copies of the output pipes: markers still reach the Go side if
-    # user code redirects or closes fds 1 and 2.
-    S.out_fd = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 100)
-    S.err_fd = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 100)
     try:
         S.clear_refs_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
         S.clear_refs_fd = -1
-    try:
-        S.status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        S.status_fd = -1
 
     sys.stdout = sys.__stdout__ = _text_stream(1)
     sys.stderr = sys.__stderr__ = _text_stream(2)
@@ -632,7 +632,6 @@ def _setup():
 def main():
     ns = _setup()
     hello = json.loads(S.req.readline() or b"{}")
-    S.token = str(hello.get("token", "")).encode()
     S.max_event = int(hello.get("max_event_bytes") or S.max_event)
     _reply({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
     readline = S.req.readline

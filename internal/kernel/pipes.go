@@ -1,0 +1,348 @@
+package kernel
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	streamEvents = 0
+	streamStdout = 1
+	streamStderr = 2
+)
+
+// maxReads bounds the reads of one pipe per drain, so a flood on one pipe
+// cannot starve the others.
+const maxReads = 16
+
+// sink receives what the kernel says, in order.
+type sink interface {
+	text(stream int, s string)
+	// event handles one event; true stops the current step (the end).
+	event(ev *wireEvent) bool
+}
+
+// pipes are our nonblocking ends of the kernel's pipes, plus an eventfd
+// that wakes a poll for interrupts, cancellations and the kernel's exit.
+type pipes struct {
+	req    int
+	fds    [3]int // events, stdout, stderr (read ends)
+	wakeFD int
+
+	mu     sync.Mutex // guards wakeFD against close
+	closed bool
+
+	eof      [3]bool
+	hold     [3][]byte // stdout/stderr: an incomplete UTF-8 sequence
+	evBuf    []byte    // event bytes not yet handled
+	evOff    int
+	rbuf     []byte
+	maxEvent int
+}
+
+// newPipes makes the kernel's pipes: ours nonblocking in p, theirs in files.
+func newPipes(maxEvent int) (p *pipes, files Files, err error) {
+	p = &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent}
+	var theirs [4]*os.File
+	defer func() {
+		if err != nil {
+			p.close()
+			for _, f := range theirs {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
+	}()
+	mk := func(i int, name string, ourWrite bool) error {
+		var fd [2]int
+		if err := unix.Pipe2(fd[:], unix.O_CLOEXEC); err != nil {
+			return fmt.Errorf("pipe: %w", err)
+		}
+		ours, their := fd[0], fd[1]
+		if ourWrite {
+			ours, their = fd[1], fd[0]
+		}
+		theirs[i] = os.NewFile(uintptr(their), name)
+		if i == 0 {
+			p.req = ours
+		} else {
+			p.fds[i-1] = ours
+		}
+		return unix.SetNonblock(ours, true)
+	}
+	if err = mk(0, "kernel-requests", true); err != nil {
+		return
+	}
+	if err = mk(1, "kernel-events", false); err != nil {
+		return
+	}
+	if err = mk(2, "kernel-stdout", false); err != nil {
+		return
+	}
+	if err = mk(3, "kernel-stderr", false); err != nil {
+		return
+	}
+	if p.wakeFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		err = fmt.Errorf("eventfd: %w", err)
+		return
+	}
+	files = Files{Requests: theirs[0], Events: theirs[1], Stdout: theirs[2], Stderr: theirs[3]}
+	return p, files, nil
+}
+
+func (p *pipes) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, fd := range append([]int{p.req, p.wakeFD}, p.fds[:]...) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// wake makes a poll in progress (or the next one) return.
+func (p *pipes) wake() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	unix.Write(p.wakeFD, one[:])
+}
+
+func (p *pipes) allEOF() bool { return p.eof[0] && p.eof[1] && p.eof[2] }
+
+// writeRequest writes one request line, waiting at most until deadline for
+// room in the pipe.
+func (p *pipes) writeRequest(b []byte, deadline time.Time) error {
+	for len(b) > 0 {
+		n, err := unix.Write(p.req, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			left := time.Until(deadline)
+			if left <= 0 {
+				return errors.New("the kernel does not read its requests")
+			}
+			fds := []unix.PollFd{{Fd: int32(p.req), Events: unix.POLLOUT}}
+			if _, err := unix.Poll(fds, pollMillis(left)); err != nil && err != unix.EINTR {
+				return err
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func pollMillis(d time.Duration) int {
+	if d < 0 {
+		return -1
+	}
+	return int((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// step hands whatever the kernel has already said to s and, if nothing,
+// waits up to timeout (negative: no limit) for it to say something or for
+// a wake. It reports whether s stopped at an event.
+func (p *pipes) step(timeout time.Duration, s sink) (bool, error) {
+	// Event lines left over from an earlier call come first.
+	if stop, err := p.handleLines(s); stop || err != nil {
+		return stop, err
+	}
+	var pfd [4]unix.PollFd
+	var which [4]int
+	n := 0
+	for i, fd := range p.fds {
+		if !p.eof[i] {
+			pfd[n] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+			which[n] = i
+			n++
+		}
+	}
+	pfd[n] = unix.PollFd{Fd: int32(p.wakeFD), Events: unix.POLLIN}
+	which[n] = -1
+	n++
+	if _, err := unix.Poll(pfd[:n], pollMillis(timeout)); err != nil {
+		if err == unix.EINTR {
+			return false, nil
+		}
+		return false, fmt.Errorf("poll: %w", err)
+	}
+	readEvents := false
+	for i := range n {
+		if pfd[i].Revents == 0 {
+			continue
+		}
+		switch which[i] {
+		case -1:
+			var b [8]byte
+			unix.Read(p.wakeFD, b[:])
+		case streamEvents:
+			readEvents = true
+		default:
+			p.readOutput(which[i], s)
+		}
+	}
+	if !readEvents {
+		return false, nil
+	}
+	if err := p.readEvents(); err != nil {
+		return false, err
+	}
+	return p.handleLines(s)
+}
+
+// readEvents appends what the event pipe holds to evBuf.
+func (p *pipes) readEvents() error {
+	for range maxReads {
+		if p.evOff > 0 && p.evOff == len(p.evBuf) {
+			p.evBuf, p.evOff = p.evBuf[:0], 0
+		}
+		n, err := unix.Read(p.fds[streamEvents], p.rbuf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return nil
+		}
+		if err != nil || n == 0 {
+			p.eof[streamEvents] = true
+			return nil
+		}
+		p.evBuf = append(p.evBuf, p.rbuf[:n]...)
+		if len(p.evBuf)-p.evOff > p.maxEvent && bytes.IndexByte(p.evBuf[p.evOff:], '\n') < 0 {
+			return fmt.Errorf("event longer than %d bytes", p.maxEvent)
+		}
+		if n < len(p.rbuf) {
+			return nil // the pipe is empty
+		}
+	}
+	return nil
+}
+
+// handleLines passes on the complete event lines in evBuf, each after the
+// output written before it.
+func (p *pipes) handleLines(s sink) (bool, error) {
+	for p.evOff < len(p.evBuf) {
+		rest := p.evBuf[p.evOff:]
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			if p.eof[streamEvents] {
+				p.evOff = len(p.evBuf) // a partial last line from a dying kernel
+			}
+			break
+		}
+		line := rest[:i]
+		p.evOff += i + 1
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var ev wireEvent
+		if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
+			return false, fmt.Errorf("not an event: %.80q", line)
+		}
+		p.drainOutput(s)
+		if s.event(&ev) {
+			return true, nil
+		}
+	}
+	if p.evOff == len(p.evBuf) {
+		p.evBuf, p.evOff = p.evBuf[:0], 0
+	}
+	return false, nil
+}
+
+// drainOutput passes on what the output pipes hold, in one poll when they
+// are empty.
+func (p *pipes) drainOutput(s sink) {
+	var pfd [2]unix.PollFd
+	n := 0
+	for _, st := range [...]int{streamStdout, streamStderr} {
+		if !p.eof[st] {
+			pfd[n] = unix.PollFd{Fd: int32(p.fds[st]), Events: unix.POLLIN}
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	if got, err := unix.Poll(pfd[:n], 0); err == nil && got == 0 {
+		return
+	}
+	p.readOutput(streamStdout, s)
+	p.readOutput(streamStderr, s)
+}
+
+// readOutput passes on what an output pipe holds.
+func (p *pipes) readOutput(stream int, s sink) {
+	if p.eof[stream] {
+		return
+	}
+	for range maxReads {
+		n, err := unix.Read(p.fds[stream], p.rbuf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if err != nil || n == 0 {
+			p.eof[stream] = true
+			if len(p.hold[stream]) > 0 {
+				s.text(stream, string(p.hold[stream]))
+				p.hold[stream] = nil
+			}
+			return
+		}
+		data := p.rbuf[:n]
+		if h := p.hold[stream]; len(h) > 0 {
+			data = append(h, data...)
+		}
+		cut := runeBoundary(data)
+		if cut > 0 {
+			s.text(stream, string(data[:cut]))
+		}
+		p.hold[stream] = append(p.hold[stream][:0], data[cut:]...)
+		if n < len(p.rbuf) {
+			return // the pipe is empty
+		}
+	}
+}
+
+// runeBoundary returns the length of b without a trailing incomplete UTF-8
+// sequence, so a character split across two reads is not mangled.
+func runeBoundary(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		c := b[i]
+		if c < utf8.RuneSelf {
+			return len(b)
+		}
+		if utf8.RuneStart(c) {
+			if utf8.FullRune(b[i:]) {
+				return len(b)
+			}
+			return i
+		}
+	}
+	return len(b)
+}
