@@ -35,7 +35,7 @@ type AnthropicOptions struct {
 	Prices Prices
 	// Retry is the retry policy; the zero value is a sensible default.
 	Retry RetryPolicy
-	// HTTPClient makes the requests. If nil, a client with no overall timeout.
+	// HTTPClient makes the requests. If nil, as for OpenAIOptions.HTTPClient.
 	HTTPClient *http.Client
 	// Logger receives retries and oddities. If nil, logs are discarded.
 	Logger *slog.Logger
@@ -77,7 +77,7 @@ func NewAnthropic(opts AnthropicOptions) *Anthropic {
 	c.info = ModelInfo{Provider: "anthropic", Model: opts.Model, Images: images}
 	hc := opts.HTTPClient
 	if hc == nil {
-		hc = &http.Client{}
+		hc = defaultHTTPClient()
 	}
 	// WithoutEnvironmentDefaults: the SDK would otherwise pick up ANTHROPIC_* variables,
 	// profiles and federation on its own; Resolve reads the environment, explicitly.
@@ -407,6 +407,19 @@ func anthropicStop(s anthropic.StopReason) StopReason {
 	return StopReason(s)
 }
 
+// inStreamStatus maps Anthropic's error types to the HTTP statuses they are documented with.
+var inStreamStatus = map[string]int{
+	"invalid_request_error": 400,
+	"authentication_error":  401,
+	"permission_error":      403,
+	"not_found_error":       404,
+	"request_too_large":     413,
+	"rate_limit_error":      429,
+	"api_error":             500,
+	"timeout_error":         504,
+	"overloaded_error":      529,
+}
+
 func (c *Anthropic) wrap(err error) error {
 	var apiErr *anthropic.Error
 	if !errors.As(err, &apiErr) {
@@ -418,6 +431,15 @@ func (c *Anthropic) wrap(err error) error {
 	se := statusError{status: apiErr.StatusCode, message: errorMessage(apiErr.Message)}
 	if apiErr.Response != nil {
 		se.header = apiErr.Response.Header
+	}
+	if se.status < 400 {
+		// An "event: error" inside a 200 stream: its type says what status it stands for.
+		status := inStreamStatus[string(apiErr.Type())]
+		if status == 401 || status == 403 || status == 404 {
+			se.status = status
+		} else {
+			return &APIError{Provider: "anthropic", StatusCode: status, InStream: true, Message: se.message, Err: err}
+		}
 	}
 	baseURL := ""
 	if b := strings.TrimRight(c.opts.BaseURL, "/"); b != "" && b != DefaultAnthropicBaseURL {

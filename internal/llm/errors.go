@@ -73,6 +73,9 @@ type APIError struct {
 	Provider   string
 	StatusCode int
 	Message    string
+	// InStream marks an error that arrived inside a stream that had started fine
+	// (StatusCode is then what the error type stands for, or 0 if unknown).
+	InStream bool
 	// RetryAfter is what the server asked for (Retry-After), if it did.
 	RetryAfter    time.Duration
 	hasRetryAfter bool
@@ -80,7 +83,13 @@ type APIError struct {
 }
 
 func (e *APIError) Error() string {
-	s := fmt.Sprintf("%s: HTTP %d %s", e.Provider, e.StatusCode, http.StatusText(e.StatusCode))
+	var s string
+	switch {
+	case e.InStream:
+		s = fmt.Sprintf("%s: error in the response stream", e.Provider)
+	default:
+		s = fmt.Sprintf("%s: HTTP %d %s", e.Provider, e.StatusCode, http.StatusText(e.StatusCode))
+	}
 	if e.Message != "" {
 		s += ": " + e.Message
 	}
@@ -93,9 +102,12 @@ func (e *APIError) Error() string {
 func (e *APIError) Unwrap() error { return e.Err }
 
 // Temporary reports whether trying again later may succeed (rate limits, overload,
-// server errors). 408 and 409 are included as the official SDKs retry them too.
+// server errors). 408 and 409 are included as the official SDKs retry them too. An
+// error inside a stream without a known status is taken as a server hiccup.
 func (e *APIError) Temporary() bool {
 	switch {
+	case e.InStream && e.StatusCode == 0:
+		return true
 	case e.StatusCode == http.StatusTooManyRequests,
 		e.StatusCode == http.StatusRequestTimeout,
 		e.StatusCode == http.StatusConflict,

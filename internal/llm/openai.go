@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/shared"
 )
 
@@ -43,7 +45,8 @@ type OpenAIOptions struct {
 	// Retry is the retry policy; the zero value is a sensible default.
 	Retry RetryPolicy
 	// HTTPClient makes the requests. If nil, a client with no overall timeout (streams
-	// can be long; the context bounds them).
+	// can be long; the context bounds them) that gives up on a server sending no
+	// response headers for 10 minutes.
 	HTTPClient *http.Client
 	// Logger receives retries and oddities. If nil, logs are discarded.
 	Logger *slog.Logger
@@ -93,7 +96,7 @@ func NewOpenAI(opts OpenAIOptions) *OpenAI {
 	c.info = ModelInfo{Provider: opts.Provider, Model: opts.Model, Images: images}
 	hc := opts.HTTPClient
 	if hc == nil {
-		hc = &http.Client{}
+		hc = defaultHTTPClient()
 	}
 	// NewChatCompletionService rather than NewClient: the client reads OPENAI_* from the
 	// environment, which would send an OpenAI key (or org id) to whatever compatible
@@ -420,6 +423,11 @@ func openAIStop(finish string, toolCalls bool) StopReason {
 // wrap turns an SDK error into this package's errors.
 func (c *OpenAI) wrap(err error) error {
 	var apiErr *openai.Error
+	var streamErr *ssestream.StreamError
+	if errors.As(err, &streamErr) {
+		// A "data: {"error": ...}" chunk inside a stream that had started fine.
+		return &APIError{Provider: c.info.Provider, InStream: true, Message: errorMessage(streamErr.Message), Err: err}
+	}
 	if !errors.As(err, &apiErr) {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return fmt.Errorf("%s: stream cut short: %w", c.info.Provider, err)
@@ -446,4 +454,18 @@ func discardIfNil(l *slog.Logger) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return l
+}
+
+// defaultHTTPClient has no overall timeout, since a streamed reply may rightly take
+// minutes, but bounds the wait for response headers, so a server that accepts the
+// connection and never answers does not hold a run until its wall-clock limit. Ten
+// minutes leaves room for a local server loading a large model on first use.
+func defaultHTTPClient() *http.Client {
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return &http.Client{}
+	}
+	t = t.Clone()
+	t.ResponseHeaderTimeout = 10 * time.Minute
+	return &http.Client{Transport: t}
 }

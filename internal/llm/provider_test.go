@@ -674,3 +674,44 @@ func TestInvalidInput(t *testing.T) {
 		t.Error("Anthropic without a model: no error")
 	}
 }
+
+func TestErrorInsideStream(t *testing.T) {
+	errType := map[string]string{"openai": "server_error", "anthropic": "overloaded_error"}
+	for _, f := range fixtures {
+		t.Run(f.name+"/before any text: retried", func(t *testing.T) {
+			t.Parallel()
+			srv, p, _ := f.setup(t, llmtest.Script{{StreamError: errType[f.name]}, {Text: "recovered"}})
+			var deltas []string
+			resp, err := p.Complete(t.Context(), request(userHello, true, &deltas))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Attempts != 2 || strings.Join(deltas, "") != "recovered" || len(srv.Requests()) != 2 {
+				t.Errorf("attempts %d, deltas %q, requests %d", resp.Attempts, deltas, len(srv.Requests()))
+			}
+		})
+		t.Run(f.name+"/after text: not retried", func(t *testing.T) {
+			t.Parallel()
+			srv, p, _ := f.setup(t, llmtest.Script{{Text: "half an ans", StreamError: errType[f.name]}, {Text: "never"}})
+			var deltas []string
+			_, err := p.Complete(t.Context(), request(userHello, true, &deltas))
+			var apiErr *APIError
+			if !errors.As(err, &apiErr) || !apiErr.InStream || !strings.Contains(err.Error(), errType[f.name]) {
+				t.Fatalf("err = %v, want an in-stream APIError", err)
+			}
+			// Retrying would show the caller "half an ans" twice.
+			if strings.Join(deltas, "") != "half an ans" || len(srv.Requests()) != 1 {
+				t.Errorf("deltas %q, requests %d", deltas, len(srv.Requests()))
+			}
+		})
+	}
+	t.Run("anthropic/invalid request in stream: not retried", func(t *testing.T) {
+		t.Parallel()
+		srv, p, _ := fixtures[1].setup(t, llmtest.Script{{StreamError: "invalid_request_error"}, {Text: "never"}})
+		_, err := p.Complete(t.Context(), Request{Messages: userHello, OnText: func(string) {}})
+		var apiErr *APIError
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || len(srv.Requests()) != 1 {
+			t.Errorf("err = %v after %d requests", err, len(srv.Requests()))
+		}
+	})
+}

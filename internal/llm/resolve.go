@@ -184,7 +184,7 @@ func (r *resolver) named(ctx context.Context, spec string) (Provider, error) {
 		if key == "" && base == "" {
 			return nil, configErrorf("%s needs an API key: set OPENAI_API_KEY", spec)
 		}
-		return r.openAI(OpenAIOptions{Model: model, APIKey: key, BaseURL: base}), nil
+		return r.openAI(OpenAIOptions{Model: model, APIKey: key, BaseURL: base, Provider: "openai"}), nil
 	case "openai-compatible", "compatible":
 		base := r.or(r.cfg.OpenAIBaseURL, "OPENAI_BASE_URL")
 		if base == "" {

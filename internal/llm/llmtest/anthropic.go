@@ -83,10 +83,15 @@ func (s *Server) streamAnthropic(w http.ResponseWriter, r *http.Request, rp repl
 			s.hang(r)
 			return
 		}
+		if rp.streamError(ev) {
+			return
+		}
 		ev.send("content_block_stop", map[string]any{"type": "content_block_stop", "index": index})
 		index++
 	} else if rp.turn.Hang {
 		s.hang(r)
+		return
+	} else if rp.streamError(ev) {
 		return
 	}
 	for i, tc := range rp.turn.ToolCalls {
@@ -105,4 +110,15 @@ func (s *Server) streamAnthropic(w http.ResponseWriter, r *http.Request, rp repl
 		"delta": map[string]any{"stop_reason": rp.anthropicStop(), "stop_sequence": nil},
 		"usage": map[string]any{"output_tokens": rp.turn.Usage.OutputTokens}})
 	ev.send("message_stop", map[string]any{"type": "message_stop"})
+}
+
+// streamError sends the turn's in-stream error, if it has one.
+func (rp reply) streamError(ev *sse) bool {
+	if rp.turn.StreamError == "" {
+		return false
+	}
+	ev.send("error", map[string]any{"type": "error", "error": map[string]any{
+		"type": rp.turn.StreamError, "message": "llmtest: injected " + rp.turn.StreamError,
+	}})
+	return true
 }

@@ -58,6 +58,10 @@ type Turn struct {
 	// Hang makes a streamed reply stop after its text, holding the connection open
 	// until the client goes away: for testing cancellation mid-stream.
 	Hang bool
+	// StreamError, if set, ends a streamed reply after its text with an error inside
+	// the stream, of this type ("overloaded_error", "server_error"), as the real APIs
+	// do when they fail after the 200 status has gone out.
+	StreamError string
 }
 
 // ToolCall is a scripted tool call.

@@ -89,6 +89,12 @@ func (s *Server) streamOpenAI(w http.ResponseWriter, r *http.Request, rp reply) 
 		s.hang(r)
 		return
 	}
+	if rp.turn.StreamError != "" {
+		ev.send("", map[string]any{"error": map[string]any{
+			"message": "llmtest: injected " + rp.turn.StreamError, "type": rp.turn.StreamError, "param": nil, "code": nil,
+		}})
+		return
+	}
 	for i, tc := range rp.turn.ToolCalls {
 		chunk(map[string]any{"tool_calls": []any{map[string]any{
 			"index": i, "id": rp.callID(i, "call"), "type": "function",
