@@ -8,7 +8,6 @@ import (
 	"math"
 	"mime"
 	"net/http"
-	"os"
 	"path"
 	"strings"
 	"sync"
@@ -319,11 +318,7 @@ func (s *Server) files(w http.ResponseWriter, r *http.Request) (*workspace.Works
 	if !ok {
 		return nil, false
 	}
-	opts := workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes}
-	if os.Geteuid() == 0 {
-		opts.OwnerSet, opts.UID, opts.GID = true, jail.HostID, jail.HostID
-	}
-	ws, err := workspace.Open(ms.Workspace(), opts)
+	ws, err := ms.Files(workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes})
 	if err != nil {
 		writeError(w, err)
 		return nil, false

@@ -1,0 +1,370 @@
+// Package agent drives the write-run-fix loop: a model writes Python, the
+// sandbox runs it, the model reads what happened and fixes it, until the
+// task is done and verified.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// Mode is the kind of job.
+type Mode string
+
+const (
+	ModeGenerate Mode = "generate"
+	ModeDebug    Mode = "debug"
+)
+
+// ParseMode reads a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeGenerate:
+		return ModeGenerate, nil
+	case ModeDebug:
+		return ModeDebug, nil
+	}
+	return "", fmt.Errorf("unknown mode %q (use generate or debug)", s)
+}
+
+// Status is how a run ended.
+type Status string
+
+const (
+	StatusRunning        Status = "running"
+	StatusDone           Status = "done"
+	StatusBudgetExceeded Status = "budget_exceeded" // steps, tokens or cost
+	StatusTimeout        Status = "timeout"         // the wall-clock limit
+	StatusStuck          Status = "stuck"           // the same failing action, again and again
+	StatusCancelled      Status = "cancelled"
+	StatusFailed         Status = "failed" // the model or the sandbox failed (see Error)
+)
+
+// Session is what the agent needs of a sandbox session.
+type Session interface {
+	Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error)
+	Restart(ctx context.Context) error
+	Workspace() string
+}
+
+// Options configure one run.
+type Options struct {
+	Task     string
+	Mode     Mode
+	Provider llm.Provider
+	Session  Session
+	// Files are put into the workspace before the run (path → content).
+	Files map[string][]byte
+	// Entry is the program debug mode runs (a path in the workspace, with
+	// Args). If empty in debug mode, the only .py file among Files.
+	Entry string
+	Args  []string
+	// MaxSteps caps model calls. If zero, 25.
+	MaxSteps int
+	// MaxTokens caps input+output tokens of the run; MaxCost its cost in
+	// US dollars. Zero means no cap.
+	MaxTokens int64
+	MaxCost   float64
+	// Timeout caps the run's wall-clock time. If zero, 30 minutes.
+	Timeout time.Duration
+	// ExecTimeout is an execution's default time limit. If zero, 120s;
+	// MaxExecTimeout caps what the model may ask for (default 10 minutes).
+	ExecTimeout, MaxExecTimeout time.Duration
+	// MaxOutputBytes is how much of stdout/stderr the model reads per
+	// call (the middle is cut). If zero, 8000.
+	MaxOutputBytes int
+	// OnEvent receives the run's events as they happen.
+	OnEvent func(Event)
+	// Confirm, if set, is asked before each execution; false skips it.
+	Confirm func(ctx context.Context, tool, code string) bool
+	Logger  *slog.Logger
+}
+
+// Event types.
+const (
+	EventStarted    = "run_started"
+	EventText       = "text"      // a streamed delta of the model's words
+	EventAssistant  = "assistant" // the model's whole message of a step
+	EventToolCall   = "tool_call"
+	EventOutput     = "output" // live output of an execution (Exec)
+	EventToolResult = "tool_result"
+	EventUsage      = "usage"
+	EventNotice     = "notice" // a note from the harness to the model (nudges, checks)
+	EventFinished   = "run_finished"
+)
+
+// Event is one thing that happened in a run.
+type Event struct {
+	Type       string         `json:"type"`
+	Step       int            `json:"step"`
+	Time       time.Time      `json:"time"`
+	Text       string         `json:"text,omitempty"`
+	ToolCallID string         `json:"tool_call_id,omitempty"`
+	Tool       string         `json:"tool,omitempty"`
+	Arguments  string         `json:"arguments,omitempty"`
+	IsError    bool           `json:"is_error,omitempty"`
+	Exec       *kernel.Event  `json:"exec,omitempty"`
+	Result     *kernel.Result `json:"result,omitempty"` // the full result of an execution
+	Images     int            `json:"images,omitempty"`
+	Changed    []string       `json:"changed,omitempty"`
+	Usage      *llm.Usage     `json:"usage,omitempty"`
+	Report     *Report        `json:"report,omitempty"`
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Status    Status        `json:"status"`
+	Summary   string        `json:"summary,omitempty"`
+	RootCause string        `json:"root_cause,omitempty"`
+	Error     string        `json:"error,omitempty"`
+	Steps     int           `json:"steps"`
+	Usage     llm.Usage     `json:"usage"`
+	Model     string        `json:"model"`
+	Mode      Mode          `json:"mode"`
+	Duration  time.Duration `json:"duration_ns"`
+	// Diff is a unified diff of the workspace's text files from the start
+	// of the run to its end.
+	Diff string `json:"diff,omitempty"`
+	// Files are the workspace's files at the end.
+	Files []string `json:"files,omitempty"`
+	// Verification is the harness's own final check (debug mode).
+	Verification *Check `json:"verification,omitempty"`
+	// Reproduction is the failure observed before the model began (debug).
+	Reproduction *Check `json:"reproduction,omitempty"`
+}
+
+// Check is one run of a program by the harness.
+type Check struct {
+	Command  string `json:"command"`
+	Status   string `json:"status"`
+	Output   string `json:"output"`
+	ErrorSig string `json:"error,omitempty"`
+}
+
+// run is the state of one Run.
+type run struct {
+	opts     Options
+	log      *slog.Logger
+	ws       *workspace.Workspace
+	step     int
+	usage    llm.Usage
+	start    time.Time
+	before   map[string]string // text files at the start
+	ranOK    bool              // the last execution succeeded
+	executed bool
+	repro    *Check
+	verified *Check
+	failures map[string]int // identical failing actions
+	report   *Report
+}
+
+// Run runs the loop to its end and returns the report. The error is for a
+// run that could not start (bad options, no workspace); everything that
+// happens after (the model failing, budgets, cancellation) is in the
+// report's status.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if opts.Provider == nil || opts.Session == nil {
+		return nil, errors.New("agent: a provider and a session are required")
+	}
+	if strings.TrimSpace(opts.Task) == "" && opts.Mode != ModeDebug {
+		return nil, &ArgumentError{"task", "describe the task"}
+	}
+	if opts.MaxSteps == 0 {
+		opts.MaxSteps = 25
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 30 * time.Minute
+	}
+	if opts.ExecTimeout == 0 {
+		opts.ExecTimeout = 120 * time.Second
+	}
+	if opts.MaxExecTimeout == 0 {
+		opts.MaxExecTimeout = 10 * time.Minute
+	}
+	if opts.MaxOutputBytes == 0 {
+		opts.MaxOutputBytes = 8000
+	}
+	if opts.Mode == "" {
+		opts.Mode = ModeGenerate
+	}
+	r := &run{opts: opts, log: opts.Logger, start: time.Now(), failures: map[string]int{}}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	ws, err := openWorkspace(opts.Session.Workspace())
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	r.ws = ws
+	paths := make([]string, 0, len(opts.Files))
+	for p := range opts.Files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		if _, err := ws.Write(p, strings.NewReader(string(opts.Files[p]))); err != nil {
+			return nil, fmt.Errorf("put %s into the workspace: %w", p, err)
+		}
+	}
+	if opts.Mode == ModeDebug {
+		if err := r.pickEntry(paths); err != nil {
+			return nil, err
+		}
+	}
+	r.before = r.snapshot()
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	r.emit(Event{Type: EventStarted, Text: opts.Task})
+	rep := r.loop(ctx)
+	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
+	rep.Duration = time.Since(r.start)
+	rep.Reproduction, rep.Verification = r.repro, r.verified
+	after := r.snapshot()
+	rep.Diff = diffSnapshots(r.before, after)
+	rep.Files = r.fileList()
+	r.emit(Event{Type: EventFinished, Report: rep})
+	return rep, nil
+}
+
+func (r *run) emit(e Event) {
+	if r.opts.OnEvent == nil {
+		return
+	}
+	e.Step = r.step
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	r.opts.OnEvent(e)
+}
+
+func (r *run) loop(ctx context.Context) *Report {
+	msgs := []llm.Message{{Role: llm.RoleSystem, Text: systemPrompt(r.opts.Mode)}}
+	first, err := r.firstMessage(ctx)
+	if err != nil {
+		return r.ended(ctx, err)
+	}
+	msgs = append(msgs, llm.Message{Role: llm.RoleUser, Text: first})
+	tools := toolDefs(r.opts.Mode)
+	textOnly := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return r.ended(ctx, err)
+		}
+		if r.step >= r.opts.MaxSteps {
+			return &Report{Status: StatusBudgetExceeded, Error: fmt.Sprintf("the step limit (%d) was reached before the task was finished", r.opts.MaxSteps)}
+		}
+		r.step++
+		resp, err := r.opts.Provider.Complete(ctx, llm.Request{Messages: msgs, Tools: tools, OnText: func(d string) {
+			r.emit(Event{Type: EventText, Text: d})
+		}})
+		if err != nil {
+			return r.ended(ctx, err)
+		}
+		r.usage = r.usage.Add(resp.Usage)
+		u := resp.Usage
+		r.emit(Event{Type: EventUsage, Usage: &u})
+		msg := resp.Message
+		msg.Role = llm.RoleAssistant
+		msgs = append(msgs, msg)
+		r.emit(Event{Type: EventAssistant, Text: msg.Text})
+		if over := r.overBudget(); over != "" {
+			return &Report{Status: StatusBudgetExceeded, Error: over}
+		}
+		if len(msg.ToolCalls) == 0 {
+			textOnly++
+			if textOnly >= 3 {
+				return &Report{Status: StatusStuck, Error: "the model kept answering without calling a tool or finish"}
+			}
+			note := "Continue by calling a tool. When the task is complete and verified, call finish with a summary."
+			r.emit(Event{Type: EventNotice, Text: note})
+			msgs = append(msgs, llm.Message{Role: llm.RoleUser, Text: note})
+			continue
+		}
+		textOnly = 0
+		var done *Report
+		for _, call := range msg.ToolCalls {
+			r.emit(Event{Type: EventToolCall, ToolCallID: call.ID, Tool: call.Name, Arguments: call.Arguments})
+			var o outcome
+			if done != nil {
+				o = outcome{Text: "not run: the run already finished", IsError: true}
+			} else {
+				o = r.runTool(ctx, call)
+			}
+			if err := ctx.Err(); err != nil {
+				return r.ended(ctx, err)
+			}
+			if note, stuck := r.checkStuck(call, o); stuck {
+				return &Report{Status: StatusStuck, Error: note}
+			} else if note != "" {
+				o.Text += "\n\n" + note
+				r.emit(Event{Type: EventNotice, Text: note})
+			}
+			r.emit(Event{Type: EventToolResult, ToolCallID: call.ID, Tool: call.Name, Text: o.Text, IsError: o.IsError, Result: o.Exec, Images: len(o.Images), Changed: o.Changed})
+			msgs = append(msgs, llm.Message{Role: llm.RoleTool, ToolCallID: call.ID, Text: o.Text, Images: o.Images, IsError: o.IsError})
+			if o.Finish != nil && done == nil {
+				done = &Report{Status: StatusDone, Summary: o.Finish.Summary, RootCause: o.Finish.RootCause}
+			}
+		}
+		if done != nil {
+			return done
+		}
+	}
+}
+
+// ended turns the error that stopped the loop into a report.
+func (r *run) ended(ctx context.Context, err error) *Report {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return &Report{Status: StatusTimeout, Error: fmt.Sprintf("the run's time limit (%s) passed", r.opts.Timeout)}
+	case errors.Is(err, context.Canceled):
+		return &Report{Status: StatusCancelled, Error: "the run was cancelled"}
+	}
+	return &Report{Status: StatusFailed, Error: err.Error()}
+}
+
+func (r *run) overBudget() string {
+	if r.opts.MaxTokens > 0 && r.usage.InputTokens+r.usage.OutputTokens > r.opts.MaxTokens {
+		return fmt.Sprintf("the token budget (%d) was used up", r.opts.MaxTokens)
+	}
+	if r.opts.MaxCost > 0 && r.usage.Cost > r.opts.MaxCost {
+		return fmt.Sprintf("the cost budget ($%.4f) was used up", r.opts.MaxCost)
+	}
+	return ""
+}
+
+// checkStuck counts identical failing actions: the second time it nudges
+// the model to change approach; the third time the run stops.
+func (r *run) checkStuck(call llm.ToolCall, o outcome) (string, bool) {
+	if call.Name == ToolFinish || !o.IsError {
+		return "", false
+	}
+	key := call.Name + "\x00" + canonicalJSON(call.Arguments)
+	r.failures[key]++
+	switch n := r.failures[key]; {
+	case n >= 3:
+		return fmt.Sprintf("the model repeated the same failing %s call %d times", call.Name, n), true
+	case n == 2:
+		return "NOTE: you made exactly this call before and it failed the same way. Repeating it will not help: read the error, change your approach (different code, inspect the data or files, or simplify), then try again.", false
+	}
+	return "", false
+}
+
+func canonicalJSON(s string) string {
+	var v any
+	if json.Unmarshal([]byte(s), &v) != nil {
+		return strings.TrimSpace(s)
+	}
+	b, _ := json.Marshal(v) // map keys come out sorted
+	return string(b)
+}

@@ -1,0 +1,257 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/pmezard/go-difflib/difflib"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+const basePrompt = `You are sandloop's coding agent. You write Python and run it in a sandbox to get a job done, then verify it.
+
+The sandbox: a Linux machine with Python 3 (numpy, pandas, matplotlib, flask, requests, pytest and the standard library are installed), working directory /workspace, no network except its own loopback. Tools:
+- execute_python runs code in a persistent Jupyter-like session: variables and imports persist; the last expression's value is shown; matplotlib figures come back as images.
+- run_shell runs a command (e.g. "python3 script.py", "pytest -q").
+- write_file, read_file, edit_file and list_files work on /workspace.
+- finish ends the run once the work is complete and verified.
+
+Work in small steps: write code, run it, read the output or traceback, fix, rerun. Put lasting work in files. Never claim success you did not observe in a tool result.`
+
+func systemPrompt(m Mode) string {
+	switch m {
+	case ModeDebug:
+		return basePrompt + `
+
+This is a debugging job. The program below crashed when the harness ran it; its output is in the first message. Find the root cause (read the code and the traceback, add prints or run parts of it if needed), fix it in the files with edit_file or write_file — fix the cause, not the symptom, and keep the program's intended behaviour — then run the program again to confirm the crash is gone. Call finish with a summary and the root_cause. The harness reruns the program itself before accepting finish.`
+	}
+	return basePrompt + `
+
+When the code has run cleanly and the result is checked, call finish. finish is refused while your most recent execution failed.`
+}
+
+// firstMessage is the task, the files and, in debug mode, the reproduced failure.
+func (r *run) firstMessage(ctx context.Context) (string, error) {
+	var b strings.Builder
+	if t := strings.TrimSpace(r.opts.Task); t != "" {
+		b.WriteString("Task: " + t + "\n")
+	}
+	if files := r.fileList(); len(files) > 0 {
+		b.WriteString("\nFiles in /workspace: " + strings.Join(files, ", ") + "\n")
+	}
+	if r.opts.Mode != ModeDebug {
+		return b.String(), nil
+	}
+	c, err := r.runEntry(ctx)
+	if err != nil {
+		return "", err
+	}
+	r.repro = c
+	fmt.Fprintf(&b, "\nThe harness ran `%s`:\nstatus: %s\n%s\n", c.Command, c.Status, c.Output)
+	if c.Status == string(kernel.StatusOK) {
+		b.WriteString("\nIt did not crash this time. Look for the failure the task describes (inputs, edge cases) before changing code.\n")
+	} else {
+		b.WriteString("\nFind and fix the root cause of this failure.\n")
+	}
+	src, _ := r.ws.ReadFile(r.opts.Entry, 64<<10)
+	if len(src) > 0 && utf8.Valid(src) {
+		fmt.Fprintf(&b, "\n%s:\n%s\n", r.opts.Entry, numberLines(string(src), 1, 400))
+	}
+	return b.String(), nil
+}
+
+func (r *run) pickEntry(paths []string) error {
+	if r.opts.Entry != "" {
+		p, err := workspace.Clean(r.opts.Entry)
+		if err != nil {
+			return &ArgumentError{"entry", err.Error()}
+		}
+		if _, err := r.ws.Stat(p); err != nil {
+			return &ArgumentError{"entry", fmt.Sprintf("%s is not among the files given", r.opts.Entry)}
+		}
+		r.opts.Entry = p
+		return nil
+	}
+	var py []string
+	for _, p := range paths {
+		if strings.HasSuffix(p, ".py") {
+			py = append(py, p)
+		}
+	}
+	if len(py) != 1 {
+		return &ArgumentError{"entry", fmt.Sprintf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
+	}
+	r.opts.Entry = py[0]
+	return nil
+}
+
+// runEntry runs the debug program as the user would, in the same sandbox.
+func (r *run) runEntry(ctx context.Context) (*Check, error) {
+	cmd := "python3 " + shellQuote(r.opts.Entry)
+	for _, a := range r.opts.Args {
+		cmd += " " + shellQuote(a)
+	}
+	res, err := r.opts.Session.Execute(ctx, kernel.Request{Code: shellCode(cmd), Timeout: r.opts.ExecTimeout}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", r.opts.Entry, err)
+	}
+	c := &Check{Command: cmd, Status: string(res.Status), Output: cutMiddle(strings.TrimRight(res.Stdout+res.Stderr, "\n"), r.opts.MaxOutputBytes)}
+	if res.Status != kernel.StatusOK {
+		c.ErrorSig = errorSignature(res.Stderr)
+		if c.ErrorSig == "" && res.Error != nil {
+			c.ErrorSig = res.Error.Name
+		}
+	}
+	return c, nil
+}
+
+var excLine = regexp.MustCompile(`(?m)^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)|[A-Z]\w*Error)\b:?`)
+
+// errorSignature is the exception type of the last Python traceback in
+// stderr, e.g. "ZeroDivisionError".
+func errorSignature(stderr string) string {
+	m := excLine.FindAllStringSubmatch(stderr, -1)
+	if len(m) == 0 {
+		return ""
+	}
+	return m[len(m)-1][1]
+}
+
+// finish accepts or refuses the model's finish call.
+func (r *run) finish(ctx context.Context, a finishArgs) outcome {
+	if strings.TrimSpace(a.Summary) == "" {
+		return errOutcome(&ArgumentError{ToolFinish, "give a summary"})
+	}
+	switch r.opts.Mode {
+	case ModeDebug:
+		if strings.TrimSpace(a.RootCause) == "" {
+			return errOutcome(&ArgumentError{ToolFinish, "name the root_cause of the crash"})
+		}
+		c, err := r.runEntry(ctx)
+		if err != nil {
+			return errOutcome(err)
+		}
+		r.verified = c
+		if c.Status != string(kernel.StatusOK) {
+			msg := fmt.Sprintf("not finished: the harness reran `%s` and it still fails (status %s):\n%s", c.Command, c.Status, c.Output)
+			if r.repro != nil && r.repro.ErrorSig != "" && c.ErrorSig == r.repro.ErrorSig {
+				msg += "\nIt is the same " + c.ErrorSig + " as before."
+			}
+			return outcome{Text: msg, IsError: true}
+		}
+	default:
+		if !r.executed {
+			return outcome{Text: "not finished: nothing was run yet. Run the code (execute_python or run_shell) and check its output first.", IsError: true}
+		}
+		if !r.ranOK {
+			return outcome{Text: "not finished: your most recent execution failed. Fix it and run it successfully first.", IsError: true}
+		}
+	}
+	return outcome{Text: "finished", Finish: &a}
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(c rune) bool {
+		return !(c == '/' || c == '.' || c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func openWorkspace(dir string) (*workspace.Workspace, error) {
+	return session.OpenWorkspace(dir, workspace.Options{})
+}
+
+// walk visits the workspace's files, skipping caches and hidden
+// directories, up to max files.
+func (r *run) walk(max int, fn func(e workspace.Entry)) {
+	n := 0
+	var visit func(dir string)
+	visit = func(dir string) {
+		list, err := r.ws.List(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range list {
+			if n >= max {
+				return
+			}
+			switch e.Type {
+			case "dir":
+				if strings.HasPrefix(e.Name, ".") || e.Name == "__pycache__" {
+					continue
+				}
+				visit(e.Path)
+			case "file":
+				n++
+				fn(e)
+			}
+		}
+	}
+	visit(".")
+}
+
+// snapshot reads the workspace's small text files, for the diff.
+func (r *run) snapshot() map[string]string {
+	out := map[string]string{}
+	r.walk(500, func(e workspace.Entry) {
+		if e.Size > 256<<10 {
+			return
+		}
+		if b, err := r.ws.ReadFile(e.Path, 256<<10); err == nil && utf8.Valid(b) {
+			out[e.Path] = string(b)
+		}
+	})
+	return out
+}
+
+// fileList lists the workspace's files (not directories).
+func (r *run) fileList() []string {
+	var out []string
+	r.walk(2000, func(e workspace.Entry) { out = append(out, e.Path) })
+	sort.Strings(out)
+	return out
+}
+
+// diffSnapshots is a unified diff between two snapshots.
+func diffSnapshots(before, after map[string]string) string {
+	names := map[string]bool{}
+	for p := range before {
+		names[p] = true
+	}
+	for p := range after {
+		names[p] = true
+	}
+	sorted := make([]string, 0, len(names))
+	for p := range names {
+		sorted = append(sorted, p)
+	}
+	sort.Strings(sorted)
+	var b strings.Builder
+	for _, p := range sorted {
+		a, z := before[p], after[p]
+		if a == z {
+			continue
+		}
+		from, to := "a/"+p, "b/"+p
+		if _, ok := before[p]; !ok {
+			from = "/dev/null"
+		}
+		if _, ok := after[p]; !ok {
+			to = "/dev/null"
+		}
+		d, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
+			A: difflib.SplitLines(a), B: difflib.SplitLines(z), FromFile: from, ToFile: to, Context: 3,
+		})
+		b.WriteString(d)
+	}
+	return b.String()
+}
+
