@@ -254,4 +254,3 @@ func diffSnapshots(before, after map[string]string) string {
 	}
 	return b.String()
 }
-

@@ -715,3 +715,83 @@ func TestErrorInsideStream(t *testing.T) {
 		}
 	})
 }
+
+// TestScriptedConversation is the pattern agent tests follow: the script plays the
+// model, the test plays the loop, and the recorded requests show what the model saw.
+func TestScriptedConversation(t *testing.T) {
+	for _, f := range fixtures {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			srv, p, _ := f.setup(t, llmtest.Script{
+				{Text: "Let me try.", ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: `{"code":"print(1/0)"}`}}},
+				{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: `{"code":"print(1/1)"}`}}},
+				{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"fixed the division"}`}}},
+			})
+			results := []string{
+				"status: error\nTraceback (most recent call last):\n  File \"<cell>\", line 1\nZeroDivisionError: division by zero",
+				"status: ok\nstdout: 1.0",
+			}
+			history := []Message{{Role: RoleSystem, Text: "You write Python."}, {Role: RoleUser, Text: "Print 1/0, then fix it."}}
+			var total Usage
+			for turn := 0; ; turn++ {
+				resp, err := p.Complete(t.Context(), Request{Messages: history, OnText: func(string) {}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				total = total.Add(resp.Usage)
+				history = append(history, resp.Message)
+				call := resp.Message.ToolCalls[0]
+				if call.Name == "finish" {
+					break
+				}
+				history = append(history, Message{Role: RoleTool, ToolCallID: call.ID, Text: results[turn], IsError: turn == 0})
+			}
+			reqs := srv.Requests()
+			if len(reqs) != 3 || srv.Remaining() != 0 {
+				t.Fatalf("%d requests, %d turns left", len(reqs), srv.Remaining())
+			}
+			// The traceback of the first attempt reached the model whole.
+			res := reqs[1].ToolResults()
+			if len(res) != 1 || !strings.Contains(res[0].Text, "Traceback (most recent call last):") || !strings.Contains(res[0].Text, "ZeroDivisionError: division by zero") {
+				t.Errorf("second request's tool results = %+v", res)
+			}
+			if res := reqs[2].ToolResults(); len(res) != 2 || res[1].Text != results[1] {
+				t.Errorf("third request's tool results = %+v", res)
+			}
+			if total.InputTokens != 300 || total.OutputTokens != 60 || total.CostUnknown {
+				t.Errorf("run usage = %+v", total)
+			}
+		})
+	}
+}
+
+// The SDKs read OPENAI_* and ANTHROPIC_* on their own; the providers must not, or a
+// key would travel to whatever server BaseURL names.
+func TestEnvironmentDoesNotLeak(t *testing.T) {
+	t.Setenv("OPENAI_API_KEY", "sk-from-env")
+	t.Setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+	t.Setenv("OPENAI_ORG_ID", "org-env")
+	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+	t.Setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:1")
+	t.Setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Leak: yes")
+	oa := llmtest.NewOpenAIServer(t, llmtest.Script{{Text: "ok"}})
+	if _, err := NewOpenAI(OpenAIOptions{BaseURL: oa.URL, Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
+		t.Fatal(err)
+	}
+	an := llmtest.NewAnthropicServer(t, llmtest.Script{{Text: "ok"}})
+	if _, err := NewAnthropic(AnthropicOptions{BaseURL: an.URL, APIKey: "given", Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range append(oa.Requests(), an.Requests()...) {
+		for name, vals := range r.Header {
+			for _, v := range vals {
+				if strings.Contains(v, "from-env") || strings.Contains(v, "org-env") || name == "X-Leak" {
+					t.Errorf("%s: header %s: %s came from the environment", r.Path, name, v)
+				}
+			}
+		}
+	}
+	if got := an.Requests()[0].Header.Get("X-Api-Key"); got != "given" {
+		t.Errorf("x-api-key = %q, want the configured key", got)
+	}
+}
