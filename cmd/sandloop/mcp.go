@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/mcpserver"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	extraCommands = append(extraCommands, newMCPCmd)
+	serveMounts = append(serveMounts, mountMCP)
+}
+
+func newMCPCmd() *cobra.Command {
+	var (
+		lf                          limitFlags
+		maxTimeout                  time.Duration
+		maxOutput, maxText, maxCode int64
+		maxFile, maxWorkspace       int64
+		tools                       []string
+		verbose                     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve MCP tools (execute_python, run_shell, files) on stdin/stdout",
+		Long: `Serve the Model Context Protocol on stdin/stdout, for MCP clients that
+start sandloop themselves (Claude Desktop, Cursor, VS Code...). The connection
+gets one sandboxed, stateful Python session, started on the first tool call
+and closed when the client disconnects. Logs go to stderr.
+
+Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			limits, err := lf.limits()
+			if err != nil {
+				return err
+			}
+			switch {
+			case maxTimeout < 0:
+				return usagef("--max-timeout must not be negative")
+			case lf.timeout > 0 && maxTimeout > 0 && lf.timeout > maxTimeout:
+				return usagef("--timeout %s is longer than --max-timeout %s", lf.timeout, maxTimeout)
+			case maxOutput > 1<<30:
+				return usagef("--max-output must be at most 1G")
+			case maxText > 1<<30 || maxCode > 1<<30:
+				return usagef("--max-text and --max-code must be at most 1G")
+			}
+			env := map[string]string{}
+			for _, kv := range lf.env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			sessOpts := session.Options{
+				Limits:         limits,
+				Network:        lf.networkMode(),
+				Env:            env,
+				MaxOutputBytes: int(maxOutput),
+				Logger:         log,
+			}
+			src := mcpserver.SessionSourceFunc(func(ctx context.Context) (mcpserver.Session, error) {
+				s, err := session.New(ctx, sessOpts)
+				if err != nil {
+					return nil, err
+				}
+				return s, nil
+			})
+			srv, err := mcpserver.New(src, &mcpserver.Options{
+				Tools:             tools,
+				DefaultTimeout:    lf.timeout,
+				MaxTimeout:        maxTimeout,
+				MaxCodeBytes:      int(maxCode),
+				MaxTextBytes:      int(maxText),
+				MaxFileBytes:      maxFile,
+				MaxWorkspaceBytes: maxWorkspace,
+				Network:           lf.network,
+				Logger:            log,
+			})
+			if err != nil {
+				return usagef("--tools: %v", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = srv.Run(ctx, &mcp.IOTransport{Reader: readCloser(cmd.InOrStdin()), Writer: nopWriteCloser{cmd.OutOrStdout()}})
+			if cerr := srv.Close(); cerr != nil {
+				log.Warn("close sessions", "err", cerr)
+			}
+			if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+				return nil // the client hung up or we were told to stop
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	lf.register(f)
+	f.Lookup("timeout").Usage = "default timeout of one tool call when it gives no timeout_s (default 30s)"
+	f.DurationVar(&maxTimeout, "max-timeout", 0, "largest timeout_s a tool call may ask for (default 10m)")
+	f.Var(sizeValue{&maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")
+	f.Var(sizeValue{&maxText}, "max-text", "stdout, stderr and traceback shown to the model per call, each; head and tail kept (default 16K)")
+	f.Var(sizeValue{&maxCode}, "max-code", "largest code execute_python accepts (default 1M)")
+	f.Var(sizeValue{&maxFile}, "max-file", "largest file read_file or write_file handles (default 4M)")
+	f.Var(sizeValue{&maxWorkspace}, "max-workspace", "largest total size of the workspace after write_file (default 1G)")
+	f.StringSliceVar(&tools, "tools", nil, "comma-separated tools to offer (default all: "+strings.Join(mcpserver.ToolNames, ",")+")")
+	f.BoolVarP(&verbose, "verbose", "v", false, "log debug details to stderr")
+	return cmd
+}
+
+// readCloser lets the SDK close stdin when the connection ends, which
+// unblocks its reader; other readers (tests) get a no-op Close.
+func readCloser(r io.Reader) io.ReadCloser {
+	if rc, ok := r.(io.ReadCloser); ok {
+		return rc
+	}
+	return io.NopCloser(r)
+}
+
+// nopWriteCloser keeps stdout open: closing it is the process's business.
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+// mountMCP serves the MCP tools at /mcp on `sandloop serve`, each MCP
+// session with its own session from the server's manager.
+func mountMCP(m *session.Manager, mounts map[string]http.Handler) error {
+	h, err := mcpserver.NewHTTPHandler(managerSource{m}, nil)
+	if err != nil {
+		return err
+	}
+	mounts["/mcp"] = h
+	return nil
+}
+
+// managerSource makes MCP sessions in the server's manager, so they count
+// against --max-sessions, come from the warm pool and are reaped when idle.
+type managerSource struct{ m *session.Manager }
+
+// mcpOwner owns the manager's MCP sessions: the HTTP API's owners (tokens)
+// do not see them.
+const mcpOwner = "mcp"
+
+func (s managerSource) NewSession(ctx context.Context) (mcpserver.Session, error) {
+	ms, err := s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner})
+	if err != nil {
+		return nil, err
+	}
+	return managedSession{ms, s.m}, nil
+}
+
+// managedSession marks executions busy (so they are never reaped as idle)
+// and gives the session back to the manager on Close.
+type managedSession struct {
+	*session.Managed
+	m *session.Manager
+}
+
+func (s managedSession) Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
+	s.Begin()
+	defer s.End()
+	return s.Managed.Execute(ctx, req, onEvent)
+}
+
+func (s managedSession) Close() error {
+	err := s.m.Delete(mcpOwner, s.ID())
+	if errors.Is(err, session.ErrNotFound) {
+		return nil // already reaped or closed with the manager
+	}
+	return err
+}

@@ -1,0 +1,45 @@
+package mcpserver
+
+import (
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// HTTPHandler serves MCP over streamable HTTP: each MCP session (the
+// Mcp-Session-Id the client got at initialize) has its own sandbox
+// session, closed when the client deletes the MCP session, when it has been
+// idle for Options.IdleTimeout, or by Close.
+type HTTPHandler struct {
+	srv *Server
+	h   *mcp.StreamableHTTPHandler
+}
+
+// NewHTTPHandler returns the handler to mount at /mcp; src makes a sandbox
+// session for each MCP session. It fails only on bad options.
+//
+// The SDK's own guards stay on: a request that reached a loopback address
+// with a Host that is not loopback is refused (DNS rebinding), and bodies
+// are capped (a little over the code and file limits).
+func NewHTTPHandler(src SessionSource, opts *Options) (*HTTPHandler, error) {
+	srv, err := New(src, opts)
+	if err != nil {
+		return nil, err
+	}
+	o := srv.opts
+	// JSON may escape every byte of a file or code as \u00XX; allow twice
+	// the raw limit, which covers ordinary text, plus room for the envelope.
+	body := 2*max(o.MaxFileBytes, int64(o.MaxCodeBytes)) + 1<<20
+	hopts := &mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: body}
+	if o.IdleTimeout > 0 {
+		hopts.SessionTimeout = o.IdleTimeout
+	}
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv.mcp }, hopts)
+	return &HTTPHandler{srv: srv, h: h}, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.h.ServeHTTP(w, r) }
+
+// Close ends every MCP session and closes its sandbox session.
+func (h *HTTPHandler) Close() error { return h.srv.Close() }
