@@ -1,0 +1,179 @@
+package client_test
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+
+	"github.com/sandloop/sandloop/client"
+)
+
+// In these examples serverURL is the address of a running sandloop
+// server, such as "http://127.0.0.1:8080" for `sandloop serve`.
+
+func ExampleClient_Execute() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil) // &client.Options{Token: ...} when the server has tokens
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+
+	// Globals persist between executions, like cells of a notebook.
+	if _, err := c.Execute(ctx, s.ID, "x = 20", nil); err != nil {
+		log.Fatal(err)
+	}
+	r, err := c.Execute(ctx, s.ID, "print('adding'); x + 22", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(r.Stdout)
+	fmt.Println(r.Status, r.Text(), r.ExecutionCount)
+
+	// A failing program is a result, not a Go error.
+	r, err = c.Execute(ctx, s.ID, "1/0", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(r.Status, r.Error.Name+":", r.Error.Value)
+	// Output:
+	// adding
+	// ok 42 2
+	// error ZeroDivisionError: division by zero
+}
+
+func ExampleClient_ExecuteStream() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+
+	code := "import time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.01)\n'done'"
+	r, err := c.ExecuteStream(ctx, s.ID, code, nil, func(ev client.Event) {
+		switch ev.Type {
+		case client.EventStdout:
+			fmt.Print("stdout: ", ev.Text)
+		case client.EventResult:
+			fmt.Println("result:", ev.Data["text/plain"])
+		case client.EventEnd:
+			fmt.Println("end:", ev.Status)
+		}
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("aggregated: %q\n", r.Stdout)
+	// Output:
+	// stdout: step 0
+	// stdout: step 1
+	// stdout: step 2
+	// result: 'done'
+	// end: ok
+	// aggregated: "step 0\nstep 1\nstep 2\n"
+}
+
+func ExampleClient_Upload() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+
+	csv := "name,score\nada,3\nbob,4\n"
+	if _, err := c.Upload(ctx, s.ID, "data/scores.csv", strings.NewReader(csv)); err != nil {
+		log.Fatal(err)
+	}
+	// The code sees the workspace as its working directory.
+	code := `import csv
+rows = list(csv.DictReader(open("data/scores.csv")))
+open("total.txt", "w").write(str(sum(int(r["score"]) for r in rows)))`
+	if _, err := c.Execute(ctx, s.ID, code, nil); err != nil {
+		log.Fatal(err)
+	}
+	total, err := c.ReadFile(ctx, s.ID, "total.txt")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("total:", string(total))
+
+	files, err := c.ListFiles(ctx, s.ID, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range files {
+		fmt.Println(f.Type, f.Path)
+	}
+
+	_, err = c.ReadFile(ctx, s.ID, "missing.txt")
+	fmt.Println("missing:", client.IsNotFound(err))
+	// Output:
+	// total: 7
+	// dir data
+	// file total.txt
+	// missing: true
+}
+
+func ExampleClient_Archive() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+
+	if _, err := c.Execute(ctx, s.ID, "import os; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('A')", nil); err != nil {
+		log.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := c.Archive(ctx, s.ID, &buf, &client.ArchiveOptions{Format: client.FormatZip}); err != nil {
+		log.Fatal(err)
+	}
+	zr, err := zip.NewReader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range zr.File {
+		fmt.Println(f.Name)
+	}
+	// Output:
+	// out/
+	// out/a.txt
+}
+
+func ExampleAPIError() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = c.Execute(ctx, "no-such-session", "1+1", nil)
+	var ae *client.APIError
+	if errors.As(err, &ae) {
+		fmt.Println(ae.StatusCode, ae.Code)
+	}
+	// Output:
+	// 404 not_found
+}
