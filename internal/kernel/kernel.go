@@ -603,8 +603,13 @@ func (x *execution) died() *Result {
 	// little for the last words (a faulthandler traceback, say).
 	x.dying = true
 	k.drain(x, time.Second)
-	if x.end != nil {
-		// It finished the cell before dying: report the cell as it was.
+	k.mu.Lock()
+	killed := k.killReason != ""
+	k.mu.Unlock()
+	if x.end != nil && !killed {
+		// It finished the cell and then died by itself (a thread calling
+		// os._exit, say): report the cell as it was; the next one learns
+		// that the kernel is dead.
 		x.finish(*x.end)
 		return &x.res
 	}
