@@ -22,25 +22,50 @@ type Event struct {
 
 // AppendEvent adds an event to the run's log and returns it with its Seq and Time.
 func (s *Store) AppendEvent(ctx context.Context, runID, typ string, data json.RawMessage) (*Event, error) {
-	if err := validJSON("event data", data); err != nil {
+	evs, err := s.AppendEvents(ctx, runID, []Event{{Type: typ, Data: data}})
+	if err != nil {
 		return nil, err
 	}
-	ev := Event{RunID: runID, Type: typ, Data: data, Time: s.now().UTC().Truncate(time.Millisecond)}
+	return &evs[0], nil
+}
+
+// AppendEvents adds several events in one transaction, for a caller that buffers a
+// burst of output: a transaction costs far more than a row. Only Type and Data of
+// the given events are used; the returned copies carry RunID, Seq and Time.
+func (s *Store) AppendEvents(ctx context.Context, runID string, events []Event) ([]Event, error) {
+	out := make([]Event, len(events))
+	now := s.now().UTC().Truncate(time.Millisecond)
+	for i, e := range events {
+		if err := validJSON("event data", e.Data); err != nil {
+			return nil, err
+		}
+		out[i] = Event{RunID: runID, Type: e.Type, Data: e.Data, Time: now}
+	}
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		if err := runExists(ctx, tx, runID); err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?`, runID).Scan(&ev.Seq); err != nil {
+		var next int64
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?`, runID).Scan(&next); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, at, type, data) VALUES (?,?,?,?,?)`,
-			runID, ev.Seq, toMillis(ev.Time), typ, nullJSON(data))
-		return err
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (run_id, seq, at, type, data) VALUES (?,?,?,?,?)`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for i := range out {
+			out[i].Seq = next + int64(i)
+			if _, err := stmt.ExecContext(ctx, runID, out[i].Seq, toMillis(now), out[i].Type, nullJSON(out[i].Data)); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("append event to run %s: %w", runID, err)
+		return nil, fmt.Errorf("append events to run %s: %w", runID, err)
 	}
-	return &ev, nil
+	return out, nil
 }
 
 // ListEvents returns the run's events with Seq greater than since, in order, at most

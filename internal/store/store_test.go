@@ -189,6 +189,16 @@ func TestEvents(t *testing.T) {
 	if ev, _ := s.AppendEvent(ctx, b.ID, "end", nil); ev.Seq != 1 {
 		t.Errorf("other run's seq = %d, want its own count from 1", ev.Seq)
 	}
+	batch, err := s.AppendEvents(ctx, b.ID, []Event{{Type: "stdout", Data: json.RawMessage(`{}`)}, {Type: "end"}})
+	if err != nil || len(batch) != 2 || batch[0].Seq != 2 || batch[1].Seq != 3 || batch[1].RunID != b.ID {
+		t.Errorf("batch = %+v, %v", batch, err)
+	}
+	if _, err := s.AppendEvents(ctx, b.ID, []Event{{Type: "ok"}, {Type: "bad", Data: json.RawMessage(`{`)}}); err == nil {
+		t.Error("a batch with invalid JSON was accepted")
+	}
+	if evs, _ := s.ListEvents(ctx, b.ID, 0, 0); len(evs) != 3 {
+		t.Errorf("a rejected batch wrote %d events", len(evs)-3)
+	}
 	cases := []struct {
 		since    int64
 		limit    int
