@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/spf13/cobra"
+)
+
+func init() { extraCommands = append(extraCommands, newReplCmd) }
+
+func newReplCmd() *cobra.Command {
+	var lf limitFlags
+	var images string
+	cmd := &cobra.Command{
+		Use:   "repl",
+		Short: "Interactive Python session in a sandbox",
+		Long: `An interactive Python session in a sandbox, like python3's own prompt:
+state persists between inputs, the last value is printed, images are saved to
+files whose paths are printed, lines starting with ! run shell commands, and
+Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
+--timeout limits each input's run time.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			limits, err := lf.limits()
+			if err != nil {
+				return err
+			}
+			env := map[string]string{}
+			for _, kv := range lf.env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+			execTimeout := lf.timeout
+			if execTimeout == 0 {
+				execTimeout = -1 // Ctrl-C is the limit
+			}
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt)
+			defer signal.Stop(sigs)
+			return runRepl(c.Context(), replConfig{
+				In: c.InOrStdin(), Out: c.OutOrStdout(), Err: c.ErrOrStderr(),
+				Interrupts: sigs,
+				Images:     images,
+				Options: session.Options{
+					Limits: limits, Network: lf.networkMode(), Env: env, ExecTimeout: execTimeout,
+				},
+			})
+		},
+	}
+	lf.register(cmd.Flags())
+	cmd.Flags().StringVar(&images, "images", "", "directory for images the code shows (default: a new temporary directory)")
+	return cmd
+}
+
+// replConfig is what runRepl needs; tests drive it through pipes.
+type replConfig struct {
+	In         io.Reader
+	Out, Err   io.Writer
+	Interrupts <-chan os.Signal // Ctrl-C
+	Images     string           // if empty, a temporary directory made on first use
+	Options    session.Options
+}
+
+// repl is one interactive session.
+type repl struct {
+	replConfig
+	s      *session.Session
+	nimage int
+}
+
+func runRepl(ctx context.Context, cfg replConfig) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	s, err := session.New(ctx, cfg.Options)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	r := &repl{replConfig: cfg, s: s}
+	fmt.Fprintf(r.Err, "sandloop: Python in a sandbox; workspace %s (mounted at /workspace). Ctrl-D quits.\n", s.Workspace())
+
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r.In)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	var cell strings.Builder
+	for {
+		if cell.Len() == 0 {
+			fmt.Fprint(r.Out, ">>> ")
+		} else {
+			fmt.Fprint(r.Out, "... ")
+		}
+		var line string
+		var ok bool
+		select {
+		case line, ok = <-lines:
+		case <-r.Interrupts:
+			fmt.Fprintln(r.Out, "\nKeyboardInterrupt")
+			cell.Reset()
+			continue
+		case <-ctx.Done():
+			fmt.Fprintln(r.Out)
+			return nil
+		}
+		if !ok {
+			fmt.Fprintln(r.Out)
+			if cell.Len() > 0 {
+				r.execute(ctx, cell.String())
+			}
+			return nil
+		}
+		if cell.Len() == 0 && strings.TrimSpace(line) == "" {
+			continue
+		}
+		cell.WriteString(line)
+		cell.WriteByte('\n')
+		status, err := s.CheckComplete(ctx, cell.String())
+		if err != nil {
+			status = "complete" // let the execution report what is wrong
+		}
+		if status == "incomplete" {
+			continue
+		}
+		r.execute(ctx, cell.String())
+		cell.Reset()
+	}
+}
+
+// execute runs one cell, printing its events as they come; Ctrl-C
+// interrupts it.
+func (r *repl) execute(ctx context.Context, code string) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-r.Interrupts:
+				r.s.Interrupt()
+			case <-done:
+				return
+			}
+		}
+	}()
+	res, err := r.s.Execute(ctx, kernel.Request{Code: code}, r.show)
+	if errors.Is(err, session.ErrRestartRequired) {
+		err = r.restart(ctx)
+		if err == nil {
+			res, err = r.s.Execute(ctx, kernel.Request{Code: code}, r.show)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(r.Err, "sandloop:", err)
+		return
+	}
+	if res.Status == kernel.StatusKilled {
+		if err := r.restart(ctx); err != nil {
+			fmt.Fprintln(r.Err, "sandloop:", err)
+		}
+	}
+}
+
+func (r *repl) restart(ctx context.Context) error {
+	fmt.Fprintln(r.Err, "sandloop: restarting the kernel: Python state is lost, the workspace is kept")
+	return r.s.Restart(ctx)
+}
+
+// show prints one event.
+func (r *repl) show(e kernel.Event) {
+	switch e.Type {
+	case kernel.EventStdout:
+		io.WriteString(r.Out, e.Text)
+	case kernel.EventStderr:
+		io.WriteString(r.Err, e.Text)
+	case kernel.EventResult:
+		r.showResult(e.Data)
+	case kernel.EventError:
+		tb := e.Traceback
+		if tb == "" {
+			tb = e.Name + ": " + e.Value + "\n"
+		}
+		io.WriteString(r.Err, tb)
+	case kernel.EventEnd:
+		switch e.Status {
+		case kernel.StatusTimeout:
+			fmt.Fprintln(r.Err, "[timed out; state kept]")
+		case kernel.StatusInterrupted:
+			fmt.Fprintln(r.Err, "[interrupted; state kept]")
+		case kernel.StatusKilled:
+			fmt.Fprintln(r.Err, "[the kernel was killed]")
+		}
+	}
+}
+
+var imageExt = map[string]string{"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
+
+func (r *repl) showResult(data map[string]string) {
+	saved := false
+	for _, mime := range []string{"image/png", "image/jpeg", "image/svg+xml"} {
+		v, ok := data[mime]
+		if !ok {
+			continue
+		}
+		path, err := r.saveImage(mime, v)
+		if err != nil {
+			fmt.Fprintf(r.Err, "sandloop: could not save the %s image: %v\n", mime, err)
+		} else {
+			fmt.Fprintf(r.Out, "[image: %s]\n", path)
+		}
+		saved = true
+		break
+	}
+	if text, ok := data["text/plain"]; ok && !(saved && strings.HasPrefix(text, "<Figure ")) {
+		fmt.Fprintln(r.Out, text)
+		return
+	}
+	if !saved && len(data) > 0 {
+		mimes := make([]string, 0, len(data))
+		for m := range data {
+			mimes = append(mimes, m)
+		}
+		sort.Strings(mimes)
+		fmt.Fprintf(r.Out, "[%s]\n", strings.Join(mimes, ", "))
+	}
+}
+
+func (r *repl) saveImage(mime, value string) (string, error) {
+	raw := []byte(value)
+	if mime != "image/svg+xml" {
+		var err error
+		if raw, err = base64.StdEncoding.DecodeString(value); err != nil {
+			return "", err
+		}
+	}
+	if r.Images == "" {
+		dir, err := os.MkdirTemp("", "sandloop-repl-*")
+		if err != nil {
+			return "", err
+		}
+		r.Images = dir
+	} else if err := os.MkdirAll(r.Images, 0o755); err != nil {
+		return "", err
+	}
+	r.nimage++
+	path := filepath.Join(r.Images, fmt.Sprintf("image-%d%s", r.nimage, imageExt[mime]))
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
+}
