@@ -236,20 +236,24 @@ func diffSnapshots(before, after map[string]string) string {
 	sort.Strings(sorted)
 	var b strings.Builder
 	for _, p := range sorted {
-		a, z := before[p], after[p]
-		if a == z {
+		a, inA := before[p]
+		z, inZ := after[p]
+		if a == z && inA == inZ {
 			continue
 		}
 		from, to := "a/"+p, "b/"+p
-		if _, ok := before[p]; !ok {
+		var la, lz []string
+		if inA {
+			la = difflib.SplitLines(a)
+		} else {
 			from = "/dev/null"
 		}
-		if _, ok := after[p]; !ok {
+		if inZ {
+			lz = difflib.SplitLines(z)
+		} else {
 			to = "/dev/null"
 		}
-		d, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-			A: difflib.SplitLines(a), B: difflib.SplitLines(z), FromFile: from, ToFile: to, Context: 3,
-		})
+		d, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{A: la, B: lz, FromFile: from, ToFile: to, Context: 3})
 		b.WriteString(d)
 	}
 	return b.String()

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/runs"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+)
+
+// agentFlags are the agent's options.
+type agentFlags struct {
+	files      []string
+	mode       string
+	model      string
+	out        string
+	jsonOut    bool
+	confirm    bool
+	maxSteps   int
+	maxCost    float64
+	maxTokens  int64
+	timeout    time.Duration
+	entry      string
+	dataDir    string
+	pricesFile string
+	lf         limitFlags
+}
+
+func newAgentCmd() *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   `agent "TASK" [-f FILE]... [--mode generate|debug] [--model PROVIDER/MODEL] [--out DIR]`,
+		Short: "Let a model write, run and fix Python in a sandbox until the task is done",
+		Long: `Give a task in plain words. The model writes Python, sandloop runs it in a sandbox,
+shows the model what happened, and the model fixes and reruns until the work is done
+and verified. In debug mode, give the crashing program with -f: it is run first, and
+the run ends only when the fixed program runs without that failure.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			task := ""
+			if len(args) == 1 {
+				task = args[0]
+			}
+			return runAgent(cmd, task, &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVarP(&f.files, "file", "f", nil, "a file (or directory) to put into the workspace (repeatable)")
+	fl.StringVar(&f.mode, "mode", "generate", "generate or debug")
+	fl.StringVar(&f.model, "model", "", "PROVIDER/MODEL, e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama/qwen2.5-coder (default: SANDLOOP_MODEL, then whatever is configured)")
+	fl.StringVar(&f.out, "out", "", "write the final workspace files to DIR")
+	fl.BoolVar(&f.jsonOut, "json", false, "stream the run's events as NDJSON on stdout")
+	fl.BoolVar(&f.confirm, "confirm", false, "ask before each execution")
+	fl.IntVar(&f.maxSteps, "max-steps", 25, "step limit")
+	fl.Float64Var(&f.maxCost, "max-cost", 0, "cost budget in US dollars (0 = none)")
+	fl.Int64Var(&f.maxTokens, "max-tokens", 0, "token budget (0 = none)")
+	fl.DurationVar(&f.timeout, "run-timeout", 30*time.Minute, "wall-clock limit of the whole run")
+	fl.StringVar(&f.entry, "entry", "", "debug mode: the program to run (default: the only .py file given)")
+	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
+	f.lf.register(fl)
+	return cmd
+}
+
+// readInputFiles reads -f arguments: files by base name, directories with
+// their relative paths.
+func readInputFiles(args []string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, a := range args {
+		fi, err := os.Stat(a)
+		if err != nil {
+			return nil, usagef("-f %s: %v", a, unwrapPathError(err))
+		}
+		if !fi.IsDir() {
+			b, err := os.ReadFile(a)
+			if err != nil {
+				return nil, usagef("-f %s: %v", a, unwrapPathError(err))
+			}
+			out[filepath.Base(a)] = b
+			continue
+		}
+		err = filepath.WalkDir(a, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !d.Type().IsRegular() {
+				return err
+			}
+			rel, _ := filepath.Rel(a, p)
+			b, err := os.ReadFile(p)
+			if err == nil {
+				out[filepath.ToSlash(rel)] = b
+			}
+			return err
+		})
+		if err != nil {
+			return nil, usagef("-f %s: %v", a, unwrapPathError(err))
+		}
+	}
+	return out, nil
+}
+
+func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, usagef("--data-dir %s: %v", dataDir, unwrapPathError(err))
+	}
+	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
+}
+
+func providerResolver(pricesFile string) func(ctx context.Context, model string) (llm.Provider, error) {
+	return func(ctx context.Context, model string) (llm.Provider, error) {
+		return llm.Resolve(ctx, llm.Config{Model: model, PricesFile: pricesFile})
+	}
+}
+
+func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
+	mode, err := agent.ParseMode(f.mode)
+	if err != nil {
+		return usagef("--mode: %v", err)
+	}
+	if task == "" && mode != agent.ModeDebug {
+		return usagef(`give the task in quotes: sandloop agent "parse data.csv and plot the monthly totals"`)
+	}
+	if f.maxSteps <= 0 || f.maxCost < 0 || f.maxTokens < 0 {
+		return usagef("--max-steps must be positive; --max-cost and --max-tokens must not be negative")
+	}
+	limits, err := f.lf.limits()
+	if err != nil {
+		return err
+	}
+	files, err := readInputFiles(f.files)
+	if err != nil {
+		return err
+	}
+	if mode == agent.ModeDebug && len(files) == 0 {
+		return usagef("debug mode needs the crashing program: -f program.py")
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	st, err := openStore(ctx, f.dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	env := map[string]string{}
+	for _, kv := range f.lf.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	svc := runs.New(runs.Options{
+		Store:    st,
+		Provider: providerResolver(f.pricesFile),
+		NewSession: func(ctx context.Context) (runs.Session, error) {
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode()})
+		},
+	})
+	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	var view func(agent.Event)
+	if f.jsonOut {
+		enc := json.NewEncoder(out)
+		var mu sync.Mutex
+		view = func(e agent.Event) { mu.Lock(); enc.Encode(e); mu.Unlock() }
+	} else {
+		view = newTerminalView(out, isTerminal(out)).event
+	}
+	var confirm func(ctx context.Context, tool, code string) bool
+	if f.confirm {
+		in := bufio.NewReader(cmd.InOrStdin())
+		confirm = func(ctx context.Context, tool, code string) bool {
+			fmt.Fprintf(errOut, "run this %s? [y/N] ", tool)
+			line, _ := in.ReadString('\n')
+			return strings.HasPrefix(strings.ToLower(strings.TrimSpace(line)), "y")
+		}
+	}
+	run, rep, err := svc.Run(ctx, runs.Request{
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry,
+		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
+		Confirm: confirm, OnEvent: view,
+	})
+	var nm *llm.NoModelError
+	var ce *llm.ConfigError
+	var ae *agent.ArgumentError
+	switch {
+	case errors.As(err, &nm), errors.As(err, &ce), errors.As(err, &ae):
+		return usagef("%v", err)
+	case err != nil:
+		return err
+	}
+	if f.out != "" {
+		if err := writeArtifacts(context.WithoutCancel(ctx), st, run.ID, f.out); err != nil {
+			return fmt.Errorf("--out: %w", err)
+		}
+		fmt.Fprintf(errOut, "sandloop: final files written to %s\n", f.out)
+	}
+	fmt.Fprintf(errOut, "sandloop: run %s %s (sandloop runs show %s)\n", run.ID, rep.Status, run.ID)
+	switch rep.Status {
+	case agent.StatusDone:
+		return nil
+	case agent.StatusCancelled:
+		return &exitError{130}
+	}
+	return &exitError{1}
+}
+
+// writeArtifacts writes a run's final files under dir.
+func writeArtifacts(ctx context.Context, st *store.Store, id, dir string) error {
+	list, err := st.ListArtifacts(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, a := range list {
+		full, err := st.Artifact(ctx, id, a.Path)
+		if err != nil {
+			return err
+		}
+		p := filepath.Join(dir, filepath.FromSlash(a.Path))
+		if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
+			return fmt.Errorf("artifact path %q leaves %s", a.Path, dir)
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		mode := a.Mode.Perm()
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := os.WriteFile(p, full.Data, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+func init() { extraCommands = append(extraCommands, newAgentCmd, newRunsCmd) }

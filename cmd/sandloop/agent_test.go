@@ -1,0 +1,139 @@
+package main
+
+import (
+	"archive/zip"
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/llm/llmtest"
+)
+
+// useModel points the CLI at a local server speaking the OpenAI wire format.
+func useModel(t *testing.T, script llmtest.Script) *llmtest.Server {
+	srv := llmtest.NewOpenAIServer(t, script)
+	t.Setenv("SANDLOOP_MODEL", "openai/gpt-4o-mini")
+	t.Setenv("OPENAI_BASE_URL", srv.URL)
+	t.Setenv("OPENAI_API_KEY", "test-key")
+	t.Setenv("ANTHROPIC_API_KEY", "")
+	return srv
+}
+
+func tc(name, args string) []llmtest.ToolCall { return []llmtest.ToolCall{{Name: name, Arguments: args}} }
+
+func TestAgentCLIGenerateRunsAndHistory(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{Text: "I'll write the script.", ToolCalls: tc("write_file", `{"path":"squares.py","content":"print([i*i for i in range(5)])\n"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 squares.py"}`)},
+		{ToolCalls: tc("finish", `{"summary":"squares.py prints the first five squares"}`)},
+	})
+	data, out := t.TempDir(), filepath.Join(t.TempDir(), "result")
+	code, stdout, stderr := sandloop(t, "", "agent", "print the first five squares", "--data-dir", data, "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"task: print the first five squares", "── step 1 · write_file", "$ python3 squares.py", "[0, 1, 4, 9, 16]", "✓ ok", "══ done after 3 steps", "+print([i*i for i in range(5)])"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("progress lacks %q:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "\x1b[") {
+		t.Error("colors on a non-terminal")
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "squares.py")); err != nil || !strings.Contains(string(b), "i*i") {
+		t.Errorf("--out: %q %v", b, err)
+	}
+	code, stdout, _ = sandloop(t, "", "runs", "ls", "--data-dir", data)
+	if code != 0 || !strings.Contains(stdout, "done") || !strings.Contains(stdout, "print the first five squares") {
+		t.Fatalf("runs ls: %d %s", code, stdout)
+	}
+	id := strings.Fields(strings.Split(stdout, "\n")[1])[0]
+	code, stdout, _ = sandloop(t, "", "runs", "show", id[:8], "--data-dir", data)
+	if code != 0 || !strings.Contains(stdout, "[run_shell ok]") || !strings.Contains(stdout, "squares.py (") || !strings.Contains(stdout, "summary: squares.py prints") {
+		t.Errorf("runs show: %d\n%s", code, stdout)
+	}
+	zipPath := filepath.Join(t.TempDir(), "run.zip")
+	if code, _, stderr := sandloop(t, "", "runs", "export", id, "-o", zipPath, "--data-dir", data); code != 0 {
+		t.Fatalf("export: %d %s", code, stderr)
+	}
+	zr, err := zip.OpenReader(zipPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
+	names := map[string]bool{}
+	for _, f := range zr.File {
+		names[f.Name] = true
+	}
+	for _, want := range []string{"run.json", "steps.json", "events.jsonl", "files/squares.py"} {
+		if !names[want] {
+			t.Errorf("export lacks %s: %v", want, names)
+		}
+	}
+	if code, _, stderr := sandloop(t, "", "runs", "show", "zzzz", "--data-dir", data); code != 2 || !strings.Contains(stderr, "no run") {
+		t.Errorf("unknown run: %d %s", code, stderr)
+	}
+}
+
+func TestAgentCLIJSONAndDebug(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("edit_file", `{"path":"div.py","old_text":"return a / b","new_text":"return a / b if b else 0.0"}`)},
+		{ToolCalls: tc("finish", `{"summary":"guarded the division","root_cause":"ratio() divides by a zero count"}`)},
+	})
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "div.py")
+	os.WriteFile(prog, []byte("def ratio(a, b):\n    return a / b\n\nprint(ratio(1, 0))\n"), 0o644)
+	code, stdout, stderr := sandloop(t, "", "agent", "--mode", "debug", "-f", prog, "--json", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var last map[string]any
+	types := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(stdout))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("not NDJSON: %q", sc.Text())
+		}
+		types[e["type"].(string)]++
+		last = e
+	}
+	rep, _ := last["report"].(map[string]any)
+	if last["type"] != "run_finished" || rep["status"] != "done" || rep["root_cause"] == "" || types["tool_result"] != 2 {
+		t.Errorf("events %v, last %v", types, last)
+	}
+	repro, _ := rep["reproduction"].(map[string]any)
+	if repro["error"] != "ZeroDivisionError" {
+		t.Errorf("reproduction %v", repro)
+	}
+}
+
+func TestAgentCLIBadInputAndNoModel(t *testing.T) {
+	t.Setenv("SANDLOOP_MODEL", "")
+	t.Setenv("OPENAI_API_KEY", "")
+	t.Setenv("OPENAI_BASE_URL", "")
+	t.Setenv("ANTHROPIC_API_KEY", "")
+	t.Setenv("OPENROUTER_API_KEY", "")
+	t.Setenv("OLLAMA_HOST", "127.0.0.1:1") // nothing listens on port 1
+	data := t.TempDir()
+	code, _, stderr := sandloop(t, "", "agent", "do something", "--data-dir", data)
+	if code != 2 || !strings.Contains(stderr, "no language model configured") || !strings.Contains(stderr, "OPENAI_API_KEY") || !strings.Contains(stderr, "ollama/") {
+		t.Errorf("no model: %d %s", code, stderr)
+	}
+	for _, args := range [][]string{
+		{"agent"},
+		{"agent", "x", "--mode", "refactorish"},
+		{"agent", "--mode", "debug"},
+		{"agent", "x", "-f", "/nonexistent/file.py"},
+		{"agent", "x", "--max-steps", "0"},
+	} {
+		code, _, stderr := sandloop(t, "", append(args, "--data-dir", data)...)
+		if code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d %q", args, code, stderr)
+		}
+	}
+}

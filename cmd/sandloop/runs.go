@@ -1,0 +1,179 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/spf13/cobra"
+)
+
+func newRunsCmd() *cobra.Command {
+	var dataDir string
+	cmd := &cobra.Command{
+		Use:   "runs [ls|show ID|export ID]",
+		Short: "The history of agent runs",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, 20) },
+	}
+	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	var limit int
+	ls := &cobra.Command{
+		Use: "ls", Short: "List recent runs", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, limit) },
+	}
+	ls.Flags().IntVarP(&limit, "limit", "n", 20, "how many runs")
+	show := &cobra.Command{
+		Use: "show ID", Short: "Show a run: its report, diff and steps", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return showRun(cmd, dataDir, args[0]) },
+	}
+	var out string
+	export := &cobra.Command{
+		Use: "export ID", Short: "Export a run (report, steps, events, final files) as a .zip", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return exportRun(cmd, dataDir, args[0], out) },
+	}
+	export.Flags().StringVarP(&out, "output", "o", "", "where to write the zip (default RUNID.zip; - for stdout)")
+	cmd.AddCommand(ls, show, export)
+	return cmd
+}
+
+func openHistory(cmd *cobra.Command, dataDir string) (*store.Store, error) {
+	if _, err := os.Stat(dataDir + "/runs.db"); err != nil {
+		return nil, usagef("no run history in %s (run `sandloop agent` first, or pass --data-dir)", dataDir)
+	}
+	return openStore(cmd.Context(), dataDir)
+}
+
+func resolveRun(cmd *cobra.Command, st *store.Store, prefix string) (string, error) {
+	id, err := st.LookupRunID(cmd.Context(), prefix)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "", usagef("no run %q (see sandloop runs ls)", prefix)
+	case errors.Is(err, store.ErrAmbiguous):
+		return "", usagef("%q matches several runs: give more of the id", prefix)
+	}
+	return id, err
+}
+
+func listRuns(cmd *cobra.Command, dataDir string, limit int) error {
+	st, err := openHistory(cmd, dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	list, err := st.ListRuns(cmd.Context(), store.ListOptions{Limit: limit})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCREATED\tSTATUS\tMODE\tSTEPS\tTOKENS\tCOST\tTASK")
+	for _, r := range list {
+		task := strings.ReplaceAll(r.Task, "\n", " ")
+		if len(task) > 50 {
+			task = task[:47] + "..."
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t$%.4f\t%s\n", r.ID, r.CreatedAt.Local().Format("2006-01-02 15:04"), r.Status, r.Mode, r.Steps, r.TokensIn+r.TokensOut, r.CostUSD, task)
+	}
+	return tw.Flush()
+}
+
+func showRun(cmd *cobra.Command, dataDir, prefix string) error {
+	st, err := openHistory(cmd, dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	id, err := resolveRun(cmd, st, prefix)
+	if err != nil {
+		return err
+	}
+	r, err := st.GetRun(cmd.Context(), id)
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "run %s · %s · %s · %s\ntask: %s\n", r.ID, r.Status, r.Mode, r.Model, r.Task)
+	fmt.Fprintf(w, "steps %d · tokens %d in, %d out · $%.4f · created %s\n", r.Steps, r.TokensIn, r.TokensOut, r.CostUSD, r.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+	steps, err := st.ListSteps(cmd.Context(), id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, s := range steps {
+		var e agent.Event
+		_ = json.Unmarshal(s.Data, &e)
+		switch s.Kind {
+		case "model":
+			if t := strings.TrimSpace(e.Text); t != "" {
+				fmt.Fprintf(w, "[model] %s\n", firstLines(t, 3))
+			}
+		case "tool":
+			mark := "ok"
+			if e.IsError {
+				mark = "error"
+			}
+			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, firstLines(e.Text, 4))
+		default:
+			fmt.Fprintf(w, "[%s] %s\n", s.Kind, firstLines(e.Text, 2))
+		}
+	}
+	if len(r.Report) > 0 {
+		var rep agent.Report
+		if json.Unmarshal(r.Report, &rep) == nil {
+			newTerminalView(w, false).showReport(&rep)
+		}
+	}
+	files, err := st.ListArtifacts(cmd.Context(), id)
+	if err == nil && len(files) > 0 {
+		fmt.Fprintln(w, "\nfiles:")
+		for _, f := range files {
+			fmt.Fprintf(w, "  %s (%d bytes)\n", f.Path, f.Size)
+		}
+	}
+	return nil
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		return strings.Join(lines[:n], "\n    ") + fmt.Sprintf(" ... (%d more lines)", len(lines)-n)
+	}
+	return strings.Join(lines, "\n    ")
+}
+
+func exportRun(cmd *cobra.Command, dataDir, prefix, out string) error {
+	st, err := openHistory(cmd, dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	id, err := resolveRun(cmd, st, prefix)
+	if err != nil {
+		return err
+	}
+	var w io.Writer = cmd.OutOrStdout()
+	if out != "-" {
+		if out == "" {
+			out = id + ".zip"
+		}
+		f, err := os.Create(out)
+		if err != nil {
+			return usagef("--output %s: %v", out, unwrapPathError(err))
+		}
+		defer f.Close()
+		w = f
+	}
+	if err := st.ExportRun(cmd.Context(), id, w); err != nil {
+		return err
+	}
+	if out != "-" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "sandloop: run %s exported to %s\n", id, out)
+	}
+	return nil
+}

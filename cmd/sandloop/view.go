@@ -1,0 +1,188 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// terminalView prints a run's progress for a person: each step's code, its
+// output, errors set off; colored on a terminal, plain otherwise.
+type terminalView struct {
+	mu     sync.Mutex
+	w      io.Writer
+	color  bool
+	inText bool
+}
+
+func newTerminalView(w io.Writer, color bool) *terminalView { return &terminalView{w: w, color: color} }
+
+const (
+	cReset  = "\x1b[0m"
+	cBold   = "\x1b[1m"
+	cDim    = "\x1b[2m"
+	cRed    = "\x1b[31m"
+	cGreen  = "\x1b[32m"
+	cYellow = "\x1b[33m"
+	cCyan   = "\x1b[36m"
+)
+
+func (v *terminalView) paint(c, s string) string {
+	if !v.color || s == "" {
+		return s
+	}
+	return c + s + cReset
+}
+
+func (v *terminalView) endText() {
+	if v.inText {
+		fmt.Fprintln(v.w)
+		v.inText = false
+	}
+}
+
+func (v *terminalView) event(e agent.Event) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch e.Type {
+	case agent.EventStarted:
+		if e.Text != "" {
+			fmt.Fprintf(v.w, "%s %s\n", v.paint(cBold, "task:"), e.Text)
+		}
+	case agent.EventText:
+		if !v.inText {
+			fmt.Fprint(v.w, v.paint(cDim, "│ "))
+			v.inText = true
+		}
+		fmt.Fprint(v.w, v.paint(cDim, strings.ReplaceAll(e.Text, "\n", "\n│ ")))
+	case agent.EventAssistant:
+		v.endText()
+	case agent.EventToolCall:
+		v.endText()
+		fmt.Fprintf(v.w, "%s\n", v.paint(cCyan+cBold, fmt.Sprintf("── step %d · %s", e.Step, e.Tool)))
+		v.showCall(e.Tool, e.Arguments)
+	case agent.EventOutput:
+		if e.Exec == nil {
+			return
+		}
+		switch e.Exec.Type {
+		case kernel.EventStdout:
+			fmt.Fprint(v.w, e.Exec.Text)
+		case kernel.EventStderr:
+			fmt.Fprint(v.w, v.paint(cRed, e.Exec.Text))
+		}
+	case agent.EventToolResult:
+		v.showResult(e)
+	case agent.EventNotice:
+		v.endText()
+		fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, "! "+e.Text))
+	case agent.EventFinished:
+		v.endText()
+		v.showReport(e.Report)
+	}
+}
+
+func (v *terminalView) showCall(tool, args string) {
+	var a map[string]any
+	_ = json.Unmarshal([]byte(args), &a)
+	str := func(k string) string { s, _ := a[k].(string); return s }
+	switch tool {
+	case agent.ToolExecutePython:
+		for _, line := range strings.Split(strings.TrimRight(str("code"), "\n"), "\n") {
+			fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, ">"), line)
+		}
+	case agent.ToolRunShell:
+		fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, "$"), str("command"))
+	case agent.ToolWriteFile:
+		fmt.Fprintf(v.w, "write %s (%d bytes)\n", str("path"), len(str("content")))
+	case agent.ToolEditFile:
+		fmt.Fprintf(v.w, "edit %s\n", str("path"))
+		for _, l := range strings.Split(str("old_text"), "\n") {
+			fmt.Fprintln(v.w, v.paint(cRed, "- "+l))
+		}
+		for _, l := range strings.Split(str("new_text"), "\n") {
+			fmt.Fprintln(v.w, v.paint(cGreen, "+ "+l))
+		}
+	case agent.ToolFinish:
+		fmt.Fprintln(v.w, str("summary"))
+	default:
+		if args != "" && args != "{}" {
+			fmt.Fprintln(v.w, args)
+		}
+	}
+}
+
+func (v *terminalView) showResult(e agent.Event) {
+	if r := e.Result; r != nil {
+		mark, c := "✓ "+string(r.Status), cGreen
+		if r.Status != kernel.StatusOK {
+			mark, c = "✗ "+string(r.Status), cRed
+		}
+		fmt.Fprintf(v.w, "%s %s\n", v.paint(c, mark), v.paint(cDim, fmt.Sprintf("%.0f ms", r.DurationMS)))
+		if m := r.MainResult(); m != nil {
+			if t := m["text/plain"]; t != "" {
+				fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, "="), t)
+			}
+		}
+		if e.Images > 0 {
+			fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("[%d image(s)]", e.Images)))
+		}
+		if r.Error != nil && r.Error.Traceback != "" && !strings.Contains(r.Stderr, r.Error.Name) {
+			fmt.Fprint(v.w, v.paint(cRed, strings.TrimRight(r.Error.Traceback, "\n")+"\n"))
+		}
+		return
+	}
+	first, _, _ := strings.Cut(e.Text, "\n")
+	if e.IsError {
+		fmt.Fprintln(v.w, v.paint(cRed, "✗ "+e.Text))
+	} else if e.Tool != agent.ToolReadFile && e.Tool != agent.ToolListFiles {
+		fmt.Fprintln(v.w, v.paint(cDim, first))
+	} else {
+		fmt.Fprintln(v.w, v.paint(cDim, fmt.Sprintf("(%d lines)", strings.Count(e.Text, "\n")+1)))
+	}
+}
+
+func (v *terminalView) showReport(r *agent.Report) {
+	if r == nil {
+		return
+	}
+	c := cGreen
+	if r.Status != agent.StatusDone {
+		c = cRed
+	}
+	fmt.Fprintf(v.w, "\n%s\n", v.paint(c+cBold, fmt.Sprintf("══ %s after %d steps", r.Status, r.Steps)))
+	if r.Summary != "" {
+		fmt.Fprintf(v.w, "%s %s\n", v.paint(cBold, "summary:"), r.Summary)
+	}
+	if r.RootCause != "" {
+		fmt.Fprintf(v.w, "%s %s\n", v.paint(cBold, "root cause:"), r.RootCause)
+	}
+	if r.Error != "" {
+		fmt.Fprintf(v.w, "%s %s\n", v.paint(cRed, "why:"), r.Error)
+	}
+	cost := fmt.Sprintf("$%.4f", r.Usage.Cost)
+	if r.Usage.CostUnknown {
+		cost = "cost unknown"
+	}
+	fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("%s · %d tokens in, %d out · %s · %s", r.Model, r.Usage.InputTokens, r.Usage.OutputTokens, cost, r.Duration.Round(1e6))))
+	if r.Diff != "" {
+		fmt.Fprintln(v.w)
+		for _, l := range strings.Split(strings.TrimRight(r.Diff, "\n"), "\n") {
+			switch {
+			case strings.HasPrefix(l, "+++"), strings.HasPrefix(l, "---"):
+				fmt.Fprintln(v.w, v.paint(cBold, l))
+			case strings.HasPrefix(l, "+"):
+				fmt.Fprintln(v.w, v.paint(cGreen, l))
+			case strings.HasPrefix(l, "-"):
+				fmt.Fprintln(v.w, v.paint(cRed, l))
+			default:
+				fmt.Fprintln(v.w, l)
+			}
+		}
+	}
+}

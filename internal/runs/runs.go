@@ -1,0 +1,433 @@
+// Package runs starts agent runs, records every step and event in the run
+// history and fans events out to live watchers. The CLI runs one in the
+// foreground; the server runs many in the background.
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// Session is a sandbox session the service may close.
+type Session interface {
+	agent.Session
+	Close() error
+}
+
+// Options configure the service.
+type Options struct {
+	Store *store.Store
+	// NewSession starts a fresh sandbox session for a run.
+	NewSession func(ctx context.Context) (Session, error)
+	// Provider resolves a model spec ("openai/gpt-4o-mini", or "" for the
+	// configured default) to a provider.
+	Provider func(ctx context.Context, model string) (llm.Provider, error)
+	// MaxArtifactBytes caps the final files kept per run. If zero, 50 MiB.
+	MaxArtifactBytes int64
+	Logger           *slog.Logger
+}
+
+// Request is one run to start.
+type Request struct {
+	Task  string
+	Mode  agent.Mode
+	Model string
+	Files map[string][]byte
+	Entry string
+	Args  []string
+	// Limits of the run; zero values take the agent's defaults.
+	MaxSteps  int
+	MaxTokens int64
+	MaxCost   float64
+	Timeout   time.Duration
+	// Confirm and OnEvent are for foreground runs (the CLI).
+	Confirm func(ctx context.Context, tool, code string) bool
+	OnEvent func(agent.Event)
+}
+
+// Service runs and records agent runs.
+type Service struct {
+	opts Options
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	active map[string]*active
+	wg     sync.WaitGroup
+}
+
+// active is a run in progress: its cancel and its live watchers.
+type active struct {
+	cancel   context.CancelFunc
+	mu       sync.Mutex
+	watchers map[chan store.Event]struct{}
+	done     chan struct{}
+}
+
+// New returns a service.
+func New(opts Options) *Service {
+	if opts.MaxArtifactBytes == 0 {
+		opts.MaxArtifactBytes = 50 << 20
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{opts: opts, log: log, active: map[string]*active{}}
+}
+
+// ErrNotFound: no such run.
+var ErrNotFound = store.ErrNotFound
+
+// ErrNotRunning: the run already ended.
+var ErrNotRunning = errors.New("the run is not running")
+
+// prepare validates the request, resolves the model and records the run.
+func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *store.Run, error) {
+	mode, err := agent.ParseMode(string(req.Mode))
+	if err != nil {
+		return nil, nil, &agent.ArgumentError{Tool: "mode", Msg: err.Error()}
+	}
+	req.Mode = mode
+	for p := range req.Files {
+		if _, err := workspace.Clean(p); err != nil {
+			return nil, nil, &agent.ArgumentError{Tool: "files", Msg: err.Error()}
+		}
+	}
+	p, err := s.opts.Provider(ctx, req.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	run, err := s.opts.Store.CreateRun(ctx, store.Run{Task: req.Task, Mode: string(mode), Model: p.Info().String(), Status: string(agent.StatusRunning)})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, run, nil
+}
+
+// Run runs req in the foreground and returns the recorded run and report.
+// Cancelling ctx ends the run cleanly (status cancelled) with its history saved.
+func (s *Service) Run(ctx context.Context, req Request) (*store.Run, *agent.Report, error) {
+	p, run, err := s.prepare(ctx, &req)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a := s.register(run.ID, cancel)
+	rep := s.execute(ctx, run.ID, p, req, a)
+	final, err := s.opts.Store.GetRun(context.WithoutCancel(ctx), run.ID)
+	return final, rep, err
+}
+
+// Start starts req in the background and returns the recorded run at once.
+func (s *Service) Start(ctx context.Context, req Request) (*store.Run, error) {
+	p, run, err := s.prepare(ctx, &req)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	a := s.register(run.ID, cancel)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		s.execute(rctx, run.ID, p, req, a)
+	}()
+	return run, nil
+}
+
+func (s *Service) register(id string, cancel context.CancelFunc) *active {
+	a := &active{cancel: cancel, watchers: map[chan store.Event]struct{}{}, done: make(chan struct{})}
+	s.mu.Lock()
+	s.active[id] = a
+	s.mu.Unlock()
+	return a
+}
+
+// Cancel stops a running run; it ends with status cancelled.
+func (s *Service) Cancel(id string) error {
+	s.mu.Lock()
+	a, ok := s.active[id]
+	s.mu.Unlock()
+	if !ok {
+		if _, err := s.opts.Store.GetRun(context.Background(), id); err != nil {
+			return err
+		}
+		return ErrNotRunning
+	}
+	a.cancel()
+	return nil
+}
+
+// Close cancels every run and waits for them to be recorded.
+func (s *Service) Close() {
+	s.mu.Lock()
+	for _, a := range s.active {
+		a.cancel()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// execute runs the agent, recording as it goes. It never returns an error:
+// whatever happens ends up in the run's status.
+func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Request, a *active) *agent.Report {
+	bg := context.WithoutCancel(ctx) // recording outlives cancellation
+	defer func() {
+		s.mu.Lock()
+		delete(s.active, id)
+		s.mu.Unlock()
+		a.mu.Lock()
+		for w := range a.watchers {
+			close(w)
+		}
+		a.watchers = nil
+		a.mu.Unlock()
+		close(a.done)
+	}()
+	rec := &recorder{s: s, id: id, a: a}
+	sess, err := s.opts.NewSession(ctx)
+	if err != nil {
+		rep := &agent.Report{Status: agent.StatusFailed, Error: "start the sandbox: " + err.Error(), Mode: req.Mode, Model: p.Info().String()}
+		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+		s.finish(bg, id, rep, nil)
+		return rep
+	}
+	defer sess.Close()
+	rep, err := agent.Run(ctx, agent.Options{
+		Task: req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
+		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
+		Confirm: req.Confirm, Logger: s.log,
+		OnEvent: func(e agent.Event) {
+			rec.event(bg, e)
+			if req.OnEvent != nil {
+				req.OnEvent(e)
+			}
+		},
+	})
+	if err != nil {
+		rep = &agent.Report{Status: agent.StatusFailed, Error: err.Error(), Mode: req.Mode, Model: p.Info().String()}
+		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+	}
+	s.finish(bg, id, rep, sess)
+	return rep
+}
+
+// finish stores the report and the final files.
+func (s *Service) finish(ctx context.Context, id string, rep *agent.Report, sess Session) {
+	if sess != nil {
+		if files, err := s.collect(sess); err != nil {
+			s.log.Warn("collect artifacts", "run", id, "err", err)
+		} else if err := s.opts.Store.PutArtifacts(ctx, id, files); err != nil {
+			s.log.Warn("store artifacts", "run", id, "err", err)
+		}
+	}
+	report, _ := json.Marshal(rep)
+	_, err := s.opts.Store.UpdateRun(ctx, id, func(r *store.Run) error {
+		r.Status, r.Steps, r.Summary, r.Error, r.Report = string(rep.Status), rep.Steps, rep.Summary, rep.Error, report
+		return nil
+	})
+	if err != nil {
+		s.log.Error("record run end", "run", id, "err", err)
+	}
+}
+
+// collect reads the workspace's final files, within the artifact cap.
+func (s *Service) collect(sess Session) ([]store.Artifact, error) {
+	ws, err := workspace.Open(sess.Workspace(), workspace.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	var out []store.Artifact
+	var total int64
+	var walk func(dir string) error
+	walk = func(dir string) error {
+		list, err := ws.List(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range list {
+			switch e.Type {
+			case "dir":
+				if e.Name == "__pycache__" || e.Name == ".pytest_cache" {
+					continue
+				}
+				if err := walk(e.Path); err != nil {
+					return err
+				}
+			case "file":
+				if total+e.Size > s.opts.MaxArtifactBytes {
+					s.log.Warn("artifact cap reached; file left out", "path", e.Path)
+					continue
+				}
+				f, _, err := ws.Open(e.Path)
+				if err != nil {
+					continue
+				}
+				b, err := io.ReadAll(io.LimitReader(f, s.opts.MaxArtifactBytes-total))
+				f.Close()
+				if err != nil {
+					continue
+				}
+				total += int64(len(b))
+				mode := fs.FileMode(0o644)
+				if len(e.Mode) == 10 && e.Mode[3] == 'x' {
+					mode = 0o755
+				}
+				out = append(out, store.Artifact{Path: e.Path, Size: int64(len(b)), Data: b, Mode: mode})
+			}
+		}
+		return nil
+	}
+	return out, walk(".")
+}
+
+// recorder writes a run's events and steps to the store and to watchers.
+type recorder struct {
+	s  *Service
+	id string
+	a  *active
+}
+
+func (r *recorder) event(ctx context.Context, e agent.Event) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	stored, err := r.s.opts.Store.AppendEvent(ctx, r.id, e.Type, data)
+	if err != nil {
+		r.s.log.Warn("record event", "run", r.id, "err", err)
+		return
+	}
+	switch e.Type {
+	case agent.EventAssistant:
+		r.step(ctx, store.Step{Kind: "model", Data: data})
+	case agent.EventUsage:
+		if e.Usage != nil {
+			_, _ = r.s.opts.Store.UpdateRun(ctx, r.id, func(run *store.Run) error {
+				run.TokensIn += e.Usage.InputTokens
+				run.TokensOut += e.Usage.OutputTokens
+				run.CostUSD += e.Usage.Cost
+				run.Steps = e.Step
+				return nil
+			})
+		}
+	case agent.EventToolResult, agent.EventNotice:
+		r.step(ctx, store.Step{Kind: map[string]string{agent.EventToolResult: "tool", agent.EventNotice: "observation"}[e.Type], Name: e.Tool, Data: data})
+	}
+	r.a.mu.Lock()
+	for w := range r.a.watchers {
+		select {
+		case w <- *stored:
+		default: // a watcher that cannot keep up catches up from the store
+		}
+	}
+	r.a.mu.Unlock()
+}
+
+func (r *recorder) step(ctx context.Context, st store.Step) {
+	st.RunID = r.id
+	if _, err := r.s.opts.Store.AppendStep(ctx, st); err != nil {
+		r.s.log.Warn("record step", "run", r.id, "err", err)
+	}
+}
+
+// Watch sends the run's events with Seq above since: first those already
+// recorded, then live ones, until the run ends or ctx is done. The channel
+// is closed at the end.
+func (s *Service) Watch(ctx context.Context, id string, since int64) (<-chan store.Event, error) {
+	if _, err := s.opts.Store.GetRun(ctx, id); err != nil {
+		return nil, err
+	}
+	out := make(chan store.Event, 64)
+	live := make(chan store.Event, 1024)
+	s.mu.Lock()
+	a := s.active[id]
+	if a != nil {
+		a.mu.Lock()
+		if a.watchers != nil {
+			a.watchers[live] = struct{}{}
+		} else {
+			a = nil
+		}
+		a.mu.Unlock()
+	}
+	s.mu.Unlock()
+	go func() {
+		defer close(out)
+		if a != nil {
+			defer func() {
+				a.mu.Lock()
+				if a.watchers != nil {
+					delete(a.watchers, live)
+				}
+				a.mu.Unlock()
+			}()
+		}
+		send := func(e store.Event) bool {
+			if e.Seq <= since {
+				return true
+			}
+			since = e.Seq
+			select {
+			case out <- e:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		replay := func() bool {
+			evs, err := s.opts.Store.ListEvents(ctx, id, since, 0)
+			if err != nil {
+				return false
+			}
+			for _, e := range evs {
+				if !send(e) {
+					return false
+				}
+			}
+			return true
+		}
+		if !replay() || a == nil {
+			return
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-live:
+				if !ok {
+					replay() // whatever was recorded after the last live event
+					return
+				}
+				if e.Seq > since+1 && !replay() { // a gap: dropped live events
+					return
+				}
+				if !send(e) {
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Running reports whether run id is in progress here.
+func (s *Service) Running(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.active[id]
+	return ok
+}
