@@ -22,7 +22,9 @@ func useModel(t *testing.T, script llmtest.Script) *llmtest.Server {
 	return srv
 }
 
-func tc(name, args string) []llmtest.ToolCall { return []llmtest.ToolCall{{Name: name, Arguments: args}} }
+func tc(name, args string) []llmtest.ToolCall {
+	return []llmtest.ToolCall{{Name: name, Arguments: args}}
+}
 
 func TestAgentCLIGenerateRunsAndHistory(t *testing.T) {
 	useModel(t, llmtest.Script{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ var serveMounts []func(m *session.Manager, mounts map[string]http.Handler) error
 func newServeCmd() *cobra.Command {
 	var (
 		addr, dataDir, tokenFile string
+		pricesFile               string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
 		idle, lifetime, execTO   time.Duration
@@ -58,7 +60,6 @@ func newServeCmd() *cobra.Command {
 				handler = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
 			}
 			log := slog.New(handler)
-			_ = dataDir // run history (with the agent) lives here
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
 				Defaults: defaults, Max: maxima, ExecTimeout: execTO, Logger: log,
@@ -70,9 +71,25 @@ func newServeCmd() *cobra.Command {
 					return err
 				}
 			}
+			st, err := openStore(cmd.Context(), dataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			svc := runs.New(runs.Options{
+				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				NewSession: func(ctx context.Context) (runs.Session, error) {
+					ms, err := mgr.Create(ctx, session.CreateOptions{Owner: runOwner})
+					if err != nil {
+						return nil, err
+					}
+					return managedRunSession{ms, mgr}, nil
+				},
+			})
+			defer svc.Close()
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
-				Logger: log, Mounts: mounts,
+				Logger: log, Mounts: mounts, Runs: svc, Store: st,
 			})
 			if err != nil {
 				return err
@@ -122,6 +139,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
 	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
@@ -130,6 +148,17 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
 	return cmd
 }
+
+// runOwner owns the sessions of agent runs: no API token can reach them.
+const runOwner = "\x00runs"
+
+// managedRunSession is a run's session, deleted from the manager when the run ends.
+type managedRunSession struct {
+	*session.Managed
+	mgr *session.Manager
+}
+
+func (m managedRunSession) Close() error { return m.mgr.Delete(runOwner, m.ID()) }
 
 func defaultDataDir() string {
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {

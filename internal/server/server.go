@@ -20,7 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
 )
 
 //go:embed openapi.yaml
@@ -49,6 +51,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Extra handlers mounted by other packages (e.g. "/mcp", "/").
 	Mounts map[string]http.Handler
+	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
+	Runs  *runs.Service
+	Store *store.Store
+	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
+	MaxRunBodyBytes int64
 }
 
 // Server is the HTTP API.
@@ -80,6 +87,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxWorkspaceBytes == 0 {
 		opts.MaxWorkspaceBytes = 1 << 30
+	}
+	if opts.MaxRunBodyBytes == 0 {
+		opts.MaxRunBodyBytes = 32 << 20
 	}
 	if opts.Keepalive == 0 {
 		opts.Keepalive = 5 * time.Second
@@ -126,6 +136,12 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"POST", "/v1/runs", s.startRun, false},
+		{"GET", "/v1/runs", s.listRuns, false},
+		{"GET", "/v1/runs/{id}", s.getRun, false},
+		{"GET", "/v1/runs/{id}/events", s.runEvents, false},
+		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, false},
+		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, false},
 	}
 }
 

@@ -531,3 +531,5 @@ func countJailInits() int {
 	}
 	return n
 }
+
+func newHTTPTest(h http.Handler) *httptest.Server { return httptest.NewServer(h) }

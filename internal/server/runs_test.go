@@ -1,0 +1,213 @@
+package server
+
+import (
+	"archive/zip"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/runs"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
+)
+
+type runSession struct {
+	*session.Managed
+	mgr *session.Manager
+}
+
+func (r runSession) Close() error { return r.mgr.Delete("runs", r.ID()) }
+
+func newRunsServer(t *testing.T, script llmtest.Script) *testServer {
+	t.Helper()
+	llmSrv := llmtest.NewOpenAIServer(t, script)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	mgr := session.NewManager(session.ManagerOptions{})
+	svc := runs.New(runs.Options{
+		Store: st,
+		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
+			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+		},
+		NewSession: func(ctx context.Context) (runs.Session, error) {
+			ms, err := mgr.Create(ctx, session.CreateOptions{Owner: "runs"})
+			if err != nil {
+				return nil, err
+			}
+			return runSession{ms, mgr}, nil
+		},
+	})
+	srv, err := New(Options{Manager: mgr, Runs: svc, Store: st, Keepalive: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &testServer{mgr: mgr, srv: srv}
+	hs.Server = newHTTPTest(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		svc.Close()
+		mgr.Close()
+	})
+	return hs
+}
+
+type sseEvent struct {
+	id, event string
+	data      map[string]any
+}
+
+func readSSE(t *testing.T, r io.Reader) []sseEvent {
+	t.Helper()
+	var out []sseEvent
+	var cur sseEvent
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 8<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			cur.event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			json.Unmarshal([]byte(line[6:]), &cur.data)
+		case line == "" && cur.event != "":
+			out = append(out, cur)
+			if cur.event == "end" {
+				return out
+			}
+			cur = sseEvent{}
+		}
+	}
+	return out
+}
+
+func TestRunsAPI(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{
+		{Text: "Plotting.", ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: `{"code":"import matplotlib.pyplot as plt\nplt.plot([1,2,3])\nplt.show()\nopen('out.txt','w').write('hi')"}`}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"plotted"}`}}},
+	})
+	var run store.Run
+	resp := ts.do(t, "POST", "/v1/runs", `{"task":"plot 1,2,3","files":{"data/in.txt":"1\n2\n3\n"}}`, &run)
+	if resp.StatusCode != 201 || run.ID == "" || run.Status != "running" {
+		t.Fatalf("start: %d %+v", resp.StatusCode, run)
+	}
+	evResp, err := http.Get(ts.URL + "/v1/runs/" + run.ID + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := readSSE(t, evResp.Body)
+	evResp.Body.Close()
+	var types []string
+	images := 0
+	for _, e := range events {
+		types = append(types, e.event)
+		if e.event == "tool_result" {
+			if n, _ := e.data["images"].(float64); n > 0 {
+				images++
+			}
+		}
+	}
+	joined := strings.Join(types, ",")
+	if !strings.HasPrefix(joined, "run_started,") || !strings.HasSuffix(joined, "run_finished,end") || images != 1 {
+		t.Errorf("events %s (images %d)", joined, images)
+	}
+	// Replaying from the middle.
+	evResp, _ = http.Get(ts.URL + "/v1/runs/" + run.ID + "/events?since=" + events[2].id)
+	if replay := readSSE(t, evResp.Body); len(replay) != len(events)-3 {
+		t.Errorf("resume after %s: %d events, want %d", events[2].id, len(replay), len(events)-3)
+	}
+	evResp.Body.Close()
+	var got store.Run
+	ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got)
+	if got.Status != "done" || got.Steps != 2 || len(got.Report) == 0 || got.TokensIn == 0 {
+		t.Errorf("run after: %+v", got)
+	}
+	resp = ts.do(t, "GET", "/v1/runs/"+run.ID+"/artifacts", "", nil)
+	b, _ := io.ReadAll(resp.Body)
+	zr, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatalf("artifacts: %v", err)
+	}
+	var names []string
+	for _, f := range zr.File {
+		names = append(names, f.Name)
+	}
+	if strings.Join(names, ",") != "data/in.txt,out.txt" {
+		t.Errorf("artifacts %v", names)
+	}
+	var list struct{ Runs []store.Run }
+	ts.do(t, "GET", "/v1/runs", "", &list)
+	if len(list.Runs) != 1 {
+		t.Errorf("list %+v", list)
+	}
+	if resp := ts.do(t, "POST", "/v1/runs/"+run.ID+"/cancel", "", nil); resp.StatusCode != 409 {
+		t.Errorf("cancel a finished run: %d", resp.StatusCode)
+	}
+	for _, c := range []struct {
+		m, p, body string
+		status     int
+	}{
+		{"GET", "/v1/runs/nope", "", 404},
+		{"POST", "/v1/runs/nope/cancel", "", 404},
+		{"POST", "/v1/runs", `{"task":"x","mode":"sideways"}`, 400},
+		{"POST", "/v1/runs", `{"task":"x","files":{"../x":"y"}}`, 400},
+		{"POST", "/v1/runs", `{"task":"x","max_steps":-1}`, 400},
+		{"POST", "/v1/runs", `{"task":5}`, 400},
+	} {
+		if resp := ts.do(t, c.m, c.p, c.body, nil); resp.StatusCode != c.status {
+			t.Errorf("%s %s %s: %d, want %d", c.m, c.p, c.body, resp.StatusCode, c.status)
+		}
+	}
+}
+
+func TestRunCancel(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{
+		{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: `{"code":"import time\nprint('working', flush=True)\ntime.sleep(600)"}`}}},
+	})
+	var run store.Run
+	ts.do(t, "POST", "/v1/runs", `{"task":"sleep"}`, &run)
+	evResp, err := http.Get(ts.URL + "/v1/runs/" + run.ID + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evResp.Body.Close()
+	br := bufio.NewReader(evResp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal("stream ended before the output")
+		}
+		if strings.Contains(line, "working") {
+			break
+		}
+	}
+	if resp := ts.do(t, "POST", "/v1/runs/"+run.ID+"/cancel", "", nil); resp.StatusCode != 202 {
+		t.Fatalf("cancel: %d", resp.StatusCode)
+	}
+	rest := readSSE(t, br)
+	if len(rest) < 2 || rest[len(rest)-2].event != "run_finished" {
+		t.Fatalf("no run_finished after cancel: %+v", rest)
+	}
+	rep, _ := rest[len(rest)-2].data["report"].(map[string]any)
+	if rep["status"] != "cancelled" {
+		t.Errorf("report %v", rep)
+	}
+	var got store.Run
+	ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got)
+	if got.Status != "cancelled" {
+		t.Errorf("stored status %q", got.Status)
+	}
+}
