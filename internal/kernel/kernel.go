@@ -5,7 +5,9 @@ package kernel
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,6 +108,7 @@ type Kernel struct {
 // wireEvent is an Event as the kernel sends it.
 type wireEvent struct {
 	Event
+	Seq    int64  `json:"seq"` // of the marker before it, in the middle of a cell
 	Pid    int    `json:"pid"`
 	Python string `json:"python"`
 }
@@ -134,7 +137,9 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	p, files, err := newPipes(k.opts.MaxEventBytes)
+	var tok [12]byte
+	rand.Read(tok[:])
+	p, files, err := newPipes(k.opts.MaxEventBytes, hex.EncodeToString(tok[:]))
 	if err != nil {
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}
@@ -157,7 +162,7 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 		p.wake()
 	}()
 
-	hello, _ := json.Marshal(map[string]any{"max_event_bytes": k.opts.MaxEventBytes - 4096})
+	hello, _ := json.Marshal(map[string]any{"max_event_bytes": k.opts.MaxEventBytes - 4096, "token": hex.EncodeToString(tok[:])})
 	if err := p.writeRequest(append(hello, '\n'), time.Now().Add(10*time.Second)); err != nil {
 		k.Kill("could not send the hello")
 		k.Close()
@@ -375,7 +380,7 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 			k.awaitExit(time.Second)
 			return "", k.Err()
 		case ctx.Err() != nil:
-			k.Kill("a completeness check was abandoned")
+			// The reply comes later and is skipped by the next reader.
 			return "", ctx.Err()
 		case time.Now().After(deadline):
 			k.Kill("the kernel did not answer a completeness check")
@@ -603,6 +608,7 @@ func (x *execution) died() *Result {
 	// little for the last words (a faulthandler traceback, say).
 	x.dying = true
 	k.drain(x, time.Second)
+	k.p.drainOutput(x) // including output held at a marker
 	k.mu.Lock()
 	killed := k.killReason != ""
 	k.mu.Unlock()

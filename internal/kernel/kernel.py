@@ -5,10 +5,12 @@ Standard library only. The Go side (internal/kernel) starts this program with:
   fd 4  events, one JSON object per line
   fd 5, fd 6  pipes the Go side reads as the cell's stdout and stderr; the
         kernel moves them to fds 1 and 2
-The first request is a hello with settings. Output is flushed to the pipes
-before each batch of events is written, and the Go side drains the pipes
-before handling each event it reads, so output written at the descriptor
-level (C code, subprocesses) comes before the events that follow it.
+The first request is a hello with settings and a random token. Output is
+flushed to the pipes before each batch of events. A batch in the middle of a
+cell (display(), plt.show()) is preceded by a marker on both output pipes
+(see _send), so output written at the descriptor level (C code,
+subprocesses) keeps its place around it; the last batch of a cell (main
+result, error, end) takes all the output before it.
 """
 
 import ast
@@ -48,6 +50,10 @@ class StdinNotImplementedError(EOFError):
 
 class _State:
     in_user = False  # SIGINT raises KeyboardInterrupt only while user code runs
+    seq = 0
+    token = b""
+    out_fd = -1
+    err_fd = -1
     sending = False  # the main thread is writing events: defer the interrupt
     deferred = False
     main_ident = threading.get_ident()
@@ -84,8 +90,13 @@ def _flush_stdio():
             pass
 
 
-def _send(*events):
+def _send(*events, mark=True):
     """Write a batch of events (dicts, or JSON text).
+
+    With mark, a marker "\\x1b]sl;TOKEN;SEQ\\x07" goes to both output pipes
+    first and the events carry SEQ: the Go side delivers the output before
+    the marker, then the events, then the output after it. The last batch of
+    a cell needs no marker: the Go side takes everything before the end.
 
     A KeyboardInterrupt is held back while the main thread writes, so that it
     never leaves half an event on the channel.
@@ -94,7 +105,24 @@ def _send(*events):
     if main:
         S.sending = True
     try:
-        _send_locked(events)
+        with S.lock:
+            # Output buffered by Python goes to the pipes before the events.
+            _flush_stdio()
+            seq = 0
+            if mark:
+                S.seq += 1
+                seq = S.seq
+                marker = b"\x1b]sl;" + S.token + b";" + str(seq).encode() + b"\x07"
+                _write_all(S.out_fd, marker)
+                _write_all(S.err_fd, marker)
+            lines = []
+            for ev in events:
+                if type(ev) is not str:
+                    if seq:
+                        ev["seq"] = seq
+                    ev = _encode(ev)
+                lines.append(ev + "\n")
+            _write_all(S.ev_fd, "".join(lines).encode())
     finally:
         if main:
             S.sending = False
@@ -102,14 +130,6 @@ def _send(*events):
                 S.deferred = False
                 if S.in_user:
                     raise KeyboardInterrupt
-
-
-def _send_locked(events):
-    with S.lock:
-        # Output buffered by Python goes to the pipes before the events: the
-        # Go side drains the pipes before handling each event it reads.
-        _flush_stdio()
-        _write_all(S.ev_fd, "".join([(ev if type(ev) is str else _encode(ev)) + "\n" for ev in events]).encode())
 
 
 def _reply(ev):
@@ -542,7 +562,7 @@ def run_cell(ns, req):
             max(self1.ru_maxrss * 1024, child_peak if grew else 0),
         )
     )
-    _send(*events)
+    _send(*events, mark=False)
 
 
 def is_complete(code):
@@ -594,6 +614,10 @@ def _setup():
     os.dup2(6, 2)
     os.close(5)
     os.close(6)
+    # Our own copies for markers: they still reach the Go side if user code
+    # redirects or closes fds 1 and 2.
+    S.out_fd = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 100)
+    S.err_fd = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 100)
     S.req = os.fdopen(fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100), "rb", buffering=1 << 16)
     S.ev_fd = fcntl.fcntl(4, fcntl.F_DUPFD_CLOEXEC, 100)
     os.close(3)
@@ -633,6 +657,7 @@ def main():
     ns = _setup()
     hello = json.loads(S.req.readline() or b"{}")
     S.max_event = int(hello.get("max_event_bytes") or S.max_event)
+    S.token = str(hello.get("token", "")).encode()
     _reply({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
     readline = S.req.readline
     loads = json.loads

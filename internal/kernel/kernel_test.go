@@ -157,3 +157,35 @@ func TestEventJSONShapes(t *testing.T) {
 		}
 	}
 }
+
+type textSink struct{ out []string }
+
+func (t *textSink) text(stream int, s string) { t.out = append(t.out, s) }
+func (t *textSink) event(*wireEvent) bool    { return false }
+
+func TestPumpMarkers(t *testing.T) {
+	tests := []struct {
+		name    string
+		chunks  []string
+		want    string // text passed on, "|" between calls
+		blocked int64
+	}{
+		{"plain", []string{"ab", "cd"}, "ab|cd", 0},
+		{"marker stops", []string{"ab\x1b]sl;T;7\x07cd"}, "ab", 7},
+		{"marker split across reads", []string{"ab\x1b]s", "l;T;", "12\x07cd"}, "ab", 12},
+		{"lookalike passes", []string{"\x1b]sl;T;x\x07z"}, "\x1b]sl;T;|x\x07z", 0},
+		{"other token passes", []string{"\x1b]sl;U;1\x07"}, "\x1b]sl;U;1\x07", 0},
+		{"utf-8 split", []string{"h\xc3", "\xa9"}, "h|\u00e9", 0},
+	}
+	for _, tc := range tests {
+		p := &pipes{prefix: []byte("\x1b]sl;T;")}
+		s := &textSink{}
+		for _, c := range tc.chunks {
+			p.out[streamStdout].pend = append(p.out[streamStdout].pend, c...)
+			p.pump(streamStdout, s, false)
+		}
+		if got := strings.Join(s.out, "|"); got != tc.want || p.out[streamStdout].blocked != tc.blocked {
+			t.Errorf("%s: passed on %q blocked at %d; want %q at %d", tc.name, got, p.out[streamStdout].blocked, tc.want, tc.blocked)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -31,6 +32,16 @@ type sink interface {
 	event(ev *wireEvent) bool
 }
 
+// outState is what was read from an output pipe and not yet passed on.
+type outState struct {
+	pend    []byte
+	blocked int64 // stopped at this marker until its events are handled
+}
+
+// maxSeqDigits bounds a marker's sequence number; a longer candidate is
+// output that happens to look like the start of a marker.
+const maxSeqDigits = 19
+
 // pipes are our nonblocking ends of the kernel's pipes, plus an eventfd
 // that wakes a poll for interrupts, cancellations and the kernel's exit.
 type pipes struct {
@@ -42,16 +53,18 @@ type pipes struct {
 	closed bool
 
 	eof      [3]bool
-	hold     [3][]byte // stdout/stderr: an incomplete UTF-8 sequence
-	evBuf    []byte    // event bytes not yet handled
+	out      [3]outState // stdout and stderr
+	prefix   []byte      // of markers: "\x1b]sl;TOKEN;"
+	evBuf    []byte      // event bytes not yet handled
 	evOff    int
 	rbuf     []byte
 	maxEvent int
 }
 
 // newPipes makes the kernel's pipes: ours nonblocking in p, theirs in files.
-func newPipes(maxEvent int) (p *pipes, files Files, err error) {
-	p = &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent}
+func newPipes(maxEvent int, token string) (p *pipes, files Files, err error) {
+	p = &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent,
+		prefix: []byte("\x1b]sl;" + token + ";")}
 	var theirs [4]*os.File
 	defer func() {
 		if err != nil {
@@ -261,6 +274,24 @@ func (p *pipes) handleLines(s sink) (bool, error) {
 		if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
 			return false, fmt.Errorf("not an event: %.80q", line)
 		}
+		if ev.Seq > 0 {
+			// A batch in the middle of a cell: the output before its
+			// marker, the events, then the output after the marker.
+			p.untilMarker(streamStdout, ev.Seq, s)
+			p.untilMarker(streamStderr, ev.Seq, s)
+			stop := s.event(&ev)
+			for _, st := range [...]int{streamStdout, streamStderr} {
+				if p.out[st].blocked == ev.Seq {
+					p.out[st].blocked = 0
+					p.pump(st, s, false)
+				}
+			}
+			if stop {
+				return true, nil
+			}
+			continue
+		}
+		// The last batch of a cell: all the output written before it.
 		p.drainOutput(s)
 		if s.event(&ev) {
 			return true, nil
@@ -272,8 +303,8 @@ func (p *pipes) handleLines(s sink) (bool, error) {
 	return false, nil
 }
 
-// drainOutput passes on what the output pipes hold, in one poll when they
-// are empty.
+// drainOutput passes on all the output the pipes hold, markers or not
+// (one poll when they are empty).
 func (p *pipes) drainOutput(s sink) {
 	var pfd [2]unix.PollFd
 	n := 0
@@ -283,50 +314,129 @@ func (p *pipes) drainOutput(s sink) {
 			n++
 		}
 	}
-	if n == 0 {
-		return
+	if n > 0 {
+		if got, err := unix.Poll(pfd[:n], 0); err != nil || got > 0 {
+			p.fill(streamStdout)
+			p.fill(streamStderr)
+		}
 	}
-	if got, err := unix.Poll(pfd[:n], 0); err == nil && got == 0 {
-		return
-	}
-	p.readOutput(streamStdout, s)
-	p.readOutput(streamStderr, s)
+	p.pump(streamStdout, s, true)
+	p.pump(streamStderr, s, true)
 }
 
-// readOutput passes on what an output pipe holds.
-func (p *pipes) readOutput(stream int, s sink) {
-	if p.eof[stream] {
-		return
+// untilMarker passes on the output of stream before marker seq. The kernel
+// wrote the marker before the event, so it is in the pipe; if it is not (a
+// forged event), nothing waits for it.
+func (p *pipes) untilMarker(stream int, seq int64, s sink) {
+	st := &p.out[stream]
+	for st.blocked != seq {
+		if st.blocked != 0 {
+			st.blocked = 0 // a marker whose events never came
+		}
+		p.pump(stream, s, false)
+		if st.blocked == seq || p.eof[stream] {
+			return
+		}
+		if p.fill(stream) == 0 {
+			return
+		}
 	}
+}
+
+// readOutput reads what an output pipe holds and passes it on up to the
+// next marker.
+func (p *pipes) readOutput(stream int, s sink) {
+	p.fill(stream)
+	p.pump(stream, s, false)
+}
+
+// fill appends what an output pipe holds to its pending bytes and returns
+// how much it read.
+func (p *pipes) fill(stream int) int {
+	if p.eof[stream] {
+		return 0
+	}
+	total := 0
 	for range maxReads {
 		n, err := unix.Read(p.fds[stream], p.rbuf)
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
-			return
+			break
 		}
 		if err != nil || n == 0 {
 			p.eof[stream] = true
-			if len(p.hold[stream]) > 0 {
-				s.text(stream, string(p.hold[stream]))
-				p.hold[stream] = nil
-			}
-			return
+			break
 		}
-		data := p.rbuf[:n]
-		if h := p.hold[stream]; len(h) > 0 {
-			data = append(h, data...)
-		}
-		cut := runeBoundary(data)
-		if cut > 0 {
-			s.text(stream, string(data[:cut]))
-		}
-		p.hold[stream] = append(p.hold[stream][:0], data[cut:]...)
+		total += n
+		p.out[stream].pend = append(p.out[stream].pend, p.rbuf[:n]...)
 		if n < len(p.rbuf) {
-			return // the pipe is empty
+			break // the pipe is empty
 		}
 	}
+	return total
+}
+
+// pump passes on the pending output of stream, stopping at a marker (it
+// then waits for the marker's events) unless all, which passes everything
+// on and drops markers.
+func (p *pipes) pump(stream int, s sink, all bool) {
+	st := &p.out[stream]
+	if all {
+		st.blocked = 0
+	}
+	final := all || p.eof[stream]
+	b := st.pend
+	for len(b) > 0 && st.blocked == 0 {
+		i := bytes.Index(b, p.prefix)
+		if i < 0 {
+			cut := len(b)
+			if !final {
+				cut = runeBoundary(b[:cut-partialPrefix(b, p.prefix)])
+			}
+			if cut > 0 {
+				s.text(stream, string(b[:cut]))
+			}
+			b = b[cut:]
+			break
+		}
+		if i > 0 {
+			s.text(stream, string(b[:i]))
+		}
+		rest := b[i+len(p.prefix):]
+		j := bytes.IndexByte(rest, '\a')
+		if j < 0 && len(rest) <= maxSeqDigits && !final {
+			b = b[i:] // the rest of the marker is still on its way
+			break
+		}
+		var seq int64
+		var err error = errors.New("not a marker")
+		if j >= 0 && j <= maxSeqDigits {
+			seq, err = strconv.ParseInt(string(rest[:j]), 10, 64)
+		}
+		if err != nil || seq <= 0 {
+			s.text(stream, string(b[i:i+len(p.prefix)])) // output that looks like a marker
+			b = rest
+			continue
+		}
+		b = rest[j+1:]
+		if !all {
+			st.blocked = seq
+		}
+	}
+	st.pend = append(st.pend[:0], b...)
+}
+
+// partialPrefix returns the length of the longest suffix of b that is a
+// proper prefix of prefix.
+func partialPrefix(b, prefix []byte) int {
+	for n := min(len(b), len(prefix)-1); n > 0; n-- {
+		if bytes.Equal(b[len(b)-n:], prefix[:n]) {
+			return n
+		}
+	}
+	return 0
 }
 
 // runeBoundary returns the length of b without a trailing incomplete UTF-8

@@ -160,6 +160,29 @@ class NoText:
 			t.Fatalf("events %q, want %q", kinds, want)
 		}
 	})
+	t.Run("display between fd-level output", func(t *testing.T) {
+		r, events := run(t, s, kernel.Request{Code: "import os\nprint('a')\nos.system('echo b')\ndisplay(1)\nos.write(1, b'c\\n')\nos.system('echo e >&2')\ndisplay(2)\nprint('\\x1b]sl;x;1\\x07d')"})
+		mustOK(t, r)
+		var got []string
+		for _, e := range events {
+			switch e.Type {
+			case kernel.EventStdout, kernel.EventStderr:
+				for _, line := range strings.SplitAfter(e.Text, "\n") {
+					if line != "" {
+						got = append(got, e.Type+":"+line)
+					}
+				}
+			case kernel.EventResult:
+				got = append(got, "result:"+e.Data["text/plain"])
+			default:
+				got = append(got, e.Type)
+			}
+		}
+		want := []string{"stdout:a\n", "stdout:b\n", "result:1", "stdout:c\n", "stderr:e\n", "result:2", "stdout:\x1b]sl;x;1\x07d\n", "end"}
+		if strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("events %q, want %q", got, want)
+		}
+	})
 	t.Run("semicolon hides the result", func(t *testing.T) {
 		r := runCode(t, s, "1 + 1;")
 		mustOK(t, r)
