@@ -161,7 +161,7 @@ func TestEventJSONShapes(t *testing.T) {
 type textSink struct{ out []string }
 
 func (t *textSink) text(stream int, s string) { t.out = append(t.out, s) }
-func (t *textSink) event(*wireEvent) bool    { return false }
+func (t *textSink) event(*wireEvent) bool     { return false }
 
 func TestPumpMarkers(t *testing.T) {
 	tests := []struct {
