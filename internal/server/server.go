@@ -49,8 +49,12 @@ type Options struct {
 	Keepalive time.Duration
 	// Logger receives request logs. If nil, they are discarded.
 	Logger *slog.Logger
-	// Extra handlers mounted by other packages (e.g. "/mcp", "/").
+	// Extra handlers mounted by other packages (e.g. "/mcp"), behind the token check.
 	Mounts map[string]http.Handler
+	// PublicMounts are extra handlers reachable without a token, such as the
+	// web UI's page and static assets (which hold no data: every API call the
+	// page makes carries the token). The Host and cross-origin checks still apply.
+	PublicMounts map[string]http.Handler
 	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
 	Runs  *runs.Service
 	Store *store.Store
@@ -116,6 +120,9 @@ func New(opts Options) (*Server, error) {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	for p, h := range opts.Mounts {
 		s.mux.Handle(p, s.requireToken(h))
+	}
+	for p, h := range opts.PublicMounts {
+		s.mux.Handle(p, h)
 	}
 	return s, nil
 }
