@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+func becomeSubreaper() error { return nil }
+func reapZombies()           {}
