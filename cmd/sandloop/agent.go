@@ -37,6 +37,7 @@ type agentFlags struct {
 	maxTokens  int64
 	timeout    time.Duration
 	entry      string
+	checks     []string
 	dataDir    string
 	pricesFile string
 	lf         limitFlags
@@ -62,7 +63,7 @@ the run ends only when the fixed program runs without that failure.`,
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVarP(&f.files, "file", "f", nil, "a file (or directory) to put into the workspace (repeatable)")
-	fl.StringVar(&f.mode, "mode", "generate", "generate or debug")
+	fl.StringVar(&f.mode, "mode", "generate", "generate, debug, refactor or app")
 	fl.StringVar(&f.model, "model", "", "PROVIDER/MODEL, e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama/qwen2.5-coder (default: SANDLOOP_MODEL, then whatever is configured)")
 	fl.StringVar(&f.out, "out", "", "write the final workspace files to DIR")
 	fl.BoolVar(&f.jsonOut, "json", false, "stream the run's events as NDJSON on stdout")
@@ -71,7 +72,8 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.Float64Var(&f.maxCost, "max-cost", 0, "cost budget in US dollars (0 = none)")
 	fl.Int64Var(&f.maxTokens, "max-tokens", 0, "token budget (0 = none)")
 	fl.DurationVar(&f.timeout, "run-timeout", 30*time.Minute, "wall-clock limit of the whole run")
-	fl.StringVar(&f.entry, "entry", "", "debug mode: the program to run (default: the only .py file given)")
+	fl.StringVar(&f.entry, "entry", "", "debug and refactor modes: the program to run (default: the only .py file given)")
+	fl.StringArrayVar(&f.checks, "check", nil, "refactor mode: a command whose output must not change, e.g. 'python3 report.py data.csv' (repeatable)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
@@ -148,6 +150,9 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if mode == agent.ModeDebug && len(files) == 0 {
 		return usagef("debug mode needs the crashing program: -f program.py")
 	}
+	if mode == agent.ModeRefactor && len(files) == 0 {
+		return usagef("refactor mode needs the code to improve: -f FILE (and its tests, or --check CMD)")
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	st, err := openStore(ctx, f.dataDir)
@@ -186,7 +191,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	run, rep, err := svc.Run(ctx, runs.Request{
-		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry,
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
 		Confirm: confirm, OnEvent: view,
 	})

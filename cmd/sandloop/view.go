@@ -170,6 +170,21 @@ func (v *terminalView) showReport(r *agent.Report) {
 		cost = "cost unknown"
 	}
 	fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("%s · %d tokens in, %d out · %s · %s", r.Model, r.Usage.InputTokens, r.Usage.OutputTokens, cost, r.Duration.Round(1e6))))
+	if m := r.Refactor; m != nil {
+		fmt.Fprintf(v.w, "lines of code: %d → %d\n", m.LOCBefore, m.LOCAfter)
+		for i, b := range m.Before {
+			if i < len(m.After) {
+				a := m.After[i]
+				fmt.Fprintf(v.w, "$ %s: time %.0f ms → %.0f ms, peak memory %.1f MiB → %.1f MiB\n", b.Command, b.WallMS, a.WallMS, float64(b.PeakRSSKiB)/1024, float64(a.PeakRSSKiB)/1024)
+			}
+		}
+		if m.TestsAfter != nil {
+			fmt.Fprintf(v.w, "tests: %s\n", m.TestsAfter.Summary)
+		}
+	}
+	if r.Tests != nil {
+		fmt.Fprintf(v.w, "tests: %s\n", r.Tests.Summary)
+	}
 	if r.Diff != "" {
 		fmt.Fprintln(v.w)
 		for _, l := range strings.Split(strings.TrimRight(r.Diff, "\n"), "\n") {

@@ -24,6 +24,8 @@ type Mode string
 const (
 	ModeGenerate Mode = "generate"
 	ModeDebug    Mode = "debug"
+	ModeRefactor Mode = "refactor"
+	ModeApp      Mode = "app"
 )
 
 // ParseMode reads a --mode value.
@@ -31,10 +33,10 @@ func ParseMode(s string) (Mode, error) {
 	switch Mode(s) {
 	case "", ModeGenerate:
 		return ModeGenerate, nil
-	case ModeDebug:
-		return ModeDebug, nil
+	case ModeDebug, ModeRefactor, ModeApp:
+		return Mode(s), nil
 	}
-	return "", fmt.Errorf("unknown mode %q (use generate or debug)", s)
+	return "", fmt.Errorf("unknown mode %q (use generate, debug, refactor or app)", s)
 }
 
 // Status is how a run ended.
@@ -69,6 +71,15 @@ type Options struct {
 	// Args). If empty in debug mode, the only .py file among Files.
 	Entry string
 	Args  []string
+	// Checks are commands whose output must not change (refactor mode).
+	// If empty, the entry program (if any) is the check.
+	Checks []string
+	// Network says the sandbox may reach the network (so pip may run);
+	// PackageIndex and WheelDir (a path inside the sandbox) are package
+	// sources for install_packages.
+	Network      bool
+	PackageIndex string
+	WheelDir     string
 	// MaxSteps caps model calls. If zero, 25.
 	MaxSteps int
 	// MaxTokens caps input+output tokens of the run; MaxCost its cost in
@@ -141,6 +152,10 @@ type Report struct {
 	Verification *Check `json:"verification,omitempty"`
 	// Reproduction is the failure observed before the model began (debug).
 	Reproduction *Check `json:"reproduction,omitempty"`
+	// Refactor compares behaviour, speed, memory and size before and after.
+	Refactor *RefactorMetrics `json:"refactor,omitempty"`
+	// Tests is the harness's final test run (app mode).
+	Tests *TestRun `json:"tests,omitempty"`
 }
 
 // Check is one run of a program by the harness.
@@ -165,7 +180,8 @@ type run struct {
 	repro    *Check
 	verified *Check
 	failures map[string]int // identical failing actions
-	report   *Report
+	metrics  *RefactorMetrics
+	tests    *TestRun
 }
 
 // Run runs the loop to its end and returns the report. The error is for a
@@ -217,9 +233,18 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, fmt.Errorf("put %s into the workspace: %w", p, err)
 		}
 	}
-	if opts.Mode == ModeDebug {
+	switch opts.Mode {
+	case ModeDebug:
 		if err := r.pickEntry(paths); err != nil {
 			return nil, err
+		}
+	case ModeRefactor:
+		if len(opts.Checks) == 0 && opts.Entry == "" {
+			_ = r.pickEntry(paths) // one .py file is the program to compare; tests may do instead
+		} else if opts.Entry != "" {
+			if err := r.pickEntry(paths); err != nil {
+				return nil, err
+			}
 		}
 	}
 	r.before = r.snapshot()
@@ -229,7 +254,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep := r.loop(ctx)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
 	rep.Duration = time.Since(r.start)
-	rep.Reproduction, rep.Verification = r.repro, r.verified
+	rep.Reproduction, rep.Verification, rep.Refactor, rep.Tests = r.repro, r.verified, r.metrics, r.tests
 	after := r.snapshot()
 	rep.Diff = diffSnapshots(r.before, after)
 	rep.Files = r.fileList()

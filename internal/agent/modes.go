@@ -26,6 +26,14 @@ Work in small steps: write code, run it, read the output or traceback, fix, reru
 
 func systemPrompt(m Mode) string {
 	switch m {
+	case ModeRefactor:
+		return basePrompt + `
+
+This is a refactoring job: make the code cleaner (clear names, small functions, no duplication, idiomatic Python, faster where it is easy) WITHOUT changing its behaviour. The harness recorded the original behaviour (outputs, exit codes, tests, time and memory) — it is in the first message. Edit the files in place, run the checks yourself, and call finish. The harness reruns everything before accepting finish: outputs must match exactly and the tests must pass.`
+	case ModeApp:
+		return basePrompt + `
+
+This is an application job: build a small multi-file project in /workspace. Write the app's files; start servers with start_process and check them with real HTTP requests from execute_python (e.g. requests.get("http://127.0.0.1:5000/...")); write tests (test_*.py, run with pytest — for a Flask app use its test client); write requirements.txt (the packages the app needs) and a short README.md (what it is, how to run it, how to test it). Use install_packages to check packages. Stop servers you started when done. The harness runs pytest before accepting finish and requires requirements.txt and README.md.`
 	case ModeDebug:
 		return basePrompt + `
 
@@ -45,7 +53,21 @@ func (r *run) firstMessage(ctx context.Context) (string, error) {
 	if files := r.fileList(); len(files) > 0 {
 		b.WriteString("\nFiles in /workspace: " + strings.Join(files, ", ") + "\n")
 	}
-	if r.opts.Mode != ModeDebug {
+	switch r.opts.Mode {
+	case ModeRefactor:
+		base, err := r.baseline(ctx)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString("\nThe harness recorded the original behaviour:" + base + "\n")
+		for _, p := range sortedPaths(r.before) {
+			if strings.HasSuffix(p, ".py") {
+				fmt.Fprintf(&b, "\n%s:\n%s\n", p, numberLines(r.before[p], 1, 400))
+			}
+		}
+		return b.String(), nil
+	case ModeDebug:
+	default:
 		return b.String(), nil
 	}
 	c, err := r.runEntry(ctx)
@@ -145,6 +167,35 @@ func (r *run) finish(ctx context.Context, a finishArgs) outcome {
 			}
 			return outcome{Text: msg, IsError: true}
 		}
+	case ModeRefactor:
+		msg, ok, err := r.verifyRefactor(ctx)
+		if err != nil {
+			return errOutcome(err)
+		}
+		if !ok {
+			return outcome{Text: msg, IsError: true}
+		}
+	case ModeApp:
+		var missing []string
+		for _, f := range []string{"requirements.txt", "README.md"} {
+			if _, err := r.ws.Stat(f); err != nil {
+				missing = append(missing, f)
+			}
+		}
+		if len(missing) > 0 {
+			return outcome{Text: "not finished: write " + strings.Join(missing, " and ") + " first.", IsError: true}
+		}
+		if !r.hasTests() {
+			return outcome{Text: "not finished: the app has no tests (test_*.py). Write them and run them with pytest.", IsError: true}
+		}
+		t, err := r.runTests(ctx)
+		if err != nil {
+			return errOutcome(err)
+		}
+		r.tests = t
+		if !t.Passed {
+			return outcome{Text: "not finished: the harness ran the tests and they fail:\n" + t.Output, IsError: true}
+		}
 	default:
 		if !r.executed {
 			return outcome{Text: "not finished: nothing was run yet. Run the code (execute_python or run_shell) and check its output first.", IsError: true}
@@ -216,6 +267,15 @@ func (r *run) snapshot() map[string]string {
 func (r *run) fileList() []string {
 	var out []string
 	r.walk(2000, func(e workspace.Entry) { out = append(out, e.Path) })
+	sort.Strings(out)
+	return out
+}
+
+func sortedPaths(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
 	sort.Strings(out)
 	return out
 }

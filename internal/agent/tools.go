@@ -33,7 +33,7 @@ func toolDefs(mode Mode) []llm.Tool {
 	if mode == ModeDebug {
 		finish = `{"type":"object","properties":{"summary":{"type":"string","description":"what was fixed and how it was verified"},"root_cause":{"type":"string","description":"the root cause of the crash, in one or two sentences"}},"required":["summary","root_cause"]}`
 	}
-	return []llm.Tool{
+	return append([]llm.Tool{
 		{Name: ToolExecutePython, Description: "Run Python code in a persistent, sandboxed Jupyter-like session (variables and imports persist between calls; the working directory is /workspace). The value of the last expression is shown; matplotlib figures come back as images. Lines starting with ! run shell commands. Returns status, stdout, stderr, the result and any traceback.",
 			Parameters: schema(`{"type":"object","properties":{"code":{"type":"string","description":"Python source to run"},"timeout_s":{"type":"number","description":"time limit in seconds (default 120)"}},"required":["code"]}`)},
 		{Name: ToolRunShell, Description: "Run a shell command (bash) in the sandbox, in /workspace, e.g. `python3 app.py`, `pytest -q`, `ls -la`. Returns its output; a non-zero exit is an error.",
@@ -48,7 +48,7 @@ func toolDefs(mode Mode) []llm.Tool {
 			Parameters: schema(`{"type":"object","properties":{"path":{"type":"string"}}}`)},
 		{Name: ToolFinish, Description: "Call when the task is complete and verified by running the code. Give a short summary.",
 			Parameters: schema(finish)},
-	}
+	}, processToolDefs()...)
 }
 
 // outcome is what a tool call produced.
@@ -195,6 +195,10 @@ func (r *run) runTool(ctx context.Context, call llm.ToolCall) outcome {
 			return outcome{Text: "(empty)"}
 		}
 		return outcome{Text: strings.TrimRight(b.String(), "\n")}
+	case ToolStartProcess, ToolProcessOutput, ToolStopProcess:
+		return r.processTool(ctx, call)
+	case ToolInstallPackages:
+		return r.installPackages(ctx, call)
 	case ToolFinish:
 		var a finishArgs
 		if err := decodeArgs(call, &a); err != nil {
@@ -202,7 +206,7 @@ func (r *run) runTool(ctx context.Context, call llm.ToolCall) outcome {
 		}
 		return r.finish(ctx, a)
 	}
-	return errOutcome(&ArgumentError{call.Name, fmt.Sprintf("there is no tool %q; the tools are execute_python, run_shell, write_file, read_file, edit_file, list_files and finish", call.Name)})
+	return errOutcome(&ArgumentError{call.Name, fmt.Sprintf("there is no tool %q; the tools are execute_python, run_shell, write_file, read_file, edit_file, list_files, start_process, process_output, stop_process, install_packages and finish", call.Name)})
 }
 
 func errOutcome(err error) outcome { return outcome{Text: "error: " + err.Error(), IsError: true} }

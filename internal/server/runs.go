@@ -25,6 +25,7 @@ type startRunRequest struct {
 	FilesB64  map[string]string `json:"files_b64"` // path → base64 bytes
 	Entry     string            `json:"entry"`
 	Args      []string          `json:"args"`
+	Checks    []string          `json:"checks"`
 	MaxSteps  int               `json:"max_steps"`
 	MaxTokens int64             `json:"max_tokens"`
 	MaxCost   float64           `json:"max_cost_usd"`
@@ -70,7 +71,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		files[p] = b
 	}
 	run, err := s.opts.Runs.Start(r.Context(), runs.Request{
-		Task: req.Task, Mode: agent.Mode(req.Mode), Model: req.Model, Files: files, Entry: req.Entry, Args: req.Args,
+		Task: req.Task, Mode: agent.Mode(req.Mode), Model: req.Model, Files: files, Entry: req.Entry, Args: req.Args, Checks: req.Checks,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: time.Duration(req.TimeoutS * float64(time.Second)),
 	})
 	if err != nil {
