@@ -192,4 +192,3 @@ func (r *run) verifyRefactor(ctx context.Context) (string, bool, error) {
 	}
 	return "", true, nil
 }
-

@@ -86,6 +86,10 @@ func runInit() int {
 		report(initStatus{Error: err.Error()})
 		return 126
 	}
+	// The program has its own copies of the workspace mount and the extra
+	// files: the init keeps none, so when the program closes one, it is
+	// closed for whoever holds the other end.
+	_ = unix.CloseRange(initWorkspaceFD, ^uint(0), 0)
 	report(initStatus{Pid: pid})
 	st := superviseChild(pid)
 	report(st)

@@ -91,7 +91,8 @@ type Config struct {
 
 	// Stdin, Stdout and Stderr are connected to the program's standard
 	// descriptors. Nil means /dev/null for Stdin and discard for the
-	// others. A writer that is not an *os.File is fed from a pipe.
+	// others. They always go through pipes, even for an *os.File, so the
+	// jail is never handed a terminal (TIOCSTI) or one of the server's files.
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
