@@ -31,6 +31,10 @@ var (
 	host     cgroupHost
 )
 
+// liveGroups are the cgroup directories this process created and has not
+// removed yet (for leak checks).
+var liveGroups sync.Map
+
 func detectCgroups() cgroupHost {
 	hostOnce.Do(func() { host = probeCgroups() })
 	return host
@@ -217,6 +221,7 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 			cg.byC[c] = d
 			if !contains(cg.dirs, d) { // cpu and cpuacct may share a hierarchy
 				cg.dirs = append(cg.dirs, d)
+				liveGroups.Store(d, true)
 			}
 		}
 		period := 100000
@@ -246,6 +251,7 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 			return fail(fmt.Errorf("create cgroup: %w", err))
 		}
 		cg.dirs = []string{d}
+		liveGroups.Store(d, true)
 		period := 100000
 		writes := []struct{ file, val string }{
 			{"memory.max", strconv.FormatInt(l.Memory, 10)},
@@ -342,6 +348,8 @@ func (cg *cgroup) remove() error {
 		for _, d := range cg.dirs {
 			if e := unix.Rmdir(d); e != nil && !errors.Is(e, unix.ENOENT) {
 				err = fmt.Errorf("remove cgroup %s: %w", d, e)
+			} else {
+				liveGroups.Delete(d)
 			}
 		}
 		if err == nil {

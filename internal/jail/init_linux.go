@@ -89,7 +89,11 @@ func runInit() int {
 	// The program has its own copies of the workspace mount and the extra
 	// files: the init keeps none, so when the program closes one, it is
 	// closed for whoever holds the other end.
-	_ = unix.CloseRange(initWorkspaceFD, ^uint(0), 0)
+	// (Only these: the Go runtime has descriptors of its own, e.g. epoll.)
+	unix.Close(initWorkspaceFD)
+	for i := range cfg.ExtraFiles {
+		unix.Close(initFirstExtra + i)
+	}
 	report(initStatus{Pid: pid})
 	st := superviseChild(pid)
 	report(st)

@@ -445,42 +445,25 @@ except OSError as e:
 	}
 }
 
-// snapshot is what a jail could leave behind on the host.
-type snapshot struct {
-	cgroups, mounts, inits int
-	tmp                    map[string]bool
+// leftovers is what the jails of this process could leave behind.
+type leftovers struct {
+	cgroups []string
+	inits   []int
+	mounts  int
 }
 
-func takeSnapshot(t *testing.T) snapshot {
-	s := snapshot{tmp: map[string]bool{}}
-	h := detectCgroups()
-	for _, d := range append(mapValues(h.v1), h.v2) {
-		if d == "" {
-			continue
+func takeLeftovers() leftovers {
+	var l leftovers
+	liveGroups.Range(func(k, _ any) bool {
+		if _, err := os.Stat(k.(string)); err == nil {
+			l.cgroups = append(l.cgroups, k.(string))
 		}
-		m, _ := filepath.Glob(filepath.Join(d, "sandloop-*"))
-		for _, x := range m {
-			if !strings.HasSuffix(x, "sandloop-supervisor") {
-				s.cgroups++
-			}
-		}
-	}
+		return true
+	})
+	l.inits = RunningInits()
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	s.mounts = bytes.Count(mi, []byte("\n"))
-	s.inits = len(hostPidsWithArg(initArg0))
-	entries, _ := os.ReadDir(os.TempDir())
-	for _, e := range entries {
-		s.tmp[e.Name()] = true
-	}
-	return s
-}
-
-func mapValues(m map[string]string) []string {
-	var out []string
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
+	l.mounts = bytes.Count(mi, []byte("\n"))
+	return l
 }
 
 func TestNothingLeftAfter200Runs(t *testing.T) {
@@ -488,34 +471,29 @@ func TestNothingLeftAfter200Runs(t *testing.T) {
 		t.Skip("200 runs")
 	}
 	ws := t.TempDir()
-	before := takeSnapshot(t)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	before := takeLeftovers()
+	// A daemon with a unique duration, to find survivors by.
+	marker := fmt.Sprintf("60.%09d", time.Now().UnixNano()%1e9)
 	for i := 0; i < 200; i++ {
-		cfg := &Config{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 60 & echo $$"}, Workspace: ws}
+		cfg := &Config{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep " + marker + " & echo $$"}, Workspace: ws}
 		if i%4 == 0 {
 			cfg.Limits.Timeout = 50 * time.Millisecond
 		}
-		res, err := Run(context.Background(), cfg)
-		if err != nil {
+		if _, err := Run(context.Background(), cfg); err != nil {
 			t.Fatalf("run %d: %v", i, err)
 		}
-		_ = res
 	}
-	after := takeSnapshot(t)
-	if after.cgroups != before.cgroups || after.mounts != before.mounts || after.inits != before.inits {
+	after := takeLeftovers()
+	if len(after.cgroups) != len(before.cgroups) || len(after.inits) != len(before.inits) || after.mounts != before.mounts {
 		t.Errorf("left behind: before %+v after %+v", before, after)
 	}
-	for name := range after.tmp {
-		if !before.tmp[name] && strings.HasPrefix(name, "sandloop") {
-			t.Errorf("temp entry left: %s", name)
-		}
+	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
+		t.Errorf("temp entries left: %v", entries)
 	}
-	if pids := hostPidsWithArg("sleep"); len(pids) > 0 {
-		for _, p := range pids {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
-			if bytes.Contains(b, []byte("NSpid:")) && bytes.Count(bytes.SplitN(bytes.SplitN(b, []byte("NSpid:"), 2)[1], []byte("\n"), 2)[0], []byte("\t")) > 1 {
-				t.Errorf("a jailed sleep survived: pid %d", p)
-			}
-		}
+	if pids := hostPidsWithArg(marker); len(pids) > 0 {
+		t.Errorf("a jailed sleep survived: pids %v", pids)
 	}
 }
 

@@ -3,6 +3,7 @@ package jail
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -58,4 +59,31 @@ func Probe() HostReport {
 		r.Cgroups = Check{false, h.reason + "; limits fall back to rlimits"}
 	}
 	return r
+}
+
+// RunningInits returns the host PIDs of jails this process started whose
+// init is still alive (for leak checks).
+func RunningInits() []int {
+	var out []int
+	self := os.Getpid()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.HasPrefix(string(cmd), initArg0+"\x00") {
+			continue
+		}
+		stat := readFileString("/proc/" + e.Name() + "/stat")
+		// pid (comm) state ppid ...: comm may hold spaces, so split after ")".
+		if i := strings.LastIndexByte(stat, ')'); i >= 0 {
+			f := strings.Fields(stat[i+1:])
+			if len(f) > 1 && f[1] == strconv.Itoa(self) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }

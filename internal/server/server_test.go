@@ -510,8 +510,8 @@ func TestGracefulShutdownLeavesNothing(t *testing.T) {
 	if err := mgr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := countJailInits(); n != 0 {
-		t.Errorf("%d jails still running after shutdown", n)
+	if pids := jail.RunningInits(); len(pids) != 0 {
+		t.Errorf("jails still running after shutdown: %v", pids)
 	}
 	for _, ws := range wss {
 		if _, err := os.Stat(ws); err == nil {
@@ -520,16 +520,5 @@ func TestGracefulShutdownLeavesNothing(t *testing.T) {
 	}
 }
 
-func countJailInits() int {
-	n := 0
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.HasPrefix(b, []byte("sandloop-jail-init")) {
-			n++
-		}
-	}
-	return n
-}
 
 func newHTTPTest(h http.Handler) *httptest.Server { return httptest.NewServer(h) }
