@@ -16,3 +16,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 command -v go >/dev/null || { echo "Go 1.26 or newer is required (https://go.dev/dl)"; exit 1; }
+# The MCP end-to-end tests drive sandloop with the official TypeScript MCP
+# client: install it from its committed lock file, once, when Node.js is here
+# (without node and npm those tests skip).
+tsclient="$(cd "$(dirname "$0")/.." && pwd)/internal/mcpserver/testdata/tsclient"
+if [ ! -d "$tsclient/node_modules/@modelcontextprotocol/sdk" ]; then
+  if command -v npm >/dev/null && command -v node >/dev/null; then
+    echo "installing the TypeScript MCP client for the tests (npm ci)"
+    npm ci --prefix "$tsclient" --no-audit --no-fund --loglevel=error
+  else
+    echo "note: node and npm not found: the TypeScript MCP client tests will skip"
+  fi
+fi
