@@ -27,8 +27,9 @@ func NewHTTPHandler(src SessionSource, opts *Options) (*HTTPHandler, error) {
 		return nil, err
 	}
 	o := srv.opts
-	// JSON may escape every byte of a file or code as \u00XX; allow twice
-	// the raw limit, which covers ordinary text, plus room for the envelope.
+	// JSON escaping makes text longer (quotes, newlines, control bytes):
+	// allow twice the raw limit plus room for the envelope, so that the
+	// tools' own limits, with their clearer messages, apply first.
 	body := 2*max(o.MaxFileBytes, int64(o.MaxCodeBytes)) + 1<<20
 	hopts := &mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: body}
 	if o.IdleTimeout > 0 {

@@ -179,8 +179,6 @@ func New(src SessionSource, opts *Options) (*Server, error) {
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "sandloop", Title: "sandloop: sandboxed Python", Version: o.Version}, &mcp.ServerOptions{
 		Instructions: instructions,
 		Logger:       o.Logger,
-		// Clients that stop answering pings hold a sandbox for nothing.
-		KeepAlive: time.Minute,
 	})
 	s.addTools()
 	return s, nil
