@@ -3,7 +3,8 @@
 # and the libraries users reach for most. Runs apt-get only when something
 # is missing.
 set -euo pipefail
-pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask python3-requests python3-pytest python3-pil)
+pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask python3-requests python3-pytest python3-pil
+  chromium) # chromium: the web UI's browser tests (internal/webui)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
