@@ -1,0 +1,69 @@
+// sandloop's web UI: routes between the Runs and Notebook pages and keeps
+// the access token.
+
+import { takeTokenFromURL, getToken, setToken, onUnauthorized } from './api.js';
+import { mountRuns } from './runs.js';
+import { mountNotebook } from './notebook.js';
+import { toast } from './dom.js';
+
+takeTokenFromURL();
+
+const view = document.getElementById('view');
+const dialog = document.getElementById('token-dialog');
+const tokenInput = document.getElementById('token-input');
+const tokenButton = document.getElementById('token-button');
+let page = null;
+
+function route() {
+  const [, name = 'runs', id] = (location.hash || '#/runs').split('/').map(decodeURIComponent);
+  page?.dispose?.();
+  view.replaceChildren();
+  for (const n of ['runs', 'notebook']) {
+    const a = document.getElementById('nav-' + n);
+    if (n === name) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
+  }
+  page = name === 'notebook' ? mountNotebook(view, id) : mountRuns(view, id);
+  document.title = (name === 'notebook' ? 'Notebook' : 'Runs') + ' · sandloop';
+}
+
+function showTokenButton() {
+  tokenButton.textContent = getToken() ? 'Token ✓' : 'Set token';
+  tokenButton.setAttribute('aria-label', getToken() ? 'Access token (set)' : 'Set access token');
+}
+
+let asked = false;
+function askToken(reason) {
+  if (dialog.open) return;
+  document.getElementById('token-why').hidden = !reason;
+  tokenInput.value = '';
+  dialog.showModal();
+  tokenInput.focus();
+}
+
+onUnauthorized(() => {
+  // Ask once per page load on its own; the button is always there after.
+  if (!asked) { asked = true; askToken(true); }
+  else toast('The server refused the token.', 'error');
+});
+
+document.getElementById('token-form').addEventListener('submit', e => {
+  e.preventDefault();
+  setToken(tokenInput.value.trim());
+  dialog.close();
+  asked = false;
+  showTokenButton();
+  route();
+});
+document.getElementById('token-cancel').addEventListener('click', () => dialog.close());
+document.getElementById('token-forget').addEventListener('click', () => {
+  setToken('');
+  dialog.close();
+  showTokenButton();
+  toast('Token removed from this browser');
+  route();
+});
+tokenButton.addEventListener('click', () => askToken(false));
+
+window.addEventListener('hashchange', route);
+showTokenButton();
+route();

@@ -1,0 +1,323 @@
+// The Notebook page: a sandbox session used like Jupyter, with a file browser.
+
+import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
+import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './api.js';
+import { highlight } from './highlight.js';
+import { Output, statusBadge } from './render.js';
+
+export function mountNotebook(root, sessionID) {
+  if (!sessionID) return chooser(root);
+  const nb = new Notebook(root, sessionID);
+  return { dispose() { nb.dispose(); } };
+}
+
+// chooser lists this token's sessions and starts new ones.
+function chooser(root) {
+  const list = h('ul', { class: 'session-list', id: 'session-list' });
+  const start = h('button', { type: 'button', class: 'btn btn-primary', id: 'session-new', onclick: () => newSession(start) }, 'Start a new session');
+  root.append(h('div', { class: 'narrow' }, h('section', { class: 'card stack' },
+    h('h2', {}, 'Notebook'),
+    h('p', { class: 'muted' }, 'A session is a sandboxed Python kernel: variables persist between cells, plots and DataFrames display inline, and files live in its workspace.'),
+    h('div', { class: 'row' }, start),
+    h('h3', {}, 'Open sessions'), list)));
+  getJSON('/v1/sessions').then(({ sessions }) => {
+    if (!sessions.length) list.append(h('li', { class: 'empty' }, 'None yet.'));
+    for (const s of sessions) {
+      list.append(h('li', {}, h('a', { href: '#/notebook/' + encodeURIComponent(s.id), class: 'session-item' },
+        h('span', { class: 'mono' }, s.id), statusBadge(s.status), h('span', { class: 'muted small' }, 'last used ' + fmtAgo(s.last_used_at)))));
+    }
+  }, e => list.append(h('li', { class: 'empty' }, e.message)));
+  return { dispose() {} };
+}
+
+async function newSession(btn) {
+  btn.disabled = true;
+  try {
+    const s = await postJSON('/v1/sessions', {});
+    location.hash = '#/notebook/' + encodeURIComponent(s.id);
+  } catch (e) {
+    toast('Could not start a session: ' + e.message, 'error');
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+class Notebook {
+  constructor(root, id) {
+    this.id = id;
+    this.base = '/v1/sessions/' + encodeURIComponent(id);
+    this.queue = Promise.resolve();
+    this.cells = [];
+    this.running = null;
+    this.sessionInfo = h('span', { class: 'session-info', id: 'session-info' });
+    this.cellsEl = h('div', { class: 'cells', id: 'cells' });
+    const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
+    this.files = new FileBrowser(this.base);
+    root.append(h('div', { class: 'nb-layout' },
+      h('section', { class: 'nb-main', 'aria-labelledby': 'nb-title' },
+        h('div', { class: 'nb-toolbar card' },
+          h('div', { class: 'nb-title-row' }, h('h2', { id: 'nb-title' }, 'Notebook'), this.sessionInfo),
+          h('div', { class: 'actions' },
+            btn('Run all', 'nb-run-all', () => this.cells.forEach(c => this.run(c))),
+            btn('Interrupt', 'nb-interrupt', () => this.interrupt()),
+            btn('Restart', 'nb-restart', () => this.restart()),
+            btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost'))),
+        h('p', { class: 'hint' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
+        this.cellsEl,
+        h('div', { class: 'row' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
+      this.files.el));
+    this.refreshInfo();
+    this.files.load('');
+    this.addCell('', false);
+  }
+
+  dispose() { }
+
+  async refreshInfo() {
+    try {
+      const s = await getJSON(this.base);
+      this.sessionInfo.replaceChildren(h('span', { class: 'mono' }, s.id), statusBadge(s.status, { id: 'session-status' }),
+        h('span', { class: 'muted small' }, `${s.memory_mb} MB · ${s.cpus} CPU · ${s.timeout_s}s per cell`));
+      if (s.message) this.sessionInfo.append(h('span', { class: 'small err' }, s.message));
+    } catch (e) {
+      this.sessionInfo.replaceChildren(h('span', { class: 'err' }, e.status === 404 ? 'This session no longer exists.' : e.message));
+      if (e.status === 404) this.sessionInfo.append(' ', h('a', { href: '#/notebook' }, 'Start another'));
+    }
+  }
+
+  addCell(code, focus, after) {
+    const c = new Cell(this, code);
+    const idx = after ? this.cells.indexOf(after) + 1 : this.cells.length;
+    this.cells.splice(idx, 0, c);
+    const next = this.cells[idx + 1];
+    this.cellsEl.insertBefore(c.el, next ? next.el : null);
+    this.renumber();
+    if (focus) c.focus();
+    return c;
+  }
+
+  removeCell(c) {
+    const i = this.cells.indexOf(c);
+    if (i < 0) return;
+    this.cells.splice(i, 1);
+    c.el.remove();
+    if (!this.cells.length) this.addCell('', true);
+    else this.cells[Math.min(i, this.cells.length - 1)].focus();
+    this.renumber();
+  }
+
+  renumber() { this.cells.forEach((c, i) => c.input.setAttribute('aria-label', `Code cell ${i + 1}`)); }
+
+  // run queues a cell: a session runs one execution at a time.
+  run(cell) {
+    cell.queued();
+    this.queue = this.queue.then(() => this.execute(cell));
+    return this.queue;
+  }
+
+  async execute(cell) {
+    const ctl = new AbortController();
+    this.running = { cell, ctl };
+    cell.start();
+    try {
+      const resp = await api('POST', this.base + '/execute', { json: { code: cell.input.value }, headers: { Accept: 'application/x-ndjson' }, signal: ctl.signal });
+      for await (const ev of ndjson(resp)) {
+        if (ev.type === 'keepalive') continue;
+        if (ev.type === 'end') cell.end(ev);
+        else cell.out.event(ev);
+      }
+    } catch (e) {
+      if (e.name !== 'AbortError') cell.fail(e);
+    } finally {
+      this.running = null;
+      cell.done();
+      this.files.reload();
+    }
+  }
+
+  async interrupt() {
+    try {
+      await api('POST', this.base + '/interrupt');
+      toast('Interrupt sent');
+    } catch (e) { toast('Interrupt failed: ' + e.message, 'error'); }
+  }
+
+  async restart() {
+    if (this.running) await this.interrupt();
+    try {
+      await api('POST', this.base + '/restart');
+      for (const c of this.cells) c.prompt.textContent = '[ ]';
+      toast('Kernel restarted: variables are cleared, files are kept');
+      this.refreshInfo();
+    } catch (e) { toast('Restart failed: ' + e.message, 'error'); }
+  }
+
+  async closeSession() {
+    if (!confirm('Close this session? Its kernel and workspace files are deleted.')) return;
+    try {
+      await api('DELETE', this.base);
+      location.hash = '#/notebook';
+    } catch (e) { toast('Close failed: ' + e.message, 'error'); }
+  }
+}
+
+class Cell {
+  constructor(nb, code) {
+    this.nb = nb;
+    this.prompt = h('div', { class: 'prompt', 'aria-hidden': 'true' }, '[ ]');
+    this.hl = h('pre', { class: 'editor-hl', 'aria-hidden': 'true' });
+    this.input = h('textarea', { class: 'editor-input', spellcheck: 'false', autocapitalize: 'off', autocomplete: 'off', rows: 1, wrap: 'soft' });
+    this.input.value = code;
+    this.outEl = h('div', { class: 'output', 'aria-live': 'polite' });
+    this.out = new Output(this.outEl);
+    this.status = h('div', { class: 'cell-status' });
+    const runBtn = h('button', { type: 'button', class: 'btn btn-sm btn-primary cell-run', title: 'Run (Shift+Enter)', onclick: () => nb.run(this) }, 'Run');
+    const delBtn = h('button', { type: 'button', class: 'btn btn-sm btn-ghost cell-del', title: 'Delete cell', onclick: () => nb.removeCell(this) }, 'Delete');
+    this.el = h('div', { class: 'cell' }, this.prompt,
+      h('div', { class: 'cell-main' },
+        h('div', { class: 'editor' }, this.hl, this.input),
+        h('div', { class: 'cell-bar' }, this.status, h('div', { class: 'actions' }, runBtn, delBtn)),
+        this.outEl));
+    this.input.addEventListener('input', () => this.paint());
+    this.input.addEventListener('keydown', e => this.key(e));
+    this.paint();
+  }
+
+  // paint redraws the highlighted copy behind the transparent textarea; the
+  // trailing newline keeps their heights equal when the code ends with one.
+  paint() { this.hl.replaceChildren(highlight(this.input.value), '\n'); }
+
+  focus() { this.input.focus(); }
+
+  key(e) {
+    if (e.key === 'Enter' && e.shiftKey) {
+      e.preventDefault();
+      this.nb.run(this);
+      const i = this.nb.cells.indexOf(this);
+      const next = this.nb.cells[i + 1] || this.nb.addCell('', false, this);
+      next.focus();
+    } else if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) {
+      e.preventDefault();
+      this.nb.run(this);
+    } else if (e.key === 'Enter' && !e.altKey) {
+      // Keep the indentation of the current line, and indent after a colon.
+      const { selectionStart: s, value: v } = this.input;
+      const lineStart = v.lastIndexOf('\n', s - 1) + 1;
+      const line = v.slice(lineStart, s);
+      let indent = /^[ \t]*/.exec(line)[0];
+      if (/:\s*$/.test(line)) indent += '    ';
+      if (indent) {
+        e.preventDefault();
+        this.input.setRangeText('\n' + indent, s, this.input.selectionEnd, 'end');
+        this.paint();
+      }
+    }
+  }
+
+  queued() { this.prompt.textContent = '[*]'; this.el.classList.add('queued'); }
+
+  start() {
+    this.el.classList.remove('queued', 'has-error');
+    this.el.classList.add('running');
+    this.out.reset();
+    this.status.replaceChildren(h('span', { class: 'muted small' }, 'running…'));
+  }
+
+  end(ev) {
+    this.prompt.textContent = `[${ev.execution_count || ' '}]`;
+    const bits = [statusBadge(ev.status)];
+    if (ev.duration_ms != null) bits.push(h('span', { class: 'muted small' }, fmtDuration(ev.duration_ms)));
+    if (ev.memory_peak_bytes) bits.push(h('span', { class: 'muted small' }, fmtBytes(ev.memory_peak_bytes) + ' peak'));
+    this.status.replaceChildren(...bits);
+    if (ev.status !== 'ok') this.el.classList.add('has-error');
+    if (ev.status === 'killed') this.outEl.append(h('div', { class: 'callout callout-error' }, 'The kernel died (out of memory, or killed). Restart the session to go on.'));
+  }
+
+  fail(e) {
+    this.prompt.textContent = '[!]';
+    this.el.classList.add('has-error');
+    this.status.replaceChildren(statusBadge('error'));
+    const msg = e instanceof APIError && e.code === 'busy' ? 'The session is busy with another execution.' : e.message;
+    this.outEl.append(h('div', { class: 'callout callout-error' }, msg));
+  }
+
+  done() { this.el.classList.remove('running', 'queued'); }
+}
+
+// FileBrowser lists the session's workspace, with upload, download and delete.
+class FileBrowser {
+  constructor(base) {
+    this.base = base;
+    this.dir = '';
+    this.crumbs = h('nav', { class: 'crumbs', 'aria-label': 'Folder' });
+    this.list = h('ul', { class: 'file-list', id: 'file-list' });
+    this.upload = h('input', { type: 'file', multiple: true, id: 'file-upload' });
+    this.upload.addEventListener('change', () => this.send());
+    this.el = h('aside', { class: 'nb-files card', 'aria-labelledby': 'files-title' },
+      h('div', { class: 'card-head' }, h('h2', { id: 'files-title' }, 'Files'),
+        h('button', { type: 'button', class: 'btn btn-ghost btn-sm', id: 'files-refresh', onclick: () => this.reload() }, 'Refresh')),
+      this.crumbs, this.list,
+      h('div', { class: 'field upload' }, h('label', { for: 'file-upload' }, 'Upload to this folder'), this.upload),
+      h('div', { class: 'row' },
+        h('button', { type: 'button', class: 'btn btn-sm', id: 'files-archive', onclick: () => download(this.base + '/archive?format=zip', 'workspace.zip').catch(e => toast(e.message, 'error')) }, 'Download workspace (.zip)')));
+  }
+
+  reload() { return this.load(this.dir); }
+
+  async load(dir) {
+    this.dir = dir;
+    this.renderCrumbs();
+    try {
+      const { files } = await getJSON(this.base + '/files?path=' + encodeURIComponent(dir || '.'));
+      files.sort((a, b) => (a.type === 'dir' ? 0 : 1) - (b.type === 'dir' ? 0 : 1) || a.name.localeCompare(b.name));
+      clear(this.list);
+      if (!files.length) this.list.append(h('li', { class: 'empty' }, 'Empty folder.'));
+      for (const f of files) this.list.append(this.entry(f));
+    } catch (e) {
+      clear(this.list).append(h('li', { class: 'empty' }, e.message));
+    }
+  }
+
+  renderCrumbs() {
+    const parts = this.dir ? this.dir.split('/') : [];
+    const items = [h('button', { type: 'button', class: 'link', onclick: () => this.load('') }, 'workspace')];
+    parts.forEach((p, i) => items.push(' / ', h('button', { type: 'button', class: 'link', onclick: () => this.load(parts.slice(0, i + 1).join('/')) }, p)));
+    this.crumbs.replaceChildren(...items);
+  }
+
+  entry(f) {
+    const path = f.path || (this.dir ? this.dir + '/' + f.name : f.name);
+    if (f.type === 'dir') {
+      return h('li', { class: 'file dir' }, h('button', { type: 'button', class: 'link file-name', onclick: () => this.load(path) }, f.name + '/'));
+    }
+    return h('li', { class: 'file' },
+      h('span', { class: 'file-name mono', title: path }, f.name),
+      h('span', { class: 'muted small file-size' }, fmtBytes(f.size)),
+      h('span', { class: 'file-actions' },
+        h('button', { type: 'button', class: 'btn btn-sm btn-ghost', 'aria-label': 'Download ' + f.name, onclick: () => download(this.base + '/files/' + filePath(path), f.name).catch(e => toast(e.message, 'error')) }, 'Download'),
+        h('button', { type: 'button', class: 'btn btn-sm btn-ghost', 'aria-label': 'Delete ' + f.name, onclick: () => this.remove(path) }, 'Delete')));
+  }
+
+  async send() {
+    const files = [...this.upload.files];
+    try {
+      for (const f of files) {
+        const p = this.dir ? this.dir + '/' + f.name : f.name;
+        await api('PUT', this.base + '/files/' + filePath(p), { body: f, headers: { 'Content-Type': 'application/octet-stream' } });
+      }
+      toast(`Uploaded ${files.length} file${files.length === 1 ? '' : 's'}`);
+    } catch (e) {
+      toast('Upload failed: ' + e.message, 'error');
+    }
+    this.upload.value = '';
+    this.reload();
+  }
+
+  async remove(path) {
+    if (!confirm(`Delete ${path}?`)) return;
+    try {
+      await api('DELETE', this.base + '/files/' + filePath(path));
+    } catch (e) { toast('Delete failed: ' + e.message, 'error'); }
+    this.reload();
+  }
+}

@@ -1,0 +1,177 @@
+// Rendering of execution output (streams, rich results, tracebacks) and of
+// diffs. HTML from the sandbox is rebuilt through an allowlist, so a
+// DataFrame's table displays while its scripts, styles, event handlers and
+// links do not reach the page (the Content-Security-Policy is a second line).
+
+import { h } from './dom.js';
+
+// Output is where one execution's events land, in order.
+export class Output {
+  constructor(el) {
+    this.el = el;
+    this.last = null; // the stream <pre> being appended to
+    this.images = [];
+  }
+  reset() { this.el.replaceChildren(); this.last = null; this.images = []; }
+
+  stream(name, text) {
+    if (!text) return;
+    if (!this.last || this.last.dataset.stream !== name) {
+      this.last = h('pre', { class: 'stream stream-' + name, dataset: { stream: name } });
+      this.el.append(this.last);
+    }
+    this.last.append(text);
+  }
+
+  event(e) {
+    switch (e.type) {
+      case 'stdout': case 'stderr': this.stream(e.type, e.text); return;
+      case 'result': this.result(e.data || {}); return;
+      case 'error': this.error(e); return;
+      case 'fatal': this.last = null; this.el.append(h('div', { class: 'callout callout-error' }, e.message || 'the execution failed')); return;
+    }
+  }
+
+  result(data) {
+    this.last = null;
+    const el = richResult(data);
+    if (!el) return;
+    if (el.tagName === 'IMG') this.images.push(el.src);
+    this.el.append(el);
+  }
+
+  error(err) {
+    this.last = null;
+    this.el.append(traceback(err));
+  }
+
+  // whole renders an aggregated execution result (stdout, stderr, results, error).
+  whole(r) {
+    this.reset();
+    this.stream('stdout', r.stdout);
+    this.stream('stderr', r.stderr);
+    for (const o of r.results || []) this.result(o.data || {});
+    if (r.error) this.error(r.error);
+    if (r.truncated) this.el.append(h('p', { class: 'muted small' }, 'Output was truncated: the middle was dropped.'));
+  }
+}
+
+const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
+
+// richResult renders the richest MIME type of a result we can show safely.
+export function richResult(data) {
+  for (const t of IMAGE_TYPES) {
+    if (data[t]) return h('img', { class: 'figure', src: `data:${t};base64,${data[t].replace(/\s/g, '')}`, alt: altText(data) });
+  }
+  if (data['image/svg+xml']) {
+    // As an <img>, an SVG cannot run scripts or load anything.
+    const svg = data['image/svg+xml'];
+    const b64 = btoa(unescape(encodeURIComponent(svg)));
+    return h('img', { class: 'figure', src: 'data:image/svg+xml;base64,' + b64, alt: altText(data) });
+  }
+  if (data['text/html']) {
+    return h('div', { class: 'html-output' }, sanitizeHTML(data['text/html']));
+  }
+  if (data['application/json']) {
+    let text = data['application/json'];
+    try { text = JSON.stringify(typeof text === 'string' ? JSON.parse(text) : text, null, 2); } catch { /* as is */ }
+    return h('pre', { class: 'result' }, text);
+  }
+  const text = data['text/markdown'] || data['text/plain'] || data['text/latex'];
+  if (text != null) return h('pre', { class: 'result' }, text);
+  return null;
+}
+
+function altText(data) {
+  const t = data['text/plain'];
+  return t && t.length < 200 ? t : 'figure';
+}
+
+// traceback sets an error off clearly: its name and message in a heading,
+// the traceback below.
+export function traceback(err) {
+  const head = h('div', { class: 'tb-head' },
+    h('span', { class: 'tb-name' }, err.name || 'Error'),
+    err.value ? h('span', { class: 'tb-value' }, ': ' + err.value) : null);
+  return h('div', { class: 'traceback', role: 'group', 'aria-label': 'Traceback' },
+    head, err.traceback ? h('pre', {}, err.traceback.replace(/\n$/, '')) : null);
+}
+
+// Elements kept (their attributes filtered); DROP elements go with their
+// content; any other element is replaced by its children.
+const KEEP = new Set(('table thead tbody tfoot tr th td caption colgroup col div span p br hr b i strong em u s ' +
+  'small sub sup code pre kbd samp var blockquote q ul ol li dl dt dd h1 h2 h3 h4 h5 h6 img figure figcaption abbr mark').split(' '));
+const DROP = new Set(('script style noscript template iframe frame frameset object embed applet link meta base ' +
+  'form input button select textarea option svg math audio video source track canvas title head').split(' '));
+const ATTRS = new Set(['colspan', 'rowspan', 'scope', 'title', 'alt', 'align', 'valign', 'span', 'start', 'reversed']);
+const SAFE_IMG = /^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]+$/;
+
+// sanitizeHTML parses html in an inert document (nothing runs or loads) and
+// copies across only allowlisted elements and attributes.
+export function sanitizeHTML(html) {
+  const doc = new DOMParser().parseFromString(String(html), 'text/html');
+  const out = document.createDocumentFragment();
+  copyChildren(doc.body, out, 0);
+  return out;
+}
+
+function copyChildren(from, to, depth) {
+  if (depth > 64) return;
+  for (const n of from.childNodes) {
+    if (n.nodeType === Node.TEXT_NODE) { to.append(n.data); continue; }
+    if (n.nodeType !== Node.ELEMENT_NODE) continue;
+    const tag = n.localName;
+    if (DROP.has(tag)) continue;
+    if (!KEEP.has(tag)) { copyChildren(n, to, depth + 1); continue; }
+    const el = document.createElement(tag);
+    for (const a of n.attributes) {
+      const name = a.name.toLowerCase();
+      if (ATTRS.has(name) && /^[\w\s.,%-]*$/.test(a.value)) el.setAttribute(name, a.value);
+      else if (tag === 'img' && name === 'src' && SAFE_IMG.test(a.value)) el.setAttribute('src', a.value);
+    }
+    if (tag === 'img' && !el.hasAttribute('src')) continue;
+    copyChildren(n, el, depth + 1);
+    to.append(el);
+  }
+}
+
+// diffView colours a unified diff line by line.
+export function diffView(diff) {
+  const pre = h('pre', { class: 'diff' });
+  for (const line of diff.replace(/\n$/, '').split('\n')) {
+    let cls = 'ctx';
+    if (line.startsWith('+++') || line.startsWith('---')) cls = 'file';
+    else if (line.startsWith('@@')) cls = 'hunk';
+    else if (line.startsWith('+')) cls = 'add';
+    else if (line.startsWith('-')) cls = 'del';
+    else if (line.startsWith('\\')) cls = 'meta';
+    pre.append(h('span', { class: 'd-' + cls }, line + '\n'));
+  }
+  return pre;
+}
+
+// diffStats counts added and removed lines.
+export function diffStats(diff) {
+  let add = 0, del = 0, files = 0;
+  for (const line of diff.split('\n')) {
+    if (line.startsWith('+++')) files++;
+    else if (line.startsWith('+')) add++;
+    else if (line.startsWith('-') && !line.startsWith('---')) del++;
+  }
+  return { add, del, files };
+}
+
+// statusBadge is a small coloured label for run and execution statuses.
+export function statusBadge(status, attrs = {}) {
+  return h('span', { ...attrs, class: 'badge badge-' + statusClass(status) + (attrs.class ? ' ' + attrs.class : '') }, status === 'ok' ? 'OK' : (status || 'unknown').replace(/_/g, ' '));
+}
+
+export function statusClass(s) {
+  switch (s) {
+    case 'running': return 'run';
+    case 'done': case 'ok': case 'ready': return 'ok';
+    case 'failed': case 'error': case 'killed': return 'err';
+    case 'cancelled': case 'interrupted': return 'muted';
+    default: return 'warn';
+  }
+}
