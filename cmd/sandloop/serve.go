@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/webui"
 	"github.com/spf13/cobra"
 )
 
@@ -90,6 +92,8 @@ func newServeCmd() *cobra.Command {
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st,
+				// The page and its assets hold no data; the page sends the token with every API call.
+				PublicMounts: webui.Mounts(),
 			})
 			if err != nil {
 				return err
@@ -106,8 +110,10 @@ func newServeCmd() *cobra.Command {
 			url := "http://" + ln.Addr().String()
 			if len(toks) > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s (token required)\n", url)
+				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/?token=%s\n", url, neturl.QueryEscape(toks[0]))
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
+				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/\n", url)
 			}
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
