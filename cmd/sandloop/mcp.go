@@ -48,11 +48,15 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			if err != nil {
 				return err
 			}
+			effMax := maxTimeout
+			if effMax == 0 {
+				effMax = 10 * time.Minute // mcpserver's default
+			}
 			switch {
 			case maxTimeout < 0:
 				return usagef("--max-timeout must not be negative")
-			case lf.timeout > 0 && maxTimeout > 0 && lf.timeout > maxTimeout:
-				return usagef("--timeout %s is longer than --max-timeout %s", lf.timeout, maxTimeout)
+			case lf.timeout > effMax:
+				return usagef("--timeout %s is longer than --max-timeout %s", lf.timeout, effMax)
 			case maxOutput > 1<<30:
 				return usagef("--max-output must be at most 1G")
 			case maxText > 1<<30 || maxCode > 1<<30:

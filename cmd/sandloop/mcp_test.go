@@ -46,6 +46,7 @@ func TestMCPBadFlags(t *testing.T) {
 		{[]string{"mcp", "--tools", "execute_python,exec"}, `unknown tool "exec"`},
 		{[]string{"mcp", "--timeout", "-1s"}, "--timeout must not be negative"},
 		{[]string{"mcp", "--timeout", "5m", "--max-timeout", "1m"}, "longer than --max-timeout"},
+		{[]string{"mcp", "--timeout", "11m"}, "longer than --max-timeout 10m0s"},
 		{[]string{"mcp", "--max-timeout", "-1s"}, "--max-timeout must not be negative"},
 		{[]string{"mcp", "--memory", "lots"}, "not a size"},
 		{[]string{"mcp", "--env", "NOEQUALS"}, "must be KEY=VALUE"},

@@ -94,6 +94,9 @@ func (s *Server) readFile(ctx context.Context, req *mcp.CallToolRequest, in Read
 			return textResult(fmt.Sprintf("/workspace/%s is a binary file (%s, %d bytes), not shown. Inspect it with execute_python.", rel, ct, len(b))), nil, nil
 		}
 	}
+	if len(b) == 0 {
+		return textResult(fmt.Sprintf("/workspace/%s is empty (0 bytes).", rel)), nil, nil
+	}
 	return textResult(string(b)), nil, nil
 }
 

@@ -334,9 +334,13 @@ func TestFiles(t *testing.T) {
 			t.Errorf("read %s: %q", p, text(res))
 		}
 	}
+	call(t, cs, "write_file", map[string]any{"path": "data/empty.txt", "content": ""})
+	if res := call(t, cs, "read_file", map[string]any{"path": "data/empty.txt"}); res.IsError || !strings.Contains(text(res), "is empty") {
+		t.Errorf("read an empty file: %q", text(res))
+	}
 	res = call(t, cs, "list_files", map[string]any{"path": "data"})
 	entries := structured(t, res)["entries"].([]any)
-	if res.IsError || len(entries) != 2 || !strings.Contains(text(res), "in.csv  (8 bytes)") {
+	if res.IsError || len(entries) != 3 || !strings.Contains(text(res), "in.csv  (8 bytes)") {
 		t.Errorf("list: %s", text(res))
 	}
 	res = call(t, cs, "list_files", map[string]any{})
