@@ -154,7 +154,15 @@ class RunView {
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
     const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'usage', 'notice', 'run_finished'];
     for (const t of types) this.es.addEventListener(t, ev => this.onEvent(t, JSON.parse(ev.data)));
-    this.es.addEventListener('end', () => { this.es.close(); this.live.hidden = true; });
+    this.es.addEventListener('end', () => { this.es.close(); this.ended = true; this.live.hidden = true; });
+    // The browser reconnects by itself after a dropped connection (resuming
+    // with Last-Event-ID); it gives up only when the server refuses.
+    this.es.addEventListener('error', () => {
+      if (this.es.readyState !== EventSource.CLOSED || this.ended) return;
+      this.live.hidden = true;
+      this.timeline.after(h('div', { class: 'callout callout-error', role: 'alert' }, 'Live updates stopped: the server refused the event stream. ',
+        h('button', { type: 'button', class: 'link', onclick: () => location.reload() }, 'Reload')));
+    });
   }
 
   close() { this.es?.close(); }
