@@ -139,3 +139,21 @@ func TestAgentCLIBadInputAndNoModel(t *testing.T) {
 		}
 	}
 }
+
+func TestAgentCLIConfirm(t *testing.T) {
+	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print('declined code ran')"}`)},
+		{ToolCalls: tc("execute_python", `{"code":"print('approved')"}`)},
+		{ToolCalls: tc("finish", `{"summary":"ok"}`)},
+	})
+	code, stdout, stderr := sandloop(t, "n\ny\n", "agent", "t", "--confirm", "--data-dir", t.TempDir())
+	if code != 0 || strings.Count(stderr, "run this execute_python? [y/N]") != 2 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if strings.Contains(stdout, "declined code ran") || !strings.Contains(stdout, "approved") {
+		t.Errorf("declined code ran, or approved code did not:\n%s", stdout)
+	}
+	if res := srv.Requests()[1].ToolResults(); !strings.Contains(res[0].Text, "declined") {
+		t.Errorf("the model was not told: %q", res[0].Text)
+	}
+}
