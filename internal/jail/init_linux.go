@@ -44,6 +44,8 @@ type initConfig struct {
 	// NewCgroupNS: unshare the cgroup namespace once the host has moved
 	// the init into its cgroup, so the jail sees its cgroup as "/".
 	NewCgroupNS bool
+	// Zygote: see Config.Zygote.
+	Zygote bool
 }
 
 // initStatus is one of the init's reports, one JSON object per line: first
@@ -97,6 +99,9 @@ func runInit() int {
 	report(initStatus{Pid: pid})
 	st := superviseChild(pid)
 	report(st)
+	if cfg.Zygote {
+		reapAll() // the zygote's children live on in this PID namespace
+	}
 	if st.Signal != 0 {
 		return 128 + st.Signal
 	}
@@ -129,11 +134,20 @@ func setupAndStart(cfg *initConfig) (int, error) {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return 0, fmt.Errorf("close_range: %w", err)
 	}
-	if err := dropPrivileges(); err != nil {
-		return 0, err
-	}
-	if err := loadSeccomp(); err != nil {
-		return 0, err
+	if cfg.Zygote {
+		// The template keeps its capabilities (in this user namespace
+		// only) to build each child's jail; each child drops them and
+		// loads the filter before it runs anything else.
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return 0, fmt.Errorf("set no_new_privs: %w", err)
+		}
+	} else {
+		if err := dropPrivileges(); err != nil {
+			return 0, err
+		}
+		if err := loadSeccomp(); err != nil {
+			return 0, err
+		}
 	}
 	files := []uintptr{0, 1, 2}
 	for i := range cfg.ExtraFiles {
@@ -156,6 +170,20 @@ func setupAndStart(cfg *initConfig) (int, error) {
 		return 0, fmt.Errorf("start %s: %w", cfg.Path, err)
 	}
 	return pid, nil
+}
+
+// reapAll reaps every process left in the jail until none is.
+func reapAll() {
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(-1, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // superviseChild forwards signals from the host to the program, reaps

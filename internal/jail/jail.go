@@ -99,6 +99,16 @@ type Config struct {
 	// ExtraFiles are handed to the program as descriptors 3, 4, ... and are
 	// the only descriptors of the server it receives.
 	ExtraFiles []*os.File
+
+	// Zygote starts a template process that builds a jail of its own for
+	// each child it forks (package zygote). The program keeps
+	// CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SETPCAP and CAP_DAC_OVERRIDE in
+	// the jail's user namespace (no capability on the host) and runs
+	// without the seccomp filter, which each child installs for itself;
+	// no_new_privs is still set. The init keeps reaping after the program
+	// ends until every process of the jail has ended, so the children
+	// outlive the program. Never set it for a process that runs user code.
+	Zygote bool
 }
 
 // Result describes how a jailed process ended and what it used.

@@ -66,25 +66,9 @@ func seccompPolicy() seccomp.Policy {
 // loadSeccomp installs the filter on every thread of the init; the program
 // inherits it across fork and exec. no_new_privs is set first.
 func loadSeccomp() error {
-	policy := seccompPolicy()
-	prog, err := policy.Assemble()
+	raw, err := assembleSeccomp()
 	if err != nil {
-		return fmt.Errorf("assemble seccomp policy: %w", err)
-	}
-	native, err := arch.GetInfo("")
-	if err != nil {
-		return fmt.Errorf("seccomp: %w", err)
-	}
-	// The library lets syscalls of a foreign ABI (int 0x80 on x86_64)
-	// through to the default action, which is allow: kill them instead.
-	guard := []bpf.Instruction{
-		bpf.LoadAbsolute{Off: 4, Size: 4}, // seccomp_data.arch
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(native.ID), SkipTrue: 1},
-		bpf.RetConstant{Val: uint32(seccomp.ActionKillProcess)},
-	}
-	raw, err := bpf.Assemble(append(guard, prog...))
-	if err != nil {
-		return fmt.Errorf("assemble seccomp filter: %w", err)
+		return err
 	}
 	filter := make([]syscall.SockFilter, len(raw))
 	for i, r := range raw {
@@ -100,6 +84,31 @@ func loadSeccomp() error {
 		return fmt.Errorf("load seccomp filter: %w", errno)
 	}
 	return nil
+}
+
+// assembleSeccomp assembles the jail's filter, guarded against foreign ABIs.
+func assembleSeccomp() ([]bpf.RawInstruction, error) {
+	policy := seccompPolicy()
+	prog, err := policy.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("assemble seccomp policy: %w", err)
+	}
+	native, err := arch.GetInfo("")
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	// The library lets syscalls of a foreign ABI (int 0x80 on x86_64)
+	// through to the default action, which is allow: kill them instead.
+	guard := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: 4, Size: 4}, // seccomp_data.arch
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(native.ID), SkipTrue: 1},
+		bpf.RetConstant{Val: uint32(seccomp.ActionKillProcess)},
+	}
+	raw, err := bpf.Assemble(append(guard, prog...))
+	if err != nil {
+		return nil, fmt.Errorf("assemble seccomp filter: %w", err)
+	}
+	return raw, nil
 }
 
 // SeccompSupported reports whether the kernel can filter system calls.

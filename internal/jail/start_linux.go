@@ -98,7 +98,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	initCfg := initConfig{
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
-		Workspace: wsPath, WorkspaceTree: wsTree,
+		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote,
 	}
 	if h.mode != "" {
 		p.enforce = h.mode
