@@ -150,7 +150,7 @@ func TestAgentCLIConfirm(t *testing.T) {
 	if code != 0 || strings.Count(stderr, "run this execute_python? [y/N]") != 2 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	if strings.Contains(stdout, "declined code ran") || !strings.Contains(stdout, "approved") {
+	if strings.Contains(stdout, "\ndeclined code ran\n") || !strings.Contains(stdout, "\napproved\n") {
 		t.Errorf("declined code ran, or approved code did not:\n%s", stdout)
 	}
 	if res := srv.Requests()[1].ToolResults(); !strings.Contains(res[0].Text, "declined") {
