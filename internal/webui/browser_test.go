@@ -165,12 +165,12 @@ func TestBrowserRuns(t *testing.T) {
 		{Text: "I'll plot the squares first.", ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: jsonArgs("code",
 			"import matplotlib.pyplot as plt\nxs = list(range(8))\nprint('points:', len(xs))\nplt.plot(xs, [x * x for x in xs], marker='o')\nplt.title('squares')\nplt.show()")}}},
 		{Text: "Looking at the figure", Hang: true},
-		// Run 2: a crash, a fix, a plot, done.
+		// Run 2 (debug mode): a crash, a fix, a plot, done.
 		{Text: "Let me run the script as given.", ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: jsonArgs("code", "exec(open('stats.py').read())")}}},
 		{Text: "The mean divides by zero on an empty list; I'll guard it.", ToolCalls: []llmtest.ToolCall{{Name: "edit_file", Arguments: `{"path":"stats.py","old_text":"    return sum(xs) / len(xs)","new_text":"    return sum(xs) / len(xs) if xs else 0.0"}`}}},
 		{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: jsonArgs("code",
 			"exec(open('stats.py').read())\nimport matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\nplt.show()")}}},
-		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"Guarded mean() against empty input; the script now prints 0.0 and 2.0."}`}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"Guarded mean() against empty input; the script now prints 0.0 and 2.0.","root_cause":"mean() divided by len(xs), which is 0 for an empty list."}`}}},
 	})
 	p := newPage(t, 1366, 900)
 	u, _ := url.Parse(ts.URL)
@@ -229,11 +229,17 @@ func TestBrowserRuns(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#run-status[data-status="cancelled"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#run-list .run-item .badge-muted`)))
 
-	// Run 2: with a file to upload, to the end.
+	// Run 2: debug mode, with a file to upload, to the end.
 	src := filepath.Join(t.TempDir(), "stats.py")
 	os.WriteFile(src, []byte("def mean(xs):\n    return sum(xs) / len(xs)\n\nprint(mean([]))\nprint(mean([1, 2, 3]))\n"), 0o644)
 	p.do("start run 2",
 		chromedp.SendKeys(chromedp.CSS("#run-task"), "Fix stats.py so that it runs, and plot a bar chart"),
+		chromedp.SetValue(chromedp.CSS("#run-mode"), "debug"),
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Run(ctx, chromedp.Evaluate[any](`document.querySelector('#run-mode').dispatchEvent(new Event('change'))`))
+			return err
+		}),
+		chromedp.SendKeys(chromedp.CSS("#run-entry"), "stats.py"),
 		chromedp.SetUploadFiles(chromedp.CSS("#run-files"), []string{src}),
 		chromedp.Click(chromedp.CSS("#run-start")),
 		chromedp.WaitVisible(chromedp.CSS(`#report .d-add`)),
@@ -246,6 +252,13 @@ func TestBrowserRuns(t *testing.T) {
 	}
 	if s := p.text("#report .summary"); !strings.Contains(s, "Guarded mean()") {
 		t.Errorf("summary %q", s)
+	}
+	// Before and after: the harness's reproduction failed, its verification passed.
+	if got := eval[[]string](p, `[...document.querySelectorAll('#report .check h5 .badge')].map(e => e.textContent)`); !slices.Equal(got, []string{"error", "OK"}) {
+		t.Errorf("before/after badges %v, want [error OK]", got)
+	}
+	if s := p.text("#report .check pre.stream"); !strings.Contains(s, "ZeroDivisionError") {
+		t.Errorf("reproduction output %q", s)
 	}
 	if n := eval[int](p, `document.querySelectorAll('#report .d-del').length`); n < 1 {
 		t.Errorf("the diff has no removed line")
@@ -357,6 +370,29 @@ func TestBrowserNotebook(t *testing.T) {
 		t.Errorf("cell 4 stdout %q", got)
 	}
 	p.shot("notebook")
+
+	// Interrupt a cell that would run for ten minutes; state survives it.
+	sleeper := chromedp.CSS(cell(5) + " textarea")
+	p.do("interrupt",
+		chromedp.SetValue(sleeper, "import time\nprint('sleeping', flush=True)\ntime.sleep(600)"),
+		chromedp.Focus(sleeper),
+		chromedp.KeyEvent(kb.Enter, chromedp.KeyModifiers(chromedp.ModifierShift)),
+		chromedp.WaitVisible(chromedp.CSS(cell(5)+" .stream-stdout")),
+		chromedp.Click(chromedp.CSS("#nb-interrupt")),
+		chromedp.WaitVisible(chromedp.CSS(cell(5)+" .cell-status .badge")))
+	if got := p.text(cell(5) + " .cell-status .badge"); !strings.EqualFold(got, "interrupted") {
+		t.Errorf("status after interrupt %q", got)
+	}
+	run(6, "len(df)")
+	if got := p.text(cell(6) + " pre.result"); got != "3" {
+		t.Errorf("after the interrupt, len(df) = %q", got)
+	}
+	// Restart clears the variables.
+	p.do("restart", chromedp.Click(chromedp.CSS("#nb-restart")), chromedp.WaitVisible(chromedp.Search(`//div[@id="toast" and contains(., "restarted")]`)))
+	run(7, "df")
+	if got := p.text(cell(7) + " .tb-name"); got != "NameError" {
+		t.Errorf("after a restart, df gave %q, want NameError", got)
+	}
 	p.check(u.Scheme + "://" + u.Host)
 }
 

@@ -366,7 +366,7 @@ function checkCard(title, c) {
   if (!c) return h('div', { class: 'check' }, h('h5', {}, title), h('p', { class: 'muted' }, 'Not run.'));
   return h('div', { class: 'check' }, h('h5', {}, title, ' ', statusBadge(c.status === 'ok' ? 'ok' : c.status)),
     h('pre', { class: 'code' }, '$ ' + c.command), c.output ? h('pre', { class: 'stream' }, c.output) : null,
-    c.error ? h('p', { class: 'small' }, c.error) : null);
+    c.error ? h('p', { class: 'small muted' }, 'Error: ' + c.error) : null);
 }
 
 function execStatus(end) {
