@@ -143,7 +143,8 @@ func (nopWriteCloser) Close() error { return nil }
 // mountMCP serves the MCP tools at /mcp on `sandloop serve`, each MCP
 // session with its own session from the server's manager.
 func mountMCP(m *session.Manager, mounts map[string]http.Handler) error {
-	h, err := mcpserver.NewHTTPHandler(managerSource{m}, nil)
+	// The server checks Host headers for every path (with --allowed-host).
+	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true})
 	if err != nil {
 		return err
 	}

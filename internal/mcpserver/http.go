@@ -18,9 +18,9 @@ type HTTPHandler struct {
 // NewHTTPHandler returns the handler to mount at /mcp; src makes a sandbox
 // session for each MCP session. It fails only on bad options.
 //
-// The SDK's own guards stay on: a request that reached a loopback address
-// with a Host that is not loopback is refused (DNS rebinding), and bodies
-// are capped (a little over the code and file limits).
+// Unless Options.HostChecked, a request that reached a loopback address
+// with a Host that is not a loopback name is refused (DNS rebinding).
+// Bodies are capped a little over the code and file limits.
 func NewHTTPHandler(src SessionSource, opts *Options) (*HTTPHandler, error) {
 	srv, err := New(src, opts)
 	if err != nil {
@@ -31,7 +31,7 @@ func NewHTTPHandler(src SessionSource, opts *Options) (*HTTPHandler, error) {
 	// allow twice the raw limit plus room for the envelope, so that the
 	// tools' own limits, with their clearer messages, apply first.
 	body := 2*max(o.MaxFileBytes, int64(o.MaxCodeBytes)) + 1<<20
-	hopts := &mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: body}
+	hopts := &mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: body, DisableLocalhostProtection: o.HostChecked}
 	if o.IdleTimeout > 0 {
 		hopts.SessionTimeout = o.IdleTimeout
 	}

@@ -90,6 +90,11 @@ type Options struct {
 	// long without requests. If zero, 30 minutes; if negative, never.
 	// Stdio connections end when the client closes the pipe.
 	IdleTimeout time.Duration
+	// HostChecked says the HTTP server in front refuses foreign Host
+	// headers itself (as sandloop serve does, honouring --allowed-host):
+	// the HTTP handler then skips its own check, which accepts only
+	// loopback names on a loopback address.
+	HostChecked bool
 	// Version is reported to clients as the server's version. If empty,
 	// "dev".
 	Version string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -534,4 +535,28 @@ func TestHTTPHandler(t *testing.T) {
 	// Closing the client deletes the MCP session, which closes the sandbox.
 	cs.Close()
 	waitClosed(t, src)
+}
+
+func TestHTTPHostCheck(t *testing.T) {
+	for _, checked := range []bool{false, true} {
+		h, err := mcpserver.NewHTTPHandler(newSource(t), &mcpserver.Options{HostChecked: checked})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(h)
+		t.Cleanup(ts.Close)
+		t.Cleanup(func() { h.Close() })
+		req, _ := http.NewRequest("POST", ts.URL, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		req.Host = "rebound.example"
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if refused := resp.StatusCode == http.StatusForbidden; refused == checked {
+			t.Errorf("HostChecked=%v: a foreign Host got status %d", checked, resp.StatusCode)
+		}
+	}
 }
