@@ -27,10 +27,21 @@ var kernelEnv = []string{
 	"PYTHONDONTWRITEBYTECODE=1",
 }
 
-// jailLauncher starts kernels in a local jail with the session's limits.
-func (s *Session) jailLauncher() kernel.Launcher {
-	limits := s.opts.Limits
-	limits.Timeout = 0 // sessions live until closed
+// KernelEnv returns the environment every kernel gets on top of the
+// jail's (a zygote template should import under it too).
+func KernelEnv() []string { return append([]string(nil), kernelEnv...) }
+
+// Zygote forks kernels from a template that has already imported the heavy
+// modules (package zygote).
+type Zygote interface {
+	// Launcher starts a kernel for a session with this workspace, limits
+	// and environment (on top of the jail's minimal one).
+	Launcher(workspace string, limits jail.Limits, env []string) kernel.Launcher
+}
+
+// kernelEnviron is the kernel's environment: kernelEnv, then the
+// session's variables in key order.
+func (s *Session) kernelEnviron() []string {
 	env := append([]string(nil), kernelEnv...)
 	keys := make([]string, 0, len(s.opts.Env))
 	for k := range s.opts.Env {
@@ -40,6 +51,21 @@ func (s *Session) jailLauncher() kernel.Launcher {
 	for _, k := range keys {
 		env = append(env, k+"="+s.opts.Env[k])
 	}
+	return env
+}
+
+// zygoteLauncher forks kernels from s.opts.Zygote with the session's limits.
+func (s *Session) zygoteLauncher() kernel.Launcher {
+	limits := s.opts.Limits
+	limits.Timeout = 0
+	return s.opts.Zygote.Launcher(s.workspace, limits, s.kernelEnviron())
+}
+
+// jailLauncher starts kernels in a local jail with the session's limits.
+func (s *Session) jailLauncher() kernel.Launcher {
+	limits := s.opts.Limits
+	limits.Timeout = 0 // sessions live until closed
+	env := s.kernelEnviron()
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		p, err := jail.Start(ctx, &jail.Config{
 			Path:       jail.DefaultPython,

@@ -59,6 +59,10 @@ type ManagerOptions struct {
 	ExecTimeout time.Duration
 	// MaxOutputBytes caps stdout and stderr kept per execution. If zero, 1 MiB.
 	MaxOutputBytes int
+	// Zygote, if set, forks every session's kernel (pooled ones too) from
+	// a template that has already imported the heavy modules; sessions
+	// with the host's network still start cold.
+	Zygote Zygote
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -192,7 +196,7 @@ func NewManager(opts ManagerOptions) *Manager {
 func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, execTimeout time.Duration) Options {
 	return Options{
 		Limits: l, Env: env, Network: network, ExecTimeout: execTimeout,
-		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log,
+		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}
 }
 

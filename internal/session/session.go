@@ -52,6 +52,11 @@ type Options struct {
 	// Launcher starts the kernel. If nil, it runs in a local jail
 	// (jail.Start with Limits, Network, Env and the workspace).
 	Launcher kernel.Launcher
+	// Zygote, if set and Launcher is nil, forks the kernel from a
+	// template that has already imported the heavy modules, with the same
+	// limits, environment and workspace. Sessions with the host's
+	// network start cold.
+	Zygote Zygote
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -99,6 +104,9 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 		s.workspace = opts.Workspace
 	}
 	s.launch = opts.Launcher
+	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {
+		s.launch = s.zygoteLauncher()
+	}
 	if s.launch == nil {
 		s.launch = s.jailLauncher()
 	}
