@@ -1,0 +1,351 @@
+"""sandloop zygote: a template kernel that forks sessions copy-on-write.
+
+Standard library only (ctypes for the system calls Python lacks). The Go
+side (internal/zygote) starts it in a jail started with Config.Zygote: it
+keeps CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_SETPCAP in the jail's user
+namespace and has no seccomp filter. It never runs user code: each child
+builds its own jail (namespaces, mounts, limits), drops every capability and
+installs the jail's seccomp filter before it becomes a kernel.
+
+fd 3 is a SOCK_SEQPACKET control socket. The host sends the configuration
+(modules to import, the filter, the /proc masks), the zygote answers
+{"ready": ...}; then each request is one message with six descriptors:
+kernel requests, events, stdout, stderr (kernel.py's fds 3-6), the
+workspace's detached mount (open_tree) and a report socket, and the zygote
+answers {"forked": pid}. The child then speaks on the report socket, whose
+host end has SO_PASSCRED (the kernel attaches the sender's PID as the host
+sees it to every message):
+  reaper -> {"hello": "reaper"}   host moves that PID into the session's
+  host   -> "go"                  cgroup and lets it continue
+  kernel -> {"kernel": true}      the host learns the kernel's PID
+  reaper -> {"exited": ..., "code": n, "signal": s}, or {"error": "..."}
+"""
+
+import base64
+import ctypes
+import fcntl
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+import threading
+
+KERNEL_PATH = "/opt/sandloop/kernel.py"
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.unshare.argtypes = [ctypes.c_int]
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+libc.syscall.restype = ctypes.c_long
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+MNT_DETACH = 2
+SYS_MOVE_MOUNT = 429  # the same number on every architecture
+MOVE_MOUNT_F_EMPTY_PATH = 4
+AT_FDCWD = -100
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off), NO_CAP_AMBIENT_RAISE, each locked:
+# as the jail's dropPrivileges.
+SECBITS = 1 | 2 | 4 | 8 | 32 | 64 | 128
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Config:
+    filter = b""
+    masked = ()
+    readonly = ()
+
+
+C = Config()
+
+
+def _check(ret, what):
+    if ret != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def _mount(src, dst, fstype, flags, data=None):
+    enc = lambda s: s.encode() if s is not None else None
+    _check(libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), "mount %s on %s" % (src, dst))
+
+
+def _locked(path):
+    """The atime flags a remount must keep (statvfs reports them)."""
+    f = os.statvfs(path).f_flag
+    out = 0
+    for st, ms in ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME),
+                   (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME)):
+        if f & st:
+            out |= ms
+    return out
+
+
+def _bind_ro(path, extra):
+    _mount(path, path, None, MS_BIND | MS_REC)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | extra | _locked(path))
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _build_jail(req, ws_fd):
+    """Runs as PID 1 of the child's own PID namespace, in its own mount,
+    network, IPC, UTS and cgroup namespaces, with the template's
+    capabilities (in the jail's user namespace only)."""
+    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")  # the session's cgroup becomes "/"
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # Replace the template's /tmp, /dev/shm and /proc rather than cover
+    # them, so the mount table is a cold jail's. The new /proc (for this
+    # PID namespace, with the jail's masks) is built on the new /tmp while
+    # the template's is still there: a user namespace may mount proc only
+    # where one is already fully visible.
+    tmp = int(req["tmp_size"])
+    for path, flags, inodes in (("/tmp", MS_NOSUID | MS_NODEV, 65536), ("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, 16384)):
+        _check(libc.umount2(path.encode(), MNT_DETACH), "detach the template's " + path)
+        _mount("tmpfs", path, "tmpfs", flags, "size=%d,nr_inodes=%d,mode=1777" % (tmp, inodes))
+    proc = "/tmp/.proc"
+    os.mkdir(proc)
+    _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in C.masked:
+        p = proc + "/" + name
+        if os.path.isdir(p) and not os.path.islink(p):
+            _mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
+        elif os.path.lexists(p):
+            _mount("/dev/null", p, None, MS_BIND)
+    for name in C.readonly:
+        p = proc + "/" + name
+        if os.path.lexists(p):
+            _bind_ro(p, MS_NODEV | MS_NOEXEC)
+    _check(libc.umount2(b"/proc", MNT_DETACH), "detach the template's /proc")
+    _mount(proc, "/proc", None, MS_MOVE)
+    os.rmdir(proc)
+    for d in ("/tmp/.sandloop/matplotlib", "/tmp/.sandloop/cache"):
+        os.makedirs(d, exist_ok=True)
+    # The session's workspace replaces the template's (empty) one.
+    _check(libc.umount2(b"/workspace", MNT_DETACH), "detach the template's workspace")
+    _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
+    os.close(ws_fd)
+    _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
+    os.chdir("/workspace")
+    # Only loopback, brought up (the namespace is new: nothing else exists).
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0))[:18])[1]  # SIOCGIFFLAGS
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+    s.close()
+    for res, val in ((resource.RLIMIT_NOFILE, req["nofile"]), (resource.RLIMIT_FSIZE, req["fsize"]),
+                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_STACK, req["stack"])):
+        resource.setrlimit(res, (int(val), int(val)))
+    _drop_privileges()
+    _load_seccomp()
+
+
+def _drop_privileges():
+    """As the jail's dropPrivileges: empty bounding, ambient, inheritable,
+    permitted and effective sets and lock the securebits."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for c in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+            _check(-1, "drop capability %d" % c)
+    _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    _check(libc.prctl(PR_SET_SECUREBITS, SECBITS, 0, 0, 0), "set securebits")
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(hdr, data), "capset")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _load_seccomp():
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    buf = ctypes.create_string_buffer(C.filter, len(C.filter))
+    prog = _SockFprog(len(C.filter) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "load seccomp filter")
+
+
+def _become_kernel(req, kfds, rep, kmod):
+    os.setsid()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The reaper is not dumpable; the kernel must be, to reach its own
+    # /proc entries (as a freshly executed program is).
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    for s in FORWARDED:
+        signal.signal(s, signal.SIG_DFL)
+    rep.send(b'{"kernel":true}')
+    rep.close()
+    # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's pipes.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 200) for fd in kfds]
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for i, fd in enumerate(high):
+        os.dup2(fd, 3 + i)
+    os.closerange(7, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.environ.clear()
+    for kv in req["env"]:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    # Random state is copied by fork: reseed what the template seeded.
+    # (The random module reseeds itself after fork.)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    sys.argv = [KERNEL_PATH]
+    try:
+        kmod.main()
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    os._exit(0)
+
+
+def _reaper(req, fds, kmod):
+    """PID 1 of the session: builds its jail, starts the kernel as PID 2
+    and reaps every process until the kernel ends. When it exits, the
+    kernel kills whatever is left in the PID namespace."""
+    kfds, ws_fd, rep = fds[:4], fds[4], socket.socket(fileno=fds[5])
+    try:
+        rep.send(b'{"hello":"reaper"}')
+        if rep.recv(16) != b"go":
+            os._exit(1)
+        _build_jail(req, ws_fd)
+        kpid = os.fork()
+        if kpid == 0:
+            try:
+                _become_kernel(req, kfds, rep, kmod)
+            finally:
+                os._exit(127)
+    except BaseException as e:
+        try:
+            rep.send(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode())
+        finally:
+            os._exit(126)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for fd in kfds:
+        os.close(fd)
+    for s in FORWARDED:
+        signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        if pid != kpid:
+            continue
+        msg = {"exited": True, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0}
+        if os.WIFSIGNALED(status):
+            msg["signal"] = os.WTERMSIG(status)
+        try:
+            rep.send(json.dumps(msg).encode())
+        finally:
+            os._exit(0)
+
+
+def _child(ctl, req, fds, kmod):
+    """The fork of the template: unshares the namespaces and forks the
+    session's PID 1 into the new PID namespace, then exits."""
+    try:
+        ctl.close()
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        if os.fork() == 0:
+            _reaper(req, fds, kmod)
+    except BaseException as e:
+        try:
+            socket.socket(fileno=fds[5]).send(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode())
+        except BaseException:
+            pass
+    os._exit(0)
+
+
+# ---------------------------------------------------------------- the template
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def main():
+    ctl = socket.socket(fileno=3)
+    cfg = json.loads(ctl.recv(1 << 20))
+    C.filter = base64.b64decode(cfg["filter"])
+    C.masked = cfg.get("masked", ())
+    C.readonly = cfg.get("readonly", ())
+    errors = []
+    spec = importlib.util.spec_from_file_location("sandloop_kernel", KERNEL_PATH)
+    kmod = importlib.util.module_from_spec(spec)
+    sys.modules["sandloop_kernel"] = kmod
+    spec.loader.exec_module(kmod)
+    for name in cfg.get("modules", ()):
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            errors.append("import %s: %s: %s" % (name, type(e).__name__, e))
+    if _threads() != 1 or threading.active_count() != 1:
+        errors.append("%d threads after the imports: fork would copy a process whose other threads are gone" % _threads())
+    # Objects that exist now are never collected: the collector does not
+    # walk (and so copy) their pages in every child.
+    gc.collect()
+    gc.freeze()
+    ctl.send(json.dumps({"ready": not errors, "errors": errors}).encode())
+    if errors:
+        return
+    while True:
+        msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 8)
+        if not msg:
+            return
+        req = {}
+        try:
+            req = json.loads(msg)
+            if len(fds) != 6:
+                raise ValueError("want 6 descriptors, got %d" % len(fds))
+            if _threads() != 1:
+                raise RuntimeError("the template has started a thread")
+            pid = os.fork()
+            if pid == 0:
+                _child(ctl, req, fds, kmod)
+            os.waitpid(pid, 0)
+            reply = {"id": req.get("id"), "forked": pid}
+        except Exception as e:
+            reply = {"id": req.get("id"), "error": "%s: %s" % (type(e).__name__, e)}
+        for fd in fds:
+            os.close(fd)
+        ctl.send(json.dumps(reply).encode())
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        pass
+    os._exit(0)
