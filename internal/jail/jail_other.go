@@ -26,4 +26,4 @@ func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
 func (*Process) Done() <-chan struct{}  { return nil }
 func Probe() HostReport                 { return HostReport{} }
 func SeccompSupported() bool            { return false }
-func RunningInits() []int                  { return nil }
+func RunningInits() []int               { return nil }

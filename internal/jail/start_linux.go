@@ -21,13 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HostID is the host uid and gid the sandbox user maps to when the server
-// runs as root: nobody, which owns nothing on the host. (Without root, the
-// sandbox user maps to the server's own user.) Distinct jails sharing it
-// cannot reach each other: each has its own PID, mount, network and IPC
-// namespaces, and RLIMIT_NPROC is counted per user namespace.
-var HostID = 65534
-
 // Process is a running jail.
 type Process struct {
 	cmd     *exec.Cmd

@@ -10,27 +10,13 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
-)
-
-const (
-	streamEvents = 0
-	streamStdout = 1
-	streamStderr = 2
 )
 
 // maxReads bounds the reads of one pipe per drain, so a flood on one pipe
 // cannot starve the others.
 const maxReads = 16
-
-// sink receives what the kernel says, in order.
-type sink interface {
-	text(stream int, s string)
-	// event handles one event; true stops the current step (the end).
-	event(ev *wireEvent) bool
-}
 
 // outState is what was read from an output pipe and not yet passed on.
 type outState struct {
@@ -437,22 +423,4 @@ func partialPrefix(b, prefix []byte) int {
 		}
 	}
 	return 0
-}
-
-// runeBoundary returns the length of b without a trailing incomplete UTF-8
-// sequence, so a character split across two reads is not mangled.
-func runeBoundary(b []byte) int {
-	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
-		c := b[i]
-		if c < utf8.RuneSelf {
-			return len(b)
-		}
-		if utf8.RuneStart(c) {
-			if utf8.FullRune(b[i:]) {
-				return len(b)
-			}
-			return i
-		}
-	}
-	return len(b)
 }

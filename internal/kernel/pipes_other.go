@@ -1,0 +1,23 @@
+//go:build !linux
+
+package kernel
+
+import (
+	"errors"
+	"time"
+)
+
+// The kernel's pipes use epoll-style polling and an eventfd: Linux only.
+// Elsewhere the package builds (for go vet) and Start fails.
+
+var errNeedsLinux = errors.New("kernel: sandboxed kernels need Linux")
+
+type pipes struct{ eof [3]bool }
+
+func newPipes(int, string) (*pipes, Files, error)       { return nil, Files{}, errNeedsLinux }
+func (p *pipes) close()                                 {}
+func (p *pipes) wake()                                  {}
+func (p *pipes) allEOF() bool                           { return true }
+func (p *pipes) drainOutput(sink)                       {}
+func (p *pipes) writeRequest([]byte, time.Time) error   { return errNeedsLinux }
+func (p *pipes) step(time.Duration, sink) (bool, error) { return false, errNeedsLinux }
