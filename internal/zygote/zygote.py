@@ -200,16 +200,18 @@ def _become_kernel(req, kfds, rep, kmod):
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     for s in FORWARDED:
         signal.signal(s, signal.SIG_DFL)
-    rep.send(b'{"kernel":true}')
-    rep.close()
-    # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's pipes.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 200) for fd in kfds]
+    # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's
+    # pipes; the report socket until the kernel runs.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 7) for fd in kfds + [rep.detach()]]
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    for i, fd in enumerate(high):
+    for i, fd in enumerate(high[:4]):
         os.dup2(fd, 3 + i)
-    os.closerange(7, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    rep_fd = high[4]
+    os.closerange(7, rep_fd)
+    os.closerange(rep_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    rep = socket.socket(fileno=rep_fd)
     os.environ.clear()
     for kv in req["env"]:
         k, _, v = kv.partition("=")
@@ -223,6 +225,8 @@ def _become_kernel(req, kfds, rep, kmod):
         except Exception:
             pass
     sys.argv = [KERNEL_PATH]
+    rep.send(b'{"kernel":true}')
+    rep.close()
     try:
         kmod.main()
     except (BrokenPipeError, KeyboardInterrupt):
@@ -244,8 +248,11 @@ def _reaper(req, fds, kmod):
         if kpid == 0:
             try:
                 _become_kernel(req, kfds, rep, kmod)
-            finally:
-                os._exit(127)
+            except BaseException as e:
+                try:
+                    rep.send(json.dumps({"error": "start the kernel: %s: %s" % (type(e).__name__, e)}).encode())
+                finally:
+                    os._exit(127)
     except BaseException as e:
         try:
             rep.send(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode())

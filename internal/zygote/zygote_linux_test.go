@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -154,7 +156,7 @@ func TestForkedSessionIsAJail(t *testing.T) {
 		"nnp": "1", "seccomp": "2", "ptrace": eperm, "mount": eperm, "unshare": eperm, "bpf": eperm,
 		"netdev": []any{"lo"}, "cgroup": "/", "masked": float64(0), "ws": []any{},
 		"pid": float64(2), "whoami": []any{float64(1), float64(1000), float64(1000), "/workspace", "sandbox"},
-		"pids":   []any{float64(1)},
+		"pids": []any{float64(1)},
 	} {
 		if fmt.Sprint(got[k]) != fmt.Sprint(v) {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
@@ -170,5 +172,230 @@ func TestForkedSessionIsAJail(t *testing.T) {
 		if fmt.Sprint(got[k]) != fmt.Sprint(want[k]) {
 			t.Errorf("%s differs from a cold session's:\nfork: %v\ncold: %v", k, got[k], want[k])
 		}
+	}
+}
+
+// Forked siblings share nothing they could use to reach each other.
+func TestSiblingsIsolated(t *testing.T) {
+	z := newZygote(t, light)
+	a := newSession(t, z, session.Options{})
+	b := newSession(t, z, session.Options{})
+
+	// Files.
+	out(t, a.Session, `open("/workspace/secret.txt", "w").write("A"); open("/tmp/a-tmp", "w").write("A")`)
+	if _, err := os.Stat(filepath.Join(a.Workspace(), "secret.txt")); err != nil {
+		t.Fatalf("the host does not see A's file: %v", err)
+	}
+	if got := out(t, b.Session, `import os; print(os.listdir("/workspace"), os.path.exists("/tmp/a-tmp"))`); got != "[] False" {
+		t.Errorf("B sees %s in its workspace and /tmp", got)
+	}
+
+	// Processes and signals: B can name (and so signal) only its own.
+	out(t, a.Session, `import subprocess; child = subprocess.Popen(["sleep", "300"])`)
+	got := out(t, b.Session, `
+import os
+own = set(int(p) for p in os.listdir("/proc") if p.isdigit())
+reached = []
+for pid in range(1, 4096):
+    try:
+        os.kill(pid, 0)
+        reached.append(pid)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        reached.append(pid)
+print(sorted(set(reached) - own), sorted(own))`)
+	if !strings.HasPrefix(got, "[] ") {
+		t.Errorf("B can reach processes that are not its own: %s", got)
+	}
+	if got := out(t, a.Session, `print(child.poll())`); got != "None" {
+		t.Errorf("A's child ended: %s", got)
+	}
+
+	// Memory: a write in one is not seen by the other or by later forks.
+	out(t, a.Session, `import json; json.sandloop_mark = "A"`)
+	c := newSession(t, z, session.Options{})
+	for name, s := range map[string]forked{"B": b, "C": c} {
+		if got := out(t, s.Session, `import json; print(hasattr(json, "sandloop_mark"))`); got != "False" {
+			t.Errorf("%s sees A's write", name)
+		}
+	}
+
+	// A's kernel dies; B lives on, and the zygote still forks.
+	if res := run(t, a.Session, `import os, signal; os.kill(os.getpid(), signal.SIGKILL)`); res.Status != "killed" {
+		t.Errorf("A's suicide: status %s, want killed", res.Status)
+	}
+	if got := out(t, b.Session, `print("alive")`); got != "alive" {
+		t.Errorf("B after A died: %q", got)
+	}
+	d := newSession(t, z, session.Options{})
+	out(t, d.Session, `print(1)`)
+}
+
+// Each fork has its own cgroup and limits: one running into them leaves
+// its sibling alone.
+func TestLimitsPerFork(t *testing.T) {
+	z := newZygote(t, light)
+	small := newSession(t, z, session.Options{Limits: jail.Limits{Memory: 64 << 20, Pids: 16, TmpSize: 2 << 20, NoFile: 128}})
+	big := newSession(t, z, session.Options{})
+
+	if got := out(t, small.Session, `
+import errno
+try:
+    open("/tmp/big", "wb").write(b"x" * (4 << 20))
+    print("wrote")
+except OSError as e:
+    print(errno.errorcode[e.errno])`); got != "ENOSPC" {
+		t.Errorf("4 MiB in a 2 MiB /tmp: %s", got)
+	}
+	if got := out(t, big.Session, `open("/tmp/big", "wb").write(b"x" * (4 << 20)); print("wrote")`); got != "wrote" {
+		t.Errorf("sibling's /tmp: %s", got)
+	}
+	if got := out(t, small.Session, `
+fs = []
+try:
+    for i in range(200):
+        fs.append(open("/dev/null"))
+except OSError as e:
+    pass
+print(len(fs) < 128)
+for f in fs: f.close()`); got != "True" {
+		t.Errorf("RLIMIT_NOFILE not applied: %s", got)
+	}
+	spawn := `
+import subprocess
+procs = []
+try:
+    for i in range(30):
+        procs.append(subprocess.Popen(["sleep", "60"]))
+except OSError as e:
+    pass
+print(len(procs))
+for p in procs: p.kill(); p.wait()`
+	if n, _ := strconv.Atoi(out(t, small.Session, spawn)); n >= 16 || n == 0 {
+		t.Errorf("started %d processes under a pids limit of 16", n)
+	}
+	if got := out(t, big.Session, spawn); got != "30" {
+		t.Errorf("sibling started %s of 30 processes", got)
+	}
+
+	res := run(t, small.Session, `x = bytearray(200 << 20)`)
+	if res.Status != "killed" || !strings.Contains(res.Error.Value, "out-of-memory") {
+		t.Errorf("200 MiB under a 64 MiB limit: status %s, error %+v", res.Status, res.Error)
+	}
+	if got := out(t, big.Session, `x = bytearray(200 << 20); print(len(x) >> 20)`); got != "200" {
+		t.Errorf("sibling after the OOM: %q", got)
+	}
+}
+
+// A template that dies is replaced without the caller noticing, and the
+// sessions it forked live on.
+func TestZygoteRestarts(t *testing.T) {
+	z := newZygote(t, light)
+	first := newSession(t, z, session.Options{})
+	old := z.Pid()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	second := newSession(t, z, session.Options{})
+	if got := out(t, second.Session, `print("forked")`); got != "forked" {
+		t.Fatalf("after the template was killed: %q", got)
+	}
+	if now := z.Pid(); now == old || now == 0 {
+		t.Errorf("template pid %d after killing %d", now, old)
+	}
+	if got := out(t, first.Session, `print("alive")`); got != "alive" {
+		t.Errorf("a session forked by the dead template: %q", got)
+	}
+
+	// The whole jail of the template (its init): the next fork still works.
+	z.mu.Lock()
+	inst := z.cur
+	z.mu.Unlock()
+	inst.proc.Kill()
+	third := newSession(t, z, session.Options{})
+	if got := out(t, third.Session, `print("forked")`); got != "forked" {
+		t.Fatalf("after the template's jail was killed: %q", got)
+	}
+	// Sessions in the killed jail's PID namespace die with it.
+	if res, err := second.Execute(context.Background(), kernel.Request{Code: "print(1)"}, nil); err == nil && res.Status == "ok" {
+		t.Errorf("a session of the killed jail still runs")
+	}
+}
+
+// Closing a session leaves no process and no cgroup behind.
+func TestCloseCleansUp(t *testing.T) {
+	z := newZygote(t, light)
+	s := newSession(t, z, session.Options{})
+	out(t, s.Session, `import subprocess; subprocess.Popen(["sleep", "300"], start_new_session=True)`)
+	pids := s.proc.HostPids()
+	cg := readCgroups(t, pids[1])
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.proc.Wait()
+	for _, pid := range pids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			t.Errorf("process %d still exists", pid)
+		}
+	}
+	for _, dir := range cg {
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("cgroup %s still exists", dir)
+		}
+	}
+}
+
+// readCgroups returns the cgroup directories (v1 memory and pids) of a
+// host process.
+func readCgroups(t *testing.T, pid int) []string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs []string
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (parts[1] == "memory" || parts[1] == "pids") {
+			if !strings.Contains(parts[2], "sandloop-") {
+				t.Fatalf("kernel in cgroup %s, not a session's", parts[2])
+			}
+			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", parts[1], parts[2]))
+		}
+	}
+	if len(dirs) == 0 {
+		t.Fatalf("no memory or pids cgroup in %q", data)
+	}
+	return dirs
+}
+
+// The default template: numpy, pandas and matplotlib are ready, rich
+// output works, and random generators differ between forks.
+func TestDataScienceSession(t *testing.T) {
+	z := newZygote(t, nil)
+	a := newSession(t, z, session.Options{})
+	b := newSession(t, z, session.Options{})
+	res := run(t, a.Session, `
+import sys
+assert "pandas" in sys.modules
+import pandas as pd, numpy as np, matplotlib.pyplot as plt
+plt.plot([1, 2, 3])
+pd.DataFrame({"a": [1, 2]})`)
+	if res.Status != "ok" {
+		t.Fatalf("status %s: %+v", res.Status, res.Error)
+	}
+	var png, html bool
+	for _, r := range res.Results {
+		_, p := r.Data["image/png"]
+		_, h := r.Data["text/html"]
+		png, html = png || p, html || h
+	}
+	if !png || !html {
+		t.Errorf("results have png %v, html %v: %+v", png, html, res.Results)
+	}
+	draw := `import random, numpy as np; print(random.random(), np.random.rand())`
+	if x, y := out(t, a.Session, draw), out(t, b.Session, draw); x == y {
+		t.Errorf("two forks drew the same random numbers: %s", x)
 	}
 }
