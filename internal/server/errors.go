@@ -57,7 +57,7 @@ func toAPIError(err error) *apiError {
 	case errors.As(err, &ja):
 		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
 	case errors.Is(err, session.ErrCapacity):
-		return &apiError{http.StatusTooManyRequests, "too_many_sessions", "the server holds as many sessions as it may: delete one or retry later", 5}
+		return &apiError{http.StatusTooManyRequests, "too_many_sessions", "the server holds as many sessions as it may: delete one or retry later", 1}
 	case errors.Is(err, session.ErrRestartRequired):
 		return &apiError{http.StatusConflict, "restart_required", err.Error() + ": POST /v1/sessions/{id}/restart", 0}
 	case errors.Is(err, session.ErrClosed):

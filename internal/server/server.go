@@ -172,6 +172,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0})
 		return
 	}
+	// ".." and unknown routes get JSON errors here: the mux would answer
+	// them with a redirect or a plain-text 404.
+	for _, seg := range strings.Split(r.URL.Path, "/") {
+		if seg == ".." || seg == "." {
+			writeError(w, &apiError{http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0})
+			return
+		}
+	}
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
+		return
+	}
 	sw := &statusWriter{ResponseWriter: w, status: 200}
 	s.mux.ServeHTTP(sw, r)
 	s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))

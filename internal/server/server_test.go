@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 
 	"io"
 	"net/http"
@@ -271,7 +273,7 @@ func TestFiles(t *testing.T) {
 	if strings.Join(names, ",") != "data:dir,escape:symlink,out.txt:file,pipe:other" {
 		t.Errorf("list: %v", names)
 	}
-	for path, want := range map[string]int{"/files/escape": 400, "/files/pipe": 400, "/files/nothing": 404, "/files/../etc/passwd": 404} {
+	for path, want := range map[string]int{"/files/escape": 400, "/files/pipe": 400, "/files/nothing": 404, "/files/../etc/passwd": 400} {
 		resp := ts.do(t, "GET", base+path, "", nil)
 		if resp.StatusCode != want {
 			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
@@ -519,5 +521,34 @@ func TestGracefulShutdownLeavesNothing(t *testing.T) {
 	}
 }
 
-
 func newHTTPTest(h http.Handler) *httptest.Server { return httptest.NewServer(h) }
+
+func TestDotDotAndUnknownRoutesGetJSON(t *testing.T) {
+	ts := newTestServer(t, session.ManagerOptions{}, Options{})
+	id := ts.create(t, "")
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"PUT", "/v1/sessions/" + id + "/files/../x", 400, "bad_path"},
+		{"GET", "/v1/sessions/" + id + "/files/a/../../etc/passwd", 400, "bad_path"},
+		{"GET", "/v1/nothing", 404, "not_found"},
+		{"PATCH", "/v1/sessions", 404, "not_found"},
+	} {
+		// A raw request: net/http's client would clean the path.
+		conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx", c.method, c.path)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != c.status || errCode(t, resp) != c.code {
+			t.Errorf("%s %s: %d, want %d %s", c.method, c.path, resp.StatusCode, c.status, c.code)
+		}
+		conn.Close()
+	}
+}

@@ -46,6 +46,10 @@ type ManagerOptions struct {
 	// MaxLifetime closes a session this long after its creation. If zero,
 	// 12 hours; if negative, never.
 	MaxLifetime time.Duration
+	// RefillDelay is how long the pool waits after handing out a kernel
+	// before starting its replacement, so the start does not compete for
+	// CPU with the new session's first execution. If zero, 250ms.
+	RefillDelay time.Duration
 	// ReapInterval is how often idle and expired sessions are looked for.
 	// If zero, 10 seconds.
 	ReapInterval time.Duration
@@ -155,6 +159,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	}
 	if opts.ExecTimeout == 0 {
 		opts.ExecTimeout = 5 * time.Minute
+	}
+	if opts.RefillDelay == 0 {
+		opts.RefillDelay = 250 * time.Millisecond
 	}
 	log := opts.Logger
 	if log == nil {
@@ -273,7 +280,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	}
 	m.mu.Unlock()
 	if pooled != nil {
-		m.kick()
+		time.AfterFunc(m.opts.RefillDelay, m.kick)
 	}
 
 	s := pooled
