@@ -4,7 +4,7 @@ GO ?= go
 export CGO_ENABLED = 0
 ARGS ?= doctor
 
-.PHONY: run test build deps bench
+.PHONY: run test build deps bench load
 
 deps:
 	@./scripts/deps.sh
@@ -20,5 +20,12 @@ test: deps
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 
+# Speed claims, each printed as a ratio against a baseline measured in the same run.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 30x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench ColdExec -benchtime 30x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
+	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
+
+# Proof under load: 50 clients for 2 minutes, then leak checks.
+load: deps
+	$(GO) run ./bench/load -duration 2m -clients 50

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -124,6 +125,13 @@ func newServeCmd() *cobra.Command {
 			case <-ctx.Done():
 			}
 			log.Info("shutting down: closing every session")
+			// Mounted handlers that hold connections open (MCP event
+			// streams) are closed first, so Shutdown does not wait on them.
+			for _, h := range mounts {
+				if c, ok := h.(io.Closer); ok {
+					c.Close()
+				}
+			}
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
