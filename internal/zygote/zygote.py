@@ -42,6 +42,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.unshare.argtypes = [ctypes.c_int]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 libc.syscall.restype = ctypes.c_long
 
@@ -115,21 +116,19 @@ def _bind_ro(path, extra):
 # ---------------------------------------------------------------- the child
 
 
-def _build_jail(req, ws_fd):
-    """Runs as PID 1 of the child's own PID namespace, in its own mount,
-    network, IPC, UTS and cgroup namespaces, with the template's
-    capabilities (in the jail's user namespace only)."""
-    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")  # the session's cgroup becomes "/"
+def _prepare():
+    """Runs in a spare child, PID 1 of its own PID namespace, before any
+    session asks for it: new mount, network, IPC and UTS namespaces, a
+    fresh /proc, loopback. Nothing here depends on the session."""
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    # Replace the template's /tmp, /dev/shm and /proc rather than cover
-    # them, so the mount table is a cold jail's. The new /proc (for this
-    # PID namespace, with the jail's masks) is built on the new /tmp while
-    # the template's is still there: a user namespace may mount proc only
-    # where one is already fully visible.
-    tmp = int(req["tmp_size"])
-    for path, flags, inodes in (("/tmp", MS_NOSUID | MS_NODEV, 65536), ("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, 16384)):
-        _check(libc.umount2(path.encode(), MNT_DETACH), "detach the template's " + path)
-        _mount("tmpfs", path, "tmpfs", flags, "size=%d,nr_inodes=%d,mode=1777" % (tmp, inodes))
+    # Replace the template's /tmp and /proc rather than cover them, so the
+    # mount table is a cold jail's. The new /proc (for this PID namespace,
+    # with the jail's masks) is built on the new /tmp while the template's
+    # is still there: a user namespace may mount proc only where one is
+    # already fully visible.
+    _check(libc.umount2(b"/tmp", MNT_DETACH), "detach the template's /tmp")
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=65536,mode=1777")
     proc = "/tmp/.proc"
     os.mkdir(proc)
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -143,22 +142,35 @@ def _build_jail(req, ws_fd):
         p = proc + "/" + name
         if os.path.lexists(p):
             _bind_ro(p, MS_NODEV | MS_NOEXEC)
+    # (Lazy unmounts wait for an RCU grace period: all of them are done
+    # here, before any session waits.)
+    _check(libc.umount2(b"/dev/shm", MNT_DETACH), "detach the template's /dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,nr_inodes=16384,mode=1777")
+    _check(libc.umount2(b"/workspace", MNT_DETACH), "detach the template's workspace")
     _check(libc.umount2(b"/proc", MNT_DETACH), "detach the template's /proc")
     _mount(proc, "/proc", None, MS_MOVE)
     os.rmdir(proc)
-    for d in ("/tmp/.sandloop/matplotlib", "/tmp/.sandloop/cache"):
-        os.makedirs(d, exist_ok=True)
-    # The session's workspace replaces the template's (empty) one.
-    _check(libc.umount2(b"/workspace", MNT_DETACH), "detach the template's workspace")
-    _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
-    os.close(ws_fd)
-    _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
-    os.chdir("/workspace")
     # Only loopback, brought up (the namespace is new: nothing else exists).
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0))[:18])[1]  # SIOCGIFFLAGS
     fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
     s.close()
+
+
+def _build_jail(req, ws_fd):
+    """The session's part of the jail, once the host has moved us into the
+    session's cgroup."""
+    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")  # the session's cgroup becomes "/"
+    tmp = int(req["tmp_size"])
+    _mount(None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, "size=%d,nr_inodes=65536,mode=1777" % tmp)
+    _mount(None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%d,nr_inodes=16384,mode=1777" % tmp)
+    for d in ("/tmp/.sandloop/matplotlib", "/tmp/.sandloop/cache"):
+        os.makedirs(d, exist_ok=True)
+    # The session's workspace replaces the template's (detached ahead).
+    _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
+    os.close(ws_fd)
+    _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
+    os.chdir("/workspace")
     for res, val in ((resource.RLIMIT_NOFILE, req["nofile"]), (resource.RLIMIT_FSIZE, req["fsize"]),
                      (resource.RLIMIT_CORE, 0), (resource.RLIMIT_STACK, req["stack"])):
         resource.setrlimit(res, (int(val), int(val)))
@@ -234,10 +246,21 @@ def _become_kernel(req, kfds, rep, kmod):
     os._exit(0)
 
 
-def _reaper(req, fds, kmod):
-    """PID 1 of the session: builds its jail, starts the kernel as PID 2
-    and reaps every process until the kernel ends. When it exits, the
-    kernel kills whatever is left in the PID namespace."""
+def _spare(sock, kmod):
+    """A spare child: PID 1 of a new PID namespace, prepared ahead, waiting
+    for its session. Then it is the session's reaper: it builds the rest
+    of its jail, starts the kernel as PID 2 and reaps every process until
+    the kernel ends. When it exits, the kernel kills whatever is left in
+    the PID namespace."""
+    try:
+        _prepare()
+    except BaseException:
+        os._exit(125)
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+    sock.close()
+    if not msg or len(fds) != 6:
+        os._exit(0)
+    req = json.loads(msg)
     kfds, ws_fd, rep = fds[:4], fds[4], socket.socket(fileno=fds[5])
     try:
         rep.send(b'{"hello":"reaper"}')
@@ -279,22 +302,6 @@ def _reaper(req, fds, kmod):
             os._exit(0)
 
 
-def _child(ctl, req, fds, kmod):
-    """The fork of the template: unshares the namespaces and forks the
-    session's PID 1 into the new PID namespace, then exits."""
-    try:
-        ctl.close()
-        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        if os.fork() == 0:
-            _reaper(req, fds, kmod)
-    except BaseException as e:
-        try:
-            socket.socket(fileno=fds[5]).send(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode())
-        except BaseException:
-            pass
-    os._exit(0)
-
-
 # ---------------------------------------------------------------- the template
 
 
@@ -327,7 +334,48 @@ def main():
     ctl.send(json.dumps({"ready": not errors, "errors": errors}).encode())
     if errors:
         return
+    self_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def reap(*_):
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def make_spare():
+        """Forks a spare child into a new PID namespace (as its PID 1)
+        without leaving ours: unshare, fork, then back with setns."""
+        if _threads() != 1:
+            raise RuntimeError("the template has started a thread")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _check(libc.unshare(CLONE_NEWPID), "unshare pid namespace")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                ctl.close()
+                ours.close()
+                os.close(self_pidns)
+                _spare(theirs, kmod)
+            finally:
+                os._exit(125)
+        _check(libc.setns(self_pidns, CLONE_NEWPID), "return to our pid namespace")
+        theirs.close()
+        return pid, ours
+
+    # Children are reaped as they end (a zombie would keep its session's
+    # cgroup from being removed).
+    signal.signal(signal.SIGCHLD, reap)
+    spare = None
     while True:
+        if spare is None:
+            try:
+                spare = make_spare()
+            except Exception as e:
+                sys.stderr.write("zygote: spare child: %s\n" % e)
         msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 8)
         if not msg:
             return
@@ -336,19 +384,26 @@ def main():
             req = json.loads(msg)
             if len(fds) != 6:
                 raise ValueError("want 6 descriptors, got %d" % len(fds))
-            if _threads() != 1:
-                raise RuntimeError("the template has started a thread")
-            pid = os.fork()
-            if pid == 0:
-                _child(ctl, req, fds, kmod)
-            os.waitpid(pid, 0)
+            if spare is None:
+                spare = make_spare()
+            for attempt in (0, 1):
+                pid, sock = spare
+                spare = None
+                try:
+                    socket.send_fds(sock, [msg], fds)
+                    break
+                except OSError:
+                    if attempt:
+                        raise
+                    spare = make_spare()  # the spare died (its preparation failed)
+                finally:
+                    sock.close()
             reply = {"id": req.get("id"), "forked": pid}
         except Exception as e:
             reply = {"id": req.get("id"), "error": "%s: %s" % (type(e).__name__, e)}
         for fd in fds:
             os.close(fd)
         ctl.send(json.dumps(reply).encode())
-
 
 if __name__ == "__main__":
     try:

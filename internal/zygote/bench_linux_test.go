@@ -1,0 +1,171 @@
+package zygote
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// BenchmarkCreateImportPandas times creating a session and running
+// `import pandas` in it, forked from the default template against a cold
+// session, alternating in the same run (run with -benchtime=10x). It
+// reports both medians and their ratio (cold/zygote).
+func BenchmarkCreateImportPandas(b *testing.B) {
+	z := newZygote(b, nil)
+	one := func(zy session.Zygote) time.Duration {
+		start := time.Now()
+		s, err := session.New(context.Background(), session.Options{Zygote: zy})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		res, err := s.Execute(context.Background(), kernel.Request{Code: "import pandas"}, nil)
+		if err != nil || res.Status != "ok" {
+			b.Fatalf("import pandas: %v %+v", err, res)
+		}
+		return time.Since(start)
+	}
+	one(z) // warm the page cache for both
+	one(nil)
+	var zt, ct []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		zt = append(zt, one(z))
+		ct = append(ct, one(nil))
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	zm, cm := median(zt), median(ct)
+	b.ReportMetric(ms(zm), "zygote-ms")
+	b.ReportMetric(ms(cm), "cold-ms")
+	b.ReportMetric(float64(cm)/float64(zm), "cold/zygote")
+	b.Logf("create + import pandas, median of %d: zygote %.1f ms, cold %.1f ms: %.1fx faster", b.N, ms(zm), ms(cm), float64(cm)/float64(zm))
+}
+
+// BenchmarkIdleMemory holds N idle sessions with numpy and pandas imported
+// (N = $SANDLOOP_BENCH_SESSIONS, default 50), forked and then cold, and
+// reports the private memory (USS: Private_Clean + Private_Dirty) and PSS
+// per session from /proc/PID/smaps_rollup, summed over every process of
+// the session (a forked session's reaper and kernel; a cold one's init and
+// kernel). The template's own memory is reported apart (shared by all).
+func BenchmarkIdleMemory(b *testing.B) {
+	n := 50
+	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SESSIONS")); err == nil && v > 0 {
+		n = v
+	}
+	z := newZygote(b, nil)
+	z.mu.Lock()
+	zInit, zPid := z.cur.proc.Pid(), z.cur.pid
+	z.mu.Unlock()
+	if memoryCgroup(zPid) == "" {
+		b.Skip("no v1 memory cgroup to tell sessions from the template's spare child")
+	}
+	measure := func(zy session.Zygote) (uss, pss float64) {
+		var ss []*session.Session
+		defer func() {
+			for _, s := range ss {
+				s.Close()
+			}
+		}()
+		for i := 0; i < n; i++ {
+			s, err := session.New(context.Background(), session.Options{Zygote: zy})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ss = append(ss, s)
+			res, err := s.Execute(context.Background(), kernel.Request{Code: "import numpy, pandas"}, nil)
+			if err != nil || res.Status != "ok" {
+				b.Fatalf("import: %v %+v", err, res)
+			}
+		}
+		var u, p int64
+		zcg := memoryCgroup(zPid)
+		for _, pid := range descendants(os.Getpid()) {
+			if pid == zInit || pid == zPid || memoryCgroup(pid) == zcg {
+				continue // the template, its init and its spare child
+			}
+			pu, pp := smaps(pid)
+			u += pu
+			p += pp
+		}
+		return float64(u) / float64(n) / (1 << 20), float64(p) / float64(n) / (1 << 20)
+	}
+	for i := 0; i < b.N; i++ {
+		zu, zp := measure(z)
+		cu, cp := measure(nil)
+		tu, tp := smaps(zPid)
+		b.ReportMetric(zu, "zygote-USS-MiB")
+		b.ReportMetric(zp, "zygote-PSS-MiB")
+		b.ReportMetric(cu, "cold-USS-MiB")
+		b.ReportMetric(cp, "cold-PSS-MiB")
+		b.ReportMetric(cu/zu, "cold/zygote-USS")
+		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.1f MiB PSS %.1f MiB; cold USS %.1f MiB PSS %.1f MiB; USS %.1fx smaller; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
+			n, zu, zp, cu, cp, cu/zu, float64(tu)/(1<<20), float64(tp)/(1<<20))
+	}
+}
+
+// descendants returns every process below pid.
+func descendants(pid int) []int {
+	var out []int
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		for _, f := range strings.Fields(string(data)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+				out = append(out, descendants(c)...)
+			}
+		}
+	}
+	return out
+}
+
+// memoryCgroup returns the memory cgroup of a process.
+func memoryCgroup(pid int) string {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && (parts[1] == "memory" || parts[1] == "") {
+			return parts[2]
+		}
+	}
+	return ""
+}
+
+// smaps returns a process's USS and PSS in bytes.
+func smaps(pid int) (uss, pss int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "Private_Clean:", "Private_Dirty:":
+			uss += kb << 10
+		case "Pss:":
+			pss += kb << 10
+		}
+	}
+	return uss, pss
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
