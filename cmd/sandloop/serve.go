@@ -19,6 +19,7 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/webui"
+	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -34,6 +35,7 @@ func newServeCmd() *cobra.Command {
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
+		useZygote                bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -63,9 +65,18 @@ func newServeCmd() *cobra.Command {
 				handler = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
 			}
 			log := slog.New(handler)
+			var zy session.Zygote
+			if useZygote {
+				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
+				if err != nil {
+					return fmt.Errorf("start the zygote: %w", err)
+				}
+				defer z.Close() // after the manager has closed its sessions
+				zy = z
+			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
-				Defaults: defaults, Max: maxima, ExecTimeout: execTO, Logger: log,
+				Defaults: defaults, Max: maxima, ExecTimeout: execTO, Logger: log, Zygote: zy,
 			})
 			defer mgr.Close()
 			mounts := map[string]http.Handler{}
@@ -153,6 +164,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
 	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
