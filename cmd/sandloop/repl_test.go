@@ -48,14 +48,25 @@ func TestRepl(t *testing.T) {
 	go func() {
 		done <- runRepl(context.Background(), replConfig{In: inR, Out: out, Err: errOut, Interrupts: sigs, Images: images})
 	}()
-	io.WriteString(inW, "x = 21\ndef double(n):\n    return n * 2\n\ndouble(x)\n")
-	io.WriteString(inW, "import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(2, 1), dpi=50); plt.plot([1, 2]); plt.show()\n")
-	io.WriteString(inW, "1/0\n!echo from shell\n")
-	io.WriteString(inW, "import time\nprint('sleeping', flush=True); time.sleep(60)\n")
-	<-out.seen
+	// The input is typed from another goroutine, so a repl that ends early
+	// fails the test instead of leaving the writes blocked.
+	go func() {
+		io.WriteString(inW, "x = 21\ndef double(n):\n    return n * 2\n\ndouble(x)\n")
+		io.WriteString(inW, "import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(2, 1), dpi=50); plt.plot([1, 2]); plt.show()\n")
+		io.WriteString(inW, "1/0\n!echo from shell\n")
+		io.WriteString(inW, "import time\nprint('sleeping', flush=True); time.sleep(60)\n")
+	}()
+	select {
+	case <-out.seen:
+	case err := <-done:
+		inR.CloseWithError(io.ErrClosedPipe)
+		t.Fatalf("the repl ended before the sleeping cell ran: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	}
 	sigs <- os.Interrupt // Ctrl-C while the cell runs
-	io.WriteString(inW, "print('x is', x)\n")
-	inW.Close()
+	go func() {
+		io.WriteString(inW, "print('x is', x)\n")
+		inW.Close()
+	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -132,8 +132,12 @@ func (v *terminalView) showResult(e agent.Event) {
 		if e.Images > 0 {
 			fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("[%d image(s)]", e.Images)))
 		}
-		if r.Error != nil && r.Error.Traceback != "" && !strings.Contains(r.Stderr, r.Error.Name) {
+		switch {
+		case r.Error == nil:
+		case r.Error.Traceback != "" && !strings.Contains(r.Stderr, r.Error.Name):
 			fmt.Fprint(v.w, v.paint(cRed, strings.TrimRight(r.Error.Traceback, "\n")+"\n"))
+		case r.Error.Traceback == "":
+			fmt.Fprintln(v.w, v.paint(cRed, r.Error.Value))
 		}
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -245,6 +246,9 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, code string, timeo
 		return outcome{Text: "error: the Python session had died (" + err.Error() + "); it was restarted with empty state (files are kept). Run the code again.", IsError: true}
 	}
 	r.executed, r.ranOK = true, res.Status == kernel.StatusOK
+	if call.Name == ToolRunShell {
+		res = shellResult(res)
+	}
 	if res.Status == kernel.StatusKilled {
 		_ = r.opts.Session.Restart(ctx)
 	}
@@ -303,4 +307,23 @@ func numberLines(s string, offset, limit int) string {
 		return "(empty file)"
 	}
 	return strings.TrimRight(b.String(), "\n")
+}
+
+var exitStatus = regexp.MustCompile(`returned non-zero exit status (\d+)`)
+
+// shellResult replaces the kernel's own traceback for a failed shell
+// command (a CalledProcessError raised from its shell helper) by the plain
+// exit status: the command's stderr already says what went wrong.
+func shellResult(res *kernel.Result) *kernel.Result {
+	if res.Error == nil || res.Error.Name != "CalledProcessError" {
+		return res
+	}
+	out := *res
+	e := *res.Error
+	if m := exitStatus.FindStringSubmatch(e.Value); m != nil {
+		e.Value = "the command exited with status " + m[1]
+	}
+	e.Traceback = ""
+	out.Error = &e
+	return &out
 }
