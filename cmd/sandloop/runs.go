@@ -50,6 +50,20 @@ func openHistory(cmd *cobra.Command, dataDir string) (*store.Store, error) {
 	return openStore(cmd.Context(), dataDir)
 }
 
+// openRun opens the history and finds the run an id prefix names.
+func openRun(cmd *cobra.Command, dataDir, prefix string) (*store.Store, string, error) {
+	st, err := openHistory(cmd, dataDir)
+	if err != nil {
+		return nil, "", err
+	}
+	id, err := resolveRun(cmd, st, prefix)
+	if err != nil {
+		st.Close()
+		return nil, "", err
+	}
+	return st, id, nil
+}
+
 func resolveRun(cmd *cobra.Command, st *store.Store, prefix string) (string, error) {
 	id, err := st.LookupRunID(cmd.Context(), prefix)
 	switch {
@@ -84,15 +98,11 @@ func listRuns(cmd *cobra.Command, dataDir string, limit int) error {
 }
 
 func showRun(cmd *cobra.Command, dataDir, prefix string) error {
-	st, err := openHistory(cmd, dataDir)
+	st, id, err := openRun(cmd, dataDir, prefix)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	id, err := resolveRun(cmd, st, prefix)
-	if err != nil {
-		return err
-	}
 	r, err := st.GetRun(cmd.Context(), id)
 	if err != nil {
 		return err
@@ -148,15 +158,11 @@ func firstLines(s string, n int) string {
 }
 
 func exportRun(cmd *cobra.Command, dataDir, prefix, out string) error {
-	st, err := openHistory(cmd, dataDir)
+	st, id, err := openRun(cmd, dataDir, prefix)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	id, err := resolveRun(cmd, st, prefix)
-	if err != nil {
-		return err
-	}
 	var w io.Writer = cmd.OutOrStdout()
 	if out != "-" {
 		if out == "" {
