@@ -335,7 +335,17 @@ func TestCloseCleansUp(t *testing.T) {
 	}
 	s.proc.Wait()
 	for _, pid := range pids {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		// A killed process may be a zombie for a moment, until the
+		// template jail's init reaps it: give that a bounded while.
+		gone := false
+		for i := 0; i < 100 && !gone; i++ {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+				gone = true
+			} else {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if !gone {
 			t.Errorf("process %d still exists", pid)
 		}
 	}
