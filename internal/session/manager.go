@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -210,28 +211,10 @@ func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network j
 // resolve fills a request's limits from the defaults and checks them
 // against the maxima.
 func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
-	l := req
-	if l.Memory == 0 {
-		l.Memory = m.defaults.Memory
-	}
-	if l.CPUs == 0 {
-		l.CPUs = m.defaults.CPUs
-	}
-	if l.Pids == 0 {
-		l.Pids = m.defaults.Pids
-	}
-	if l.TmpSize == 0 {
-		l.TmpSize = m.defaults.TmpSize
-	}
-	if l.FileSize == 0 {
-		l.FileSize = m.defaults.FileSize
-	}
-	if l.NoFile == 0 {
-		l.NoFile = m.defaults.NoFile
-	}
-	if l.Stack == 0 {
-		l.Stack = m.defaults.Stack
-	}
+	l, d := req, m.defaults
+	l.Memory, l.CPUs, l.Pids = cmp.Or(l.Memory, d.Memory), cmp.Or(l.CPUs, d.CPUs), cmp.Or(l.Pids, d.Pids)
+	l.TmpSize, l.FileSize = cmp.Or(l.TmpSize, d.TmpSize), cmp.Or(l.FileSize, d.FileSize)
+	l.NoFile, l.Stack = cmp.Or(l.NoFile, d.NoFile), cmp.Or(l.Stack, d.Stack)
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
