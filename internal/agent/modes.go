@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"sort"
 	"strings"
@@ -224,29 +225,15 @@ func openWorkspace(dir string) (*workspace.Workspace, error) {
 // directories, up to max files.
 func (r *run) walk(max int, fn func(e workspace.Entry)) {
 	n := 0
-	var visit func(dir string)
-	visit = func(dir string) {
-		list, err := r.ws.List(dir)
-		if err != nil {
-			return
+	skip := func(e workspace.Entry) bool { return strings.HasPrefix(e.Name, ".") || e.Name == "__pycache__" }
+	_ = r.ws.Walk(".", skip, func(e workspace.Entry) error {
+		if n >= max {
+			return fs.SkipAll
 		}
-		for _, e := range list {
-			if n >= max {
-				return
-			}
-			switch e.Type {
-			case "dir":
-				if strings.HasPrefix(e.Name, ".") || e.Name == "__pycache__" {
-					continue
-				}
-				visit(e.Path)
-			case "file":
-				n++
-				fn(e)
-			}
-		}
-	}
-	visit(".")
+		n++
+		fn(e)
+		return nil
+	})
 }
 
 // snapshot reads the workspace's small text files, for the diff.

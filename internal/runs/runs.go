@@ -257,46 +257,30 @@ func (s *Service) collect(sess Session) ([]store.Artifact, error) {
 	defer ws.Close()
 	var out []store.Artifact
 	var total int64
-	var walk func(dir string) error
-	walk = func(dir string) error {
-		list, err := ws.List(dir)
+	skip := func(e workspace.Entry) bool { return e.Name == "__pycache__" || e.Name == ".pytest_cache" }
+	err = ws.Walk(".", skip, func(e workspace.Entry) error {
+		if total+e.Size > s.opts.MaxArtifactBytes {
+			s.log.Warn("artifact cap reached; file left out", "path", e.Path)
+			return nil
+		}
+		f, _, err := ws.Open(e.Path)
 		if err != nil {
-			return err
+			return nil // replaced by something else meanwhile
 		}
-		for _, e := range list {
-			switch e.Type {
-			case "dir":
-				if e.Name == "__pycache__" || e.Name == ".pytest_cache" {
-					continue
-				}
-				if err := walk(e.Path); err != nil {
-					return err
-				}
-			case "file":
-				if total+e.Size > s.opts.MaxArtifactBytes {
-					s.log.Warn("artifact cap reached; file left out", "path", e.Path)
-					continue
-				}
-				f, _, err := ws.Open(e.Path)
-				if err != nil {
-					continue
-				}
-				b, err := io.ReadAll(io.LimitReader(f, s.opts.MaxArtifactBytes-total))
-				f.Close()
-				if err != nil {
-					continue
-				}
-				total += int64(len(b))
-				mode := fs.FileMode(0o644)
-				if len(e.Mode) == 10 && e.Mode[3] == 'x' {
-					mode = 0o755
-				}
-				out = append(out, store.Artifact{Path: e.Path, Size: int64(len(b)), Data: b, Mode: mode})
-			}
+		b, err := io.ReadAll(io.LimitReader(f, s.opts.MaxArtifactBytes-total))
+		f.Close()
+		if err != nil {
+			return nil
 		}
+		total += int64(len(b))
+		mode := fs.FileMode(0o644)
+		if len(e.Mode) == 10 && e.Mode[3] == 'x' {
+			mode = 0o755
+		}
+		out = append(out, store.Artifact{Path: e.Path, Size: int64(len(b)), Data: b, Mode: mode})
 		return nil
-	}
-	return out, walk(".")
+	})
+	return out, err
 }
 
 // recorder writes a run's events and steps to the store and to watchers.

@@ -375,3 +375,41 @@ func randomHex() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// Walk calls fn for every regular file under directory p, in name order,
+// descending into the directories that skipDir (if set) does not reject.
+// Symlinks are not followed. A directory removed while walking is passed
+// over; fn returning fs.SkipAll ends the walk without an error.
+func (w *Workspace) Walk(p string, skipDir func(Entry) bool, fn func(Entry) error) error {
+	err := w.walk(p, skipDir, fn)
+	if errors.Is(err, fs.SkipAll) {
+		return nil
+	}
+	return err
+}
+
+func (w *Workspace) walk(p string, skipDir func(Entry) bool, fn func(Entry) error) error {
+	list, err := w.List(p)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range list {
+		switch e.Type {
+		case "dir":
+			if skipDir != nil && skipDir(e) {
+				continue
+			}
+			if err := w.walk(e.Path, skipDir, fn); err != nil {
+				return err
+			}
+		case "file":
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

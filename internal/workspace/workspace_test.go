@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -212,5 +213,33 @@ func TestArchiveFormats(t *testing.T) {
 	}
 	if err := w.Archive(context.Background(), io.Discard, "rar", "."); err == nil {
 		t.Error("unknown format accepted")
+	}
+}
+
+func TestWalk(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	for _, p := range []string{"b.txt", "a/x.py", "a/__pycache__/x.pyc", "c/d/e.txt"} {
+		if _, err := w.Write(p, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Symlink(t.TempDir(), filepath.Join(dir, "link"))
+	var got []string
+	skip := func(e Entry) bool { return e.Name == "__pycache__" }
+	if err := w.Walk(".", skip, func(e Entry) error { got = append(got, e.Path); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "a/x.py,b.txt,c/d/e.txt" {
+		t.Errorf("walk: %v", got)
+	}
+	n := 0
+	if err := w.Walk(".", nil, func(Entry) error {
+		n++
+		if n == 2 {
+			return fs.SkipAll
+		}
+		return nil
+	}); err != nil || n != 2 {
+		t.Errorf("SkipAll: n=%d err=%v", n, err)
 	}
 }
