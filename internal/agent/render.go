@@ -8,28 +8,11 @@ import (
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
-// cutMiddle keeps the first and last parts of s (max bytes in all) and
-// says how much was cut between them: the start shows what happened, the
-// end holds the traceback.
+// cutMiddle keeps the start and end of s (max bytes in all) and says how
+// much was cut between them.
 func cutMiddle(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	head := max / 2
-	tail := max - head
-	// Do not split a UTF-8 sequence.
-	for head > 0 && !isRuneStart(s[head]) {
-		head--
-	}
-	start := len(s) - tail
-	for start < len(s) && !isRuneStart(s[start]) {
-		start++
-	}
-	cut := start - head
-	return fmt.Sprintf("%s\n... [%d bytes cut from the middle; the full output is in the run's history] ...\n%s", s[:head], cut, s[start:])
+	return kernel.CutMiddle(s, max, "\n... [%d bytes cut from the middle; the full output is in the run's history] ...\n")
 }
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // renderResult is what the model reads of an execution: status, output cut
 // in the middle, the main result's text, and the whole traceback.

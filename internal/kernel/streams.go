@@ -1,6 +1,9 @@
 package kernel
 
-import "unicode/utf8"
+import (
+	"fmt"
+	"unicode/utf8"
+)
 
 // The kernel's three output channels, as indexed by the pipes.
 const (
@@ -32,4 +35,23 @@ func runeBoundary(b []byte) int {
 		}
 	}
 	return len(b)
+}
+
+// CutMiddle keeps the first and last max/2 bytes of s, on character
+// boundaries, and puts between them marker, a format with one %d for the
+// number of bytes cut. The start shows what happened; the end holds the
+// traceback. s is returned whole if it fits.
+func CutMiddle(s string, max int, marker string) string {
+	if len(s) <= max {
+		return s
+	}
+	head := max / 2
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	start := len(s) - max/2
+	for start < len(s) && !utf8.RuneStart(s[start]) {
+		start++
+	}
+	return s[:head] + fmt.Sprintf(marker, start-head) + s[start:]
 }

@@ -107,16 +107,7 @@ func section(b *strings.Builder, name, text string, max int) {
 // headTail keeps the first and last max/2 bytes of s (on character
 // boundaries) and says how many bytes it cut between them.
 func headTail(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	head := cutUTF8(s, max/2)
-	tail := s[len(s)-max/2:]
-	for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
-		tail = tail[1:]
-	}
-	cut := len(s) - len(head) - len(tail)
-	return fmt.Sprintf("%s\n[... %d bytes cut here; structuredContent has the whole text ...]\n%s", head, cut, tail)
+	return kernel.CutMiddle(s, max, "\n[... %d bytes cut here; structuredContent has the whole text ...]\n")
 }
 
 // cutUTF8 returns the longest prefix of s of at most n bytes that does not
