@@ -224,27 +224,6 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 				liveGroups.Store(d, true)
 			}
 		}
-		period := 100000
-		writes := []struct{ c, file, val string }{
-			{"memory", "memory.limit_in_bytes", strconv.FormatInt(l.Memory, 10)},
-			{"memory", "memory.memsw.limit_in_bytes", strconv.FormatInt(l.Memory, 10)}, // swap included
-			{"memory", "memory.swappiness", "0"},
-			{"pids", "pids.max", strconv.Itoa(l.Pids)},
-			{"cpu", "cpu.cfs_period_us", strconv.Itoa(period)},
-			{"cpu", "cpu.cfs_quota_us", strconv.Itoa(int(l.CPUs * float64(period)))},
-		}
-		for _, w := range writes {
-			p := filepath.Join(cg.byC[w.c], w.file)
-			if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
-				if w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist) {
-					continue // no swap accounting: there is no swap to limit
-				}
-				if w.file == "memory.swappiness" {
-					continue
-				}
-				return fail(fmt.Errorf("set %s: %w", p, err))
-			}
-		}
 	case "cgroup v2":
 		d := filepath.Join(h.v2, name)
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -252,26 +231,60 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 		}
 		cg.dirs = []string{d}
 		liveGroups.Store(d, true)
-		period := 100000
-		writes := []struct{ file, val string }{
-			{"memory.max", strconv.FormatInt(l.Memory, 10)},
-			{"memory.swap.max", "0"},
-			{"pids.max", strconv.Itoa(l.Pids)},
-			{"cpu.max", fmt.Sprintf("%d %d", int(l.CPUs*float64(period)), period)},
-		}
-		for _, w := range writes {
-			p := filepath.Join(d, w.file)
-			if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
-				if w.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist) {
-					continue
-				}
-				return fail(fmt.Errorf("set %s: %w", p, err))
-			}
-		}
 	default:
 		return nil, errors.New("no cgroups")
 	}
+	if err := cg.setLimits(l); err != nil {
+		return fail(err)
+	}
 	return cg, nil
+}
+
+// setLimits writes l's memory (swap included), pids and CPU limits.
+func (cg *cgroup) setLimits(l Limits) error {
+	const period = 100000
+	quota := int(l.CPUs * period)
+	type write struct{ dir, file, val string }
+	var writes []write
+	if cg.mode == "cgroup v1" {
+		mem := strconv.FormatInt(l.Memory, 10)
+		limit := write{cg.byC["memory"], "memory.limit_in_bytes", mem}
+		memsw := write{cg.byC["memory"], "memory.memsw.limit_in_bytes", mem} // swap included
+		// memory.limit_in_bytes may never exceed memsw: raise memsw
+		// first, lower it last.
+		first, second := limit, memsw
+		if cur, err := strconv.ParseInt(readFileString(filepath.Join(limit.dir, limit.file)), 10, 64); err == nil && l.Memory > cur {
+			first, second = memsw, limit
+		}
+		writes = []write{first, second,
+			{cg.byC["memory"], "memory.swappiness", "0"},
+			{cg.byC["pids"], "pids.max", strconv.Itoa(l.Pids)},
+			{cg.byC["cpu"], "cpu.cfs_period_us", strconv.Itoa(period)},
+			{cg.byC["cpu"], "cpu.cfs_quota_us", strconv.Itoa(quota)},
+		}
+	} else {
+		d := cg.dirs[0]
+		writes = []write{
+			{d, "memory.max", strconv.FormatInt(l.Memory, 10)},
+			{d, "memory.swap.max", "0"},
+			{d, "pids.max", strconv.Itoa(l.Pids)},
+			{d, "cpu.max", fmt.Sprintf("%d %d", quota, period)},
+		}
+	}
+	for _, w := range writes {
+		p := filepath.Join(w.dir, w.file)
+		if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
+			switch {
+			case w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist),
+				w.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist):
+				continue // no swap accounting: there is no swap to limit
+			case w.file == "memory.swappiness":
+				continue
+			}
+			return fmt.Errorf("set %s: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // add moves pid (and all its threads) into the group.

@@ -59,6 +59,16 @@ func NewGroup(l Limits) (*Group, error) {
 	return &Group{cg}, nil
 }
 
+// SetLimits replaces the group's memory, pids and CPU limits with l's
+// (zero fields take the defaults).
+func (g *Group) SetLimits(l Limits) error {
+	l = l.WithDefaults()
+	if err := l.validate(); err != nil {
+		return err
+	}
+	return g.cg.setLimits(l)
+}
+
 // Add moves a process (by host PID) into the group.
 func (g *Group) Add(pid int) error { return g.cg.add(pid) }
 

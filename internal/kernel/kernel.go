@@ -143,6 +143,16 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	if err != nil {
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}
+	// The hello waits in the pipe (far below its capacity) for the kernel
+	// to read as soon as it runs, while the launcher still finishes.
+	hello, _ := json.Marshal(map[string]any{"max_event_bytes": k.opts.MaxEventBytes - 4096, "token": hex.EncodeToString(tok[:])})
+	if err := p.writeRequest(append(hello, '\n'), time.Now().Add(10*time.Second)); err != nil {
+		p.close()
+		for _, f := range files.List() {
+			f.Close()
+		}
+		return nil, fmt.Errorf("start kernel: send the hello: %w", err)
+	}
 	proc, err := launch(context.WithoutCancel(ctx), files)
 	for _, f := range files.List() {
 		f.Close() // the kernel has its copies; EOF must mean the kernel is gone
@@ -162,12 +172,6 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 		p.wake()
 	}()
 
-	hello, _ := json.Marshal(map[string]any{"max_event_bytes": k.opts.MaxEventBytes - 4096, "token": hex.EncodeToString(tok[:])})
-	if err := p.writeRequest(append(hello, '\n'), time.Now().Add(10*time.Second)); err != nil {
-		k.Kill("could not send the hello")
-		k.Close()
-		return nil, fmt.Errorf("start kernel: %w", err)
-	}
 	if err := k.awaitReady(ctx); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("start kernel: %w", err)

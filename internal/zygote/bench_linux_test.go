@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,9 +90,10 @@ func BenchmarkIdleMemory(b *testing.B) {
 		}
 		var u, p int64
 		zcg := memoryCgroup(zPid)
+		spares := z.armedSparePids(b)
 		for _, pid := range descendants(os.Getpid()) {
-			if pid == zInit || pid == zPid || memoryCgroup(pid) == zcg {
-				continue // the template, its init and its spare child
+			if pid == zInit || pid == zPid || memoryCgroup(pid) == zcg || slices.Contains(spares, pid) {
+				continue // the template, its init, its spare children
 			}
 			pu, pp := smaps(pid)
 			u += pu
@@ -111,6 +113,29 @@ func BenchmarkIdleMemory(b *testing.B) {
 		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.1f MiB PSS %.1f MiB; cold USS %.1f MiB PSS %.1f MiB; USS %.1fx smaller; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
 			n, zu, zp, cu, cp, cu/zu, float64(tu)/(1<<20), float64(tp)/(1<<20))
 	}
+}
+
+// armedSparePids waits (bounded) until the template's spares are all
+// armed and returns their processes.
+func (z *Zygote) armedSparePids(b *testing.B) []int {
+	z.mu.Lock()
+	inst := z.cur
+	z.mu.Unlock()
+	for i := 0; len(inst.spares) < cap(inst.spares); i++ {
+		if i == 200 {
+			b.Fatal("the template did not refill its spares in 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var pids []int
+	for range cap(inst.spares) {
+		r := <-inst.spares
+		if r.sp != nil {
+			pids = append(pids, r.sp.reaperPid, r.sp.kernelPid)
+		}
+		inst.spares <- r
+	}
+	return pids
 }
 
 // descendants returns every process below pid.

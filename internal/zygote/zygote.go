@@ -5,17 +5,29 @@
 // jail.Config.Zygote: it keeps CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_SETPCAP
 // in that jail's user namespace (none on the host) and has no seccomp
 // filter, because it builds a jail for each child and never runs user
-// code. For each session it forks a child that unshares new mount, PID,
-// network, IPC, UTS and cgroup namespaces, becomes PID 1 of its own PID
-// namespace (a reaper, as a cold jail's init is), mounts a fresh /proc
-// (with the jail's masks), a size-capped /tmp and /dev/shm and the
-// session's workspace (a detached mount the host hands over, so no other
-// workspace is ever reachable from the template), brings up loopback, sets
-// the rlimits, drops every capability, sets no_new_privs and installs the
-// jail's own seccomp filter (jail.SeccompFilter), then forks the kernel as
-// PID 2. The host moves the child into the session's own cgroup (memory,
-// pids and CPU limits) before it does anything else, learning its PID from
-// SO_PASSCRED on a socket only that child holds.
+// code. It keeps spare children forked ahead of any request (Options.Spares),
+// each prepared and armed before a session exists:
+//
+//   - the spare's reaper unshares new mount, PID (it is PID 1, a reaper as
+//     a cold jail's init is), network, IPC and UTS namespaces, mounts a
+//     fresh /proc (with the jail's masks), a /tmp and /dev/shm of its own,
+//     brings up loopback, empties its bounding and ambient capability sets,
+//     locks the securebits, sets no_new_privs and forks the kernel (PID 2);
+//   - the host learns both PIDs from SO_PASSCRED on a socket only that
+//     spare holds, moves both into a new cgroup (memory, pids and CPU
+//     limits), and only then lets them arm: each unshares its cgroup
+//     namespace; the kernel drops every capability and loads the jail's
+//     own seccomp filter (jail.SeccompFilter).
+//
+// A session takes an armed spare: its cgroup gets the session's limits, the
+// reaper sizes /tmp and /dev/shm, attaches the session's workspace (a
+// detached mount the host hands over, so no other workspace is ever
+// reachable from the template), hands the kernel its pipes, sets the
+// rlimits and drops its own capabilities and loads the filter; the kernel
+// sets its rlimits and environment and runs kernel.py. The fork returns
+// when both have said so, before any user code is sent. The template forks
+// the next spare RefillDelay later, so that the fork does not compete with
+// the new session for the CPU.
 //
 // What forked sessions share, and what they do not:
 //   - Memory pages of the template (the interpreter, the imported modules)
@@ -47,6 +59,7 @@ package zygote
 import (
 	_ "embed"
 	"log/slog"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 )
@@ -77,6 +90,15 @@ type Options struct {
 	// Limits bound the template's own jail. If zero, 2 GiB of memory, 64
 	// processes, 1 CPU.
 	Limits jail.Limits
+	// Spares is how many children the template keeps forked, prepared and
+	// armed ahead of requests (each holds a reaper and an idle kernel,
+	// ~5 MiB of private memory). If zero, 1.
+	Spares int
+	// RefillDelay is how long after a spare is taken the template is asked
+	// for the next one, so that forking it does not compete with the new
+	// session's first moments for the CPU. A fork that finds no spare asks
+	// at once. If zero, 200 ms; negative: at once.
+	RefillDelay time.Duration
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }

@@ -8,17 +8,23 @@ builds its own jail (namespaces, mounts, limits), drops every capability and
 installs the jail's seccomp filter before it becomes a kernel.
 
 fd 3 is a SOCK_SEQPACKET control socket. The host sends the configuration
-(modules to import, the filter, the /proc masks), the zygote answers
-{"ready": ...}; then each request is one message with six descriptors:
-kernel requests, events, stdout, stderr (kernel.py's fds 3-6), the
-workspace's detached mount (open_tree) and a report socket, and the zygote
-answers {"forked": pid}. The child then speaks on the report socket, whose
-host end has SO_PASSCRED (the kernel attaches the sender's PID as the host
-sees it to every message):
-  reaper -> {"hello": "reaper"}   host moves that PID into the session's
-  host   -> "go"                  cgroup and lets it continue
-  kernel -> {"kernel": true}      the host learns the kernel's PID
-  reaper -> {"exited": ..., "code": n, "signal": s}, or {"error": "..."}
+(modules to import, the filter, the /proc masks, how many spares), the
+zygote answers {"ready": ...}. Then it makes spares ahead of any request:
+for each it sends {"spare": pid} with one descriptor, the host end of the
+spare's socket (with SO_PASSCRED: the kernel attaches the sender's PID as
+the host sees it to every message), and it makes another each time the
+host sends "more". On a spare's socket:
+  reaper -> {"hello": "reaper"}   PID 1 of a new PID namespace, prepared
+  kernel -> {"hello": "kernel"}   PID 2, forked ahead
+  host   -> "arm"                 both are now in the spare's cgroup
+  kernel -> {"armed": true}       cgroup namespace, no capabilities,
+                                  seccomp: ready for a session
+  host   -> the session: its settings and five descriptors (kernel.py's
+            fds 3-6 and the workspace's detached mount, from open_tree)
+  reaper -> {"locked": true}      its own capabilities gone, filter loaded
+  kernel -> {"kernel": true}      about to run kernel.py
+  reaper -> {"exited": ..., "code": n, "signal": s}
+Either may send {"error": "..."} instead and exit.
 """
 
 import base64
@@ -157,10 +163,9 @@ def _prepare():
     s.close()
 
 
-def _build_jail(req, ws_fd):
-    """The session's part of the jail, once the host has moved us into the
-    session's cgroup."""
-    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")  # the session's cgroup becomes "/"
+def _mount_session(req, ws_fd):
+    """The session's mounts, in the namespace the reaper and the kernel
+    share: /tmp and /dev/shm sizes and the workspace."""
     tmp = int(req["tmp_size"])
     _mount(None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, "size=%d,nr_inodes=65536,mode=1777" % tmp)
     _mount(None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%d,nr_inodes=16384,mode=1777" % tmp)
@@ -170,17 +175,18 @@ def _build_jail(req, ws_fd):
     _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
     os.close(ws_fd)
     _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
-    os.chdir("/workspace")
+
+
+def _set_rlimits(req):
     for res, val in ((resource.RLIMIT_NOFILE, req["nofile"]), (resource.RLIMIT_FSIZE, req["fsize"]),
                      (resource.RLIMIT_CORE, 0), (resource.RLIMIT_STACK, req["stack"])):
         resource.setrlimit(res, (int(val), int(val)))
-    _drop_privileges()
-    _load_seccomp()
 
 
-def _drop_privileges():
-    """As the jail's dropPrivileges: empty bounding, ambient, inheritable,
-    permitted and effective sets and lock the securebits."""
+def _lock_bounding():
+    """The half of the jail's dropPrivileges that can be done ahead: empty
+    bounding and ambient sets, locked securebits, no_new_privs. The
+    effective set stays until _Lockdown."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last = int(f.read())
     for c in range(last + 1):
@@ -188,57 +194,100 @@ def _drop_privileges():
             _check(-1, "drop capability %d" % c)
     _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
     _check(libc.prctl(PR_SET_SECUREBITS, SECBITS, 0, 0, 0), "set securebits")
-    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
-    _check(libc.capset(hdr, data), "capset")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+
+
+class _Lockdown:
+    """The rest of the jail's dropPrivileges and its seccomp filter, with
+    every object built ahead (a forked process pays for each page it
+    first writes: building them when a session waits costs milliseconds)."""
+
+    def __init__(self):
+        self.hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+        self.data = (ctypes.c_uint32 * 6)()  # empty inheritable, permitted, effective
+        self.buf = ctypes.create_string_buffer(C.filter, len(C.filter))
+        self.prog = _SockFprog(len(C.filter) // 8, ctypes.cast(self.buf, ctypes.c_void_p))
+        self.capset, self.prctl = libc.capset, libc.prctl
+
+    def __call__(self):
+        _check(self.capset(self.hdr, self.data), "capset")
+        _check(self.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(self.prog), 0, 0), "load seccomp filter")
 
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _load_seccomp():
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
-    buf = ctypes.create_string_buffer(C.filter, len(C.filter))
-    prog = _SockFprog(len(C.filter) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "load seccomp filter")
+def _fail(sock, code, what, e):
+    try:
+        sock.send(json.dumps({"error": "%s: %s: %s" % (what, type(e).__name__, e)}).encode())
+    finally:
+        os._exit(code)
 
 
-def _become_kernel(req, kfds, rep, kmod):
-    os.setsid()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # The reaper is not dumpable; the kernel must be, to reach its own
-    # /proc entries (as a freshly executed program is).
-    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-    for s in FORWARDED:
-        signal.signal(s, signal.SIG_DFL)
-    # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's
-    # pipes; the report socket until the kernel runs.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 7) for fd in kfds + [rep.detach()]]
-    null = os.open("/dev/null", os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    for i, fd in enumerate(high[:4]):
-        os.dup2(fd, 3 + i)
-    rep_fd = high[4]
-    os.closerange(7, rep_fd)
-    os.closerange(rep_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    rep = socket.socket(fileno=rep_fd)
-    os.environ.clear()
-    for kv in req["env"]:
-        k, _, v = kv.partition("=")
-        os.environ[k] = v
-    # Random state is copied by fork: reseed what the template seeded.
-    # (The random module reseeds itself after fork.)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        try:
-            np.random.seed()
-        except Exception:
-            pass
-    sys.argv = [KERNEL_PATH]
-    rep.send(b'{"kernel":true}')
-    rep.close()
+def _above_kernel_fds(s):
+    """s, moved to a descriptor above kernel.py's 0-6."""
+    fd = fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 7)
+    s.close()
+    return socket.socket(fileno=fd)
+
+
+def _kernel(sock, peer, kmod):
+    """PID 2, forked ahead: armed (no capabilities, the filter) before any
+    session exists, it waits for its session's descriptors from the
+    reaper, then runs kernel.py."""
+    try:
+        sock, peer = _above_kernel_fds(sock), _above_kernel_fds(peer)
+        os.setsid()
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != 1:
+            os._exit(0)  # the reaper is gone
+        # A freshly executed program is dumpable (the reaper is not): the
+        # kernel must be, to reach its own /proc entries.
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        for s in FORWARDED:
+            signal.signal(s, signal.SIG_DFL)
+        # Random state is copied by fork: reseed what the template seeded.
+        # (The random module reseeds itself after fork.)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            try:
+                np.random.seed()
+            except Exception:
+                pass
+        sock.send(b'{"hello":"kernel"}')
+        if peer.recv(16) != b"arm":
+            os._exit(0)
+        # In the spare's cgroup now: it becomes our cgroup namespace's root.
+        _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+        _Lockdown()()
+        sock.send(b'{"armed":true}')
+    except BaseException as e:
+        _fail(sock, 127, "arm the kernel", e)
+    msg, kfds, _, _ = socket.recv_fds(peer, 1 << 20, 4)
+    if not msg or len(kfds) != 4:
+        os._exit(0)
+    try:
+        req = json.loads(msg)
+        _set_rlimits(req)
+        os.chdir("/workspace")
+        # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's
+        # pipes; nothing else.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 7) for fd in kfds]
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        for i, fd in enumerate(high):
+            os.dup2(fd, 3 + i)
+        os.environ.clear()
+        for kv in req["env"]:
+            k, _, v = kv.partition("=")
+            os.environ[k] = v
+        sys.argv = [KERNEL_PATH]
+        sock.send(b'{"kernel":true}')
+    except BaseException as e:
+        _fail(sock, 127, "start the kernel", e)
+    os.closerange(7, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     try:
         kmod.main()
     except (BrokenPipeError, KeyboardInterrupt):
@@ -247,43 +296,52 @@ def _become_kernel(req, kfds, rep, kmod):
 
 
 def _spare(sock, kmod):
-    """A spare child: PID 1 of a new PID namespace, prepared ahead, waiting
-    for its session. Then it is the session's reaper: it builds the rest
-    of its jail, starts the kernel as PID 2 and reaps every process until
-    the kernel ends. When it exits, the kernel kills whatever is left in
-    the PID namespace."""
+    """A spare child: PID 1 of a new PID namespace, prepared ahead with its
+    kernel forked and armed, waiting for its session. Then it is the
+    session's reaper: it mounts the session's /tmp and workspace, hands the
+    kernel its descriptors, drops its own capabilities and reaps every
+    process until the kernel ends. When it exits, the kernel kills whatever
+    is left in the PID namespace."""
     try:
         _prepare()
-    except BaseException:
-        os._exit(125)
-    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
-    sock.close()
-    if not msg or len(fds) != 6:
-        os._exit(0)
-    req = json.loads(msg)
-    kfds, ws_fd, rep = fds[:4], fds[4], socket.socket(fileno=fds[5])
-    try:
-        rep.send(b'{"hello":"reaper"}')
-        if rep.recv(16) != b"go":
-            os._exit(1)
-        _build_jail(req, ws_fd)
+        _lock_bounding()
+        lockdown = _Lockdown()
+        json.loads(b'{"warm": ["the parser, ahead"]}')
+        ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.send(b'{"hello":"reaper"}')
         kpid = os.fork()
-        if kpid == 0:
-            try:
-                _become_kernel(req, kfds, rep, kmod)
-            except BaseException as e:
-                try:
-                    rep.send(json.dumps({"error": "start the kernel: %s: %s" % (type(e).__name__, e)}).encode())
-                finally:
-                    os._exit(127)
     except BaseException as e:
+        _fail(sock, 125, "prepare the spare", e)
+    if kpid == 0:
         try:
-            rep.send(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}).encode())
+            ours.close()
+            _kernel(sock, peer, kmod)
         finally:
-            os._exit(126)
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    for fd in kfds:
-        os.close(fd)
+            os._exit(127)
+    try:
+        peer.close()
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        if sock.recv(16) != b"arm":
+            os._exit(0)
+        _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+        ours.send(b"arm")
+    except BaseException as e:
+        _fail(sock, 125, "arm the spare", e)
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+    if not msg or len(fds) != 5:
+        os._exit(0)
+    try:
+        req = json.loads(msg)
+        _mount_session(req, fds[4])
+        socket.send_fds(ours, [msg], fds[:4])
+        for fd in fds[:4]:
+            os.close(fd)
+        ours.close()
+        _set_rlimits(req)
+        lockdown()
+        sock.send(b'{"locked":true}')
+    except BaseException as e:
+        _fail(sock, 126, "build the session's jail", e)
     for s in FORWARDED:
         signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
     while True:
@@ -297,7 +355,7 @@ def _spare(sock, kmod):
         if os.WIFSIGNALED(status):
             msg["signal"] = os.WTERMSIG(status)
         try:
-            rep.send(json.dumps(msg).encode())
+            sock.send(json.dumps(msg).encode())
         finally:
             os._exit(0)
 
@@ -320,6 +378,9 @@ def main():
     kmod = importlib.util.module_from_spec(spec)
     sys.modules["sandloop_kernel"] = kmod
     spec.loader.exec_module(kmod)
+    # What kernel.py imports when it starts or runs its first cell.
+    for name in ("faulthandler", "codeop", "warnings", "subprocess", "importlib.util"):
+        importlib.import_module(name)
     for name in cfg.get("modules", ()):
         try:
             importlib.import_module(name)
@@ -347,63 +408,48 @@ def main():
 
     def make_spare():
         """Forks a spare child into a new PID namespace (as its PID 1)
-        without leaving ours: unshare, fork, then back with setns."""
+        without leaving ours (unshare, fork, then back with setns) and
+        hands the host its socket."""
         if _threads() != 1:
             raise RuntimeError("the template has started a thread")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        _check(libc.unshare(CLONE_NEWPID), "unshare pid namespace")
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                ctl.close()
-                ours.close()
-                os.close(self_pidns)
-                _spare(theirs, kmod)
-            finally:
-                os._exit(125)
-        _check(libc.setns(self_pidns, CLONE_NEWPID), "return to our pid namespace")
-        theirs.close()
-        return pid, ours
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            _check(libc.unshare(CLONE_NEWPID), "unshare pid namespace")
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    ctl.close()
+                    ours.close()
+                    os.close(self_pidns)
+                    _spare(theirs, kmod)
+                finally:
+                    os._exit(125)
+            _check(libc.setns(self_pidns, CLONE_NEWPID), "return to our pid namespace")
+            socket.send_fds(ctl, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
+        finally:
+            ours.close()
+            theirs.close()
+
+    def give_spare():
+        try:
+            make_spare()
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:
+            ctl.send(json.dumps({"error": "spare child: %s: %s" % (type(e).__name__, e)}).encode())
 
     # Children are reaped as they end (a zombie would keep its session's
     # cgroup from being removed).
     signal.signal(signal.SIGCHLD, reap)
-    spare = None
+    for _ in range(max(1, int(cfg.get("spares", 1)))):
+        give_spare()
     while True:
-        if spare is None:
-            try:
-                spare = make_spare()
-            except Exception as e:
-                sys.stderr.write("zygote: spare child: %s\n" % e)
-        msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 8)
-        if not msg:
+        if not ctl.recv(64):
             return
-        req = {}
-        try:
-            req = json.loads(msg)
-            if len(fds) != 6:
-                raise ValueError("want 6 descriptors, got %d" % len(fds))
-            if spare is None:
-                spare = make_spare()
-            for attempt in (0, 1):
-                pid, sock = spare
-                spare = None
-                try:
-                    socket.send_fds(sock, [msg], fds)
-                    break
-                except OSError:
-                    if attempt:
-                        raise
-                    spare = make_spare()  # the spare died (its preparation failed)
-                finally:
-                    sock.close()
-            reply = {"id": req.get("id"), "forked": pid}
-        except Exception as e:
-            reply = {"id": req.get("id"), "error": "%s: %s" % (type(e).__name__, e)}
-        for fd in fds:
-            os.close(fd)
-        ctl.send(json.dumps(reply).encode())
+        give_spare()
+
 
 if __name__ == "__main__":
     try:

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,10 +54,19 @@ type instance struct {
 	proc    *jail.Process
 	ws      string
 	ctl     *net.UnixConn
-	pid     int         // host PID of the template
-	replies chan []byte // from read
-	dead    chan struct{}
-	ended   chan struct{} // the jail (and every fork left in it) ended
+	pid     int             // host PID of the template
+	spares  chan spareOrErr // armed spares, ready for a session
+	dead    chan struct{}   // the control socket ended
+	ended   chan struct{}   // the jail (and every fork left in it) ended
+	retired chan struct{}   // closed by retireLocked
+
+	moreMu  sync.Mutex    // writes of "more" on ctl, and pending
+	pending []*time.Timer // "more"s delayed by RefillDelay
+}
+
+type spareOrErr struct {
+	sp  *spare
+	err error
 }
 
 // New starts a template and waits until it has imported its modules.
@@ -74,6 +84,12 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	if z.opts.Limits.Pids == 0 {
 		z.opts.Limits.Pids = 64
 	}
+	if z.opts.Spares <= 0 {
+		z.opts.Spares = 1
+	}
+	if z.opts.RefillDelay == 0 {
+		z.opts.RefillDelay = 200 * time.Millisecond
+	}
 	z.log = z.opts.Logger
 	if z.log == nil {
 		z.log = slog.New(slog.DiscardHandler)
@@ -83,7 +99,7 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	masked, ro := jail.ProcMasks()
-	z.config, err = json.Marshal(map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro})
+	z.config, err = json.Marshal(map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares})
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +159,8 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	theirs.Close()
-	inst := &instance{proc: p, ws: ws, ctl: ctl, replies: make(chan []byte, 16), dead: make(chan struct{}), ended: make(chan struct{})}
+	inst := &instance{proc: p, ws: ws, ctl: ctl, spares: make(chan spareOrErr, z.opts.Spares),
+		dead: make(chan struct{}), ended: make(chan struct{}), retired: make(chan struct{})}
 	go func() {
 		_, _ = p.Wait()
 		os.RemoveAll(ws)
@@ -163,7 +180,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if _, err := ctl.Write(z.config); err != nil {
 		return fail(err)
 	}
-	msg, pid, err := readMsg(ctl)
+	msg, pid, _, err := readMsg(ctl)
 	if err != nil {
 		return fail(fmt.Errorf("template did not start: %w", err))
 	}
@@ -179,7 +196,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	}
 	ctl.SetDeadline(time.Time{})
 	inst.pid = pid
-	go inst.read()
+	go z.read(inst)
 	z.wg.Add(1)
 	go func() {
 		defer z.wg.Done()
@@ -193,19 +210,92 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	return inst, nil
 }
 
-// read passes the template's replies on until its control socket ends.
-func (inst *instance) read() {
+// read takes the spares the template sends until its control socket
+// ends, and arms each in the background.
+func (z *Zygote) read(inst *instance) {
 	defer close(inst.dead)
 	for {
-		msg, _, err := readMsg(inst.ctl)
+		msg, _, fds, err := readMsg(inst.ctl)
 		if err != nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
 			return
 		}
-		select {
-		case inst.replies <- msg:
-		default: // nobody waits for it any more
+		var m struct {
+			Spare int
+			Error string
+		}
+		_ = json.Unmarshal(msg, &m)
+		switch {
+		case m.Spare > 0 && len(fds) == 1:
+			z.wg.Add(1)
+			go func() {
+				defer z.wg.Done()
+				inst.offer(z.arm(fds[0]))
+			}()
+		default:
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			if m.Error == "" {
+				m.Error = fmt.Sprintf("unexpected message from the template: %q", msg)
+			}
+			z.log.Warn("zygote spare", "err", m.Error)
+			inst.offer(spareOrErr{err: errors.New(m.Error)})
 		}
 	}
+}
+
+// offer hands an armed spare (or why none could be made) to Fork, or
+// destroys it if the template was retired meanwhile.
+func (inst *instance) offer(r spareOrErr) {
+	select {
+	case inst.spares <- r:
+	case <-inst.retired:
+		if r.sp != nil {
+			r.sp.destroy()
+		}
+	}
+}
+
+// more asks the template for one more spare.
+func (inst *instance) more() {
+	inst.moreMu.Lock()
+	defer inst.moreMu.Unlock()
+	_, _ = inst.ctl.Write([]byte("more"))
+}
+
+// moreLater asks for one more spare after delay.
+func (inst *instance) moreLater(delay time.Duration) {
+	if delay < 0 {
+		inst.more()
+		return
+	}
+	inst.moreMu.Lock()
+	defer inst.moreMu.Unlock()
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		inst.moreMu.Lock()
+		defer inst.moreMu.Unlock()
+		if i := slices.Index(inst.pending, t); i >= 0 {
+			inst.pending = slices.Delete(inst.pending, i, i+1)
+			_, _ = inst.ctl.Write([]byte("more"))
+		}
+	})
+	inst.pending = append(inst.pending, t)
+}
+
+// moreNow sends the delayed requests at once (a fork is waiting).
+func (inst *instance) moreNow() {
+	inst.moreMu.Lock()
+	defer inst.moreMu.Unlock()
+	for _, t := range inst.pending {
+		if t.Stop() {
+			_, _ = inst.ctl.Write([]byte("more"))
+		}
+	}
+	inst.pending = nil
 }
 
 // died retires a template whose control socket ended and starts another
@@ -244,11 +334,32 @@ func (z *Zygote) retireLocked(inst *instance) {
 	if z.cur == inst {
 		z.cur = nil
 	}
+	select {
+	case <-inst.retired:
+	default:
+		close(inst.retired)
+		go inst.drain()
+	}
 	inst.ctl.Close()
 	select {
 	case <-inst.ended:
 	default:
 		z.retired[inst] = true
+	}
+}
+
+// drain destroys the spares of a retired template (the one in arming
+// destroy themselves).
+func (inst *instance) drain() {
+	for {
+		select {
+		case r := <-inst.spares:
+			if r.sp != nil {
+				r.sp.destroy()
+			}
+		default:
+			return
+		}
 	}
 }
 
@@ -263,17 +374,19 @@ func (z *Zygote) Close() error {
 	var all []*instance
 	if z.cur != nil {
 		all = append(all, z.cur)
-		z.cur.ctl.Close()
-		z.cur = nil
+		z.retireLocked(z.cur)
 	}
 	for inst := range z.retired {
 		all = append(all, inst)
 	}
 	z.mu.Unlock()
-	z.wg.Wait()
 	for _, inst := range all {
 		inst.proc.Kill()
 		<-inst.ended
+	}
+	z.wg.Wait() // restarts, and spares being armed (they end with their template)
+	for _, inst := range all {
+		inst.drain()
 	}
 	return nil
 }
@@ -288,7 +401,6 @@ func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string) ke
 }
 
 type forkRequest struct {
-	ID      int      `json:"id"`
 	Env     []string `json:"env"`
 	TmpSize int64    `json:"tmp_size"`
 	NoFile  int      `json:"nofile"`
@@ -296,7 +408,181 @@ type forkRequest struct {
 	Stack   int64    `json:"stack"`
 }
 
-// Fork starts kernel.py for one session from the template.
+// spareLimits are the cgroup limits a spare is armed with; a session with
+// other limits has them set when it takes the spare.
+var spareLimits = jail.Limits{}.WithDefaults()
+
+// spare is a child of the template, armed ahead of any session: its
+// reaper (PID 1 of its own PID namespace) and its kernel (PID 2, no
+// capabilities, seccomp filter loaded) are in a cgroup of their own.
+type spare struct {
+	sock      *net.UnixConn
+	group     *jail.Group
+	limits    jail.Limits
+	reaperPid int
+	kernelPid int
+	reaperFD  int // pidfds: signals cannot reach a recycled PID
+	kernelFD  int
+}
+
+// arm takes a spare the template just forked (its socket), moves its two
+// processes into a new cgroup and lets them arm themselves.
+func (z *Zygote) arm(fd int) spareOrErr {
+	f := os.NewFile(uintptr(fd), "zygote-spare")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return spareOrErr{err: fmt.Errorf("spare socket: %w", err)}
+	}
+	sp := &spare{sock: c.(*net.UnixConn), reaperFD: -1, kernelFD: -1, limits: spareLimits}
+	fail := func(err error) spareOrErr {
+		sp.destroy()
+		return spareOrErr{err: fmt.Errorf("arm a spare: %w", err)}
+	}
+	sp.sock.SetDeadline(time.Now().Add(startTimeout))
+	for sp.reaperPid == 0 || sp.kernelPid == 0 {
+		msg, pid, err := readReport(sp.sock)
+		if err != nil {
+			return fail(err)
+		}
+		var m struct{ Hello string }
+		_ = json.Unmarshal(msg, &m)
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			return fail(fmt.Errorf("pidfd_open %d: %w", pid, err))
+		}
+		switch {
+		case m.Hello == "reaper" && sp.reaperPid == 0:
+			sp.reaperPid, sp.reaperFD = pid, fd
+		case m.Hello == "kernel" && sp.kernelPid == 0:
+			sp.kernelPid, sp.kernelFD = pid, fd
+		default:
+			unix.Close(fd)
+			return fail(fmt.Errorf("unexpected report %q", msg))
+		}
+	}
+	if sp.group, err = jail.NewGroup(sp.limits); err != nil {
+		return fail(fmt.Errorf("cgroup: %w", err))
+	}
+	for _, pid := range []int{sp.reaperPid, sp.kernelPid} {
+		if err := sp.group.Add(pid); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := sp.sock.Write([]byte("arm")); err != nil {
+		return fail(err)
+	}
+	msg, _, err := readReport(sp.sock)
+	if err != nil {
+		return fail(err)
+	}
+	if !strings.Contains(string(msg), `"armed"`) {
+		return fail(fmt.Errorf("unexpected report %q", msg))
+	}
+	sp.sock.SetDeadline(time.Time{})
+	return spareOrErr{sp: sp}
+}
+
+// alive reports whether the spare's reaper still runs (a pidfd becomes
+// readable when its process ends).
+func (sp *spare) alive() bool {
+	if sp.reaperFD < 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(sp.reaperFD), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
+}
+
+// destroy kills the spare's processes and removes its cgroup.
+func (sp *spare) destroy() {
+	if sp.reaperFD >= 0 {
+		_ = unix.PidfdSendSignal(sp.reaperFD, unix.SIGKILL, nil, 0)
+	}
+	if sp.kernelFD >= 0 {
+		_ = unix.PidfdSendSignal(sp.kernelFD, unix.SIGKILL, nil, 0)
+	}
+	if sp.group != nil {
+		_ = sp.group.Remove()
+	}
+	for _, fd := range []int{sp.reaperFD, sp.kernelFD} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	sp.reaperFD, sp.kernelFD = -1, -1
+	sp.sock.Close()
+}
+
+// take returns an armed spare, starting a template if none runs and
+// asking the template for another in its place.
+func (z *Zygote) take(ctx context.Context) (*spare, error) {
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		inst, err := z.current(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var r spareOrErr
+		select {
+		case r = <-inst.spares:
+		default:
+			inst.moreNow() // none ready: nobody should wait for the delay
+			select {
+			case r = <-inst.spares:
+			case <-inst.dead:
+				z.mu.Lock()
+				z.retireLocked(inst)
+				z.mu.Unlock()
+				lastErr = errDead
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		inst.moreLater(z.opts.RefillDelay)
+		if r.err != nil {
+			lastErr = r.err
+			continue
+		}
+		if !r.sp.alive() {
+			r.sp.destroy()
+			lastErr = errors.New("the spare child died")
+			continue
+		}
+		return r.sp, nil
+	}
+	return nil, lastErr
+}
+
+// current returns the running template, starting one if none runs (or
+// the one running has died).
+func (z *Zygote) current(ctx context.Context) (*instance, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.closed {
+		return nil, ErrClosed
+	}
+	if z.cur != nil {
+		select {
+		case <-z.cur.dead:
+			z.retireLocked(z.cur)
+		default:
+			return z.cur, nil
+		}
+	}
+	inst, err := z.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	z.cur = inst
+	return inst, nil
+}
+
+// Fork starts kernel.py for one session: it takes an armed spare, gives
+// its cgroup the session's limits, hands it the workspace and the
+// kernel's descriptors, and waits until the reaper has dropped its
+// capabilities and the kernel is about to run.
 func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits, env []string, f kernel.Files) (*Process, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -317,130 +603,48 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 			return nil, fmt.Errorf("prepare workspace: %w", err)
 		}
 	}
-	group, err := jail.NewGroup(limits)
-	if err != nil {
-		return nil, fmt.Errorf("zygote: session cgroup: %w", err)
-	}
-	p := &Process{group: group, limits: limits, reaperFD: -1, kernelFD: -1}
-	fail := func(err error) (*Process, error) {
-		p.Kill()
-		_ = group.Remove()
-		p.closeFDs()
-		return nil, fmt.Errorf("zygote: fork: %w", err)
-	}
-	req := forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack}
-	for attempt := 0; ; attempt++ {
-		p.rep, err = z.send(ctx, &req, ws, f)
-		if errors.Is(err, errDead) && attempt == 0 {
-			continue // a fresh template, a fresh report socket
-		}
-		if err != nil {
-			return fail(err)
-		}
-		break
-	}
-	dl, _ := ctx.Deadline()
-	p.rep.SetDeadline(dl)
-	// The child's PID 1 says hello before it does anything: move it into
-	// the session's cgroup, then let it build its jail.
-	msg, pid, err := readReport(p.rep)
-	if err != nil {
-		return fail(err)
-	}
-	if p.reaperFD, err = unix.PidfdOpen(pid, 0); err != nil {
-		return fail(fmt.Errorf("pidfd_open %d: %w", pid, err))
-	}
-	p.reaperPid = pid
-	if err := group.Add(pid); err != nil {
-		return fail(err)
-	}
-	if _, err := p.rep.Write([]byte("go")); err != nil {
-		return fail(err)
-	}
-	if msg, pid, err = readReport(p.rep); err != nil {
-		return fail(err)
-	}
-	if !strings.Contains(string(msg), `"kernel"`) {
-		return fail(fmt.Errorf("unexpected report %q", msg))
-	}
-	if p.kernelFD, err = unix.PidfdOpen(pid, 0); err != nil {
-		return fail(fmt.Errorf("pidfd_open %d: %w", pid, err))
-	}
-	p.kernelPid = pid
-	p.rep.SetDeadline(time.Time{})
-	return p, nil
-}
-
-// send hands one fork request to the template, starting one if none runs,
-// and returns the host end of the child's report socket.
-func (z *Zygote) send(ctx context.Context, req *forkRequest, ws string, f kernel.Files) (*net.UnixConn, error) {
 	tree, err := unix.OpenTree(unix.AT_FDCWD, ws, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("clone the workspace's mount (the zygote needs root): %w", err)
 	}
 	defer unix.Close(tree)
-	rep, theirs, err := seqpacketPair()
+	sp, err := z.take(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("zygote: %w", err)
 	}
-	defer theirs.Close()
-	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree, int(theirs.Fd())}
-
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.closed {
-		rep.Close()
-		return nil, ErrClosed
+	fail := func(err error) (*Process, error) {
+		sp.destroy()
+		return nil, fmt.Errorf("zygote: fork: %w", err)
 	}
-	if z.cur != nil {
-		select {
-		case <-z.cur.dead:
-			z.retireLocked(z.cur)
-		default:
+	if limits.Memory != sp.limits.Memory || limits.Pids != sp.limits.Pids || limits.CPUs != sp.limits.CPUs {
+		if err := sp.group.SetLimits(limits); err != nil {
+			return fail(fmt.Errorf("session cgroup: %w", err))
 		}
 	}
-	if z.cur == nil {
-		inst, err := z.start(ctx)
+	req, _ := json.Marshal(forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack})
+	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
+	if _, _, err := sp.sock.WriteMsgUnix(req, unix.UnixRights(fds...), nil); err != nil {
+		return fail(err)
+	}
+	dl, _ := ctx.Deadline()
+	sp.sock.SetDeadline(dl)
+	for locked, started := false, false; !locked || !started; {
+		msg, _, err := readReport(sp.sock)
 		if err != nil {
-			rep.Close()
-			return nil, err
+			return fail(err)
 		}
-		z.cur = inst
-	}
-	inst := z.cur
-	z.nextID++
-	req.ID = z.nextID
-	b, _ := json.Marshal(req)
-	if _, _, err := inst.ctl.WriteMsgUnix(b, unix.UnixRights(fds...), nil); err != nil {
-		rep.Close()
-		z.retireLocked(inst)
-		return nil, fmt.Errorf("%w: %v", errDead, err)
-	}
-	for {
-		select {
-		case msg := <-inst.replies:
-			var r struct {
-				ID     int    `json:"id"`
-				Forked int    `json:"forked"`
-				Error  string `json:"error"`
-			}
-			if json.Unmarshal(msg, &r) != nil || r.ID != req.ID {
-				continue // a reply to an abandoned request
-			}
-			if r.Error != "" {
-				rep.Close()
-				return nil, errors.New(r.Error)
-			}
-			return rep, nil
-		case <-inst.dead:
-			rep.Close()
-			z.retireLocked(inst)
-			return nil, errDead
-		case <-ctx.Done():
-			rep.Close()
-			return nil, ctx.Err()
+		switch {
+		case strings.Contains(string(msg), `"locked"`):
+			locked = true
+		case strings.Contains(string(msg), `"kernel"`):
+			started = true
+		default:
+			return fail(fmt.Errorf("unexpected report %q", msg))
 		}
 	}
+	sp.sock.SetDeadline(time.Time{})
+	return &Process{group: sp.group, limits: limits, rep: sp.sock, reaperPid: sp.reaperPid, kernelPid: sp.kernelPid,
+		reaperFD: sp.reaperFD, kernelFD: sp.kernelFD}, nil
 }
 
 // Process is a forked kernel: the session's PID 1 (the reaper) and the
@@ -517,7 +721,10 @@ func (p *Process) Wait() error {
 		}
 		exited := false
 		for {
-			msg, _, err := readMsg(p.rep)
+			msg, _, fds, err := readMsg(p.rep)
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
 			if err != nil {
 				break
 			}
@@ -546,7 +753,10 @@ func (p *Process) Wait() error {
 
 // readReport reads one message from a child, failing on {"error": ...}.
 func readReport(c *net.UnixConn) ([]byte, int, error) {
-	msg, pid, err := readMsg(c)
+	msg, pid, fds, err := readMsg(c)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("the child ended before it started the kernel: %w", err)
 	}
@@ -560,26 +770,28 @@ func readReport(c *net.UnixConn) ([]byte, int, error) {
 	return msg, pid, nil
 }
 
-// readMsg reads one message and the sender's host PID (SO_PASSCRED).
-func readMsg(c *net.UnixConn) ([]byte, int, error) {
+// readMsg reads one message, the sender's host PID (SO_PASSCRED) and the
+// descriptors it carries (close-on-exec).
+func readMsg(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, 2*unix.CmsgSpace(unix.SizeofUcred))
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
-	if n == 0 {
-		return nil, 0, io.EOF
-	}
-	pid := 0
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+	if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
 		for i := range msgs {
 			if uc, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
 				pid = int(uc.Pid)
+			} else if r, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+				fds = append(fds, r...)
 			}
 		}
 	}
-	return buf[:n], pid, nil
+	if n == 0 {
+		err = io.EOF
+	}
+	return buf[:n], pid, fds, err
 }
 
 // seqpacketPair returns a connected pair: ours (with SO_PASSCRED, so every
