@@ -115,29 +115,6 @@ func BenchmarkIdleMemory(b *testing.B) {
 	}
 }
 
-// armedSparePids waits (bounded) until the template's spares are all
-// armed and returns their processes.
-func (z *Zygote) armedSparePids(b *testing.B) []int {
-	z.mu.Lock()
-	inst := z.cur
-	z.mu.Unlock()
-	for i := 0; len(inst.spares) < cap(inst.spares); i++ {
-		if i == 200 {
-			b.Fatal("the template did not refill its spares in 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	var pids []int
-	for range cap(inst.spares) {
-		r := <-inst.spares
-		if r.sp != nil {
-			pids = append(pids, r.sp.reaperPid, r.sp.kernelPid)
-		}
-		inst.spares <- r
-	}
-	return pids
-}
-
 // descendants returns every process below pid.
 func descendants(pid int) []int {
 	var out []int

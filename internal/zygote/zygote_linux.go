@@ -608,30 +608,47 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		return nil, fmt.Errorf("clone the workspace's mount (the zygote needs root): %w", err)
 	}
 	defer unix.Close(tree)
-	sp, err := z.take(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("zygote: %w", err)
-	}
-	fail := func(err error) (*Process, error) {
-		sp.destroy()
-		return nil, fmt.Errorf("zygote: fork: %w", err)
-	}
-	if limits.Memory != sp.limits.Memory || limits.Pids != sp.limits.Pids || limits.CPUs != sp.limits.CPUs {
-		if err := sp.group.SetLimits(limits); err != nil {
-			return fail(fmt.Errorf("session cgroup: %w", err))
-		}
-	}
 	req, _ := json.Marshal(forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack})
 	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
+	for attempt := 0; ; attempt++ {
+		sp, err := z.take(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("zygote: %w", err)
+		}
+		answered, err := sp.start(ctx, limits, req, fds)
+		if err == nil {
+			return &Process{group: sp.group, limits: limits, rep: sp.sock, reaperPid: sp.reaperPid, kernelPid: sp.kernelPid,
+				reaperFD: sp.reaperFD, kernelFD: sp.kernelFD}, nil
+		}
+		sp.destroy()
+		// A spare that died while it waited never answers: the
+		// descriptors it was sent died with it; take another.
+		if answered || attempt == 2 || ctx.Err() != nil {
+			return nil, fmt.Errorf("zygote: fork: %w", err)
+		}
+		z.log.Warn("zygote: a spare died before its session started; taking another", "err", err)
+	}
+}
+
+// start gives the spare's cgroup the session's limits, hands the spare the
+// session (req and fds) and waits until its reaper has locked itself down
+// and its kernel is about to run. answered says whether the spare said
+// anything before it failed.
+func (sp *spare) start(ctx context.Context, limits jail.Limits, req []byte, fds []int) (answered bool, err error) {
+	if limits.Memory != sp.limits.Memory || limits.Pids != sp.limits.Pids || limits.CPUs != sp.limits.CPUs {
+		if err := sp.group.SetLimits(limits); err != nil {
+			return true, fmt.Errorf("session cgroup: %w", err)
+		}
+	}
 	if _, _, err := sp.sock.WriteMsgUnix(req, unix.UnixRights(fds...), nil); err != nil {
-		return fail(err)
+		return false, err
 	}
 	dl, _ := ctx.Deadline()
 	sp.sock.SetDeadline(dl)
-	for locked, started := false, false; !locked || !started; {
+	for locked, started := false, false; !locked || !started; answered = true {
 		msg, _, err := readReport(sp.sock)
 		if err != nil {
-			return fail(err)
+			return answered || ctx.Err() != nil, err
 		}
 		switch {
 		case strings.Contains(string(msg), `"locked"`):
@@ -639,12 +656,11 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		case strings.Contains(string(msg), `"kernel"`):
 			started = true
 		default:
-			return fail(fmt.Errorf("unexpected report %q", msg))
+			return true, fmt.Errorf("unexpected report %q", msg)
 		}
 	}
 	sp.sock.SetDeadline(time.Time{})
-	return &Process{group: sp.group, limits: limits, rep: sp.sock, reaperPid: sp.reaperPid, kernelPid: sp.kernelPid,
-		reaperFD: sp.reaperFD, kernelFD: sp.kernelFD}, nil
+	return true, nil
 }
 
 // Process is a forked kernel: the session's PID 1 (the reaper) and the

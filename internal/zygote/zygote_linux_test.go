@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -408,4 +409,77 @@ pd.DataFrame({"a": [1, 2]})`)
 	if x, y := out(t, a.Session, draw), out(t, b.Session, draw); x == y {
 		t.Errorf("two forks drew the same random numbers: %s", x)
 	}
+}
+
+// armedSparePids waits (bounded) until the template's spares are all
+// armed and returns their processes.
+func (z *Zygote) armedSparePids(t testing.TB) []int {
+	t.Helper()
+	z.mu.Lock()
+	inst := z.cur
+	z.mu.Unlock()
+	for i := 0; len(inst.spares) < cap(inst.spares); i++ {
+		if i == 200 {
+			t.Fatal("the template did not refill its spares in 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var pids []int
+	for range cap(inst.spares) {
+		r := <-inst.spares
+		if r.sp != nil {
+			pids = append(pids, r.sp.reaperPid, r.sp.kernelPid)
+		}
+		inst.spares <- r
+	}
+	return pids
+}
+
+// A spare is armed before any session takes it: its kernel has no
+// capability and its seccomp filter, its reaper an empty bounding set, both
+// in a cgroup of their own. A spare that dies before it is taken is
+// skipped.
+func TestSparesArmedAhead(t *testing.T) {
+	z := newZygote(t, light)
+	pids := z.armedSparePids(t)
+	if len(pids) != 2 {
+		t.Fatalf("spare pids %v", pids)
+	}
+	reaper, kern := pids[0], pids[1]
+	want := map[int]map[string]string{
+		kern:   {"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000", "CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"},
+		reaper: {"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1"},
+	}
+	for pid, fields := range want {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range fields {
+			if got := statusField(string(status), k); got != v {
+				t.Errorf("pid %d (%s): %s = %q, want %q", pid, map[int]string{reaper: "reaper", kern: "kernel"}[pid], k, got, v)
+			}
+		}
+		readCgroups(t, pid) // fails unless in a sandloop- cgroup
+	}
+
+	if err := syscall.Kill(reaper, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, z, session.Options{})
+	if got := out(t, s.Session, `print("forked")`); got != "forked" {
+		t.Fatalf("after the spare was killed: %q", got)
+	}
+	if hp := s.proc.HostPids(); slices.Contains(hp, reaper) || slices.Contains(hp, kern) {
+		t.Errorf("the session got the killed spare's processes: %v", hp)
+	}
+}
+
+func statusField(status, key string) string {
+	for _, line := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
