@@ -40,6 +40,8 @@ type Options struct {
 
 // Request is one run to start.
 type Request struct {
+	// Owner is recorded with the run (store.Run.Owner).
+	Owner string
 	Task  string
 	Mode  agent.Mode
 	Model string
@@ -112,7 +114,7 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 	if err != nil {
 		return nil, nil, err
 	}
-	run, err := s.opts.Store.CreateRun(ctx, store.Run{Task: req.Task, Mode: string(mode), Model: p.Info().String(), Status: string(agent.StatusRunning)})
+	run, err := s.opts.Store.CreateRun(ctx, store.Run{Owner: req.Owner, Task: req.Task, Mode: string(mode), Model: p.Info().String(), Status: string(agent.StatusRunning)})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -71,7 +71,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		files[p] = b
 	}
 	run, err := s.opts.Runs.Start(r.Context(), runs.Request{
-		Task: req.Task, Mode: agent.Mode(req.Mode), Model: req.Model, Files: files, Entry: req.Entry, Args: req.Args, Checks: req.Checks,
+		Owner: owner(r.Context()), Task: req.Task, Mode: agent.Mode(req.Mode), Model: req.Model, Files: files, Entry: req.Entry, Args: req.Args, Checks: req.Checks,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: time.Duration(req.TimeoutS * float64(time.Second)),
 	})
 	if err != nil {
@@ -106,7 +106,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit, _ := strconv.Atoi(q.Get("limit"))
 	offset, _ := strconv.Atoi(q.Get("offset"))
-	list, err := s.opts.Store.ListRuns(r.Context(), store.ListOptions{Limit: limit, Offset: offset, Status: q.Get("status"), Mode: q.Get("mode")})
+	o := owner(r.Context())
+	list, err := s.opts.Store.ListRuns(r.Context(), store.ListOptions{Limit: limit, Offset: offset, Status: q.Get("status"), Mode: q.Get("mode"), Owner: &o})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -117,20 +118,31 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"runs": list})
 }
 
-func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+// ownRun returns the run named in the path if the caller started it (with
+// the same token); another caller's run is "not found", as its sessions are.
+func (s *Server) ownRun(w http.ResponseWriter, r *http.Request) (*store.Run, bool) {
 	if !s.runsEnabled(w) {
-		return
+		return nil, false
 	}
 	run, err := s.opts.Store.GetRun(r.Context(), r.PathValue("id"))
+	if err == nil && run.Owner != owner(r.Context()) {
+		err = store.ErrNotFound
+	}
 	if err != nil {
 		writeError(w, runError(err))
-		return
+		return nil, false
 	}
-	writeJSON(w, http.StatusOK, run)
+	return run, true
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+	if run, ok := s.ownRun(w, r); ok {
+		writeJSON(w, http.StatusOK, run)
+	}
 }
 
 func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
-	if !s.runsEnabled(w) {
+	if _, ok := s.ownRun(w, r); !ok {
 		return
 	}
 	if err := s.opts.Runs.Cancel(r.PathValue("id")); err != nil {
@@ -143,7 +155,7 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 // runEvents streams a run's events over SSE: those recorded so far, then
 // live ones until the run ends. Last-Event-ID (or ?since=) resumes.
 func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
-	if !s.runsEnabled(w) {
+	if _, ok := s.ownRun(w, r); !ok {
 		return
 	}
 	since, _ := strconv.ParseInt(r.Header.Get("Last-Event-ID"), 10, 64)
@@ -194,7 +206,7 @@ func compactJSON(b json.RawMessage) []byte {
 }
 
 func (s *Server) runArtifacts(w http.ResponseWriter, r *http.Request) {
-	if !s.runsEnabled(w) {
+	if _, ok := s.ownRun(w, r); !ok {
 		return
 	}
 	id := r.PathValue("id")

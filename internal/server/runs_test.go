@@ -27,7 +27,7 @@ type runSession struct {
 
 func (r runSession) Close() error { return r.mgr.Delete("runs", r.ID()) }
 
-func newRunsServer(t *testing.T, script llmtest.Script) *testServer {
+func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testServer {
 	t.Helper()
 	llmSrv := llmtest.NewOpenAIServer(t, script)
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
@@ -49,11 +49,14 @@ func newRunsServer(t *testing.T, script llmtest.Script) *testServer {
 			return runSession{ms, mgr}, nil
 		},
 	})
-	srv, err := New(Options{Manager: mgr, Runs: svc, Store: st, Keepalive: 50 * time.Millisecond})
+	srv, err := New(Options{Manager: mgr, Runs: svc, Store: st, Keepalive: 50 * time.Millisecond, Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := &testServer{mgr: mgr, srv: srv}
+	if len(tokens) > 0 {
+		hs.token = tokens[0]
+	}
 	hs.Server = newHTTPTest(srv)
 	t.Cleanup(func() {
 		hs.Close()
@@ -209,5 +212,52 @@ func TestRunCancel(t *testing.T) {
 	ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got)
 	if got.Status != "cancelled" {
 		t.Errorf("stored status %q", got.Status)
+	}
+}
+
+// A run belongs to the token that started it: another token neither sees
+// it listed nor reaches it (404, as for sessions).
+func TestRunOwnership(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{
+		{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: `{"code":"print(2+2)"}`}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"printed 4"}`}}},
+	}, tokenA, tokenB)
+	var run store.Run
+	if resp := ts.do(t, "POST", "/v1/runs", `{"task":"print 2+2"}`, &run); resp.StatusCode != 201 {
+		t.Fatalf("start: %d", resp.StatusCode)
+	}
+	waitRun := func() {
+		for i := 0; i < 200; i++ {
+			var got store.Run
+			ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got)
+			if got.Status != "running" {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatal("the run did not end in 10 s")
+	}
+	waitRun()
+
+	ts.token = tokenB
+	for _, p := range []string{"GET /v1/runs/" + run.ID, "GET /v1/runs/" + run.ID + "/events", "POST /v1/runs/" + run.ID + "/cancel", "GET /v1/runs/" + run.ID + "/artifacts"} {
+		m, path, _ := strings.Cut(p, " ")
+		if resp := ts.do(t, m, path, "", nil); resp.StatusCode != 404 {
+			t.Errorf("other token %s: %d, want 404", p, resp.StatusCode)
+		}
+	}
+	var list struct{ Runs []store.Run }
+	ts.do(t, "GET", "/v1/runs", "", &list)
+	if len(list.Runs) != 0 {
+		t.Errorf("other token lists %d runs", len(list.Runs))
+	}
+
+	ts.token = tokenA
+	ts.do(t, "GET", "/v1/runs", "", &list)
+	if len(list.Runs) != 1 || list.Runs[0].ID != run.ID {
+		t.Errorf("owner lists %+v", list.Runs)
+	}
+	if resp := ts.do(t, "GET", "/v1/runs/"+run.ID+"/artifacts", "", nil); resp.StatusCode != 200 {
+		t.Errorf("owner's artifacts: %d", resp.StatusCode)
 	}
 }

@@ -62,6 +62,12 @@ CREATE TABLE artifacts (
 	PRIMARY KEY (run_id, path)
 ) STRICT;
 `,
+	// 2: who started a run (a hash of the server token; '' for the CLI and
+	// for servers without tokens).
+	`
+ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+CREATE INDEX runs_by_owner ON runs (owner, created_at DESC);
+`,
 }
 
 // migrate brings the schema up to date. It runs in one write transaction, which

@@ -30,9 +30,12 @@ type Run struct {
 	Error     string  `json:"error,omitempty"`
 	// Report is the final report, as JSON. ListRuns leaves it out to keep lists light.
 	Report json.RawMessage `json:"report,omitempty"`
+	// Owner is who started the run: the server's name for a token (never
+	// the token), or "" (the CLI, a server without tokens). It cannot change.
+	Owner string `json:"-"`
 }
 
-const runColumns = `id, created_at, updated_at, task, mode, model, status, steps, tokens_in, tokens_out, cost_usd, summary, error`
+const runColumns = `id, created_at, updated_at, task, mode, model, status, steps, tokens_in, tokens_out, cost_usd, summary, error, owner`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -43,7 +46,7 @@ func scanRun(row scanner, withReport bool) (*Run, error) {
 		report           sql.NullString
 	)
 	dest := []any{&r.ID, &created, &updated, &r.Task, &r.Mode, &r.Model, &r.Status, &r.Steps,
-		&r.TokensIn, &r.TokensOut, &r.CostUSD, &r.Summary, &r.Error}
+		&r.TokensIn, &r.TokensOut, &r.CostUSD, &r.Summary, &r.Error, &r.Owner}
 	if withReport {
 		dest = append(dest, &report)
 	}
@@ -79,9 +82,9 @@ func (s *Store) CreateRun(ctx context.Context, r Run) (*Run, error) {
 	now := s.now().UTC().Truncate(time.Millisecond)
 	r.CreatedAt, r.UpdatedAt = now, now
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err := tx.ExecContext(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			r.ID, toMillis(r.CreatedAt), toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
-			r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, nullJSON(r.Report))
+			r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, r.Owner, nullJSON(r.Report))
 		return err
 	})
 	if err != nil {
@@ -104,7 +107,7 @@ func (s *Store) GetRun(ctx context.Context, id string) (*Run, error) {
 
 // UpdateRun changes a run: update receives the stored run and edits it in place,
 // inside one write transaction, so concurrent updates (the agent finishing while a
-// user cancels) cannot lose each other's changes. ID and CreatedAt cannot change;
+// user cancels) cannot lose each other's changes. ID, CreatedAt and Owner cannot change;
 // UpdatedAt is set to now. If update returns an error nothing is written.
 func (s *Store) UpdateRun(ctx context.Context, id string, update func(*Run) error) (*Run, error) {
 	var out *Run
@@ -116,14 +119,14 @@ func (s *Store) UpdateRun(ctx context.Context, id string, update func(*Run) erro
 		if err != nil {
 			return err
 		}
-		created := r.CreatedAt
+		created, owner := r.CreatedAt, r.Owner
 		if err := update(r); err != nil {
 			return err
 		}
 		if err := validJSON("run report", r.Report); err != nil {
 			return err
 		}
-		r.ID, r.CreatedAt = id, created
+		r.ID, r.CreatedAt, r.Owner = id, created, owner
 		r.UpdatedAt = s.now().UTC().Truncate(time.Millisecond)
 		_, err = tx.ExecContext(ctx, `UPDATE runs SET updated_at=?, task=?, mode=?, model=?, status=?, steps=?,
 			tokens_in=?, tokens_out=?, cost_usd=?, summary=?, error=?, report=? WHERE id=?`,
@@ -147,6 +150,8 @@ type ListOptions struct {
 	// Status and Mode, if set, keep only runs with that value.
 	Status string
 	Mode   string
+	// Owner, if not nil, keeps only the runs of that owner ("" included).
+	Owner *string
 }
 
 // ListRuns returns runs, newest first, without their Report.
@@ -165,6 +170,9 @@ func (s *Store) ListRuns(ctx context.Context, opts ListOptions) ([]Run, error) {
 	}
 	if opts.Mode != "" {
 		where, args = append(where, "mode = ?"), append(args, opts.Mode)
+	}
+	if opts.Owner != nil {
+		where, args = append(where, "owner = ?"), append(args, *opts.Owner)
 	}
 	q := `SELECT ` + runColumns + ` FROM runs`
 	if len(where) > 0 {

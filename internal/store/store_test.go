@@ -237,16 +237,21 @@ func TestListRuns(t *testing.T) {
 		if i%2 == 1 {
 			mode = "debug"
 		}
-		r, err := s.CreateRun(ctx, Run{Task: fmt.Sprint("task ", i), Mode: mode, Report: json.RawMessage(`{"big":true}`)})
+		owner := ""
+		if i%3 == 0 {
+			owner = "alice"
+		}
+		r, err := s.CreateRun(ctx, Run{Task: fmt.Sprint("task ", i), Mode: mode, Owner: owner, Report: json.RawMessage(`{"big":true}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, r.ID)
 		c.advance(time.Second)
 	}
-	if _, err := s.UpdateRun(ctx, ids[6], func(r *Run) error { r.Status = "failed"; return nil }); err != nil {
+	if _, err := s.UpdateRun(ctx, ids[6], func(r *Run) error { r.Status = "failed"; r.Owner = "mallory"; return nil }); err != nil {
 		t.Fatal(err)
 	}
+	alice, nobody := "alice", ""
 	cases := []struct {
 		name string
 		opts ListOptions
@@ -258,6 +263,8 @@ func TestListRuns(t *testing.T) {
 		{"mode", ListOptions{Mode: "debug"}, []int{5, 3, 1}},
 		{"status", ListOptions{Status: "failed"}, []int{6}},
 		{"status and mode", ListOptions{Status: "running", Mode: "generate", Limit: 2}, []int{4, 2}},
+		{"owner (which UpdateRun cannot change)", ListOptions{Owner: &alice}, []int{6, 3, 0}},
+		{"no owner", ListOptions{Owner: &nobody}, []int{5, 4, 2, 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
