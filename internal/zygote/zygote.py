@@ -225,6 +225,21 @@ def _fail(sock, code, what, e):
         os._exit(code)
 
 
+def _expect(sock, word):
+    """Waits for word; anything else (the host gave up) ends this child."""
+    if sock.recv(16) != word:
+        os._exit(0)
+
+
+def _receive(sock, nfds):
+    """One message with exactly nfds descriptors; anything else ends this
+    child."""
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, nfds + 1)
+    if not msg or len(fds) != nfds:
+        os._exit(0)
+    return msg, fds
+
+
 def _above_kernel_fds(s):
     """s, moved to a descriptor above kernel.py's 0-6."""
     fd = fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 7)
@@ -256,17 +271,14 @@ def _kernel(sock, peer, kmod):
             except Exception:
                 pass
         sock.send(b'{"hello":"kernel"}')
-        if peer.recv(16) != b"arm":
-            os._exit(0)
+        _expect(peer, b"arm")
         # In the spare's cgroup now: it becomes our cgroup namespace's root.
         _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
         _Lockdown()()
         sock.send(b'{"armed":true}')
     except BaseException as e:
         _fail(sock, 127, "arm the kernel", e)
-    msg, kfds, _, _ = socket.recv_fds(peer, 1 << 20, 4)
-    if not msg or len(kfds) != 4:
-        os._exit(0)
+    msg, kfds = _receive(peer, 4)
     try:
         req = json.loads(msg)
         _set_rlimits(req)
@@ -321,15 +333,12 @@ def _spare(sock, kmod):
     try:
         peer.close()
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        if sock.recv(16) != b"arm":
-            os._exit(0)
+        _expect(sock, b"arm")
         _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
         ours.send(b"arm")
     except BaseException as e:
         _fail(sock, 125, "arm the spare", e)
-    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
-    if not msg or len(fds) != 5:
-        os._exit(0)
+    msg, fds = _receive(sock, 5)
     try:
         req = json.loads(msg)
         _mount_session(req, fds[4])
