@@ -92,13 +92,7 @@ func newServeCmd() *cobra.Command {
 			defer st.Close()
 			svc := runs.New(runs.Options{
 				Store: st, Provider: providerResolver(pricesFile), Logger: log,
-				NewSession: func(ctx context.Context) (runs.Session, error) {
-					ms, err := mgr.Create(ctx, session.CreateOptions{Owner: runOwner})
-					if err != nil {
-						return nil, err
-					}
-					return managedRunSession{ms, mgr}, nil
-				},
+				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
 			srv, err := server.New(server.Options{
@@ -174,17 +168,6 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
 	return cmd
 }
-
-// runOwner owns the sessions of agent runs: no API token can reach them.
-const runOwner = "\x00runs"
-
-// managedRunSession is a run's session, deleted from the manager when the run ends.
-type managedRunSession struct {
-	*session.Managed
-	mgr *session.Manager
-}
-
-func (m managedRunSession) Close() error { return m.mgr.Delete(runOwner, m.ID()) }
 
 func defaultDataDir() string {
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {

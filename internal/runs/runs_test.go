@@ -129,3 +129,26 @@ func TestWatchReplaysThenFollows(t *testing.T) {
 		t.Error("watching an unknown run")
 	}
 }
+
+// A run's session lives in the manager under SessionOwner, out of every
+// API caller's reach, until the run closes it.
+func TestManagerSessions(t *testing.T) {
+	mgr := session.NewManager(session.ManagerOptions{})
+	defer mgr.Close()
+	s, err := ManagerSessions(mgr)(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mgr.List(SessionOwner); len(got) != 1 {
+		t.Fatalf("run sessions: %d, want 1", len(got))
+	}
+	if got := mgr.List(""); len(got) != 0 {
+		t.Errorf("a caller without a token sees %d run sessions", len(got))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mgr.List(SessionOwner); len(got) != 0 {
+		t.Errorf("after Close: %d run sessions", len(got))
+	}
+}

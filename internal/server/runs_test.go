@@ -20,13 +20,6 @@ import (
 	"github.com/sandloop/sandloop/internal/store"
 )
 
-type runSession struct {
-	*session.Managed
-	mgr *session.Manager
-}
-
-func (r runSession) Close() error { return r.mgr.Delete("runs", r.ID()) }
-
 func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testServer {
 	t.Helper()
 	llmSrv := llmtest.NewOpenAIServer(t, script)
@@ -41,13 +34,7 @@ func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testS
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
 			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		},
-		NewSession: func(ctx context.Context) (runs.Session, error) {
-			ms, err := mgr.Create(ctx, session.CreateOptions{Owner: "runs"})
-			if err != nil {
-				return nil, err
-			}
-			return runSession{ms, mgr}, nil
-		},
+		NewSession: runs.ManagerSessions(mgr),
 	})
 	srv, err := New(Options{Manager: mgr, Runs: svc, Store: st, Keepalive: 50 * time.Millisecond, Tokens: tokens})
 	if err != nil {

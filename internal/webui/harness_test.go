@@ -24,15 +24,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-const runOwner = "\x00runs"
-
-type runSession struct {
-	*session.Managed
-	mgr *session.Manager
-}
-
-func (r runSession) Close() error { return r.mgr.Delete(runOwner, r.ID()) }
-
 // newServer starts the real API server, with the UI mounted as
 // `sandloop serve` mounts it, and a scripted model behind the runs service.
 func newServer(t *testing.T, token string, script llmtest.Script) *httptest.Server {
@@ -49,13 +40,7 @@ func newServer(t *testing.T, token string, script llmtest.Script) *httptest.Serv
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
 			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		},
-		NewSession: func(ctx context.Context) (runs.Session, error) {
-			ms, err := mgr.Create(ctx, session.CreateOptions{Owner: runOwner})
-			if err != nil {
-				return nil, err
-			}
-			return runSession{ms, mgr}, nil
-		},
+		NewSession: runs.ManagerSessions(mgr),
 	})
 	opts := server.Options{Manager: mgr, Runs: svc, Store: st, Keepalive: time.Second, PublicMounts: Mounts()}
 	if token != "" {
