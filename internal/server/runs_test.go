@@ -4,52 +4,31 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
-	"github.com/sandloop/sandloop/internal/runs"
-	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/store"
 )
 
 func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testServer {
 	t.Helper()
-	llmSrv := llmtest.NewOpenAIServer(t, script)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
+	rs := runstest.New(t, script)
+	srv, err := New(Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: 50 * time.Millisecond, Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
-	mgr := session.NewManager(session.ManagerOptions{})
-	svc := runs.New(runs.Options{
-		Store: st,
-		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
-			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
-		},
-		NewSession: runs.ManagerSessions(mgr),
-	})
-	srv, err := New(Options{Manager: mgr, Runs: svc, Store: st, Keepalive: 50 * time.Millisecond, Tokens: tokens})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &testServer{mgr: mgr, srv: srv}
+	hs := &testServer{mgr: rs.Manager, srv: srv}
 	if len(tokens) > 0 {
 		hs.token = tokens[0]
 	}
 	hs.Server = newHTTPTest(srv)
-	t.Cleanup(func() {
-		hs.Close()
-		svc.Close()
-		mgr.Close()
-	})
+	t.Cleanup(hs.Close) // before the service (cleanups run last first)
 	return hs
 }
 

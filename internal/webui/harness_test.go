@@ -1,22 +1,17 @@
 package webui
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
-	"github.com/sandloop/sandloop/internal/runs"
+	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/server"
-	"github.com/sandloop/sandloop/internal/session"
-	"github.com/sandloop/sandloop/internal/store"
 )
 
 func TestMain(m *testing.M) {
@@ -28,21 +23,8 @@ func TestMain(m *testing.M) {
 // `sandloop serve` mounts it, and a scripted model behind the runs service.
 func newServer(t *testing.T, token string, script llmtest.Script) *httptest.Server {
 	t.Helper()
-	llmSrv := llmtest.NewOpenAIServer(t, script)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	mgr := session.NewManager(session.ManagerOptions{})
-	svc := runs.New(runs.Options{
-		Store: st,
-		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
-			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
-		},
-		NewSession: runs.ManagerSessions(mgr),
-	})
-	opts := server.Options{Manager: mgr, Runs: svc, Store: st, Keepalive: time.Second, PublicMounts: Mounts()}
+	rs := runstest.New(t, script)
+	opts := server.Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: time.Second, PublicMounts: Mounts()}
 	if token != "" {
 		opts.Tokens = []string{token}
 	}
@@ -51,11 +33,9 @@ func newServer(t *testing.T, token string, script llmtest.Script) *httptest.Serv
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv)
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the service (cleanups run last first)
 		hs.CloseClientConnections()
 		hs.Close()
-		svc.Close()
-		mgr.Close()
 	})
 	return hs
 }
