@@ -231,6 +231,13 @@ def _expect(sock, word):
         os._exit(0)
 
 
+def _armed_cgroup(sock):
+    """Waits for "arm": the host has moved this process into the spare's
+    cgroup, which then becomes the root of its own cgroup namespace."""
+    _expect(sock, b"arm")
+    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+
+
 def _receive(sock, nfds):
     """One message with exactly nfds descriptors; anything else ends this
     child."""
@@ -271,9 +278,7 @@ def _kernel(sock, peer, kmod):
             except Exception:
                 pass
         sock.send(b'{"hello":"kernel"}')
-        _expect(peer, b"arm")
-        # In the spare's cgroup now: it becomes our cgroup namespace's root.
-        _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+        _armed_cgroup(peer)
         _Lockdown()()
         sock.send(b'{"armed":true}')
     except BaseException as e:
@@ -333,8 +338,7 @@ def _spare(sock, kmod):
     try:
         peer.close()
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        _expect(sock, b"arm")
-        _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+        _armed_cgroup(sock)
         ours.send(b"arm")
     except BaseException as e:
         _fail(sock, 125, "arm the spare", e)
