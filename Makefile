@@ -4,29 +4,34 @@ GO ?= go
 export CGO_ENABLED = 0
 ARGS ?= doctor
 
-.PHONY: run test build deps bench load
+.PHONY: run test build deps gen bench load
 
 deps:
 	@./scripts/deps.sh
 
-build: deps
+# The jail's small init, embedded into every binary that starts jails
+# (internal/jail/initexe/README.md). Without it they re-execute themselves.
+gen:
+	$(GO) generate ./internal/jail
+
+build: deps gen
 	$(GO) build -o bin/sandloop ./cmd/sandloop
 
 # make run ARGS='exec -c "print(1)"'
 run: build
 	./bin/sandloop $(ARGS)
 
-test: deps
+test: deps gen
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 
 # Speed claims, each printed as a ratio against a baseline measured in the same run.
-bench: deps
+bench: deps gen
 	$(GO) test -run '^$$' -bench ColdExec -benchtime 30x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench 'CreateImportPandas|IdleMemory' -benchtime 10x ./internal/zygote
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
-load: deps
+load: deps gen
 	$(GO) run ./bench/load -duration 2m -clients 50

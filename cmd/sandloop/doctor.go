@@ -73,6 +73,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	line(r.Namespaces.OK, "namespaces", r.Namespaces.Detail)
 	line(r.Seccomp.OK, "seccomp", r.Seccomp.Detail)
 	line(r.Cgroups.OK, "cgroups", r.Cgroups.Detail)
+	fmt.Fprintf(w, "--    %-17s %s\n", "jail init", jail.InitInfo())
 	if r.Landlock.OK {
 		line(true, "landlock", r.Landlock.Detail)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -518,6 +519,7 @@ func TestRootless(t *testing.T) {
 			t.Fatalf("rootless run: %+v %q %q", r.res, r.stdout, r.stderr)
 		}
 		t.Logf("rootless enforcement: %s warnings: %v", r.res.Enforcement, r.res.Warnings)
+		t.Logf("rootless init: %s", InitInfo())
 		return
 	}
 	if os.Geteuid() != 0 {
@@ -555,5 +557,87 @@ func TestRootless(t *testing.T) {
 	}
 	if !bytes.Contains(out, []byte("--- PASS: TestAttacksFail")) {
 		t.Errorf("attack tests did not pass rootless:\n%s", out)
+	}
+	if generatedInit(t) && !bytes.Contains(out, []byte("rootless init: a small init")) {
+		t.Errorf("the rootless jails did not start the generated init:\n%s", out)
+	}
+}
+
+// generatedInit says whether this binary embeds the generated init.
+func generatedInit(t *testing.T) bool {
+	t.Helper()
+	_, err := fs.Stat(initexe, initexeName)
+	return err == nil
+}
+
+// With the generated init (make test generates it), a jail starts that
+// small program, not this binary; without it, this binary, and both work.
+func TestJailStartsTheSmallInit(t *testing.T) {
+	if !generatedInit(t) {
+		t.Skip("no generated init in this build: run `go generate ./internal/jail` (make test does)")
+	}
+	path, about := initExecutable()
+	if path == selfExe {
+		t.Fatalf("the generated init is not used: %s", about)
+	}
+	self, _ := os.Executable()
+	initOf := func() string {
+		t.Helper()
+		p, err := Start(context.Background(), &Config{Path: DefaultPython, Args: []string{"python3", "-c", "import time; time.sleep(60)"}, Workspace: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Wait()
+		defer p.Kill()
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.Pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return exe
+	}
+	if got := initOf(); got != path {
+		t.Errorf("the jail's init is %s, want %s (%s)", got, path, about)
+	}
+	// Pruned by another sandloop: written again at the next start.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if got := initOf(); got != path {
+		t.Errorf("after the cached init was removed, the jail's init is %s, want %s", got, path)
+	}
+	saved := initExecutable
+	initExecutable = func() (string, string) { return selfExe, "forced" }
+	defer func() { initExecutable = saved }()
+	if got := initOf(); got != self {
+		t.Errorf("with the fallback, the jail's init is %s, want this binary %s", got, self)
+	}
+	r := runPy(t, `print("fallback ok")`, nil)
+	if strings.TrimSpace(r.stdout) != "fallback ok" {
+		t.Errorf("a jail with this binary as init: %+v %q", r.res, r.stderr)
+	}
+}
+
+// The cache the init is written to must be this user's alone.
+func TestInitCacheMustBeOurs(t *testing.T) {
+	dir := t.TempDir()
+	if err := ownedByUs(dir, true); err != nil {
+		t.Fatalf("a private directory: %v", err)
+	}
+	os.Chmod(dir, 0o777)
+	if err := ownedByUs(dir, true); err == nil || !strings.Contains(err.Error(), "writable by others") {
+		t.Errorf("a world-writable directory: %v", err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink("/usr/bin/python3", link)
+	if err := ownedByUs(link, false); err == nil || !strings.Contains(err.Error(), "not a plain file") {
+		t.Errorf("a symlink: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		f := filepath.Join(t.TempDir(), "f")
+		os.WriteFile(f, nil, 0o755)
+		os.Chown(f, 65534, 65534)
+		if err := ownedByUs(f, false); err == nil || !strings.Contains(err.Error(), "another user") {
+			t.Errorf("someone else's file: %v", err)
+		}
 	}
 }

@@ -27,3 +27,4 @@ func (*Process) Done() <-chan struct{}  { return nil }
 func Probe() HostReport                 { return HostReport{} }
 func SeccompSupported() bool            { return false }
 func RunningInits() []int               { return nil }
+func InitInfo() string                  { return "" }

@@ -125,7 +125,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		flags |= unix.CLONE_NEWNET
 	}
 	cmd := &exec.Cmd{
-		Path: "/proc/self/exe",
+		Path: initPath(),
 		Args: []string{initArg0},
 		Env:  []string{}, // never the server's environment
 		// Readers and writers that are not files go through pipes, so the

@@ -1,0 +1,151 @@
+//go:build !sandloop_init
+
+package jail
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The generated init (see initexe/README.md), when this binary was built
+// after `go generate ./internal/jail`.
+//
+//go:embed initexe
+var initexe embed.FS
+
+const (
+	// selfExe is what a jail executes as its init without the generated one.
+	selfExe     = "/proc/self/exe"
+	initexeName = "initexe/sandloop-init"
+)
+
+// initExecutable returns the program a jail executes as its init, and what
+// it is: the generated small init, written once to a private cache
+// directory, or else this binary itself (and why).
+var initExecutable = sync.OnceValues(func() (path, about string) {
+	// (Not ReadFile: it copies the whole file, faulting in every page of
+	// it, which costs more than the init saves; it is read only to be
+	// written to the cache, once.)
+	fi, err := fs.Stat(initexe, initexeName)
+	if err != nil {
+		return selfExe, "this binary re-executes itself (built without `go generate ./internal/jail`)"
+	}
+	built, _ := initexe.ReadFile("initexe/source-hash")
+	hash := string(bytes.TrimSpace(built))
+	if hash != SourceHash() {
+		return selfExe, "this binary re-executes itself (its generated init is stale: run `go generate ./internal/jail`)"
+	}
+	// The name carries the hash of the sources the init was built from.
+	path = filepath.Join(initCacheDir(), "sandloop-init-"+hash[:min(16, len(hash))])
+	if err := ensureInit(path); err != nil {
+		return selfExe, "this binary re-executes itself (" + err.Error() + ")"
+	}
+	return path, fmt.Sprintf("a small init (%.1f MB): %s", float64(fi.Size())/(1<<20), path)
+})
+
+// initPath is the program Start executes as a jail's init. The cached init
+// is checked at every start: another sandloop may have pruned it.
+func initPath() string {
+	path, _ := initExecutable()
+	if path != selfExe && ensureInit(path) != nil {
+		return selfExe
+	}
+	return path
+}
+
+// InitInfo says what program jails start as their init.
+func InitInfo() string {
+	_, about := initExecutable()
+	return about
+}
+
+// initCacheDir is where the generated init is written: a directory only
+// this user may write to.
+func initCacheDir() string {
+	uid := os.Geteuid()
+	if uid == 0 {
+		return "/run/sandloop"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(d) {
+		return filepath.Join(d, "sandloop")
+	}
+	return filepath.Join(os.TempDir(), "sandloop-"+strconv.Itoa(uid))
+}
+
+// ensureInit writes the generated init to path unless it is there. The
+// jail's user must be able to execute it: the file and its directory are
+// readable by all, writable only by this user (checked, so that nobody
+// else can have put a program there). Writing it prunes the inits other
+// builds left there more than a day ago (a sandloop still running with
+// one writes it again when it next starts a jail).
+func ensureInit(path string) error {
+	if err := ownedByUs(path, false); err == nil {
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("init cache: %w", err)
+	}
+	if err := ownedByUs(dir, true); err != nil {
+		return err
+	}
+	bin, err := initexe.ReadFile(initexeName)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".sandloop-init-*")
+	if err != nil {
+		return fmt.Errorf("init cache: %w", err)
+	}
+	_, err = f.Write(bin)
+	if err == nil {
+		err = f.Chmod(0o755)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path) // whole, or not there at all
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("init cache: %w", err)
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, "sandloop-init-*"))
+	for _, o := range old {
+		if fi, err := os.Lstat(o); err == nil && o != path && time.Since(fi.ModTime()) > 24*time.Hour {
+			os.Remove(o)
+		}
+	}
+	return nil
+}
+
+// ownedByUs checks that path is a directory (or a regular file) that is
+// not a link, belongs to this user and is writable by nobody else.
+func ownedByUs(path string, dir bool) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
+		return fmt.Errorf("init cache: %s is not a plain %s", path, map[bool]string{true: "directory", false: "file"}[dir])
+	case st == nil || int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("init cache: %s belongs to another user", path)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("init cache: %s is writable by others", path)
+	}
+	return nil
+}
