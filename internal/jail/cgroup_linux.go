@@ -36,8 +36,46 @@ var (
 var liveGroups sync.Map
 
 func detectCgroups() cgroupHost {
-	hostOnce.Do(func() { host = probeCgroups() })
+	hostOnce.Do(func() {
+		host = probeCgroups()
+		sweepStaleGroups(host, time.Minute)
+	})
 	return host
+}
+
+// sweepStaleGroups removes the sandbox groups that a sandloop killed
+// without its cleanup (kill -9, a crash) left behind: empty, and older
+// than minAge (a group another sandloop has just created, its process not
+// yet in it, is younger). The kernel refuses to remove a group that still
+// has a process or a child group, so a live sandbox is never touched.
+func sweepStaleGroups(h cgroupHost, minAge time.Duration) (removed int) {
+	var parents []string
+	switch h.mode {
+	case "cgroup v1":
+		for _, c := range v1Controllers {
+			if !contains(parents, h.v1[c]) {
+				parents = append(parents, h.v1[c])
+			}
+		}
+	case "cgroup v2":
+		parents = []string{h.v2}
+	}
+	for _, parent := range parents {
+		dirs, _ := filepath.Glob(filepath.Join(parent, "sandloop-*"))
+		for _, d := range dirs {
+			fi, err := os.Lstat(d)
+			if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < minAge {
+				continue
+			}
+			if _, live := liveGroups.Load(d); live {
+				continue
+			}
+			if readFileString(filepath.Join(d, "cgroup.procs")) == "" && unix.Rmdir(d) == nil {
+				removed++
+			}
+		}
+	}
+	return removed
 }
 
 var v1Controllers = []string{"memory", "pids", "cpu", "cpuacct"}

@@ -641,3 +641,56 @@ func TestInitCacheMustBeOurs(t *testing.T) {
 		}
 	}
 }
+
+// Groups a killed sandloop left behind are removed by the next one; live
+// groups and young ones are not.
+func TestSweepStaleGroups(t *testing.T) {
+	h := detectCgroups()
+	if h.mode == "" {
+		t.Skip("no cgroups: " + h.reason)
+	}
+	old := time.Now().Add(-time.Hour)
+	mk := func() *cgroup {
+		t.Helper()
+		cg, err := newCgroup(h, "sandloop-sweeptest-"+randomID(), Limits{}.WithDefaults())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cg.remove() })
+		for _, d := range cg.dirs {
+			liveGroups.Delete(d) // as if another process had made it
+		}
+		return cg
+	}
+	left, young, busy := mk(), mk(), mk()
+	for _, cg := range []*cgroup{left, busy} {
+		for _, d := range cg.dirs {
+			if err := os.Chtimes(d, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleeper.Wait()
+	defer sleeper.Process.Kill()
+	if err := busy.add(sleeper.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	sweepStaleGroups(h, time.Minute)
+	exists := func(cg *cgroup) bool {
+		_, err := os.Stat(cg.dirs[0])
+		return err == nil
+	}
+	if exists(left) {
+		t.Errorf("an empty group left an hour ago is still there: %v", left.dirs)
+	}
+	if !exists(young) {
+		t.Errorf("a group made a moment ago was removed")
+	}
+	if !exists(busy) {
+		t.Errorf("a group with a process in it was removed")
+	}
+}

@@ -21,7 +21,11 @@ import (
 
 func TestMain(m *testing.M) {
 	jail.MaybeInit()
-	os.Exit(m.Run())
+	code := m.Run()
+	if shared.s != nil {
+		shared.s.Close() // its cgroup too: nothing may be left behind
+	}
+	os.Exit(code)
 }
 
 func newSession(t *testing.T, opts Options) *Session {
