@@ -483,3 +483,23 @@ func statusField(status, key string) string {
 	}
 	return ""
 }
+
+// The session manager (what `sandloop serve --zygote` runs) forks pooled
+// and direct sessions from the template, each in a PID namespace of its own.
+func TestManagerForksSessions(t *testing.T) {
+	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
+	mgr := session.NewManager(session.ManagerOptions{PoolSize: 1, Zygote: z})
+	defer mgr.Close()
+	for i := range 3 {
+		ms, err := mgr.Create(context.Background(), session.CreateOptions{Owner: "t"})
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		if got := out(t, ms.Session, `import os, sys; print(os.getpid(), "colorsys" in sys.modules)`); got != "2 True" {
+			t.Errorf("session %d: pid, template's module loaded = %s, want 2 True (forked, under its reaper)", i, got)
+		}
+		if err := mgr.Delete("t", ms.ID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
