@@ -605,13 +605,31 @@ func TestJailStartsTheSmallInit(t *testing.T) {
 	if got := initOf(); got != path {
 		t.Errorf("after the cached init was removed, the jail's init is %s, want %s", got, path)
 	}
+	// A cached init that cannot be executed (here: not executable) is
+	// given up: the jail starts with this binary instead.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runPy(t, `print("still ok")`, nil)
+	os.Chmod(path, 0o755)
+	if strings.TrimSpace(r.stdout) != "still ok" {
+		t.Errorf("a jail after the init could not be executed: %+v %q", r.res, r.stderr)
+	}
+	if !strings.Contains(InitInfo(), "could not be started") {
+		t.Errorf("InitInfo after the init could not be executed: %s", InitInfo())
+	}
+	if got := initOf(); got != self {
+		t.Errorf("after giving up the small init, the jail's init is %s, want this binary", got)
+	}
+	initUnusable.Store(nil)
+
 	saved := initExecutable
 	initExecutable = func() (string, string) { return selfExe, "forced" }
 	defer func() { initExecutable = saved }()
 	if got := initOf(); got != self {
 		t.Errorf("with the fallback, the jail's init is %s, want this binary %s", got, self)
 	}
-	r := runPy(t, `print("fallback ok")`, nil)
+	r = runPy(t, `print("fallback ok")`, nil)
 	if strings.TrimSpace(r.stdout) != "fallback ok" {
 		t.Errorf("a jail with this binary as init: %+v %q", r.res, r.stderr)
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -56,14 +57,28 @@ var initExecutable = sync.OnceValues(func() (path, about string) {
 // is checked at every start: another sandloop may have pruned it.
 func initPath() string {
 	path, _ := initExecutable()
-	if path != selfExe && ensureInit(path) != nil {
+	if path == selfExe || initUnusable.Load() != nil || ensureInit(path) != nil {
 		return selfExe
 	}
 	return path
 }
 
+// initUnusable holds why the cached init could not be executed (a parent
+// directory the sandbox user may not traverse, a noexec mount): from then
+// on this process's jails re-execute this binary.
+var initUnusable atomic.Pointer[string]
+
+// giveUpSmallInit records that the cached init could not be started.
+func giveUpSmallInit(err error) {
+	why := "this binary re-executes itself (the small init could not be started: " + err.Error() + ")"
+	initUnusable.Store(&why)
+}
+
 // InitInfo says what program jails start as their init.
 func InitInfo() string {
+	if why := initUnusable.Load(); why != nil {
+		return *why
+	}
 	_, about := initExecutable()
 	return about
 }
@@ -99,6 +114,10 @@ func ensureInit(path string) error {
 	}
 	if err := ownedByUs(dir, true); err != nil {
 		return err
+	}
+	// The sandbox user must traverse it (whatever the umask made it).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("init cache: %w", err)
 	}
 	bin, err := initexe.ReadFile(initexeName)
 	if err != nil {

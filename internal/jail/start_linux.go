@@ -148,10 +148,19 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		},
 		WaitDelay: 2 * time.Second,
 	}
-	p.cmd = cmd
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	if err != nil && cmd.Path != selfExe && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
+		// The cached small init cannot be executed here: this binary can.
+		giveUpSmallInit(err)
+		cmd = &exec.Cmd{Path: selfExe, Args: cmd.Args, Env: cmd.Env,
+			Stdin: wrapReader(cfg.Stdin), Stdout: wrapWriter(cfg.Stdout), Stderr: wrapWriter(cfg.Stderr),
+			ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr, WaitDelay: cmd.WaitDelay}
+		err = cmd.Start()
+	}
+	if err != nil {
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
+	p.cmd = cmd
 	p.start = time.Now()
 	cfgR.Close()
 	stW.Close()
