@@ -26,7 +26,7 @@ import (
 var (
 	// ErrClosed means the Zygote was closed.
 	ErrClosed = errors.New("zygote closed")
-	// errDead: the template died before it took the request.
+	// errDead: the template died while a fork waited for a spare.
 	errDead = errors.New("zygote template died")
 )
 
@@ -35,7 +35,7 @@ var (
 const startTimeout = 2 * time.Minute
 
 // Zygote is a running template and the sessions' kernels it forks. Its
-// methods are safe for concurrent use; forks are taken one at a time.
+// methods are safe for concurrent use; concurrent forks each take a spare.
 type Zygote struct {
 	opts   Options
 	log    *slog.Logger
@@ -44,9 +44,8 @@ type Zygote struct {
 	mu      sync.Mutex // the template's control socket and restarts
 	cur     *instance  // nil while none runs
 	retired map[*instance]bool
-	nextID  int
 	closed  bool
-	wg      sync.WaitGroup // background restarts
+	wg      sync.WaitGroup // background restarts, spares being armed
 }
 
 // instance is one template process in its own jail.
@@ -372,9 +371,10 @@ func (z *Zygote) Close() error {
 	}
 	z.closed = true
 	var all []*instance
-	if z.cur != nil {
-		all = append(all, z.cur)
-		z.retireLocked(z.cur)
+	if cur := z.cur; cur != nil {
+		all = append(all, cur)
+		z.retireLocked(cur) // (into z.retired too, unless it has ended)
+		delete(z.retired, cur)
 	}
 	for inst := range z.retired {
 		all = append(all, inst)
