@@ -85,7 +85,8 @@ type Config struct {
 	// environment is never passed.
 	Env []string
 	// Workspace is a host directory mounted read-write at /workspace. It
-	// must exist. The jail makes it writable by the sandbox user.
+	// must exist (and may not be empty: never the current directory). The
+	// jail makes it writable by the sandbox user.
 	Workspace string
 	// Dir is the working directory inside the jail. If empty, /workspace.
 	Dir string

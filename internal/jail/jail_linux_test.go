@@ -408,6 +408,7 @@ func TestBadConfig(t *testing.T) {
 	cases := []*Config{
 		{Path: "", Workspace: ws},
 		{Path: DefaultPython, Workspace: filepath.Join(ws, "missing")},
+		{Path: DefaultPython, Workspace: ""}, // never the current directory
 		{Path: DefaultPython, Workspace: ws, Limits: Limits{Memory: 1024}},
 		{Path: DefaultPython, Workspace: ws, Network: "internet"},
 		{Path: DefaultPython, Workspace: ws, Files: []File{{Path: "/workspace/x"}}},

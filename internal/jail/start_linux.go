@@ -59,6 +59,10 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	default:
 		return nil, &ArgumentError{"network", fmt.Errorf("%q is not none or host", cfg.Network)}
 	}
+	if cfg.Workspace == "" {
+		// Never the current directory: the jail would own it.
+		return nil, &ArgumentError{"workspace", errors.New("empty")}
+	}
 	wsPath, err := filepath.Abs(cfg.Workspace)
 	if err == nil {
 		wsPath, err = filepath.EvalSymlinks(wsPath)

@@ -590,6 +590,10 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		defer cancel()
 	}
 	limits = limits.WithDefaults()
+	if workspace == "" {
+		// Never the current directory: the session would own it.
+		return nil, &jail.ArgumentError{Name: "workspace", Err: errors.New("empty")}
+	}
 	ws, err := filepath.Abs(workspace)
 	if err == nil {
 		ws, err = filepath.EvalSymlinks(ws)

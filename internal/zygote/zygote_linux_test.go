@@ -503,3 +503,58 @@ func TestManagerForksSessions(t *testing.T) {
 		}
 	}
 }
+
+// Forks asked for at once each get a spare of their own (the template
+// makes more as they are taken) and distinct processes.
+func TestConcurrentForks(t *testing.T) {
+	z := newZygote(t, light)
+	const n = 4
+	type got struct {
+		pids []int
+		out  string
+		err  error
+	}
+	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
+		t.Fatalf("a fork without a workspace: %v", err)
+	}
+	results := make(chan got, n)
+	for range n {
+		ws := t.TempDir()
+		go func() {
+			var proc *Process
+			s, err := session.New(context.Background(), session.Options{Workspace: ws,
+				Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), f)
+					proc = p
+					return p, err
+				}})
+			if err != nil {
+				results <- got{err: err}
+				return
+			}
+			defer s.Close()
+			res, err := s.Execute(context.Background(), kernel.Request{Code: `print("hi")`}, nil)
+			if err == nil && res.Status != "ok" {
+				err = fmt.Errorf("status %s", res.Status)
+			}
+			results <- got{pids: proc.HostPids(), out: res.Stdout, err: err}
+		}()
+	}
+	seen := map[int]bool{}
+	for range n {
+		r := <-results
+		if r.err != nil {
+			t.Errorf("fork: %v", r.err)
+			continue
+		}
+		if strings.TrimSpace(r.out) != "hi" {
+			t.Errorf("output %q", r.out)
+		}
+		for _, pid := range r.pids {
+			if seen[pid] {
+				t.Errorf("process %d serves two sessions", pid)
+			}
+			seen[pid] = true
+		}
+	}
+}
