@@ -42,7 +42,7 @@ func BenchmarkColdExec(b *testing.B) {
 	b.ReportMetric(float64(mj.Microseconds())/1000, "sandloop-ms")
 	b.ReportMetric(float64(mb.Microseconds())/1000, "python-ms")
 	b.ReportMetric(float64(mj)/float64(mb), "ratio")
-	b.Logf("median cold sandloop exec %s, bare python %s: %.2fx (target <= 1.5x)", mj, mb, float64(mj)/float64(mb))
+	b.Logf("median cold sandloop exec %s, bare python %s: %.2fx (target <= 1.5x); jail init: %s", mj, mb, float64(mj)/float64(mb), jail.InitInfo())
 }
 
 func median(d []time.Duration) time.Duration {
