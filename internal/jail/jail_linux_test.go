@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -599,12 +600,23 @@ func TestJailStartsTheSmallInit(t *testing.T) {
 	if got := initOf(); got != path {
 		t.Errorf("the jail's init is %s, want %s (%s)", got, path, about)
 	}
-	// Pruned by another sandloop: written again at the next start.
+	// Pruned by another sandloop: written again at the next start, which
+	// prunes the inits of other builds unused for an hour.
+	stale := filepath.Join(filepath.Dir(path), "sandloop-init-0000000000stale")
+	if err := os.WriteFile(stale, []byte("old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hourAgo := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(stale, hourAgo, hourAgo)
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if got := initOf(); got != path {
 		t.Errorf("after the cached init was removed, the jail's init is %s, want %s", got, path)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		os.Remove(stale)
+		t.Errorf("an init unused for two hours was not pruned: %v", err)
 	}
 	// A cached init that cannot be executed (here: not executable) is
 	// given up: the jail starts with this binary instead.

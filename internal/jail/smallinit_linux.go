@@ -50,6 +50,8 @@ var initExecutable = sync.OnceValues(func() (path, about string) {
 	if err := ensureInit(path); err != nil {
 		return selfExe, "this binary re-executes itself (" + err.Error() + ")"
 	}
+	now := time.Now()
+	_ = os.Chtimes(path, now, now) // in use: not to be pruned (see ensureInit)
 	return path, fmt.Sprintf("a small init (%.1f MB): %s", float64(fi.Size())/(1<<20), path)
 })
 
@@ -99,9 +101,9 @@ func initCacheDir() string {
 // ensureInit writes the generated init to path unless it is there. The
 // jail's user must be able to execute it: the file and its directory are
 // readable by all, writable only by this user (checked, so that nobody
-// else can have put a program there). Writing it prunes the inits other
-// builds left there more than a day ago (a sandloop still running with
-// one writes it again when it next starts a jail).
+// else can have put a program there). Writing it prunes the inits of other
+// builds that no sandloop has started using for an hour (one still
+// running with its init writes it again when it next starts a jail).
 func ensureInit(path string) error {
 	if err := ownedByUs(path, false); err == nil {
 		return nil
@@ -143,7 +145,7 @@ func ensureInit(path string) error {
 	}
 	old, _ := filepath.Glob(filepath.Join(dir, "sandloop-init-*"))
 	for _, o := range old {
-		if fi, err := os.Lstat(o); err == nil && o != path && time.Since(fi.ModTime()) > 24*time.Hour {
+		if fi, err := os.Lstat(o); err == nil && o != path && time.Since(fi.ModTime()) > time.Hour {
 			os.Remove(o)
 		}
 	}
