@@ -45,8 +45,12 @@ var initExecutable = sync.OnceValues(func() (path, about string) {
 	if hash != SourceHash() {
 		return selfExe, "this binary re-executes itself (its generated init is stale: run `go generate ./internal/jail`)"
 	}
-	// The name carries the hash of the sources the init was built from.
-	path = filepath.Join(initCacheDir(), "sandloop-init-"+hash[:min(16, len(hash))])
+	// The name carries the hash of the init itself (initgen wrote it).
+	id, _ := initexe.ReadFile("initexe/init-hash")
+	if len(bytes.TrimSpace(id)) < 16 {
+		return selfExe, "this binary re-executes itself (its generated init has no init-hash: run `go generate ./internal/jail`)"
+	}
+	path = filepath.Join(initCacheDir(), "sandloop-init-"+string(bytes.TrimSpace(id)[:16]))
 	if err := ensureInit(path); err != nil {
 		return selfExe, "this binary re-executes itself (" + err.Error() + ")"
 	}
@@ -98,7 +102,8 @@ func initCacheDir() string {
 	return filepath.Join(os.TempDir(), "sandloop-"+strconv.Itoa(uid))
 }
 
-// ensureInit writes the generated init to path unless it is there. The
+// ensureInit writes the generated init to path unless it is there (the
+// name says which init it is; only this user can have written it). The
 // jail's user must be able to execute it: the file and its directory are
 // readable by all, writable only by this user (checked, so that nobody
 // else can have put a program there). Writing it prunes the inits of other

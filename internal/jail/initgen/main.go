@@ -4,6 +4,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,7 +32,18 @@ func generate(dir string) error {
 		os.Remove(tmp)
 		return fmt.Errorf("build the init: %w", err)
 	}
+	bin, err := os.ReadFile(tmp)
+	if err != nil {
+		return err
+	}
 	if err := os.Rename(tmp, filepath.Join(dir, "sandloop-init")); err != nil {
+		return err
+	}
+	// The cache names the init by its own hash (a new toolchain or module
+	// version changes the program, not the jail's sources): computed here,
+	// as reading it whole at run time costs more than the init saves.
+	sum := sha256.Sum256(bin)
+	if err := os.WriteFile(filepath.Join(dir, "init-hash"), []byte(hex.EncodeToString(sum[:])+"\n"), 0o644); err != nil {
 		return err
 	}
 	// This program was compiled from the sources it hashes, as the init was.
