@@ -47,10 +47,10 @@ var initExecutable = sync.OnceValues(func() (path, about string) {
 	}
 	// The name carries the hash of the init itself (initgen wrote it).
 	id, _ := initexe.ReadFile("initexe/init-hash")
-	if len(bytes.TrimSpace(id)) < 16 {
+	if id = bytes.TrimSpace(id); len(id) < 16 {
 		return selfExe, "this binary re-executes itself (its generated init has no init-hash: run `go generate ./internal/jail`)"
 	}
-	path = filepath.Join(initCacheDir(), "sandloop-init-"+string(bytes.TrimSpace(id)[:16]))
+	path = filepath.Join(initCacheDir(), "sandloop-init-"+string(id[:16]))
 	if err := ensureInit(path); err != nil {
 		return selfExe, "this binary re-executes itself (" + err.Error() + ")"
 	}

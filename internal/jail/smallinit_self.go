@@ -5,12 +5,10 @@ package jail
 // The generated init itself (built with the sandloop_init tag) starts no
 // jail: it embeds neither itself nor the package's sources.
 
-var initExecutable = func() (path, about string) { return "/proc/self/exe", "the generated init itself" }
-
 // InitInfo says what program jails start as their init.
 func InitInfo() string { return "the generated init itself" }
 
-func initPath() string { return "/proc/self/exe" }
+func initPath() string { return selfExe }
 
 func giveUpSmallInit(error) {}
 

@@ -128,37 +128,38 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	if cfg.Network != NetworkHost {
 		flags |= unix.CLONE_NEWNET
 	}
-	cmd := &exec.Cmd{
-		Path: initPath(),
-		Args: []string{initArg0},
-		Env:  []string{}, // never the server's environment
-		// Readers and writers that are not files go through pipes, so the
-		// jail is never handed a terminal (TIOCSTI) or a server file.
-		Stdin:      wrapReader(cfg.Stdin),
-		Stdout:     wrapWriter(cfg.Stdout),
-		Stderr:     wrapWriter(cfg.Stderr),
-		ExtraFiles: append([]*os.File{cfgR, stW, ws}, cfg.ExtraFiles...),
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:                 uintptr(flags),
-			UidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxUID, HostID: uid, Size: 1}},
-			GidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxGID, HostID: gid, Size: 1}},
-			GidMappingsEnableSetgroups: false,
-			Credential:                 &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, NoSetGroups: true},
-			// The init needs these in its own namespaces to build the
-			// mount tree; it drops all of them before the program starts.
-			AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE},
-			Pdeathsig:   syscall.SIGKILL,
-			Setsid:      true,
-		},
-		WaitDelay: 2 * time.Second,
+	initCmd := func(path string) *exec.Cmd {
+		return &exec.Cmd{
+			Path: path,
+			Args: []string{initArg0},
+			Env:  []string{}, // never the server's environment
+			// Readers and writers that are not files go through pipes, so the
+			// jail is never handed a terminal (TIOCSTI) or a server file.
+			Stdin:      wrapReader(cfg.Stdin),
+			Stdout:     wrapWriter(cfg.Stdout),
+			Stderr:     wrapWriter(cfg.Stderr),
+			ExtraFiles: append([]*os.File{cfgR, stW, ws}, cfg.ExtraFiles...),
+			SysProcAttr: &syscall.SysProcAttr{
+				Cloneflags:                 uintptr(flags),
+				UidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxUID, HostID: uid, Size: 1}},
+				GidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxGID, HostID: gid, Size: 1}},
+				GidMappingsEnableSetgroups: false,
+				Credential:                 &syscall.Credential{Uid: SandboxUID, Gid: SandboxGID, NoSetGroups: true},
+				// The init needs these in its own namespaces to build the
+				// mount tree; it drops all of them before the program starts.
+				AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE},
+				Pdeathsig:   syscall.SIGKILL,
+				Setsid:      true,
+			},
+			WaitDelay: 2 * time.Second,
+		}
 	}
+	cmd := initCmd(initPath())
 	err = cmd.Start()
 	if err != nil && cmd.Path != selfExe && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
 		// The cached small init cannot be executed here: this binary can.
 		giveUpSmallInit(err)
-		cmd = &exec.Cmd{Path: selfExe, Args: cmd.Args, Env: cmd.Env,
-			Stdin: wrapReader(cfg.Stdin), Stdout: wrapWriter(cfg.Stdout), Stderr: wrapWriter(cfg.Stderr),
-			ExtraFiles: cmd.ExtraFiles, SysProcAttr: cmd.SysProcAttr, WaitDelay: cmd.WaitDelay}
+		cmd = initCmd(selfExe)
 		err = cmd.Start()
 	}
 	if err != nil {

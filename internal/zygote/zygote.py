@@ -225,16 +225,12 @@ def _fail(sock, code, what, e):
         os._exit(code)
 
 
-def _expect(sock, word):
-    """Waits for word; anything else (the host gave up) ends this child."""
-    if sock.recv(16) != word:
-        os._exit(0)
-
-
 def _armed_cgroup(sock):
     """Waits for "arm": the host has moved this process into the spare's
-    cgroup, which then becomes the root of its own cgroup namespace."""
-    _expect(sock, b"arm")
+    cgroup, which then becomes the root of its own cgroup namespace.
+    Anything else (the host gave up) ends this child."""
+    if sock.recv(16) != b"arm":
+        os._exit(0)
     _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
 
 

@@ -179,7 +179,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if _, err := ctl.Write(z.config); err != nil {
 		return fail(err)
 	}
-	msg, pid, _, err := readMsg(ctl)
+	msg, pid, err := readMsg(ctl)
 	if err != nil {
 		return fail(fmt.Errorf("template did not start: %w", err))
 	}
@@ -214,11 +214,9 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 func (z *Zygote) read(inst *instance) {
 	defer close(inst.dead)
 	for {
-		msg, _, fds, err := readMsg(inst.ctl)
+		msg, _, fds, err := readMsgFDs(inst.ctl)
 		if err != nil {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
+			closeAll(fds)
 			return
 		}
 		var m struct {
@@ -234,9 +232,7 @@ func (z *Zygote) read(inst *instance) {
 				inst.offer(z.arm(fds[0]))
 			}()
 		default:
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
+			closeAll(fds)
 			if m.Error == "" {
 				m.Error = fmt.Sprintf("unexpected message from the template: %q", msg)
 			}
@@ -258,28 +254,22 @@ func (inst *instance) offer(r spareOrErr) {
 	}
 }
 
-// more asks the template for one more spare.
-func (inst *instance) more() {
+// moreLater asks the template for one more spare after delay (at once if
+// delay is negative).
+func (inst *instance) moreLater(delay time.Duration) {
 	inst.moreMu.Lock()
 	defer inst.moreMu.Unlock()
-	_, _ = inst.ctl.Write([]byte("more"))
-}
-
-// moreLater asks for one more spare after delay.
-func (inst *instance) moreLater(delay time.Duration) {
 	if delay < 0 {
-		inst.more()
+		inst.moreLocked()
 		return
 	}
-	inst.moreMu.Lock()
-	defer inst.moreMu.Unlock()
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
 		inst.moreMu.Lock()
 		defer inst.moreMu.Unlock()
 		if i := slices.Index(inst.pending, t); i >= 0 {
 			inst.pending = slices.Delete(inst.pending, i, i+1)
-			_, _ = inst.ctl.Write([]byte("more"))
+			inst.moreLocked()
 		}
 	})
 	inst.pending = append(inst.pending, t)
@@ -291,11 +281,14 @@ func (inst *instance) moreNow() {
 	defer inst.moreMu.Unlock()
 	for _, t := range inst.pending {
 		if t.Stop() {
-			_, _ = inst.ctl.Write([]byte("more"))
+			inst.moreLocked()
 		}
 	}
 	inst.pending = nil
 }
+
+// moreLocked asks for one more spare; inst.moreMu is held.
+func (inst *instance) moreLocked() { _, _ = inst.ctl.Write([]byte("more")) }
 
 // died retires a template whose control socket ended and starts another
 // in the background. The sessions it forked live on.
@@ -417,8 +410,7 @@ var spareLimits = jail.Limits{}.WithDefaults()
 // capabilities, seccomp filter loaded) are in a cgroup of their own.
 type spare struct {
 	sock      *net.UnixConn
-	group     *jail.Group
-	limits    jail.Limits
+	group     *jail.Group // with spareLimits until a session takes it
 	reaperPid int
 	kernelPid int
 	reaperFD  int // pidfds: signals cannot reach a recycled PID
@@ -434,7 +426,7 @@ func (z *Zygote) arm(fd int) spareOrErr {
 	if err != nil {
 		return spareOrErr{err: fmt.Errorf("spare socket: %w", err)}
 	}
-	sp := &spare{sock: c.(*net.UnixConn), reaperFD: -1, kernelFD: -1, limits: spareLimits}
+	sp := &spare{sock: c.(*net.UnixConn), reaperFD: -1, kernelFD: -1}
 	fail := func(err error) spareOrErr {
 		sp.destroy()
 		return spareOrErr{err: fmt.Errorf("arm a spare: %w", err)}
@@ -461,7 +453,7 @@ func (z *Zygote) arm(fd int) spareOrErr {
 			return fail(fmt.Errorf("unexpected report %q", msg))
 		}
 	}
-	if sp.group, err = jail.NewGroup(sp.limits); err != nil {
+	if sp.group, err = jail.NewGroup(spareLimits); err != nil {
 		return fail(fmt.Errorf("cgroup: %w", err))
 	}
 	for _, pid := range []int{sp.reaperPid, sp.kernelPid} {
@@ -531,10 +523,7 @@ func (z *Zygote) take(ctx context.Context) (*spare, error) {
 			select {
 			case r = <-inst.spares:
 			case <-inst.dead:
-				z.mu.Lock()
-				z.retireLocked(inst)
-				z.mu.Unlock()
-				lastErr = errDead
+				lastErr = errDead // current retires it and starts another
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -639,7 +628,7 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 // and its kernel is about to run. answered says whether the spare said
 // anything before it failed.
 func (sp *spare) start(ctx context.Context, limits jail.Limits, req []byte, fds []int) (answered bool, err error) {
-	if limits.Memory != sp.limits.Memory || limits.Pids != sp.limits.Pids || limits.CPUs != sp.limits.CPUs {
+	if limits.Memory != spareLimits.Memory || limits.Pids != spareLimits.Pids || limits.CPUs != spareLimits.CPUs {
 		if err := sp.group.SetLimits(limits); err != nil {
 			return true, fmt.Errorf("session cgroup: %w", err)
 		}
@@ -741,10 +730,7 @@ func (p *Process) Wait() error {
 		}
 		exited := false
 		for {
-			msg, _, fds, err := readMsg(p.rep)
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
+			msg, _, err := readMsg(p.rep)
 			if err != nil {
 				break
 			}
@@ -773,10 +759,7 @@ func (p *Process) Wait() error {
 
 // readReport reads one message from a child, failing on {"error": ...}.
 func readReport(c *net.UnixConn) ([]byte, int, error) {
-	msg, pid, fds, err := readMsg(c)
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
+	msg, pid, err := readMsg(c)
 	if err != nil {
 		return nil, 0, fmt.Errorf("the child ended before it started the kernel: %w", err)
 	}
@@ -790,9 +773,17 @@ func readReport(c *net.UnixConn) ([]byte, int, error) {
 	return msg, pid, nil
 }
 
-// readMsg reads one message, the sender's host PID (SO_PASSCRED) and the
+// readMsg reads one message and the sender's host PID (SO_PASSCRED),
+// closing any descriptor that came with it.
+func readMsg(c *net.UnixConn) ([]byte, int, error) {
+	msg, pid, fds, err := readMsgFDs(c)
+	closeAll(fds)
+	return msg, pid, err
+}
+
+// readMsgFDs reads one message, the sender's host PID (SO_PASSCRED) and the
 // descriptors it carries (close-on-exec).
-func readMsg(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
+func readMsgFDs(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
@@ -812,6 +803,12 @@ func readMsg(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
 		err = io.EOF
 	}
 	return buf[:n], pid, fds, err
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // seqpacketPair returns a connected pair: ours (with SO_PASSCRED, so every
