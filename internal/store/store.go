@@ -20,7 +20,8 @@ import (
 	"strconv"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver (pure Go: the binary stays static)
+	"modernc.org/sqlite" // registers the "sqlite" driver (pure Go: the binary stays static)
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ErrNotFound is returned (wrapped) for a run, or a file of a run, that does not exist.
@@ -91,7 +92,7 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	if err := w.PingContext(ctx); err != nil {
+	if err := connect(ctx, w, o.BusyTimeout); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -113,6 +114,26 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	r.SetMaxIdleConns(o.Readers)
 	s.r = r
 	return s, nil
+}
+
+// connect opens db's first connection, waiting up to wait while the
+// database is busy: turning a new database to WAL (a pragma every
+// connection runs) takes a lock SQLite does not wait for, so a second
+// program opening the same new database at that moment fails at once.
+func connect(ctx context.Context, db *sql.DB, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		err := db.PingContext(ctx)
+		var se *sqlite.Error
+		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
 }
 
 func cloneValues(v url.Values) url.Values {
