@@ -32,6 +32,8 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
+	$(GO) test -run '^$$' -bench GatewayExecute -benchtime 2000x ./internal/gateway
+	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

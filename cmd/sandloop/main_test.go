@@ -12,8 +12,15 @@ import (
 
 func TestMain(m *testing.M) {
 	jail.MaybeInit()
+	// The cell test starts hosts and gateways as processes of this binary.
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(execute(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	os.Exit(m.Run())
 }
+
+// childEnv makes this test binary run as the sandloop command.
+const childEnv = "SANDLOOP_TEST_AS_COMMAND"
 
 // sandloop runs the CLI in-process and returns exit code, stdout, stderr.
 func sandloop(t *testing.T, stdin string, args ...string) (int, string, string) {

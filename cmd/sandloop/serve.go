@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +40,8 @@ func newServeCmd() *cobra.Command {
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
 		useZygote                bool
+		gatewaySecretFile        string
+		drainTimeout             time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -46,6 +51,13 @@ func newServeCmd() *cobra.Command {
 			toks, err := server.LoadTokens(tokens, tokenFile)
 			if err != nil {
 				return usagef("%v", err)
+			}
+			secret, err := loadGatewaySecret(gatewaySecretFile)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if secret != "" {
+				toks = append(toks, secret) // only for CheckBind: the secret guards the host
 			}
 			if err := server.CheckBind(addr, toks); err != nil {
 				return usagef("%v", err)
@@ -96,7 +108,11 @@ func newServeCmd() *cobra.Command {
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
+			if secret != "" {
+				toks = toks[:len(toks)-1]
+			}
 			srv, err := server.New(server.Options{
+				GatewaySecret: secret, Epoch: newEpoch(),
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st,
 				// The page and its assets hold no data; the page sends the token with every API call.
@@ -130,6 +146,9 @@ func newServeCmd() *cobra.Command {
 				return err
 			case <-ctx.Done():
 			}
+			if drainTimeout > 0 {
+				drain(log, srv, mgr, drainTimeout)
+			}
 			log.Info("shutting down: closing every session")
 			// Mounted handlers that hold connections open (MCP event
 			// streams) are closed first, so Shutdown does not wait on them.
@@ -162,6 +181,8 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
+	f.StringVar(&gatewaySecretFile, "gateway-secret-file", "", "serve as a cell's host: accept only requests from gateways holding this file's secret (also SANDLOOP_GATEWAY_SECRET); see docs/kubernetes.md")
+	f.DurationVar(&drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
@@ -169,6 +190,55 @@ func newServeCmd() *cobra.Command {
 	f.Float64Var(&max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
 	return cmd
+}
+
+// loadGatewaySecret reads the cell's shared secret from file or
+// SANDLOOP_GATEWAY_SECRET; "" means not a cell's host (or gateway).
+func loadGatewaySecret(file string) (string, error) {
+	secret := os.Getenv("SANDLOOP_GATEWAY_SECRET")
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--gateway-secret-file: %w", err)
+		}
+		secret = string(b)
+	}
+	secret = strings.TrimSpace(secret)
+	if secret != "" && len(secret) < 32 {
+		return "", fmt.Errorf("the gateway secret must be at least 32 characters long (e.g. openssl rand -hex 32)")
+	}
+	return secret, nil
+}
+
+// newEpoch names this process's life as a host.
+func newEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// drain stops new sessions and waits, up to timeout or a second signal,
+// until the open sessions have ended (deleted, reaped or idle-closed).
+func drain(log *slog.Logger, srv *server.Server, mgr *session.Manager, timeout time.Duration) {
+	srv.Drain()
+	log.Info("draining: no new sessions", "open", mgr.Stats().Sessions, "timeout", timeout)
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	deadline := time.After(timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for mgr.Stats().Sessions > 0 {
+		select {
+		case <-deadline:
+			log.Warn("drain timeout: closing the sessions left", "open", mgr.Stats().Sessions)
+			return
+		case <-again:
+			return
+		case <-tick.C:
+		}
+	}
+	log.Info("drained")
 }
 
 func defaultDataDir() string {

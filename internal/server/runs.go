@@ -44,6 +44,10 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	if !s.runsEnabled(w) {
 		return
 	}
+	if s.draining.Load() {
+		writeError(w, errDraining)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxRunBodyBytes)
 	var req startRunRequest
 	if err := decodeJSON(r, &req); err != nil {

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,7 +61,24 @@ type Options struct {
 	Store store.History
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
+	// GatewaySecret, if set, makes this server a host of a cell: every
+	// request but the public routes must carry it in HeaderGatewaySecret
+	// (only the cell's gateways know it), and HeaderOwner names the caller
+	// the gateway authenticated. Tokens are then not accepted: clients
+	// reach hosts only through a gateway.
+	GatewaySecret string
+	// Epoch names this process's life as a host (a new one per start). A
+	// request carrying HeaderEpoch of another life gets 410 Gone: its
+	// session belonged to a previous process. If empty, not checked.
+	Epoch string
 }
+
+// Headers between a cell's gateway and its hosts.
+const (
+	HeaderGatewaySecret = "X-Sandloop-Gateway-Secret"
+	HeaderOwner         = "X-Sandloop-Owner"
+	HeaderEpoch         = "X-Sandloop-Epoch"
+)
 
 // Server is the HTTP API.
 type Server struct {
@@ -69,6 +87,8 @@ type Server struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	tokens  [][]byte
+	// draining is set by Drain: no new sessions or runs, readiness false.
+	draining atomic.Bool
 }
 
 // route is one documented endpoint.
@@ -130,6 +150,7 @@ func New(opts Options) (*Server, error) {
 func (s *Server) routes() []route {
 	return []route{
 		{"GET", "/healthz", s.healthz, true},
+		{"GET", "/readyz", s.readyz, true},
 		{"GET", "/openapi.yaml", s.openapi, true},
 		{"POST", "/v1/sessions", s.createSession, false},
 		{"GET", "/v1/sessions", s.listSessions, false},
@@ -164,11 +185,15 @@ func (s *Server) Routes() []string {
 // ServeHTTP applies the browser defences, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if !s.hostAllowed(r.Host) {
+	// A cell's host is reached under whatever name the gateway dials, and
+	// only with the gateway's secret, which a rebinding page cannot have;
+	// the gateway applied both browser checks already.
+	cellHost := s.opts.GatewaySecret != ""
+	if !cellHost && !HostAllowed(r.Host, s.opts.AllowedHosts) {
 		writeError(w, &apiError{http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0})
 		return
 	}
-	if s.crossSiteWithoutToken(r) {
+	if !cellHost && CrossSiteWithoutToken(r) {
 		writeError(w, &apiError{http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0})
 		return
 	}
@@ -182,6 +207,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
+		return
+	}
+	if e := r.Header.Get(HeaderEpoch); e != "" && s.opts.Epoch != "" && e != s.opts.Epoch {
+		w.Header().Set(HeaderEpoch, s.opts.Epoch) // the epoch that replaced it
+		writeError(w, &apiError{http.StatusGone, "host_lost", "the host of this session restarted: the session is gone; create a new one", 0})
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w, status: 200}
@@ -204,9 +234,9 @@ func (w *statusWriter) Flush() {
 }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// hostAllowed refuses Host headers that are not the server's own, so a web
-// page on a rebinding domain cannot reach a loopback server.
-func (s *Server) hostAllowed(host string) bool {
+// HostAllowed refuses Host headers that are not the server's own (allowed
+// adds names), so a web page on a rebinding domain cannot reach a loopback server.
+func HostAllowed(host string, allowed []string) bool {
 	h := host
 	if hh, _, err := net.SplitHostPort(host); err == nil {
 		h = hh
@@ -219,7 +249,7 @@ func (s *Server) hostAllowed(host string) bool {
 	if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
 		return true
 	}
-	for _, a := range s.opts.AllowedHosts {
+	for _, a := range allowed {
 		if a == "*" || strings.EqualFold(a, h) || strings.EqualFold(a, host) {
 			return true
 		}
@@ -227,11 +257,11 @@ func (s *Server) hostAllowed(host string) bool {
 	return false
 }
 
-// crossSiteWithoutToken is a browser request from another origin that
+// CrossSiteWithoutToken is a browser request from another origin that
 // does not carry a bearer token (a CSRF attempt: browsers add
 // Authorization only when the page's script sets it, which needs a CORS
 // preflight we never grant).
-func (s *Server) crossSiteWithoutToken(r *http.Request) bool {
+func CrossSiteWithoutToken(r *http.Request) bool {
 	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 		return false
 	}
@@ -250,6 +280,14 @@ func (s *Server) crossSiteWithoutToken(r *http.Request) bool {
 // downloads from the web UI) and stores the caller's identity.
 func (s *Server) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.opts.GatewaySecret != "" {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) != 1 {
+				writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "this host serves only its cell's gateways", 0})
+				return
+			}
+			h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), r.Header.Get(HeaderOwner))))
+			return
+		}
 		if len(s.tokens) == 0 {
 			h.ServeHTTP(w, r)
 			return
@@ -260,7 +298,7 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 		}
 		for _, t := range s.tokens {
 			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
-				h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), ownerOf(tok))))
+				h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), OwnerOf(tok))))
 				return
 			}
 		}
@@ -268,16 +306,52 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 	})
 }
 
-// ownerOf names a token's owner without keeping the token.
-func ownerOf(token string) string {
+// OwnerOf names a token's owner without keeping the token.
+func OwnerOf(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:8])
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "sessions": st.Sessions, "pool_ready": st.PoolReady})
+	writeJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, PoolReady: st.PoolReady,
+		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()})
 }
+
+// Health is what /healthz answers; a cell's gateways place sessions by it.
+type Health struct {
+	Status      string `json:"status"`
+	Sessions    int    `json:"sessions"`
+	PoolReady   int    `json:"pool_ready"`
+	MaxSessions int    `json:"max_sessions"`
+	Epoch       string `json:"epoch,omitempty"`
+	Draining    bool   `json:"draining"`
+}
+
+// readyz is the readiness probe: false once draining, so Kubernetes and
+// the gateways stop sending new work.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeError(w, errDraining)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// errDraining refuses new sessions and runs on a draining server.
+var errDraining = &apiError{http.StatusServiceUnavailable, "draining", "this server is shutting down and takes no new sessions; retry (a gateway places it elsewhere)", 1}
+
+// Drain stops taking new sessions and runs; existing ones keep working.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// WriteError writes the API's JSON error shape, for other faces of the
+// same API (the gateway).
+func WriteError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
+	writeError(w, &apiError{status, code, message, retryAfter})
+}
+
+// OpenAPI is the API's description, served as /openapi.yaml.
+func OpenAPI() []byte { return openapiYAML }
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")

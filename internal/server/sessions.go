@@ -62,6 +62,10 @@ func positive(name string, v float64, max float64) error {
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeError(w, errDraining)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 	var req createRequest
 	if r.ContentLength != 0 {

@@ -349,6 +349,8 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 type Stats struct {
 	Sessions  int
 	PoolReady int
+	// MaxSessions is the cap on Sessions (ManagerOptions.MaxSessions).
+	MaxSessions int
 }
 
 // Stats reports how many sessions are held and how many kernels wait in the pool.
@@ -361,7 +363,7 @@ func (m *Manager) Stats() Stats {
 			n++
 		}
 	}
-	return Stats{Sessions: n, PoolReady: len(m.pool)}
+	return Stats{Sessions: n, PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
 }
 
 // Close closes every session and pooled kernel and stops the background

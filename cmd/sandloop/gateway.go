@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/gateway"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/webui"
+	"github.com/spf13/cobra"
+	typed "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	"k8s.io/client-go/rest"
+)
+
+func newGatewayCmd() *cobra.Command {
+	var (
+		addr, database, tokenFile, secretFile string
+		hostList, kubeService, kubePort       string
+		tokens, allowedHosts                  []string
+		healthEvery, lostAfter, drainTimeout  time.Duration
+		jsonLogs                              bool
+	)
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Serve the API of a cell: many `sandloop serve` hosts behind one endpoint (docs/kubernetes.md)",
+		Long: `Serve the same HTTP API, MCP endpoint and web UI as 'sandloop serve', backed
+by many hosts: each new session goes to the better of two ready hosts by free
+slots, and every request of it is proxied to its host. Where sessions live is
+kept in PostgreSQL (--database), shared by every gateway replica. Hosts run
+'sandloop serve --gateway-secret-file F' with the same secret, and are found
+by --hosts (a static list) or --kube-service (a headless Service's
+EndpointSlices, from inside Kubernetes). GET /v1/hosts shows them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			toks, err := server.LoadTokens(tokens, tokenFile)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if err := server.CheckBind(addr, toks); err != nil {
+				return usagef("%v", err)
+			}
+			secret, err := loadGatewaySecret(secretFile)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if secret == "" {
+				return usagef("a gateway needs the cell's shared secret: --gateway-secret-file or SANDLOOP_GATEWAY_SECRET")
+			}
+			if database == "" {
+				database = os.Getenv("SANDLOOP_DATABASE_URL")
+			}
+			if !store.IsPostgresURL(database) {
+				return usagef("a gateway needs PostgreSQL: --database postgres://USER:PASSWORD@HOST/DB (or SANDLOOP_DATABASE_URL)")
+			}
+			if (hostList == "") == (kubeService == "") {
+				return usagef("give the hosts by exactly one of --hosts URL,URL,... and --kube-service NAME")
+			}
+			var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})
+			if jsonLogs {
+				handler = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
+			}
+			log := slog.New(handler)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+			defer cancelRun()
+
+			var disc gateway.Discovery
+			if hostList != "" {
+				if disc, err = gateway.ParseStatic(hostList); err != nil {
+					return usagef("%v", err)
+				}
+			} else {
+				if disc, err = kubeDiscovery(runCtx, kubeService, kubePort); err != nil {
+					return err
+				}
+			}
+			pg, err := store.OpenPostgres(ctx, database, &store.Options{Logger: log})
+			if err != nil {
+				return err
+			}
+			defer pg.Close()
+			gw, err := gateway.New(gateway.Options{
+				Discovery: disc, Cluster: pg, Secret: secret, Tokens: toks, AllowedHosts: allowedHosts,
+				PublicMounts: webui.Mounts(), HealthInterval: healthEvery, LostAfter: lostAfter, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			go gw.Run(runCtx)
+			gw.Refresh(ctx)
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return usagef("cannot listen on %s: %v", addr, err)
+			}
+			hs := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(ln) }()
+			fmt.Fprintf(cmd.OutOrStdout(), "sandloop gateway on http://%s (%d hosts listed)\n", ln.Addr(), len(disc.Targets()))
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+			}
+			// Unready first, then let in-flight requests and streams finish.
+			gw.Drain()
+			log.Info("draining: letting in-flight requests finish", "timeout", drainTimeout)
+			sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+			defer cancel()
+			if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				log.Warn("shutdown", "err", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (HOST:PORT)")
+	f.StringVar(&database, "database", "", "the cell's PostgreSQL: postgres://USER:PASSWORD@HOST/DB (also SANDLOOP_DATABASE_URL)")
+	f.StringVar(&hostList, "hosts", "", "the hosts' base URLs, comma-separated (without Kubernetes)")
+	f.StringVar(&kubeService, "kube-service", "", "find the hosts through this headless Service's EndpointSlices (in the pod's namespace, or NAMESPACE/NAME)")
+	f.StringVar(&kubePort, "kube-port", "http", "the Service port to dial (its name)")
+	f.StringVar(&secretFile, "gateway-secret-file", "", "file holding the cell's shared secret (also SANDLOOP_GATEWAY_SECRET)")
+	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
+	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
+	f.StringArrayVar(&allowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
+	f.DurationVar(&healthEvery, "health-interval", time.Second, "how often every host is asked for its health")
+	f.DurationVar(&lostAfter, "lost-after", 10*time.Second, "a host that does not answer this long is lost: its sessions answer 410")
+	f.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests and streams may take to finish")
+	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	return cmd
+}
+
+// kubeDiscovery watches a Service's EndpointSlices with the pod's service account.
+func kubeDiscovery(ctx context.Context, service, port string) (gateway.Discovery, error) {
+	ns, name, ok := strings.Cut(service, "/")
+	if !ok {
+		name = service
+		ns = os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+			if err != nil {
+				return nil, usagef("--kube-service %s: no namespace (give NAMESPACE/NAME or set POD_NAMESPACE)", service)
+			}
+			ns = strings.TrimSpace(string(b))
+		}
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--kube-service needs to run inside Kubernetes: %w", err)
+	}
+	client, err := typed.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return gateway.NewEndpointSlices(ctx, gateway.DiscoveryOnly{DiscoveryV1Client: client}, ns, name, port)
+}
+
+func init() { extraCommands = append(extraCommands, newGatewayCmd) }

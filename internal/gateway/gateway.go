@@ -1,0 +1,679 @@
+// Package gateway is a cell's front door: the same HTTP API, MCP endpoint
+// and web UI as `sandloop serve`, backed by many hosts. It places each new
+// session on the better of two ready hosts by free slots, records where it
+// lives (and under which epoch of that host) in PostgreSQL, and proxies
+// every later request of it to that host, streams intact. Sessions of a
+// host that restarted or was lost answer 410 Gone. Hosts are found by a
+// Discovery: Kubernetes EndpointSlices or a static list.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/store"
+)
+
+// Cluster is the shared state a gateway uses (store.Postgres).
+type Cluster interface {
+	PutPlacement(ctx context.Context, p store.Placement) error
+	GetPlacement(ctx context.Context, id string) (*store.Placement, error)
+	DeletePlacement(ctx context.Context, id string) error
+	FenceHost(ctx context.Context, host, keep string) ([]store.Placement, error)
+	PutHost(ctx context.Context, h store.HostRecord) error
+	GetHost(ctx context.Context, name string) (*store.HostRecord, error)
+	Listen(ctx context.Context, fn func(payload string), connected func(bool))
+	UpdateRun(ctx context.Context, id string, update func(*store.Run) error) (*store.Run, error)
+}
+
+// Options configure a Gateway.
+type Options struct {
+	// Discovery finds the hosts. Required.
+	Discovery Discovery
+	// Cluster holds the sessions and hosts tables. Required.
+	Cluster Cluster
+	// Secret is the cell's shared secret, sent to hosts in
+	// server.HeaderGatewaySecret. Required: hosts accept only gateways.
+	Secret string
+	// Tokens are the clients' bearer tokens, as on serve. If empty, no
+	// authentication (only on loopback; see server.CheckBind).
+	Tokens []string
+	// AllowedHosts are extra Host header values accepted (as on serve).
+	AllowedHosts []string
+	// PublicMounts are handlers served without a token (the web UI).
+	PublicMounts map[string]http.Handler
+	// HealthInterval is how often every host is asked for /healthz. If zero, 1s.
+	HealthInterval time.Duration
+	// HealthTimeout bounds one health check. If zero, 2s.
+	HealthTimeout time.Duration
+	// LostAfter is how long a host may not answer before its sessions
+	// are declared lost (410). If zero, 10s.
+	LostAfter time.Duration
+	// MaxBodyBytes caps the body of a request that places a session or
+	// run (kept in memory to retry on another host). If zero, 32 MiB.
+	MaxBodyBytes int64
+	// Transport reaches the hosts. If nil, one tuned for many streams.
+	Transport http.RoundTripper
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+}
+
+// Gateway is the cell's HTTP front. Run must be running for it to know hosts.
+type Gateway struct {
+	opts     Options
+	log      *slog.Logger
+	mux      *http.ServeMux
+	client   *http.Client
+	proxy    *httputil.ReverseProxy
+	hosts    *hosts
+	routes   *routes
+	tokens   [][]byte
+	draining atomic.Bool
+	listenOK atomic.Bool
+	rndMu    sync.Mutex
+	rnd      *rand.Rand
+	metrics  http.Handler
+}
+
+// New returns a gateway; call Run to start its health rounds and its
+// notification listener.
+func New(opts Options) (*Gateway, error) {
+	switch {
+	case opts.Discovery == nil:
+		return nil, errors.New("gateway: a discovery is required")
+	case opts.Cluster == nil:
+		return nil, errors.New("gateway: a PostgreSQL database is required (--database)")
+	case len(opts.Secret) < 32:
+		return nil, errors.New("gateway: a shared secret of at least 32 characters is required (the hosts' --gateway-secret-file)")
+	}
+	if opts.HealthInterval <= 0 {
+		opts.HealthInterval = time.Second
+	}
+	if opts.HealthTimeout <= 0 {
+		opts.HealthTimeout = 2 * time.Second
+	}
+	if opts.LostAfter <= 0 {
+		opts.LostAfter = 10 * time.Second
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 32 << 20
+	}
+	if opts.Transport == nil {
+		opts.Transport = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+			MaxIdleConns:        1024,
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	g := &Gateway{opts: opts, log: opts.Logger, mux: http.NewServeMux(), routes: newRoutes(1 << 20),
+		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	g.client = &http.Client{Transport: opts.Transport}
+	g.hosts = &hosts{g: g, m: map[string]*host{}}
+	for _, t := range opts.Tokens {
+		if t != "" {
+			g.tokens = append(g.tokens, []byte(t))
+		}
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { g.rewrite(pr) },
+		Transport:     opts.Transport,
+		FlushInterval: -1, // every write goes out at once: NDJSON, SSE, MCP streams
+		ErrorHandler:  g.proxyError,
+		ModifyResponse: func(resp *http.Response) error {
+			return g.afterResponse(resp)
+		},
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_cell_hosts_ready", Help: "Hosts taking new sessions."},
+			func() float64 { r, _, _ := g.hosts.totals(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_cell_session_slots", Help: "Session slots of the ready hosts."},
+			func() float64 { _, s, _ := g.hosts.totals(); return float64(s) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_cell_sessions", Help: "Sessions held by the ready hosts."},
+			func() float64 { _, _, u := g.hosts.totals(); return float64(u) }),
+	)
+	g.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	g.routesInit()
+	return g, nil
+}
+
+func (g *Gateway) routesInit() {
+	auth := g.requireToken
+	g.mux.HandleFunc("GET /healthz", g.healthz)
+	g.mux.HandleFunc("GET /readyz", g.readyz)
+	g.mux.HandleFunc("GET /openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Write(server.OpenAPI())
+	})
+	g.mux.Handle("GET /metrics", g.metrics)
+	g.mux.Handle("GET /v1/hosts", auth(http.HandlerFunc(g.listHosts)))
+	g.mux.Handle("POST /v1/sessions", auth(g.place(store.KindSession)))
+	g.mux.Handle("GET /v1/sessions", auth(http.HandlerFunc(g.listSessions)))
+	g.mux.Handle("/v1/sessions/{id}", auth(http.HandlerFunc(g.session)))
+	g.mux.Handle("/v1/sessions/{id}/{rest...}", auth(http.HandlerFunc(g.session)))
+	g.mux.Handle("POST /v1/runs", auth(g.place(store.KindRun)))
+	g.mux.Handle("GET /v1/runs", auth(http.HandlerFunc(g.anyHost)))
+	g.mux.Handle("/v1/runs/{id}", auth(http.HandlerFunc(g.run)))
+	g.mux.Handle("/v1/runs/{id}/{rest...}", auth(http.HandlerFunc(g.run)))
+	g.mux.Handle("/mcp", auth(http.HandlerFunc(g.mcp)))
+	for p, h := range g.opts.PublicMounts {
+		g.mux.Handle(p, h)
+	}
+}
+
+// Run keeps the view of the hosts and the route cache current until ctx ends.
+func (g *Gateway) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		g.opts.Cluster.Listen(ctx, g.routes.notify, func(ok bool) { g.listenOK.Store(ok) })
+	})
+	wg.Go(func() {
+		t := time.NewTicker(g.opts.HealthInterval)
+		defer t.Stop()
+		for {
+			g.hosts.round(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	wg.Wait()
+}
+
+// Refresh runs one health round now (tests, and the first placement).
+func (g *Gateway) Refresh(ctx context.Context) { g.hosts.round(ctx) }
+
+// Hosts is this gateway's view of the cell.
+func (g *Gateway) Hosts() []HostInfo { return g.hosts.snapshot() }
+
+// Drain makes the gateway unready (its Service stops sending new
+// connections); the caller then shuts the HTTP server down, which lets
+// in-flight requests and streams finish.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
+// ServeHTTP applies serve's browser defences, then routes.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !server.HostAllowed(r.Host, g.opts.AllowedHosts) {
+		server.WriteError(w, http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0)
+		return
+	}
+	if server.CrossSiteWithoutToken(r) {
+		server.WriteError(w, http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0)
+		return
+	}
+	for _, seg := range strings.Split(r.URL.Path, "/") {
+		if seg == ".." || seg == "." {
+			server.WriteError(w, http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0)
+			return
+		}
+	}
+	if _, pattern := g.mux.Handler(r); pattern == "" {
+		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0)
+		return
+	}
+	g.mux.ServeHTTP(w, r)
+}
+
+type ownerKey struct{}
+
+func ownerOf(ctx context.Context) string { s, _ := ctx.Value(ownerKey{}).(string); return s }
+
+// requireToken is serve's token check: the caller's identity is the
+// hash of its token, forwarded to hosts in server.HeaderOwner.
+func (g *Gateway) requireToken(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(g.tokens) == 0 {
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, "")))
+			return
+		}
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if tok == r.Header.Get("Authorization") {
+			tok = r.URL.Query().Get("token")
+		}
+		for _, t := range g.tokens {
+			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
+				h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, server.OwnerOf(tok))))
+				return
+			}
+		}
+		server.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid token: send Authorization: Bearer <token>", 0)
+	})
+}
+
+func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
+	ready, slots, used := g.hosts.totals()
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "hosts_ready": ready, "session_slots": slots, "sessions": used,
+		"notifications": g.listenOK.Load()})
+}
+
+func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
+	if g.draining.Load() {
+		server.WriteError(w, http.StatusServiceUnavailable, "draining", "this gateway is shutting down", 1)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (g *Gateway) listHosts(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"hosts": g.hosts.snapshot()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// target is where the proxy sends a request, with the epoch it must find.
+type target struct {
+	url   *url.URL
+	epoch string
+	pl    *store.Placement // the session the request is about, if any
+}
+
+type targetKey struct{}
+
+// forward proxies r to t.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t target) {
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// rewrite sets the host, the secret and the caller's identity; the
+// client's credentials do not travel further.
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(target)
+	pr.SetURL(t.url)
+	h := pr.Out.Header
+	h.Del("Authorization")
+	h.Set(server.HeaderGatewaySecret, g.opts.Secret)
+	h.Set(server.HeaderOwner, ownerOf(pr.In.Context()))
+	h.Del(server.HeaderEpoch)
+	if t.epoch != "" {
+		h.Set(server.HeaderEpoch, t.epoch)
+	}
+	if q := pr.Out.URL.Query(); q.Has("token") {
+		q.Del("token")
+		pr.Out.URL.RawQuery = q.Encode()
+	}
+}
+
+// proxyError answers when a host cannot be reached: at once, never a hang.
+func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the client went away
+	}
+	g.log.Warn("proxy", "path", r.URL.Path, "err", err)
+	server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host of this session does not answer; retry shortly (if it stays away its sessions are declared lost: 410)", 1)
+}
+
+// afterResponse keeps the sessions table in step with what hosts answered.
+func (g *Gateway) afterResponse(resp *http.Response) error {
+	t, _ := resp.Request.Context().Value(targetKey{}).(target)
+	if t.pl == nil {
+		return nil
+	}
+	req := resp.Request
+	gone := resp.StatusCode == http.StatusGone
+	deleted := req.Method == http.MethodDelete && (resp.StatusCode < 300 || resp.StatusCode == http.StatusNotFound) &&
+		(t.pl.Kind == store.KindMCP || strings.Count(strings.Trim(req.URL.Path, "/"), "/") == 2)
+	if now := resp.Header.Get(server.HeaderEpoch); gone && now != "" && now != t.pl.Epoch {
+		// The host says the epoch ended (it restarted before we noticed).
+		go g.fence(context.WithoutCancel(req.Context()), t.pl.Host, now)
+	}
+	if deleted {
+		g.routes.drop(t.pl.ID)
+		if err := g.opts.Cluster.DeletePlacement(req.Context(), t.pl.ID); err != nil {
+			g.log.Warn("forget session", "session", t.pl.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+// fence marks lost the sessions of host not placed under epoch keep ("":
+// all of them), ends their runs as failed, and drops them from the cache.
+func (g *Gateway) fence(ctx context.Context, host, keep string) {
+	lost, err := g.opts.Cluster.FenceHost(ctx, host, keep)
+	if err != nil {
+		g.log.Warn("fence host", "host", host, "err", err)
+		return
+	}
+	g.routes.dropHost(host)
+	for _, pl := range lost {
+		if pl.Kind != store.KindRun {
+			continue
+		}
+		_, err := g.opts.Cluster.UpdateRun(ctx, pl.ID, func(r *store.Run) error {
+			if r.Status == "running" {
+				r.Status, r.Error = "failed", "the host running this run was lost"
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			g.log.Warn("end a lost run", "run", pl.ID, "err", err)
+		}
+	}
+	if len(lost) > 0 {
+		g.log.Info("sessions of an ended host epoch marked lost", "host", host, "sessions", len(lost))
+	}
+}
+
+// lookup finds where a session lives: the cache, else the table.
+func (g *Gateway) lookup(ctx context.Context, id string) (*store.Placement, error) {
+	if pl, ok := g.routes.get(id); ok {
+		return &pl, nil
+	}
+	pl, err := g.opts.Cluster.GetPlacement(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	g.routes.put(*pl)
+	return pl, nil
+}
+
+// resolve turns a session id into where to send its requests, or writes
+// the error: 404 (unknown, or another caller's), 410 (its host epoch
+// ended), 502 (its host does not answer yet), 503 (no database).
+func (g *Gateway) resolve(w http.ResponseWriter, r *http.Request, id, kind string) (target, bool) {
+	pl, err := g.lookup(r.Context(), id)
+	if err == nil && (pl.Owner != ownerOf(r.Context()) || pl.Kind != kind) {
+		err = store.ErrNotFound
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		what := map[string]string{store.KindSession: "session", store.KindRun: "run", store.KindMCP: "MCP session"}[kind]
+		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("%s %s: not found", what, id), 0)
+		return target{}, false
+	case err != nil:
+		g.log.Warn("look up session", "session", id, "err", err)
+		server.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the sessions table cannot be read; retry shortly", 1)
+		return target{}, false
+	}
+	if pl.Lost {
+		writeGone(w, pl)
+		return target{}, false
+	}
+	u, epoch, reachable, known := g.hosts.get(pl.Host)
+	if known && epoch != "" && epoch != pl.Epoch {
+		go g.fence(context.WithoutCancel(r.Context()), pl.Host, epoch)
+		writeGone(w, pl)
+		return target{}, false
+	}
+	if !known || !reachable {
+		server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host of this session does not answer; retry shortly (if it stays away its sessions are declared lost: 410)", 1)
+		return target{}, false
+	}
+	return target{url: u, epoch: pl.Epoch, pl: pl}, true
+}
+
+func writeGone(w http.ResponseWriter, pl *store.Placement) {
+	server.WriteError(w, http.StatusGone, "host_lost", fmt.Sprintf("the host of %s %s was lost (it restarted or stopped answering): its state is gone; create a new one", pl.Kind, pl.ID), 0)
+}
+
+// session proxies /v1/sessions/{id}/... to the session's host.
+func (g *Gateway) session(w http.ResponseWriter, r *http.Request) {
+	if t, ok := g.resolve(w, r, r.PathValue("id"), store.KindSession); ok {
+		g.forward(w, r, t)
+	}
+}
+
+// run proxies /v1/runs/{id}/... to the host running it (its live events
+// are there); a finished run, or one whose host was lost, is read from
+// the shared history through any host.
+func (g *Gateway) run(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	pl, err := g.lookup(r.Context(), id)
+	if err == nil && pl.Owner == ownerOf(r.Context()) && !pl.Lost {
+		if u, epoch, reachable, _ := g.hosts.get(pl.Host); reachable && epoch == pl.Epoch {
+			g.forward(w, r, target{url: u, epoch: pl.Epoch, pl: pl})
+			return
+		}
+	}
+	g.anyHost(w, r)
+}
+
+// anyHost proxies a request every host can answer (the shared history).
+func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request) {
+	c := g.hosts.reachableHosts()
+	if len(c) == 0 {
+		server.WriteError(w, http.StatusServiceUnavailable, "no_hosts", "no host answers; retry shortly", 1)
+		return
+	}
+	g.rndMu.Lock()
+	u := c[g.rnd.IntN(len(c))]
+	g.rndMu.Unlock()
+	g.forward(w, r, target{url: u})
+}
+
+// mcp routes an MCP session by its Mcp-Session-Id; a request without one
+// (initialize) places a new MCP session on a host.
+func (g *Gateway) mcp(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("Mcp-Session-Id")
+	if id == "" {
+		g.place(store.KindMCP).ServeHTTP(w, r)
+		return
+	}
+	if t, ok := g.resolve(w, r, id, store.KindMCP); ok {
+		g.forward(w, r, t)
+	}
+}
+
+// listSessions merges the caller's sessions of every reachable host.
+func (g *Gateway) listSessions(w http.ResponseWriter, r *http.Request) {
+	type result struct {
+		Sessions []json.RawMessage `json:"sessions"`
+	}
+	urls := g.hosts.reachableHosts()
+	results := make([]result, len(urls))
+	var wg sync.WaitGroup
+	for i, u := range urls {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.JoinPath("/v1/sessions").String(), nil)
+			if err != nil {
+				return
+			}
+			req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+			req.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+			resp, err := g.client.Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				_ = json.NewDecoder(resp.Body).Decode(&results[i])
+			}
+		})
+	}
+	wg.Wait()
+	all := []json.RawMessage{}
+	for _, res := range results {
+		all = append(all, res.Sessions...)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": all})
+}
+
+// place sends a request that makes a session (or run, or MCP session) to
+// a host chosen by choose, and records where it went. A host that
+// refuses (full: 429, draining: 503) is skipped for the next; the body is
+// kept in memory for that (it is JSON, capped by MaxBodyBytes).
+func (g *Gateway) place(kind string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+		if err != nil {
+			server.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", g.opts.MaxBodyBytes), 0)
+			return
+		}
+		tried := map[string]bool{}
+		var last *http.Response
+		for {
+			cands := g.hosts.candidates(tried)
+			g.rndMu.Lock()
+			i := choose(cands, g.rnd)
+			g.rndMu.Unlock()
+			if i < 0 {
+				break
+			}
+			name := cands[i].name
+			tried[name] = true
+			u, epoch, _, ok := g.hosts.get(name)
+			if !ok {
+				continue
+			}
+			out := r.Clone(r.Context())
+			out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			if len(body) == 0 {
+				out.Body = http.NoBody // else "unknown length": chunked, at odds with the copied Content-Length
+			}
+			out.RequestURI = ""
+			out.URL = &url.URL{Scheme: u.Scheme, Host: u.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+			out.Host = ""
+			out.Header = r.Header.Clone()
+			out.Header.Del("Authorization")
+			out.Header.Del("Content-Length") // the transport writes ContentLength's
+			out.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+			out.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+			out.Header.Set(server.HeaderEpoch, epoch)
+			resp, err := g.opts.Transport.RoundTrip(out)
+			if err != nil {
+				if r.Context().Err() != nil {
+					return
+				}
+				g.log.Warn("place: host unreachable", "host", name, "err", err)
+				continue
+			}
+			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGone {
+				g.hosts.refused(name, resp.StatusCode != http.StatusTooManyRequests)
+				if last != nil {
+					last.Body.Close()
+				}
+				last = resp
+				continue
+			}
+			if last != nil {
+				last.Body.Close()
+			}
+			g.placed(w, r, kind, name, epoch, resp)
+			return
+		}
+		if last != nil {
+			// Every host refused: pass the last refusal on (429: full).
+			defer last.Body.Close()
+			copyResponse(w, last)
+			return
+		}
+		server.WriteError(w, http.StatusServiceUnavailable, "no_capacity", "no host can take a new session now; retry shortly", 1)
+	})
+}
+
+// placed records the new session the host made and passes its answer on.
+func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName, epoch string, resp *http.Response) {
+	defer resp.Body.Close()
+	var id string
+	switch kind {
+	case store.KindMCP:
+		id = resp.Header.Get("Mcp-Session-Id")
+	default:
+		if resp.StatusCode == http.StatusCreated {
+			b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if err != nil {
+				server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host broke off its answer; retry", 1)
+				return
+			}
+			var made struct {
+				ID string `json:"id"`
+			}
+			_ = json.Unmarshal(b, &made)
+			id = made.ID
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+		}
+	}
+	if id != "" {
+		g.hosts.placedOn(hostName)
+		pl := store.Placement{ID: id, Kind: kind, Owner: ownerOf(r.Context()), Host: hostName, Epoch: epoch}
+		if err := g.opts.Cluster.PutPlacement(r.Context(), pl); err != nil {
+			// Without a record nobody could reach it: give it back.
+			g.log.Warn("record placement", "session", id, "err", err)
+			g.undo(r, kind, hostName, id)
+			server.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the sessions table cannot be written; retry shortly", 1)
+			return
+		}
+		g.routes.put(pl)
+	}
+	copyResponse(w, resp)
+}
+
+// undo deletes a session whose placement could not be recorded.
+func (g *Gateway) undo(r *http.Request, kind, hostName, id string) {
+	u, epoch, _, ok := g.hosts.get(hostName)
+	if !ok {
+		return
+	}
+	var req *http.Request
+	switch kind {
+	case store.KindSession:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodDelete, u.JoinPath("/v1/sessions", id).String(), nil)
+	case store.KindRun:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodPost, u.JoinPath("/v1/runs", id, "cancel").String(), nil)
+	case store.KindMCP:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodDelete, u.JoinPath("/mcp").String(), nil)
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+	req.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+	req.Header.Set(server.HeaderEpoch, epoch)
+	if resp, err := g.client.Do(req); err == nil {
+		resp.Body.Close()
+	}
+}
+
+// copyResponse writes resp to w, flushing as it goes (an MCP initialize
+// may answer with an event stream).
+func copyResponse(w http.ResponseWriter, resp *http.Response) {
+	for k, vs := range resp.Header {
+		if k == "Connection" || k == "Keep-Alive" || k == "Transfer-Encoding" || k == "Trailer" || k == "Upgrade" {
+			continue
+		}
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}

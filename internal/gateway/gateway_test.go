@@ -1,0 +1,281 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/store/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	jail.MaybeInit()
+	os.Exit(m.Run())
+}
+
+func TestChoose(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	if i := choose(nil, rnd); i != -1 {
+		t.Errorf("no candidates: %d", i)
+	}
+	if i := choose([]candidate{{"a", 0}, {"b", -1}}, rnd); i != -1 {
+		t.Errorf("all full: %d", i)
+	}
+	if i := choose([]candidate{{"a", 0}, {"b", 3}}, rnd); i != 1 {
+		t.Errorf("one open: %d", i)
+	}
+	// Of two, the freer always wins.
+	for range 100 {
+		if i := choose([]candidate{{"a", 1}, {"b", 5}}, rnd); i != 1 {
+			t.Fatalf("picked the fuller host")
+		}
+	}
+	// Of many, the fullest open host is never picked (it loses every
+	// pair), and the freest is picked most often.
+	counts := make([]int, 4)
+	cands := []candidate{{"a", 1}, {"b", 10}, {"c", 5}, {"d", 0}}
+	for range 3000 {
+		counts[choose(cands, rnd)]++
+	}
+	if counts[0] != 0 || counts[3] != 0 || counts[1] <= counts[2] {
+		t.Errorf("counts = %v", counts)
+	}
+}
+
+func TestRoutesCache(t *testing.T) {
+	c := newRoutes(3)
+	c.put(store.Placement{ID: "s1", Host: "h1"})
+	c.put(store.Placement{ID: "s2", Host: "h1"})
+	c.put(store.Placement{ID: "s3", Host: "h2"})
+	c.notify("s:s3")
+	if _, ok := c.get("s3"); ok {
+		t.Error("s:ID did not drop the entry")
+	}
+	c.notify("h:h1")
+	if _, ok := c.get("s1"); ok || c.len() != 0 {
+		t.Errorf("h:HOST left %d entries", c.len())
+	}
+	for i := range 5 {
+		c.put(store.Placement{ID: fmt.Sprint(i), Host: "h"})
+	}
+	if c.len() > 3 {
+		t.Errorf("cache holds %d entries over its bound of 3", c.len())
+	}
+	c.notify("")
+	if c.len() != 0 {
+		t.Error("a reconnection did not drop everything")
+	}
+}
+
+// swapHost is a real sandloop host (server + session manager with real
+// jails) behind an address that survives "restarts": restart replaces the
+// process's state and epoch, as a restarted pod at the same name would.
+type swapHost struct {
+	t   testing.TB
+	h   atomic.Pointer[server.Server]
+	ts  *httptest.Server
+	gen int
+	// maxSessions is the host's --max-sessions. If zero, 3.
+	maxSessions int
+}
+
+const secret = "test-secret-0123456789abcdef0123456789"
+
+func newHost(t testing.TB) *swapHost {
+	sh := &swapHost{t: t, maxSessions: 3}
+	if _, ok := t.(*testing.B); ok {
+		sh.maxSessions = 200
+	}
+	sh.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { sh.h.Load().ServeHTTP(w, r) }))
+	t.Cleanup(sh.ts.Close)
+	sh.restart()
+	return sh
+}
+
+func (sh *swapHost) restart() {
+	sh.gen++
+	mgr := session.NewManager(session.ManagerOptions{MaxSessions: sh.maxSessions})
+	sh.t.Cleanup(func() { mgr.Close() })
+	srv, err := server.New(server.Options{Manager: mgr, GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)})
+	if err != nil {
+		sh.t.Fatal(err)
+	}
+	sh.h.Store(srv)
+}
+
+type fixture struct {
+	t     testing.TB
+	gw    *Gateway
+	ts    *httptest.Server
+	pg    *store.Postgres
+	hosts []*swapHost
+}
+
+func newFixture(t testing.TB, hosts int) *fixture {
+	srv := pgtest.Start(t)
+	pg, err := store.OpenPostgres(t.Context(), srv.NewDatabase(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	f := &fixture{t: t, pg: pg}
+	var static Static
+	for range hosts {
+		h := newHost(t)
+		f.hosts = append(f.hosts, h)
+		static = append(static, Target{Name: h.ts.Listener.Addr().String(), URL: h.ts.URL})
+	}
+	// Health rounds only when the test asks: a gateway with a stale view.
+	f.gw, err = New(Options{Discovery: static, Cluster: pg, Secret: secret, Tokens: []string{"token-one-0123456789", "token-two-0123456789"},
+		HealthInterval: time.Hour, LostAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.gw.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.gw.Refresh(t.Context())
+	f.ts = httptest.NewServer(f.gw)
+	t.Cleanup(f.ts.Close)
+	return f
+}
+
+func (f *fixture) do(token, method, path, body string) (int, string) {
+	f.t.Helper()
+	req, _ := http.NewRequest(method, f.ts.URL+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (f *fixture) create(token string) (string, string) {
+	st, body := f.do(token, "POST", "/v1/sessions", "")
+	if st != http.StatusCreated {
+		f.t.Fatalf("create: %d %s", st, body)
+	}
+	var s struct{ ID string }
+	json.Unmarshal([]byte(body), &s)
+	pl, err := f.pg.GetPlacement(f.t.Context(), s.ID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s.ID, pl.Host
+}
+
+const tok1, tok2 = "token-one-0123456789", "token-two-0123456789"
+
+// TestEpochFencing: a host restarted behind the gateway's back is caught by
+// the epoch every request carries: the old session answers 410 (never
+// another session, never a hang) and the table marks it lost.
+func TestEpochFencing(t *testing.T) {
+	f := newFixture(t, 1)
+	id, _ := f.create(tok1)
+	if st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/execute", `{"code":"print(1+1)"}`); st != 200 || !strings.Contains(body, `"stdout":"2\n"`) {
+		t.Fatalf("execute: %d %s", st, body)
+	}
+	f.hosts[0].restart() // the gateway has not noticed (no health round)
+	st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/execute", `{"code":"1"}`)
+	if st != http.StatusGone || !strings.Contains(body, `"host_lost"`) {
+		t.Fatalf("after the restart: %d %s, want 410 host_lost", st, body)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pl, err := f.pg.GetPlacement(t.Context(), id)
+		if err == nil && pl.Lost {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the table does not mark the session lost: %+v %v", pl, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Now even without asking the host: 410 from the table.
+	if st, _ := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != http.StatusGone {
+		t.Errorf("lost session: %d", st)
+	}
+	// A health round learns the new epoch; new sessions work.
+	f.gw.Refresh(t.Context())
+	id2, _ := f.create(tok1)
+	if st, _ := f.do(tok1, "GET", "/v1/sessions/"+id2, ""); st != 200 {
+		t.Errorf("new session after the restart: %d", st)
+	}
+}
+
+// TestPlacementSkipsRefusingHosts: a draining host (which the gateway still
+// thinks ready) refuses; the session goes to the other host. When no host
+// can take it, the client gets a clear 429/503, not a hang.
+func TestPlacementSkipsRefusingHosts(t *testing.T) {
+	f := newFixture(t, 2)
+	f.hosts[0].h.Load().Drain()
+	// Asking for more than a host may give is a clear 4xx from the host, passed on.
+	if st, body := f.do(tok1, "POST", "/v1/sessions", `{"memory_mb": 1000000}`); st != http.StatusBadRequest || !strings.Contains(body, "limit_too_high") {
+		t.Errorf("an oversized session: %d %s", st, body)
+	}
+	for range 3 {
+		_, host := f.create(tok1)
+		if host != f.hosts[1].ts.Listener.Addr().String() {
+			t.Errorf("placed on the draining host")
+		}
+	}
+	// Host 1 is now full (3 sessions), host 0 draining.
+	st, body := f.do(tok1, "POST", "/v1/sessions", "")
+	if st != http.StatusTooManyRequests && st != http.StatusServiceUnavailable {
+		t.Errorf("a full cell: %d %s", st, body)
+	}
+	if !strings.Contains(body, `"error"`) {
+		t.Errorf("not the API's error shape: %s", body)
+	}
+}
+
+// TestOwnershipAndAuth: tokens as on serve; another token's session is not
+// found; hosts refuse requests without the gateway's secret.
+func TestOwnershipAndAuth(t *testing.T) {
+	f := newFixture(t, 1)
+	id, _ := f.create(tok1)
+	if st, _ := f.do(tok2, "GET", "/v1/sessions/"+id, ""); st != http.StatusNotFound {
+		t.Errorf("another token's session: %d, want 404", st)
+	}
+	if st, _ := f.do("wrong-token-0123456789", "GET", "/v1/sessions/"+id, ""); st != http.StatusUnauthorized {
+		t.Errorf("a wrong token: %d, want 401", st)
+	}
+	if st, body := f.do(tok2, "GET", "/v1/sessions", ""); st != 200 || strings.Contains(body, id) {
+		t.Errorf("another token's list: %d %s", st, body)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/sessions", ""); st != 200 || !strings.Contains(body, id) {
+		t.Errorf("own list: %d %s", st, body)
+	}
+	resp, err := http.Post(f.hosts[0].ts.URL+"/v1/sessions", "application/json", bytes.NewReader(nil))
+	if err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a host took a request without the secret: %v", resp.StatusCode)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/hosts", ""); st != 200 || !strings.Contains(body, `"ready":true`) {
+		t.Errorf("hosts: %d %s", st, body)
+	}
+	// Deleting forgets the placement.
+	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+id, ""); st >= 300 {
+		t.Fatalf("delete: %d", st)
+	}
+	if _, err := f.pg.GetPlacement(t.Context(), id); err == nil {
+		t.Error("a deleted session is still placed")
+	}
+}

@@ -1,0 +1,254 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/store"
+)
+
+// host is one host as this gateway sees it.
+type host struct {
+	name string
+	url  *url.URL
+
+	// Guarded by hosts.mu.
+	epoch     string // "" until first seen
+	reachable bool
+	draining  bool
+	slots     int
+	used      int
+	placed    int // sessions this gateway placed since the last health answer
+	lastOK    time.Time
+	firstBad  time.Time // when it stopped answering (zero while it answers)
+	gone      bool      // no longer listed by the discovery
+	fenced    bool      // its sessions were marked lost while it was away
+}
+
+// HostInfo is a host as GET /v1/hosts shows it.
+type HostInfo struct {
+	Name      string    `json:"name"`
+	URL       string    `json:"url"`
+	Epoch     string    `json:"epoch"`
+	Ready     bool      `json:"ready"`
+	Reachable bool      `json:"reachable"`
+	Draining  bool      `json:"draining"`
+	Slots     int       `json:"slots"`
+	Used      int       `json:"used"`
+	LastSeen  time.Time `json:"last_seen"`
+	Listed    bool      `json:"listed"` // by the discovery
+}
+
+// hosts tracks the cell's hosts: health rounds ask each for /healthz,
+// learn its epoch and free slots, and fence the sessions of epochs that
+// ended (a restarted host) or of hosts unreachable for LostAfter.
+type hosts struct {
+	g  *Gateway
+	mu sync.Mutex
+	m  map[string]*host
+}
+
+func (hs *hosts) snapshot() []HostInfo {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	var out []HostInfo
+	for _, h := range hs.m {
+		out = append(out, HostInfo{Name: h.name, URL: h.url.String(), Epoch: h.epoch, Ready: h.ready(), Reachable: h.reachable,
+			Draining: h.draining, Slots: h.slots, Used: h.used + h.placed, LastSeen: h.lastOK, Listed: !h.gone})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// ready: may take new sessions. Guarded by hosts.mu.
+func (h *host) ready() bool { return h.reachable && !h.draining && !h.gone && h.epoch != "" }
+
+// get returns the host's URL and current epoch, if it is known.
+func (hs *hosts) get(name string) (u *url.URL, epoch string, reachable, ok bool) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	h := hs.m[name]
+	if h == nil {
+		return nil, "", false, false
+	}
+	return h.url, h.epoch, h.reachable, true
+}
+
+// candidates lists the ready hosts with their free slots.
+func (hs *hosts) candidates(exclude map[string]bool) []candidate {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	var out []candidate
+	for _, h := range hs.m {
+		if h.ready() && !exclude[h.name] {
+			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// reachableHosts lists every host that answers, ready or draining.
+func (hs *hosts) reachableHosts() []*url.URL {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	var out []*url.URL
+	for _, h := range hs.m {
+		if h.reachable {
+			out = append(out, h.url)
+		}
+	}
+	return out
+}
+
+// placedOn counts a placement until the host's next health answer.
+func (hs *hosts) placedOn(name string) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h := hs.m[name]; h != nil {
+		h.placed++
+	}
+}
+
+// refused notes that a host turned a new session away (full or draining),
+// so placement skips it until its next health answer.
+func (hs *hosts) refused(name string, draining bool) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h := hs.m[name]; h != nil {
+		if draining {
+			h.draining = true
+		} else {
+			h.used = h.slots
+		}
+	}
+}
+
+// totals are the cell's session slots, for metrics and autoscaling.
+func (hs *hosts) totals() (ready, slots, used int) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for _, h := range hs.m {
+		if h.ready() {
+			ready++
+			slots += h.slots
+			used += h.used
+		}
+	}
+	return
+}
+
+// round is one health round: sync with the discovery, ask every host.
+func (hs *hosts) round(ctx context.Context) {
+	listed := map[string]bool{}
+	for _, t := range hs.g.opts.Discovery.Targets() {
+		listed[t.Name] = true
+		u, err := url.Parse(t.URL)
+		if err != nil {
+			continue
+		}
+		hs.mu.Lock()
+		h := hs.m[t.Name]
+		if h == nil {
+			h = &host{name: t.Name, url: u}
+			hs.m[t.Name] = h
+		}
+		if h.url.String() != u.String() { // the pod was replaced: a new address
+			h.url, h.reachable = u, false
+		}
+		h.gone = false
+		hs.mu.Unlock()
+	}
+	hs.mu.Lock()
+	var all []*host
+	for _, h := range hs.m {
+		if !listed[h.name] {
+			h.gone = true
+		}
+		all = append(all, h)
+	}
+	hs.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, h := range all {
+		wg.Go(func() { hs.check(ctx, h) })
+	}
+	wg.Wait()
+}
+
+// check asks one host for its health and acts on what changed.
+func (hs *hosts) check(ctx context.Context, h *host) {
+	hs.mu.Lock()
+	u, gone := h.url, h.gone
+	hs.mu.Unlock()
+	var health server.Health
+	err := fmt.Errorf("not listed")
+	if !gone {
+		err = hs.g.healthOf(ctx, u, &health)
+	}
+	now := time.Now()
+	hs.mu.Lock()
+	if err != nil {
+		if h.reachable || h.firstBad.IsZero() {
+			h.firstBad = now
+		}
+		h.reachable = false
+		lost := !h.fenced && now.Sub(h.firstBad) >= hs.g.opts.LostAfter
+		name := h.name
+		if lost {
+			h.fenced = true
+		}
+		forget := h.gone && h.fenced
+		if forget {
+			delete(hs.m, h.name)
+		}
+		hs.mu.Unlock()
+		if lost {
+			hs.g.log.Warn("host lost: its sessions are gone", "host", name, "unreachable_for", now.Sub(h.firstBad).Round(time.Millisecond), "err", err)
+			hs.g.fence(ctx, name, "")
+		}
+		return
+	}
+	changed := h.epoch != health.Epoch
+	wasFenced := h.fenced
+	h.epoch, h.reachable, h.draining = health.Epoch, true, health.Draining || health.Status != "ok"
+	h.slots, h.used, h.placed = health.MaxSessions, health.Sessions, 0
+	h.lastOK, h.firstBad, h.fenced = now, time.Time{}, false
+	rec := store.HostRecord{Name: h.name, URL: u.String(), Epoch: h.epoch, Ready: h.ready(), Slots: h.slots, Used: h.used, SeenAt: now}
+	hs.mu.Unlock()
+	if changed || wasFenced {
+		// A new epoch (a restarted host, or one this gateway sees for the
+		// first time): sessions placed under any other epoch are gone.
+		hs.g.log.Info("host epoch", "host", rec.Name, "epoch", rec.Epoch, "slots", rec.Slots, "used", rec.Used)
+		hs.g.fence(ctx, rec.Name, rec.Epoch)
+		if err := hs.g.opts.Cluster.PutHost(ctx, rec); err != nil {
+			hs.g.log.Warn("record host", "host", rec.Name, "err", err)
+		}
+	}
+}
+
+// healthOf asks a host for /healthz.
+func (g *Gateway) healthOf(ctx context.Context, u *url.URL, into *server.Health) error {
+	ctx, cancel := context.WithTimeout(ctx, g.opts.HealthTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.JoinPath("/healthz").String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthz: %s", resp.Status)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(into)
+}

@@ -1,0 +1,187 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A cell's shared state in PostgreSQL: where each session lives and the
+// hosts the gateways see. Every change a gateway must not miss is also
+// sent on the NotifyChannel, so each gateway's cache can drop it.
+
+// NotifyChannel is the LISTEN/NOTIFY channel of placement changes. A
+// payload is "s:ID" (that placement changed or went) or "h:HOST" (that
+// host's sessions were fenced).
+const NotifyChannel = "sandloop_placements"
+
+// Placement kinds.
+const (
+	KindSession = "session" // an API session
+	KindRun     = "run"     // an agent run (its sandbox lives on the host)
+	KindMCP     = "mcp"     // an MCP session (Mcp-Session-Id)
+)
+
+// Placement says where a session lives.
+type Placement struct {
+	ID    string
+	Kind  string
+	Owner string
+	Host  string // the host's name in the cell
+	Epoch string // the host process's epoch when the session was made
+	// Lost is set once that epoch ended: the session is gone.
+	Lost      bool
+	CreatedAt time.Time
+}
+
+// HostRecord is a host as a gateway last saw it.
+type HostRecord struct {
+	Name   string    `json:"name"`
+	URL    string    `json:"url"`
+	Epoch  string    `json:"epoch"`
+	Ready  bool      `json:"ready"`
+	Slots  int       `json:"slots"`
+	Used   int       `json:"used"`
+	SeenAt time.Time `json:"seen_at"`
+}
+
+// PutPlacement records where a new session lives.
+func (p *Postgres) PutPlacement(ctx context.Context, pl Placement) error {
+	_, err := p.pool.Exec(ctx, `INSERT INTO sessions (id, kind, owner, host, epoch, created_at, lost) VALUES ($1,$2,$3,$4,$5,$6,$7)
+		ON CONFLICT (id) DO UPDATE SET kind=$2, owner=$3, host=$4, epoch=$5, created_at=$6, lost=$7`,
+		pl.ID, pl.Kind, pl.Owner, pl.Host, pl.Epoch, toMillis(p.nowMillis()), pl.Lost)
+	if err != nil {
+		return fmt.Errorf("record session %s: %w", pl.ID, err)
+	}
+	return nil
+}
+
+// GetPlacement returns where a session lives, or ErrNotFound.
+func (p *Postgres) GetPlacement(ctx context.Context, id string) (*Placement, error) {
+	pl := Placement{ID: id}
+	var created int64
+	err := p.pool.QueryRow(ctx, `SELECT kind, owner, host, epoch, lost, created_at FROM sessions WHERE id = $1`, id).
+		Scan(&pl.Kind, &pl.Owner, &pl.Host, &pl.Epoch, &pl.Lost, &created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("session %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up session %s: %w", id, err)
+	}
+	pl.CreatedAt = fromMillis(created)
+	return &pl, nil
+}
+
+// DeletePlacement forgets a session (it was deleted) and tells the gateways.
+func (p *Postgres) DeletePlacement(ctx context.Context, id string) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM sessions WHERE id = $1`, id); err != nil {
+			return fmt.Errorf("forget session %s: %w", id, err)
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, "s:"+id)
+		return err
+	})
+}
+
+// FenceHost marks lost every live session of host whose epoch is not keep
+// (keep "" marks all of them: the host is gone) and tells the gateways.
+// It returns the placements it marked, so runs among them can be ended.
+func (p *Postgres) FenceHost(ctx context.Context, host, keep string) ([]Placement, error) {
+	var out []Placement
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE sessions SET lost = true WHERE host = $1 AND epoch <> $2 AND NOT lost
+			RETURNING id, kind, owner, epoch`, host, keep)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Placement, error) {
+			pl := Placement{Host: host, Lost: true}
+			return pl, r.Scan(&pl.ID, &pl.Kind, &pl.Owner, &pl.Epoch)
+		})
+		if err != nil || len(out) == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, "h:"+host)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fence host %s: %w", host, err)
+	}
+	return out, nil
+}
+
+// PutHost records what a gateway saw of a host.
+func (p *Postgres) PutHost(ctx context.Context, h HostRecord) error {
+	_, err := p.pool.Exec(ctx, `INSERT INTO hosts (name, url, epoch, ready, slots, used, seen_at) VALUES ($1,$2,$3,$4,$5,$6,$7)
+		ON CONFLICT (name) DO UPDATE SET url=$2, epoch=$3, ready=$4, slots=$5, used=$6, seen_at=$7`,
+		h.Name, h.URL, h.Epoch, h.Ready, h.Slots, h.Used, toMillis(h.SeenAt))
+	if err != nil {
+		return fmt.Errorf("record host %s: %w", h.Name, err)
+	}
+	return nil
+}
+
+// GetHost returns the last record of a host, or ErrNotFound.
+func (p *Postgres) GetHost(ctx context.Context, name string) (*HostRecord, error) {
+	h := HostRecord{Name: name}
+	var seen int64
+	err := p.pool.QueryRow(ctx, `SELECT url, epoch, ready, slots, used, seen_at FROM hosts WHERE name = $1`, name).
+		Scan(&h.URL, &h.Epoch, &h.Ready, &h.Slots, &h.Used, &seen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("host %s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up host %s: %w", name, err)
+	}
+	h.SeenAt = fromMillis(seen)
+	return &h, nil
+}
+
+// Listen calls fn with every payload sent on NotifyChannel until ctx ends.
+// It keeps one connection of its own and reconnects when it breaks (the
+// server restarted); after every (re)connection it calls fn("") first,
+// since notifications sent meanwhile were missed: the caller drops
+// everything it cached. connected, if not nil, learns each change of state.
+func (p *Postgres) Listen(ctx context.Context, fn func(payload string), connected func(bool)) {
+	if connected == nil {
+		connected = func(bool) {}
+	}
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := p.listenOnce(ctx, fn, connected)
+		connected(false)
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("placement notifications lost; reconnecting", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (p *Postgres) listenOnce(ctx context.Context, fn func(string), connected func(bool)) error {
+	conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	connected(true)
+	fn("")
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		fn(n.Payload)
+	}
+}
