@@ -162,19 +162,22 @@ func probeCgroups() cgroupHost {
 			}
 		}
 	}
-	var missing []string
+	var missing, readOnly []string
 	for _, c := range v1Controllers {
 		if v1[c] == "" {
 			missing = append(missing, c)
 		} else if unix.Access(v1[c], unix.W_OK) != nil {
-			missing = append(missing, c+" (not writable: cgroups are not delegated to this user)")
+			readOnly = append(readOnly, c)
 		}
 	}
-	if len(missing) == 0 {
+	if len(missing)+len(readOnly) == 0 {
 		return cgroupHost{mode: "cgroup v1", v1: v1}
 	}
-	if len(v1) > 0 {
+	if len(missing) > 0 && len(v1) > 0 {
 		reasons = append(reasons, "cgroup v1: missing "+strings.Join(missing, ", "))
+	}
+	if len(readOnly) > 0 {
+		reasons = append(reasons, "cgroup v1: "+strings.Join(readOnly, ", ")+" not writable (not delegated to this user)")
 	}
 	if len(reasons) == 0 {
 		reasons = append(reasons, "no cgroup file system mounted")
@@ -220,9 +223,9 @@ func delegatedV2(mount, own string, nsRoot bool) (string, error) {
 	// The real root lacks the interface files of other groups, and may
 	// hold processes and children at once.
 	realRoot := own == mount && !exists(filepath.Join(mount, "cgroup.type"))
-	ownErr := errors.New("sandloop runs in the root cgroup")
-	if !realRoot {
-		ownErr = checkV2Controllers(own)
+	ownErr := checkV2Controllers(own)
+	if realRoot && ownErr == nil {
+		ownErr = errors.New("sandloop runs in the root cgroup: " + delegateHint)
 	}
 	if ownErr == nil {
 		procs, ours := groupProcs(own)
