@@ -40,6 +40,7 @@ type agentFlags struct {
 	checks     []string
 	dataDir    string
 	pricesFile string
+	noLessons  bool
 	lf         limitFlags
 }
 
@@ -75,6 +76,7 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringVar(&f.entry, "entry", "", "debug and refactor modes: the program to run (default: the only .py file given)")
 	fl.StringArrayVar(&f.checks, "check", nil, "refactor mode: a command whose output must not change, e.g. 'python3 report.py data.csv' (repeatable)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	fl.BoolVar(&f.noLessons, "no-lessons", false, "neither recall lessons of earlier runs nor learn new ones (see sandloop lessons)")
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
 	return cmd
@@ -167,6 +169,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	}
 	svc := runs.New(runs.Options{
 		Store:    st,
+		Lessons:  st,
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
 			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode()})
@@ -193,7 +196,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	run, rep, err := svc.Run(ctx, runs.Request{
 		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
-		Confirm: confirm, OnEvent: view,
+		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
 	})
 	var nm *llm.NoModelError
 	var ce *llm.ConfigError

@@ -91,7 +91,7 @@ func newServeCmd() *cobra.Command {
 			}
 			defer st.Close()
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: st, Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
