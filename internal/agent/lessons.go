@@ -82,7 +82,13 @@ func (r *run) seeExecution(ctx context.Context, call llm.ToolCall, src string, o
 // model call in the run's usage. The call is skipped once a budget is
 // spent or the run was cancelled.
 func (r *run) learnLessons(ctx context.Context, rep *Report) {
-	rep.LessonsUsed = r.used
+	seen := map[string]bool{}
+	for _, l := range r.used {
+		if !seen[l.ID] {
+			seen[l.ID] = true
+			rep.LessonsUsed = append(rep.LessonsUsed, l)
+		}
+	}
 	if r.opts.Lessons == nil {
 		return
 	}

@@ -188,7 +188,19 @@ func (r *Run) Learn(ctx context.Context, p llm.Provider, rep *agent.Report) ([]a
 	if _, err := r.opts.Store.PruneLessons(ctx, time.Now().Add(-r.opts.PruneAfter)); err != nil {
 		r.log.Warn("prune lessons", "err", err)
 	}
-	cands := r.cap.learned()
+	// A known lesson that held is not learned again; one that did not
+	// prevent its error is replaced by what this run learned.
+	var cands []Candidate
+	var replace []string
+	for _, c := range r.cap.learned() {
+		if old := r.existing(ctx, c); old != nil {
+			if !r.recurred[old.ID] && !Demoted(old) {
+				continue
+			}
+			replace = append(replace, old.ID)
+		}
+		cands = append(cands, c)
+	}
 	if len(cands) == 0 {
 		return nil, llm.Usage{}
 	}
@@ -204,6 +216,11 @@ func (r *Run) Learn(ctx context.Context, p llm.Provider, rep *agent.Report) ([]a
 			texts, source = t, "model"
 		}
 	}
+	for _, id := range replace {
+		if err := r.opts.Store.DeleteLesson(ctx, r.opts.Owner, id); err != nil {
+			r.log.Warn("replace lesson", "err", err)
+		}
+	}
 	var out []agent.LessonRef
 	for i, c := range cands {
 		text, ok := texts[i]
@@ -213,22 +230,12 @@ func (r *Run) Learn(ctx context.Context, p llm.Provider, rep *agent.Report) ([]a
 		if !ok {
 			text = fallback(c)
 		}
-		l := store.Lesson{
+		stored, err := r.opts.Store.PutLesson(ctx, store.Lesson{
 			Owner: r.opts.Owner, Scope: c.Scope, Text: StripSecrets(text), Source: source,
 			Signature: c.Sig.Text, Detail: c.Sig.Detail, Keywords: r.keyword,
 			Files: strings.Join(c.Files, " "), Packages: strings.Join(c.Packages, " "),
 			Fix: StripSecrets(c.Fix), RunID: r.opts.RunID, Step: c.Step,
-		}
-		if old := r.existing(ctx, c); old != nil {
-			if !r.recurred[old.ID] && !Demoted(old) {
-				continue // it is known, and it held
-			}
-			// It did not prevent the error: a fresh lesson replaces it.
-			if err := r.opts.Store.DeleteLesson(ctx, r.opts.Owner, old.ID); err != nil {
-				r.log.Warn("replace lesson", "err", err)
-			}
-		}
-		stored, err := r.opts.Store.PutLesson(ctx, l)
+		})
 		if err != nil {
 			r.log.Warn("store lesson", "err", err)
 			continue
