@@ -94,11 +94,12 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 			return usagef("--out %s is not a directory", s.out)
 		}
 	}
-	ws, err := os.MkdirTemp("", "sandloop-ws-")
+	quota, err := jail.NewQuotaDir(limits.Disk, limits.Files)
 	if err != nil {
-		return fmt.Errorf("create workspace: %w", err)
+		return err
 	}
-	defer os.RemoveAll(ws)
+	defer quota.Remove()
+	ws := quota.Path
 	if prepare != nil {
 		if err := prepare(ws); err != nil {
 			return err
