@@ -29,6 +29,7 @@ var serveMounts []func(m *session.Manager, mounts map[string]http.Handler) error
 func newServeCmd() *cobra.Command {
 	var (
 		addr, dataDir, tokenFile string
+		database                 string
 		pricesFile               string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
@@ -85,7 +86,7 @@ func newServeCmd() *cobra.Command {
 					return err
 				}
 			}
-			st, err := openStore(cmd.Context(), dataDir)
+			st, err := openStore(cmd.Context(), dataDir, database)
 			if err != nil {
 				return err
 			}
@@ -148,6 +149,7 @@ func newServeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (HOST:PORT)")
 	f.StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	f.StringVar(&database, "database", "", databaseHelp)
 	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
 	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
 	f.StringArrayVar(&allowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
