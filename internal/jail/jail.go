@@ -113,6 +113,13 @@ type Config struct {
 	Network Network
 	// Files are placed into the jail's root (read-only) before start.
 	Files []File
+	// ListenPort, if nonzero, has the jail's init open a TCP listener on
+	// 127.0.0.1:ListenPort in the jail's own network namespace before the
+	// program starts and hand it to the host (Process.Listener): code in
+	// the jail connects to it as to any local server, only the host
+	// accepts, and the jail keeps no route out (package egress serves its
+	// proxy this way). Not with NetworkHost.
+	ListenPort int
 
 	// Stdin, Stdout and Stderr are connected to the program's standard
 	// descriptors. Nil means /dev/null for Stdin and discard for the

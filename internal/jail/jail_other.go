@@ -4,6 +4,7 @@ package jail
 
 import (
 	"context"
+	"net"
 	"os"
 )
 
@@ -20,6 +21,7 @@ func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsuppor
 func Run(context.Context, *Config) (*Result, error) { return nil, ErrUnsupported }
 
 func (*Process) Pid() int               { return 0 }
+func (*Process) Listener() net.Listener { return nil }
 func (*Process) Signal(os.Signal) error { return ErrUnsupported }
 func (*Process) Kill()                  {}
 func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
