@@ -15,7 +15,7 @@ import (
 )
 
 func newLessonsCmd() *cobra.Command {
-	var dataDir string
+	var dataDir, database string
 	cmd := &cobra.Command{
 		Use:   "lessons [ls|show ID|rm ID|add TEXT|export|import FILE]",
 		Short: "What the agent learned from earlier runs (recalled in later ones)",
@@ -25,24 +25,26 @@ sandbox it ran into. They are recalled at the start of later runs on similar tas
 the same files, and shown again when the same error comes back. Runs with
 --no-lessons neither recall nor learn them.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return listLessons(cmd, dataDir, "", 50) },
 	}
+	at := func() where { return where{dataDir, database} }
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return listLessons(cmd, at(), "", 50) }
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	cmd.PersistentFlags().StringVar(&database, "database", "", databaseHelp)
 	var limit int
 	var query string
 	ls := &cobra.Command{
 		Use: "ls", Short: "List lessons (the best matches of -q first)", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return listLessons(cmd, dataDir, query, limit) },
+		RunE: func(cmd *cobra.Command, args []string) error { return listLessons(cmd, at(), query, limit) },
 	}
 	ls.Flags().IntVarP(&limit, "limit", "n", 50, "how many lessons")
 	ls.Flags().StringVarP(&query, "query", "q", "", "full-text search over text, error signatures, files and packages")
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a lesson with its evidence and counts", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return showLesson(cmd, dataDir, args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error { return showLesson(cmd, at(), args[0]) },
 	}
 	rm := &cobra.Command{
 		Use: "rm ID...", Short: "Delete lessons", Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return removeLessons(cmd, dataDir, args) },
+		RunE: func(cmd *cobra.Command, args []string) error { return removeLessons(cmd, at(), args) },
 	}
 	var add store.Lesson
 	var addFiles []string
@@ -50,7 +52,7 @@ the same files, and shown again when the same error comes back. Runs with
 		Use: `add "TEXT"`, Short: "Teach a lesson by hand", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			add.Text, add.Files = args[0], strings.Join(addFiles, " ")
-			return addLessons(cmd, dataDir, []store.Lesson{add}, "added")
+			return addLessons(cmd, at(), []store.Lesson{add}, "added")
 		},
 	}
 	addCmd.Flags().StringVar(&add.Scope, "scope", "", "global (the sandbox, default), files (with --file) or task")
@@ -60,7 +62,7 @@ the same files, and shown again when the same error comes back. Runs with
 	var out string
 	export := &cobra.Command{
 		Use: "export", Short: "Write every lesson as JSON", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return exportLessons(cmd, dataDir, out) },
+		RunE: func(cmd *cobra.Command, args []string) error { return exportLessons(cmd, at(), out) },
 	}
 	export.Flags().StringVarP(&out, "output", "o", "-", "where to write (- for stdout)")
 	imp := &cobra.Command{
@@ -79,19 +81,49 @@ the same files, and shown again when the same error comes back. Runs with
 			if err != nil {
 				return usagef("%s: %v", args[0], err)
 			}
-			return addLessons(cmd, dataDir, list, "imported")
+			return addLessons(cmd, at(), list, "imported")
 		},
 	}
 	cmd.AddCommand(ls, show, rm, addCmd, export, imp)
 	return cmd
 }
 
+// where names the history: --data-dir and --database.
+type where struct{ dataDir, database string }
+
+// lessonHistory is a run history that keeps lessons.
+type lessonHistory interface {
+	store.History
+	store.LessonStore
+}
+
+// openLessons opens the history holding the lessons; create says a new
+// SQLite history may be made (to add lessons before any run).
+func openLessons(cmd *cobra.Command, at where, create bool) (lessonHistory, error) {
+	var h store.History
+	var err error
+	if create {
+		h, err = openStore(cmd.Context(), at.dataDir, at.database)
+	} else {
+		h, err = openHistory(cmd, at.dataDir, at.database)
+	}
+	if err != nil {
+		return nil, err
+	}
+	lh, ok := h.(lessonHistory)
+	if !ok {
+		h.Close()
+		return nil, usagef("this run history keeps no lessons: lessons are kept in the SQLite history (--data-dir) only")
+	}
+	return lh, nil
+}
+
 // The CLI's lessons are the owner "" (like its runs): those of a server
 // without tokens, never those of a token.
 const cliOwner = ""
 
-func listLessons(cmd *cobra.Command, dataDir, query string, limit int) error {
-	st, err := openHistory(cmd, dataDir)
+func listLessons(cmd *cobra.Command, at where, query string, limit int) error {
+	st, err := openLessons(cmd, at, false)
 	if err != nil {
 		return err
 	}
@@ -120,7 +152,7 @@ func listLessons(cmd *cobra.Command, dataDir, query string, limit int) error {
 }
 
 // findLesson resolves an id or a unique prefix of one.
-func findLesson(cmd *cobra.Command, st *store.Store, prefix string) (*store.Lesson, error) {
+func findLesson(cmd *cobra.Command, st lessonHistory, prefix string) (*store.Lesson, error) {
 	if l, err := st.GetLesson(cmd.Context(), cliOwner, prefix); err == nil {
 		return l, nil
 	}
@@ -143,8 +175,8 @@ func findLesson(cmd *cobra.Command, st *store.Store, prefix string) (*store.Less
 	return nil, usagef("%q matches %d lessons: give more of the id", prefix, len(found))
 }
 
-func showLesson(cmd *cobra.Command, dataDir, prefix string) error {
-	st, err := openHistory(cmd, dataDir)
+func showLesson(cmd *cobra.Command, at where, prefix string) error {
+	st, err := openLessons(cmd, at, false)
 	if err != nil {
 		return err
 	}
@@ -177,8 +209,8 @@ func showLesson(cmd *cobra.Command, dataDir, prefix string) error {
 	return nil
 }
 
-func removeLessons(cmd *cobra.Command, dataDir string, ids []string) error {
-	st, err := openHistory(cmd, dataDir)
+func removeLessons(cmd *cobra.Command, at where, ids []string) error {
+	st, err := openLessons(cmd, at, false)
 	if err != nil {
 		return err
 	}
@@ -196,8 +228,8 @@ func removeLessons(cmd *cobra.Command, dataDir string, ids []string) error {
 	return nil
 }
 
-func addLessons(cmd *cobra.Command, dataDir string, list []store.Lesson, verb string) error {
-	st, err := openStore(cmd.Context(), dataDir)
+func addLessons(cmd *cobra.Command, at where, list []store.Lesson, verb string) error {
+	st, err := openLessons(cmd, at, true)
 	if err != nil {
 		return err
 	}
@@ -224,8 +256,8 @@ func addLessons(cmd *cobra.Command, dataDir string, list []store.Lesson, verb st
 	return nil
 }
 
-func exportLessons(cmd *cobra.Command, dataDir, out string) error {
-	st, err := openHistory(cmd, dataDir)
+func exportLessons(cmd *cobra.Command, at where, out string) error {
+	st, err := openLessons(cmd, at, false)
 	if err != nil {
 		return err
 	}

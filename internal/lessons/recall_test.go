@@ -58,9 +58,9 @@ func finish(summary string) []llmtest.ToolCall {
 
 const (
 	// DataFrame.map is new in pandas 2.1; this sandbox has 1.5.3.
-	mapCode  = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.map(str)\nc.x.tolist()"
-	fixCode  = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.applymap(str)\nc.x.tolist()"
-	mapText  = "pandas here is 1.5.3: DataFrame.map does not exist, use DataFrame.applymap for element-wise functions"
+	mapCode = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.map(str)\nc.x.tolist()"
+	fixCode = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.applymap(str)\nc.x.tolist()"
+	mapText = "pandas here is 1.5.3: DataFrame.map does not exist, use DataFrame.applymap for element-wise functions"
 )
 
 type collected struct{ ev []agent.Event }

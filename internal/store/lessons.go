@@ -43,6 +43,18 @@ CREATE INDEX lessons_by_signature ON lessons (owner, signature);
 CREATE VIRTUAL TABLE lessons_fts USING fts5 (id UNINDEXED, text, signature, keywords, files, packages);
 `
 
+// LessonStore keeps lessons. The SQLite Store implements it.
+type LessonStore interface {
+	PutLesson(ctx context.Context, l Lesson) (*Lesson, error)
+	GetLesson(ctx context.Context, owner, id string) (*Lesson, error)
+	DeleteLesson(ctx context.Context, owner, id string) error
+	ListLessons(ctx context.Context, q LessonQuery) ([]LessonHit, error)
+	CountLessonUse(ctx context.Context, owner string, uses []LessonUse) error
+	PruneLessons(ctx context.Context, before time.Time) (int, error)
+}
+
+var _ LessonStore = (*Store)(nil)
+
 // Lesson is one thing the agent learned: a short imperative text, where it
 // applies and the evidence for it.
 type Lesson struct {
