@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,6 +40,7 @@ type agentFlags struct {
 	entry      string
 	checks     []string
 	dataDir    string
+	database   string
 	pricesFile string
 	lf         limitFlags
 }
@@ -75,6 +77,7 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringVar(&f.entry, "entry", "", "debug and refactor modes: the program to run (default: the only .py file given)")
 	fl.StringArrayVar(&f.checks, "check", nil, "refactor mode: a command whose output must not change, e.g. 'python3 report.py data.csv' (repeatable)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	fl.StringVar(&f.database, "database", "", databaseHelp)
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
 	return cmd
@@ -115,12 +118,21 @@ func readInputFiles(args []string) (map[string][]byte, error) {
 	return out, nil
 }
 
-func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
+// openStore opens the run history: the PostgreSQL database or SQLite file
+// database names (--database, else SANDLOOP_DATABASE_URL), else
+// runs.db in dataDir.
+func openStore(ctx context.Context, dataDir, database string) (store.History, error) {
+	if database = cmp.Or(database, os.Getenv("SANDLOOP_DATABASE_URL")); database != "" {
+		return store.OpenHistory(ctx, database, nil)
+	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, usagef("--data-dir %s: %v", dataDir, unwrapPathError(err))
 	}
 	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
 }
+
+// databaseHelp documents --database wherever it is offered.
+const databaseHelp = "run history database: postgres://USER:PASSWORD@HOST/DB or a SQLite file (default: runs.db in --data-dir; also SANDLOOP_DATABASE_URL)"
 
 func providerResolver(pricesFile string) func(ctx context.Context, model string) (llm.Provider, error) {
 	return func(ctx context.Context, model string) (llm.Provider, error) {
@@ -155,7 +167,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	st, err := openStore(ctx, f.dataDir)
+	st, err := openStore(ctx, f.dataDir, f.database)
 	if err != nil {
 		return err
 	}
@@ -221,7 +233,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 }
 
 // writeArtifacts writes a run's final files under dir.
-func writeArtifacts(ctx context.Context, st *store.Store, id, dir string) error {
+func writeArtifacts(ctx context.Context, st store.History, id, dir string) error {
 	list, err := st.ListArtifacts(ctx, id)
 	if err != nil {
 		return err

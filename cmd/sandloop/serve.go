@@ -29,6 +29,7 @@ var serveMounts []func(m *session.Manager, mounts map[string]http.Handler) error
 func newServeCmd() *cobra.Command {
 	var (
 		addr, dataDir, tokenFile string
+		database                 string
 		pricesFile               string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
@@ -85,7 +86,7 @@ func newServeCmd() *cobra.Command {
 					return err
 				}
 			}
-			st, err := openStore(cmd.Context(), dataDir)
+			st, err := openStore(cmd.Context(), dataDir, database)
 			if err != nil {
 				return err
 			}
@@ -164,6 +165,7 @@ func newServeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (HOST:PORT)")
 	f.StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	f.StringVar(&database, "database", "", databaseHelp)
 	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
 	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
 	f.StringArrayVar(&allowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
@@ -180,9 +182,11 @@ func newServeCmd() *cobra.Command {
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
+	def.registerQuota(f, "", "")
 	f.Var(sizeValue{&max.memory}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
 	f.Float64Var(&max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
+	max.registerQuota(f, "max-", "largest")
 	return cmd
 }
 

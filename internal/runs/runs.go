@@ -27,7 +27,7 @@ type Session interface {
 
 // Options configure the service.
 type Options struct {
-	Store *store.Store
+	Store store.History
 	// NewSession starts a fresh sandbox session for a run.
 	NewSession func(ctx context.Context) (Session, error)
 	// Provider resolves a model spec ("openai/gpt-4o-mini", or "" for the

@@ -327,29 +327,39 @@ func (w *Workspace) Mkdir(p string) error {
 	return w.mkdirAll(rel)
 }
 
-// Remove deletes file or directory p (recursively). Removing the root
-// empties the workspace but keeps it.
+// ErrRoot: the path names the workspace root where a file or subdirectory
+// is required.
+var ErrRoot = errors.New(`names the workspace root, not a file or directory in it (to empty the workspace, delete its entries one by one)`)
+
+// Remove deletes file or directory p (recursively). The root itself is
+// refused ("", "/", ".", "a/.."): a path that cleans to nothing is far more
+// often a client's bug than a wish to delete everything; Clear does that.
 func (w *Workspace) Remove(p string) error {
 	rel, err := Clean(p)
 	if err != nil {
 		return err
 	}
 	if rel == "." {
-		des, err := fs.ReadDir(w.root.FS(), ".")
-		if err != nil {
-			return mapErr(p, err)
-		}
-		for _, de := range des {
-			if err := w.root.RemoveAll(de.Name()); err != nil {
-				return mapErr(de.Name(), err)
-			}
-		}
-		return nil
+		return &PathError{p, ErrRoot}
 	}
 	if _, err := w.root.Lstat(rel); err != nil {
 		return mapErr(p, err)
 	}
 	return mapErr(p, w.root.RemoveAll(rel))
+}
+
+// Clear deletes everything in the workspace, keeping the root.
+func (w *Workspace) Clear() error {
+	des, err := fs.ReadDir(w.root.FS(), ".")
+	if err != nil {
+		return mapErr(".", err)
+	}
+	for _, de := range des {
+		if err := w.root.RemoveAll(de.Name()); err != nil {
+			return mapErr(de.Name(), err)
+		}
+	}
+	return nil
 }
 
 // Usage is the total size of the regular files in the workspace.

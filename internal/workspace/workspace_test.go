@@ -79,7 +79,17 @@ func TestWriteReadListRemove(t *testing.T) {
 	if err := w.Remove("nothing"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("remove missing: %v", err)
 	}
-	if err := w.Remove("/"); err != nil {
+	// A path that cleans to the root is refused, never "delete everything".
+	w.Write("keep.txt", strings.NewReader("x"))
+	for _, root := range []string{"", "/", ".", "./", "//.", "a/./."[2:]} {
+		if err := w.Remove(root); !errors.Is(err, ErrRoot) {
+			t.Errorf("Remove(%q): %v, want ErrRoot", root, err)
+		}
+	}
+	if _, err := w.Stat("keep.txt"); err != nil {
+		t.Fatalf("a refused Remove deleted files: %v", err)
+	}
+	if err := w.Clear(); err != nil {
 		t.Fatal(err)
 	}
 	if list, _ := w.List("."); len(list) != 0 {
