@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -64,13 +66,17 @@ type limitFlags struct {
 	pids    int
 	env     []string
 	network bool
+	fs      *pflag.FlagSet
+	// notes are said to the user before the run (a limit capped).
+	notes []string
 }
 
 func (l *limitFlags) register(fs *pflag.FlagSet) {
+	l.fs = fs
 	fs.DurationVar(&l.timeout, "timeout", 0, "wall-clock limit, e.g. 30s or 5m (default: none)")
 	fs.Var(sizeValue{&l.memory}, "memory", "memory limit, swap included, e.g. 512M (default 512M)")
-	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5 (default 1)")
-	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads (default 256)")
+	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5, at most the host's CPUs (default 1)")
+	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads of the program, sandloop's own not counted (at least 8; default 256)")
 	fs.StringArrayVar(&l.env, "env", nil, "environment variable K=V for the program (repeatable)")
 	fs.BoolVar(&l.network, "network", false, "share the host's network (default: loopback only)")
 }
@@ -88,8 +94,27 @@ func (l *limitFlags) limits() (jail.Limits, error) {
 		return jail.Limits{}, usagef("--cpus must not be negative")
 	case l.pids < 0:
 		return jail.Limits{}, usagef("--pids must not be negative")
+	case l.set("pids") && l.pids == 0:
+		return jail.Limits{}, usagef("--pids 0 is not a limit: give a number of processes, at least 8 (default 256)")
+	case l.set("cpus") && l.cpus == 0:
+		return jail.Limits{}, usagef("--cpus 0 is not a limit: give a number of cores such as 0.5 (default 1)")
+	}
+	if n := float64(runtime.NumCPU()); l.set("cpus") && l.cpus > n {
+		l.notes = append(l.notes, fmt.Sprintf("--cpus %g is more than this host's %g CPUs: using %g", l.cpus, n, n))
+		l.cpus = n
 	}
 	return jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout}, nil
+}
+
+// set reports whether the user gave flag name.
+func (l *limitFlags) set(name string) bool { return l.fs != nil && l.fs.Changed(name) }
+
+// sayNotes prints the notes about the limits to w, once.
+func (l *limitFlags) sayNotes(w io.Writer) {
+	for _, n := range l.notes {
+		fmt.Fprintln(w, "sandloop: note: "+n)
+	}
+	l.notes = nil
 }
 
 func (l *limitFlags) networkMode() jail.Network {
