@@ -743,3 +743,62 @@ func TestSweepStaleGroups(t *testing.T) {
 		t.Errorf("a group with a process in it was removed")
 	}
 }
+
+func TestListenerHandedToTheHost(t *testing.T) {
+	ws := t.TempDir()
+	var out, errb bytes.Buffer
+	code := `
+import socket, os
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"ping")
+print(s.recv(16).decode())
+# Nothing of the listener is left in the jail: only 0-2 are open.
+fds = []
+for x in os.listdir("/proc/self/fd"):
+    try:
+        if int(x) > 2 and int(x) != s.fileno() and os.readlink("/proc/self/fd/" + x).startswith("socket:"):
+            fds.append(int(x))
+    except OSError:
+        pass
+print(fds)
+# Still no route out.
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.connect(("192.0.2.1", 53)); print("udp: routed")
+except OSError as e:
+    print("udp:", e.strerror)
+`
+	p, err := Start(context.Background(), &Config{Path: DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws,
+		Stdout: &out, Stderr: &errb, Limits: Limits{Timeout: 60 * time.Second}, ListenPort: 3128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := p.Listener()
+	if ln == nil {
+		t.Fatal("no listener")
+	}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b := make([]byte, 4)
+		c.Read(b)
+		c.Write([]byte("pong:" + string(b)))
+	}()
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exit %v %v:\n%s", res, err, errb.String())
+	}
+	if got, want := out.String(), "pong:ping\n[]\nudp: Network is unreachable\n"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if _, err := ln.Accept(); err == nil {
+		t.Error("the listener is still open after the jail ended")
+	}
+	var ae *ArgumentError
+	if _, err := Start(context.Background(), &Config{Path: DefaultPython, Workspace: ws, Network: NetworkHost, ListenPort: 3128}); !errors.As(err, &ae) {
+		t.Errorf("ListenPort with the host's network: %v", err)
+	}
+}

@@ -174,7 +174,7 @@ func NewManager(opts ManagerOptions) *Manager {
 	for _, f := range []struct {
 		max *int64
 		def int64
-	}{{&mx.Memory, def.Memory}, {&mx.TmpSize, def.TmpSize}, {&mx.FileSize, def.FileSize}, {&mx.Stack, def.Stack}} {
+	}{{&mx.Memory, def.Memory}, {&mx.TmpSize, def.TmpSize}, {&mx.FileSize, def.FileSize}, {&mx.Stack, def.Stack}, {&mx.Disk, def.Disk}} {
 		if *f.max == 0 {
 			*f.max = f.def
 		}
@@ -187,6 +187,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	}
 	if mx.NoFile == 0 {
 		mx.NoFile = def.NoFile
+	}
+	if mx.Files == 0 {
+		mx.Files = def.Files
 	}
 	m := &Manager{
 		opts: opts, log: log, defaults: def, max: mx,
@@ -215,6 +218,7 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	l.Memory, l.CPUs, l.Pids = cmp.Or(l.Memory, d.Memory), cmp.Or(l.CPUs, d.CPUs), cmp.Or(l.Pids, d.Pids)
 	l.TmpSize, l.FileSize = cmp.Or(l.TmpSize, d.TmpSize), cmp.Or(l.FileSize, d.FileSize)
 	l.NoFile, l.Stack = cmp.Or(l.NoFile, d.NoFile), cmp.Or(l.Stack, d.Stack)
+	l.Disk, l.Files = cmp.Or(l.Disk, d.Disk), cmp.Or(l.Files, d.Files)
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
@@ -225,6 +229,10 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 		return l, &LimitError{"pids", fmt.Sprint(l.Pids), fmt.Sprint(m.max.Pids)}
 	case l.TmpSize > m.max.TmpSize:
 		return l, &LimitError{"tmp size", fmt.Sprint(l.TmpSize), fmt.Sprint(m.max.TmpSize)}
+	case l.Disk > m.max.Disk:
+		return l, &LimitError{"disk", fmt.Sprintf("%d MiB", l.Disk>>20), fmt.Sprintf("%d MiB", m.max.Disk>>20)}
+	case l.Files > m.max.Files:
+		return l, &LimitError{"files", fmt.Sprint(l.Files), fmt.Sprint(m.max.Files)}
 	}
 	return l, nil
 }

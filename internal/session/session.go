@@ -37,8 +37,9 @@ type Options struct {
 	// minimal one, never the server's).
 	Env map[string]string
 	// Workspace is a host directory mounted at /workspace. If empty, a
-	// fresh temporary directory is made and removed by Close; a directory
-	// given here belongs to the caller and is kept.
+	// fresh one capped at Limits.Disk bytes and Limits.Files files is
+	// made (jail.NewQuotaDir) and removed by Close; a directory given
+	// here belongs to the caller, who caps it, and is kept.
 	Workspace string
 	// ExecTimeout is the timeout of an execution whose Request has none.
 	// If zero, 5 minutes; if negative, none.
@@ -69,7 +70,7 @@ type Session struct {
 	opts      Options
 	log       *slog.Logger
 	workspace string
-	ownWS     bool
+	quota     *jail.QuotaDir // the workspace made by New, nil if the caller's
 	launch    kernel.Launcher
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
@@ -88,11 +89,11 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	}
 	s.log = s.log.With("session", s.id)
 	if opts.Workspace == "" {
-		dir, err := os.MkdirTemp("", "sandloop-ws-*")
+		q, err := jail.NewQuotaDir(opts.Limits.Disk, opts.Limits.Files)
 		if err != nil {
-			return nil, fmt.Errorf("create workspace: %w", err)
+			return nil, err
 		}
-		s.workspace, s.ownWS = dir, true
+		s.workspace, s.quota = q.Path, q
 	} else {
 		fi, err := os.Stat(opts.Workspace)
 		if err != nil {
@@ -303,11 +304,38 @@ func (s *Session) Close() error {
 }
 
 func (s *Session) removeWorkspace() error {
-	if !s.ownWS {
+	if s.quota == nil {
 		return nil
 	}
-	if err := os.RemoveAll(s.workspace); err != nil {
+	if err := s.quota.Remove(); err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
 	}
 	return nil
+}
+
+// Quota describes the workspace's caps: the bytes and files it may hold,
+// and whether the kernel enforces them on every write (false for a
+// caller's directory, or without root: then only uploads are checked).
+type Quota struct {
+	Disk     int64
+	Files    int
+	Enforced bool
+}
+
+// Quota returns the workspace's caps.
+func (s *Session) Quota() Quota {
+	if s.quota == nil {
+		l := s.opts.Limits.WithDefaults()
+		return Quota{Disk: l.Disk, Files: l.Files}
+	}
+	return Quota{Disk: s.quota.Disk, Files: s.quota.Files, Enforced: s.quota.Enforced}
+}
+
+// Usage reports the bytes and files the workspace holds.
+func (s *Session) Usage() (jail.Usage, error) {
+	if s.quota == nil {
+		q := jail.QuotaDir{Path: s.workspace}
+		return q.Usage()
+	}
+	return s.quota.Usage()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/session/sessiontest"
 )
 
 func TestMain(m *testing.M) {
@@ -557,4 +558,18 @@ func TestConcurrentForks(t *testing.T) {
 			seen[pid] = true
 		}
 	}
+}
+
+func TestForkQuota(t *testing.T) {
+	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
+	const disk, files = 48 << 20, 2000
+	s, err := session.New(context.Background(), session.Options{Zygote: z, Limits: jail.Limits{Disk: disk, Files: files}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if got := out(t, s, "import sys\nprint('colorsys' in sys.modules)"); got != "True" {
+		t.Fatalf("the session was not forked from the template: %q", got)
+	}
+	sessiontest.CheckQuota(t, s, disk, files)
 }
