@@ -102,6 +102,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	line(r.Namespaces, "namespaces")
 	line(r.Seccomp, "seccomp")
 	line(r.Cgroups, "cgroups")
+	line(jail.QuotaSupport(), "workspace quota")
 	info("jail init", jail.InitInfo())
 	if r.Landlock.OK {
 		line(r.Landlock, "landlock")

@@ -172,13 +172,16 @@ func TestBadInputExitsTwo(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", filepath.Join(dir, "missing.py")}, "cannot read"},
-		{[]string{"run"}, "requires at least 1 arg"},
+		{[]string{"run"}, "give the script: sandloop run FILE"},
 		{[]string{"run", "--memory", "lots", script}, `"lots" is not a size`},
 		{[]string{"run", "--timeout", "soon", script}, "invalid argument"},
 		{[]string{"exec", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"exec", "--env", "NOEQUALS", "-c", "1"}, "must be KEY=VALUE"},
 		{[]string{"exec", "--memory", "1k", "-c", "1"}, "below the 16 MiB minimum"},
 		{[]string{"run", "--with", filepath.Join(dir, "nodir"), script}, "--with"},
+		{[]string{"exec", "--disk", "1k", "-c", "1"}, "--disk must be at least 1M"},
+		{[]string{"exec", "--files", "3", "-c", "1"}, "--files must be at least 16"},
+		{[]string{"exec", "--max-output", "10", "-c", "1"}, "--max-output must be at least 1K"},
 		{[]string{"frobnicate"}, "unknown command"},
 	}
 	for _, c := range cases {
@@ -198,5 +201,46 @@ func TestDoctor(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A flood of output (256 MiB: the bound does not depend on the size)
+// reaches the caller bounded by --max-output, with the traceback at its end
+// intact and a note of what was dropped; the exit status stays the program's.
+func TestExecOutputBounded(t *testing.T) {
+	code, out, errOut := sandloop(t, "", "exec", "--max-output", "1M", "-c",
+		"import sys\nfor _ in range(16): sys.stdout.write('A' * (16 << 20))\nraise ValueError('the end')")
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (the program's)", code)
+	}
+	if len(out)+len(errOut) > 1<<20+200 {
+		t.Errorf("passed on %d bytes of stdout and %d of stderr, want at most 1 MiB and a note", len(out), len(errOut))
+	}
+	if !strings.Contains(errOut, "bytes of stdout dropped (--max-output 1M)") || !strings.HasSuffix(errOut, "ValueError: the end\n") {
+		t.Errorf("stderr lacks the note or the traceback: %q", errOut)
+	}
+	if !strings.HasSuffix(out, strings.Repeat("A", 1000)) {
+		t.Errorf("stdout's tail was not kept")
+	}
+}
+
+// The workspace of exec is capped: writes past --disk and --files fail
+// with ENOSPC inside.
+func TestExecWorkspaceQuota(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("workspace quotas need root")
+	}
+	code, out, errOut := sandloop(t, "", "exec", "--disk", "8M", "--files", "40", "-c", `
+import errno
+def stop(f):
+    try:
+        f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(stop(lambda: open('big', 'wb').write(b'x' * (64 << 20))))
+print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
+`)
+	if code != 0 || out != "ENOSPC\nENOSPC\n" {
+		t.Errorf("exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
 	}
 }

@@ -17,16 +17,19 @@ import (
 
 // scriptRun is one program run in a fresh sandbox by `run` or `exec`.
 type scriptRun struct {
-	lf    limitFlags
-	with  []string
-	out   string
-	stats bool
+	lf        limitFlags
+	with      []string
+	out       string
+	stats     bool
+	maxOutput int64
 }
 
 func (s *scriptRun) register(cmd *cobra.Command) {
 	s.lf.register(cmd.Flags())
 	cmd.Flags().StringVar(&s.out, "out", "", "copy the workspace to DIR after the run")
 	cmd.Flags().BoolVar(&s.stats, "stats", false, "print duration, CPU time and peak memory to stderr")
+	s.maxOutput = 16 << 20
+	cmd.Flags().Var(sizeValue{&s.maxOutput}, "max-output", "pass on at most this much stdout and stderr together, then only their last 64K each, with a note of what was dropped")
 }
 
 func newRunCmd() *cobra.Command {
@@ -34,7 +37,12 @@ func newRunCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run FILE [ARGS...]",
 		Short: "Run a Python script in a fresh sandbox; the exit code mirrors the script's",
-		Args:  cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("give the script: sandloop run FILE [ARGS...]")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			file := args[0]
 			data, err := os.ReadFile(file)
@@ -89,16 +97,18 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
+	s.lf.sayNotes(cmd.ErrOrStderr())
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)
 		}
 	}
-	ws, err := os.MkdirTemp("", "sandloop-ws-")
+	quota, err := jail.NewQuotaDir(limits.Disk, limits.Files)
 	if err != nil {
-		return fmt.Errorf("create workspace: %w", err)
+		return err
 	}
-	defer os.RemoveAll(ws)
+	defer quota.Remove()
+	ws := quota.Path
 	if prepare != nil {
 		if err := prepare(ws); err != nil {
 			return err
@@ -107,6 +117,10 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	env := append([]string{"PYTHONUNBUFFERED=1"}, s.lf.env...)
+	if s.maxOutput < 1<<10 {
+		return usagef("--max-output must be at least 1K")
+	}
+	output := newOutputLimit(s.maxOutput, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	res, err := jail.Run(ctx, &jail.Config{
 		Path:      jail.DefaultPython,
 		Args:      argv,
@@ -114,9 +128,10 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		Workspace: ws,
 		Limits:    limits,
 		Network:   s.lf.networkMode(),
-		Stdout:    cmd.OutOrStdout(),
-		Stderr:    cmd.ErrOrStderr(),
+		Stdout:    output.Stdout(),
+		Stderr:    output.Stderr(),
 	})
+	output.Finish()
 	var ae *jail.ArgumentError
 	if errors.As(err, &ae) {
 		return usagef("%v", err)

@@ -15,44 +15,48 @@ import (
 )
 
 func newRunsCmd() *cobra.Command {
-	var dataDir string
+	var dataDir, database string
 	cmd := &cobra.Command{
 		Use:   "runs [ls|show ID|export ID]",
 		Short: "The history of agent runs",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, 20) },
+		RunE:  func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, database, 20) },
 	}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	cmd.PersistentFlags().StringVar(&database, "database", "", databaseHelp)
 	var limit int
 	ls := &cobra.Command{
 		Use: "ls", Short: "List recent runs", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, limit) },
+		RunE: func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, database, limit) },
 	}
 	ls.Flags().IntVarP(&limit, "limit", "n", 20, "how many runs")
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a run: its report, diff and steps", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return showRun(cmd, dataDir, args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error { return showRun(cmd, dataDir, database, args[0]) },
 	}
 	var out string
 	export := &cobra.Command{
 		Use: "export ID", Short: "Export a run (report, steps, events, final files) as a .zip", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return exportRun(cmd, dataDir, args[0], out) },
+		RunE: func(cmd *cobra.Command, args []string) error { return exportRun(cmd, dataDir, database, args[0], out) },
 	}
 	export.Flags().StringVarP(&out, "output", "o", "", "where to write the zip (default RUNID.zip; - for stdout)")
 	cmd.AddCommand(ls, show, export)
 	return cmd
 }
 
-func openHistory(cmd *cobra.Command, dataDir string) (*store.Store, error) {
+func openHistory(cmd *cobra.Command, dataDir, database string) (store.History, error) {
+	if database != "" || os.Getenv("SANDLOOP_DATABASE_URL") != "" {
+		return openStore(cmd.Context(), dataDir, database)
+	}
 	if _, err := os.Stat(dataDir + "/runs.db"); err != nil {
 		return nil, usagef("no run history in %s (run `sandloop agent` first, or pass --data-dir)", dataDir)
 	}
-	return openStore(cmd.Context(), dataDir)
+	return openStore(cmd.Context(), dataDir, "")
 }
 
 // openRun opens the history and finds the run an id prefix names.
-func openRun(cmd *cobra.Command, dataDir, prefix string) (*store.Store, string, error) {
-	st, err := openHistory(cmd, dataDir)
+func openRun(cmd *cobra.Command, dataDir, database, prefix string) (store.History, string, error) {
+	st, err := openHistory(cmd, dataDir, database)
 	if err != nil {
 		return nil, "", err
 	}
@@ -64,7 +68,7 @@ func openRun(cmd *cobra.Command, dataDir, prefix string) (*store.Store, string, 
 	return st, id, nil
 }
 
-func resolveRun(cmd *cobra.Command, st *store.Store, prefix string) (string, error) {
+func resolveRun(cmd *cobra.Command, st store.History, prefix string) (string, error) {
 	id, err := st.LookupRunID(cmd.Context(), prefix)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -75,8 +79,8 @@ func resolveRun(cmd *cobra.Command, st *store.Store, prefix string) (string, err
 	return id, err
 }
 
-func listRuns(cmd *cobra.Command, dataDir string, limit int) error {
-	st, err := openHistory(cmd, dataDir)
+func listRuns(cmd *cobra.Command, dataDir, database string, limit int) error {
+	st, err := openHistory(cmd, dataDir, database)
 	if err != nil {
 		return err
 	}
@@ -97,8 +101,8 @@ func listRuns(cmd *cobra.Command, dataDir string, limit int) error {
 	return tw.Flush()
 }
 
-func showRun(cmd *cobra.Command, dataDir, prefix string) error {
-	st, id, err := openRun(cmd, dataDir, prefix)
+func showRun(cmd *cobra.Command, dataDir, database, prefix string) error {
+	st, id, err := openRun(cmd, dataDir, database, prefix)
 	if err != nil {
 		return err
 	}
@@ -157,8 +161,8 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines, "\n    ")
 }
 
-func exportRun(cmd *cobra.Command, dataDir, prefix, out string) error {
-	st, id, err := openRun(cmd, dataDir, prefix)
+func exportRun(cmd *cobra.Command, dataDir, database, prefix, out string) error {
+	st, id, err := openRun(cmd, dataDir, database, prefix)
 	if err != nil {
 		return err
 	}

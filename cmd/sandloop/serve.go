@@ -29,13 +29,14 @@ var serveMounts []func(m *session.Manager, mounts map[string]http.Handler) error
 func newServeCmd() *cobra.Command {
 	var (
 		addr, dataDir, tokenFile string
+		database                 string
 		pricesFile               string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
-		useZygote                bool
+		useZygote, useE2B        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -92,21 +93,34 @@ func newServeCmd() *cobra.Command {
 					return err
 				}
 			}
-			st, err := openStore(cmd.Context(), dataDir)
+			st, err := openStore(cmd.Context(), dataDir, database)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
+			// The page and its assets hold no data; the page sends the token with every API call.
+			public := webui.Mounts()
+			e2bKey := ""
+			if useE2B {
+				h, key, err := newE2B(mgr, toks, zy, log)
+				if err != nil {
+					return err
+				}
+				defer h.Close() // before the manager closes the sessions
+				for p, m := range h.Mounts() {
+					public[p] = m // authenticated by the E2B handler itself
+				}
+				e2bKey = key
+			}
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st,
-				// The page and its assets hold no data; the page sends the token with every API call.
-				PublicMounts: webui.Mounts(),
+				PublicMounts: public,
 			})
 			if err != nil {
 				return err
@@ -127,6 +141,9 @@ func newServeCmd() *cobra.Command {
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
 				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/\n", url)
+			}
+			if useE2B {
+				printE2B(cmd.OutOrStdout(), url, e2bKey)
 			}
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
@@ -155,6 +172,7 @@ func newServeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (HOST:PORT)")
 	f.StringVar(&dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	f.StringVar(&database, "database", "", databaseHelp)
 	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
 	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
 	f.StringArrayVar(&allowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
@@ -166,13 +184,16 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
+	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
+	def.registerQuota(f, "", "")
 	f.Var(sizeValue{&max.memory}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
 	f.Float64Var(&max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
+	max.registerQuota(f, "max-", "largest")
 	return cmd
 }
 

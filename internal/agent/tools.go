@@ -124,7 +124,7 @@ func (r *run) runTool(ctx context.Context, call llm.ToolCall) outcome {
 		if a.Command == nil || strings.TrimSpace(*a.Command) == "" {
 			return errOutcome(&ArgumentError{call.Name, `"command" is required`})
 		}
-		return r.execute(ctx, call, shellCode(*a.Command), a.TimeoutS)
+		return r.execute(ctx, call, *a.Command, a.TimeoutS)
 	case ToolWriteFile:
 		var a struct {
 			Path    *string `json:"path"`
@@ -219,7 +219,8 @@ func shellCode(command string) string {
 	return fmt.Sprintf("__sandloop_shell__(%s)", q)
 }
 
-func (r *run) execute(ctx context.Context, call llm.ToolCall, code string, timeoutS *float64) outcome {
+// execute runs src: Python code, or for run_shell a shell command.
+func (r *run) execute(ctx context.Context, call llm.ToolCall, src string, timeoutS *float64) outcome {
 	timeout := r.opts.ExecTimeout
 	if timeoutS != nil {
 		if *timeoutS <= 0 {
@@ -227,11 +228,19 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, code string, timeo
 		}
 		timeout = min(time.Duration(*timeoutS*float64(time.Second)), r.opts.MaxExecTimeout)
 	}
-	if r.opts.Confirm != nil && !r.opts.Confirm(ctx, call.Name, code) {
+	if r.opts.Confirm != nil && !r.opts.Confirm(ctx, call.Name, src) {
 		return outcome{Text: "the user declined to run this; ask or try something else", IsError: true}
+	}
+	code := src
+	if call.Name == ToolRunShell {
+		code = shellCode(src)
 	}
 	res, err := r.opts.Session.Execute(ctx, kernel.Request{Code: code, Timeout: timeout}, func(e kernel.Event) {
 		ev := e
+		if call.Name == ToolRunShell && ev.Type == kernel.EventError {
+			x := shellError(&kernel.Exception{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback})
+			ev.Name, ev.Value, ev.Traceback = x.Name, x.Value, x.Traceback
+		}
 		r.emit(Event{Type: EventOutput, Exec: &ev, ToolCallID: call.ID})
 	})
 	if err != nil {
@@ -252,11 +261,15 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, code string, timeo
 	if res.Status == kernel.StatusKilled {
 		_ = r.opts.Session.Restart(ctx)
 	}
-	o := outcome{Text: renderResult(res, r.opts.MaxOutputBytes), Exec: res, IsError: res.Status != kernel.StatusOK}
+	text := renderResult(res, r.opts.MaxOutputBytes)
+	if call.Name == ToolRunShell {
+		text = "$ " + src + "\n" + text
+	}
+	o := outcome{Text: text, Exec: res, IsError: res.Status != kernel.StatusOK}
 	for _, p := range pngs(res) {
 		o.Images = append(o.Images, llm.Image{MediaType: "image/png", Data: p})
 	}
-	return o
+	return r.seeExecution(ctx, call, src, o)
 }
 
 func (r *run) edit(path, oldText, newText string) outcome {
@@ -309,21 +322,40 @@ func numberLines(s string, offset, limit int) string {
 	return strings.TrimRight(b.String(), "\n")
 }
 
-var exitStatus = regexp.MustCompile(`returned non-zero exit status (\d+)`)
+var (
+	exitStatus = regexp.MustCompile(`returned non-zero exit status (\d+)`)
+	diedSignal = regexp.MustCompile(`died with <Signals\.(SIG\w+): (\d+)>`)
+)
 
-// shellResult replaces the kernel's own traceback for a failed shell
-// command (a CalledProcessError raised from its shell helper) by the plain
-// exit status: the command's stderr already says what went wrong.
+// shellError turns the kernel's error for a failed shell command (a
+// CalledProcessError raised from its shell helper, with a traceback through
+// the helper's call) into what happened to the command: its exit status. The
+// command's own stderr already says what went wrong; the helper is ours and
+// is never shown.
+func shellError(e *kernel.Exception) *kernel.Exception {
+	if !strings.HasSuffix(e.Name, "CalledProcessError") {
+		return e
+	}
+	out := *e
+	out.Name = "CommandFailed"
+	out.Traceback = ""
+	switch m, s := exitStatus.FindStringSubmatch(e.Value), diedSignal.FindStringSubmatch(e.Value); {
+	case m != nil:
+		out.Value = "the command exited with status " + m[1]
+	case s != nil:
+		out.Value = fmt.Sprintf("the command was killed by signal %s (%s)", s[2], s[1])
+	default:
+		out.Value = "the command failed"
+	}
+	return &out
+}
+
+// shellResult is res with a failed command's error told by shellError.
 func shellResult(res *kernel.Result) *kernel.Result {
-	if res.Error == nil || res.Error.Name != "CalledProcessError" {
+	if res.Error == nil {
 		return res
 	}
 	out := *res
-	e := *res.Error
-	if m := exitStatus.FindStringSubmatch(e.Value); m != nil {
-		e.Value = "the command exited with status " + m[1]
-	}
-	e.Traceback = ""
-	out.Error = &e
+	out.Error = shellError(res.Error)
 	return &out
 }

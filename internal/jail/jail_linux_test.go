@@ -237,6 +237,24 @@ func TestExtraFilesHandedOver(t *testing.T) {
 	}
 }
 
+// Limits.Pids counts the program's processes, not the init's threads:
+// under a limit of 10, Python (1) can start 9 more, and not many beyond
+// (the init's room is a fixed allowance, not an exact count).
+func TestPidsCountsTheProgramsProcesses(t *testing.T) {
+	r := runPy(t, `import subprocess
+ps = []
+try:
+    for i in range(20):
+        ps.append(subprocess.Popen(["sleep", "30"]))
+except OSError:
+    pass
+print(len(ps))
+for p in ps: p.kill(); p.wait()`, func(c *Config) { c.Limits.Pids = 10 })
+	if n, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); n < 9 || n > 9+initThreads/2 {
+		t.Errorf("under a pids limit of 10, python started %q more processes, want about 9 (stderr %q)", r.stdout, r.stderr)
+	}
+}
+
 func TestForkBombStoppedByPidsLimit(t *testing.T) {
 	r := runPy(t, `import os, time
 n = 0
@@ -251,7 +269,7 @@ except OSError as e:
 	if len(f) != 2 || f[1] != "BlockingIOError" {
 		t.Fatalf("fork bomb: stdout %q stderr %q", r.stdout, r.stderr)
 	}
-	if n, _ := strconv.Atoi(f[0]); n >= 32 || n < 8 {
+	if n, _ := strconv.Atoi(f[0]); n >= 32+initThreads || n < 8 {
 		t.Errorf("fork bomb made %d processes under a limit of 32", n)
 	}
 	if r.res.Duration > 20*time.Second {
@@ -872,5 +890,64 @@ func TestSweepStaleGroups(t *testing.T) {
 	}
 	if !exists(busy) {
 		t.Errorf("a group with a process in it was removed")
+	}
+}
+
+func TestListenerHandedToTheHost(t *testing.T) {
+	ws := t.TempDir()
+	var out, errb bytes.Buffer
+	code := `
+import socket, os
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"ping")
+print(s.recv(16).decode())
+# Nothing of the listener is left in the jail: only 0-2 are open.
+fds = []
+for x in os.listdir("/proc/self/fd"):
+    try:
+        if int(x) > 2 and int(x) != s.fileno() and os.readlink("/proc/self/fd/" + x).startswith("socket:"):
+            fds.append(int(x))
+    except OSError:
+        pass
+print(fds)
+# Still no route out.
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.connect(("192.0.2.1", 53)); print("udp: routed")
+except OSError as e:
+    print("udp:", e.strerror)
+`
+	p, err := Start(context.Background(), &Config{Path: DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws,
+		Stdout: &out, Stderr: &errb, Limits: Limits{Timeout: 60 * time.Second}, ListenPort: 3128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := p.Listener()
+	if ln == nil {
+		t.Fatal("no listener")
+	}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b := make([]byte, 4)
+		c.Read(b)
+		c.Write([]byte("pong:" + string(b)))
+	}()
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exit %v %v:\n%s", res, err, errb.String())
+	}
+	if got, want := out.String(), "pong:ping\n[]\nudp: Network is unreachable\n"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if _, err := ln.Accept(); err == nil {
+		t.Error("the listener is still open after the jail ended")
+	}
+	var ae *ArgumentError
+	if _, err := Start(context.Background(), &Config{Path: DefaultPython, Workspace: ws, Network: NetworkHost, ListenPort: 3128}); !errors.As(err, &ae) {
+		t.Errorf("ListenPort with the host's network: %v", err)
 	}
 }

@@ -57,7 +57,7 @@ type Options struct {
 	PublicMounts map[string]http.Handler
 	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
 	Runs  *runs.Service
-	Store *store.Store
+	Store store.History
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
 }

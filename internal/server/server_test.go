@@ -306,6 +306,15 @@ func TestFiles(t *testing.T) {
 	if resp := ts.do(t, "GET", base+"/archive", "", nil); resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/gzip" {
 		t.Errorf("tar.gz: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
+	// A path naming the workspace root is refused: it never wipes everything.
+	for _, root := range []string{"/files/", "/files/.", "/files/%2e", "/files/./", "/files//"} {
+		if resp := ts.do(t, "DELETE", base+root, "", nil); resp.StatusCode != 400 || errCode(t, resp) != "bad_path" {
+			t.Errorf("DELETE %s: %d, want 400 bad_path", root, resp.StatusCode)
+		}
+	}
+	if resp := ts.do(t, "GET", base+"/files/out.txt", "", nil); resp.StatusCode != 200 {
+		t.Fatalf("a refused root DELETE removed files: %d", resp.StatusCode)
+	}
 	if resp := ts.do(t, "DELETE", base+"/files/data", "", nil); resp.StatusCode != 204 {
 		t.Errorf("delete dir: %d", resp.StatusCode)
 	}

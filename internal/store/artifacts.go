@@ -22,15 +22,8 @@ type Artifact struct {
 // clean relative paths (fs.ValidPath): the export writes them into a zip, and a ".."
 // there would write outside the directory a user unpacks it into.
 func (s *Store) PutArtifacts(ctx context.Context, runID string, files []Artifact) error {
-	seen := make(map[string]bool, len(files))
-	for _, f := range files {
-		if !fs.ValidPath(f.Path) || f.Path == "." {
-			return fmt.Errorf("store: artifact path %q is not a clean relative path", f.Path)
-		}
-		if seen[f.Path] {
-			return fmt.Errorf("store: artifact path %q given twice", f.Path)
-		}
-		seen[f.Path] = true
+	if err := checkArtifacts(files); err != nil {
+		return err
 	}
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		if err := runExists(ctx, tx, runID); err != nil {
@@ -40,14 +33,7 @@ func (s *Store) PutArtifacts(ctx context.Context, runID string, files []Artifact
 			return err
 		}
 		for _, f := range files {
-			data := f.Data
-			if data == nil {
-				data = []byte{} // the column is NOT NULL; an empty file is still a file
-			}
-			mode := f.Mode.Perm()
-			if mode == 0 {
-				mode = 0o644
-			}
+			data, mode := artifactRow(f)
 			if _, err := tx.ExecContext(ctx, `INSERT INTO artifacts (run_id, path, mode, size, data) VALUES (?,?,?,?,?)`,
 				runID, f.Path, int64(mode), len(data), data); err != nil {
 				return err
@@ -121,4 +107,34 @@ func listArtifacts(ctx context.Context, tx *sql.Tx, runID string, withData bool)
 		out = append(out, a)
 	}
 	return out, rows.Err()
+}
+
+// checkArtifacts refuses paths that are not clean relative paths, or given twice.
+func checkArtifacts(files []Artifact) error {
+	seen := make(map[string]bool, len(files))
+	for _, f := range files {
+		if !fs.ValidPath(f.Path) || f.Path == "." {
+			return fmt.Errorf("store: artifact path %q is not a clean relative path", f.Path)
+		}
+		if seen[f.Path] {
+			return fmt.Errorf("store: artifact path %q given twice", f.Path)
+		}
+		seen[f.Path] = true
+	}
+	return nil
+}
+
+// artifactRow is what both backends store of a file: its content, never
+// nil (the column is NOT NULL; an empty file is still a file), and its
+// permissions, 0o644 if none.
+func artifactRow(f Artifact) ([]byte, fs.FileMode) {
+	data := f.Data
+	if data == nil {
+		data = []byte{}
+	}
+	mode := f.Mode.Perm()
+	if mode == 0 {
+		mode = 0o644
+	}
+	return data, mode
 }

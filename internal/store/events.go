@@ -33,15 +33,12 @@ func (s *Store) AppendEvent(ctx context.Context, runID, typ string, data json.Ra
 // burst of output: a transaction costs far more than a row. Only Type and Data of
 // the given events are used; the returned copies carry RunID, Seq and Time.
 func (s *Store) AppendEvents(ctx context.Context, runID string, events []Event) ([]Event, error) {
-	out := make([]Event, len(events))
 	now := s.now().UTC().Truncate(time.Millisecond)
-	for i, e := range events {
-		if err := validJSON("event data", e.Data); err != nil {
-			return nil, err
-		}
-		out[i] = Event{RunID: runID, Type: e.Type, Data: e.Data, Time: now}
+	out, err := newEvents(runID, now, events)
+	if err != nil {
+		return nil, err
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err = s.write(ctx, func(tx *sql.Tx) error {
 		if err := runExists(ctx, tx, runID); err != nil {
 			return err
 		}
@@ -113,4 +110,16 @@ func listEvents(ctx context.Context, tx *sql.Tx, runID string, since int64, limi
 		events = append(events, ev)
 	}
 	return events, rows.Err()
+}
+
+// newEvents checks the events' JSON and returns the copies to store, without Seq.
+func newEvents(runID string, now time.Time, events []Event) ([]Event, error) {
+	out := make([]Event, len(events))
+	for i, e := range events {
+		if err := validJSON("event data", e.Data); err != nil {
+			return nil, err
+		}
+		out[i] = Event{RunID: runID, Type: e.Type, Data: e.Data, Time: now}
+	}
+	return out, nil
 }

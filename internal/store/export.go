@@ -49,6 +49,14 @@ func (s *Store) ExportRun(ctx context.Context, id string, w io.Writer) error {
 		return fmt.Errorf("export run %s: %w", id, err)
 	}
 
+	if err := writeExport(w, run, steps, events, files); err != nil {
+		return fmt.Errorf("export run %s: %w", id, err)
+	}
+	return nil
+}
+
+// writeExport writes the zip ExportRun describes; both backends share it.
+func writeExport(w io.Writer, run *Run, steps []Step, events []Event, files []Artifact) error {
 	zw := zip.NewWriter(w)
 	modified := run.UpdatedAt
 	addJSON := func(name string, v any, indent bool) error {
@@ -63,19 +71,19 @@ func (s *Store) ExportRun(ctx context.Context, id string, w io.Writer) error {
 		return enc.Encode(v)
 	}
 	if err := addJSON("run.json", run, true); err != nil {
-		return fmt.Errorf("export run %s: %w", id, err)
+		return err
 	}
 	if err := addJSON("steps.json", steps, true); err != nil {
-		return fmt.Errorf("export run %s: %w", id, err)
+		return err
 	}
 	ev, err := zw.CreateHeader(&zip.FileHeader{Name: "events.jsonl", Method: zip.Deflate, Modified: modified})
 	if err != nil {
-		return fmt.Errorf("export run %s: %w", id, err)
+		return err
 	}
 	enc := json.NewEncoder(ev)
 	for _, e := range events {
 		if err := enc.Encode(e); err != nil {
-			return fmt.Errorf("export run %s: %w", id, err)
+			return err
 		}
 	}
 	for _, f := range files {
@@ -83,14 +91,11 @@ func (s *Store) ExportRun(ctx context.Context, id string, w io.Writer) error {
 		h.SetMode(f.Mode.Perm()) // a regular file with the stored permissions
 		fw, err := zw.CreateHeader(h)
 		if err != nil {
-			return fmt.Errorf("export run %s: %w", id, err)
+			return err
 		}
 		if _, err := fw.Write(f.Data); err != nil {
-			return fmt.Errorf("export run %s: %w", id, err)
+			return err
 		}
 	}
-	if err := zw.Close(); err != nil {
-		return fmt.Errorf("export run %s: %w", id, err)
-	}
-	return nil
+	return zw.Close()
 }

@@ -32,11 +32,71 @@ func (c *clock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 func open(t *testing.T, path string, c *clock) *Store {
 	t.Helper()
+	return sqliteBackend.open(t, path, c).(*Store)
+}
+
+// backend is one implementation of History under the shared suite.
+type backend struct {
+	// fresh names a new, empty database.
+	fresh func(t *testing.T) string
+	// openRaw opens a database fresh named.
+	openRaw func(ctx context.Context, db string, opts *Options) (History, error)
+	// checkSchema checks that every migration has been applied, once.
+	checkSchema func(t *testing.T, h History)
+}
+
+var sqliteBackend = backend{
+	fresh:   tempDB,
+	openRaw: func(ctx context.Context, db string, opts *Options) (History, error) { return Open(ctx, db, opts) },
+	checkSchema: func(t *testing.T, h History) {
+		s := h.(*Store)
+		var version int
+		var mode string
+		if err := s.r.QueryRowContext(t.Context(), "PRAGMA user_version").Scan(&version); err != nil || version != len(migrations) {
+			t.Errorf("user_version = %d (%v), want %d", version, err, len(migrations))
+		}
+		if err := s.r.QueryRowContext(t.Context(), "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+			t.Errorf("journal_mode = %q (%v)", mode, err)
+		}
+	},
+}
+
+// shared is the suite both backends pass.
+var shared = []struct {
+	name string
+	test func(t *testing.T, b backend)
+}{
+	{"RunLifecycle", testRunLifecycle},
+	{"NotFound", testNotFound},
+	{"StepsAccumulateUsage", testStepsAccumulateUsage},
+	{"Events", testEvents},
+	{"ListRuns", testListRuns},
+	{"LookupRunID", testLookupRunID},
+	{"ArtifactsAndExport", testArtifactsAndExport},
+	{"ArtifactPathsRejected", testArtifactPathsRejected},
+	{"DeleteRunCascades", testDeleteRunCascades},
+	{"ConcurrentWriters", testConcurrentWriters},
+	{"ReopenKeepsDataAndSchema", testReopenKeepsDataAndSchema},
+	{"ConcurrentOpenOfNewDatabase", testConcurrentOpenOfNewDatabase},
+	{"ContextCancelled", testContextCancelled},
+}
+
+func runShared(t *testing.T, b backend) {
+	for _, tc := range shared {
+		t.Run(tc.name, func(t *testing.T) { tc.test(t, b) })
+	}
+}
+
+func TestSQLite(t *testing.T) { runShared(t, sqliteBackend) }
+
+// open opens db, closed in t's cleanup; c, if not nil, is its clock.
+func (b backend) open(t *testing.T, db string, c *clock) History {
+	t.Helper()
 	opts := &Options{}
 	if c != nil {
 		opts.Now = c.now
 	}
-	s, err := Open(t.Context(), path, opts)
+	s, err := b.openRaw(t.Context(), db, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +110,9 @@ func open(t *testing.T, path string, c *clock) *Store {
 
 func tempDB(t *testing.T) string { return filepath.Join(t.TempDir(), "runs.db") }
 
-func TestRunLifecycle(t *testing.T) {
+func testRunLifecycle(t *testing.T, b backend) {
 	c := newClock()
-	s := open(t, tempDB(t), c)
+	s := b.open(t, b.fresh(t), c)
 	ctx := t.Context()
 
 	r, err := s.CreateRun(ctx, Run{Task: "print primes", Mode: "generate", Model: "openai/gpt-4o-mini"})
@@ -107,8 +167,8 @@ func equalRun(a, b Run) bool {
 
 func withoutTimes(r Run) Run { r.CreatedAt, r.UpdatedAt = time.Time{}, time.Time{}; return r }
 
-func TestNotFound(t *testing.T) {
-	s := open(t, tempDB(t), nil)
+func testNotFound(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), nil)
 	ctx := t.Context()
 	cases := map[string]func() error{
 		"GetRun":        func() error { _, err := s.GetRun(ctx, "nope"); return err },
@@ -133,8 +193,8 @@ func TestNotFound(t *testing.T) {
 	}
 }
 
-func TestStepsAccumulateUsage(t *testing.T) {
-	s := open(t, tempDB(t), newClock())
+func testStepsAccumulateUsage(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), newClock())
 	ctx := t.Context()
 	r, err := s.CreateRun(ctx, Run{Task: "t", Mode: "debug", Model: "m"})
 	if err != nil {
@@ -172,8 +232,8 @@ func TestStepsAccumulateUsage(t *testing.T) {
 	}
 }
 
-func TestEvents(t *testing.T) {
-	s := open(t, tempDB(t), newClock())
+func testEvents(t *testing.T, be backend) {
+	s := be.open(t, be.fresh(t), newClock())
 	ctx := t.Context()
 	a, _ := s.CreateRun(ctx, Run{Task: "a"})
 	b, _ := s.CreateRun(ctx, Run{Task: "b"})
@@ -227,9 +287,9 @@ func TestEvents(t *testing.T) {
 	}
 }
 
-func TestListRuns(t *testing.T) {
+func testListRuns(t *testing.T, b backend) {
 	c := newClock()
-	s := open(t, tempDB(t), c)
+	s := b.open(t, b.fresh(t), c)
 	ctx := t.Context()
 	var ids []string
 	for i := range 7 {
@@ -289,8 +349,8 @@ func TestListRuns(t *testing.T) {
 	}
 }
 
-func TestLookupRunID(t *testing.T) {
-	s := open(t, tempDB(t), nil)
+func testLookupRunID(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), nil)
 	ctx := t.Context()
 	for _, id := range []string{"abc123", "abd456", "abc"} {
 		if _, err := s.CreateRun(ctx, Run{ID: id, Task: "t"}); err != nil {
@@ -320,8 +380,8 @@ func TestLookupRunID(t *testing.T) {
 	}
 }
 
-func TestArtifactsAndExport(t *testing.T) {
-	s := open(t, tempDB(t), newClock())
+func testArtifactsAndExport(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), newClock())
 	ctx := t.Context()
 	r, _ := s.CreateRun(ctx, Run{Task: "fix app", Mode: "debug", Model: "m", Report: json.RawMessage(`{"diff":"-a\n+b"}`)})
 	if _, err := s.AppendStep(ctx, Step{RunID: r.ID, Kind: "tool", Name: "execute_python", Data: json.RawMessage(`{"traceback":"Traceback ..."}`)}); err != nil {
@@ -404,8 +464,8 @@ func TestArtifactsAndExport(t *testing.T) {
 	}
 }
 
-func TestArtifactPathsRejected(t *testing.T) {
-	s := open(t, tempDB(t), nil)
+func testArtifactPathsRejected(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), nil)
 	r, _ := s.CreateRun(t.Context(), Run{Task: "t"})
 	for _, p := range []string{"../escape.py", "/etc/passwd", "a/../../b", "", ".", "a//b", "./a"} {
 		if err := s.PutArtifacts(t.Context(), r.ID, []Artifact{{Path: p, Data: []byte("x")}}); err == nil {
@@ -420,8 +480,8 @@ func TestArtifactPathsRejected(t *testing.T) {
 	}
 }
 
-func TestDeleteRunCascades(t *testing.T) {
-	s := open(t, tempDB(t), nil)
+func testDeleteRunCascades(t *testing.T, b backend) {
+	s := b.open(t, b.fresh(t), nil)
 	ctx := t.Context()
 	r, _ := s.CreateRun(ctx, Run{Task: "t"})
 	_, _ = s.AppendStep(ctx, Step{RunID: r.ID, Kind: "model"})
@@ -430,20 +490,24 @@ func TestDeleteRunCascades(t *testing.T) {
 	if err := s.DeleteRun(ctx, r.ID); err != nil {
 		t.Fatal(err)
 	}
-	for _, table := range []string{"steps", "events", "artifacts"} {
-		var n int
-		if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
-			t.Errorf("%s: %d rows left (%v)", table, n, err)
-		}
+	// A new run under the same id starts empty: nothing of the old one is left.
+	if _, err := s.CreateRun(ctx, Run{ID: r.ID, Task: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	steps, err1 := s.ListSteps(ctx, r.ID)
+	events, err2 := s.ListEvents(ctx, r.ID, 0, 0)
+	files, err3 := s.ListArtifacts(ctx, r.ID)
+	if len(steps)+len(events)+len(files) != 0 || errors.Join(err1, err2, err3) != nil {
+		t.Errorf("left behind: %d steps, %d events, %d files (%v)", len(steps), len(events), len(files), errors.Join(err1, err2, err3))
 	}
 }
 
-func TestConcurrentWriters(t *testing.T) {
-	path := tempDB(t)
+func testConcurrentWriters(t *testing.T, b backend) {
+	path := b.fresh(t)
 	// Two Stores on one file stand in for two processes (server and CLI): they share
 	// nothing in memory, only SQLite's locks.
-	s1 := open(t, path, nil)
-	s2 := open(t, path, nil)
+	s1 := b.open(t, path, nil)
+	s2 := b.open(t, path, nil)
 	ctx := t.Context()
 	r, err := s1.CreateRun(ctx, Run{Task: "t"})
 	if err != nil {
@@ -497,10 +561,10 @@ func TestConcurrentWriters(t *testing.T) {
 	}
 }
 
-func TestReopenKeepsDataAndSchema(t *testing.T) {
-	path := tempDB(t)
+func testReopenKeepsDataAndSchema(t *testing.T, b backend) {
+	path := b.fresh(t)
 	ctx := t.Context()
-	s, err := Open(ctx, path, nil)
+	s, err := b.openRaw(ctx, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,29 +580,22 @@ func TestReopenKeepsDataAndSchema(t *testing.T) {
 	}
 	// Reopening applies no migration twice and keeps the data.
 	for range 3 {
-		s = open(t, path, nil)
+		s = b.open(t, path, nil)
 		got, err := s.GetRun(ctx, r.ID)
 		if err != nil || got.Task != "persist me" {
 			t.Fatalf("after reopen: %+v, %v", got, err)
 		}
-		var version int
-		var mode string
-		if err := s.r.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil || version != len(migrations) {
-			t.Errorf("user_version = %d (%v), want %d", version, err, len(migrations))
-		}
-		if err := s.r.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
-			t.Errorf("journal_mode = %q (%v)", mode, err)
-		}
+		b.checkSchema(t, s)
 	}
 }
 
-func TestConcurrentOpenOfNewDatabase(t *testing.T) {
-	path := tempDB(t)
+func testConcurrentOpenOfNewDatabase(t *testing.T, b backend) {
+	path := b.fresh(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
 	for range 6 {
 		wg.Go(func() {
-			s, err := Open(t.Context(), path, nil)
+			s, err := b.openRaw(t.Context(), path, nil)
 			if err != nil {
 				errs <- err
 				return
@@ -591,7 +648,7 @@ func TestPathWithSpecialCharacters(t *testing.T) {
 	}
 }
 
-func TestContextCancelled(t *testing.T) {
+func testContextCancelled(t *testing.T, b backend) {
 	s := open(t, tempDB(t), nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()

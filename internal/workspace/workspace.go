@@ -127,6 +127,8 @@ type Entry struct {
 	Size    int64     `json:"size"`
 	Mode    string    `json:"mode"`
 	ModTime time.Time `json:"mod_time"`
+	// FileMode is the full mode, for callers that need more than Mode's text.
+	FileMode fs.FileMode `json:"-"`
 }
 
 func entryOf(p string, fi fs.FileInfo) Entry {
@@ -139,7 +141,7 @@ func entryOf(p string, fi fs.FileInfo) Entry {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		t = "symlink"
 	}
-	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC()}
+	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC(), FileMode: fi.Mode()}
 }
 
 // List returns the entries of directory p, sorted by name.
@@ -325,29 +327,39 @@ func (w *Workspace) Mkdir(p string) error {
 	return w.mkdirAll(rel)
 }
 
-// Remove deletes file or directory p (recursively). Removing the root
-// empties the workspace but keeps it.
+// ErrRoot: the path names the workspace root where a file or subdirectory
+// is required.
+var ErrRoot = errors.New(`names the workspace root, not a file or directory in it (to empty the workspace, delete its entries one by one)`)
+
+// Remove deletes file or directory p (recursively). The root itself is
+// refused ("", "/", ".", "a/.."): a path that cleans to nothing is far more
+// often a client's bug than a wish to delete everything; Clear does that.
 func (w *Workspace) Remove(p string) error {
 	rel, err := Clean(p)
 	if err != nil {
 		return err
 	}
 	if rel == "." {
-		des, err := fs.ReadDir(w.root.FS(), ".")
-		if err != nil {
-			return mapErr(p, err)
-		}
-		for _, de := range des {
-			if err := w.root.RemoveAll(de.Name()); err != nil {
-				return mapErr(de.Name(), err)
-			}
-		}
-		return nil
+		return &PathError{p, ErrRoot}
 	}
 	if _, err := w.root.Lstat(rel); err != nil {
 		return mapErr(p, err)
 	}
 	return mapErr(p, w.root.RemoveAll(rel))
+}
+
+// Clear deletes everything in the workspace, keeping the root.
+func (w *Workspace) Clear() error {
+	des, err := fs.ReadDir(w.root.FS(), ".")
+	if err != nil {
+		return mapErr(".", err)
+	}
+	for _, de := range des {
+		if err := w.root.RemoveAll(de.Name()); err != nil {
+			return mapErr(de.Name(), err)
+		}
+	}
+	return nil
 }
 
 // Usage is the total size of the regular files in the workspace.
@@ -412,4 +424,29 @@ func (w *Workspace) walk(p string, skipDir func(Entry) bool, fn func(Entry) erro
 		}
 	}
 	return nil
+}
+
+// Rename moves file or directory src to dst, creating dst's parent
+// directories; a file at dst is replaced.
+func (w *Workspace) Rename(src, dst string) error {
+	rs, err := Clean(src)
+	if err != nil {
+		return err
+	}
+	rd, err := Clean(dst)
+	if err != nil {
+		return err
+	}
+	for _, p := range [][2]string{{src, rs}, {dst, rd}} {
+		if p[1] == "." {
+			return &PathError{p[0], errors.New("is the workspace itself")}
+		}
+	}
+	if _, err := w.root.Lstat(rs); err != nil {
+		return mapErr(src, err)
+	}
+	if err := w.mkdirAll(path.Dir(rd)); err != nil {
+		return err
+	}
+	return mapErr(dst, w.root.Rename(rs, rd))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/session/sessiontest"
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +58,7 @@ func newSession(t testing.TB, z *Zygote, opts session.Options) forked {
 	}
 	opts.Launcher = func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		limits := opts.Limits
-		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), f)
+		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), 0, f)
 		if err == nil {
 			proc = p
 		}
@@ -516,7 +517,7 @@ func TestConcurrentForks(t *testing.T) {
 		out  string
 		err  error
 	}
-	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
+	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, 0, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
 		t.Fatalf("a fork without a workspace: %v", err)
 	}
 	results := make(chan got, n)
@@ -526,7 +527,7 @@ func TestConcurrentForks(t *testing.T) {
 			var proc *Process
 			s, err := session.New(context.Background(), session.Options{Workspace: ws,
 				Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), f)
+					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
 					proc = p
 					return p, err
 				}})
@@ -599,4 +600,18 @@ func TestUnsupportedFailsFast(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "rootless New: zygote: jail: not supported") {
 		t.Fatalf("rootless: %v\n%s", err, out)
 	}
+}
+
+func TestForkQuota(t *testing.T) {
+	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
+	const disk, files = 48 << 20, 2000
+	s, err := session.New(context.Background(), session.Options{Zygote: z, Limits: jail.Limits{Disk: disk, Files: files}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if got := out(t, s, "import sys\nprint('colorsys' in sys.modules)"); got != "True" {
+		t.Fatalf("the session was not forked from the template: %q", got)
+	}
+	sessiontest.CheckQuota(t, s, disk, files)
 }

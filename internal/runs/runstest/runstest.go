@@ -19,7 +19,7 @@ import (
 // when the test ends.
 type Service struct {
 	Runs    *runs.Service
-	Store   *store.Store
+	Store   store.History
 	Manager *session.Manager
 }
 
