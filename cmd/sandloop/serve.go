@@ -92,7 +92,7 @@ func newServeCmd() *cobra.Command {
 			}
 			defer st.Close()
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
