@@ -69,11 +69,18 @@ func newServeCmd() *cobra.Command {
 			var zy session.Zygote
 			if useZygote {
 				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
-				if err != nil {
+				switch {
+				case errors.Is(err, jail.ErrUnsupported) && !cmd.Flags().Changed("zygote"):
+					// Not asked for: sessions start cold instead.
+					log.Warn("sessions start cold", "reason", err.Error())
+				case errors.Is(err, jail.ErrUnsupported):
+					return usagef("--zygote cannot work on this host: %v", err)
+				case err != nil:
 					return fmt.Errorf("start the zygote: %w", err)
+				default:
+					defer z.Close() // after the manager has closed its sessions
+					zy = z
 				}
-				defer z.Close() // after the manager has closed its sessions
-				zy = z
 			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
