@@ -155,6 +155,10 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
+	pol, err := f.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	files, err := readInputFiles(f.files)
 	if err != nil {
 		return err
@@ -181,7 +185,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		Store:    st,
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode()})
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol})
 		},
 	})
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -203,7 +207,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	run, rep, err := svc.Run(ctx, runs.Request{
-		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network, Allow: pol.AllowEntries(),
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
 		Confirm: confirm, OnEvent: view,
 	})

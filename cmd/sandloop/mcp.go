@@ -48,6 +48,10 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			if err != nil {
 				return err
 			}
+			pol, err := lf.egressPolicy()
+			if err != nil {
+				return err
+			}
 			effMax := maxTimeout
 			if effMax == 0 {
 				effMax = 10 * time.Minute // mcpserver's default
@@ -75,6 +79,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			sessOpts := session.Options{
 				Limits:         limits,
 				Network:        lf.networkMode(),
+				Egress:         pol,
 				Env:            env,
 				MaxOutputBytes: int(maxOutput),
 				Logger:         log,
@@ -95,6 +100,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				MaxFileBytes:      maxFile,
 				MaxWorkspaceBytes: maxWorkspace,
 				Network:           lf.network,
+				Allow:             pol.AllowEntries(),
 				Logger:            log,
 			})
 			if err != nil {

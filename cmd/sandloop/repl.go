@@ -37,6 +37,10 @@ Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
 			if err != nil {
 				return err
 			}
+			pol, err := lf.egressPolicy()
+			if err != nil {
+				return err
+			}
 			env := map[string]string{}
 			for _, kv := range lf.env {
 				k, v, _ := strings.Cut(kv, "=")
@@ -54,7 +58,7 @@ Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
 				Interrupts: sigs,
 				Images:     images,
 				Options: session.Options{
-					Limits: limits, Network: lf.networkMode(), Env: env, ExecTimeout: execTimeout,
+					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout,
 				},
 			})
 		},

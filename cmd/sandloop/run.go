@@ -92,6 +92,10 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
+	pol, err := s.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)
@@ -115,7 +119,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		return usagef("--max-output must be at least 1K")
 	}
 	output := newOutputLimit(s.maxOutput, cmd.OutOrStdout(), cmd.ErrOrStderr())
-	res, err := jail.Run(ctx, &jail.Config{
+	res, netLog, err := runJail(ctx, &jail.Config{
 		Path:      jail.DefaultPython,
 		Args:      argv,
 		Env:       env,
@@ -124,7 +128,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		Network:   s.lf.networkMode(),
 		Stdout:    output.Stdout(),
 		Stderr:    output.Stderr(),
-	})
+	}, pol)
 	output.Finish()
 	var ae *jail.ArgumentError
 	if errors.As(err, &ae) {
@@ -143,6 +147,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		}
 	}
 	if s.stats {
+		printNetworkLog(stderr, netLog)
 		fmt.Fprintf(stderr, "sandloop: duration %s, cpu %s, peak memory %.1f MiB (%s)\n",
 			res.Duration.Round(time.Millisecond), res.CPUTime.Round(time.Millisecond), float64(res.MemoryPeak)/(1<<20), res.Enforcement)
 	}
