@@ -39,9 +39,9 @@ func newServeCmd() *cobra.Command {
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
-		useZygote                bool
 		allow, allowMax          []string
 		defaultNetwork           string
+		useZygote, useE2B        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -101,7 +101,7 @@ func newServeCmd() *cobra.Command {
 			}
 			defer st.Close()
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
@@ -115,11 +115,24 @@ func newServeCmd() *cobra.Command {
 			if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
 				eg.Policy.Deny = append(eg.Policy.Deny, ap, netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port()))
 			}
+			// The page and its assets hold no data; the page sends the token with every API call.
+			public := webui.Mounts()
+			e2bKey := ""
+			if useE2B {
+				h, key, err := newE2B(mgr, toks, zy, log)
+				if err != nil {
+					return err
+				}
+				defer h.Close() // before the manager closes the sessions
+				for p, m := range h.Mounts() {
+					public[p] = m // authenticated by the E2B handler itself
+				}
+				e2bKey = key
+			}
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork, Egress: eg,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st,
-				// The page and its assets hold no data; the page sends the token with every API call.
-				PublicMounts: webui.Mounts(),
+				PublicMounts: public,
 			})
 			if err != nil {
 				return err
@@ -136,6 +149,9 @@ func newServeCmd() *cobra.Command {
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
 				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/\n", url)
+			}
+			if useE2B {
+				printE2B(cmd.OutOrStdout(), url, e2bKey)
 			}
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
@@ -179,6 +195,7 @@ func newServeCmd() *cobra.Command {
 	f.StringSliceVar(&allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
+	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")

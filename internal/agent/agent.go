@@ -100,6 +100,9 @@ type Options struct {
 	MaxOutputBytes int
 	// OnEvent receives the run's events as they happen.
 	OnEvent func(Event)
+	// Lessons, if set, recalls what earlier runs learned and keeps what
+	// this one learns (nil: --no-lessons).
+	Lessons Lessons
 	// Confirm, if set, is asked before each execution; false skips it.
 	Confirm func(ctx context.Context, tool, code string) bool
 	Logger  *slog.Logger
@@ -136,6 +139,7 @@ type Event struct {
 	Usage      *llm.Usage     `json:"usage,omitempty"`
 	Report     *Report        `json:"report,omitempty"`
 	Network    []egress.Entry `json:"network,omitempty"` // EventNetwork
+	Lessons    []LessonRef    `json:"lessons,omitempty"`
 }
 
 // Report is the outcome of a run.
@@ -162,6 +166,10 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
+	// LessonsUsed are the lessons of earlier runs the model was shown;
+	// LessonsLearned those this run taught.
+	LessonsUsed    []LessonRef `json:"lessons_used,omitempty"`
+	LessonsLearned []LessonRef `json:"lessons_learned,omitempty"`
 }
 
 // Check is one run of a program by the harness.
@@ -188,7 +196,8 @@ type run struct {
 	failures map[string]int // identical failing actions
 	metrics  *RefactorMetrics
 	tests    *TestRun
-	netSeen  int // egress log entries already recorded (dropped ones included)
+	netSeen  int         // egress log entries already recorded (dropped ones included)
+	used     []LessonRef // lessons shown
 }
 
 // Run runs the loop to its end and returns the report. The error is for a
@@ -259,6 +268,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer cancel()
 	r.emit(Event{Type: EventStarted, Text: opts.Task})
 	rep := r.loop(ctx)
+	r.learnLessons(ctx, rep)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
 	rep.Duration = time.Since(r.start)
 	rep.Reproduction, rep.Verification, rep.Refactor, rep.Tests = r.repro, r.verified, r.metrics, r.tests
@@ -306,7 +316,7 @@ func (r *run) emit(e Event) {
 }
 
 func (r *run) loop(ctx context.Context) *Report {
-	msgs := []llm.Message{{Role: llm.RoleSystem, Text: systemPrompt(r.opts.Mode)}}
+	msgs := []llm.Message{{Role: llm.RoleSystem, Text: r.recallLessons(ctx, systemPrompt(r.opts.Mode))}}
 	first, err := r.firstMessage(ctx)
 	if err != nil {
 		return r.ended(ctx, err)

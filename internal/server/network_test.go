@@ -38,7 +38,9 @@ func TestNetworkModesOverHTTP(t *testing.T) {
 		{`{"allow": ["example.org"]}`, "network_not_allowed", "example.org: not within what this server allows"},
 		{`{"allow": ["10.0.0.0/8"]}`, "network_not_allowed", "10.0.0.0/8: not within"},
 	} {
-		var e struct{ Error struct{ Code, Message string } }
+		var e struct {
+			Error struct{ Code, Message string }
+		}
 		ts.do(t, "POST", "/v1/sessions", c.body, &e)
 		if e.Error.Code != c.code || !strings.Contains(e.Error.Message, c.msg) {
 			t.Errorf("%s: %+v, want %s %q", c.body, e.Error, c.code, c.msg)
