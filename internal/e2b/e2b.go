@@ -146,6 +146,17 @@ func (h *Handler) Mounts() map[string]http.Handler {
 // interpreter, by its E2b-Sandbox-Id and E2b-Sandbox-Port headers.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("E2b-Sandbox-Id")
+	if id == "" && r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		// downloadUrl()/uploadUrl(): the URL names no sandbox, its
+		// signature does (only that sandbox's envd token makes it).
+		sb := h.signer(r)
+		if sb == nil {
+			writeControlError(w, http.StatusUnauthorized, "the URL's signature is wrong or expired, or its sandbox is gone")
+			return
+		}
+		h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
+		return
+	}
 	if id == "" {
 		h.control.ServeHTTP(w, r)
 		return
@@ -166,7 +177,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.interp.ServeHTTP(w, r)
 		return
 	}
-	if !sb.envdTokenOK(r) {
+	if !sb.envdTokenOK(r) && !(r.URL.Path == "/files" && sb.signed(r)) {
 		writeControlError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+id)
 		return
 	}

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -367,6 +369,39 @@ func TestFilesREST(t *testing.T) {
 		if json.Unmarshal(b, &e); resp.StatusCode != c2.status || e.Code != c2.status || e.Message == "" {
 			t.Errorf("%s %s: %d %s, want %d with a JSON error", c2.method, c2.path, resp.StatusCode, b, c2.status)
 		}
+	}
+	// A signed URL (downloadUrl()) needs no header: its signature names the sandbox.
+	sign := func(p, op, exp string) string {
+		raw := p + ":" + op + "::" + c.EnvdAccessToken
+		if exp != "" {
+			raw += ":" + exp
+		}
+		sum := sha256.Sum256([]byte(raw))
+		q := url.Values{"path": {p}, "signature": {"v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")}}
+		if exp != "" {
+			q.Set("signature_expiration", exp)
+		}
+		return "/files?" + q.Encode()
+	}
+	future, past := fmt.Sprint(time.Now().Unix()+60), fmt.Sprint(time.Now().Unix()-1)
+	for _, c2 := range []struct {
+		method, path string
+		status       int
+	}{
+		{"GET", sign("m1.txt", "read", ""), 200},
+		{"GET", sign("m1.txt", "read", future), 200},
+		{"GET", sign("m1.txt", "read", past), 401},
+		{"GET", sign("m1.txt", "write", ""), 401},
+		{"GET", strings.Replace(sign("m1.txt", "read", ""), "m1.txt", "m2%2Fx.txt", 1), 401},
+		{"POST", sign("signed.txt", "write", ""), 200},
+	} {
+		resp, b := ts.call(t, c2.method, c2.path, strings.NewReader("up"), "Content-Type", "application/octet-stream")
+		if resp.StatusCode != c2.status {
+			t.Errorf("signed %s %s: %d %s, want %d", c2.method, c2.path, resp.StatusCode, b, c2.status)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(ws, "signed.txt")); string(got) != "up" {
+		t.Errorf("signed upload: %q", got)
 	}
 	// Another sandbox's files are not reachable through this one.
 	other := ts.create(t, keyA, `{}`)

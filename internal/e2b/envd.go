@@ -2,6 +2,8 @@ package e2b
 
 import (
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/sandloop/sandloop/internal/session"
@@ -137,6 +140,47 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": e.Name}))
 	w.WriteHeader(http.StatusOK)
 	io.Copy(w, io.LimitReader(f, e.Size))
+}
+
+// signed reports whether r carries a valid signature by sb's envd token,
+// as E2B's downloadUrl() and uploadUrl() make them: "v1_" and the
+// unpadded base64 SHA-256 of path:operation:user:token[:expiration].
+func (sb *sandbox) signed(r *http.Request) bool {
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return false
+	}
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + sb.envdToken
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || time.Now().Unix() > n {
+			return false
+		}
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return tokenOK(sig, "v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
+}
+
+// signer returns the running sandbox whose token signed r, or nil.
+func (h *Handler) signer(r *http.Request) *sandbox {
+	h.mu.Lock()
+	all := make([]*sandbox, 0, len(h.sandboxes))
+	for _, sb := range h.sandboxes {
+		all = append(all, sb)
+	}
+	h.mu.Unlock()
+	for _, sb := range all {
+		if sb.signed(r) {
+			return h.lookup(sb.id)
+		}
+	}
+	return nil
 }
 
 type uploaded struct {
