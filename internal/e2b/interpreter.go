@@ -32,11 +32,15 @@ type contextJSON struct {
 	Cwd      string `json:"cwd"`
 }
 
-func (c *codeContext) json() contextJSON { return contextJSON{ID: c.id, Language: "python", Cwd: c.cwd} }
+func (c *codeContext) json() contextJSON {
+	return contextJSON{ID: c.id, Language: "python", Cwd: c.cwd}
+}
 
 func (h *Handler) interpreterRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	mux.HandleFunc("POST /execute", h.execute)
 	mux.HandleFunc("POST /contexts", h.createContext)
 	mux.HandleFunc("GET /contexts", h.listContexts)
@@ -327,5 +331,3 @@ func kernelGone(err error) string {
 	}
 	return err.Error()
 }
-
-
