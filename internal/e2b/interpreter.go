@@ -86,6 +86,13 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	sb.mu.Lock()
+	n := len(sb.contexts) - 1
+	sb.mu.Unlock()
+	if n >= h.opts.MaxContexts {
+		writeDetail(w, http.StatusTooManyRequests, fmt.Sprintf("a sandbox holds at most %d code contexts besides the default: remove one first", h.opts.MaxContexts))
+		return
+	}
 	cwd := workspaceDir
 	if req.Cwd != "" {
 		cwd = req.Cwd
@@ -114,6 +121,12 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		sb.mu.Unlock()
 		s.Close()
 		http.Error(w, "the sandbox was killed", http.StatusBadGateway)
+		return
+	}
+	if len(sb.contexts)-1 >= h.opts.MaxContexts { // raced with another create
+		sb.mu.Unlock()
+		s.Close()
+		writeDetail(w, http.StatusTooManyRequests, fmt.Sprintf("a sandbox holds at most %d code contexts besides the default: remove one first", h.opts.MaxContexts))
 		return
 	}
 	sb.contexts[c.id] = c
