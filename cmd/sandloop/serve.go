@@ -69,11 +69,18 @@ func newServeCmd() *cobra.Command {
 			var zy session.Zygote
 			if useZygote {
 				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
-				if err != nil {
+				switch {
+				case errors.Is(err, jail.ErrUnsupported) && !cmd.Flags().Changed("zygote"):
+					// Not asked for: sessions start cold instead.
+					log.Warn("sessions start cold", "reason", err.Error())
+				case errors.Is(err, jail.ErrUnsupported):
+					return usagef("--zygote cannot work on this host: %v", err)
+				case err != nil:
 					return fmt.Errorf("start the zygote: %w", err)
+				default:
+					defer z.Close() // after the manager has closed its sessions
+					zy = z
 				}
-				defer z.Close() // after the manager has closed its sessions
-				zy = z
 			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
@@ -91,8 +98,9 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			ls := lessonStore(st, cmd.ErrOrStderr(), false)
 			svc := runs.New(runs.Options{
-				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: ls, Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
@@ -112,7 +120,7 @@ func newServeCmd() *cobra.Command {
 			}
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
-				Logger: log, Mounts: mounts, Runs: svc, Store: st,
+				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
 				PublicMounts: public,
 			})
 			if err != nil {

@@ -29,8 +29,9 @@ const (
 var HostID = 65534
 
 // initThreads is the room kept above Limits.Pids for the jail's init, whose
-// Go runtime runs ~7 threads as the program's user, in the program's group.
-const initThreads = 8
+// Go runtime runs 7 to 10 threads (more under load) as the program's user, in
+// the program's group. Too little room would fail the init, not the program.
+const initThreads = 16
 
 // DefaultPython is the interpreter used inside the jail.
 const DefaultPython = "/usr/bin/python3"
@@ -172,6 +173,12 @@ type Result struct {
 	// Warnings lists degraded protections (for example no cgroups delegated).
 	Warnings []string `json:",omitempty"`
 }
+
+// RlimitsWarning is Result.Warnings' line where no cgroup is usable and
+// limits fall back to rlimits: RLIMIT_DATA for memory, RLIMIT_NPROC for
+// processes, no CPU limit, peak memory from the largest RSS, OOM kills not
+// told apart from other SIGKILLs.
+const RlimitsWarning = "no cgroups: memory and process limits are rlimits, CPU is not limited (`sandloop doctor` says why)"
 
 // Errors callers may branch on.
 var (

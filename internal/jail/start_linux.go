@@ -114,7 +114,8 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		initCfg.NewCgroupNS = true
 	} else {
 		p.enforce = "rlimits"
-		p.warn = append(p.warn, "cgroups unavailable ("+h.reason+"): memory and process limits fall back to RLIMIT_DATA and RLIMIT_NPROC, CPU is not limited, peak memory is the largest RSS, and OOM kills cannot be told apart")
+		// One short line: `sandloop doctor` says why and how to fix it.
+		p.warn = append(p.warn, RlimitsWarning)
 		initCfg.RlimitMemory, initCfg.RlimitPids = true, true
 	}
 	fail := func(err error) (*Process, error) {
@@ -423,6 +424,14 @@ type writerOnly struct{ io.Writer }
 func wrapReader(r io.Reader) io.Reader {
 	if r == nil {
 		return nil
+	}
+	// A pipe is handed on as it is (it cannot be a terminal), so the run
+	// ends with the program instead of waiting on a copy from the caller's
+	// side.
+	if f, ok := r.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+			return f
+		}
 	}
 	return readerOnly{r}
 }
