@@ -24,6 +24,8 @@ type createRequest struct {
 	MemoryMB *int64            `json:"memory_mb"`
 	CPUs     *float64          `json:"cpus"`
 	Pids     *int              `json:"pids"`
+	DiskMB   *int64            `json:"disk_mb"`
+	MaxFiles *int              `json:"max_files"`
 	Env      map[string]string `json:"env"`
 	Network  *bool             `json:"network"`
 }
@@ -40,13 +42,23 @@ type sessionJSON struct {
 	Pids       int       `json:"pids"`
 	Network    bool      `json:"network"`
 	FromPool   bool      `json:"from_pool"`
+	// The workspace's quota, and whether the kernel enforces it on every
+	// write (without root only uploads are checked).
+	DiskMB        int64 `json:"disk_mb"`
+	MaxFiles      int   `json:"max_files"`
+	QuotaEnforced bool  `json:"quota_enforced"`
+	// What the workspace holds (GET /v1/sessions/{id} only).
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	FilesUsed     *int64 `json:"files_used,omitempty"`
 }
 
 func toSessionJSON(ms *session.Managed) sessionJSON {
+	q := ms.Quota()
 	j := sessionJSON{
 		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
 	}
 	if err := ms.Err(); err != nil {
 		j.Status, j.Message = "restart_required", err.Error()
@@ -99,6 +111,20 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		opts.Limits.Pids = *req.Pids
 	}
+	if req.DiskMB != nil {
+		if *req.DiskMB < 1 || *req.DiskMB > 1<<30 {
+			writeError(w, badRequest("disk_mb must be at least 1"))
+			return
+		}
+		opts.Limits.Disk = *req.DiskMB << 20
+	}
+	if req.MaxFiles != nil {
+		if *req.MaxFiles < 16 {
+			writeError(w, badRequest("max_files must be at least 16"))
+			return
+		}
+		opts.Limits.Files = *req.MaxFiles
+	}
 	for k := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			writeError(w, badRequest("env: %q is not a valid variable name", k))
@@ -141,9 +167,18 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	if ms, ok := s.lookup(w, r); ok {
-		writeJSON(w, http.StatusOK, toSessionJSON(ms))
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
 	}
+	j := toSessionJSON(ms)
+	u, err := ms.Usage()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	j.DiskUsedBytes, j.FilesUsed = &u.Bytes, &u.Files
+	writeJSON(w, http.StatusOK, j)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
