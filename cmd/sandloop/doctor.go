@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -74,6 +75,17 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	line(r.Seccomp.OK, "seccomp", r.Seccomp.Detail)
 	line(r.Cgroups.OK, "cgroups", r.Cgroups.Detail)
 	fmt.Fprintf(w, "--    %-17s %s\n", "jail init", jail.InitInfo())
+	quota := fmt.Sprintf("%s and %d files per workspace by default (--disk, --files)", formatSize(jail.DefaultDisk), jail.DefaultFiles)
+	if q := jail.QuotaSupport(); q.OK {
+		line(true, "workspace quota", quota+": "+q.Detail)
+	} else {
+		fmt.Fprintf(w, "--    %-17s %s: not enforced inside the sandbox: %s\n", "workspace quota", quota, q.Detail)
+	}
+	if err := zygote.Supported(); err == nil {
+		line(true, "zygote", "serve, mcp and agent fork sessions from a template with numpy, pandas and matplotlib imported (--zygote=off to start them cold)")
+	} else {
+		fmt.Fprintf(w, "--    %-17s not used: %v; sessions start cold\n", "zygote", err)
+	}
 	if r.Landlock.OK {
 		line(true, "landlock", r.Landlock.Detail)
 	} else {

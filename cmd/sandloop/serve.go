@@ -19,7 +19,6 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/webui"
-	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -36,7 +35,7 @@ func newServeCmd() *cobra.Command {
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
-		useZygote                bool
+		zygoteFlag               zygoteMode
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -67,11 +66,11 @@ func newServeCmd() *cobra.Command {
 			}
 			log := slog.New(handler)
 			var zy session.Zygote
-			if useZygote {
-				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
-				if err != nil {
-					return fmt.Errorf("start the zygote: %w", err)
-				}
+			z, err := startZygote(cmd.Context(), zygoteFlag, log)
+			if err != nil {
+				return err
+			}
+			if z != nil {
 				defer z.Close() // after the manager has closed its sessions
 				zy = z
 			}
@@ -160,7 +159,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
 	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
-	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
+	registerZygote(f, &zygoteFlag)
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
