@@ -3,6 +3,8 @@
 GO ?= go
 export CGO_ENABLED = 0
 ARGS ?= doctor
+# What `sandloop --version` says: the git description of this tree.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: run test build deps gen bench load
 
@@ -15,7 +17,7 @@ gen:
 	$(GO) generate ./internal/jail
 
 build: deps gen
-	$(GO) build -o bin/sandloop ./cmd/sandloop
+	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/sandloop ./cmd/sandloop
 
 # make run ARGS='exec -c "print(1)"'
 run: build

@@ -95,7 +95,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", filepath.Join(dir, "missing.py")}, "cannot read"},
-		{[]string{"run"}, "requires at least 1 arg"},
+		{[]string{"run"}, "give the script: sandloop run FILE"},
 		{[]string{"run", "--memory", "lots", script}, `"lots" is not a size`},
 		{[]string{"run", "--timeout", "soon", script}, "invalid argument"},
 		{[]string{"exec", "--bogus"}, "unknown flag: --bogus"},

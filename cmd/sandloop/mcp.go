@@ -49,6 +49,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			if err != nil {
 				return err
 			}
+			lf.sayNotes(cmd.ErrOrStderr())
 			effMax := maxTimeout
 			if effMax == 0 {
 				effMax = 10 * time.Minute // mcpserver's default
@@ -99,6 +100,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				return s, nil
 			})
 			srv, err := mcpserver.New(src, &mcpserver.Options{
+				Version:           version(),
 				Tools:             tools,
 				DefaultTimeout:    lf.timeout,
 				MaxTimeout:        maxTimeout,
@@ -157,7 +159,7 @@ func (nopWriteCloser) Close() error { return nil }
 // session with its own session from the server's manager.
 func mountMCP(m *session.Manager, mounts map[string]http.Handler) error {
 	// The server checks Host headers for every path (with --allowed-host).
-	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true})
+	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true, Version: version()})
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,7 @@ Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
 			if err != nil {
 				return err
 			}
+			lf.sayNotes(c.ErrOrStderr())
 			env := map[string]string{}
 			for _, kv := range lf.env {
 				k, v, _ := strings.Cut(kv, "=")

@@ -37,7 +37,12 @@ func newRunCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run FILE [ARGS...]",
 		Short: "Run a Python script in a fresh sandbox; the exit code mirrors the script's",
-		Args:  cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("give the script: sandloop run FILE [ARGS...]")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			file := args[0]
 			data, err := os.ReadFile(file)
@@ -92,6 +97,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
+	s.lf.sayNotes(cmd.ErrOrStderr())
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)

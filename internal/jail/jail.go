@@ -28,6 +28,10 @@ const (
 // namespaces, and RLIMIT_NPROC is counted per user namespace.
 var HostID = 65534
 
+// initThreads is the room kept above Limits.Pids for the jail's init, whose
+// Go runtime runs ~7 threads as the program's user, in the program's group.
+const initThreads = 8
+
 // DefaultPython is the interpreter used inside the jail.
 const DefaultPython = "/usr/bin/python3"
 
@@ -38,7 +42,9 @@ type Limits struct {
 	Memory int64
 	// CPUs is the CPU quota in cores (0.5 = half a core). If zero, 1.
 	CPUs float64
-	// Pids is the maximum number of processes and threads. If zero, 256.
+	// Pids is the maximum number of the program's processes and threads
+	// (the jail's own init is not counted: it
+	// gets room for its threads on top). If zero, 256.
 	Pids int
 	// Timeout is the wall-clock limit; the whole group is killed when it
 	// passes. If zero, no timeout (the caller's context still applies).

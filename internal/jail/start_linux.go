@@ -103,6 +103,12 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
 		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ListenPort: cfg.ListenPort,
 	}
+	// Pids counts the program's processes and threads: the init (the same
+	// user, in the same group) gets room for its own threads on top. A
+	// zygote template's forks get their own groups and limits.
+	if !cfg.Zygote {
+		initCfg.Limits.Pids += initThreads
+	}
 	if h.mode != "" {
 		p.enforce = h.mode
 		initCfg.NewCgroupNS = true
@@ -198,7 +204,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// The group is made while the init starts up (it waits for its
 	// configuration, so nothing runs outside the group).
 	if h.mode != "" {
-		cg, err := newCgroup(h, "sandloop-"+randomID(), limits)
+		cg, err := newCgroup(h, "sandloop-"+randomID(), initCfg.Limits)
 		if err != nil {
 			return abort(err)
 		}

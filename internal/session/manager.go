@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 )
 
@@ -68,6 +70,9 @@ type ManagerOptions struct {
 	// a template that has already imported the heavy modules; sessions
 	// with the host's network still start cold.
 	Zygote Zygote
+	// EgressLookup resolves names for the egress gates of sessions with
+	// an allowlist. If nil, the host's resolver.
+	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -86,6 +91,10 @@ type CreateOptions struct {
 	Env map[string]string
 	// Network: "" or "none" (loopback only) or "host" (if allowed by AllowNetwork).
 	Network jail.Network
+	// Egress, if set, lets the session out through an allowlist proxy
+	// (Options.Egress); Network must then be none. Such a session never
+	// takes a pooled kernel (pooled ones have no proxy).
+	Egress *egress.Policy
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
 	ExecTimeout time.Duration
@@ -98,6 +107,7 @@ type Managed struct {
 	Created     time.Time
 	Limits      jail.Limits
 	Network     jail.Network
+	Egress      *egress.Policy // nil: no allowlist
 	ExecTimeout time.Duration
 	FromPool    bool
 
@@ -204,9 +214,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	return m
 }
 
-func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, execTimeout time.Duration) Options {
+func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) Options {
 	return Options{
-		Limits: l, Env: env, Network: network, ExecTimeout: execTimeout,
+		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}
 }
@@ -265,7 +275,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && opts.Egress == nil && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
@@ -284,7 +294,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		}
 	}
 	if s == nil {
-		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, execTimeout))
+		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout))
 	}
 	m.mu.Lock()
 	delete(m.sessions, key)
@@ -298,7 +308,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		return nil, ErrClosed
 	}
 	now := time.Now()
-	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network,
+	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
@@ -443,7 +453,7 @@ func (m *Manager) poolLoop() {
 				break
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, m.opts.ExecTimeout))
+			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout))
 			cancel()
 			if err != nil {
 				m.log.Error("pool: start kernel", "err", err)

@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
@@ -33,6 +35,15 @@ type Options struct {
 	Limits jail.Limits
 	// Network selects the jail's network. If empty, loopback only.
 	Network jail.Network
+	// Egress, if set (Network must not be host), lets the session out
+	// through an allowlist proxy (package egress): each kernel's jail gets
+	// a listener on its loopback at egress.Port, served on the host by one
+	// gate with this policy for the session's life, and the proxy
+	// variables in its environment. There is still no route out.
+	Egress *egress.Policy
+	// EgressLookup resolves names for the gate. If nil, the host's
+	// resolver. (Tests map their names to local servers.)
+	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Env is added to the kernel's environment (on top of the jail's
 	// minimal one, never the server's).
 	Env map[string]string
@@ -72,6 +83,7 @@ type Session struct {
 	workspace string
 	quota     *jail.QuotaDir // the workspace made by New, nil if the caller's
 	launch    kernel.Launcher
+	gate      *egress.Gate // with Options.Egress
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
 
@@ -104,6 +116,13 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 		}
 		s.workspace = opts.Workspace
 	}
+	if opts.Egress != nil {
+		if opts.Network == jail.NetworkHost {
+			s.removeWorkspace()
+			return nil, errors.New("a session with the host's network has no egress allowlist")
+		}
+		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Logger: s.log})
+	}
 	s.launch = opts.Launcher
 	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {
 		s.launch = s.zygoteLauncher()
@@ -111,8 +130,14 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	if s.launch == nil {
 		s.launch = s.jailLauncher()
 	}
+	if s.gate != nil {
+		s.launch = s.servingGate(s.launch)
+	}
 	k, err := s.start(ctx)
 	if err != nil {
+		if s.gate != nil {
+			s.gate.Close()
+		}
 		s.removeWorkspace()
 		return nil, err
 	}
@@ -300,6 +325,9 @@ func (s *Session) Close() error {
 	// Wait for a Restart in progress to give up its turn: it sees closed.
 	s.turn <- struct{}{}
 	<-s.turn
+	if s.gate != nil {
+		s.gate.Close()
+	}
 	return s.removeWorkspace()
 }
 

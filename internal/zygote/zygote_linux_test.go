@@ -56,7 +56,7 @@ func newSession(t testing.TB, z *Zygote, opts session.Options) forked {
 	}
 	opts.Launcher = func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		limits := opts.Limits
-		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), f)
+		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), 0, f)
 		if err == nil {
 			proc = p
 		}
@@ -515,7 +515,7 @@ func TestConcurrentForks(t *testing.T) {
 		out  string
 		err  error
 	}
-	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
+	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, 0, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
 		t.Fatalf("a fork without a workspace: %v", err)
 	}
 	results := make(chan got, n)
@@ -525,7 +525,7 @@ func TestConcurrentForks(t *testing.T) {
 			var proc *Process
 			s, err := session.New(context.Background(), session.Options{Workspace: ws,
 				Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), f)
+					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
 					proc = p
 					return p, err
 				}})

@@ -124,7 +124,7 @@ func BuildWheel(t testing.TB, dir, name, version, value string) string {
 	src := t.TempDir()
 	mod := strings.ReplaceAll(name, "-", "_")
 	files := map[string]string{
-		"setup.py":   fmt.Sprintf("from setuptools import setup\nsetup(name=%q, version=%q, py_modules=[%q])\n", name, version, mod),
+		"setup.py":  fmt.Sprintf("from setuptools import setup\nsetup(name=%q, version=%q, py_modules=[%q])\n", name, version, mod),
 		mod + ".py": fmt.Sprintf("VALUE = %q\n", value),
 	}
 	for p, c := range files {
