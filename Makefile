@@ -35,6 +35,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
+	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

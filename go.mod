@@ -3,6 +3,7 @@ module github.com/sandloop/sandloop
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/anthropics/anthropic-sdk-go/v2 v2.17.0
 	github.com/chromedp/cdproto v0.160.1
 	github.com/chromedp/chromedp v0.23.1

@@ -31,3 +31,14 @@ if [ ! -d "$tsclient/node_modules/@modelcontextprotocol/sdk" ]; then
     echo "note: node and npm not found: the TypeScript MCP client tests will skip"
   fi
 fi
+# The E2B end-to-end tests and benchmark drive sandloop with E2B's official
+# npm SDKs (e2b latest and 2.45, @e2b/code-interpreter): same, from their lock file.
+e2bsdk="$(cd "$(dirname "$0")/.." && pwd)/internal/e2b/testdata/sdk"
+if [ ! -d "$e2bsdk/node_modules/@e2b/code-interpreter" ] || [ ! -d "$e2bsdk/node_modules/e2b-2.45" ]; then
+  if command -v npm >/dev/null && command -v node >/dev/null; then
+    echo "installing E2B's SDKs for the tests (npm ci)"
+    npm ci --prefix "$e2bsdk" --no-audit --no-fund --loglevel=error
+  else
+    echo "note: node and npm not found: the E2B SDK tests will skip"
+  fi
+fi

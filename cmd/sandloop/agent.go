@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/lessons"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
@@ -43,6 +44,7 @@ type agentFlags struct {
 	dataDir    string
 	database   string
 	pricesFile string
+	noLessons  bool
 	lf         limitFlags
 	zygote     zygoteMode
 }
@@ -79,6 +81,7 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringVar(&f.entry, "entry", "", "debug and refactor modes: the program to run (default: the only .py file given)")
 	fl.StringArrayVar(&f.checks, "check", nil, "refactor mode: a command whose output must not change, e.g. 'python3 report.py data.csv' (repeatable)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	fl.BoolVar(&f.noLessons, "no-lessons", false, "neither recall lessons of earlier runs nor learn new ones (see sandloop lessons)")
 	fl.StringVar(&f.database, "database", "", databaseHelp)
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
@@ -132,6 +135,18 @@ func openStore(ctx context.Context, dataDir, database string) (store.History, er
 		return nil, usagef("--data-dir %s: %v", dataDir, unwrapPathError(err))
 	}
 	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
+}
+
+// lessonStore returns the lessons of history h, or nil (with a note)
+// when h keeps none.
+func lessonStore(h store.History, errOut io.Writer, off bool) lessons.Store {
+	if ls, ok := h.(store.LessonStore); ok {
+		return ls
+	}
+	if !off && errOut != nil {
+		fmt.Fprintln(errOut, "sandloop: this run history keeps no lessons (only the SQLite one does): running without")
+	}
+	return nil
 }
 
 // databaseHelp documents --database wherever it is offered.
@@ -189,6 +204,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	defer zl.Close()
 	svc := runs.New(runs.Options{
 		Store:    st,
+		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
 			zy, err := zl.Get(ctx)
@@ -219,7 +235,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	run, rep, err := svc.Run(ctx, runs.Request{
 		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
-		Confirm: confirm, OnEvent: view,
+		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
 	})
 	var nm *llm.NoModelError
 	var ce *llm.ConfigError

@@ -35,6 +35,7 @@ func newServeCmd() *cobra.Command {
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
+		useE2B                   bool
 		zygoteFlag               zygoteMode
 	)
 	cmd := &cobra.Command{
@@ -91,15 +92,28 @@ func newServeCmd() *cobra.Command {
 			}
 			defer st.Close()
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
+			// The page and its assets hold no data; the page sends the token with every API call.
+			public := webui.Mounts()
+			e2bKey := ""
+			if useE2B {
+				h, key, err := newE2B(mgr, toks, zy, log)
+				if err != nil {
+					return err
+				}
+				defer h.Close() // before the manager closes the sessions
+				for p, m := range h.Mounts() {
+					public[p] = m // authenticated by the E2B handler itself
+				}
+				e2bKey = key
+			}
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st,
-				// The page and its assets hold no data; the page sends the token with every API call.
-				PublicMounts: webui.Mounts(),
+				PublicMounts: public,
 			})
 			if err != nil {
 				return err
@@ -120,6 +134,9 @@ func newServeCmd() *cobra.Command {
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
 				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/\n", url)
+			}
+			if useE2B {
+				printE2B(cmd.OutOrStdout(), url, e2bKey)
 			}
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
@@ -160,6 +177,7 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	registerZygote(f, &zygoteFlag)
+	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")

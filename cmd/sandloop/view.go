@@ -81,6 +81,15 @@ func (v *terminalView) event(e agent.Event) {
 	case agent.EventNotice:
 		v.endText()
 		fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, "! "+e.Text))
+	case agent.EventLessons:
+		v.endText()
+		head := "lessons recalled:"
+		if e.Text == "seen_before" {
+			head = "seen before:"
+		}
+		for _, l := range e.Lessons {
+			fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cYellow+cBold, head), l.Text, v.paint(cDim, "("+l.ID+")"))
+		}
 	case agent.EventFinished:
 		v.endText()
 		v.showReport(e.Report)
@@ -188,6 +197,12 @@ func (v *terminalView) showReport(r *agent.Report) {
 	}
 	if r.Tests != nil {
 		fmt.Fprintf(v.w, "tests: %s\n", r.Tests.Summary)
+	}
+	for _, l := range r.LessonsUsed {
+		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson used:"), l.Text, v.paint(cDim, "("+l.ID+")"))
+	}
+	for _, l := range r.LessonsLearned {
+		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson learned:"), l.Text, v.paint(cDim, "("+l.ID+")"))
 	}
 	if r.Diff != "" {
 		fmt.Fprintln(v.w)

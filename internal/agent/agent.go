@@ -96,6 +96,9 @@ type Options struct {
 	MaxOutputBytes int
 	// OnEvent receives the run's events as they happen.
 	OnEvent func(Event)
+	// Lessons, if set, recalls what earlier runs learned and keeps what
+	// this one learns (nil: --no-lessons).
+	Lessons Lessons
 	// Confirm, if set, is asked before each execution; false skips it.
 	Confirm func(ctx context.Context, tool, code string) bool
 	Logger  *slog.Logger
@@ -130,6 +133,7 @@ type Event struct {
 	Changed    []string       `json:"changed,omitempty"`
 	Usage      *llm.Usage     `json:"usage,omitempty"`
 	Report     *Report        `json:"report,omitempty"`
+	Lessons    []LessonRef    `json:"lessons,omitempty"`
 }
 
 // Report is the outcome of a run.
@@ -156,6 +160,10 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
+	// LessonsUsed are the lessons of earlier runs the model was shown;
+	// LessonsLearned those this run taught.
+	LessonsUsed    []LessonRef `json:"lessons_used,omitempty"`
+	LessonsLearned []LessonRef `json:"lessons_learned,omitempty"`
 }
 
 // Check is one run of a program by the harness.
@@ -182,6 +190,7 @@ type run struct {
 	failures map[string]int // identical failing actions
 	metrics  *RefactorMetrics
 	tests    *TestRun
+	used     []LessonRef // lessons shown
 }
 
 // Run runs the loop to its end and returns the report. The error is for a
@@ -252,6 +261,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer cancel()
 	r.emit(Event{Type: EventStarted, Text: opts.Task})
 	rep := r.loop(ctx)
+	r.learnLessons(ctx, rep)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
 	rep.Duration = time.Since(r.start)
 	rep.Reproduction, rep.Verification, rep.Refactor, rep.Tests = r.repro, r.verified, r.metrics, r.tests
@@ -274,7 +284,7 @@ func (r *run) emit(e Event) {
 }
 
 func (r *run) loop(ctx context.Context) *Report {
-	msgs := []llm.Message{{Role: llm.RoleSystem, Text: systemPrompt(r.opts.Mode)}}
+	msgs := []llm.Message{{Role: llm.RoleSystem, Text: r.recallLessons(ctx, systemPrompt(r.opts.Mode))}}
 	first, err := r.firstMessage(ctx)
 	if err != nil {
 		return r.ended(ctx, err)

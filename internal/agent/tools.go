@@ -269,7 +269,7 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, src string, timeou
 	for _, p := range pngs(res) {
 		o.Images = append(o.Images, llm.Image{MediaType: "image/png", Data: p})
 	}
-	return o
+	return r.seeExecution(ctx, call, src, o)
 }
 
 func (r *run) edit(path, oldText, newText string) outcome {

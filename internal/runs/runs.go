@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/lessons"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -33,6 +34,10 @@ type Options struct {
 	// Provider resolves a model spec ("openai/gpt-4o-mini", or "" for the
 	// configured default) to a provider.
 	Provider func(ctx context.Context, model string) (llm.Provider, error)
+	// Lessons, if set, keeps the lessons runs learn and recalls them in
+	// later runs of the same owner (internal/lessons). If nil, runs
+	// neither learn nor recall.
+	Lessons lessons.Store
 	// MaxArtifactBytes caps the final files kept per run. If zero, 50 MiB.
 	MaxArtifactBytes int64
 	Logger           *slog.Logger
@@ -57,6 +62,8 @@ type Request struct {
 	MaxTokens int64
 	MaxCost   float64
 	Timeout   time.Duration
+	// NoLessons keeps the run from recalling or learning lessons.
+	NoLessons bool
 	// Confirm and OnEvent are for foreground runs (the CLI).
 	Confirm func(ctx context.Context, tool, code string) bool
 	OnEvent func(agent.Event)
@@ -211,8 +218,13 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		return rep
 	}
 	defer sess.Close()
+	var book agent.Lessons
+	if s.opts.Lessons != nil && !req.NoLessons {
+		book = lessons.NewRun(lessons.Options{Store: s.opts.Lessons, Owner: req.Owner, RunID: id, Logger: s.log})
+	}
 	rep, err := agent.Run(ctx, agent.Options{
-		Task: req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
+		Lessons: book,
+		Task:    req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
 		Checks: req.Checks, Network: req.Network,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
 		Confirm: req.Confirm, Logger: s.log,

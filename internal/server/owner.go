@@ -14,3 +14,8 @@ func owner(ctx context.Context) string {
 	o, _ := ctx.Value(ownerKey{}).(string)
 	return o
 }
+
+// OwnerOf is the owner of the sessions created with token, as the API
+// records it (for other faces of the server that map their own
+// credentials onto sandloop's tokens).
+func OwnerOf(token string) string { return ownerOf(token) }

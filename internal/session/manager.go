@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"net/netip"
+	"sort"
 	"sync"
 	"time"
 

@@ -132,6 +132,8 @@ type Entry struct {
 	Size    int64     `json:"size"`
 	Mode    string    `json:"mode"`
 	ModTime time.Time `json:"mod_time"`
+	// FileMode is the full mode, for callers that need more than Mode's text.
+	FileMode fs.FileMode `json:"-"`
 }
 
 func entryOf(p string, fi fs.FileInfo) Entry {
@@ -144,7 +146,7 @@ func entryOf(p string, fi fs.FileInfo) Entry {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		t = "symlink"
 	}
-	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC()}
+	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC(), FileMode: fi.Mode()}
 }
 
 // List returns the entries of directory p, sorted by name.
@@ -449,4 +451,29 @@ func (w *Workspace) walk(p string, skipDir func(Entry) bool, fn func(Entry) erro
 		}
 	}
 	return nil
+}
+
+// Rename moves file or directory src to dst, creating dst's parent
+// directories; a file at dst is replaced.
+func (w *Workspace) Rename(src, dst string) error {
+	rs, err := Clean(src)
+	if err != nil {
+		return err
+	}
+	rd, err := Clean(dst)
+	if err != nil {
+		return err
+	}
+	for _, p := range [][2]string{{src, rs}, {dst, rd}} {
+		if p[1] == "." {
+			return &PathError{p[0], errors.New("is the workspace itself")}
+		}
+	}
+	if _, err := w.root.Lstat(rs); err != nil {
+		return mapErr(src, err)
+	}
+	if err := w.mkdirAll(path.Dir(rd)); err != nil {
+		return err
+	}
+	return mapErr(dst, w.root.Rename(rs, rd))
 }

@@ -287,3 +287,32 @@ func TestWriteOverQuotaStoresNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestRename(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	if _, err := w.Write("a.txt", strings.NewReader("A")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Rename("a.txt", "/deep/er/b.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "deep/er/b.txt")); err != nil || string(b) != "A" {
+		t.Fatalf("moved file: %q %v", b, err)
+	}
+	if _, err := w.Stat("a.txt"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("source still there: %v", err)
+	}
+	if err := w.Rename("nothing", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("rename missing: %v", err)
+	}
+	for _, c := range [][2]string{{"/", "x"}, {"deep", "/"}, {"deep", "../x"}} {
+		var pe *PathError
+		if err := w.Rename(c[0], c[1]); !errors.As(err, &pe) {
+			t.Errorf("Rename(%q, %q) = %v, want a PathError", c[0], c[1], err)
+		}
+	}
+	os.Symlink("/etc", filepath.Join(dir, "out"))
+	if err := w.Rename("deep", "out/x"); err == nil {
+		t.Error("rename through a planted symlink succeeded")
+	}
+}
