@@ -275,7 +275,7 @@ func TestWriteOverQuotaStoresNothing(t *testing.T) {
 		data []byte
 	}{
 		{"a/b/big.bin", bytes.Repeat([]byte("x"), 2<<20)}, // past the bytes
-		{"c/d/e/f/g/h/i/j.txt", []byte("x")},             // past the inodes
+		{"c/d/e/f/g/h/i/j.txt", []byte("x")},              // past the inodes
 	} {
 		_, err := w.Write(c.name, bytes.NewReader(c.data))
 		var le *LimitError
