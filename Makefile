@@ -6,7 +6,7 @@ ARGS ?= doctor
 # What `sandloop --version` says: the git description of this tree.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: run test build deps gen bench load
+.PHONY: run test build deps gen bench load test-vm image
 
 deps:
 	@./scripts/deps.sh
@@ -26,6 +26,18 @@ run: build
 test: deps gen
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
+
+# The packages that touch the kernel (jail, session, zygote) on Debian 12's
+# kernel 6.1 with cgroup v2 only, in a QEMU VM (TCG: slow, ~15-30 minutes),
+# as root and as an unprivileged user with a delegated cgroup. Needs the
+# VM runner (SANDLOOP_VM=.../shared/vm/run.sh); VM_RUN=pattern for a subset.
+test-vm: deps gen
+	./scripts/test-vm.sh
+
+# The container image of deploy/Dockerfile, built without a registry:
+# mmdebstrap + podman import (installs both from apt if missing).
+image: gen
+	./scripts/image.sh
 
 # Speed claims, each printed as a ratio against a baseline measured in the same run.
 bench: deps gen

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
-	"github.com/sandloop/sandloop/internal/lessons"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
@@ -139,7 +138,7 @@ func openStore(ctx context.Context, dataDir, database string) (store.History, er
 
 // lessonStore returns the lessons of history h, or nil (with a note)
 // when h keeps none.
-func lessonStore(h store.History, errOut io.Writer, off bool) lessons.Store {
+func lessonStore(h store.History, errOut io.Writer, off bool) store.LessonStore {
 	if ls, ok := h.(store.LessonStore); ok {
 		return ls
 	}

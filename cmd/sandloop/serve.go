@@ -91,8 +91,9 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			ls := lessonStore(st, cmd.ErrOrStderr(), false)
 			svc := runs.New(runs.Options{
-				Store: st, Lessons: lessonStore(st, cmd.ErrOrStderr(), false), Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: ls, Provider: providerResolver(pricesFile), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
@@ -112,7 +113,7 @@ func newServeCmd() *cobra.Command {
 			}
 			srv, err := server.New(server.Options{
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
-				Logger: log, Mounts: mounts, Runs: svc, Store: st,
+				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
 				PublicMounts: public,
 			})
 			if err != nil {

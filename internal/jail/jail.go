@@ -173,6 +173,12 @@ type Result struct {
 	Warnings []string `json:",omitempty"`
 }
 
+// RlimitsWarning is Result.Warnings' line where no cgroup is usable and
+// limits fall back to rlimits: RLIMIT_DATA for memory, RLIMIT_NPROC for
+// processes, no CPU limit, peak memory from the largest RSS, OOM kills not
+// told apart from other SIGKILLs.
+const RlimitsWarning = "no cgroups: memory and process limits are rlimits, CPU is not limited (`sandloop doctor` says why)"
+
 // Errors callers may branch on.
 var (
 	// ErrUnsupported means a safe jail cannot be built on this host.

@@ -44,6 +44,6 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	return &QuotaDir{Path: dir, Disk: l.Disk, Files: l.Files, Reason: "needs Linux"}, nil
 }
 
-func QuotaSupport() Check                 { return Check{false, "needs Linux"} }
+func QuotaSupport() Check                 { return Check{Detail: "needs Linux"} }
 func (q *QuotaDir) Usage() (Usage, error) { return walkUsage(q.Path) }
 func (q *QuotaDir) Remove() error         { return removeDir(q.Path) }

@@ -49,9 +49,9 @@ func quotaUnsupported() string {
 // QuotaSupport says how workspaces are capped on this host, for doctor.
 func QuotaSupport() Check {
 	if r := quotaUnsupported(); r != "" {
-		return Check{false, r}
+		return Check{Fallback: true, Detail: r, Fix: "run sandloop as root (in a container: root in its user namespace)"}
 	}
-	return Check{true, "a size- and inode-capped tmpfs per workspace (ENOSPC on every write past the cap)"}
+	return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace (ENOSPC on every write past the cap)"}
 }
 
 // Usage reports what the workspace holds: from the tmpfs's counters when

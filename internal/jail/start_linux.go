@@ -114,7 +114,8 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		initCfg.NewCgroupNS = true
 	} else {
 		p.enforce = "rlimits"
-		p.warn = append(p.warn, "cgroups unavailable ("+h.reason+"): memory and process limits fall back to RLIMIT_DATA and RLIMIT_NPROC, CPU is not limited, peak memory is the largest RSS, and OOM kills cannot be told apart")
+		// One short line: `sandloop doctor` says why and how to fix it.
+		p.warn = append(p.warn, RlimitsWarning)
 		initCfg.RlimitMemory, initCfg.RlimitPids = true, true
 	}
 	fail := func(err error) (*Process, error) {

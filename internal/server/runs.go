@@ -30,6 +30,7 @@ type startRunRequest struct {
 	MaxTokens int64             `json:"max_tokens"`
 	MaxCost   float64           `json:"max_cost_usd"`
 	TimeoutS  float64           `json:"timeout_s"`
+	NoLessons bool              `json:"no_lessons"`
 }
 
 func (s *Server) runsEnabled(w http.ResponseWriter) bool {
@@ -73,6 +74,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	run, err := s.opts.Runs.Start(r.Context(), runs.Request{
 		Owner: owner(r.Context()), Task: req.Task, Mode: agent.Mode(req.Mode), Model: req.Model, Files: files, Entry: req.Entry, Args: req.Args, Checks: req.Checks,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: time.Duration(req.TimeoutS * float64(time.Second)),
+		NoLessons: req.NoLessons,
 	})
 	if err != nil {
 		writeError(w, runError(err))

@@ -58,6 +58,8 @@ type Options struct {
 	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
 	Runs  *runs.Service
 	Store store.History
+	// Lessons serves /v1/lessons. If nil, those routes answer 501.
+	Lessons store.LessonStore
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
 }
@@ -149,6 +151,10 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/runs/{id}/events", s.runEvents, false},
 		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, false},
 		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, false},
+		{"GET", "/v1/lessons", s.listLessons, false},
+		{"POST", "/v1/lessons", s.postLesson, false},
+		{"GET", "/v1/lessons/{id}", s.getLesson, false},
+		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, false},
 	}
 }
 

@@ -93,6 +93,11 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	if z.log == nil {
 		z.log = slog.New(slog.DiscardHandler)
 	}
+	// Where a layer the forks need is missing, fail at once (sessions
+	// then start cold) rather than with every fork.
+	if err := Supported(); err != nil {
+		return nil, fmt.Errorf("zygote: %w", err)
+	}
 	filter, err := jail.SeccompFilter()
 	if err != nil {
 		return nil, fmt.Errorf("zygote: %w", err)

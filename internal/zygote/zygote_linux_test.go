@@ -3,8 +3,10 @@ package zygote
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -557,6 +559,46 @@ func TestConcurrentForks(t *testing.T) {
 			}
 			seen[pid] = true
 		}
+	}
+}
+
+// Where the zygote cannot work (here: without root), New says so at once
+// with jail.ErrUnsupported, so that sessions start cold instead.
+func TestUnsupportedFailsFast(t *testing.T) {
+	if os.Getenv("SANDLOOP_ZYGOTE_ROOTLESS_CHILD") != "" || os.Geteuid() != 0 {
+		start := time.Now()
+		_, err := New(context.Background(), &Options{Modules: light})
+		if !errors.Is(err, jail.ErrUnsupported) || !strings.Contains(err.Error(), "root") {
+			t.Fatalf("rootless New: %v", err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("New took %s to fail: no template should have started", d)
+		}
+		t.Logf("rootless New: %v", err)
+		return
+	}
+	dir, err := os.MkdirTemp("", "sandloop-zygote-rootless-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, _ := os.Executable()
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "zygote.test")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run", "^TestUnsupportedFailsFast$", "-test.v")
+	cmd.Env = []string{"SANDLOOP_ZYGOTE_ROOTLESS_CHILD=1", "TMPDIR=" + dir, "PATH=/usr/bin:/bin", "HOME=" + dir}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "rootless New: zygote: jail: not supported") {
+		t.Fatalf("rootless: %v\n%s", err, out)
 	}
 }
 
