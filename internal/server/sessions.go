@@ -295,8 +295,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 			flusher.Flush()
 		}
 	}
-	done := make(chan struct{})
+	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stopped)
 		t := time.NewTicker(s.opts.Keepalive)
 		defer t.Stop()
 		for {
@@ -310,6 +311,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 	}()
 	res, err := exec(func(e kernel.Event) { write(e) })
 	close(done)
+	<-stopped // a keepalive must not be written once the handler has returned
 	mu.Lock()
 	wasStarted := started
 	mu.Unlock()
