@@ -168,6 +168,9 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if f.maxSteps <= 0 || f.maxCost < 0 || f.maxTokens < 0 {
 		return usagef("--max-steps must be positive; --max-cost and --max-tokens must not be negative")
 	}
+	if f.confirm && !isTerminal(cmd.InOrStdin()) {
+		return usagef("--confirm asks before each step and needs a terminal to ask on: stdin is not one")
+	}
 	limits, err := f.lf.limits()
 	if err != nil {
 		return err
@@ -227,7 +230,10 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		in := bufio.NewReader(cmd.InOrStdin())
 		confirm = func(ctx context.Context, tool, code string) bool {
 			fmt.Fprintf(errOut, "run this %s? [y/N] ", tool)
-			line, _ := in.ReadString('\n')
+			line, err := in.ReadString('\n')
+			if err != nil && !strings.HasSuffix(line, "\n") {
+				fmt.Fprintln(errOut) // Ctrl-D: end the prompt's line
+			}
 			return strings.HasPrefix(strings.ToLower(strings.TrimSpace(line)), "y")
 		}
 	}
@@ -290,7 +296,8 @@ func writeArtifacts(ctx context.Context, st store.History, id, dir string) error
 	return nil
 }
 
-func isTerminal(w io.Writer) bool {
+// isTerminal reports whether w (an io.Writer or io.Reader) is a terminal.
+func isTerminal(w any) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -140,7 +140,7 @@ func TestRunWithOutAndStats(t *testing.T) {
 	os.Mkdir(data, 0o755)
 	writeFile(t, data, "in.csv", "a,b\n1,2\n")
 	script := writeFile(t, dir, "job.py", `import csv
-rows = list(csv.reader(open("in.csv")))
+rows = list(csv.reader(open("data/in.csv")))
 open("result.txt", "w").write(str(len(rows)))`)
 	out := filepath.Join(dir, "out")
 	code, _, errOut := sandloop(t, "", "run", "--with", data, "--out", out, "--stats", "--memory", "256M", "--cpus", "0.5", "--pids", "64", "--timeout", "30s", "--env", "X=1", script)

@@ -119,3 +119,128 @@ for p in ps: p.kill(); p.wait()`
 		t.Errorf("--cpus %d: exit %d, %q %q", n+7, code, out, errOut)
 	}
 }
+
+// `sandloop run FILE` behaves like `python3 FILE`: stdin is forwarded
+// (input() works when piped), sibling modules import, --with keeps the
+// layout of files and directories, --out never silently overwrites and
+// leaves caches out.
+func TestRunBehavesLikePython(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "helper.py", "X = 41\n")
+	os.MkdirAll(filepath.Join(dir, "lib"), 0o755)
+	writeFile(t, dir, "lib/__init__.py", "")
+	writeFile(t, dir, "lib/m.py", "Y = 1\n")
+	os.MkdirAll(filepath.Join(dir, "data", "raw"), 0o755)
+	writeFile(t, dir, "data/sales.csv", "day,amount\n")
+	writeFile(t, dir, "data/raw/jan.csv", "1\n")
+	writeFile(t, dir, "x.py", `import helper, lib.m, os, sys
+name = input("name? ")
+print("hi", name, helper.X + lib.m.Y, sys.stdin.read().strip())
+print(open("data/sales.csv").read().strip(), os.path.exists("data/raw/jan.csv"))
+open("result.txt", "w").write("new")
+os.makedirs(".cache/pip", exist_ok=True); open(".cache/pip/x", "w").write("c")
+os.makedirs("__pycache__", exist_ok=True)
+`)
+	code, out, errOut := binary(t, dir, "bob\nand the rest\n", "run", "--with", "data", "x.py")
+	if code != 0 || out != "name? hi bob 42 and the rest\nday,amount True\n" {
+		t.Fatalf("run: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// A single file keeps its directory too.
+	writeFile(t, dir, "y.py", `print(open("data/sales.csv").read().strip())`)
+	if code, out, errOut := binary(t, dir, "", "run", "--with", "data/sales.csv", "y.py"); code != 0 || out != "day,amount\n" {
+		t.Errorf("--with data/sales.csv: exit %d, %q %q", code, out, errOut)
+	}
+
+	res := filepath.Join(dir, "res")
+	if code, _, errOut := binary(t, dir, "bob\n", "run", "--with", "data", "--out", res, "x.py"); code != 0 {
+		t.Fatalf("--out: exit %d %q", code, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(res, "result.txt")); string(b) != "new" {
+		t.Errorf("--out result.txt: %q", b)
+	}
+	for _, cache := range []string{".cache", "__pycache__"} {
+		if _, err := os.Stat(filepath.Join(res, cache)); err == nil {
+			t.Errorf("--out copied the cache %s", cache)
+		}
+	}
+	// The same run again overwrites nothing that differs: fine. A file
+	// changed since is refused, and nothing is copied.
+	if code, _, errOut := binary(t, dir, "bob\n", "run", "--with", "data", "--out", res, "x.py"); code != 0 {
+		t.Errorf("--out over identical files: exit %d %q", code, errOut)
+	}
+	writeFile(t, res, "result.txt", "mine")
+	code, _, errOut = binary(t, dir, "bob\n", "run", "--with", "data", "--out", res, "x.py")
+	if code != 2 || !strings.Contains(errOut, "would overwrite 1 existing file(s) (result.txt)") || !strings.Contains(errOut, "--force") {
+		t.Errorf("--out over a changed file: exit %d %q", code, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(res, "result.txt")); string(b) != "mine" {
+		t.Errorf("the refused --out overwrote result.txt: %q", b)
+	}
+	if code, _, errOut := binary(t, dir, "bob\n", "run", "--with", "data", "--out", res, "--force", "--keep-caches", "x.py"); code != 0 {
+		t.Fatalf("--force: exit %d %q", code, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(res, "result.txt")); string(b) != "new" {
+		t.Errorf("--force did not overwrite: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(res, ".cache", "pip", "x")); err != nil {
+		t.Errorf("--keep-caches: %v", err)
+	}
+}
+
+// The README's examples of `sandloop run` and `exec` work as written.
+func TestReadmeRunExamples(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "### Run code in a sandbox\n\n```console\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok || block == "" {
+		t.Fatal("README has no console block under \"Run code in a sandbox\"")
+	}
+	dir := t.TempDir()
+	writeFile(t, dir, "job.py", `import sys, os
+print("args", sys.argv[1:])
+if "--input" in sys.argv:
+    print(open(sys.argv[sys.argv.index("--input") + 1]).read().strip())
+if os.path.isdir("data"):
+    open("summary.txt", "w").write(str(sorted(os.listdir("data"))))
+`)
+	writeFile(t, dir, "data.csv", "a,b\n1,2\n")
+	writeFile(t, dir, "greet.py", "print('hello', input())\n")
+	os.Mkdir(filepath.Join(dir, "data"), 0o755)
+	writeFile(t, dir, "data/in.csv", "x\n")
+	bin := builtBinary(t)
+	n := 0
+	for _, line := range strings.Split(block, "\n") {
+		cmdline, ok := strings.CutPrefix(line, "$ ")
+		if !ok {
+			continue
+		}
+		if i := strings.Index(cmdline, "  #"); i >= 0 {
+			cmdline = cmdline[:i]
+		}
+		n++
+		sh := exec.Command("sh", "-c", cmdline)
+		sh.Dir = dir
+		sh.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+		sh.Stdin = strings.NewReader("")
+		out, err := sh.CombinedOutput()
+		if err != nil {
+			t.Errorf("README: $ %s\n%v\n%s", cmdline, err, out)
+		}
+		switch {
+		case strings.Contains(cmdline, "--input data.csv") && !strings.Contains(string(out), "a,b"):
+			t.Errorf("$ %s: %s", cmdline, out)
+		case strings.Contains(cmdline, "greet.py") && string(out) != "hello hi\n":
+			t.Errorf("$ %s: %q", cmdline, out)
+		case strings.Contains(cmdline, "--out ./result"):
+			if b, _ := os.ReadFile(filepath.Join(dir, "result", "summary.txt")); string(b) != "['in.csv']" {
+				t.Errorf("$ %s: result/summary.txt %q\n%s", cmdline, b, out)
+			}
+		}
+	}
+	if n < 5 {
+		t.Errorf("only %d examples found in the README", n)
+	}
+}

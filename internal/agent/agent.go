@@ -381,7 +381,7 @@ func (r *run) overBudget() string {
 // checkStuck counts identical failing actions: the second time it nudges
 // the model to change approach; the third time the run stops.
 func (r *run) checkStuck(call llm.ToolCall, o outcome) (string, bool) {
-	if call.Name == ToolFinish || !o.IsError {
+	if call.Name == ToolFinish || !o.IsError || o.Declined {
 		return "", false
 	}
 	key := call.Name + "\x00" + canonicalJSON(call.Arguments)

@@ -96,7 +96,7 @@ func (r *run) processTool(ctx context.Context, call llm.ToolCall) outcome {
 			return errOutcome(&ArgumentError{call.Name, `"command" is required`})
 		}
 		if r.opts.Confirm != nil && !r.opts.Confirm(ctx, call.Name, a.Command) {
-			return outcome{Text: "the user declined to start this", IsError: true}
+			return outcome{Text: "the user declined to start this", IsError: true, Declined: true}
 		}
 		code = procHelpers + fmt.Sprintf(`
 name, cmd = %s, %s

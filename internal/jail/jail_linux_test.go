@@ -265,7 +265,7 @@ except OSError:
     pass
 print(len(ps))
 for p in ps: p.kill(); p.wait()`, func(c *Config) { c.Limits.Pids = 10 })
-	if n, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); n < 9 || n > 9+initThreads/2 {
+	if n, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); n < 9 || n > 9+initThreads {
 		t.Errorf("under a pids limit of 10, python started %q more processes, want about 9 (stderr %q)", r.stdout, r.stderr)
 	}
 }

@@ -425,6 +425,14 @@ func wrapReader(r io.Reader) io.Reader {
 	if r == nil {
 		return nil
 	}
+	// A pipe is handed on as it is (it cannot be a terminal), so the run
+	// ends with the program instead of waiting on a copy from the caller's
+	// side.
+	if f, ok := r.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+			return f
+		}
+	}
 	return readerOnly{r}
 }
 

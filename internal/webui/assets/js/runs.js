@@ -152,7 +152,7 @@ class RunView {
     this.setStatus(run.status);
     this.renderStats();
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
-    const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'usage', 'notice', 'run_finished'];
+    const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'usage', 'notice', 'lessons', 'run_finished'];
     for (const t of types) this.es.addEventListener(t, ev => this.onEvent(t, JSON.parse(ev.data)));
     this.es.addEventListener('end', () => { this.es.close(); this.ended = true; this.live.hidden = true; });
     // The browser reconnects by itself after a dropped connection (resuming
@@ -236,6 +236,7 @@ class RunView {
         break;
       }
       case 'notice': this.step(e.step).body.append(h('div', { class: 'callout callout-note' }, h('strong', {}, 'Harness: '), e.text || '')); break;
+      case 'lessons': for (const l of e.lessons || []) this.step(e.step).body.append(h('div', { class: 'callout callout-lesson' }, h('strong', {}, e.text === 'seen_before' ? 'Seen before: ' : 'Lesson recalled: '), l.text)); break;
       case 'run_finished': this.finished(e.report || {}); break;
     }
   }
