@@ -176,6 +176,10 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		return err
 	}
 	f.lf.sayNotes(cmd.ErrOrStderr())
+	pol, err := f.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	files, err := readInputFiles(f.files)
 	if err != nil {
 		return err
@@ -213,7 +217,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 			if err != nil {
 				return nil, err
 			}
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Zygote: zy})
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
 		},
 	})
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -238,7 +242,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	run, rep, err := svc.Run(ctx, runs.Request{
-		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network, Allow: pol.AllowEntries(),
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
 		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
 	})
