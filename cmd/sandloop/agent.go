@@ -173,6 +173,10 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		return err
 	}
 	f.lf.sayNotes(cmd.ErrOrStderr())
+	pol, err := f.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	files, err := readInputFiles(f.files)
 	if err != nil {
 		return err
@@ -200,7 +204,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode()})
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol})
 		},
 	})
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -225,7 +229,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	run, rep, err := svc.Run(ctx, runs.Request{
-		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network, Allow: pol.AllowEntries(),
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
 		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
 	})

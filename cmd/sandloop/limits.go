@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/spf13/pflag"
 )
@@ -68,6 +69,7 @@ type limitFlags struct {
 	files   int
 	env     []string
 	network bool
+	allow   []string
 	fs      *pflag.FlagSet
 	// notes are said to the user before the run (a limit capped).
 	notes []string
@@ -81,7 +83,23 @@ func (l *limitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads of the program, sandloop's own not counted (at least 8; default 256)")
 	l.registerQuota(fs, "", "")
 	fs.StringArrayVar(&l.env, "env", nil, "environment variable K=V for the program (repeatable)")
-	fs.BoolVar(&l.network, "network", false, "share the host's network (default: loopback only)")
+	fs.BoolVar(&l.network, "network", false, "share the host's whole network, for trusted code (default: loopback only)")
+	fs.StringSliceVar(&l.allow, "allow", nil, "let the sandbox reach only these through sandloop's proxy: host names (example.org, *.example.org, example.org:8443), addresses or ranges (private ones are refused unless listed), or presets ("+strings.Join(egress.PresetNames(), ", ")+"); repeatable or comma-separated")
+}
+
+// egressPolicy is the allowlist --allow asks for (nil: none).
+func (l *limitFlags) egressPolicy() (*egress.Policy, error) {
+	if len(l.allow) == 0 {
+		return nil, nil
+	}
+	if l.network {
+		return nil, usagef("--allow and --network exclude each other: --network shares the host's whole network, --allow only what it lists")
+	}
+	al, err := egress.ParseAllowlist(l.allow)
+	if err != nil {
+		return nil, usagef("--allow: %v", err)
+	}
+	return &egress.Policy{Allow: al}, nil
 }
 
 func (l *limitFlags) limits() (jail.Limits, error) {

@@ -49,6 +49,10 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				return err
 			}
 			lf.sayNotes(cmd.ErrOrStderr())
+			pol, err := lf.egressPolicy()
+			if err != nil {
+				return err
+			}
 			effMax := maxTimeout
 			if effMax == 0 {
 				effMax = 10 * time.Minute // mcpserver's default
@@ -76,6 +80,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			sessOpts := session.Options{
 				Limits:         limits,
 				Network:        lf.networkMode(),
+				Egress:         pol,
 				Env:            env,
 				MaxOutputBytes: int(maxOutput),
 				Logger:         log,
@@ -97,6 +102,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				MaxFileBytes:      maxFile,
 				MaxWorkspaceBytes: maxWorkspace,
 				Network:           lf.network,
+				Allow:             pol.AllowEntries(),
 				Logger:            log,
 			})
 			if err != nil {

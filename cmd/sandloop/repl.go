@@ -42,6 +42,10 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 				return err
 			}
 			lf.sayNotes(c.ErrOrStderr())
+			pol, err := lf.egressPolicy()
+			if err != nil {
+				return err
+			}
 			env := map[string]string{}
 			for _, kv := range lf.env {
 				k, v, _ := strings.Cut(kv, "=")
@@ -60,7 +64,7 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 				Images:     images,
 				History:    history,
 				Options: session.Options{
-					Limits: limits, Network: lf.networkMode(), Env: env, ExecTimeout: execTimeout,
+					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout,
 				},
 			})
 		},

@@ -114,6 +114,10 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		return err
 	}
 	s.lf.sayNotes(cmd.ErrOrStderr())
+	pol, err := s.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)
@@ -153,7 +157,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		}()
 		stdin = pr
 	}
-	res, err := jail.Run(ctx, &jail.Config{
+	res, netLog, err := runJail(ctx, &jail.Config{
 		Stdin:     readerOrNil(stdin),
 		Path:      jail.DefaultPython,
 		Args:      argv,
@@ -163,7 +167,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		Network:   s.lf.networkMode(),
 		Stdout:    output.Stdout(),
 		Stderr:    output.Stderr(),
-	})
+	}, pol)
 	output.Finish()
 	var ae *jail.ArgumentError
 	if errors.As(err, &ae) {
@@ -182,6 +186,7 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		}
 	}
 	if s.stats {
+		printNetworkLog(stderr, netLog)
 		fmt.Fprintf(stderr, "sandloop: duration %s, cpu %s, peak memory %.1f MiB (%s)\n",
 			res.Duration.Round(time.Millisecond), res.CPUTime.Round(time.Millisecond), float64(res.MemoryPeak)/(1<<20), res.Enforcement)
 	}

@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	neturl "net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
@@ -36,6 +39,8 @@ func newServeCmd() *cobra.Command {
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
+		allow, allowMax          []string
+		defaultNetwork           string
 		useZygote, useE2B        bool
 	)
 	cmd := &cobra.Command{
@@ -55,6 +60,10 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			maxima, err := max.limits()
+			if err != nil {
+				return err
+			}
+			eg, err := egressOptions(defaultNetwork, allow, allowMax)
 			if err != nil {
 				return err
 			}
@@ -104,6 +113,16 @@ func newServeCmd() *cobra.Command {
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return usagef("cannot listen on %s: %v", addr, err)
+			}
+			defer ln.Close()
+			// Sandboxes never reach this server through their proxy, even
+			// where an allowlist opens loopback.
+			if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+				eg.Policy.Deny = append(eg.Policy.Deny, ap, netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port()))
+			}
 			// The page and its assets hold no data; the page sends the token with every API call.
 			public := webui.Mounts()
 			e2bKey := ""
@@ -119,16 +138,12 @@ func newServeCmd() *cobra.Command {
 				e2bKey = key
 			}
 			srv, err := server.New(server.Options{
-				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
+				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork, Egress: eg,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
 				PublicMounts: public,
 			})
 			if err != nil {
 				return err
-			}
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				return usagef("cannot listen on %s: %v", addr, err)
 			}
 			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -182,7 +197,10 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&idle, "idle-timeout", 30*time.Minute, "close a session unused this long")
 	f.DurationVar(&lifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
 	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
-	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
+	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's whole network (mode host)")
+	f.StringVar(&defaultNetwork, "default-network", "none", "network mode of a session that asks for none: none or allow (with --allow's list)")
+	f.StringSliceVar(&allow, "allow", nil, "allowlist of a session in mode allow that lists nothing (host names, *.domains, :PORTs, addresses, ranges, presets: "+strings.Join(egress.PresetNames(), ", ")+"; repeatable)")
+	f.StringSliceVar(&allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
 	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")

@@ -81,6 +81,15 @@ func (v *terminalView) event(e agent.Event) {
 	case agent.EventNotice:
 		v.endText()
 		fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, "! "+e.Text))
+	case agent.EventNetwork:
+		v.endText()
+		for _, n := range e.Network {
+			if n.Allowed {
+				fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("network: %s %s:%d, %d bytes out, %d in", n.Method, n.Host, n.Port, n.BytesOut, n.BytesIn)))
+			} else {
+				fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, fmt.Sprintf("network: refused %s %s:%d (%s)", n.Method, n.Host, n.Port, n.Reason)))
+			}
+		}
 	case agent.EventLessons:
 		v.endText()
 		head := "lessons recalled:"

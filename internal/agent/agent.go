@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -77,7 +78,10 @@ type Options struct {
 	// Network says the sandbox may reach the network (so pip may run);
 	// PackageIndex and WheelDir (a path inside the sandbox) are package
 	// sources for install_packages.
-	Network      bool
+	Network bool
+	// Allow is the sandbox's allowlist in allow mode (its egress proxy):
+	// install_packages uses pip's default index when it lists the index.
+	Allow        []string
 	PackageIndex string
 	WheelDir     string
 	// MaxSteps caps model calls. If zero, 25.
@@ -112,6 +116,7 @@ const (
 	EventToolCall   = "tool_call"
 	EventOutput     = "output" // live output of an execution (Exec)
 	EventToolResult = "tool_result"
+	EventNetwork    = "network" // connections through the sandbox's egress proxy
 	EventUsage      = "usage"
 	EventNotice     = "notice" // a note from the harness to the model (nudges, checks)
 	EventFinished   = "run_finished"
@@ -133,6 +138,7 @@ type Event struct {
 	Changed    []string       `json:"changed,omitempty"`
 	Usage      *llm.Usage     `json:"usage,omitempty"`
 	Report     *Report        `json:"report,omitempty"`
+	Network    []egress.Entry `json:"network,omitempty"` // EventNetwork
 	Lessons    []LessonRef    `json:"lessons,omitempty"`
 }
 
@@ -190,6 +196,7 @@ type run struct {
 	failures map[string]int // identical failing actions
 	metrics  *RefactorMetrics
 	tests    *TestRun
+	netSeen  int         // egress log entries already recorded (dropped ones included)
 	used     []LessonRef // lessons shown
 }
 
@@ -272,6 +279,31 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	return rep, nil
 }
 
+// networkLogger is a session with an egress allowlist (session.Session).
+type networkLogger interface{ NetworkLog() *egress.Log }
+
+// emitNetwork records the connections the sandbox made through its egress
+// proxy since the last call (the run's history keeps them).
+func (r *run) emitNetwork() {
+	nl, ok := r.opts.Session.(networkLogger)
+	if !ok {
+		return
+	}
+	l := nl.NetworkLog()
+	if l == nil {
+		return
+	}
+	seen := r.netSeen - l.Dropped
+	if seen < 0 {
+		seen = 0
+	}
+	if seen >= len(l.Entries) {
+		return
+	}
+	r.netSeen = l.Dropped + len(l.Entries)
+	r.emit(Event{Type: EventNetwork, Network: l.Entries[seen:]})
+}
+
 func (r *run) emit(e Event) {
 	if r.opts.OnEvent == nil {
 		return
@@ -346,6 +378,7 @@ func (r *run) loop(ctx context.Context) *Report {
 				r.emit(Event{Type: EventNotice, Text: note})
 			}
 			r.emit(Event{Type: EventToolResult, ToolCallID: call.ID, Tool: call.Name, Text: o.Text, IsError: o.IsError, Result: o.Exec, Images: len(o.Images), Changed: o.Changed})
+			r.emitNetwork()
 			msgs = append(msgs, llm.Message{Role: llm.RoleTool, ToolCallID: call.ID, Text: o.Text, Images: o.Images, IsError: o.IsError})
 			if o.Finish != nil && done == nil {
 				done = &Report{Status: StatusDone, Summary: o.Finish.Summary, RootCause: o.Finish.RootCause}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,6 +79,11 @@ type Log struct {
 	MaxConns int      `json:"max_conns"`
 	Entries  []Entry  `json:"entries"`
 	Dropped  int      `json:"dropped,omitempty"`
+}
+
+// Sort orders the entries by the time they began.
+func (l *Log) Sort() {
+	slices.SortStableFunc(l.Entries, func(a, b Entry) int { return a.Time.Compare(b.Time) })
 }
 
 // New returns a gate enforcing opts.Policy.
@@ -175,7 +181,8 @@ func (g *Gate) Close() error {
 	return nil
 }
 
-// Log returns the gate's counters and its connection log, oldest first.
+// Log returns the gate's counters and its connection log in the order the
+// entries were made (a tunnel's when it ends; see Log.Sort).
 func (g *Gate) Log() Log {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -233,6 +233,49 @@ func (a *Allowlist) coversAddr(ad netip.Addr) bool {
 	return false
 }
 
+// Within checks that every entry of a is covered by an entry of max: the
+// same or a broader name pattern, a range holding the addresses, and the
+// ports. With a nil max, host names are all allowed and addresses and
+// ranges (which open private networks) are not.
+func (a *Allowlist) Within(max *Allowlist) error {
+	var out []string
+	for i, r := range a.rules {
+		if !max.covers(r) {
+			out = append(out, a.entries[i])
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if max == nil {
+		return fmt.Errorf("%s: addresses and ranges may be listed only if the server allows them", strings.Join(out, ", "))
+	}
+	return fmt.Errorf("%s: not within what this server allows (%s)", strings.Join(out, ", "), strings.Join(max.entries, ", "))
+}
+
+func (max *Allowlist) covers(r rule) bool {
+	if max == nil {
+		return r.name != ""
+	}
+	for _, m := range max.rules {
+		if m.ports != nil && (r.ports == nil || slices.ContainsFunc(r.ports, func(p int) bool { return !slices.Contains(m.ports, p) })) {
+			continue
+		}
+		switch {
+		case r.name == "" && m.name == "":
+			if m.prefix.Bits() <= r.prefix.Bits() && m.prefix.Contains(r.prefix.Addr()) {
+				return true
+			}
+		case r.name != "" && m.name != "":
+			under := m.suffix && strings.HasSuffix(r.name, "."+m.name)
+			if !r.suffix && (!m.suffix && m.name == r.name || under) || r.suffix && m.suffix && (m.name == r.name || under) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Policy is what one session may reach and how much.
 type Policy struct {
 	// Allow lists the allowed targets. Nil allows nothing.
@@ -250,6 +293,15 @@ type Policy struct {
 	// IdleTimeout closes a connection with no traffic either way for this
 	// long. If zero, 2 minutes.
 	IdleTimeout time.Duration
+}
+
+// AllowEntries returns the allowlist's entries, presets expanded (nil for
+// a nil policy).
+func (p *Policy) AllowEntries() []string {
+	if p == nil {
+		return nil
+	}
+	return p.Allow.Entries()
 }
 
 func (p Policy) withDefaults() Policy {

@@ -37,10 +37,24 @@ type run struct {
 	ws             string
 }
 
+// testWorkspace is a fresh workspace directly under the temporary
+// directory, as sandloop makes them: t.TempDir's parent is private to its
+// owner, which a jail run by root inside a container without
+// CAP_SYS_ADMIN cannot pass through (it attaches the workspace by path).
+func testWorkspace(t *testing.T) string {
+	t.Helper()
+	ws, err := os.MkdirTemp("", "sandloop-test-ws-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(ws) })
+	return ws
+}
+
 // runPy runs code with the sandbox's Python in a fresh jail.
 func runPy(t *testing.T, code string, mod func(*Config)) run {
 	t.Helper()
-	ws := t.TempDir()
+	ws := testWorkspace(t)
 	var out, errb bytes.Buffer
 	cfg := &Config{Path: DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws, Stdout: &out, Stderr: &errb,
 		Limits: Limits{Timeout: 60 * time.Second}}
@@ -493,8 +507,13 @@ func takeLeftovers() leftovers {
 		return true
 	})
 	l.inits = RunningInits()
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	l.mounts = bytes.Count(mi, []byte("\n"))
+	// Not the capped workspaces other sandloops on this host mount and
+	// unmount meanwhile (this package mounts none).
+	for _, m := range readMountinfo() {
+		if !strings.HasPrefix(filepath.Base(m.point), "sandloop-ws-") {
+			l.mounts++
+		}
+	}
 	return l
 }
 

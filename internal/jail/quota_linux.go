@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,13 +45,32 @@ func quotaUnsupported() string {
 	if os.Geteuid() != 0 {
 		return "needs root (a tmpfs is mounted on each workspace); without it only uploads through the files API are capped"
 	}
+	if !effectiveCap(unix.CAP_SYS_ADMIN) {
+		// Root in a container, which holds no CAP_SYS_ADMIN by default.
+		return "needs CAP_SYS_ADMIN (a tmpfs is mounted on each workspace), which this container does not hold; only uploads through the files API are capped"
+	}
 	return ""
+}
+
+// effectiveCap says whether this process holds capability c.
+func effectiveCap(c int) bool {
+	for _, line := range strings.Split(readFileString("/proc/self/status"), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && n&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }
 
 // QuotaSupport says how workspaces are capped on this host, for doctor.
 func QuotaSupport() Check {
 	if r := quotaUnsupported(); r != "" {
-		return Check{Fallback: true, Detail: r, Fix: "run sandloop as root (in a container: root in its user namespace)"}
+		fix := "run sandloop as root"
+		if os.Geteuid() == 0 {
+			fix = "give the container CAP_SYS_ADMIN inside its user namespace (--cap-add=SYS_ADMIN with --userns=auto), or accept uncapped workspaces"
+		}
+		return Check{Fallback: true, Detail: r, Fix: fix}
 	}
 	return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace (ENOSPC on every write past the cap)"}
 }

@@ -188,6 +188,11 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		err = cmd.Start()
 	}
 	if err != nil {
+		if errors.Is(err, unix.EPERM) {
+			// Typically a container's seccomp or AppArmor profile, or a
+			// sysctl forbidding user namespaces.
+			return fail(fmt.Errorf("start jail: new namespaces refused (%w): `sandloop doctor` says why and how to fix it", err))
+		}
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
 	p.cmd = cmd

@@ -108,8 +108,11 @@ func (s *Server) addTools() {
 		t.Maximum = jsonschema.Ptr(maxT)
 	}
 	network := "The sandbox has no network access (only its own loopback)."
-	if o.Network {
+	switch {
+	case o.Network:
 		network = "The sandbox can reach the network."
+	case len(o.Allow) > 0:
+		network = "The sandbox can reach only these hosts (through a proxy; pip and requests use it on their own): " + strings.Join(o.Allow, ", ") + "."
 	}
 	// Code can do anything in the sandbox: delete files, reach the network
 	// when allowed.

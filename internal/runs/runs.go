@@ -55,8 +55,11 @@ type Request struct {
 	Args  []string
 	// Checks are refactor mode's behaviour checks (commands).
 	Checks []string
-	// Network says the run's sandbox has the network (install_packages may use pip).
+	// Network says the run's sandbox has the host's network (install_packages may use pip).
 	Network bool
+	// Allow is the allowlist of a sandbox in allow mode (install_packages
+	// uses pip when it includes the package index).
+	Allow []string
 	// Limits of the run; zero values take the agent's defaults.
 	MaxSteps  int
 	MaxTokens int64
@@ -225,7 +228,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	rep, err := agent.Run(ctx, agent.Options{
 		Lessons: book,
 		Task:    req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
-		Checks: req.Checks, Network: req.Network,
+		Checks: req.Checks, Network: req.Network, Allow: req.Allow,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
 		Confirm: req.Confirm, Logger: s.log,
 		OnEvent: func(e agent.Event) {

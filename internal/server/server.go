@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
@@ -40,6 +41,8 @@ type Options struct {
 	AllowedHosts []string
 	// AllowNetwork lets sessions ask for the host's network.
 	AllowNetwork bool
+	// Egress configures allow mode (an allowlist proxy per session).
+	Egress EgressOptions
 	// MaxBodyBytes caps JSON request bodies. If zero, 4 MiB.
 	MaxBodyBytes int64
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
@@ -62,6 +65,22 @@ type Options struct {
 	Lessons store.LessonStore
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
+}
+
+// EgressOptions configure sessions in allow mode.
+type EgressOptions struct {
+	// DefaultMode is the mode of a session that asks for none: none or
+	// allow. If empty, none.
+	DefaultMode egress.Mode
+	// Default is the allowlist of a session in allow mode that lists
+	// nothing. If empty, such a session must list what it needs.
+	Default []string
+	// Max bounds what a session may list. If nil, any host names, and no
+	// addresses or ranges.
+	Max *egress.Allowlist
+	// Policy holds the caps, timeouts and denied addresses (the server's
+	// own) every session's policy starts from.
+	Policy egress.Policy
 }
 
 // Server is the HTTP API.
@@ -140,6 +159,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/execute", s.execute, false},
 		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
 		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
+		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
 		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
 		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
