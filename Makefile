@@ -3,8 +3,10 @@
 GO ?= go
 export CGO_ENABLED = 0
 ARGS ?= doctor
+# What `sandloop --version` says: the git description of this tree.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: run test build deps gen bench load
+.PHONY: run test build deps gen bench load test-vm image
 
 deps:
 	@./scripts/deps.sh
@@ -15,7 +17,7 @@ gen:
 	$(GO) generate ./internal/jail
 
 build: deps gen
-	$(GO) build -o bin/sandloop ./cmd/sandloop
+	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/sandloop ./cmd/sandloop
 
 # make run ARGS='exec -c "print(1)"'
 run: build
@@ -25,15 +27,30 @@ test: deps gen
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 
+# The packages that touch the kernel (jail, session, zygote) on Debian 12's
+# kernel 6.1 with cgroup v2 only, in a QEMU VM (TCG: slow, ~15-30 minutes),
+# as root and as an unprivileged user with a delegated cgroup. Needs the
+# VM runner (SANDLOOP_VM=.../shared/vm/run.sh); VM_RUN=pattern for a subset.
+test-vm: deps gen
+	./scripts/test-vm.sh
+
+# The container image of deploy/Dockerfile, built without a registry:
+# mmdebstrap + podman import (installs both from apt if missing).
+image: gen
+	./scripts/image.sh
+
 # Speed claims, each printed as a ratio against a baseline measured in the same run.
 bench: deps gen
 	$(GO) test -run '^$$' -bench ColdExec -benchtime 30x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench ServeDefault -benchtime 8x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench GatewayExecute -benchtime 2000x ./internal/gateway
 	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
+	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench Lessons -benchtime 1x ./internal/lessons
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

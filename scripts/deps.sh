@@ -4,7 +4,9 @@
 # is missing.
 set -euo pipefail
 pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask python3-requests python3-pytest python3-pil
+  python3-pip python3-setuptools python3-wheel curl # pip in the sandbox; the egress tests build a wheel and use curl through the proxy
   chromium # chromium: the web UI's browser tests (internal/webui)
+  crun # crun: sandloop inside a container (cmd/sandloop TestInContainer)
   postgresql) # postgresql: the PostgreSQL store's and the cell's tests (internal/store/pgtest starts throwaway clusters)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -28,5 +30,16 @@ if [ ! -d "$tsclient/node_modules/@modelcontextprotocol/sdk" ]; then
     npm ci --prefix "$tsclient" --no-audit --no-fund --loglevel=error
   else
     echo "note: node and npm not found: the TypeScript MCP client tests will skip"
+  fi
+fi
+# The E2B end-to-end tests and benchmark drive sandloop with E2B's official
+# npm SDKs (e2b latest and 2.45, @e2b/code-interpreter): same, from their lock file.
+e2bsdk="$(cd "$(dirname "$0")/.." && pwd)/internal/e2b/testdata/sdk"
+if [ ! -d "$e2bsdk/node_modules/@e2b/code-interpreter" ] || [ ! -d "$e2bsdk/node_modules/e2b-2.45" ]; then
+  if command -v npm >/dev/null && command -v node >/dev/null; then
+    echo "installing E2B's SDKs for the tests (npm ci)"
+    npm ci --prefix "$e2bsdk" --no-audit --no-fund --loglevel=error
+  else
+    echo "note: node and npm not found: the E2B SDK tests will skip"
   fi
 fi

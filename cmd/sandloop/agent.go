@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -42,7 +43,9 @@ type agentFlags struct {
 	dataDir    string
 	database   string
 	pricesFile string
+	noLessons  bool
 	lf         limitFlags
+	zygote     zygoteMode
 }
 
 func newAgentCmd() *cobra.Command {
@@ -77,9 +80,11 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringVar(&f.entry, "entry", "", "debug and refactor modes: the program to run (default: the only .py file given)")
 	fl.StringArrayVar(&f.checks, "check", nil, "refactor mode: a command whose output must not change, e.g. 'python3 report.py data.csv' (repeatable)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where run history is kept")
+	fl.BoolVar(&f.noLessons, "no-lessons", false, "neither recall lessons of earlier runs nor learn new ones (see sandloop lessons)")
 	fl.StringVar(&f.database, "database", "", databaseHelp)
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
+	registerZygote(fl, &f.zygote)
 	return cmd
 }
 
@@ -131,6 +136,18 @@ func openStore(ctx context.Context, dataDir, database string) (store.History, er
 	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
 }
 
+// lessonStore returns the lessons of history h, or nil (with a note)
+// when h keeps none.
+func lessonStore(h store.History, errOut io.Writer, off bool) store.LessonStore {
+	if ls, ok := h.(store.LessonStore); ok {
+		return ls
+	}
+	if !off && errOut != nil {
+		fmt.Fprintln(errOut, "sandloop: this run history keeps no lessons (only the SQLite one does): running without")
+	}
+	return nil
+}
+
 // databaseHelp documents --database wherever it is offered.
 const databaseHelp = "run history database: postgres://USER:PASSWORD@HOST/DB or a SQLite file (default: runs.db in --data-dir; also SANDLOOP_DATABASE_URL)"
 
@@ -151,7 +168,15 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if f.maxSteps <= 0 || f.maxCost < 0 || f.maxTokens < 0 {
 		return usagef("--max-steps must be positive; --max-cost and --max-tokens must not be negative")
 	}
+	if f.confirm && !isTerminal(cmd.InOrStdin()) {
+		return usagef("--confirm asks before each step and needs a terminal to ask on: stdin is not one")
+	}
 	limits, err := f.lf.limits()
+	if err != nil {
+		return err
+	}
+	f.lf.sayNotes(cmd.ErrOrStderr())
+	pol, err := f.lf.egressPolicy()
 	if err != nil {
 		return err
 	}
@@ -177,11 +202,22 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	// The zygote starts while the model thinks about its first step.
+	zl, err := startZygoteLater(ctx, f.zygote, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+	if err != nil {
+		return err
+	}
+	defer zl.Close()
 	svc := runs.New(runs.Options{
 		Store:    st,
+		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode()})
+			zy, err := zl.Get(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
 		},
 	})
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -198,14 +234,17 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		in := bufio.NewReader(cmd.InOrStdin())
 		confirm = func(ctx context.Context, tool, code string) bool {
 			fmt.Fprintf(errOut, "run this %s? [y/N] ", tool)
-			line, _ := in.ReadString('\n')
+			line, err := in.ReadString('\n')
+			if err != nil && !strings.HasSuffix(line, "\n") {
+				fmt.Fprintln(errOut) // Ctrl-D: end the prompt's line
+			}
 			return strings.HasPrefix(strings.ToLower(strings.TrimSpace(line)), "y")
 		}
 	}
 	run, rep, err := svc.Run(ctx, runs.Request{
-		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network,
+		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network, Allow: pol.AllowEntries(),
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
-		Confirm: confirm, OnEvent: view,
+		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
 	})
 	var nm *llm.NoModelError
 	var ce *llm.ConfigError
@@ -261,7 +300,8 @@ func writeArtifacts(ctx context.Context, st store.History, id, dir string) error
 	return nil
 }
 
-func isTerminal(w io.Writer) bool {
+// isTerminal reports whether w (an io.Writer or io.Reader) is a terminal.
+func isTerminal(w any) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,19 +142,42 @@ func TestAgentCLIBadInputAndNoModel(t *testing.T) {
 }
 
 func TestAgentCLIConfirm(t *testing.T) {
+	// A prompt needs a terminal: piped stdin is refused up front.
+	useModel(t, llmtest.Script{})
+	if code, _, stderr := sandloop(t, "y\n", "agent", "t", "--confirm", "--data-dir", t.TempDir()); code != 2 || !strings.Contains(stderr, "--confirm") || !strings.Contains(stderr, "terminal") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("--confirm with piped stdin: exit %d %q", code, stderr)
+	}
+
 	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print('declined code ran')"}`)},
+		{ToolCalls: tc("execute_python", `{"code":"print('declined code ran')"}`)},
 		{ToolCalls: tc("execute_python", `{"code":"print('declined code ran')"}`)},
 		{ToolCalls: tc("execute_python", `{"code":"print('approved')"}`)},
 		{ToolCalls: tc("finish", `{"summary":"ok"}`)},
 	})
-	code, stdout, stderr := sandloop(t, "n\ny\n", "agent", "t", "--confirm", "--data-dir", t.TempDir())
-	if code != 0 || strings.Count(stderr, "run this execute_python? [y/N]") != 2 {
-		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	master, tty := openPty(t)
+	cmd := cliCommand(t.Context(), "agent", "t", "--confirm", "--data-dir", t.TempDir())
+	var stdout, stderr strings.Builder
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	if strings.Contains(stdout, "\ndeclined code ran\n") || !strings.Contains(stdout, "\napproved\n") {
-		t.Errorf("declined code ran, or approved code did not:\n%s", stdout)
+	tty.Close()
+	go io.Copy(io.Discard, master) // the terminal's echo
+	master.Write([]byte("n\nn\nn\ny\n"))
+	err := cmd.Wait()
+	if err != nil || strings.Count(stderr.String(), "run this execute_python? [y/N] ") != 4 {
+		t.Fatalf("%v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
-	if res := srv.Requests()[1].ToolResults(); !strings.Contains(res[0].Text, "declined") {
-		t.Errorf("the model was not told: %q", res[0].Text)
+	if strings.Contains(stdout.String(), "\ndeclined code ran\n") || !strings.Contains(stdout.String(), "\napproved\n") {
+		t.Errorf("declined code ran, or approved code did not:\n%s", stdout.String())
+	}
+	// Declining is not failing: the model is told the user said no, never
+	// that it repeated the same failing call.
+	for i := 1; i <= 3; i++ {
+		res := srv.Requests()[i].ToolResults()
+		if text := res[len(res)-1].Text; !strings.Contains(text, "declined") || strings.Contains(text, "failed the same way") {
+			t.Errorf("request %d tells the model %q", i+1, text)
+		}
 	}
 }

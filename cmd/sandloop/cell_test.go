@@ -63,8 +63,9 @@ func freeAddr(t *testing.T) string {
 func (c *cell) start(name, addr string, args ...string) *proc {
 	c.t.Helper()
 	p := &proc{name: name, addr: addr, args: args, log: &bytes.Buffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(os.Args[0], append(args, "--addr", addr)...)
-	p.cmd.Env = append(os.Environ(), append(c.env, childEnv+"=1")...)
+	// This test binary runs as the CLI with SANDLOOP_CLI_CHILD (TestMain).
+	p.cmd = exec.Command(os.Args[0])
+	p.cmd.Env = append(os.Environ(), append(c.env, "SANDLOOP_CLI_CHILD="+strings.Join(append(args, "--addr", addr), "\x1f"))...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		c.t.Fatal(err)

@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/spf13/pflag"
 )
@@ -62,17 +65,41 @@ type limitFlags struct {
 	memory  int64
 	cpus    float64
 	pids    int
+	disk    int64
+	files   int
 	env     []string
 	network bool
+	allow   []string
+	fs      *pflag.FlagSet
+	// notes are said to the user before the run (a limit capped).
+	notes []string
 }
 
 func (l *limitFlags) register(fs *pflag.FlagSet) {
+	l.fs = fs
 	fs.DurationVar(&l.timeout, "timeout", 0, "wall-clock limit, e.g. 30s or 5m (default: none)")
 	fs.Var(sizeValue{&l.memory}, "memory", "memory limit, swap included, e.g. 512M (default 512M)")
-	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5 (default 1)")
-	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads (default 256)")
+	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5, at most the host's CPUs (default 1)")
+	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads of the program, sandloop's own not counted (at least 8; default 256)")
+	l.registerQuota(fs, "", "")
 	fs.StringArrayVar(&l.env, "env", nil, "environment variable K=V for the program (repeatable)")
-	fs.BoolVar(&l.network, "network", false, "share the host's network (default: loopback only)")
+	fs.BoolVar(&l.network, "network", false, "share the host's whole network, for trusted code (default: loopback only)")
+	fs.StringSliceVar(&l.allow, "allow", nil, "let the sandbox reach only these through sandloop's proxy: host names (example.org, *.example.org, example.org:8443), addresses or ranges (private ones are refused unless listed), or presets ("+strings.Join(egress.PresetNames(), ", ")+"); repeatable or comma-separated")
+}
+
+// egressPolicy is the allowlist --allow asks for (nil: none).
+func (l *limitFlags) egressPolicy() (*egress.Policy, error) {
+	if len(l.allow) == 0 {
+		return nil, nil
+	}
+	if l.network {
+		return nil, usagef("--allow and --network exclude each other: --network shares the host's whole network, --allow only what it lists")
+	}
+	al, err := egress.ParseAllowlist(l.allow)
+	if err != nil {
+		return nil, usagef("--allow: %v", err)
+	}
+	return &egress.Policy{Allow: al}, nil
 }
 
 func (l *limitFlags) limits() (jail.Limits, error) {
@@ -88,8 +115,45 @@ func (l *limitFlags) limits() (jail.Limits, error) {
 		return jail.Limits{}, usagef("--cpus must not be negative")
 	case l.pids < 0:
 		return jail.Limits{}, usagef("--pids must not be negative")
+	case l.files < 0:
+		return jail.Limits{}, usagef("--files must not be negative")
+	case l.disk != 0 && l.disk < 1<<20:
+		return jail.Limits{}, usagef("--disk must be at least 1M")
+	case l.files != 0 && l.files < 16:
+		return jail.Limits{}, usagef("--files must be at least 16")
+	case l.set("pids") && l.pids == 0:
+		return jail.Limits{}, usagef("--pids 0 is not a limit: give a number of processes, at least 8 (default 256)")
+	case l.set("cpus") && l.cpus == 0:
+		return jail.Limits{}, usagef("--cpus 0 is not a limit: give a number of cores such as 0.5 (default 1)")
 	}
-	return jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout}, nil
+	if n := float64(runtime.NumCPU()); l.set("cpus") && l.cpus > n {
+		l.notes = append(l.notes, fmt.Sprintf("--cpus %g is more than this host's %g CPUs: using %g", l.cpus, n, n))
+		l.cpus = n
+	}
+	return jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout, Disk: l.disk, Files: l.files}, nil
+}
+
+// registerQuota adds the workspace quota's flags, named with prefix
+// ("max-" for a server's maxima) and described with what ("largest ...").
+func (l *limitFlags) registerQuota(fs *pflag.FlagSet, prefix, what string) {
+	if what == "" {
+		fs.Var(sizeValue{&l.disk}, "disk", fmt.Sprintf("bytes the workspace may hold, enforced on every write (memory-backed: counts toward --memory) (default %s)", formatSize(jail.DefaultDisk)))
+		fs.IntVar(&l.files, "files", 0, fmt.Sprintf("files and directories the workspace may hold (default %d)", jail.DefaultFiles))
+		return
+	}
+	fs.Var(sizeValue{&l.disk}, prefix+"disk", what+" workspace size a session may ask for (default: --disk)")
+	fs.IntVar(&l.files, prefix+"files", 0, what+" workspace file count a session may ask for (default: --files)")
+}
+
+// set reports whether the user gave flag name.
+func (l *limitFlags) set(name string) bool { return l.fs != nil && l.fs.Changed(name) }
+
+// sayNotes prints the notes about the limits to w, once.
+func (l *limitFlags) sayNotes(w io.Writer) {
+	for _, n := range l.notes {
+		fmt.Fprintln(w, "sandloop: note: "+n)
+	}
+	l.notes = nil
 }
 
 func (l *limitFlags) networkMode() jail.Network {

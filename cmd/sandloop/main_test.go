@@ -2,25 +2,105 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 )
 
 func TestMain(m *testing.M) {
 	jail.MaybeInit()
-	// The cell test starts hosts and gateways as processes of this binary.
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(execute(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	if args := os.Getenv("SANDLOOP_CLI_CHILD"); args != "" {
+		// The CLI itself, for asNobody.
+		os.Exit(execute(strings.Split(args, "\x1f"), os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
 
-// childEnv makes this test binary run as the sandloop command.
-const childEnv = "SANDLOOP_TEST_AS_COMMAND"
+// asNobody runs the CLI as uid 65534 (a copy of this test binary, in a
+// directory nobody may read) and returns exit code, stdout, stderr.
+func asNobody(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := nobodyCommand(t, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// nobodyCommand returns the CLI with args as a command run by nobody (a
+// copy of this test binary it can execute), in a directory of its own.
+func nobodyCommand(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user")
+	}
+	dir, err := os.MkdirTemp("", "sandloop-cli-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	self, _ := os.Executable()
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "sandloop.test")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"SANDLOOP_CLI_CHILD=" + strings.Join(args, "\x1f"), "TMPDIR=" + dir, "HOME=" + dir, "PATH=/usr/bin:/bin"}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.WaitDelay = 15 * time.Second
+	return cmd
+}
+
+// Without root (and no cgroup delegated to nobody here, or on a v2 host
+// a group shared with root's test), cgroups fall back to rlimits: doctor
+// says warn with the fix, not FAIL, and its verdict agrees; run prints one
+// short warning line.
+func TestRootlessFallbackIsAWarning(t *testing.T) {
+	code, out, errOut := asNobody(t, "doctor")
+	if code != 0 {
+		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
+	}
+	if strings.Contains(out, "FAIL") || !strings.Contains(out, "warn  cgroups") || !regexp.MustCompile(`warn  cgroups .*\n +fix: (systemd-run --user --scope -p Delegate=yes|give the container its own writable cgroup)`).MatchString(out) ||
+		!strings.Contains(out, "can be built on this host, with weaker limits") {
+		t.Errorf("rootless doctor:\n%s", out)
+	}
+	if !strings.Contains(out, "of which importing 6 packages took") {
+		t.Errorf("doctor's jail timing does not say what it includes:\n%s", out)
+	}
+	dir, err := os.MkdirTemp("", "sandloop-cli-script-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	script := writeFile(t, dir, "two.py", "print(1)\nprint(2)\n")
+	code, out, errOut = asNobody(t, "run", script)
+	if code != 0 || out != "1\n2\n" {
+		t.Fatalf("rootless run: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "warning") || len(lines[0]) > 120 {
+		t.Errorf("want one short warning line, got:\n%s", errOut)
+	}
+}
 
 // sandloop runs the CLI in-process and returns exit code, stdout, stderr.
 func sandloop(t *testing.T, stdin string, args ...string) (int, string, string) {
@@ -60,7 +140,7 @@ func TestRunWithOutAndStats(t *testing.T) {
 	os.Mkdir(data, 0o755)
 	writeFile(t, data, "in.csv", "a,b\n1,2\n")
 	script := writeFile(t, dir, "job.py", `import csv
-rows = list(csv.reader(open("in.csv")))
+rows = list(csv.reader(open("data/in.csv")))
 open("result.txt", "w").write(str(len(rows)))`)
 	out := filepath.Join(dir, "out")
 	code, _, errOut := sandloop(t, "", "run", "--with", data, "--out", out, "--stats", "--memory", "256M", "--cpus", "0.5", "--pids", "64", "--timeout", "30s", "--env", "X=1", script)
@@ -102,13 +182,16 @@ func TestBadInputExitsTwo(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", filepath.Join(dir, "missing.py")}, "cannot read"},
-		{[]string{"run"}, "requires at least 1 arg"},
+		{[]string{"run"}, "give the script: sandloop run FILE"},
 		{[]string{"run", "--memory", "lots", script}, `"lots" is not a size`},
 		{[]string{"run", "--timeout", "soon", script}, "invalid argument"},
 		{[]string{"exec", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"exec", "--env", "NOEQUALS", "-c", "1"}, "must be KEY=VALUE"},
 		{[]string{"exec", "--memory", "1k", "-c", "1"}, "below the 16 MiB minimum"},
 		{[]string{"run", "--with", filepath.Join(dir, "nodir"), script}, "--with"},
+		{[]string{"exec", "--disk", "1k", "-c", "1"}, "--disk must be at least 1M"},
+		{[]string{"exec", "--files", "3", "-c", "1"}, "--files must be at least 16"},
+		{[]string{"exec", "--max-output", "10", "-c", "1"}, "--max-output must be at least 1K"},
 		{[]string{"frobnicate"}, "unknown command"},
 	}
 	for _, c := range cases {
@@ -124,9 +207,61 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
 	}
-	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built"} {
+	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built",
+		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A flood of output (256 MiB: the bound does not depend on the size)
+// reaches the caller bounded by --max-output, with the traceback at its end
+// intact and a note of what was dropped; the exit status stays the program's.
+func TestExecOutputBounded(t *testing.T) {
+	code, out, errOut := sandloop(t, "", "exec", "--max-output", "1M", "-c",
+		"import sys\nfor _ in range(16): sys.stdout.write('A' * (16 << 20))\nraise ValueError('the end')")
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (the program's)", code)
+	}
+	if len(out)+len(errOut) > 1<<20+200 {
+		t.Errorf("passed on %d bytes of stdout and %d of stderr, want at most 1 MiB and a note", len(out), len(errOut))
+	}
+	if !strings.Contains(errOut, "bytes of stdout dropped (--max-output 1M)") || !strings.HasSuffix(errOut, "ValueError: the end\n") {
+		t.Errorf("stderr lacks the note or the traceback: %q", errOut)
+	}
+	if !strings.HasSuffix(out, strings.Repeat("A", 1000)) {
+		t.Errorf("stdout's tail was not kept")
+	}
+}
+
+// The workspace of exec is capped: writes past --disk and --files fail
+// with ENOSPC inside.
+func TestExecWorkspaceQuota(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("workspace quotas need root")
+	}
+	code, out, errOut := sandloop(t, "", "exec", "--disk", "8M", "--files", "40", "-c", `
+import errno
+def stop(f):
+    try:
+        f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(stop(lambda: open('big', 'wb').write(b'x' * (64 << 20))))
+print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
+`)
+	if code != 0 || out != "ENOSPC\nENOSPC\n" {
+		t.Errorf("exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
+	}
+}
+
+// A zygote asked for where it cannot work (without root) is refused at
+// startup: exit 2, one line saying why.
+func TestZygoteAskedForButUnsupported(t *testing.T) {
+	code, out, errOut := asNobody(t, "serve", "--zygote", "--addr", "127.0.0.1:0")
+	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "--zygote cannot work on this host") ||
+		!strings.Contains(errOut, "needs root") {
+		t.Errorf("serve --zygote without root: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

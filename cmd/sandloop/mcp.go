@@ -32,6 +32,7 @@ func newMCPCmd() *cobra.Command {
 		maxFile, maxWorkspace       int64
 		tools                       []string
 		verbose                     bool
+		zygoteFlag                  zygoteMode
 	)
 	cmd := &cobra.Command{
 		Use:   "mcp",
@@ -45,6 +46,11 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			limits, err := lf.limits()
+			if err != nil {
+				return err
+			}
+			lf.sayNotes(cmd.ErrOrStderr())
+			pol, err := lf.egressPolicy()
 			if err != nil {
 				return err
 			}
@@ -75,18 +81,31 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			sessOpts := session.Options{
 				Limits:         limits,
 				Network:        lf.networkMode(),
+				Egress:         pol,
 				Env:            env,
 				MaxOutputBytes: int(maxOutput),
 				Logger:         log,
 			}
+			zl, err := startZygoteLater(cmd.Context(), zygoteFlag, log)
+			if err != nil {
+				return err
+			}
+			defer zl.Close() // after the server has closed its sessions
 			src := mcpserver.SessionSourceFunc(func(ctx context.Context) (mcpserver.Session, error) {
-				s, err := session.New(ctx, sessOpts)
+				opts := sessOpts
+				zy, err := zl.Get(ctx)
+				if err != nil {
+					return nil, err
+				}
+				opts.Zygote = zy
+				s, err := session.New(ctx, opts)
 				if err != nil {
 					return nil, err
 				}
 				return s, nil
 			})
 			srv, err := mcpserver.New(src, &mcpserver.Options{
+				Version:           version(),
 				Tools:             tools,
 				DefaultTimeout:    lf.timeout,
 				MaxTimeout:        maxTimeout,
@@ -95,6 +114,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				MaxFileBytes:      maxFile,
 				MaxWorkspaceBytes: maxWorkspace,
 				Network:           lf.network,
+				Allow:             pol.AllowEntries(),
 				Logger:            log,
 			})
 			if err != nil {
@@ -114,6 +134,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 	}
 	f := cmd.Flags()
 	lf.register(f)
+	registerZygote(f, &zygoteFlag)
 	f.Lookup("timeout").Usage = "default timeout of one tool call when it gives no timeout_s (default 30s)"
 	f.DurationVar(&maxTimeout, "max-timeout", 0, "largest timeout_s a tool call may ask for (default 10m)")
 	f.Var(sizeValue{&maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")
@@ -144,7 +165,7 @@ func (nopWriteCloser) Close() error { return nil }
 // session with its own session from the server's manager.
 func mountMCP(m *session.Manager, mounts map[string]http.Handler) error {
 	// The server checks Host headers for every path (with --allowed-host).
-	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true})
+	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true, Version: version()})
 	if err != nil {
 		return err
 	}

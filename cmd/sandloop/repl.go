@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -10,7 +9,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -22,18 +23,26 @@ func init() { extraCommands = append(extraCommands, newReplCmd) }
 
 func newReplCmd() *cobra.Command {
 	var lf limitFlags
-	var images string
+	var images, history string
 	cmd := &cobra.Command{
 		Use:   "repl",
 		Short: "Interactive Python session in a sandbox",
 		Long: `An interactive Python session in a sandbox, like python3's own prompt:
 state persists between inputs, the last value is printed, images are saved to
 files whose paths are printed, lines starting with ! run shell commands, and
-Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
+Ctrl-C interrupts the running code without losing state. Ctrl-D, exit(),
+quit() or sys.exit(N) quit (N is the exit status). On a terminal, lines are
+edited with the arrow keys, Ctrl-R searches the history, which is kept in
+--history.
 --timeout limits each input's run time.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			limits, err := lf.limits()
+			if err != nil {
+				return err
+			}
+			lf.sayNotes(c.ErrOrStderr())
+			pol, err := lf.egressPolicy()
 			if err != nil {
 				return err
 			}
@@ -53,13 +62,15 @@ Ctrl-C interrupts the running code without losing state. Ctrl-D quits.
 				In: c.InOrStdin(), Out: c.OutOrStdout(), Err: c.ErrOrStderr(),
 				Interrupts: sigs,
 				Images:     images,
+				History:    history,
 				Options: session.Options{
-					Limits: limits, Network: lf.networkMode(), Env: env, ExecTimeout: execTimeout,
+					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout,
 				},
 			})
 		},
 	}
 	lf.register(cmd.Flags())
+	cmd.Flags().StringVar(&history, "history", filepath.Join(defaultDataDir(), "repl_history"), "file keeping the input history on a terminal (empty: none)")
 	cmd.Flags().StringVar(&images, "images", "", "directory for images the code shows (default: a new temporary directory)")
 	return cmd
 }
@@ -70,6 +81,7 @@ type replConfig struct {
 	Out, Err   io.Writer
 	Interrupts <-chan os.Signal // Ctrl-C
 	Images     string           // if empty, a temporary directory made on first use
+	History    string           // the history file on a terminal; if empty, none is kept
 	Options    session.Options
 }
 
@@ -92,43 +104,33 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 	r := &repl{replConfig: cfg, s: s}
 	fmt.Fprintf(r.Err, "sandloop: Python in a sandbox; workspace %s (mounted at /workspace). Ctrl-D quits.\n", s.Workspace())
 
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(r.In)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	var src lineSource
+	if f, ok := r.In.(*os.File); ok && isTerminal(f) && isTerminal(r.Out) {
+		t := newTermLines(cfg.History)
+		defer t.close()
+		src = t
+	} else {
+		src = newPipeLines(ctx, r.In, r.Out, r.Interrupts)
+	}
 
 	var cell strings.Builder
 	for {
-		if cell.Len() == 0 {
-			fmt.Fprint(r.Out, ">>> ")
-		} else {
-			fmt.Fprint(r.Out, "... ")
+		prompt := ">>> "
+		if cell.Len() > 0 {
+			prompt = "... "
 		}
-		var line string
-		var ok bool
-		select {
-		case line, ok = <-lines:
-		case <-r.Interrupts:
+		line, err := src.line(ctx, prompt)
+		switch {
+		case errors.Is(err, errInterrupted):
 			fmt.Fprintln(r.Out, "\nKeyboardInterrupt")
 			cell.Reset()
 			continue
-		case <-ctx.Done():
+		case err != nil: // end of input, or the context ended
 			fmt.Fprintln(r.Out)
-			return nil
-		}
-		if !ok {
-			fmt.Fprintln(r.Out)
-			if cell.Len() > 0 {
-				r.execute(ctx, cell.String())
+			if cell.Len() > 0 && ctx.Err() == nil {
+				if code, quit := r.execute(ctx, cell.String()); quit {
+					return exitWith(code)
+				}
 			}
 			return nil
 		}
@@ -144,14 +146,49 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 		if status == "incomplete" {
 			continue
 		}
-		r.execute(ctx, cell.String())
+		src.remember(strings.TrimRight(cell.String(), "\n"))
+		code, quit := r.execute(ctx, cell.String())
+		if quit {
+			return exitWith(code)
+		}
 		cell.Reset()
 	}
 }
 
+// exitWith is the command's result for a REPL left with exit status code.
+func exitWith(code int) error {
+	if code == 0 {
+		return nil
+	}
+	return &exitError{code}
+}
+
+// quitCall matches a cell that only leaves: exit(), quit(), sys.exit(N),
+// raise SystemExit(N), and bare exit or quit as IPython takes them.
+var quitCall = regexp.MustCompile(`^\s*(?:(?:exit|quit)(?:\(\s*\))?|(?:sys\.exit|exit|quit|raise\s+SystemExit)\(\s*(-?\d+)?\s*\)|raise\s+SystemExit)\s*;?\s*$`)
+
+// exitStatus reads a SystemExit's value as Python does: none or a number
+// is the status, anything else is printed and means 1.
+func exitStatus(value string) (int, string) {
+	switch v := strings.TrimSpace(value); v {
+	case "", "None":
+		return 0, ""
+	default:
+		if n, err := strconv.Atoi(v); err == nil {
+			return n & 0xff, ""
+		}
+		return 1, v
+	}
+}
+
 // execute runs one cell, printing its events as they come; Ctrl-C
-// interrupts it.
-func (r *repl) execute(ctx context.Context, code string) {
+// interrupts it. quit reports that the cell left the REPL (exit(),
+// quit(), sys.exit(n)), with status as its exit status.
+func (r *repl) execute(ctx context.Context, code string) (status int, quit bool) {
+	if m := quitCall.FindStringSubmatch(code); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n & 0xff, true
+	}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -173,13 +210,21 @@ func (r *repl) execute(ctx context.Context, code string) {
 	}
 	if err != nil {
 		fmt.Fprintln(r.Err, "sandloop:", err)
-		return
+		return 0, false
+	}
+	if res.Error != nil && res.Error.Name == "SystemExit" {
+		n, msg := exitStatus(res.Error.Value)
+		if msg != "" {
+			fmt.Fprintln(r.Err, msg)
+		}
+		return n, true
 	}
 	if res.Status == kernel.StatusKilled {
 		if err := r.restart(ctx); err != nil {
 			fmt.Fprintln(r.Err, "sandloop:", err)
 		}
 	}
+	return 0, false
 }
 
 func (r *repl) restart(ctx context.Context) error {
@@ -197,6 +242,9 @@ func (r *repl) show(e kernel.Event) {
 	case kernel.EventResult:
 		r.showResult(e.Data)
 	case kernel.EventError:
+		if e.Name == "SystemExit" {
+			return // the REPL leaves, as python3's does, without a traceback
+		}
 		tb := e.Traceback
 		if tb == "" {
 			tb = e.Name + ": " + e.Value + "\n"

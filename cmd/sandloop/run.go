@@ -17,16 +17,25 @@ import (
 
 // scriptRun is one program run in a fresh sandbox by `run` or `exec`.
 type scriptRun struct {
-	lf    limitFlags
-	with  []string
-	out   string
-	stats bool
+	lf         limitFlags
+	with       []string
+	out        string
+	force      bool
+	keepCaches bool
+	stats      bool
+	maxOutput  int64
+	// stdin, if set, is forwarded to the program's standard input.
+	stdin io.Reader
 }
 
 func (s *scriptRun) register(cmd *cobra.Command) {
 	s.lf.register(cmd.Flags())
-	cmd.Flags().StringVar(&s.out, "out", "", "copy the workspace to DIR after the run")
+	cmd.Flags().StringVar(&s.out, "out", "", "copy the workspace to DIR after the run (never over existing files unless --force; without caches unless --keep-caches)")
+	cmd.Flags().BoolVar(&s.force, "force", false, "let --out overwrite files that exist in DIR")
+	cmd.Flags().BoolVar(&s.keepCaches, "keep-caches", false, "let --out copy caches too (.cache, .config, __pycache__, ...)")
 	cmd.Flags().BoolVar(&s.stats, "stats", false, "print duration, CPU time and peak memory to stderr")
+	s.maxOutput = 16 << 20
+	cmd.Flags().Var(sizeValue{&s.maxOutput}, "max-output", "pass on at most this much stdout and stderr together, then only their last 64K each, with a note of what was dropped")
 }
 
 func newRunCmd() *cobra.Command {
@@ -34,7 +43,12 @@ func newRunCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run FILE [ARGS...]",
 		Short: "Run a Python script in a fresh sandbox; the exit code mirrors the script's",
-		Args:  cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("give the script: sandloop run FILE [ARGS...]")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			file := args[0]
 			data, err := os.ReadFile(file)
@@ -43,10 +57,18 @@ func newRunCmd() *cobra.Command {
 			}
 			name := filepath.Base(file)
 			argv := append([]string{"python3", name}, args[1:]...)
+			s.stdin = cmd.InOrStdin()
 			return s.run(cmd, argv, func(ws string) error {
-				for _, dir := range s.with {
-					if err := copyTree(dir, ws); err != nil {
-						return usagef("--with %s: %v", dir, unwrapPathError(err))
+				// Like python3 FILE, the script imports its sibling
+				// modules: the script's directory's Python files and
+				// packages are copied (not its other files: data goes in
+				// with --with).
+				if note := copyModules(filepath.Dir(file), ws); note != "" {
+					fmt.Fprintln(cmd.ErrOrStderr(), "sandloop: note: "+note)
+				}
+				for _, p := range s.with {
+					if err := copyInto(p, ws); err != nil {
+						return usagef("--with %s: %v", p, unwrapPathError(err))
 					}
 				}
 				return os.WriteFile(filepath.Join(ws, name), data, 0o644)
@@ -55,7 +77,7 @@ func newRunCmd() *cobra.Command {
 	}
 	cmd.Flags().SetInterspersed(false) // flags after FILE belong to the script
 	s.register(cmd)
-	cmd.Flags().StringArrayVar(&s.with, "with", nil, "copy DIR's files into the workspace too (repeatable)")
+	cmd.Flags().StringArrayVar(&s.with, "with", nil, "copy a file or directory into the workspace too, at the same relative path (data/sales.csv stays data/sales.csv; repeatable)")
 	return cmd
 }
 
@@ -73,6 +95,8 @@ func newExecCmd() *cobra.Command {
 					return fmt.Errorf("read code from stdin: %w", err)
 				}
 				code = string(b)
+			} else {
+				s.stdin = cmd.InOrStdin()
 			}
 			return s.run(cmd, []string{"python3", "-c", code}, nil)
 		},
@@ -89,16 +113,22 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
+	s.lf.sayNotes(cmd.ErrOrStderr())
+	pol, err := s.lf.egressPolicy()
+	if err != nil {
+		return err
+	}
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)
 		}
 	}
-	ws, err := os.MkdirTemp("", "sandloop-ws-")
+	quota, err := jail.NewQuotaDir(limits.Disk, limits.Files)
 	if err != nil {
-		return fmt.Errorf("create workspace: %w", err)
+		return err
 	}
-	defer os.RemoveAll(ws)
+	defer quota.Remove()
+	ws := quota.Path
 	if prepare != nil {
 		if err := prepare(ws); err != nil {
 			return err
@@ -107,16 +137,38 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	env := append([]string{"PYTHONUNBUFFERED=1"}, s.lf.env...)
-	res, err := jail.Run(ctx, &jail.Config{
+	if s.maxOutput < 1<<10 {
+		return usagef("--max-output must be at least 1K")
+	}
+	output := newOutputLimit(s.maxOutput, cmd.OutOrStdout(), cmd.ErrOrStderr())
+	var stdin *os.File
+	if s.stdin != nil {
+		// Through a pipe of our own, which the jail takes as it is: the
+		// run ends when the program does, not when our stdin (a terminal
+		// nobody types into) next has data.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		defer pr.Close()
+		go func() {
+			_, _ = io.Copy(pw, s.stdin)
+			pw.Close()
+		}()
+		stdin = pr
+	}
+	res, netLog, err := runJail(ctx, &jail.Config{
+		Stdin:     readerOrNil(stdin),
 		Path:      jail.DefaultPython,
 		Args:      argv,
 		Env:       env,
 		Workspace: ws,
 		Limits:    limits,
 		Network:   s.lf.networkMode(),
-		Stdout:    cmd.OutOrStdout(),
-		Stderr:    cmd.ErrOrStderr(),
-	})
+		Stdout:    output.Stdout(),
+		Stderr:    output.Stderr(),
+	}, pol)
+	output.Finish()
 	var ae *jail.ArgumentError
 	if errors.As(err, &ae) {
 		return usagef("%v", err)
@@ -129,11 +181,12 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		fmt.Fprintln(stderr, "sandloop: warning: "+w)
 	}
 	if s.out != "" {
-		if err := copyTree(ws, s.out); err != nil {
-			return fmt.Errorf("copy workspace to %s: %w", s.out, err)
+		if err := s.copyOut(ws, stderr); err != nil {
+			return err
 		}
 	}
 	if s.stats {
+		printNetworkLog(stderr, netLog)
 		fmt.Fprintf(stderr, "sandloop: duration %s, cpu %s, peak memory %.1f MiB (%s)\n",
 			res.Duration.Round(time.Millisecond), res.CPUTime.Round(time.Millisecond), float64(res.MemoryPeak)/(1<<20), res.Enforcement)
 	}
@@ -176,7 +229,11 @@ func unwrapPathError(err error) error {
 // copyTree copies regular files and directories from src into dst
 // (created if missing). Symlinks are copied as links, never followed, so a
 // workspace cannot point the copy at host files.
-func copyTree(src, dst string) error {
+func copyTree(src, dst string) error { return copyTreeSkip(src, dst, nil) }
+
+// copyTreeSkip is copyTree leaving out the entries skip names (and what is
+// under them).
+func copyTreeSkip(src, dst string, skip func(fs.DirEntry) bool) error {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return err
@@ -193,6 +250,12 @@ func copyTree(src, dst string) error {
 			return err
 		}
 		target := filepath.Join(dst, rel)
+		if skip != nil && path != src && skip(d) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
 		switch {
 		case d.IsDir():
 			return os.MkdirAll(target, 0o755)

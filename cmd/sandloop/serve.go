@@ -6,23 +6,26 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sandloop/sandloop/internal/llm"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	neturl "net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/webui"
-	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -34,14 +37,18 @@ func newServeCmd() *cobra.Command {
 		addr, dataDir, tokenFile string
 		database                 string
 		pricesFile               string
+		model                    string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
 		idle, lifetime, execTO   time.Duration
 		def, max                 limitFlags
 		allowNetwork, jsonLogs   bool
-		useZygote                bool
 		gatewaySecretFile        string
 		drainTimeout             time.Duration
+		allow, allowMax          []string
+		defaultNetwork           string
+		useE2B                   bool
+		zygoteFlag               zygoteMode
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -56,10 +63,8 @@ func newServeCmd() *cobra.Command {
 			if err != nil {
 				return usagef("%v", err)
 			}
-			if secret != "" {
-				toks = append(toks, secret) // only for CheckBind: the secret guards the host
-			}
-			if err := server.CheckBind(addr, toks); err != nil {
+			// A cell's host needs no token on other interfaces: the secret guards it.
+			if err := server.CheckBind(addr, append(slices.Clone(toks), secret)); err != nil {
 				return usagef("%v", err)
 			}
 			defaults, err := def.limits()
@@ -67,6 +72,10 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			maxima, err := max.limits()
+			if err != nil {
+				return err
+			}
+			eg, err := egressOptions(defaultNetwork, allow, allowMax)
 			if err != nil {
 				return err
 			}
@@ -79,11 +88,11 @@ func newServeCmd() *cobra.Command {
 			}
 			log := slog.New(handler)
 			var zy session.Zygote
-			if useZygote {
-				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
-				if err != nil {
-					return fmt.Errorf("start the zygote: %w", err)
-				}
+			z, err := startZygote(cmd.Context(), zygoteFlag, log)
+			if err != nil {
+				return err
+			}
+			if z != nil {
 				defer z.Close() // after the manager has closed its sessions
 				zy = z
 			}
@@ -103,27 +112,44 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			ls := lessonStore(st, cmd.ErrOrStderr(), false)
 			svc := runs.New(runs.Options{
-				Store: st, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: ls, Provider: defaultModel(model, providerResolver(pricesFile)), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
-			if secret != "" {
-				toks = toks[:len(toks)-1]
-			}
-			srv, err := server.New(server.Options{
-				GatewaySecret: secret, Epoch: newEpoch(),
-				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork,
-				Logger: log, Mounts: mounts, Runs: svc, Store: st,
-				// The page and its assets hold no data; the page sends the token with every API call.
-				PublicMounts: webui.Mounts(),
-			})
-			if err != nil {
-				return err
-			}
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return usagef("cannot listen on %s: %v", addr, err)
+			}
+			defer ln.Close()
+			// Sandboxes never reach this server through their proxy, even
+			// where an allowlist opens loopback.
+			if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+				eg.Policy.Deny = append(eg.Policy.Deny, ap, netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port()))
+			}
+			// The page and its assets hold no data; the page sends the token with every API call.
+			public := webui.Mounts()
+			e2bKey := ""
+			if useE2B {
+				h, key, err := newE2B(mgr, toks, zy, lifetime, log)
+				if err != nil {
+					return err
+				}
+				defer h.Close() // before the manager closes the sessions
+				for p, m := range h.Mounts() {
+					public[p] = m // authenticated by the E2B handler itself
+				}
+				e2bKey = key
+			}
+			srv, err := server.New(server.Options{
+				GatewaySecret: secret, Epoch: newEpoch(),
+				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork, Egress: eg,
+				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
+				PublicMounts: public,
+			})
+			if err != nil {
+				return err
 			}
 			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -138,6 +164,10 @@ func newServeCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "sandloop serving on %s\n", url)
 				fmt.Fprintf(cmd.OutOrStdout(), "web UI: %s/\n", url)
 			}
+			if useE2B {
+				printE2B(cmd.OutOrStdout(), url, e2bKey)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), modelLine(ctx, model, pricesFile))
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
 			}
@@ -177,18 +207,25 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&idle, "idle-timeout", 30*time.Minute, "close a session unused this long")
 	f.DurationVar(&lifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
 	f.DurationVar(&execTO, "exec-timeout", 5*time.Minute, "default execution timeout")
-	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's network")
+	f.BoolVar(&allowNetwork, "allow-network", false, "let sessions ask for the host's whole network (mode host)")
+	f.StringVar(&defaultNetwork, "default-network", "none", "network mode of a session that asks for none: none or allow (with --allow's list)")
+	f.StringSliceVar(&allow, "allow", nil, "allowlist of a session in mode allow that lists nothing (host names, *.domains, :PORTs, addresses, ranges, presets: "+strings.Join(egress.PresetNames(), ", ")+"; repeatable)")
+	f.StringSliceVar(&allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
-	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
+	registerZygote(f, &zygoteFlag)
+	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.StringVar(&gatewaySecretFile, "gateway-secret-file", "", "serve as a cell's host: accept only requests from gateways holding this file's secret (also SANDLOOP_GATEWAY_SECRET); see docs/kubernetes.md")
 	f.DurationVar(&drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
+	f.StringVar(&model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
+	def.registerQuota(f, "", "")
 	f.Var(sizeValue{&max.memory}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
 	f.Float64Var(&max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
+	max.registerQuota(f, "max-", "largest")
 	return cmd
 }
 
@@ -239,6 +276,31 @@ func drain(log *slog.Logger, srv *server.Server, mgr *session.Manager, timeout t
 		}
 	}
 	log.Info("drained")
+}
+
+// defaultModel makes resolve use model for runs that name none.
+func defaultModel(model string, resolve func(context.Context, string) (llm.Provider, error)) func(context.Context, string) (llm.Provider, error) {
+	return func(ctx context.Context, m string) (llm.Provider, error) {
+		if m == "" {
+			m = model
+		}
+		return resolve(ctx, m)
+	}
+}
+
+// modelLine says which model agent runs will use, or how to configure one.
+func modelLine(ctx context.Context, model, pricesFile string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p, err := llm.Resolve(ctx, llm.Config{Model: model, PricesFile: pricesFile})
+	var nm *llm.NoModelError
+	switch {
+	case errors.As(err, &nm):
+		return "agent runs: no model configured: set SANDLOOP_MODEL or --model"
+	case err != nil:
+		return "agent runs: the model cannot be used: " + err.Error()
+	}
+	return "agent runs use " + p.Info().String()
 }
 
 func defaultDataDir() string {

@@ -81,6 +81,24 @@ func (v *terminalView) event(e agent.Event) {
 	case agent.EventNotice:
 		v.endText()
 		fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, "! "+e.Text))
+	case agent.EventNetwork:
+		v.endText()
+		for _, n := range e.Network {
+			if n.Allowed {
+				fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("network: %s %s:%d, %d bytes out, %d in", n.Method, n.Host, n.Port, n.BytesOut, n.BytesIn)))
+			} else {
+				fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, fmt.Sprintf("network: refused %s %s:%d (%s)", n.Method, n.Host, n.Port, n.Reason)))
+			}
+		}
+	case agent.EventLessons:
+		v.endText()
+		head := "lessons recalled:"
+		if e.Text == "seen_before" {
+			head = "seen before:"
+		}
+		for _, l := range e.Lessons {
+			fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cYellow+cBold, head), l.Text, v.paint(cDim, "("+l.ID+")"))
+		}
 	case agent.EventFinished:
 		v.endText()
 		v.showReport(e.Report)
@@ -188,6 +206,12 @@ func (v *terminalView) showReport(r *agent.Report) {
 	}
 	if r.Tests != nil {
 		fmt.Fprintf(v.w, "tests: %s\n", r.Tests.Summary)
+	}
+	for _, l := range r.LessonsUsed {
+		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson used:"), l.Text, v.paint(cDim, "("+l.ID+")"))
+	}
+	for _, l := range r.LessonsLearned {
+		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson learned:"), l.Text, v.paint(cDim, "("+l.ID+")"))
 	}
 	if r.Diff != "" {
 		fmt.Fprintln(v.w)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -77,7 +78,10 @@ type Options struct {
 	// Network says the sandbox may reach the network (so pip may run);
 	// PackageIndex and WheelDir (a path inside the sandbox) are package
 	// sources for install_packages.
-	Network      bool
+	Network bool
+	// Allow is the sandbox's allowlist in allow mode (its egress proxy):
+	// install_packages uses pip's default index when it lists the index.
+	Allow        []string
 	PackageIndex string
 	WheelDir     string
 	// MaxSteps caps model calls. If zero, 25.
@@ -96,6 +100,9 @@ type Options struct {
 	MaxOutputBytes int
 	// OnEvent receives the run's events as they happen.
 	OnEvent func(Event)
+	// Lessons, if set, recalls what earlier runs learned and keeps what
+	// this one learns (nil: --no-lessons).
+	Lessons Lessons
 	// Confirm, if set, is asked before each execution; false skips it.
 	Confirm func(ctx context.Context, tool, code string) bool
 	Logger  *slog.Logger
@@ -109,6 +116,7 @@ const (
 	EventToolCall   = "tool_call"
 	EventOutput     = "output" // live output of an execution (Exec)
 	EventToolResult = "tool_result"
+	EventNetwork    = "network" // connections through the sandbox's egress proxy
 	EventUsage      = "usage"
 	EventNotice     = "notice" // a note from the harness to the model (nudges, checks)
 	EventFinished   = "run_finished"
@@ -116,7 +124,9 @@ const (
 
 // Event is one thing that happened in a run.
 type Event struct {
-	Type       string         `json:"type"`
+	Type string `json:"type"`
+	// RunID is the run's id where runs are kept (set by internal/runs).
+	RunID      string         `json:"run_id,omitempty"`
 	Step       int            `json:"step"`
 	Time       time.Time      `json:"time"`
 	Text       string         `json:"text,omitempty"`
@@ -130,6 +140,8 @@ type Event struct {
 	Changed    []string       `json:"changed,omitempty"`
 	Usage      *llm.Usage     `json:"usage,omitempty"`
 	Report     *Report        `json:"report,omitempty"`
+	Network    []egress.Entry `json:"network,omitempty"` // EventNetwork
+	Lessons    []LessonRef    `json:"lessons,omitempty"`
 }
 
 // Report is the outcome of a run.
@@ -156,6 +168,10 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
+	// LessonsUsed are the lessons of earlier runs the model was shown;
+	// LessonsLearned those this run taught.
+	LessonsUsed    []LessonRef `json:"lessons_used,omitempty"`
+	LessonsLearned []LessonRef `json:"lessons_learned,omitempty"`
 }
 
 // Check is one run of a program by the harness.
@@ -182,6 +198,8 @@ type run struct {
 	failures map[string]int // identical failing actions
 	metrics  *RefactorMetrics
 	tests    *TestRun
+	netSeen  int         // egress log entries already recorded (dropped ones included)
+	used     []LessonRef // lessons shown
 }
 
 // Run runs the loop to its end and returns the report. The error is for a
@@ -252,6 +270,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer cancel()
 	r.emit(Event{Type: EventStarted, Text: opts.Task})
 	rep := r.loop(ctx)
+	r.learnLessons(ctx, rep)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
 	rep.Duration = time.Since(r.start)
 	rep.Reproduction, rep.Verification, rep.Refactor, rep.Tests = r.repro, r.verified, r.metrics, r.tests
@@ -260,6 +279,31 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.Files = r.fileList()
 	r.emit(Event{Type: EventFinished, Report: rep})
 	return rep, nil
+}
+
+// networkLogger is a session with an egress allowlist (session.Session).
+type networkLogger interface{ NetworkLog() *egress.Log }
+
+// emitNetwork records the connections the sandbox made through its egress
+// proxy since the last call (the run's history keeps them).
+func (r *run) emitNetwork() {
+	nl, ok := r.opts.Session.(networkLogger)
+	if !ok {
+		return
+	}
+	l := nl.NetworkLog()
+	if l == nil {
+		return
+	}
+	seen := r.netSeen - l.Dropped
+	if seen < 0 {
+		seen = 0
+	}
+	if seen >= len(l.Entries) {
+		return
+	}
+	r.netSeen = l.Dropped + len(l.Entries)
+	r.emit(Event{Type: EventNetwork, Network: l.Entries[seen:]})
 }
 
 func (r *run) emit(e Event) {
@@ -274,7 +318,7 @@ func (r *run) emit(e Event) {
 }
 
 func (r *run) loop(ctx context.Context) *Report {
-	msgs := []llm.Message{{Role: llm.RoleSystem, Text: systemPrompt(r.opts.Mode)}}
+	msgs := []llm.Message{{Role: llm.RoleSystem, Text: r.recallLessons(ctx, systemPrompt(r.opts.Mode))}}
 	first, err := r.firstMessage(ctx)
 	if err != nil {
 		return r.ended(ctx, err)
@@ -336,6 +380,7 @@ func (r *run) loop(ctx context.Context) *Report {
 				r.emit(Event{Type: EventNotice, Text: note})
 			}
 			r.emit(Event{Type: EventToolResult, ToolCallID: call.ID, Tool: call.Name, Text: o.Text, IsError: o.IsError, Result: o.Exec, Images: len(o.Images), Changed: o.Changed})
+			r.emitNetwork()
 			msgs = append(msgs, llm.Message{Role: llm.RoleTool, ToolCallID: call.ID, Text: o.Text, Images: o.Images, IsError: o.IsError})
 			if o.Finish != nil && done == nil {
 				done = &Report{Status: StatusDone, Summary: o.Finish.Summary, RootCause: o.Finish.RootCause}
@@ -371,7 +416,7 @@ func (r *run) overBudget() string {
 // checkStuck counts identical failing actions: the second time it nudges
 // the model to change approach; the third time the run stops.
 func (r *run) checkStuck(call llm.ToolCall, o outcome) (string, bool) {
-	if call.Name == ToolFinish || !o.IsError {
+	if call.Name == ToolFinish || !o.IsError || o.Declined {
 		return "", false
 	}
 	key := call.Name + "\x00" + canonicalJSON(call.Arguments)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/llm"
 )
@@ -96,7 +98,7 @@ func (r *run) processTool(ctx context.Context, call llm.ToolCall) outcome {
 			return errOutcome(&ArgumentError{call.Name, `"command" is required`})
 		}
 		if r.opts.Confirm != nil && !r.opts.Confirm(ctx, call.Name, a.Command) {
-			return outcome{Text: "the user declined to start this", IsError: true}
+			return outcome{Text: "the user declined to start this", IsError: true, Declined: true}
 		}
 		code = procHelpers + fmt.Sprintf(`
 name, cmd = %s, %s
@@ -169,6 +171,18 @@ else:
 	return outcome{Text: text, IsError: isErr}
 }
 
+// indexAllowed reports whether the sandbox's allowlist includes the
+// Python package index's hosts (the pypi preset), so pip can install
+// through the egress proxy.
+func (r *run) indexAllowed() bool {
+	for _, h := range egress.Presets["pypi"] {
+		if !slices.Contains(r.opts.Allow, h) {
+			return false
+		}
+	}
+	return true
+}
+
 // installPackages reports what is installed and installs what is allowed.
 func (r *run) installPackages(ctx context.Context, call llm.ToolCall) outcome {
 	var a struct {
@@ -214,10 +228,14 @@ print(json.dumps({"present": present, "missing": missing}))
 	if len(st.Missing) == 0 {
 		return outcome{Text: strings.TrimRight(b.String(), "\n")}
 	}
-	if !r.opts.Network && r.opts.PackageIndex == "" && r.opts.WheelDir == "" {
-		fmt.Fprintf(&b, "%s: NOT installed, and it cannot be: this sandbox has no network access and no package source is configured. "+
+	if !r.opts.Network && !r.indexAllowed() && r.opts.PackageIndex == "" && r.opts.WheelDir == "" {
+		why := "this sandbox has no network access and no package source is configured"
+		if len(r.opts.Allow) > 0 {
+			why = "this sandbox may reach only " + strings.Join(r.opts.Allow, ", ") + ", which does not include the package index (the pypi preset), and no package source is configured"
+		}
+		fmt.Fprintf(&b, "%s: NOT installed, and it cannot be: %s. "+
 			"Do not retry. Use what is installed instead (the standard library, numpy, pandas, matplotlib, flask, requests, pytest and PIL are), "+
-			"or write the needed code yourself.", strings.Join(st.Missing, ", "))
+			"or write the needed code yourself.", strings.Join(st.Missing, ", "), why)
 		return outcome{Text: b.String(), IsError: true}
 	}
 	args := []string{"-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--target", "/workspace/.sandloop/site-packages"}

@@ -62,6 +62,8 @@ type outcome struct {
 	Finish *finishArgs
 	// changed lists files written or edited.
 	Changed []string
+	// Declined: the user said no; nothing ran, so nothing failed.
+	Declined bool
 }
 
 type finishArgs struct {
@@ -229,7 +231,7 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, src string, timeou
 		timeout = min(time.Duration(*timeoutS*float64(time.Second)), r.opts.MaxExecTimeout)
 	}
 	if r.opts.Confirm != nil && !r.opts.Confirm(ctx, call.Name, src) {
-		return outcome{Text: "the user declined to run this; ask or try something else", IsError: true}
+		return outcome{Text: "the user declined to run this; ask or try something else", IsError: true, Declined: true}
 	}
 	code := src
 	if call.Name == ToolRunShell {
@@ -269,7 +271,7 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, src string, timeou
 	for _, p := range pngs(res) {
 		o.Images = append(o.Images, llm.Image{MediaType: "image/png", Data: p})
 	}
-	return o
+	return r.seeExecution(ctx, call, src, o)
 }
 
 func (r *run) edit(path, oldText, newText string) outcome {

@@ -139,8 +139,8 @@ func probeCgroups() cgroupHost {
 		if m.fstype != "cgroup2" {
 			continue
 		}
-		dir := filepath.Join(m.point, strings.TrimPrefix(self[""], m.root))
-		if err := prepareV2Parent(dir); err != nil {
+		dir, err := delegatedV2(m.point, filepath.Join(m.point, strings.TrimPrefix(self[""], m.root)), self[""] == "/")
+		if err != nil {
 			reasons = append(reasons, "cgroup v2: "+err.Error())
 			continue
 		}
@@ -162,19 +162,22 @@ func probeCgroups() cgroupHost {
 			}
 		}
 	}
-	var missing []string
+	var missing, readOnly []string
 	for _, c := range v1Controllers {
 		if v1[c] == "" {
 			missing = append(missing, c)
 		} else if unix.Access(v1[c], unix.W_OK) != nil {
-			missing = append(missing, c+" (not writable: cgroups are not delegated to this user)")
+			readOnly = append(readOnly, c)
 		}
 	}
-	if len(missing) == 0 {
+	if len(missing)+len(readOnly) == 0 {
 		return cgroupHost{mode: "cgroup v1", v1: v1}
 	}
-	if len(v1) > 0 {
+	if len(missing) > 0 && len(v1) > 0 {
 		reasons = append(reasons, "cgroup v1: missing "+strings.Join(missing, ", "))
+	}
+	if len(readOnly) > 0 {
+		reasons = append(reasons, "cgroup v1: "+strings.Join(readOnly, ", ")+" not writable (not delegated to this user)")
 	}
 	if len(reasons) == 0 {
 		reasons = append(reasons, "no cgroup file system mounted")
@@ -182,45 +185,186 @@ func probeCgroups() cgroupHost {
 	return cgroupHost{reason: strings.Join(reasons, "; ")}
 }
 
-// prepareV2Parent makes dir able to hold sandbox groups with the memory,
-// pids and cpu controllers. A cgroup with processes cannot enable
-// controllers for its children ("no internal processes"), so if this
-// process sits in dir it moves itself into a leaf first.
-func prepareV2Parent(dir string) error {
+// supervisorLeaf is the group sandloop moves its own processes into, so
+// that the group above may enable controllers for sandbox groups.
+const supervisorLeaf = "sandloop-supervisor"
+
+// delegateHint says how to give sandloop a cgroup of its own.
+const delegateHint = "run sandloop in a delegated cgroup: systemd-run --user --scope -p Delegate=yes sandloop ..., " +
+	"or as a service with Delegate=yes (deploy/systemd/sandloop.service), or in a container with its own cgroup namespace and a writable /sys/fs/cgroup"
+
+// delegatedV2 finds the cgroup v2 directory under which this process may
+// create sandbox groups (own is its own group, mount the hierarchy's
+// mount point, nsRoot whether own is the root of its cgroup namespace)
+// and enables the controllers for its children. In order:
+//
+//   - A process already in a supervisor leaf (a child of a sandloop)
+//     uses the leaf's parent, which its parent prepared.
+//   - Its own group, when that is writable (delegated: a systemd unit or
+//     scope with Delegate=yes, a user's delegated slice, a container's own
+//     cgroup namespace) and holds no process but this one and its
+//     descendants, which are moved into own/sandloop-supervisor first: a
+//     group with processes cannot enable controllers for its children
+//     ("no internal processes"). At the root of a cgroup namespace (a
+//     container's own group) every process is the container's, and all
+//     are moved.
+//   - A group shared with processes that are not ours (a login session's
+//     scope, a CI step, go test's group) is never taken over: as root,
+//     sandloop uses a group of its own at the top of the hierarchy,
+//     mount/sandloop, as container runtimes do. Without root nothing is
+//     delegated, and the error says how to get a delegated group.
+func delegatedV2(mount, own string, nsRoot bool) (string, error) {
+	if filepath.Base(own) == supervisorLeaf {
+		parent := filepath.Dir(own)
+		if checkV2Controllers(parent) == nil && hasAll(strings.Fields(readFileString(filepath.Join(parent, "cgroup.subtree_control"))), v2Controllers) {
+			return parent, nil
+		}
+	}
+	// The real root lacks the interface files of other groups, and may
+	// hold processes and children at once.
+	realRoot := own == mount && !exists(filepath.Join(mount, "cgroup.type"))
+	ownErr := checkV2Controllers(own)
+	if realRoot && ownErr == nil {
+		ownErr = errors.New("sandloop runs in the root cgroup: " + delegateHint)
+	}
+	if ownErr == nil {
+		procs, ours := groupProcs(own)
+		if nsRoot || len(procs) == len(ours) {
+			if err := enableV2(own, nsRoot); err != nil {
+				return "", err
+			}
+			return own, nil
+		}
+		ownErr = fmt.Errorf("%s is shared with %d other processes (a login session, a CI step or go test): %s", own, len(procs)-len(ours), delegateHint)
+	}
+	if os.Geteuid() != 0 || (own == mount && !realRoot) {
+		return "", ownErr
+	}
+	// As root: a group of sandloop's own at the top, holding no process.
+	top := filepath.Join(mount, "sandloop")
+	err := enableV2(mount, false)
+	if err == nil {
+		if err = os.Mkdir(top, 0o755); errors.Is(err, os.ErrExist) {
+			err = nil
+		}
+	}
+	if err == nil {
+		err = enableV2(top, false)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%v; and at the top of the hierarchy: %w", ownErr, err)
+	}
+	return top, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// checkV2Controllers says whether dir offers the controllers we need and
+// may be written by this process.
+func checkV2Controllers(dir string) error {
 	avail := strings.Fields(readFileString(filepath.Join(dir, "cgroup.controllers")))
 	for _, c := range v2Controllers {
 		if !contains(avail, c) {
-			return fmt.Errorf("controller %s not available in %s", c, dir)
+			return fmt.Errorf("controller %s not available in %s (enable it in the parent's cgroup.subtree_control)", c, dir)
 		}
 	}
-	if unix.Access(filepath.Join(dir, "cgroup.subtree_control"), unix.W_OK) != nil {
-		return fmt.Errorf("%s is not writable: cgroups are not delegated to this user", dir)
+	for _, f := range []string{"cgroup.subtree_control", "cgroup.procs"} {
+		if err := unix.Access(filepath.Join(dir, f), unix.W_OK); err != nil {
+			if errors.Is(err, unix.EROFS) {
+				return fmt.Errorf("%s is read-only (a container without a writable cgroup): %s", dir, delegateHint)
+			}
+			return fmt.Errorf("%s is not delegated to this user: %s", dir, delegateHint)
+		}
 	}
-	enable := func() error {
-		enabled := strings.Fields(readFileString(filepath.Join(dir, "cgroup.subtree_control")))
-		var add []string
-		for _, c := range v2Controllers {
-			if !contains(enabled, c) {
-				add = append(add, "+"+c)
+	return nil
+}
+
+// groupProcs lists the processes in dir, and those of them that are this
+// process or its descendants.
+func groupProcs(dir string) (procs, ours []int) {
+	self := os.Getpid()
+	for _, f := range strings.Fields(readFileString(filepath.Join(dir, "cgroup.procs"))) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		procs = append(procs, pid)
+		for p, hops := pid, 0; p > 1 && hops < 64; hops++ {
+			if p == self {
+				ours = append(ours, pid)
+				break
+			}
+			p = parentPid(p)
+		}
+	}
+	return procs, ours
+}
+
+func parentPid(pid int) int {
+	stat := readFileString("/proc/" + strconv.Itoa(pid) + "/stat")
+	// pid (comm) state ppid ...: comm may hold spaces, so split after ")".
+	if i := strings.LastIndexByte(stat, ')'); i >= 0 {
+		if f := strings.Fields(stat[i+1:]); len(f) > 1 {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// enableV2 enables the controllers we need for dir's children. The
+// processes in dir that are this process or its descendants (all of them
+// with all) are moved into dir/sandloop-supervisor first.
+func enableV2(dir string, all bool) error {
+	var add []string
+	for _, c := range v2Controllers {
+		if !contains(strings.Fields(readFileString(filepath.Join(dir, "cgroup.subtree_control"))), c) {
+			add = append(add, "+"+c)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	leaf := filepath.Join(dir, supervisorLeaf)
+	var err error
+	// A process may join dir while we move the others (a fork): again.
+	for attempt := 0; attempt < 5; attempt++ {
+		procs, ours := groupProcs(dir)
+		if !all {
+			procs = ours
+		}
+		if len(procs) > 0 {
+			if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return err
 			}
 		}
-		if len(add) == 0 {
-			return nil
+		for _, pid := range procs {
+			err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+			if err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("move process %d to %s: %w", pid, leaf, err)
+			}
 		}
-		return os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0)
+		err = os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0)
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
 	}
-	err := enable()
-	if errors.Is(err, unix.EBUSY) {
-		leaf := filepath.Join(dir, "sandloop-supervisor")
-		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			return fmt.Errorf("move self to %s: %w", leaf, err)
-		}
-		err = enable()
+	if err != nil {
+		return fmt.Errorf("enable %s for the groups under %s: %w", strings.Join(add, " "), dir, err)
 	}
-	return err
+	return nil
+}
+
+func hasAll(list, want []string) bool {
+	for _, w := range want {
+		if !contains(list, w) {
+			return false
+		}
+	}
+	return true
 }
 
 func contains(list []string, s string) bool {

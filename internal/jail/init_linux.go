@@ -46,6 +46,9 @@ type initConfig struct {
 	NewCgroupNS bool
 	// Zygote: see Config.Zygote.
 	Zygote bool
+	// ListenPort: see Config.ListenPort. The listener goes to the host
+	// over the descriptor after the program's extra files.
+	ListenPort int
 }
 
 // initStatus is one of the init's reports, one JSON object per line: first
@@ -123,6 +126,11 @@ func setupAndStart(cfg *initConfig) (int, error) {
 	if cfg.Network != NetworkHost {
 		if err := loopbackUp(); err != nil {
 			return 0, fmt.Errorf("bring up loopback: %w", err)
+		}
+	}
+	if cfg.ListenPort != 0 {
+		if err := handOffListener(cfg.ListenPort, initFirstExtra+cfg.ExtraFiles); err != nil {
+			return 0, fmt.Errorf("listen on the jail's loopback: %w", err)
 		}
 	}
 	if err := setRlimits(cfg); err != nil {

@@ -28,6 +28,11 @@ const (
 // namespaces, and RLIMIT_NPROC is counted per user namespace.
 var HostID = 65534
 
+// initThreads is the room kept above Limits.Pids for the jail's init, whose
+// Go runtime runs 7 to 10 threads (more under load) as the program's user, in
+// the program's group. Too little room would fail the init, not the program.
+const initThreads = 16
+
 // DefaultPython is the interpreter used inside the jail.
 const DefaultPython = "/usr/bin/python3"
 
@@ -38,7 +43,9 @@ type Limits struct {
 	Memory int64
 	// CPUs is the CPU quota in cores (0.5 = half a core). If zero, 1.
 	CPUs float64
-	// Pids is the maximum number of processes and threads. If zero, 256.
+	// Pids is the maximum number of the program's processes and threads
+	// (the jail's own init is not counted: it
+	// gets room for its threads on top). If zero, 256.
 	Pids int
 	// Timeout is the wall-clock limit; the whole group is killed when it
 	// passes. If zero, no timeout (the caller's context still applies).
@@ -51,7 +58,24 @@ type Limits struct {
 	NoFile int
 	// Stack caps the main thread's stack (RLIMIT_STACK). If zero, 8 MiB.
 	Stack int64
+	// Disk caps the bytes a workspace made by NewQuotaDir holds (Start
+	// does not make workspaces: their owner does). If zero, 256 MiB: room
+	// for data sets, figures and models of a data-science session, while
+	// the pages (memory-backed, charged to the writer's memory cgroup)
+	// still fit beside Python in the default 512 MiB memory limit.
+	Disk int64
+	// Files caps the files, directories and symlinks such a workspace
+	// holds (inodes). If zero, 20,000: a checked-out project or a
+	// directory of per-day CSVs fits; a runaway loop is stopped long
+	// before the inodes' kernel memory matters.
+	Files int
 }
+
+// The workspace quota's defaults (see Limits.Disk and Limits.Files).
+const (
+	DefaultDisk  = 256 << 20
+	DefaultFiles = 20000
+)
 
 // Network selects what network the jail sees.
 type Network string
@@ -96,6 +120,13 @@ type Config struct {
 	Network Network
 	// Files are placed into the jail's root (read-only) before start.
 	Files []File
+	// ListenPort, if nonzero, has the jail's init open a TCP listener on
+	// 127.0.0.1:ListenPort in the jail's own network namespace before the
+	// program starts and hand it to the host (Process.Listener): code in
+	// the jail connects to it as to any local server, only the host
+	// accepts, and the jail keeps no route out (package egress serves its
+	// proxy this way). Not with NetworkHost.
+	ListenPort int
 
 	// Stdin, Stdout and Stderr are connected to the program's standard
 	// descriptors. Nil means /dev/null for Stdin and discard for the
@@ -143,6 +174,12 @@ type Result struct {
 	Warnings []string `json:",omitempty"`
 }
 
+// RlimitsWarning is Result.Warnings' line where no cgroup is usable and
+// limits fall back to rlimits: RLIMIT_DATA for memory, RLIMIT_NPROC for
+// processes, no CPU limit, peak memory from the largest RSS, OOM kills not
+// told apart from other SIGKILLs.
+const RlimitsWarning = "no cgroups: memory and process limits are rlimits, CPU is not limited (`sandloop doctor` says why)"
+
 // Errors callers may branch on.
 var (
 	// ErrUnsupported means a safe jail cannot be built on this host.
@@ -181,6 +218,12 @@ func (l Limits) WithDefaults() Limits {
 	if l.Stack == 0 {
 		l.Stack = 8 << 20
 	}
+	if l.Disk == 0 {
+		l.Disk = DefaultDisk
+	}
+	if l.Files == 0 {
+		l.Files = DefaultFiles
+	}
 	return l
 }
 
@@ -198,6 +241,16 @@ func (l Limits) validate() error {
 		return &ArgumentError{"tmp size", errors.New("must be at least 1 MiB")}
 	case l.NoFile < 16:
 		return &ArgumentError{"open files limit", errors.New("must be at least 16")}
+	}
+	return l.validateQuota()
+}
+
+func (l Limits) validateQuota() error {
+	switch {
+	case l.Disk != 0 && l.Disk < 1<<20:
+		return &ArgumentError{"disk limit", errors.New("must be at least 1 MiB")}
+	case l.Files != 0 && l.Files < 16:
+		return &ArgumentError{"files limit", errors.New("must be at least 16")}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package jail
 
 import (
 	"context"
+	"net"
 	"os"
 )
 
@@ -20,6 +21,7 @@ func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsuppor
 func Run(context.Context, *Config) (*Result, error) { return nil, ErrUnsupported }
 
 func (*Process) Pid() int               { return 0 }
+func (*Process) Listener() net.Listener { return nil }
 func (*Process) Signal(os.Signal) error { return ErrUnsupported }
 func (*Process) Kill()                  {}
 func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
@@ -28,3 +30,20 @@ func Probe() HostReport                 { return HostReport{} }
 func SeccompSupported() bool            { return false }
 func RunningInits() []int               { return nil }
 func InitInfo() string                  { return "" }
+
+// NewQuotaDir makes an ordinary directory: quotas need Linux.
+func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
+	l := Limits{Disk: disk, Files: files}.WithDefaults()
+	if err := l.validateQuota(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sandloop-ws-*")
+	if err != nil {
+		return nil, err
+	}
+	return &QuotaDir{Path: dir, Disk: l.Disk, Files: l.Files, Reason: "needs Linux"}, nil
+}
+
+func QuotaSupport() Check                 { return Check{Detail: "needs Linux"} }
+func (q *QuotaDir) Usage() (Usage, error) { return walkUsage(q.Path) }
+func (q *QuotaDir) Remove() error         { return removeDir(q.Path) }

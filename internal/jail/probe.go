@@ -8,11 +8,17 @@ type HostReport struct {
 	Landlock       Check
 	Cgroups        Check
 	Root           bool
-	HostID         int // host uid the sandbox user maps to
+	HostID         int    // host uid the sandbox user maps to
+	Container      string // the container runtime this runs in ("podman", "docker", "container"), or ""
 }
 
 // Check is one capability of the host.
 type Check struct {
-	OK     bool
-	Detail string
+	OK bool
+	// Fallback reports that the layer is missing but a documented weaker
+	// one stands in (cgroups: rlimits): a warning, not a failure.
+	Fallback bool
+	Detail   string
+	// Fix is the exact step that provides the missing layer, or "".
+	Fix string
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,7 +30,9 @@ type Process struct {
 	status  *bufio.Reader
 	statusF *os.File
 	warn    []string
-	enforce string
+	// listener: Config.ListenPort's, closed when the jail has ended.
+	listener net.Listener
+	enforce  string
 
 	mu       sync.Mutex
 	timedOut bool
@@ -58,6 +61,9 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	case "", NetworkNone, NetworkHost:
 	default:
 		return nil, &ArgumentError{"network", fmt.Errorf("%q is not none or host", cfg.Network)}
+	}
+	if cfg.ListenPort != 0 && (cfg.Network == NetworkHost || cfg.ListenPort < 1 || cfg.ListenPort > 65535) {
+		return nil, &ArgumentError{"listen port", fmt.Errorf("%d: must be 1-65535, and only with a network of the jail's own", cfg.ListenPort)}
 	}
 	if cfg.Workspace == "" {
 		// Never the current directory: the jail would own it.
@@ -95,14 +101,21 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	initCfg := initConfig{
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
-		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote,
+		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ListenPort: cfg.ListenPort,
+	}
+	// Pids counts the program's processes and threads: the init (the same
+	// user, in the same group) gets room for its own threads on top. A
+	// zygote template's forks get their own groups and limits.
+	if !cfg.Zygote {
+		initCfg.Limits.Pids += initThreads
 	}
 	if h.mode != "" {
 		p.enforce = h.mode
 		initCfg.NewCgroupNS = true
 	} else {
 		p.enforce = "rlimits"
-		p.warn = append(p.warn, "cgroups unavailable ("+h.reason+"): memory and process limits fall back to RLIMIT_DATA and RLIMIT_NPROC, CPU is not limited, peak memory is the largest RSS, and OOM kills cannot be told apart")
+		// One short line: `sandloop doctor` says why and how to fix it.
+		p.warn = append(p.warn, RlimitsWarning)
 		initCfg.RlimitMemory, initCfg.RlimitPids = true, true
 	}
 	fail := func(err error) (*Process, error) {
@@ -123,6 +136,18 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		return fail(err)
 	}
 	defer stW.Close()
+	extra := cfg.ExtraFiles
+	var handOff *net.UnixConn
+	if cfg.ListenPort != 0 {
+		ours, theirs, err := handOffPair()
+		if err != nil {
+			return fail(err)
+		}
+		defer theirs.Close()
+		handOff = ours
+		defer handOff.Close()
+		extra = append(append([]*os.File(nil), extra...), theirs)
+	}
 
 	flags := unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
 	if cfg.Network != NetworkHost {
@@ -138,7 +163,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 			Stdin:      wrapReader(cfg.Stdin),
 			Stdout:     wrapWriter(cfg.Stdout),
 			Stderr:     wrapWriter(cfg.Stderr),
-			ExtraFiles: append([]*os.File{cfgR, stW, ws}, cfg.ExtraFiles...),
+			ExtraFiles: append([]*os.File{cfgR, stW, ws}, extra...),
 			SysProcAttr: &syscall.SysProcAttr{
 				Cloneflags:                 uintptr(flags),
 				UidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxUID, HostID: uid, Size: 1}},
@@ -163,6 +188,11 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		err = cmd.Start()
 	}
 	if err != nil {
+		if errors.Is(err, unix.EPERM) {
+			// Typically a container's seccomp or AppArmor profile, or a
+			// sysctl forbidding user namespaces.
+			return fail(fmt.Errorf("start jail: new namespaces refused (%w): `sandloop doctor` says why and how to fix it", err))
+		}
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
 	p.cmd = cmd
@@ -180,7 +210,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// The group is made while the init starts up (it waits for its
 	// configuration, so nothing runs outside the group).
 	if h.mode != "" {
-		cg, err := newCgroup(h, "sandloop-"+randomID(), limits)
+		cg, err := newCgroup(h, "sandloop-"+randomID(), initCfg.Limits)
 		if err != nil {
 			return abort(err)
 		}
@@ -199,6 +229,12 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	}
 	if st.Error != "" {
 		return abort(fmt.Errorf("set up jail: %s", st.Error))
+	}
+	if handOff != nil {
+		// The init sent it before it reported the program's start.
+		if p.listener, err = receiveListener(handOff); err != nil {
+			return abort(fmt.Errorf("the jail's listener: %w", err))
+		}
 	}
 	if limits.Timeout > 0 {
 		p.timer = time.AfterFunc(limits.Timeout, func() {
@@ -230,6 +266,11 @@ func readStatus(r *bufio.Reader, st *initStatus) error {
 	}
 	return json.Unmarshal(line, st)
 }
+
+// Listener is the listener on the jail's loopback that Config.ListenPort
+// asked for (nil if none). Its connections come from inside the jail. It is
+// closed when the jail has ended.
+func (p *Process) Listener() net.Listener { return p.listener }
 
 // Pid is the host PID of the jail's init (PID 1 inside).
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
@@ -273,6 +314,9 @@ func (p *Process) wait() (*Result, error) {
 	var st initStatus
 	statusErr := readStatus(p.status, &st)
 	p.statusF.Close()
+	if p.listener != nil {
+		p.listener.Close()
+	}
 
 	r := &Result{Duration: end.Sub(p.start), Enforcement: p.enforce, Warnings: p.warn}
 	p.mu.Lock()
@@ -385,6 +429,14 @@ type writerOnly struct{ io.Writer }
 func wrapReader(r io.Reader) io.Reader {
 	if r == nil {
 		return nil
+	}
+	// A pipe is handed on as it is (it cannot be a terminal), so the run
+	// ends with the program instead of waiting on a copy from the caller's
+	// side.
+	if f, ok := r.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+			return f
+		}
 	}
 	return readerOnly{r}
 }

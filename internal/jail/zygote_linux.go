@@ -2,6 +2,7 @@ package jail
 
 import (
 	"encoding/binary"
+	"fmt"
 	"time"
 )
 
@@ -36,6 +37,15 @@ func ProcMasks() (masked, readOnly []string) {
 // HOME, USER, LANG, TMPDIR) overridden by env.
 func Environ(env []string) []string { return buildEnv(env) }
 
+// GroupsSupported says why NewGroup cannot work on this host (an error
+// wrapping ErrUnsupported), or nil if it can.
+func GroupsSupported() error {
+	if h := detectCgroups(); h.mode == "" {
+		return fmt.Errorf("%w: cgroups unavailable (%s)", ErrUnsupported, h.reason)
+	}
+	return nil
+}
+
 // Group is a cgroup with a jail's limits, for processes a zygote forks
 // rather than Start.
 type Group struct{ cg *cgroup }
@@ -48,11 +58,10 @@ func NewGroup(l Limits) (*Group, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
-	h := detectCgroups()
-	if h.mode == "" {
-		return nil, ErrUnsupported
+	if err := GroupsSupported(); err != nil {
+		return nil, err
 	}
-	cg, err := newCgroup(h, "sandloop-"+randomID(), l)
+	cg, err := newCgroup(detectCgroups(), "sandloop-"+randomID(), l)
 	if err != nil {
 		return nil, err
 	}

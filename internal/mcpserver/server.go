@@ -86,6 +86,9 @@ type Options struct {
 	// Network tells the tools' descriptions and hints that sandboxed code
 	// can reach the network.
 	Network bool
+	// Allow is the allowlist of sandboxes in allow mode (reached through
+	// sandloop's proxy), for the same descriptions.
+	Allow []string
 	// IdleTimeout closes an HTTP MCP session, and its sandbox, after this
 	// long without requests. If zero, 30 minutes; if negative, never.
 	// Stdio connections end when the client closes the pipe.

@@ -291,6 +291,11 @@ func TestMatplotlibImage(t *testing.T) {
 	if !strings.Contains(text(res), "1 image(s) attached") {
 		t.Errorf("text does not mention the image: %s", text(res))
 	}
+	// The image travels once: not again as base64 in structuredContent.
+	sc, _ := json.Marshal(res.StructuredContent)
+	if strings.Contains(string(sc), "iVBORw0KGgo") || !strings.Contains(string(sc), "results") {
+		t.Errorf("structuredContent repeats the image: %.300s", sc)
+	}
 }
 
 func TestRunShell(t *testing.T) {

@@ -108,8 +108,11 @@ func (s *Server) addTools() {
 		t.Maximum = jsonschema.Ptr(maxT)
 	}
 	network := "The sandbox has no network access (only its own loopback)."
-	if o.Network {
+	switch {
+	case o.Network:
 		network = "The sandbox can reach the network."
+	case len(o.Allow) > 0:
+		network = "The sandbox can reach only these hosts (through a proxy; pip and requests use it on their own): " + strings.Join(o.Allow, ", ") + "."
 	}
 	// Code can do anything in the sandbox: delete files, reach the network
 	// when allowed.
@@ -279,7 +282,27 @@ func (s *Server) executePython(ctx context.Context, req *mcp.CallToolRequest, in
 	for _, img := range images(res) {
 		out.Content = append(out.Content, img)
 	}
-	return out, res, nil
+	return out, withoutImages(res), nil
+}
+
+// withoutImages is res for structuredContent: images travel once, as image
+// content, not a second time as base64 inside the structured result.
+func withoutImages(res *kernel.Result) *kernel.Result {
+	out := *res
+	out.Results = make([]kernel.Output, 0, len(res.Results))
+	for _, o := range res.Results {
+		if _, ok := o.Data["image/png"]; ok {
+			d := make(map[string]string, len(o.Data))
+			for k, v := range o.Data {
+				if k != "image/png" {
+					d[k] = v
+				}
+			}
+			o.Data = d
+		}
+		out.Results = append(out.Results, o)
+	}
+	return &out
 }
 
 // runShell runs the command with the kernel's documented "!" lines. The
@@ -356,7 +379,7 @@ func (s *Server) resetSession(ctx context.Context, req *mcp.CallToolRequest, in 
 			return nil, nil, err
 		}
 		defer ws.Close()
-		if err := ws.Remove("."); err != nil {
+		if err := ws.Clear(); err != nil {
 			return nil, nil, fmt.Errorf("clear /workspace: %w", err)
 		}
 		msg = "The Python kernel was restarted and /workspace was emptied: all variables, imports and files are gone."

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/lessons"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -33,6 +34,10 @@ type Options struct {
 	// Provider resolves a model spec ("openai/gpt-4o-mini", or "" for the
 	// configured default) to a provider.
 	Provider func(ctx context.Context, model string) (llm.Provider, error)
+	// Lessons, if set, keeps the lessons runs learn and recalls them in
+	// later runs of the same owner (internal/lessons). If nil, runs
+	// neither learn nor recall.
+	Lessons lessons.Store
 	// MaxArtifactBytes caps the final files kept per run. If zero, 50 MiB.
 	MaxArtifactBytes int64
 	Logger           *slog.Logger
@@ -50,13 +55,18 @@ type Request struct {
 	Args  []string
 	// Checks are refactor mode's behaviour checks (commands).
 	Checks []string
-	// Network says the run's sandbox has the network (install_packages may use pip).
+	// Network says the run's sandbox has the host's network (install_packages may use pip).
 	Network bool
+	// Allow is the allowlist of a sandbox in allow mode (install_packages
+	// uses pip when it includes the package index).
+	Allow []string
 	// Limits of the run; zero values take the agent's defaults.
 	MaxSteps  int
 	MaxTokens int64
 	MaxCost   float64
 	Timeout   time.Duration
+	// NoLessons keeps the run from recalling or learning lessons.
+	NoLessons bool
 	// Confirm and OnEvent are for foreground runs (the CLI).
 	Confirm func(ctx context.Context, tool, code string) bool
 	OnEvent func(agent.Event)
@@ -206,17 +216,23 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	sess, err := s.opts.NewSession(ctx)
 	if err != nil {
 		rep := &agent.Report{Status: agent.StatusFailed, Error: "start the sandbox: " + err.Error(), Mode: req.Mode, Model: p.Info().String()}
-		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+		rec.event(bg, agent.Event{Type: agent.EventFinished, RunID: id, Time: time.Now(), Report: rep})
 		s.finish(bg, id, rep, nil)
 		return rep
 	}
 	defer sess.Close()
+	var book agent.Lessons
+	if s.opts.Lessons != nil && !req.NoLessons {
+		book = lessons.NewRun(lessons.Options{Store: s.opts.Lessons, Owner: req.Owner, RunID: id, Logger: s.log})
+	}
 	rep, err := agent.Run(ctx, agent.Options{
-		Task: req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
-		Checks: req.Checks, Network: req.Network,
+		Lessons: book,
+		Task:    req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
+		Checks: req.Checks, Network: req.Network, Allow: req.Allow,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
 		Confirm: req.Confirm, Logger: s.log,
 		OnEvent: func(e agent.Event) {
+			e.RunID = id
 			rec.event(bg, e)
 			if req.OnEvent != nil {
 				req.OnEvent(e)
@@ -225,7 +241,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	})
 	if err != nil {
 		rep = &agent.Report{Status: agent.StatusFailed, Error: err.Error(), Mode: req.Mode, Model: p.Info().String()}
-		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+		rec.event(bg, agent.Event{Type: agent.EventFinished, RunID: id, Time: time.Now(), Report: rep})
 	}
 	s.finish(bg, id, rep, sess)
 	return rep

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
@@ -41,6 +42,8 @@ type Options struct {
 	AllowedHosts []string
 	// AllowNetwork lets sessions ask for the host's network.
 	AllowNetwork bool
+	// Egress configures allow mode (an allowlist proxy per session).
+	Egress EgressOptions
 	// MaxBodyBytes caps JSON request bodies. If zero, 4 MiB.
 	MaxBodyBytes int64
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
@@ -59,6 +62,8 @@ type Options struct {
 	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
 	Runs  *runs.Service
 	Store store.History
+	// Lessons serves /v1/lessons. If nil, those routes answer 501.
+	Lessons store.LessonStore
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
 	// GatewaySecret, if set, makes this server a host of a cell: every
@@ -79,6 +84,22 @@ const (
 	HeaderOwner         = "X-Sandloop-Owner"
 	HeaderEpoch         = "X-Sandloop-Epoch"
 )
+
+// EgressOptions configure sessions in allow mode.
+type EgressOptions struct {
+	// DefaultMode is the mode of a session that asks for none: none or
+	// allow. If empty, none.
+	DefaultMode egress.Mode
+	// Default is the allowlist of a session in allow mode that lists
+	// nothing. If empty, such a session must list what it needs.
+	Default []string
+	// Max bounds what a session may list. If nil, any host names, and no
+	// addresses or ranges.
+	Max *egress.Allowlist
+	// Policy holds the caps, timeouts and denied addresses (the server's
+	// own) every session's policy starts from.
+	Policy egress.Policy
+}
 
 // Server is the HTTP API.
 type Server struct {
@@ -159,6 +180,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/execute", s.execute, false},
 		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
 		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
+		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
 		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
 		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
@@ -170,6 +192,10 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/runs/{id}/events", s.runEvents, false},
 		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, false},
 		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, false},
+		{"GET", "/v1/lessons", s.listLessons, false},
+		{"POST", "/v1/lessons", s.postLesson, false},
+		{"GET", "/v1/lessons/{id}", s.getLesson, false},
+		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, false},
 	}
 }
 
@@ -306,7 +332,10 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 	})
 }
 
-// OwnerOf names a token's owner without keeping the token.
+// OwnerOf names a token's owner without keeping the token: the owner of
+// the sessions created with it, as the API records it (for other faces of
+// the server that map their own credentials onto sandloop's tokens, and
+// for a cell's gateway).
 func OwnerOf(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:8])

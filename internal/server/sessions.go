@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
@@ -24,8 +25,12 @@ type createRequest struct {
 	MemoryMB *int64            `json:"memory_mb"`
 	CPUs     *float64          `json:"cpus"`
 	Pids     *int              `json:"pids"`
+	DiskMB   *int64            `json:"disk_mb"`
+	MaxFiles *int              `json:"max_files"`
 	Env      map[string]string `json:"env"`
-	Network  *bool             `json:"network"`
+	// Network is false/true (none/host, as before) or "none", "allow" or "host".
+	Network json.RawMessage `json:"network"`
+	Allow   []string        `json:"allow"`
 }
 
 type sessionJSON struct {
@@ -38,15 +43,28 @@ type sessionJSON struct {
 	MemoryMB   int64     `json:"memory_mb"`
 	CPUs       float64   `json:"cpus"`
 	Pids       int       `json:"pids"`
-	Network    bool      `json:"network"`
+	Network    bool      `json:"network"` // the host's network
+	Mode       string    `json:"network_mode"`
+	Allow      []string  `json:"allow,omitempty"`
 	FromPool   bool      `json:"from_pool"`
+	// The workspace's quota, and whether the kernel enforces it on every
+	// write (without root only uploads are checked).
+	DiskMB        int64 `json:"disk_mb"`
+	MaxFiles      int   `json:"max_files"`
+	QuotaEnforced bool  `json:"quota_enforced"`
+	// What the workspace holds (GET /v1/sessions/{id} only).
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	FilesUsed     *int64 `json:"files_used,omitempty"`
 }
 
 func toSessionJSON(ms *session.Managed) sessionJSON {
+	q := ms.Quota()
 	j := sessionJSON{
 		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
+		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
 	}
 	if err := ms.Err(); err != nil {
 		j.Status, j.Message = "restart_required", err.Error()
@@ -103,18 +121,29 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		opts.Limits.Pids = *req.Pids
 	}
+	if req.DiskMB != nil {
+		if *req.DiskMB < 1 || *req.DiskMB > 1<<30 {
+			writeError(w, badRequest("disk_mb must be at least 1"))
+			return
+		}
+		opts.Limits.Disk = *req.DiskMB << 20
+	}
+	if req.MaxFiles != nil {
+		if *req.MaxFiles < 16 {
+			writeError(w, badRequest("max_files must be at least 16"))
+			return
+		}
+		opts.Limits.Files = *req.MaxFiles
+	}
 	for k := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			writeError(w, badRequest("env: %q is not a valid variable name", k))
 			return
 		}
 	}
-	if req.Network != nil && *req.Network {
-		if !s.opts.AllowNetwork {
-			writeError(w, &apiError{http.StatusForbidden, "network_not_allowed", "this server does not give sessions the network (start it with --allow-network)", 0})
-			return
-		}
-		opts.Network = jail.NetworkHost
+	if err := s.networkOptions(&req, &opts); err != nil {
+		writeError(w, err)
+		return
 	}
 	ms, err := s.opts.Manager.Create(r.Context(), opts)
 	if err != nil {
@@ -123,6 +152,93 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.created.Inc()
 	writeJSON(w, http.StatusCreated, toSessionJSON(ms))
+}
+
+func sessionMode(ms *session.Managed) egress.Mode {
+	switch {
+	case ms.Network == jail.NetworkHost:
+		return egress.ModeHost
+	case ms.Egress != nil:
+		return egress.ModeAllow
+	}
+	return egress.ModeNone
+}
+
+// networkOptions reads a create request's network mode and allowlist into
+// opts, within what the server allows.
+func (s *Server) networkOptions(req *createRequest, opts *session.CreateOptions) error {
+	mode := s.opts.Egress.DefaultMode
+	if mode == "" {
+		mode = egress.ModeNone
+	}
+	if len(req.Network) > 0 && string(req.Network) != "null" {
+		var b bool
+		var text string
+		switch {
+		case json.Unmarshal(req.Network, &b) == nil:
+			mode = egress.ModeNone
+			if b {
+				mode = egress.ModeHost
+			}
+		case json.Unmarshal(req.Network, &text) == nil:
+			m, err := egress.ParseMode(text)
+			if err != nil {
+				return badRequest("network: %v", err)
+			}
+			mode = m
+		default:
+			return badRequest(`network must be "none", "allow" or "host" (or false/true)`)
+		}
+	}
+	if len(req.Allow) > 0 && mode != egress.ModeAllow {
+		if len(req.Network) > 0 {
+			return badRequest(`allow lists hosts for network mode "allow", not %q`, mode)
+		}
+		mode = egress.ModeAllow // a list alone asks for allow mode
+	}
+	switch mode {
+	case egress.ModeHost:
+		if !s.opts.AllowNetwork {
+			return &apiError{http.StatusForbidden, "network_not_allowed", "this server does not give sessions the host's network (start it with --allow-network); network \"allow\" with a list of hosts may do", 0}
+		}
+		opts.Network = jail.NetworkHost
+	case egress.ModeAllow:
+		list := req.Allow
+		if len(list) == 0 {
+			list = s.opts.Egress.Default
+		}
+		if len(list) == 0 {
+			return badRequest(`network "allow" needs "allow": a list of hosts (e.g. ["pypi", "api.example.org"]); this server has no default list`)
+		}
+		al, err := egress.ParseAllowlist(list)
+		if err != nil {
+			return badRequest("allow: %v", err)
+		}
+		if err := al.Within(s.opts.Egress.Max); err != nil {
+			return &apiError{http.StatusForbidden, "network_not_allowed", "allow: " + err.Error(), 0}
+		}
+		p := s.opts.Egress.Policy
+		p.Allow = al
+		opts.Egress = &p
+	}
+	return nil
+}
+
+// sessionNetwork serves a session's network mode and its egress log.
+func (s *Server) sessionNetwork(w http.ResponseWriter, r *http.Request) {
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	out := struct {
+		Mode egress.Mode `json:"mode"`
+		*egress.Log
+	}{Mode: sessionMode(ms), Log: ms.NetworkLog()}
+	if out.Log == nil {
+		out.Log = &egress.Log{Allow: []string{}, Entries: []egress.Entry{}}
+	}
+	out.Log.Sort()
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*session.Managed, bool) {
@@ -145,9 +261,18 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	if ms, ok := s.lookup(w, r); ok {
-		writeJSON(w, http.StatusOK, toSessionJSON(ms))
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
 	}
+	j := toSessionJSON(ms)
+	u, err := ms.Usage()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	j.DiskUsedBytes, j.FilesUsed = &u.Bytes, &u.Files
+	writeJSON(w, http.StatusOK, j)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
@@ -264,8 +389,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 			flusher.Flush()
 		}
 	}
-	done := make(chan struct{})
+	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stopped)
 		t := time.NewTicker(s.opts.Keepalive)
 		defer t.Stop()
 		for {
@@ -279,6 +405,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 	}()
 	res, err := exec(func(e kernel.Event) { write(e) })
 	close(done)
+	<-stopped // a keepalive must not be written once the handler has returned
 	mu.Lock()
 	wasStarted := started
 	mu.Unlock()

@@ -2,12 +2,15 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sort"
 	"strings"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
@@ -36,13 +39,19 @@ func KernelEnv() []string { return append([]string(nil), kernelEnv...) }
 type Zygote interface {
 	// Launcher starts a kernel for a session with this workspace, limits
 	// and environment (on top of the jail's minimal one).
-	Launcher(workspace string, limits jail.Limits, env []string) kernel.Launcher
+	// listenPort, if nonzero, asks for a listener on the kernel's
+	// loopback (as jail.Config.ListenPort), which the process returns
+	// from a Listener() net.Listener method.
+	Launcher(workspace string, limits jail.Limits, env []string, listenPort int) kernel.Launcher
 }
 
 // kernelEnviron is the kernel's environment: kernelEnv, then the
 // session's variables in key order.
 func (s *Session) kernelEnviron() []string {
 	env := append([]string(nil), kernelEnv...)
+	if s.gate != nil {
+		env = append(env, egress.Env(egress.Port)...)
+	}
 	keys := make([]string, 0, len(s.opts.Env))
 	for k := range s.opts.Env {
 		keys = append(keys, k)
@@ -58,7 +67,47 @@ func (s *Session) kernelEnviron() []string {
 func (s *Session) zygoteLauncher() kernel.Launcher {
 	limits := s.opts.Limits
 	limits.Timeout = 0
-	return s.opts.Zygote.Launcher(s.workspace, limits, s.kernelEnviron())
+	return s.opts.Zygote.Launcher(s.workspace, limits, s.kernelEnviron(), s.listenPort())
+}
+
+// listenPort is the port of the proxy's listener in the kernel's jail (0: none).
+func (s *Session) listenPort() int {
+	if s.gate != nil {
+		return egress.Port
+	}
+	return 0
+}
+
+// listening is a kernel process with a listener on its loopback.
+type listening interface{ Listener() net.Listener }
+
+// servingGate wraps launch so the session's gate serves the listener of
+// every kernel it starts.
+func (s *Session) servingGate(launch kernel.Launcher) kernel.Launcher {
+	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+		p, err := launch(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		l, ok := p.(listening)
+		if !ok || l.Listener() == nil {
+			p.Kill()
+			p.Wait()
+			return nil, errors.New("the kernel's launcher gave no listener for the egress proxy")
+		}
+		s.gate.Serve(l.Listener())
+		return p, nil
+	}
+}
+
+// NetworkLog returns the session's egress log, or nil if the session has
+// no allowlist.
+func (s *Session) NetworkLog() *egress.Log {
+	if s.gate == nil {
+		return nil
+	}
+	l := s.gate.Log()
+	return &l
 }
 
 // jailLauncher starts kernels in a local jail with the session's limits.
@@ -74,6 +123,7 @@ func (s *Session) jailLauncher() kernel.Launcher {
 			Workspace:  s.workspace,
 			Limits:     limits,
 			Network:    s.opts.Network,
+			ListenPort: s.listenPort(),
 			Files:      []jail.File{{Path: KernelPath, Data: kernel.Source, Mode: 0o444}},
 			Stderr:     logWriter{s.log},
 			ExtraFiles: f.List(),
@@ -101,6 +151,8 @@ type jailProcess struct {
 }
 
 func (j *jailProcess) Signal(sig os.Signal) error { return j.p.Signal(sig) }
+
+func (j *jailProcess) Listener() net.Listener { return j.p.Listener() }
 
 func (j *jailProcess) Kill() error {
 	j.p.Kill()

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 )
 
@@ -68,6 +70,9 @@ type ManagerOptions struct {
 	// a template that has already imported the heavy modules; sessions
 	// with the host's network still start cold.
 	Zygote Zygote
+	// EgressLookup resolves names for the egress gates of sessions with
+	// an allowlist. If nil, the host's resolver.
+	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -86,6 +91,10 @@ type CreateOptions struct {
 	Env map[string]string
 	// Network: "" or "none" (loopback only) or "host" (if allowed by AllowNetwork).
 	Network jail.Network
+	// Egress, if set, lets the session out through an allowlist proxy
+	// (Options.Egress); Network must then be none. Such a session never
+	// takes a pooled kernel (pooled ones have no proxy).
+	Egress *egress.Policy
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
 	ExecTimeout time.Duration
@@ -98,6 +107,7 @@ type Managed struct {
 	Created     time.Time
 	Limits      jail.Limits
 	Network     jail.Network
+	Egress      *egress.Policy // nil: no allowlist
 	ExecTimeout time.Duration
 	FromPool    bool
 
@@ -174,7 +184,7 @@ func NewManager(opts ManagerOptions) *Manager {
 	for _, f := range []struct {
 		max *int64
 		def int64
-	}{{&mx.Memory, def.Memory}, {&mx.TmpSize, def.TmpSize}, {&mx.FileSize, def.FileSize}, {&mx.Stack, def.Stack}} {
+	}{{&mx.Memory, def.Memory}, {&mx.TmpSize, def.TmpSize}, {&mx.FileSize, def.FileSize}, {&mx.Stack, def.Stack}, {&mx.Disk, def.Disk}} {
 		if *f.max == 0 {
 			*f.max = f.def
 		}
@@ -187,6 +197,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	}
 	if mx.NoFile == 0 {
 		mx.NoFile = def.NoFile
+	}
+	if mx.Files == 0 {
+		mx.Files = def.Files
 	}
 	m := &Manager{
 		opts: opts, log: log, defaults: def, max: mx,
@@ -201,9 +214,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	return m
 }
 
-func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, execTimeout time.Duration) Options {
+func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) Options {
 	return Options{
-		Limits: l, Env: env, Network: network, ExecTimeout: execTimeout,
+		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}
 }
@@ -215,6 +228,7 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	l.Memory, l.CPUs, l.Pids = cmp.Or(l.Memory, d.Memory), cmp.Or(l.CPUs, d.CPUs), cmp.Or(l.Pids, d.Pids)
 	l.TmpSize, l.FileSize = cmp.Or(l.TmpSize, d.TmpSize), cmp.Or(l.FileSize, d.FileSize)
 	l.NoFile, l.Stack = cmp.Or(l.NoFile, d.NoFile), cmp.Or(l.Stack, d.Stack)
+	l.Disk, l.Files = cmp.Or(l.Disk, d.Disk), cmp.Or(l.Files, d.Files)
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
@@ -225,6 +239,10 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 		return l, &LimitError{"pids", fmt.Sprint(l.Pids), fmt.Sprint(m.max.Pids)}
 	case l.TmpSize > m.max.TmpSize:
 		return l, &LimitError{"tmp size", fmt.Sprint(l.TmpSize), fmt.Sprint(m.max.TmpSize)}
+	case l.Disk > m.max.Disk:
+		return l, &LimitError{"disk", fmt.Sprintf("%d MiB", l.Disk>>20), fmt.Sprintf("%d MiB", m.max.Disk>>20)}
+	case l.Files > m.max.Files:
+		return l, &LimitError{"files", fmt.Sprint(l.Files), fmt.Sprint(m.max.Files)}
 	}
 	return l, nil
 }
@@ -257,7 +275,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && opts.Egress == nil && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
@@ -276,7 +294,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		}
 	}
 	if s == nil {
-		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, execTimeout))
+		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout))
 	}
 	m.mu.Lock()
 	delete(m.sessions, key)
@@ -290,7 +308,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		return nil, ErrClosed
 	}
 	now := time.Now()
-	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network,
+	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
@@ -437,7 +455,7 @@ func (m *Manager) poolLoop() {
 				break
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, m.opts.ExecTimeout))
+			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout))
 			cancel()
 			if err != nil {
 				m.log.Error("pool: start kernel", "err", err)

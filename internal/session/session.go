@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
@@ -33,12 +35,22 @@ type Options struct {
 	Limits jail.Limits
 	// Network selects the jail's network. If empty, loopback only.
 	Network jail.Network
+	// Egress, if set (Network must not be host), lets the session out
+	// through an allowlist proxy (package egress): each kernel's jail gets
+	// a listener on its loopback at egress.Port, served on the host by one
+	// gate with this policy for the session's life, and the proxy
+	// variables in its environment. There is still no route out.
+	Egress *egress.Policy
+	// EgressLookup resolves names for the gate. If nil, the host's
+	// resolver. (Tests map their names to local servers.)
+	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Env is added to the kernel's environment (on top of the jail's
 	// minimal one, never the server's).
 	Env map[string]string
 	// Workspace is a host directory mounted at /workspace. If empty, a
-	// fresh temporary directory is made and removed by Close; a directory
-	// given here belongs to the caller and is kept.
+	// fresh one capped at Limits.Disk bytes and Limits.Files files is
+	// made (jail.NewQuotaDir) and removed by Close; a directory given
+	// here belongs to the caller, who caps it, and is kept.
 	Workspace string
 	// ExecTimeout is the timeout of an execution whose Request has none.
 	// If zero, 5 minutes; if negative, none.
@@ -69,8 +81,9 @@ type Session struct {
 	opts      Options
 	log       *slog.Logger
 	workspace string
-	ownWS     bool
+	quota     *jail.QuotaDir // the workspace made by New, nil if the caller's
 	launch    kernel.Launcher
+	gate      *egress.Gate // with Options.Egress
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
 
@@ -88,11 +101,11 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	}
 	s.log = s.log.With("session", s.id)
 	if opts.Workspace == "" {
-		dir, err := os.MkdirTemp("", "sandloop-ws-*")
+		q, err := jail.NewQuotaDir(opts.Limits.Disk, opts.Limits.Files)
 		if err != nil {
-			return nil, fmt.Errorf("create workspace: %w", err)
+			return nil, err
 		}
-		s.workspace, s.ownWS = dir, true
+		s.workspace, s.quota = q.Path, q
 	} else {
 		fi, err := os.Stat(opts.Workspace)
 		if err != nil {
@@ -103,6 +116,13 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 		}
 		s.workspace = opts.Workspace
 	}
+	if opts.Egress != nil {
+		if opts.Network == jail.NetworkHost {
+			s.removeWorkspace()
+			return nil, errors.New("a session with the host's network has no egress allowlist")
+		}
+		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Logger: s.log})
+	}
 	s.launch = opts.Launcher
 	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {
 		s.launch = s.zygoteLauncher()
@@ -110,8 +130,14 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	if s.launch == nil {
 		s.launch = s.jailLauncher()
 	}
+	if s.gate != nil {
+		s.launch = s.servingGate(s.launch)
+	}
 	k, err := s.start(ctx)
 	if err != nil {
+		if s.gate != nil {
+			s.gate.Close()
+		}
 		s.removeWorkspace()
 		return nil, err
 	}
@@ -299,15 +325,45 @@ func (s *Session) Close() error {
 	// Wait for a Restart in progress to give up its turn: it sees closed.
 	s.turn <- struct{}{}
 	<-s.turn
+	if s.gate != nil {
+		s.gate.Close()
+	}
 	return s.removeWorkspace()
 }
 
 func (s *Session) removeWorkspace() error {
-	if !s.ownWS {
+	if s.quota == nil {
 		return nil
 	}
-	if err := os.RemoveAll(s.workspace); err != nil {
+	if err := s.quota.Remove(); err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
 	}
 	return nil
+}
+
+// Quota describes the workspace's caps: the bytes and files it may hold,
+// and whether the kernel enforces them on every write (false for a
+// caller's directory, or without root: then only uploads are checked).
+type Quota struct {
+	Disk     int64
+	Files    int
+	Enforced bool
+}
+
+// Quota returns the workspace's caps.
+func (s *Session) Quota() Quota {
+	if s.quota == nil {
+		l := s.opts.Limits.WithDefaults()
+		return Quota{Disk: l.Disk, Files: l.Files}
+	}
+	return Quota{Disk: s.quota.Disk, Files: s.quota.Files, Enforced: s.quota.Enforced}
+}
+
+// Usage reports the bytes and files the workspace holds.
+func (s *Session) Usage() (jail.Usage, error) {
+	if s.quota == nil {
+		q := jail.QuotaDir{Path: s.workspace}
+		return q.Usage()
+	}
+	return s.quota.Usage()
 }

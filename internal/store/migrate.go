@@ -68,6 +68,8 @@ CREATE TABLE artifacts (
 ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 CREATE INDEX runs_by_owner ON runs (owner, created_at DESC);
 `,
+	// 3: lessons (lessons.go).
+	lessonsSchema,
 }
 
 // migrate brings the schema up to date. It runs in one write transaction, which

@@ -38,11 +38,14 @@ func (e *PathError) Unwrap() error { return e.Err }
 
 // LimitError reports a size cap that a write would exceed.
 type LimitError struct {
-	What  string // "file" or "workspace"
+	What  string // "file", "workspace", or "quota" (the file system said it is full)
 	Limit int64
 }
 
 func (e *LimitError) Error() string {
+	if e.What == "quota" {
+		return "the workspace is full (its quota of bytes or of files is reached): nothing was stored"
+	}
 	return fmt.Sprintf("the %s size limit of %d bytes would be exceeded", e.What, e.Limit)
 }
 func (e *LimitError) Unwrap() error { return ErrTooLarge }
@@ -113,6 +116,8 @@ func mapErr(p string, err error) error {
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
 		return &PathError{p, ErrNotFound}
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return &PathError{p, &LimitError{What: "quota"}}
 	case strings.Contains(err.Error(), "path escapes"):
 		return &PathError{p, errors.New("leads outside the workspace (symlink or ..)")}
 	}
@@ -127,6 +132,8 @@ type Entry struct {
 	Size    int64     `json:"size"`
 	Mode    string    `json:"mode"`
 	ModTime time.Time `json:"mod_time"`
+	// FileMode is the full mode, for callers that need more than Mode's text.
+	FileMode fs.FileMode `json:"-"`
 }
 
 func entryOf(p string, fi fs.FileInfo) Entry {
@@ -139,7 +146,7 @@ func entryOf(p string, fi fs.FileInfo) Entry {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		t = "symlink"
 	}
-	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC()}
+	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC(), FileMode: fi.Mode()}
 }
 
 // List returns the entries of directory p, sorted by name.
@@ -242,6 +249,28 @@ func (w *Workspace) Write(p string, r io.Reader) (int64, error) {
 		return 0, &PathError{p, errors.New("is a directory")}
 	}
 	dir := path.Dir(rel)
+	made := w.firstMissing(dir)
+	n, err := w.write(p, rel, dir, r)
+	if err != nil && made != "" {
+		_ = w.root.RemoveAll(made) // store nothing: not even the parents
+	}
+	return n, err
+}
+
+// firstMissing returns the outermost directory of dir's path that does
+// not exist yet, or "".
+func (w *Workspace) firstMissing(dir string) string {
+	missing := ""
+	for d := dir; d != "." && d != "/"; d = path.Dir(d) {
+		if _, err := w.root.Lstat(d); err == nil {
+			break
+		}
+		missing = d
+	}
+	return missing
+}
+
+func (w *Workspace) write(p, rel, dir string, r io.Reader) (int64, error) {
 	if err := w.mkdirAll(dir); err != nil {
 		return 0, err
 	}
@@ -325,29 +354,39 @@ func (w *Workspace) Mkdir(p string) error {
 	return w.mkdirAll(rel)
 }
 
-// Remove deletes file or directory p (recursively). Removing the root
-// empties the workspace but keeps it.
+// ErrRoot: the path names the workspace root where a file or subdirectory
+// is required.
+var ErrRoot = errors.New(`names the workspace root, not a file or directory in it (to empty the workspace, delete its entries one by one)`)
+
+// Remove deletes file or directory p (recursively). The root itself is
+// refused ("", "/", ".", "a/.."): a path that cleans to nothing is far more
+// often a client's bug than a wish to delete everything; Clear does that.
 func (w *Workspace) Remove(p string) error {
 	rel, err := Clean(p)
 	if err != nil {
 		return err
 	}
 	if rel == "." {
-		des, err := fs.ReadDir(w.root.FS(), ".")
-		if err != nil {
-			return mapErr(p, err)
-		}
-		for _, de := range des {
-			if err := w.root.RemoveAll(de.Name()); err != nil {
-				return mapErr(de.Name(), err)
-			}
-		}
-		return nil
+		return &PathError{p, ErrRoot}
 	}
 	if _, err := w.root.Lstat(rel); err != nil {
 		return mapErr(p, err)
 	}
 	return mapErr(p, w.root.RemoveAll(rel))
+}
+
+// Clear deletes everything in the workspace, keeping the root.
+func (w *Workspace) Clear() error {
+	des, err := fs.ReadDir(w.root.FS(), ".")
+	if err != nil {
+		return mapErr(".", err)
+	}
+	for _, de := range des {
+		if err := w.root.RemoveAll(de.Name()); err != nil {
+			return mapErr(de.Name(), err)
+		}
+	}
+	return nil
 }
 
 // Usage is the total size of the regular files in the workspace.
@@ -412,4 +451,29 @@ func (w *Workspace) walk(p string, skipDir func(Entry) bool, fn func(Entry) erro
 		}
 	}
 	return nil
+}
+
+// Rename moves file or directory src to dst, creating dst's parent
+// directories; a file at dst is replaced.
+func (w *Workspace) Rename(src, dst string) error {
+	rs, err := Clean(src)
+	if err != nil {
+		return err
+	}
+	rd, err := Clean(dst)
+	if err != nil {
+		return err
+	}
+	for _, p := range [][2]string{{src, rs}, {dst, rd}} {
+		if p[1] == "." {
+			return &PathError{p[0], errors.New("is the workspace itself")}
+		}
+	}
+	if _, err := w.root.Lstat(rs); err != nil {
+		return mapErr(src, err)
+	}
+	if err := w.mkdirAll(path.Dir(rd)); err != nil {
+		return err
+	}
+	return mapErr(dst, w.root.Rename(rs, rd))
 }

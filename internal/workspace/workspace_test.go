@@ -79,7 +79,17 @@ func TestWriteReadListRemove(t *testing.T) {
 	if err := w.Remove("nothing"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("remove missing: %v", err)
 	}
-	if err := w.Remove("/"); err != nil {
+	// A path that cleans to the root is refused, never "delete everything".
+	w.Write("keep.txt", strings.NewReader("x"))
+	for _, root := range []string{"", "/", ".", "./", "//.", "a/./."[2:]} {
+		if err := w.Remove(root); !errors.Is(err, ErrRoot) {
+			t.Errorf("Remove(%q): %v, want ErrRoot", root, err)
+		}
+	}
+	if _, err := w.Stat("keep.txt"); err != nil {
+		t.Fatalf("a refused Remove deleted files: %v", err)
+	}
+	if err := w.Clear(); err != nil {
 		t.Fatal(err)
 	}
 	if list, _ := w.List("."); len(list) != 0 {
@@ -241,5 +251,68 @@ func TestWalk(t *testing.T) {
 		return nil
 	}); err != nil || n != 2 {
 		t.Errorf("SkipAll: n=%d err=%v", n, err)
+	}
+}
+
+// A write the file system refuses (a full quota mount) fails with a
+// LimitError and leaves nothing behind, not even the parents it made.
+func TestWriteOverQuotaStoresNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m,nr_inodes=8"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	w, err := Open(dir, Options{MaxTotalBytes: 100 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{
+		{"a/b/big.bin", bytes.Repeat([]byte("x"), 2<<20)}, // past the bytes
+		{"c/d/e/f/g/h/i/j.txt", []byte("x")},              // past the inodes
+	} {
+		_, err := w.Write(c.name, bytes.NewReader(c.data))
+		var le *LimitError
+		if !errors.As(err, &le) || le.What != "quota" || !strings.Contains(err.Error(), "nothing was stored") {
+			t.Errorf("write %s: %v, want a quota LimitError", c.name, err)
+		}
+		if des, _ := os.ReadDir(dir); len(des) != 0 {
+			t.Errorf("after the refused write of %s the workspace holds %v", c.name, des)
+		}
+	}
+}
+
+func TestRename(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	if _, err := w.Write("a.txt", strings.NewReader("A")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Rename("a.txt", "/deep/er/b.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "deep/er/b.txt")); err != nil || string(b) != "A" {
+		t.Fatalf("moved file: %q %v", b, err)
+	}
+	if _, err := w.Stat("a.txt"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("source still there: %v", err)
+	}
+	if err := w.Rename("nothing", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("rename missing: %v", err)
+	}
+	for _, c := range [][2]string{{"/", "x"}, {"deep", "/"}, {"deep", "../x"}} {
+		var pe *PathError
+		if err := w.Rename(c[0], c[1]); !errors.As(err, &pe) {
+			t.Errorf("Rename(%q, %q) = %v, want a PathError", c[0], c[1], err)
+		}
+	}
+	os.Symlink("/etc", filepath.Join(dir, "out"))
+	if err := w.Rename("deep", "out/x"); err == nil {
+		t.Error("rename through a planted symlink succeeded")
 	}
 }

@@ -22,6 +22,8 @@ host sends "more". On a spare's socket:
   host   -> the session: its settings and five descriptors (kernel.py's
             fds 3-6 and the workspace's detached mount, from open_tree)
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
+                                  (with a listener on the session's loopback
+                                  when the settings ask for one: "listen")
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
@@ -175,6 +177,19 @@ def _mount_session(req, ws_fd):
     _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
     os.close(ws_fd)
     _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
+
+
+def _listen(port):
+    """A listener on the session's loopback for the host (as the jail's
+    ListenPort: the host accepts on it, the session keeps no handle), or
+    None."""
+    if not port:
+        return None
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(512)
+    return s
 
 
 def _set_rlimits(req):
@@ -342,13 +357,18 @@ def _spare(sock, kmod):
     try:
         req = json.loads(msg)
         _mount_session(req, fds[4])
+        listener = _listen(int(req.get("listen") or 0))
         socket.send_fds(ours, [msg], fds[:4])
         for fd in fds[:4]:
             os.close(fd)
         ours.close()
         _set_rlimits(req)
         lockdown()
-        sock.send(b'{"locked":true}')
+        if listener is None:
+            sock.send(b'{"locked":true}')
+        else:
+            socket.send_fds(sock, [b'{"locked":true}'], [listener.fileno()])
+            listener.close()
     except BaseException as e:
         _fail(sock, 126, "build the session's jail", e)
     for s in FORWARDED:

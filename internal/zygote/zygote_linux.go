@@ -93,6 +93,11 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	if z.log == nil {
 		z.log = slog.New(slog.DiscardHandler)
 	}
+	// Where a layer the forks need is missing, fail at once (sessions
+	// then start cold) rather than with every fork.
+	if err := Supported(); err != nil {
+		return nil, fmt.Errorf("zygote: %w", err)
+	}
 	filter, err := jail.SeccompFilter()
 	if err != nil {
 		return nil, fmt.Errorf("zygote: %w", err)
@@ -386,10 +391,11 @@ func (z *Zygote) Close() error {
 
 // Launcher returns a kernel.Launcher that forks a kernel for a session
 // whose workspace, limits and environment (kernel variables on top of the
-// jail's base, as a cold session has) are given.
-func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string) kernel.Launcher {
+// jail's base, as a cold session has) are given. A nonzero listenPort asks
+// for a listener on the session's loopback, as jail.Config.ListenPort.
+func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string, listenPort int) kernel.Launcher {
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-		return z.Fork(ctx, workspace, limits, env, f)
+		return z.Fork(ctx, workspace, limits, env, listenPort, f)
 	}
 }
 
@@ -399,6 +405,7 @@ type forkRequest struct {
 	NoFile  int      `json:"nofile"`
 	FSize   int64    `json:"fsize"`
 	Stack   int64    `json:"stack"`
+	Listen  int      `json:"listen,omitempty"`
 }
 
 // spareLimits are the cgroup limits a spare is armed with; a session with
@@ -572,13 +579,16 @@ func (z *Zygote) current(ctx context.Context) (*instance, error) {
 // its cgroup the session's limits, hands it the workspace and the
 // kernel's descriptors, and waits until the reaper has dropped its
 // capabilities and the kernel is about to run.
-func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits, env []string, f kernel.Files) (*Process, error) {
+func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits, env []string, listenPort int, f kernel.Files) (*Process, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, startTimeout)
 		defer cancel()
 	}
 	limits = limits.WithDefaults()
+	if listenPort < 0 || listenPort > 65535 {
+		return nil, &jail.ArgumentError{Name: "listen port", Err: fmt.Errorf("%d: must be 1-65535", listenPort)}
+	}
 	if workspace == "" {
 		// Never the current directory: the session would own it.
 		return nil, &jail.ArgumentError{Name: "workspace", Err: errors.New("empty")}
@@ -601,17 +611,17 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		return nil, fmt.Errorf("clone the workspace's mount (the zygote needs root): %w", err)
 	}
 	defer unix.Close(tree)
-	req, _ := json.Marshal(forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack})
+	req, _ := json.Marshal(forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort})
 	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
 	for attempt := 0; ; attempt++ {
 		sp, err := z.take(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("zygote: %w", err)
 		}
-		answered, err := sp.start(ctx, limits, req, fds)
+		ln, answered, err := sp.start(ctx, limits, req, fds, listenPort != 0)
 		if err == nil {
 			return &Process{group: sp.group, limits: limits, rep: sp.sock, reaperPid: sp.reaperPid, kernelPid: sp.kernelPid,
-				reaperFD: sp.reaperFD, kernelFD: sp.kernelFD}, nil
+				reaperFD: sp.reaperFD, kernelFD: sp.kernelFD, listener: ln}, nil
 		}
 		sp.destroy()
 		// A spare that died while it waited never answers: the
@@ -626,34 +636,57 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 // start gives the spare's cgroup the session's limits, hands the spare the
 // session (req and fds) and waits until its reaper has locked itself down
 // and its kernel is about to run. answered says whether the spare said
-// anything before it failed.
-func (sp *spare) start(ctx context.Context, limits jail.Limits, req []byte, fds []int) (answered bool, err error) {
+// anything before it failed. With listen, the reaper's "locked" report
+// carries a listener on the session's loopback (as jail.Config.ListenPort).
+func (sp *spare) start(ctx context.Context, limits jail.Limits, req []byte, fds []int, listen bool) (ln net.Listener, answered bool, err error) {
 	if limits.Memory != spareLimits.Memory || limits.Pids != spareLimits.Pids || limits.CPUs != spareLimits.CPUs {
 		if err := sp.group.SetLimits(limits); err != nil {
-			return true, fmt.Errorf("session cgroup: %w", err)
+			return nil, true, fmt.Errorf("session cgroup: %w", err)
 		}
 	}
 	if _, _, err := sp.sock.WriteMsgUnix(req, unix.UnixRights(fds...), nil); err != nil {
-		return false, err
+		return nil, false, err
 	}
 	dl, _ := ctx.Deadline()
 	sp.sock.SetDeadline(dl)
+	fail := func(err error) (net.Listener, bool, error) {
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, true, err
+	}
 	for locked, started := false, false; !locked || !started; answered = true {
-		msg, _, err := readReport(sp.sock)
+		msg, _, got, err := readReportFDs(sp.sock)
 		if err != nil {
-			return answered || ctx.Err() != nil, err
+			if ln != nil {
+				ln.Close()
+			}
+			return nil, answered || ctx.Err() != nil, err
 		}
 		switch {
 		case strings.Contains(string(msg), `"locked"`):
 			locked = true
+			if listen {
+				if len(got) != 1 {
+					closeAll(got)
+					return fail(errors.New("the reaper sent no listener"))
+				}
+				if ln, err = jail.FileListener(got[0]); err != nil {
+					return fail(err)
+				}
+				got = nil
+			}
+			closeAll(got)
 		case strings.Contains(string(msg), `"kernel"`):
+			closeAll(got)
 			started = true
 		default:
-			return true, fmt.Errorf("unexpected report %q", msg)
+			closeAll(got)
+			return fail(fmt.Errorf("unexpected report %q", msg))
 		}
 	}
 	sp.sock.SetDeadline(time.Time{})
-	return true, nil
+	return ln, true, nil
 }
 
 // Process is a forked kernel: the session's PID 1 (the reaper) and the
@@ -664,6 +697,7 @@ type Process struct {
 	rep       *net.UnixConn
 	reaperPid int
 	kernelPid int
+	listener  net.Listener // see Listener
 
 	mu       sync.Mutex
 	reaperFD int // pidfds: signals cannot reach a recycled PID
@@ -673,6 +707,10 @@ type Process struct {
 	once    sync.Once
 	waitErr error
 }
+
+// Listener is the listener on the session's loopback that Fork's
+// listenPort asked for (nil if none); it is closed when the session ends.
+func (p *Process) Listener() net.Listener { return p.listener }
 
 // HostPids returns the host PIDs of the session's reaper and kernel.
 func (p *Process) HostPids() []int { return []int{p.reaperPid, p.kernelPid} }
@@ -741,6 +779,9 @@ func (p *Process) Wait() error {
 		_, _, oom := p.group.Stats()
 		rmErr := p.group.Remove()
 		p.closeFDs()
+		if p.listener != nil {
+			p.listener.Close()
+		}
 		switch {
 		case oom:
 			p.waitErr = fmt.Errorf("killed by the out-of-memory killer: the session's memory limit is %d MiB", p.limits.Memory>>20)
@@ -759,18 +800,30 @@ func (p *Process) Wait() error {
 
 // readReport reads one message from a child, failing on {"error": ...}.
 func readReport(c *net.UnixConn) ([]byte, int, error) {
-	msg, pid, err := readMsg(c)
+	msg, pid, fds, err := readReportFDs(c)
+	closeAll(fds)
+	return msg, pid, err
+}
+
+// readReportFDs is readReport, keeping the descriptors that came with the
+// message (the caller closes them).
+func readReportFDs(c *net.UnixConn) ([]byte, int, []int, error) {
+	msg, pid, fds, err := readMsgFDs(c)
+	fail := func(err error) ([]byte, int, []int, error) {
+		closeAll(fds)
+		return nil, 0, nil, err
+	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("the child ended before it started the kernel: %w", err)
+		return fail(fmt.Errorf("the child ended before it started the kernel: %w", err))
 	}
 	var r struct{ Error string }
 	if json.Unmarshal(msg, &r) == nil && r.Error != "" {
-		return nil, 0, fmt.Errorf("build the session's jail: %s", r.Error)
+		return fail(fmt.Errorf("build the session's jail: %s", r.Error))
 	}
 	if pid <= 0 {
-		return nil, 0, errors.New("no credentials on the report socket")
+		return fail(errors.New("no credentials on the report socket"))
 	}
-	return msg, pid, nil
+	return msg, pid, fds, nil
 }
 
 // readMsg reads one message and the sender's host PID (SO_PASSCRED),

@@ -3,8 +3,10 @@ package zygote
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/session/sessiontest"
 )
 
 func TestMain(m *testing.M) {
@@ -55,7 +58,7 @@ func newSession(t testing.TB, z *Zygote, opts session.Options) forked {
 	}
 	opts.Launcher = func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		limits := opts.Limits
-		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), f)
+		p, err := z.Fork(ctx, opts.Workspace, limits, session.KernelEnv(), 0, f)
 		if err == nil {
 			proc = p
 		}
@@ -514,7 +517,7 @@ func TestConcurrentForks(t *testing.T) {
 		out  string
 		err  error
 	}
-	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
+	if _, err := z.Fork(context.Background(), "", jail.Limits{}, nil, 0, kernel.Files{}); err == nil || !strings.Contains(err.Error(), "workspace") {
 		t.Fatalf("a fork without a workspace: %v", err)
 	}
 	results := make(chan got, n)
@@ -524,7 +527,7 @@ func TestConcurrentForks(t *testing.T) {
 			var proc *Process
 			s, err := session.New(context.Background(), session.Options{Workspace: ws,
 				Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), f)
+					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
 					proc = p
 					return p, err
 				}})
@@ -557,4 +560,58 @@ func TestConcurrentForks(t *testing.T) {
 			seen[pid] = true
 		}
 	}
+}
+
+// Where the zygote cannot work (here: without root), New says so at once
+// with jail.ErrUnsupported, so that sessions start cold instead.
+func TestUnsupportedFailsFast(t *testing.T) {
+	if os.Getenv("SANDLOOP_ZYGOTE_ROOTLESS_CHILD") != "" || os.Geteuid() != 0 {
+		start := time.Now()
+		_, err := New(context.Background(), &Options{Modules: light})
+		if !errors.Is(err, jail.ErrUnsupported) || !strings.Contains(err.Error(), "root") {
+			t.Fatalf("rootless New: %v", err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("New took %s to fail: no template should have started", d)
+		}
+		t.Logf("rootless New: %v", err)
+		return
+	}
+	dir, err := os.MkdirTemp("", "sandloop-zygote-rootless-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, _ := os.Executable()
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "zygote.test")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run", "^TestUnsupportedFailsFast$", "-test.v")
+	cmd.Env = []string{"SANDLOOP_ZYGOTE_ROOTLESS_CHILD=1", "TMPDIR=" + dir, "PATH=/usr/bin:/bin", "HOME=" + dir}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "rootless New: zygote: jail: not supported") {
+		t.Fatalf("rootless: %v\n%s", err, out)
+	}
+}
+
+func TestForkQuota(t *testing.T) {
+	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
+	const disk, files = 48 << 20, 2000
+	s, err := session.New(context.Background(), session.Options{Zygote: z, Limits: jail.Limits{Disk: disk, Files: files}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if got := out(t, s, "import sys\nprint('colorsys' in sys.modules)"); got != "True" {
+		t.Fatalf("the session was not forked from the template: %q", got)
+	}
+	sessiontest.CheckQuota(t, s, disk, files)
 }

@@ -16,7 +16,7 @@ type Zygote struct{}
 func New(context.Context, *Options) (*Zygote, error) { return nil, jail.ErrUnsupported }
 
 // Launcher returns a launcher that fails.
-func (*Zygote) Launcher(string, jail.Limits, []string) kernel.Launcher {
+func (*Zygote) Launcher(string, jail.Limits, []string, int) kernel.Launcher {
 	return func(context.Context, kernel.Files) (kernel.Process, error) { return nil, jail.ErrUnsupported }
 }
 
@@ -25,3 +25,6 @@ func (*Zygote) Pid() int { return 0 }
 
 // Close does nothing.
 func (*Zygote) Close() error { return nil }
+
+// Supported fails: the zygote needs Linux namespaces.
+func Supported() error { return jail.ErrUnsupported }

@@ -210,6 +210,7 @@ type Server struct {
 	srv     *httptest.Server
 	format  format
 	script  Script
+	respond func(Request) Turn
 	closing chan struct{}
 
 	mu       sync.Mutex
@@ -233,6 +234,63 @@ func NewAnthropicServer(t testing.TB, script Script) *Server {
 	s := newServer(t, script, formatAnthropic)
 	s.URL = s.srv.URL
 	return s
+}
+
+// NewOpenAIServerFunc starts a server speaking Chat Completions whose
+// every reply is respond's answer to the request: a model that reacts to
+// what it is shown (an error, a hint in the system prompt) as a real one
+// would, for as many turns as the conversation takes.
+func NewOpenAIServerFunc(t testing.TB, respond func(Request) Turn) *Server {
+	t.Helper()
+	s := newServer(t, nil, formatOpenAI)
+	s.respond = respond
+	s.URL = s.srv.URL + "/v1"
+	return s
+}
+
+// System returns the request's system prompt.
+func (r Request) System() string {
+	var b struct {
+		System   json.RawMessage `json:"system"`
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(r.Body, &b)
+	if len(b.System) > 0 {
+		s, _ := contentText(b.System)
+		return s
+	}
+	var parts []string
+	for _, m := range b.Messages {
+		if m.Role == "system" || m.Role == "developer" {
+			s, _ := contentText(m.Content)
+			parts = append(parts, s)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// UserTexts returns the text of the request's user messages, in order
+// (tool results excluded).
+func (r Request) UserTexts() []string {
+	var b struct {
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(r.Body, &b)
+	var out []string
+	for _, m := range b.Messages {
+		if m.Role == "user" {
+			if s, _ := contentText(m.Content); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }
 
 func newServer(t testing.TB, script Script, f format) *Server {
@@ -297,15 +355,24 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, Turn{Status: http.StatusBadRequest, Error: "llmtest: invalid request"}, req.Model)
 		return
 	}
+	if s.respond != nil {
+		turn := s.respond(Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, format: s.format})
+		s.play(w, r, turn, turnNo, req.Model, req.Stream, req.StreamOptions.IncludeUsage)
+		return
+	}
 	if turnNo >= len(s.script) {
 		// 400, not 5xx: a client would retry a 5xx and repeat the complaint.
 		s.t.Errorf("llmtest: request %d, but the script has only %d turns", turnNo+1, len(s.script))
 		s.writeError(w, Turn{Status: http.StatusBadRequest, Error: "llmtest: script exhausted"}, req.Model)
 		return
 	}
-	turn := s.script[turnNo]
+	s.play(w, r, s.script[turnNo], turnNo, req.Model, req.Stream, req.StreamOptions.IncludeUsage)
+}
+
+// play answers with turn, the reply to request turnNo+1.
+func (s *Server) play(w http.ResponseWriter, r *http.Request, turn Turn, turnNo int, model string, stream, includeUsage bool) {
 	if turn.Status != 0 {
-		s.writeError(w, turn, req.Model)
+		s.writeError(w, turn, model)
 		return
 	}
 	if turn.Usage == (Usage{}) {
@@ -314,13 +381,13 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	if turn.ChunkSize <= 0 {
 		turn.ChunkSize = 4
 	}
-	rp := reply{turn: turn, n: turnNo + 1, model: req.Model, includeUsage: req.StreamOptions.IncludeUsage}
+	rp := reply{turn: turn, n: turnNo + 1, model: model, includeUsage: includeUsage}
 	switch {
-	case s.format == formatOpenAI && req.Stream:
+	case s.format == formatOpenAI && stream:
 		s.streamOpenAI(w, r, rp)
 	case s.format == formatOpenAI:
 		writeJSON(w, rp.openAICompletion())
-	case req.Stream:
+	case stream:
 		s.streamAnthropic(w, r, rp)
 	default:
 		writeJSON(w, rp.anthropicMessage(s.t))

@@ -4,6 +4,7 @@
 import { takeTokenFromURL, getToken, setToken, onUnauthorized } from './api.js';
 import { mountRuns } from './runs.js';
 import { mountNotebook } from './notebook.js';
+import { mountLessons } from './lessons.js';
 import { toast } from './dom.js';
 
 takeTokenFromURL();
@@ -18,12 +19,13 @@ function route() {
   const [, name = 'runs', id] = (location.hash || '#/runs').split('/').map(decodeURIComponent);
   page?.dispose?.();
   view.replaceChildren();
-  for (const n of ['runs', 'notebook']) {
+  for (const n of ['runs', 'notebook', 'lessons']) {
     const a = document.getElementById('nav-' + n);
     if (n === name) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
   }
-  page = name === 'notebook' ? mountNotebook(view, id) : mountRuns(view, id);
-  document.title = (name === 'notebook' ? 'Notebook' : 'Runs') + ' · sandloop';
+  page = name === 'notebook' ? mountNotebook(view, id) : name === 'lessons' ? mountLessons(view) : mountRuns(view, id);
+  document.title = { notebook: 'Notebook', lessons: 'Lessons' }[name] || 'Runs';
+  document.title += ' · sandloop';
 }
 
 function showTokenButton() {

@@ -152,7 +152,7 @@ class RunView {
     this.setStatus(run.status);
     this.renderStats();
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
-    const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'usage', 'notice', 'run_finished'];
+    const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'network', 'usage', 'notice', 'lessons', 'run_finished'];
     for (const t of types) this.es.addEventListener(t, ev => this.onEvent(t, JSON.parse(ev.data)));
     this.es.addEventListener('end', () => { this.es.close(); this.ended = true; this.live.hidden = true; });
     // The browser reconnects by itself after a dropped connection (resuming
@@ -235,7 +235,9 @@ class RunView {
         this.renderStats();
         break;
       }
+      case 'network': this.step(e.step).body.append(networkTable(e.network || [])); break;
       case 'notice': this.step(e.step).body.append(h('div', { class: 'callout callout-note' }, h('strong', {}, 'Harness: '), e.text || '')); break;
+      case 'lessons': for (const l of e.lessons || []) this.step(e.step).body.append(h('div', { class: 'callout callout-lesson' }, h('strong', {}, e.text === 'seen_before' ? 'Seen before: ' : 'Lesson recalled: '), l.text)); break;
       case 'run_finished': this.finished(e.report || {}); break;
     }
   }
@@ -375,3 +377,13 @@ function execStatus(end) {
   return h('span', { class: 'exec-status' }, statusBadge(bits[0]), bits[1] ? h('span', { class: 'muted small' }, bits[1]) : null);
 }
 
+// networkTable lists connections the sandbox made through its egress
+// proxy: allowed or refused (and why), host, port, bytes.
+function networkTable(entries) {
+  const rows = entries.map(e => h('tr', { class: e.allowed ? 'net-allowed' : 'net-refused' },
+    h('td', {}, e.allowed ? 'allowed' : 'refused'), h('td', { class: 'mono' }, `${e.method} ${e.host}:${e.port}`),
+    h('td', {}, `${e.bytes_out || 0} B out · ${e.bytes_in || 0} B in`), h('td', { class: 'muted' }, e.reason || '')));
+  return h('details', { class: 'network', open: entries.some(e => !e.allowed) },
+    h('summary', {}, `Network: ${entries.length} connection${entries.length === 1 ? '' : 's'} through the proxy`),
+    h('table', { class: 'network-log' }, h('tbody', {}, rows)));
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestExecAllowThroughTheProxy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "from the host") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	// (Loopback is listed by address: it is refused otherwise. The proxy
+	// variables leave 127.0.0.1 alone, so the code names the proxy.)
+	code := `
+import http.client, os
+def get(url):
+    c = http.client.HTTPConnection(os.environ["HTTP_PROXY"][len("http://"):])
+    c.request("GET", url)
+    r = c.getresponse()
+    return r.status, r.reason, r.read().decode().strip()
+print(get("http://` + ln.Addr().String() + `/"))
+print(get("http://192.0.2.7/"))
+`
+	rc, out, errOut := sandloop(t, "", "exec", "--allow", ln.Addr().String(), "--stats", "-c", code)
+	if rc != 0 {
+		t.Fatalf("exit %d: %s", rc, errOut)
+	}
+	if !strings.Contains(out, "(200, 'OK', 'from the host')") || !strings.Contains(out, "(403, 'sandloop: egress to 192.0.2.7:80 is not allowed; allowed: "+ln.Addr().String()) {
+		t.Errorf("stdout: %q", out)
+	}
+	if !strings.Contains(errOut, "sandloop: network: 2 connections") || !strings.Contains(errOut, "refused GET 192.0.2.7:80") {
+		t.Errorf("stderr: %q", errOut)
+	}
+	if rc, _, errOut := sandloop(t, "", "exec", "--allow", "pypi", "--network", "-c", "1"); rc != 2 || !strings.Contains(errOut, "--allow and --network exclude each other") {
+		t.Errorf("--allow with --network: %d %q", rc, errOut)
+	}
+	if rc, _, errOut := sandloop(t, "", "exec", "--allow", "exa mple", "-c", "1"); rc != 2 || !strings.Contains(errOut, "not a host name") {
+		t.Errorf("bad --allow: %d %q", rc, errOut)
+	}
+}

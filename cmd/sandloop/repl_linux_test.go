@@ -1,0 +1,85 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// exit(), quit() and sys.exit(n) leave the REPL, n being the exit status,
+// without a traceback; multi-line cells are entered naturally.
+func TestReplExits(t *testing.T) {
+	for _, tt := range []struct {
+		input string
+		code  int
+	}{
+		{"x = 1\nimport sys\nsys.exit(3)\nprint('still here')\n", 3},
+		{"exit()\nprint('still here')\n", 0},
+		{"quit()\nprint('still here')\n", 0},
+		{"n = 4\nimport sys\nsys.exit(n)\nprint('still here')\n", 4},
+		{"def leave():\n    raise SystemExit('bye')\n\nleave()\nprint('still here')\n", 1},
+	} {
+		code, out, errOut := sandloop(t, tt.input, "repl", "--history", "")
+		if code != tt.code || strings.Contains(out, "still here") || strings.Contains(errOut, "Traceback") {
+			t.Errorf("%q: exit %d (want %d)\nstdout %q\nstderr %q", tt.input, code, tt.code, out, errOut)
+		}
+	}
+	code, out, errOut := sandloop(t, "def f(n):\n    total = 0\n    for i in range(n):\n        total += i\n    return total\n\nf(4)\n", "repl")
+	if code != 0 || !strings.Contains(out, "\n6\n") && !strings.Contains(out, " 6\n") {
+		t.Errorf("multi-line def: exit %d %q %q", code, out, errOut)
+	}
+}
+
+// On a terminal, lines are edited with the arrow keys, Ctrl-R searches the
+// history, and the history is kept in a file across sessions.
+func TestReplLineEditingAndHistory(t *testing.T) {
+	history := filepath.Join(t.TempDir(), "data", "repl_history")
+	session := func(t *testing.T, steps func(type_ func(string, int))) string {
+		master, tty := openPty(t)
+		cmd := cliCommand(t.Context(), "repl", "--history", history)
+		cmd.Env = append(cmd.Env, "TERM=xterm")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		tty.Close()
+		out := readPty(master)
+		prompts := 1
+		out.waitFor(t, ">>> ", prompts)
+		steps(func(keys string, wantPrompts int) {
+			master.Write([]byte(keys))
+			out.waitFor(t, ">>> ", wantPrompts)
+		})
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("repl: %v\n%s", err, out.String())
+		}
+		return out.String()
+	}
+	const up, ctrlR, backspace = "\x1b[A", "\x12", "\x7f"
+	out := session(t, func(type_ func(string, int)) {
+		type_("x = 6*7\r", 2)
+		type_(up+backspace+backspace+backspace+"100\r", 3) // x = 100
+		type_("print(x+1)\r", 4)
+		type_("def f():\r    return x * 2\r\r", 5)
+		type_("f()\r", 6)
+		master := "exit()\r"
+		type_(master, 6)
+	})
+	if !strings.Contains(out, "101\r\n") || !strings.Contains(out, "200\r\n") {
+		t.Errorf("edited line or multi-line def did not run as typed:\n%s", out)
+	}
+	b, err := os.ReadFile(history)
+	if err != nil || !strings.Contains(string(b), "print(x+1)") {
+		t.Fatalf("history file: %q %v", b, err)
+	}
+	// A new session searches the old one's history with Ctrl-R.
+	out = session(t, func(type_ func(string, int)) {
+		type_("x = 5\r", 2)
+		type_(ctrlR+"print(x"+"\r", 3)
+		type_("exit()\r", 3)
+	})
+	if !strings.Contains(out, "6\r\n") {
+		t.Errorf("Ctrl-R did not find print(x+1) in the history:\n%s", out)
+	}
+}

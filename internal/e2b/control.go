@@ -1,0 +1,449 @@
+package e2b
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// sandbox is one E2B sandbox: a session and what E2B adds to it.
+type sandbox struct {
+	id, owner, templateID string
+	ms                    *session.Managed
+	envdToken             string
+	trafficToken          string
+	metadata              map[string]string
+	envVars               map[string]string
+	started               time.Time
+
+	mu       sync.Mutex
+	endAt    time.Time
+	procs    map[uint32]*process
+	nextPID  uint32
+	contexts map[string]*codeContext
+	done     bool
+}
+
+func (sb *sandbox) deadline() time.Time {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.endAt
+}
+
+func tokenOK(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+func (sb *sandbox) envdTokenOK(r *http.Request) bool {
+	return tokenOK(r.Header.Get("X-Access-Token"), sb.envdToken)
+}
+
+// trafficTokenOK: /execute carries both tokens, /contexts only the traffic one.
+func (sb *sandbox) trafficTokenOK(r *http.Request) bool {
+	return tokenOK(r.Header.Get("E2B-Traffic-Access-Token"), sb.trafficToken) || sb.envdTokenOK(r)
+}
+
+// shutdown kills the sandbox's commands and extra kernels.
+func (sb *sandbox) shutdown() {
+	sb.mu.Lock()
+	sb.done = true
+	procs, ctxs := sb.procs, sb.contexts
+	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
+	sb.mu.Unlock()
+	for _, p := range procs {
+		p.kill()
+	}
+	for _, c := range ctxs {
+		if c.own {
+			c.s.Close()
+		}
+	}
+	for _, p := range procs {
+		<-p.ended
+	}
+}
+
+func (h *Handler) controlRoutes() *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, rt := range []struct {
+		pattern string
+		fn      func(http.ResponseWriter, *http.Request, string)
+	}{
+		{"POST /sandboxes", h.create},
+		{"POST /v2/sandboxes", h.create},
+		{"GET /sandboxes", h.list},
+		{"GET /v2/sandboxes", h.list},
+		{"GET /sandboxes/{id}", h.info},
+		{"DELETE /sandboxes/{id}", h.delete},
+		{"POST /sandboxes/{id}/connect", h.connect},
+		{"POST /v2/sandboxes/{id}/connect", h.connect},
+		{"POST /sandboxes/{id}/timeout", h.setTimeout},
+	} {
+		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
+	}
+	// Calls of E2B's API that sandloop does not do (yet) say so, rather
+	// than a 404 the SDKs would read as "sandbox not found".
+	for _, p := range []string{
+		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
+		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/{id}/metrics", "GET /sandboxes/metrics",
+		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/network", "/snapshots", "/snapshots/",
+	} {
+		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics and network rules are not implemented", r.Method, r.URL.Path))
+		}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill and timeout", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// requireKey checks X-API-KEY and passes on the key's owner.
+func (h *Handler) requireKey(fn func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-KEY")
+		for k, owner := range h.opts.Keys {
+			if tokenOK(key, k) {
+				fn(w, r, owner)
+				return
+			}
+		}
+		writeControlError(w, http.StatusUnauthorized, "missing or invalid API key: set E2B_API_KEY to the key `sandloop serve` printed")
+	}
+}
+
+// writeControlError writes the control plane's error shape; the SDKs look
+// at code 404 to raise SandboxNotFoundError.
+func writeControlError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+type createRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *float64          `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+}
+
+// created is the answer to create and connect.
+type created struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken string  `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+const clientID = "sandloop"
+
+func (sb *sandbox) created() created {
+	return created{TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID, EnvdVersion: EnvdVersion,
+		EnvdAccessToken: sb.envdToken, TrafficAccessToken: sb.trafficToken}
+}
+
+// readJSON decodes an optional JSON body (the SDKs send it chunked, so
+// Content-Length says nothing).
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// ttl reads a timeout in seconds.
+func (h *Handler) ttl(t *float64) (time.Duration, error) {
+	if t == nil {
+		return h.opts.DefaultTimeout, nil
+	}
+	if math.IsNaN(*t) || *t < 0 || *t > h.opts.MaxTimeout.Seconds() {
+		return 0, fmt.Errorf("timeout must be between 0 and %d seconds", int(h.opts.MaxTimeout.Seconds()))
+	}
+	return time.Duration(*t * float64(time.Second)), nil
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
+	var req createRequest
+	if err := readJSON(r, &req); err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ttl, err := h.ttl(req.Timeout)
+	if err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	for k := range req.EnvVars {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			writeControlError(w, http.StatusBadRequest, fmt.Sprintf("envVars: %q is not a valid variable name", k))
+			return
+		}
+	}
+	if req.TemplateID == "" {
+		req.TemplateID = "base"
+	}
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
+	if err != nil {
+		h.writeCreateError(w, err)
+		return
+	}
+	// The sandbox's time to live governs it, not the manager's idle timer.
+	ms.Begin()
+	now := time.Now()
+	sb := &sandbox{
+		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
+		envdToken: randomHex(16), trafficToken: randomHex(16),
+		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl),
+		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
+	}
+	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: ms.Session}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.opts.Manager.Delete(owner, ms.ID())
+		writeControlError(w, http.StatusServiceUnavailable, "the server is shutting down")
+		return
+	}
+	h.sandboxes[sb.id] = sb
+	h.mu.Unlock()
+	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
+	writeJSON(w, http.StatusCreated, sb.created())
+}
+
+func (h *Handler) writeCreateError(w http.ResponseWriter, err error) {
+	var le *session.LimitError
+	switch {
+	case errors.Is(err, session.ErrCapacity):
+		// 429 with Retry-After is retried by the SDKs' control-plane client.
+		w.Header().Set("Retry-After", "1")
+		writeControlError(w, http.StatusTooManyRequests, "the server holds as many sandboxes as it may: kill one or retry later")
+	case errors.As(err, &le):
+		writeControlError(w, http.StatusBadRequest, err.Error())
+	default:
+		h.log.Error("e2b: create sandbox", "err", err)
+		writeControlError(w, http.StatusInternalServerError, "could not start the sandbox: "+err.Error())
+	}
+}
+
+// owned returns owner's running sandbox id, or writes a 404.
+func (h *Handler) owned(w http.ResponseWriter, owner, id string) *sandbox {
+	sb := h.lookup(id)
+	if sb == nil || sb.owner != owner {
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		return nil
+	}
+	return sb
+}
+
+type infoJSON struct {
+	TemplateID  string            `json:"templateID"`
+	SandboxID   string            `json:"sandboxID"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskSizeMB  int64             `json:"diskSizeMB"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+	Metadata    map[string]string `json:"metadata"`
+}
+
+func (h *Handler) infoOf(sb *sandbox) infoJSON {
+	md := sb.metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return infoJSON{
+		TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID,
+		StartedAt: sb.started.UTC(), EndAt: sb.deadline().UTC(),
+		CPUCount: max(1, int(math.Ceil(sb.ms.Limits.CPUs))), MemoryMB: sb.ms.Limits.Memory >> 20,
+		DiskSizeMB: h.opts.MaxWorkspaceBytes >> 20, State: "running", EnvdVersion: EnvdVersion, Metadata: md,
+	}
+}
+
+func (h *Handler) info(w http.ResponseWriter, r *http.Request, owner string) {
+	if sb := h.owned(w, owner, r.PathValue("id")); sb != nil {
+		writeJSON(w, http.StatusOK, h.infoOf(sb))
+	}
+}
+
+func (h *Handler) delete(w http.ResponseWriter, r *http.Request, owner string) {
+	if sb := h.owned(w, owner, r.PathValue("id")); sb != nil {
+		h.kill(sb, "deleted")
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+type timeoutRequest struct {
+	Timeout *float64 `json:"timeout"`
+}
+
+// setDeadline sets a sandbox's time to live from now (shorter or longer).
+func (sb *sandbox) setDeadline(t time.Time) {
+	sb.mu.Lock()
+	sb.endAt = t
+	sb.mu.Unlock()
+}
+
+func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutRequest
+	if err := readJSON(r, &req); err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	sb := h.owned(w, owner, r.PathValue("id"))
+	if sb == nil {
+		return
+	}
+	if req.Timeout != nil {
+		ttl, err := h.ttl(req.Timeout)
+		if err != nil {
+			writeControlError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		// Connecting never shortens a sandbox's life.
+		if t := time.Now().Add(ttl); t.After(sb.deadline()) {
+			sb.setDeadline(t)
+		}
+	}
+	writeJSON(w, http.StatusOK, sb.created())
+}
+
+func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {
+	var req timeoutRequest
+	if err := readJSON(r, &req); err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Timeout == nil {
+		writeControlError(w, http.StatusBadRequest, `field "timeout" (seconds) is required`)
+		return
+	}
+	ttl, err := h.ttl(req.Timeout)
+	if err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if sb := h.owned(w, owner, r.PathValue("id")); sb != nil {
+		sb.setDeadline(time.Now().Add(ttl))
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// parseMetadata reads list's metadata filter: k=v&k2=v2 with each key and
+// value percent-encoded by the SDK before the whole was query-encoded.
+func parseMetadata(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	q, err := url.ParseQuery(s)
+	if err != nil {
+		return nil, fmt.Errorf("metadata filter %q: %v (send k=v&k2=v2)", s, err)
+	}
+	out := map[string]string{}
+	for k, vs := range q {
+		key, err1 := url.QueryUnescape(k)
+		val, err2 := url.QueryUnescape(vs[len(vs)-1])
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("metadata filter %q: %v", s, err)
+		}
+		out[key] = val
+	}
+	return out, nil
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, owner string) {
+	q := r.URL.Query()
+	filter, err := parseMetadata(q.Get("metadata"))
+	if err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	running := true
+	if states := q["state"]; len(states) > 0 {
+		running = false
+		for _, s := range states {
+			for _, st := range strings.Split(s, ",") {
+				running = running || st == "running"
+			}
+		}
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			writeControlError(w, http.StatusBadRequest, "limit must be a positive integer")
+			return
+		}
+		limit = n
+	}
+	var mine []*sandbox
+	h.mu.Lock()
+	for _, sb := range h.sandboxes {
+		if sb.owner == owner && running && matches(sb.metadata, filter) {
+			mine = append(mine, sb)
+		}
+	}
+	h.mu.Unlock()
+	sort.Slice(mine, func(i, j int) bool {
+		if !mine[i].started.Equal(mine[j].started) {
+			return mine[i].started.Before(mine[j].started)
+		}
+		return mine[i].id < mine[j].id
+	})
+	start := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		start = -1
+		for i, sb := range mine {
+			if sb.id == tok {
+				start = i
+			}
+		}
+		if start < 0 {
+			writeControlError(w, http.StatusBadRequest, "nextToken is unknown or its sandbox is gone: list again from the start")
+			return
+		}
+	}
+	page := mine[start:]
+	if len(page) > limit {
+		w.Header().Set("X-Next-Token", page[limit].id)
+		page = page[:limit]
+	}
+	out := make([]infoJSON, 0, len(page))
+	for _, sb := range page {
+		out = append(out, h.infoOf(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func matches(md, filter map[string]string) bool {
+	for k, v := range filter {
+		if got, ok := md[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,301 @@
+// Package e2b serves E2B's wire protocol over sandloop's sessions, so that
+// E2B's own SDKs (npm e2b and @e2b/code-interpreter, and the Python ones)
+// run unchanged against a local sandloop: the control plane (create,
+// connect, list, kill, timeouts), envd (files over REST, the
+// filesystem.Filesystem and process.Process Connect RPCs) and the code
+// interpreter (/execute, /contexts).
+//
+// Every request comes to one origin. A request that carries E2b-Sandbox-Id
+// is for that sandbox: E2b-Sandbox-Port 49999 is the code interpreter,
+// anything else envd. Without the header it is the control plane,
+// authenticated by X-API-KEY. The data plane carries no API key: each
+// sandbox gets two random access tokens at creation, which the SDKs send
+// back (X-Access-Token to envd and /execute, E2B-Traffic-Access-Token to
+// the code interpreter), so knowing a sandbox's id is not enough to use it.
+//
+// A sandbox is one sandloop session (its id is the session's id, so it is
+// also visible under /v1/sessions for the same token): its kernel is the
+// default code context, extra contexts are kernels of their own on the
+// same workspace, and each command runs in a jail of its own on that
+// workspace with the session's limits. Any templateID is accepted and
+// gives the default session. The workspace, /workspace, is the home and
+// working directory of kernels and commands, and the root of the files
+// API: absolute paths elsewhere are refused there.
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// EnvdVersion is the envd version announced to the SDKs: they pick
+// protocol features by it (0.5.7: chunked octet-stream uploads).
+const EnvdVersion = "0.5.7"
+
+// Ports the SDKs put in E2b-Sandbox-Port.
+const (
+	portInterpreter = "49999"
+	portEnvd        = "49983"
+)
+
+// Options configure a Handler.
+type Options struct {
+	// Manager holds the sessions behind the sandboxes. Required.
+	Manager *session.Manager
+	// Keys maps each accepted API key to the owner of the sandboxes
+	// created with it (the owner sandloop's own API uses for the same
+	// caller). Required: a server without keys would let anyone who can
+	// reach it run code.
+	Keys map[string]string
+	// Zygote, if set, forks the kernels of extra code contexts.
+	Zygote session.Zygote
+	// DefaultTimeout is a sandbox's time to live when create names none.
+	// If zero, 300 seconds (E2B's default).
+	DefaultTimeout time.Duration
+	// MaxTimeout bounds the time to live a client may ask for. If zero, 24 hours.
+	MaxTimeout time.Duration
+	// ReapInterval is how often expired sandboxes are looked for. If zero, 1 second.
+	ReapInterval time.Duration
+	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
+	// If zero, 100 MiB and 1 GiB.
+	MaxFileBytes, MaxWorkspaceBytes int64
+	// MaxContexts caps a sandbox's code contexts besides its default one,
+	// and MaxProcesses its running commands: each is a jail with the
+	// sandbox's limits, which the manager's session cap does not count.
+	// If zero, 8 and 32.
+	MaxContexts, MaxProcesses int
+	// Keepalive is the interval of keepalive lines in /execute. If zero, 5 seconds.
+	Keepalive time.Duration
+	// Logger receives diagnostics. If nil, they are discarded.
+	Logger *slog.Logger
+}
+
+// Handler serves the E2B protocol. Close it to stop its reaper and kill
+// its sandboxes.
+type Handler struct {
+	opts    Options
+	log     *slog.Logger
+	control *http.ServeMux
+	envd    *http.ServeMux
+	interp  *http.ServeMux
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	closed    bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New returns a Handler and starts its reaper.
+func New(opts Options) (*Handler, error) {
+	if opts.Manager == nil {
+		return nil, errors.New("e2b: a session manager is required")
+	}
+	if len(opts.Keys) == 0 {
+		return nil, errors.New("e2b: at least one API key is required")
+	}
+	if opts.DefaultTimeout == 0 {
+		opts.DefaultTimeout = 300 * time.Second
+	}
+	if opts.MaxTimeout == 0 {
+		opts.MaxTimeout = 24 * time.Hour
+	}
+	if opts.ReapInterval == 0 {
+		opts.ReapInterval = time.Second
+	}
+	if opts.MaxFileBytes == 0 {
+		opts.MaxFileBytes = 100 << 20
+	}
+	if opts.MaxWorkspaceBytes == 0 {
+		opts.MaxWorkspaceBytes = 1 << 30
+	}
+	if opts.Keepalive == 0 {
+		opts.Keepalive = 5 * time.Second
+	}
+	if opts.MaxContexts == 0 {
+		opts.MaxContexts = 8
+	}
+	if opts.MaxProcesses == 0 {
+		opts.MaxProcesses = 32
+	}
+	h := &Handler{opts: opts, log: opts.Logger, sandboxes: map[string]*sandbox{}, stop: make(chan struct{})}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.control = h.controlRoutes()
+	h.envd = h.envdRoutes()
+	h.interp = h.interpreterRoutes()
+	h.wg.Add(1)
+	go h.reapLoop()
+	return h, nil
+}
+
+// Mounts returns the patterns to mount the handler at (beside sandloop's
+// own routes, which they do not overlap), each mapped to the handler.
+func (h *Handler) Mounts() map[string]http.Handler {
+	m := map[string]http.Handler{}
+	for _, p := range []string{
+		"/sandboxes", "/sandboxes/", "/v2/sandboxes", "/v2/sandboxes/", "/snapshots", "/snapshots/",
+		"/health", "/files", "/filesystem.Filesystem/", "/process.Process/",
+		"/execute", "/contexts", "/contexts/",
+	} {
+		m[p] = h
+	}
+	return m
+}
+
+// ServeHTTP routes a request to the control plane, envd or the code
+// interpreter, by its E2b-Sandbox-Id and E2b-Sandbox-Port headers.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("E2b-Sandbox-Id")
+	if id == "" && r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		// downloadUrl()/uploadUrl(): the URL names no sandbox, its
+		// signature does (only that sandbox's envd token makes it).
+		sb := h.signer(r)
+		if sb == nil {
+			writeControlError(w, http.StatusUnauthorized, "the URL's signature is wrong or expired, or its sandbox is gone")
+			return
+		}
+		h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
+		return
+	}
+	if id == "" {
+		h.control.ServeHTTP(w, r)
+		return
+	}
+	sb := h.lookup(id)
+	if sb == nil {
+		// The SDKs read 502 as "the sandbox is gone" (isRunning() false,
+		// TimeoutError); a 404 would look like a missing file.
+		http.Error(w, "sandbox "+id+" is not running", http.StatusBadGateway)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb))
+	if r.Header.Get("E2b-Sandbox-Port") == portInterpreter {
+		if !sb.trafficTokenOK(r) {
+			writeControlError(w, http.StatusUnauthorized, "missing or wrong E2B-Traffic-Access-Token for sandbox "+id)
+			return
+		}
+		h.interp.ServeHTTP(w, r)
+		return
+	}
+	if !sb.envdTokenOK(r) && !(r.URL.Path == "/files" && sb.signed(r)) {
+		writeControlError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+id)
+		return
+	}
+	h.envd.ServeHTTP(w, r)
+}
+
+type sandboxKey struct{}
+
+// sandboxOf is the sandbox a data-plane request is for.
+func sandboxOf(ctx context.Context) *sandbox {
+	sb, _ := ctx.Value(sandboxKey{}).(*sandbox)
+	return sb
+}
+
+// lookup returns the running sandbox id, or nil. A sandbox whose session
+// was closed behind our back (deleted through /v1, or past the server's
+// maximum lifetime) is cleaned up here.
+func (h *Handler) lookup(id string) *sandbox {
+	h.mu.Lock()
+	sb := h.sandboxes[id]
+	h.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	if errors.Is(sb.ms.Err(), session.ErrClosed) {
+		h.kill(sb, "its session was closed")
+		return nil
+	}
+	return sb
+}
+
+// kill ends a sandbox: its commands, extra kernels and session.
+func (h *Handler) kill(sb *sandbox, reason string) {
+	h.mu.Lock()
+	if h.sandboxes[sb.id] != sb {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.sandboxes, sb.id)
+	h.mu.Unlock()
+	sb.shutdown()
+	if err := h.opts.Manager.Delete(sb.owner, sb.id); err != nil && !errors.Is(err, session.ErrNotFound) {
+		h.log.Warn("e2b: close session", "sandbox", sb.id, "err", err)
+	}
+	h.log.Info("e2b: sandbox killed", "sandbox", sb.id, "reason", reason)
+}
+
+func (h *Handler) reapLoop() {
+	defer h.wg.Done()
+	t := time.NewTicker(h.opts.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case now := <-t.C:
+			h.reap(now)
+		}
+	}
+}
+
+// reap kills the sandboxes whose time to live has passed at now.
+func (h *Handler) reap(now time.Time) int {
+	var victims []*sandbox
+	h.mu.Lock()
+	for _, sb := range h.sandboxes {
+		if !now.Before(sb.deadline()) {
+			victims = append(victims, sb)
+		}
+	}
+	h.mu.Unlock()
+	for _, sb := range victims {
+		h.kill(sb, "timeout")
+	}
+	return len(victims)
+}
+
+// Close stops the reaper and kills every sandbox.
+func (h *Handler) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	all := make([]*sandbox, 0, len(h.sandboxes))
+	for _, sb := range h.sandboxes {
+		all = append(all, sb)
+	}
+	h.mu.Unlock()
+	close(h.stop)
+	h.wg.Wait()
+	for _, sb := range all {
+		h.kill(sb, "shutdown")
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewKey returns a fresh API key in the form the SDKs accept (e2b_ and hex).
+func NewKey() string { return "e2b_" + randomHex(20) }
+
+// KeyForToken is the API key that stands for a sandloop token: the
+// token's bytes in hex after e2b_ (the 2.45 SDKs accept only that form).
+func KeyForToken(token string) string { return "e2b_" + hex.EncodeToString([]byte(token)) }

@@ -1,0 +1,495 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// The process.Process messages served (envd's process.proto).
+
+type processConfig struct {
+	Cmd  string            `json:"cmd"`
+	Args []string          `json:"args"`
+	Envs map[string]string `json:"envs"`
+	Cwd  *string           `json:"cwd,omitempty"`
+}
+
+type startRequest struct {
+	Process *processConfig `json:"process"`
+	PTY     *struct{}      `json:"pty,omitempty"`
+	Tag     *string        `json:"tag,omitempty"`
+	Stdin   *bool          `json:"stdin,omitempty"`
+}
+
+type processSelector struct {
+	PID *uint32 `json:"pid,omitempty"`
+	Tag *string `json:"tag,omitempty"`
+}
+
+type selectRequest struct {
+	Process *processSelector `json:"process"`
+}
+
+type sendSignalRequest struct {
+	Process *processSelector `json:"process"`
+	Signal  string           `json:"signal"`
+}
+
+type sendInputRequest struct {
+	Process *processSelector `json:"process"`
+	Input   *struct {
+		Stdin []byte `json:"stdin,omitempty"`
+		PTY   []byte `json:"pty,omitempty"`
+	} `json:"input"`
+}
+
+type processInfo struct {
+	Config processConfig `json:"config"`
+	PID    uint32        `json:"pid"`
+	Tag    *string       `json:"tag,omitempty"`
+}
+
+type listResponse struct {
+	Processes []processInfo `json:"processes"`
+}
+
+type startEvent struct {
+	PID uint32 `json:"pid"`
+}
+
+type dataEvent struct {
+	Stdout []byte `json:"stdout,omitempty"`
+	Stderr []byte `json:"stderr,omitempty"`
+}
+
+type endEvent struct {
+	ExitCode int32  `json:"exitCode"`
+	Exited   bool   `json:"exited"`
+	Status   string `json:"status"`
+	Error    string `json:"error,omitempty"`
+}
+
+type processEvent struct {
+	Start     *startEvent `json:"start,omitempty"`
+	Data      *dataEvent  `json:"data,omitempty"`
+	End       *endEvent   `json:"end,omitempty"`
+	Keepalive *struct{}   `json:"keepalive,omitempty"`
+}
+
+// eventResponse is StartResponse and ConnectResponse.
+type eventResponse struct {
+	Event processEvent `json:"event"`
+}
+
+// process is one command of a sandbox, in a jail of its own on the
+// sandbox's workspace, with the sandbox's limits. It outlives the request
+// that started it; its output goes to every stream attached to it.
+type process struct {
+	pid   uint32
+	tag   *string
+	cfg   processConfig
+	jp    *jail.Process
+	stdin *io.PipeWriter // nil: started without stdin
+	ended chan struct{}
+
+	mu   sync.Mutex
+	subs map[chan processEvent]bool
+	end  *endEvent
+}
+
+// subBuffer is how many events a slow stream may lag behind before it is
+// cut off (the process never waits for a reader).
+const subBuffer = 1024
+
+// subscribe attaches a stream; it receives events from now on, and the
+// end event even if the process already ended.
+func (p *process) subscribe() chan processEvent {
+	ch := make(chan processEvent, subBuffer)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end != nil {
+		ch <- processEvent{End: p.end}
+		close(ch)
+		return ch
+	}
+	p.subs[ch] = true
+	return ch
+}
+
+func (p *process) unsubscribe(ch chan processEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.subs[ch] {
+		delete(p.subs, ch)
+		close(ch)
+	}
+}
+
+// publish sends ev to every stream; a stream too far behind is closed
+// without an end event, which its handler reports.
+func (p *process) publish(ev processEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ev.End != nil {
+		p.end = ev.End
+	}
+	for ch := range p.subs {
+		select {
+		case ch <- ev:
+		default:
+			delete(p.subs, ch)
+			close(ch)
+			continue
+		}
+		if ev.End != nil {
+			delete(p.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+type outWriter struct {
+	p      *process
+	stderr bool
+}
+
+func (w outWriter) Write(b []byte) (int, error) {
+	d := &dataEvent{}
+	if w.stderr {
+		d.Stderr = append([]byte(nil), b...)
+	} else {
+		d.Stdout = append([]byte(nil), b...)
+	}
+	w.p.publish(processEvent{Data: d})
+	return len(b), nil
+}
+
+func (p *process) kill() { p.jp.Kill() }
+
+func (p *process) info() processInfo {
+	return processInfo{Config: p.cfg, PID: p.pid, Tag: p.tag}
+}
+
+func (h *Handler) processHandlers() []rpcHandler {
+	return []rpcHandler{
+		{"/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", h.start, connectOptions...)},
+		{"/process.Process/Connect", connect.NewServerStreamHandler("/process.Process/Connect", h.connectProcess, connectOptions...)},
+		unary("/process.Process/List", h.listProcesses),
+		unary("/process.Process/SendSignal", h.sendSignal),
+		unary("/process.Process/SendInput", h.sendInput),
+		unary("/process.Process/CloseStdin", h.closeStdin),
+	}
+}
+
+// commandEnv is the environment of a command: what kernels get, less the
+// kernel's own matplotlib backend, then the sandbox's variables, then the
+// command's.
+func commandEnv(sandboxVars, vars map[string]string) []string {
+	var env []string
+	for _, kv := range session.KernelEnv() {
+		if !strings.HasPrefix(kv, "MPLBACKEND=") {
+			env = append(env, kv)
+		}
+	}
+	merged := map[string]string{}
+	for k, v := range sandboxVars {
+		merged[k] = v
+	}
+	for k, v := range vars {
+		merged[k] = v
+	}
+	keys := make([]string, 0, len(merged))
+	for k := range merged {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+merged[k])
+	}
+	return env
+}
+
+// program resolves a command name the way the jail's PATH would: the jail's
+// root shows the host's system directories read-only.
+func program(cmd string) string {
+	if strings.Contains(cmd, "/") {
+		return cmd
+	}
+	for _, dir := range []string{"/usr/local/bin", "/usr/bin", "/bin"} {
+		if fi, err := os.Stat(path.Join(dir, cmd)); err == nil && !fi.IsDir() {
+			return path.Join(dir, cmd)
+		}
+	}
+	return cmd
+}
+
+func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[eventResponse]) error {
+	sb := sandboxOf(ctx)
+	m := req.Msg
+	if m.PTY != nil {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("PTY sessions are not supported by sandloop yet: run commands without a terminal"))
+	}
+	if m.Process == nil || m.Process.Cmd == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	for k := range m.Process.Envs {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("envs: %q is not a valid variable name", k))
+		}
+	}
+	dir := workspaceDir
+	if m.Process.Cwd != nil && *m.Process.Cwd != "" {
+		dir = *m.Process.Cwd
+		if !path.IsAbs(dir) {
+			dir = path.Join(workspaceDir, dir)
+		}
+	}
+	if rel, err := relPath(dir); err == nil {
+		// A missing working directory is made, as envd does for the home.
+		ws, err := h.files(sb)
+		if err == nil {
+			if _, serr := ws.Stat(rel); serr != nil {
+				ws.Mkdir(rel)
+			}
+			ws.Close()
+		}
+	}
+	sb.mu.Lock()
+	running := len(sb.procs)
+	sb.mu.Unlock()
+	if running >= h.opts.MaxProcesses {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("a sandbox runs at most %d commands at once: kill one first", h.opts.MaxProcesses))
+	}
+	limits := sb.ms.Limits
+	limits.Timeout = 0
+	// Connect-Timeout-Ms bounds the process, not only this stream: envd
+	// kills it at the deadline. Without the header it runs until killed.
+	if dl, ok := ctx.Deadline(); ok {
+		limits.Timeout = max(time.Until(dl), time.Millisecond)
+	}
+	p := &process{tag: m.Tag, cfg: *m.Process, ended: make(chan struct{}), subs: map[chan processEvent]bool{}}
+	if p.cfg.Args == nil {
+		p.cfg.Args = []string{}
+	}
+	if p.cfg.Envs == nil {
+		p.cfg.Envs = map[string]string{}
+	}
+	var stdinR *io.PipeReader
+	if m.Stdin != nil && *m.Stdin {
+		stdinR, p.stdin = io.Pipe()
+	}
+	sub := p.subscribe()
+	// The process belongs to the sandbox, not to this request: a client
+	// that goes away leaves it running (background commands).
+	jp, err := jail.Start(context.Background(), &jail.Config{
+		Path:      program(p.cfg.Cmd),
+		Args:      append([]string{p.cfg.Cmd}, p.cfg.Args...),
+		Env:       commandEnv(sb.envVars, p.cfg.Envs),
+		Workspace: sb.ms.Workspace(),
+		Dir:       dir,
+		Limits:    limits,
+		Network:   sb.ms.Network,
+		Stdin:     readerOrNil(stdinR),
+		Stdout:    outWriter{p, false},
+		Stderr:    outWriter{p, true},
+	})
+	if err != nil {
+		var ae *jail.ArgumentError
+		if errors.As(err, &ae) {
+			return connect.NewError(connect.CodeInvalidArgument, err)
+		}
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: %w", p.cfg.Cmd, err))
+	}
+	p.jp = jp
+	sb.mu.Lock()
+	if sb.done {
+		sb.mu.Unlock()
+		jp.Kill()
+		jp.Wait()
+		return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
+	}
+	sb.nextPID++
+	p.pid = 1000 + sb.nextPID
+	sb.procs[p.pid] = p
+	sb.mu.Unlock()
+	go h.waitProcess(sb, p)
+	if err := stream.Send(&eventResponse{Event: processEvent{Start: &startEvent{PID: p.pid}}}); err != nil {
+		p.unsubscribe(sub)
+		return err
+	}
+	return relay(ctx, p, sub, stream)
+}
+
+func readerOrNil(r *io.PipeReader) io.Reader {
+	if r == nil {
+		return nil
+	}
+	return r
+}
+
+// relay streams a process's events until it ends or the client leaves.
+func relay(ctx context.Context, p *process, sub chan processEvent, stream *connect.ServerStream[eventResponse]) error {
+	defer p.unsubscribe(sub)
+	for {
+		select {
+		case ev, ok := <-sub:
+			if !ok {
+				return connect.NewError(connect.CodeResourceExhausted, errors.New("the stream fell too far behind the process's output"))
+			}
+			if err := stream.Send(&eventResponse{Event: ev}); err != nil {
+				return err
+			}
+			if ev.End != nil {
+				return nil
+			}
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The jail's own timer fires at the same deadline; make
+				// sure it is gone before the client hears of it.
+				p.kill()
+				select {
+				case <-p.ended:
+				case <-time.After(5 * time.Second):
+				}
+				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command's timeout passed: it was killed"))
+			}
+			return ctx.Err()
+		}
+	}
+}
+
+// waitProcess reports a process's end to its streams and forgets it.
+func (h *Handler) waitProcess(sb *sandbox, p *process) {
+	r, err := p.jp.Wait()
+	end := &endEvent{Exited: true, Status: "exit status 0"}
+	switch {
+	case err != nil:
+		end = &endEvent{ExitCode: -1, Status: "error", Error: err.Error()}
+	case r.Signal != "":
+		name := strings.ToLower(strings.TrimPrefix(r.Signal, "SIG"))
+		if name == "kill" {
+			name = "killed"
+		}
+		end = &endEvent{ExitCode: -1, Status: "signal: " + name}
+		if r.TimedOut {
+			end.Error = "the command's timeout passed"
+		}
+	case r.ExitCode != 0:
+		end = &endEvent{ExitCode: int32(r.ExitCode), Exited: true, Status: fmt.Sprintf("exit status %d", r.ExitCode)}
+	}
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
+	sb.mu.Lock()
+	if sb.procs[p.pid] == p {
+		delete(sb.procs, p.pid)
+	}
+	sb.mu.Unlock()
+	p.publish(processEvent{End: end})
+	close(p.ended)
+}
+
+// find returns the running process a selector names.
+func (sb *sandbox) find(sel *processSelector) (*process, error) {
+	if sel == nil || sel.PID == nil && sel.Tag == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.pid or process.tag is required"))
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	for _, p := range sb.procs {
+		if sel.PID != nil && p.pid == *sel.PID || sel.PID == nil && p.tag != nil && *p.tag == *sel.Tag {
+			return p, nil
+		}
+	}
+	what := ""
+	if sel.PID != nil {
+		what = fmt.Sprintf("pid %d", *sel.PID)
+	} else {
+		what = fmt.Sprintf("tag %q", *sel.Tag)
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no running process with %s", what))
+}
+
+func (h *Handler) connectProcess(ctx context.Context, req *connect.Request[selectRequest], stream *connect.ServerStream[eventResponse]) error {
+	p, err := sandboxOf(ctx).find(req.Msg.Process)
+	if err != nil {
+		return err
+	}
+	sub := p.subscribe()
+	if err := stream.Send(&eventResponse{Event: processEvent{Start: &startEvent{PID: p.pid}}}); err != nil {
+		p.unsubscribe(sub)
+		return err
+	}
+	return relay(ctx, p, sub, stream)
+}
+
+func (h *Handler) listProcesses(ctx context.Context, _ *empty) (*listResponse, error) {
+	sb := sandboxOf(ctx)
+	out := listResponse{Processes: []processInfo{}}
+	sb.mu.Lock()
+	for _, p := range sb.procs {
+		out.Processes = append(out.Processes, p.info())
+	}
+	sb.mu.Unlock()
+	sort.Slice(out.Processes, func(i, j int) bool { return out.Processes[i].PID < out.Processes[j].PID })
+	return &out, nil
+}
+
+func (h *Handler) sendSignal(ctx context.Context, req *sendSignalRequest) (*empty, error) {
+	p, err := sandboxOf(ctx).find(req.Process)
+	if err != nil {
+		return nil, err
+	}
+	switch req.Signal {
+	case "SIGNAL_SIGKILL", "9":
+		p.kill() // the whole jail: a shell's children go too
+	case "SIGNAL_SIGTERM", "15":
+		if err := p.jp.Signal(syscall.SIGTERM); err != nil {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d: %v", p.pid, err))
+		}
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %q: send SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Signal))
+	}
+	return &empty{}, nil
+}
+
+func (h *Handler) sendInput(ctx context.Context, req *sendInputRequest) (*empty, error) {
+	p, err := sandboxOf(ctx).find(req.Process)
+	if err != nil {
+		return nil, err
+	}
+	if req.Input == nil || req.Input.PTY != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("input.stdin is required (PTY input is not supported)"))
+	}
+	if p.stdin == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started without stdin: start it with stdin: true", p.pid))
+	}
+	if _, err := p.stdin.Write(req.Input.Stdin); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: stdin is closed", p.pid))
+	}
+	return &empty{}, nil
+}
+
+func (h *Handler) closeStdin(ctx context.Context, req *selectRequest) (*empty, error) {
+	p, err := sandboxOf(ctx).find(req.Process)
+	if err != nil {
+		return nil, err
+	}
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
+	return &empty{}, nil
+}

@@ -1,0 +1,332 @@
+// Drives a running `sandloop serve` with E2B's official SDKs, unchanged:
+// only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point them at it.
+//
+//   node e2e.mjs interpreter   @e2b/code-interpreter (on e2b latest): the whole tour
+//   node e2e.mjs e2b-2.45      e2b 2.45: lifecycle, files and commands
+//   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
+//                                with the same through sandloop's own API (SANDLOOP_TOKEN);
+//                                prints both medians in ms (CODE must evaluate to 2)
+//
+// Each step prints "ok <step>"; a failure prints the error and exits 1.
+import assert from 'node:assert/strict'
+
+const mode = process.argv[2]
+const run = `run-${process.pid}-${Date.now()}`
+
+async function step(name, fn) {
+  const t0 = performance.now()
+  try {
+    await fn()
+    console.log(`ok ${name} (${Math.round(performance.now() - t0)} ms)`)
+  } catch (e) {
+    console.log(`FAIL ${name}: ${e?.name}: ${e?.message}`)
+    console.log(e?.stack)
+    process.exit(1)
+  }
+}
+
+async function throws(fn, check) {
+  let err
+  try {
+    await fn()
+  } catch (e) {
+    err = e
+  }
+  assert.ok(err, 'expected an error')
+  if (check) check(err)
+  return err
+}
+
+async function listIDs(Sandbox, metadata) {
+  const pager = Sandbox.list({ query: { metadata } })
+  const ids = []
+  while (pager.hasNext) {
+    for (const s of await pager.nextItems()) ids.push(s.sandboxId)
+  }
+  return ids.sort()
+}
+
+// files, commands, isolation and lifecycle: what both SDK versions share.
+async function common(Sandbox, sbx, label) {
+  await step(`${label} files write/read/list`, async () => {
+    const info = await sbx.files.write('hello.txt', 'hello')
+    assert.equal(info.path, '/workspace/hello.txt')
+    assert.equal(await sbx.files.read('hello.txt'), 'hello')
+    assert.equal(await sbx.files.read('/workspace/hello.txt'), 'hello')
+    await sbx.files.write('sub/dir/deep.txt', 'deep')
+    const names = (await sbx.files.list('.')).map((e) => `${e.name}:${e.type}`)
+    assert.ok(names.includes('hello.txt:file'), names.join(','))
+    assert.ok(names.includes('sub:dir'), names.join(','))
+    const deep = (await sbx.files.list('.', { depth: 3 })).map((e) => e.path)
+    assert.ok(deep.includes('/workspace/sub/dir/deep.txt'), deep.join(','))
+  })
+  await step(`${label} files exists/makeDir/rename/remove`, async () => {
+    assert.equal(await sbx.files.exists('hello.txt'), true)
+    assert.equal(await sbx.files.exists('nope.txt'), false)
+    assert.equal(await sbx.files.makeDir('made'), true)
+    assert.equal(await sbx.files.makeDir('made'), false)
+    const moved = await sbx.files.rename('hello.txt', 'made/moved.txt')
+    assert.equal(moved.path, '/workspace/made/moved.txt')
+    assert.equal(await sbx.files.exists('hello.txt'), false)
+    assert.equal(await sbx.files.read('made/moved.txt'), 'hello')
+    await sbx.files.remove('made')
+    assert.equal(await sbx.files.exists('made/moved.txt'), false)
+    await throws(() => sbx.files.read('made/moved.txt'), (e) => assert.match(e.name, /NotFoundError/))
+    await throws(() => sbx.files.read('/etc/passwd'))
+  })
+  await step(`${label} files bytes and 1 MiB`, async () => {
+    const bytes = new Uint8Array(256).map((_, i) => i)
+    await sbx.files.write('bytes.bin', bytes.buffer)
+    assert.deepEqual(await sbx.files.read('bytes.bin', { format: 'bytes' }), bytes)
+    const big = new Uint8Array(1 << 20).map((_, i) => (i * 7 + 3) & 0xff)
+    await sbx.files.write('big.bin', new Blob([big]))
+    const back = await sbx.files.read('big.bin', { format: 'bytes' })
+    assert.equal(back.length, big.length)
+    assert.ok(Buffer.from(back).equals(Buffer.from(big)), '1 MiB round trip differs')
+  })
+  await step(`${label} signed downloadUrl and uploadUrl`, async () => {
+    const down = await fetch(await sbx.downloadUrl('bytes.bin'))
+    assert.equal(down.status, 200)
+    assert.equal((await down.arrayBuffer()).byteLength, 256)
+    const expiring = await fetch(await sbx.downloadUrl('bytes.bin', { useSignatureExpiration: 60 }))
+    assert.equal(expiring.status, 200)
+    const form = new FormData()
+    form.append('file', new Blob(['uploaded']), 'up.txt')
+    const up = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
+    assert.equal(up.status, 200)
+    assert.equal(await sbx.files.read('up.txt'), 'uploaded')
+    const forged = new URL(await sbx.downloadUrl('bytes.bin'))
+    forged.searchParams.set('path', 'big.bin')
+    assert.equal((await fetch(forged)).status, 401)
+  })
+  await step(`${label} commands run, env, cwd, exit codes`, async () => {
+    const r = await sbx.commands.run('echo out; echo err >&2; pwd; echo "$FOO-$BAR"; cat sub/dir/deep.txt', { envs: { BAR: 'cmd' } })
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'out\n/workspace\nbar-cmd\ndeep')
+    assert.equal(r.stderr, 'err\n')
+    const inDir = await sbx.commands.run('pwd', { cwd: '/workspace/sub' })
+    assert.equal(inDir.stdout.trim(), '/workspace/sub')
+    const failed = await throws(() => sbx.commands.run('echo partial; exit 3'))
+    assert.equal(failed.name, 'CommandExitError')
+    assert.equal(failed.exitCode, 3)
+    assert.equal(failed.stdout, 'partial\n')
+    const streamed = []
+    await sbx.commands.run('for i in 1 2 3; do echo $i; done', { onStdout: (d) => streamed.push(d) })
+    assert.equal(streamed.join(''), '1\n2\n3\n')
+  })
+  await step(`${label} commands background, list, kill`, async () => {
+    const h = await sbx.commands.run('sleep 60', { background: true, timeoutMs: 0 })
+    const pids = (await sbx.commands.list()).map((p) => p.pid)
+    assert.ok(pids.includes(h.pid), `pid ${h.pid} not in ${pids}`)
+    assert.equal(await sbx.commands.kill(h.pid), true)
+    const res = await throws(() => h.wait())
+    assert.equal(res.exitCode, -1)
+    assert.equal(await sbx.commands.kill(h.pid), false)
+    const left = (await sbx.commands.list()).map((p) => p.pid)
+    assert.ok(!left.includes(h.pid))
+  })
+  await step(`${label} commands stdin`, async () => {
+    const h = await sbx.commands.run('cat', { background: true, stdin: true })
+    await sbx.commands.sendStdin(h.pid, 'ping\n')
+    await sbx.commands.closeStdin(h.pid)
+    const r = await h.wait()
+    assert.equal(r.stdout, 'ping\n')
+  })
+  await step(`${label} command timeout kills it`, async () => {
+    const t0 = Date.now()
+    await throws(() => sbx.commands.run('sleep 30', { timeoutMs: 1000 }))
+    // The client gives up at the same moment the server kills it: allow a moment.
+    while ((await sbx.commands.list()).length > 0 && Date.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 100))
+    assert.equal((await sbx.commands.list()).length, 0)
+  })
+  await step(`${label} getInfo and list by metadata`, async () => {
+    const info = await sbx.getInfo()
+    assert.equal(info.sandboxId, sbx.sandboxId)
+    assert.equal(info.metadata.run, run)
+    assert.equal(info.state, 'running')
+    const ids = await listIDs(Sandbox, { run })
+    assert.deepEqual(ids, [sbx.sandboxId])
+    assert.deepEqual(await listIDs(Sandbox, { run: 'no such run' }), [])
+  })
+  await step(`${label} two sandboxes are isolated`, async () => {
+    const other = await Sandbox.create({ metadata: { run, other: 'yes' } })
+    try {
+      assert.equal(await other.files.exists('bytes.bin'), false)
+      const r = await other.commands.run('ls -A /workspace | wc -l')
+      assert.equal(r.stdout.trim(), '0')
+      await other.files.write('mine.txt', 'other')
+      assert.equal(await sbx.files.exists('mine.txt'), false)
+      assert.deepEqual(await listIDs(Sandbox, { run }), [sbx.sandboxId, other.sandboxId].sort())
+      assert.deepEqual(await listIDs(Sandbox, { run, other: 'yes' }), [other.sandboxId])
+    } finally {
+      await other.kill()
+    }
+    assert.equal(await other.isRunning(), false)
+    assert.equal(await Sandbox.kill(other.sandboxId), false)
+  })
+  await step(`${label} connect and setTimeout`, async () => {
+    const again = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(await again.files.exists('bytes.bin'), true)
+    await sbx.setTimeout(60_000)
+    const end = new Date((await sbx.getInfo()).endAt).getTime()
+    assert.ok(end - Date.now() < 61_000 && end - Date.now() > 50_000, `endAt ${end - Date.now()} ms away`)
+    await throws(() => Sandbox.connect('0123456789abcdef'), (e) => assert.equal(e.name, 'SandboxNotFoundError'))
+  })
+  await step(`${label} wrong key`, async () => {
+    await throws(() => Sandbox.create({ apiKey: 'e2b_0123456789abcdef' }), (e) => assert.equal(e.name, 'AuthenticationError'))
+  })
+  await step(`${label} timeout reaper`, async () => {
+    const short = await Sandbox.create({ timeoutMs: 1500 })
+    assert.equal(await short.isRunning(), true)
+    await new Promise((r) => setTimeout(r, 4000))
+    assert.equal(await short.isRunning(), false)
+  })
+}
+
+async function interpreter() {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  let sbx
+  await step('create', async () => {
+    sbx = await Sandbox.create({ envs: { FOO: 'bar' }, metadata: { run } })
+  })
+  try {
+    await step('runCode keeps state', async () => {
+      await sbx.runCode('x = 41')
+      const e = await sbx.runCode('x + 1')
+      assert.equal(e.text, '42')
+      assert.equal(e.error, undefined)
+    })
+    await step('runCode streams stdout and sees sandbox env', async () => {
+      const out = []
+      const e = await sbx.runCode('import os\nprint("a")\nprint(os.environ["FOO"])', { onStdout: (m) => out.push(m.line) })
+      assert.equal(e.logs.stdout.join(''), 'a\nbar\n')
+      assert.equal(out.join(''), 'a\nbar\n')
+    })
+    await step('runCode per-cell envs', async () => {
+      const e = await sbx.runCode('import os; os.environ.get("CELL")', { envs: { CELL: 'only here' } })
+      assert.equal(e.text, "'only here'")
+      assert.equal((await sbx.runCode('import os; str(os.environ.get("CELL"))')).text, "'None'")
+    })
+    await step('runCode matplotlib PNG', async () => {
+      const e = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()')
+      assert.equal(e.results.length, 1)
+      assert.ok(Buffer.from(e.results[0].png, 'base64').subarray(1, 4).toString() === 'PNG')
+    })
+    await step('runCode html', async () => {
+      const e = await sbx.runCode('class H:\n    def _repr_html_(self): return "<b>hi</b>"\nH()')
+      assert.equal(e.results[0].html, '<b>hi</b>')
+    })
+    await step('runCode error', async () => {
+      const e = await sbx.runCode('1/0')
+      assert.equal(e.error.name, 'ZeroDivisionError')
+      assert.equal(e.error.value, 'division by zero')
+      assert.ok(e.error.traceback.includes('1/0'), e.error.traceback)
+      assert.ok(!e.error.traceback.includes('kernel.py'), e.error.traceback)
+    })
+    await step('runCode timeout keeps state', async () => {
+      await throws(() => sbx.runCode('import time\ny = 5\ntime.sleep(30)\ny = 6', { timeoutMs: 1500 }), (e) => assert.equal(e.name, 'TimeoutError'))
+      const t0 = Date.now()
+      const e = await sbx.runCode('y')
+      assert.equal(e.text, '5')
+      assert.ok(Date.now() - t0 < 10_000, 'the timed-out cell was not interrupted')
+    })
+    await step('contexts', async () => {
+      const ctx = await sbx.createCodeContext({ cwd: '/workspace/ctxdir' })
+      const e = await sbx.runCode('import os; z = 1; os.getcwd()', { context: ctx })
+      assert.equal(e.text, "'/workspace/ctxdir'")
+      assert.equal((await sbx.runCode('z', { context: ctx })).text, '1')
+      assert.equal((await sbx.runCode('"z" in globals()')).text, 'False')
+      const ids = (await sbx.listCodeContexts()).map((c) => c.id)
+      assert.ok(ids.includes(ctx.id), ids.join(','))
+      await sbx.restartCodeContext(ctx)
+      assert.equal((await sbx.runCode('"z" in globals()', { context: ctx })).text, 'False')
+      await sbx.removeCodeContext(ctx)
+      assert.ok(!(await sbx.listCodeContexts()).map((c) => c.id).includes(ctx.id))
+    })
+    await step('kernel, commands and files share /workspace', async () => {
+      await sbx.runCode('open("from_kernel.txt", "w").write("k")')
+      assert.equal(await sbx.files.read('from_kernel.txt'), 'k')
+      assert.equal((await sbx.commands.run('cat from_kernel.txt')).stdout, 'k')
+      await sbx.files.write('from_api.txt', 'api')
+      assert.equal((await sbx.runCode('open("from_api.txt").read()')).text, "'api'")
+    })
+    await common(Sandbox, sbx, 'latest')
+  } finally {
+    await sbx.kill()
+  }
+  await step('killed sandbox', async () => {
+    assert.equal(await sbx.isRunning(), false)
+    await throws(() => sbx.runCode('1'))
+  })
+}
+
+async function e2b245() {
+  const { Sandbox } = await import('e2b-2.45')
+  const sbx = await Sandbox.create({ envs: { FOO: 'bar' }, metadata: { run } })
+  try {
+    await common(Sandbox, sbx, '2.45')
+  } finally {
+    await sbx.kill()
+  }
+}
+
+// bench alternates the SDK and sandloop's own API (create a session,
+// execute, delete; token in SANDLOOP_TOKEN) so both see the same machine,
+// each starting once the server's warm pool is full again.
+async function bench(n, code) {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const base = process.env.E2B_API_URL
+  const api = async (method, path, body) => {
+    const r = await fetch(base + path, {
+      method,
+      headers: { Authorization: `Bearer ${process.env.SANDLOOP_TOKEN}`, 'Content-Type': 'application/json' },
+      body: body && JSON.stringify(body),
+    })
+    if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${await r.text()}`)
+    return r.status === 204 ? null : r.json()
+  }
+  const full = (await api('GET', '/healthz')).pool_ready
+  const settle = async () => {
+    for (let t = Date.now(); Date.now() - t < 5000; await new Promise((r) => setTimeout(r, 20))) {
+      if ((await api('GET', '/healthz')).pool_ready >= full) return
+    }
+  }
+  const sdk = []
+  const native = []
+  for (let i = 0; i < n; i++) {
+    await settle()
+    let t0 = performance.now()
+    const sbx = await Sandbox.create()
+    const e = await sbx.runCode(code)
+    sdk.push(performance.now() - t0)
+    assert.equal(e.text, '2')
+    await sbx.kill()
+    await settle()
+    t0 = performance.now()
+    const s = await api('POST', '/v1/sessions', {})
+    const r = await api('POST', `/v1/sessions/${s.id}/execute`, { code })
+    native.push(performance.now() - t0)
+    assert.equal(r.results[0].data['text/plain'], '2')
+    await api('DELETE', `/v1/sessions/${s.id}`)
+  }
+  const median = (a) => a.sort((x, y) => x - y)[Math.floor(a.length / 2)]
+  console.log(JSON.stringify({ sdk_ms: median(sdk), native_ms: median(native), runs: n, pool: full }))
+}
+
+switch (mode) {
+  case 'interpreter':
+    await interpreter()
+    break
+  case 'e2b-2.45':
+    await e2b245()
+    break
+  case 'bench':
+    await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
+    break
+  default:
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|bench N')
+    process.exit(2)
+}
+console.log('done')
+// Idle keep-alive sockets of the SDKs' HTTP clients would hold node for a minute.
+process.exit(0)

@@ -1,0 +1,679 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Gate.
+type Options struct {
+	// Policy is what the session may reach.
+	Policy Policy
+	// LookupIP resolves a name to its addresses. If nil, the host's
+	// resolver. (Tests map their own names to a local server.)
+	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
+	// MaxLog is how many connections the log keeps (the oldest are
+	// dropped, and counted). If zero, 1000.
+	MaxLog int
+	// Logger receives diagnostics. If nil, they are discarded.
+	Logger *slog.Logger
+}
+
+// Gate is one session's proxy: it serves the listeners it is given (one
+// per kernel the session starts) under one policy, one byte and
+// connection budget and one log. Its methods are safe for concurrent use.
+type Gate struct {
+	opts   Options
+	policy Policy
+	log    *slog.Logger
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+
+	total  atomic.Int64 // bytes through the gate, both directions
+	active atomic.Int32 // connections being served
+
+	mu        sync.Mutex
+	closed    bool
+	listeners map[net.Listener]bool
+	conns     map[net.Conn]bool
+	entries   []Entry
+	dropped   int
+	wg        sync.WaitGroup
+}
+
+// Entry is one connection (a CONNECT tunnel) or one plain HTTP request
+// through the gate, or a refusal.
+type Entry struct {
+	Time       time.Time `json:"time"`
+	Method     string    `json:"method"` // CONNECT, GET, POST, ...
+	Host       string    `json:"host"`
+	Port       int       `json:"port"`
+	Addr       string    `json:"addr,omitempty"` // the address dialled
+	Allowed    bool      `json:"allowed"`
+	Reason     string    `json:"reason,omitempty"` // why it was refused or cut
+	Status     int       `json:"status,omitempty"` // a plain request's response status
+	BytesOut   int64     `json:"bytes_out"`        // sent by the sandbox
+	BytesIn    int64     `json:"bytes_in"`         // received by the sandbox
+	DurationMS float64   `json:"duration_ms"`
+}
+
+// Log is a snapshot of a gate's state and its connection log.
+type Log struct {
+	Allow    []string `json:"allow"`
+	Bytes    int64    `json:"bytes"`
+	MaxBytes int64    `json:"max_bytes"`
+	Active   int      `json:"active"`
+	MaxConns int      `json:"max_conns"`
+	Entries  []Entry  `json:"entries"`
+	Dropped  int      `json:"dropped,omitempty"`
+}
+
+// Sort orders the entries by the time they began.
+func (l *Log) Sort() {
+	slices.SortStableFunc(l.Entries, func(a, b Entry) int { return a.Time.Compare(b.Time) })
+}
+
+// New returns a gate enforcing opts.Policy.
+func New(opts Options) *Gate {
+	g := &Gate{opts: opts, policy: opts.Policy.withDefaults(), listeners: map[net.Listener]bool{}, conns: map[net.Conn]bool{}}
+	if g.opts.MaxLog == 0 {
+		g.opts.MaxLog = 1000
+	}
+	g.log = opts.Logger
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	g.lookup = opts.LookupIP
+	if g.lookup == nil {
+		g.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	return g
+}
+
+// Serve accepts connections on ln in the background until ln or the gate
+// is closed. The gate owns ln from now on.
+func (g *Gate) Serve(ln net.Listener) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		ln.Close()
+		return
+	}
+	g.listeners[ln] = true
+	g.wg.Add(1)
+	g.mu.Unlock()
+	go func() {
+		defer g.wg.Done()
+		defer func() {
+			g.mu.Lock()
+			delete(g.listeners, ln)
+			g.mu.Unlock()
+			ln.Close()
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue
+				}
+				return
+			}
+			if !g.track(c) {
+				c.Close()
+				return
+			}
+			go func() {
+				defer g.wg.Done()
+				defer g.untrack(c)
+				g.serveConn(c)
+			}()
+		}
+	}()
+}
+
+// track registers a connection (and a goroutine for it) unless the gate is closed.
+func (g *Gate) track(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.conns[c] = true
+	g.wg.Add(1)
+	return true
+}
+
+func (g *Gate) untrack(c net.Conn) {
+	c.Close()
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
+}
+
+// Close stops every listener and connection and waits for them to end.
+func (g *Gate) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	for ln := range g.listeners {
+		ln.Close()
+	}
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
+	return nil
+}
+
+// Log returns the gate's counters and its connection log in the order the
+// entries were made (a tunnel's when it ends; see Log.Sort).
+func (g *Gate) Log() Log {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	l := Log{Allow: g.policy.Allow.Entries(), Bytes: g.total.Load(), MaxBytes: g.policy.MaxBytes,
+		Active: int(g.active.Load()), MaxConns: g.policy.MaxConns, Entries: append([]Entry(nil), g.entries...), Dropped: g.dropped}
+	if l.Allow == nil {
+		l.Allow = []string{}
+	}
+	if l.Entries == nil {
+		l.Entries = []Entry{}
+	}
+	return l
+}
+
+func (g *Gate) record(e Entry) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.entries) >= g.opts.MaxLog {
+		n := len(g.entries) - g.opts.MaxLog + 1
+		g.entries = append(g.entries[:0], g.entries[n:]...)
+		g.dropped += n
+	}
+	g.entries = append(g.entries, e)
+}
+
+// refusal is a refused or failed request: an HTTP status and words.
+type refusal struct {
+	status int
+	msg    string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+// writeRefusal answers a request the gate will not carry. The message is
+// also the reason phrase: clients that report only the status line (pip's
+// "Tunnel connection failed: 403 ...") still show it.
+func writeRefusal(w io.Writer, r *refusal) {
+	msg := strings.Map(func(c rune) rune {
+		if c < 0x20 || c == 0x7f {
+			return ' '
+		}
+		return c
+	}, r.msg)
+	body := msg + "\n"
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Sandloop-Egress: refused\r\n\r\n%s",
+		r.status, msg, len(body), body)
+}
+
+// countConn counts the sandbox side's bytes against the session's cap and
+// into the current entry, and closes idle connections.
+type countConn struct {
+	net.Conn
+	g        *Gate
+	out, in  atomic.Int64 // of the current entry
+	last     *atomic.Int64
+	capError atomic.Bool
+}
+
+func (c *countConn) charge(n int) error {
+	if n > 0 && c.g.total.Add(int64(n)) > c.g.policy.MaxBytes {
+		c.capError.Store(true)
+		return errCap
+	}
+	return nil
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.out.Add(int64(n))
+	c.last.Store(time.Now().UnixNano())
+	if cerr := c.charge(n); cerr != nil {
+		return 0, cerr
+	}
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	if err := c.charge(len(p)); err != nil {
+		return 0, err
+	}
+	n, err := c.Conn.Write(p)
+	c.in.Add(int64(n))
+	c.last.Store(time.Now().UnixNano())
+	return n, err
+}
+
+func (g *Gate) serveConn(raw net.Conn) {
+	var last atomic.Int64
+	c := &countConn{Conn: raw, g: g, last: &last}
+	br := bufio.NewReaderSize(c, maxHead)
+	for {
+		// (Bytes already read ahead count for the request they belong to.)
+		c.out.Store(int64(br.Buffered()))
+		c.in.Store(0)
+		c.SetReadDeadline(time.Now().Add(g.policy.IdleTimeout))
+		head, err := peekHead(br)
+		var req *http.Request
+		if err == nil {
+			req, err = http.ReadRequest(br)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err) && !c.capError.Load() {
+				writeRefusal(c, &refusal{http.StatusBadRequest, "sandloop: the proxy could not read the request: " + err.Error()})
+			}
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		if n := g.active.Add(1); int(n) > g.policy.MaxConns {
+			g.active.Add(-1)
+			host, port := splitTarget(req)
+			r := &refusal{http.StatusServiceUnavailable, fmt.Sprintf("sandloop: too many connections through the proxy (at most %d at once)", g.policy.MaxConns)}
+			g.record(Entry{Time: time.Now(), Method: req.Method, Host: host, Port: port, Reason: r.msg})
+			writeRefusal(c, r)
+			return
+		}
+		var again bool
+		if req.Method == http.MethodConnect {
+			g.tunnel(c, br, req)
+		} else {
+			again = g.forward(c, req, head)
+		}
+		g.active.Add(-1)
+		if !again {
+			return
+		}
+	}
+}
+
+// maxHead caps a request's line and headers.
+const maxHead = 64 << 10
+
+// head is what the raw header lines of a request say about its framing
+// and target (net/http folds these away: it keeps one Host and drops
+// Content-Length beside chunked).
+type head struct {
+	hosts         []string
+	contentLength bool
+	transferEnc   bool
+}
+
+// peekHead reads ahead until the request's headers have arrived (without
+// consuming them) and reads their Host, Content-Length and
+// Transfer-Encoding lines.
+func peekHead(br *bufio.Reader) (head, error) {
+	var h head
+	if _, err := br.Peek(1); err != nil {
+		return h, err
+	}
+	for {
+		b, _ := br.Peek(br.Buffered())
+		end := bytes.Index(b, []byte("\r\n\r\n"))
+		if end < 0 {
+			end = bytes.Index(b, []byte("\n\n"))
+		}
+		if end >= 0 {
+			lines := strings.Split(string(b[:end]), "\n")
+			for _, l := range lines[1:] {
+				name, value, ok := strings.Cut(strings.TrimRight(l, "\r"), ":")
+				if !ok {
+					continue
+				}
+				switch strings.ToLower(strings.TrimSpace(name)) {
+				case "host":
+					h.hosts = append(h.hosts, strings.TrimSpace(value))
+				case "content-length":
+					h.contentLength = true
+				case "transfer-encoding":
+					h.transferEnc = true
+				}
+			}
+			return h, nil
+		}
+		if br.Buffered() >= maxHead {
+			return h, errors.New("the request's headers are too large")
+		}
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			return h, err
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// splitTarget returns the host and port a request asks for (for the log).
+func splitTarget(req *http.Request) (string, int) {
+	hostport := req.Host
+	if req.Method != http.MethodConnect && req.URL != nil && req.URL.Host != "" {
+		hostport = req.URL.Host
+	}
+	host, portText, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, portText = hostport, "80"
+	}
+	port, _ := strconv.Atoi(portText)
+	return strings.ToLower(strings.TrimSuffix(host, ".")), port
+}
+
+// check decides whether host:port may be reached and returns the
+// addresses to dial.
+func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, *refusal) {
+	allowed := g.policy.Allow.Entries()
+	list := strings.Join(allowed, ", ")
+	if list == "" {
+		list = "nothing"
+	}
+	notAllowed := func(what string) *refusal {
+		return &refusal{http.StatusForbidden, fmt.Sprintf("sandloop: egress to %s is not allowed; allowed: %s", what, list)}
+	}
+	if port < 1 || port > 65535 {
+		return nil, &refusal{http.StatusBadRequest, "sandloop: the request names no valid port"}
+	}
+	var addrs []netip.Addr
+	if ad, err := netip.ParseAddr(host); err == nil {
+		ad = ad.Unmap()
+		if !g.policy.Allow.allowsAddrTarget(ad, port) {
+			return nil, notAllowed(net.JoinHostPort(ad.String(), strconv.Itoa(port)))
+		}
+		addrs = []netip.Addr{ad}
+	} else {
+		if !validName(host) {
+			return nil, &refusal{http.StatusBadRequest, fmt.Sprintf("sandloop: %q is not a host name", host)}
+		}
+		if !g.policy.Allow.allowsName(host, port) {
+			what := host
+			if port != 80 && port != 443 {
+				what = net.JoinHostPort(host, strconv.Itoa(port))
+			}
+			return nil, notAllowed(what)
+		}
+		rctx, cancel := context.WithTimeout(ctx, g.policy.DialTimeout)
+		found, err := g.lookup(rctx, host)
+		cancel()
+		if err != nil || len(found) == 0 {
+			return nil, &refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: %s could not be resolved", host)}
+		}
+		addrs = found
+	}
+	var ok []netip.Addr
+	var why string
+	for _, ad := range addrs {
+		if w := g.policy.forbidden(ad, port); w != "" {
+			if why == "" {
+				why = fmt.Sprintf("%s is %s", ad.Unmap(), w)
+			}
+			continue
+		}
+		ok = append(ok, ad.Unmap())
+	}
+	if len(ok) == 0 {
+		return nil, &refusal{http.StatusForbidden, fmt.Sprintf("sandloop: egress to %s is refused: %s, which sandboxes may not reach", host, why)}
+	}
+	return ok, nil
+}
+
+// dial connects to the first reachable of addrs (already checked: never
+// resolved again, so a name cannot change its answer between the check
+// and the connection).
+func (g *Gate) dial(ctx context.Context, addrs []netip.Addr, port int) (net.Conn, error) {
+	d := net.Dialer{Timeout: g.policy.DialTimeout}
+	var firstErr error
+	for _, ad := range addrs {
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(ad, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return nil, firstErr
+}
+
+// tunnel serves a CONNECT request.
+func (g *Gate) tunnel(c *countConn, br *bufio.Reader, req *http.Request) {
+	start := time.Now()
+	host, port := splitTarget(req)
+	e := Entry{Time: start, Method: req.Method, Host: host, Port: port}
+	defer func() {
+		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
+		e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
+		if c.capError.Load() && e.Reason == "" {
+			e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
+		}
+		g.record(e)
+	}()
+	if _, _, err := net.SplitHostPort(req.Host); err != nil {
+		r := &refusal{http.StatusBadRequest, "sandloop: CONNECT needs host:port"}
+		e.Reason = r.msg
+		writeRefusal(c, r)
+		return
+	}
+	ctx := context.Background()
+	addrs, r := g.check(ctx, host, port)
+	if r == nil {
+		up, err := g.dial(ctx, addrs, port)
+		if err != nil {
+			r = &refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: could not connect to %s: %v", net.JoinHostPort(host, strconv.Itoa(port)), dialReason(err))}
+		} else {
+			e.Allowed = true
+			e.Addr = up.RemoteAddr().String()
+			defer up.Close()
+			if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+				return
+			}
+			if n := br.Buffered(); n > 0 {
+				b, _ := br.Peek(n)
+				if _, err := up.Write(b); err != nil {
+					return
+				}
+				br.Discard(n)
+			}
+			g.splice(c, up)
+			return
+		}
+	}
+	e.Reason = r.msg
+	writeRefusal(c, r)
+}
+
+func dialReason(err error) string {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
+
+// splice copies both ways until both sides have finished (a half-close
+// is passed on), either fails, the cap is reached or neither side has sent
+// anything for IdleTimeout.
+func (g *Gate) splice(c *countConn, up net.Conn) {
+	done := make(chan bool, 2) // true: the source ended cleanly and was half-closed
+	cp := func(dst, src net.Conn, dstRaw net.Conn) {
+		buf := make([]byte, 256<<10)
+		for {
+			src.SetReadDeadline(time.Now().Add(g.policy.IdleTimeout))
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					done <- false
+					return
+				}
+			}
+			if err != nil {
+				if isTimeout(err) && time.Since(time.Unix(0, c.last.Load())) < g.policy.IdleTimeout {
+					continue // the other direction is busy
+				}
+				if hc, ok := dstRaw.(interface{ CloseWrite() error }); ok && errors.Is(err, io.EOF) {
+					done <- hc.CloseWrite() == nil
+					return
+				}
+				done <- false
+				return
+			}
+		}
+	}
+	go cp(up, c, up)
+	go cp(c, up, c.Conn)
+	ended := 1
+	if <-done {
+		ended++
+		if <-done {
+			return
+		}
+	}
+	c.Conn.Close()
+	up.Close()
+	if ended < 2 {
+		<-done
+	}
+}
+
+// hopHeaders are meant for the proxy, not the server.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authorization", "Proxy-Authenticate", "Te", "Trailer", "Upgrade"}
+
+// forward serves one plain HTTP request; it reports whether the client's
+// connection may carry another.
+func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
+	start := time.Now()
+	host, port := splitTarget(req)
+	e := Entry{Time: start, Method: req.Method, Host: host, Port: port}
+	defer func() {
+		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
+		e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
+		if c.capError.Load() && e.Reason == "" {
+			e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
+		}
+		g.record(e)
+	}()
+	refuse := func(r *refusal) bool {
+		e.Reason = r.msg
+		writeRefusal(c, r)
+		return false
+	}
+	switch {
+	case req.URL.Scheme == "https":
+		return refuse(&refusal{http.StatusBadRequest, "sandloop: for https, the proxy needs CONNECT"})
+	case req.URL.Scheme != "http" || req.URL.Host == "":
+		return refuse(&refusal{http.StatusBadRequest, "sandloop: this is an HTTP proxy: requests must name an absolute http:// URL (set HTTP_PROXY, as the sandbox's environment does)"})
+	}
+	// One target per request: a Host header that names another host than
+	// the URL (or several) would let a request through for one name and
+	// have the server answer for another.
+	if hs := h.hosts; len(hs) > 1 || len(hs) == 1 && !strings.EqualFold(strings.TrimSuffix(hs[0], ":80"), strings.TrimSuffix(req.URL.Host, ":80")) {
+		return refuse(&refusal{http.StatusBadRequest, "sandloop: the Host header does not match the requested URL"})
+	}
+	if h.transferEnc && h.contentLength {
+		return refuse(&refusal{http.StatusBadRequest, "sandloop: a request may not carry both Content-Length and Transfer-Encoding"})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs, r := g.check(ctx, host, port)
+	if r != nil {
+		return refuse(r)
+	}
+	up, err := g.dial(ctx, addrs, port)
+	if err != nil {
+		return refuse(&refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: could not connect to %s: %v", net.JoinHostPort(host, strconv.Itoa(port)), dialReason(err))})
+	}
+	defer up.Close()
+	e.Allowed = true
+	e.Addr = up.RemoteAddr().String()
+	out := req.Clone(ctx)
+	out.RequestURI = ""
+	out.Host = req.URL.Host
+	out.Close = true // one request per upstream connection: checked per request
+	for _, h := range req.Header.Values("Connection") {
+		for _, name := range strings.Split(h, ",") {
+			out.Header.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, h := range hopHeaders {
+		out.Header.Del(h)
+	}
+	out.Header.Del("Host")
+	up.SetDeadline(time.Now().Add(g.policy.IdleTimeout))
+	if err := out.Write(up); err != nil {
+		return refuse(&refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: sending the request to %s failed: %v", host, err)})
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(&idleReader{up, g.policy.IdleTimeout}), req)
+	if err != nil {
+		return refuse(&refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: no valid response from %s: %v", host, err)})
+	}
+	defer resp.Body.Close()
+	e.Status = resp.StatusCode
+	for _, h := range resp.Header.Values("Connection") {
+		for _, name := range strings.Split(h, ",") {
+			resp.Header.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, h := range hopHeaders {
+		resp.Header.Del(h)
+	}
+	keep := !req.Close
+	resp.Close = !keep
+	if err := resp.Write(c); err != nil {
+		if !c.capError.Load() {
+			e.Reason = "cut: " + err.Error()
+		}
+		return false
+	}
+	return keep
+}
+
+// idleReader extends a connection's read deadline on every read.
+type idleReader struct {
+	c    net.Conn
+	idle time.Duration
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	r.c.SetReadDeadline(time.Now().Add(r.idle))
+	return r.c.Read(p)
+}
+
+// Env is the environment that points a sandbox's clients (pip, requests,
+// urllib, curl) at the proxy on its loopback at port, and lets pip install
+// into the user's site (the workspace) although the system is read-only.
+func Env(port int) []string {
+	u := "http://127.0.0.1:" + strconv.Itoa(port)
+	noProxy := "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "ALL_PROXY=" + u, "NO_PROXY=" + noProxy,
+		"http_proxy=" + u, "https_proxy=" + u, "all_proxy=" + u, "no_proxy=" + noProxy,
+		"PIP_PROXY=" + u,
+		"PIP_BREAK_SYSTEM_PACKAGES=1", // the system is read-only: pip falls back to --user (the workspace)
+		"PIP_DISABLE_PIP_VERSION_CHECK=1",
+		"PIP_NO_INPUT=1",
+		"PIP_DEFAULT_TIMEOUT=60",
+	}
+}

@@ -1,0 +1,329 @@
+package egress_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/egress/egresstest"
+)
+
+// startGate serves a gate on a host loopback listener (in a session it
+// serves a listener on the jail's loopback instead).
+func startGate(t *testing.T, allow []string, names map[string][]string, tweak func(*egress.Policy)) (*egress.Gate, string) {
+	t.Helper()
+	al, err := egress.ParseAllowlist(allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := egress.Policy{Allow: al}
+	if tweak != nil {
+		tweak(&p)
+	}
+	g := egress.New(egress.Options{Policy: p, LookupIP: egresstest.Resolver(names)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Serve(ln)
+	t.Cleanup(func() { g.Close() })
+	return g, ln.Addr().String()
+}
+
+// waitLog waits until the gate has logged n entries (a tunnel is logged
+// when it ends, just after its client sees the end).
+func waitLog(t *testing.T, g *egress.Gate, n int) egress.Log {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l := g.Log()
+		if len(l.Entries) >= n || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func client(ca *egresstest.CA, proxy string) *http.Client {
+	u, _ := url.Parse("http://" + proxy)
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(u), TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, DisableKeepAlives: true,
+	}}
+}
+
+// connect sends a CONNECT and returns the status line.
+func connect(t *testing.T, proxy, target string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
+}
+
+// raw sends bytes and returns the whole answer.
+func raw(t *testing.T, proxy, req string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, req)
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+func TestHTTPSThroughTheGate(t *testing.T) {
+	ca := egresstest.NewCA(t)
+	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello from "+r.Host) }), "pkgs.test")
+	port := egresstest.Port(srv)
+	// Loopback is refused unless an address entry covers it: the test
+	// server lives there.
+	g, proxy := startGate(t, []string{"pkgs.test:" + strconv.Itoa(port), "127.0.0.1"}, map[string][]string{"pkgs.test": {"127.0.0.1"}}, nil)
+	resp, err := client(ca, proxy).Get(fmt.Sprintf("https://pkgs.test:%d/x", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf("hello from pkgs.test:%d", port); string(body) != want {
+		t.Fatalf("body %q, want %q", body, want)
+	}
+	l := waitLog(t, g, 1)
+	if len(l.Entries) != 1 || !l.Entries[0].Allowed || l.Entries[0].Method != "CONNECT" || l.Entries[0].Host != "pkgs.test" || l.Entries[0].BytesIn == 0 || l.Entries[0].BytesOut == 0 {
+		t.Fatalf("log: %+v", l.Entries)
+	}
+	if l.Bytes != l.Entries[0].BytesIn+l.Entries[0].BytesOut {
+		t.Errorf("total %d != the entry's %d+%d", l.Bytes, l.Entries[0].BytesIn, l.Entries[0].BytesOut)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	names := map[string][]string{
+		"loop.test": {"127.0.0.1"}, "ten.test": {"10.0.0.5"}, "meta.test": {"169.254.169.254"}, "v6loop.test": {"::1"},
+		"ula.test": {"fd00::5"}, "cgnat.test": {"100.64.1.1"}, "mapped.test": {"::ffff:127.0.0.1"}, "nat64.test": {"64:ff9b::a00:5"},
+		"mixed.test": {"10.1.1.1", "192.168.0.1"},
+	}
+	allow := []string{"pypi", "*.test"}
+	_, proxy := startGate(t, allow, names, nil)
+	for _, c := range []struct{ target, want string }{
+		{"example.com:443", "403 sandloop: egress to example.com is not allowed; allowed: pypi.org, files.pythonhosted.org, *.test"},
+		{"pypi.org:22", "egress to pypi.org:22 is not allowed"},
+		{"loop.test:443", "403 sandloop: egress to loop.test is refused: 127.0.0.1 is loopback (this host)"},
+		{"ten.test:443", "10.0.0.5 is a private network"},
+		{"meta.test:443", "169.254.169.254 is the cloud metadata endpoint"},
+		{"v6loop.test:443", "::1 is loopback"},
+		{"ula.test:443", "fd00::5 is a private network"},
+		{"cgnat.test:443", "carrier-grade NAT"},
+		{"mapped.test:443", "127.0.0.1 is loopback"},
+		{"nat64.test:443", "64:ff9b::a00:5 is a private network"},
+		{"mixed.test:443", "10.1.1.1 is a private network"},
+		{"nowhere.test:443", "502 sandloop: nowhere.test could not be resolved"},
+		{"127.0.0.1:3128", "egress to 127.0.0.1:3128 is not allowed"}, // the proxy's own port
+		{"169.254.169.254:80", "egress to 169.254.169.254:80 is not allowed"},
+		{"[::1]:443", "egress to [::1]:443 is not allowed"},
+	} {
+		if got := connect(t, proxy, c.target); !strings.Contains(got, c.want) {
+			t.Errorf("CONNECT %s: %q, want %q", c.target, got, c.want)
+		}
+	}
+	// Plain HTTP is held to the same list.
+	if got := raw(t, proxy, "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n"); !strings.Contains(got, "403 sandloop: egress to example.com is not allowed") {
+		t.Errorf("plain GET: %q", got)
+	}
+}
+
+func TestSandloopsOwnServiceIsRefusedEvenWithLoopbackAllowed(t *testing.T) {
+	api, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	ap := netip.MustParseAddrPort(api.Addr().String())
+	_, proxy := startGate(t, []string{"127.0.0.0/8", "api.test:*"}, map[string][]string{"api.test": {"127.0.0.1"}}, func(p *egress.Policy) {
+		p.Deny = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port())}
+	})
+	for _, target := range []string{api.Addr().String(), "api.test:" + strconv.Itoa(int(ap.Port()))} {
+		if got := connect(t, proxy, target); !strings.Contains(got, "sandloop's own service") {
+			t.Errorf("CONNECT %s: %q", target, got)
+		}
+	}
+}
+
+func TestHeaderSmuggling(t *testing.T) {
+	hits := make(chan string, 10)
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits <- r.Host + r.URL.Path; io.WriteString(w, "ok") })}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go up.Serve(ln)
+	defer up.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	_, proxy := startGate(t, []string{"web.test:" + port, "127.0.0.1"}, map[string][]string{"web.test": {"127.0.0.1"}, "evil.test": {"127.0.0.1"}}, nil)
+	target := "http://web.test:" + port
+	// Allowed, to show the setup works.
+	if got := raw(t, proxy, "GET "+target+"/a HTTP/1.1\r\nHost: web.test:"+port+"\r\nConnection: close\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("allowed request: %q", got)
+	}
+	if h := <-hits; h != "web.test:"+port+"/a" {
+		t.Fatalf("upstream saw %q", h)
+	}
+	for _, c := range []struct{ name, req, want string }{
+		{"another Host header", "GET " + target + "/b HTTP/1.1\r\nHost: evil.test:" + port + "\r\n\r\n", "400 sandloop: the Host header does not match"},
+		{"two Host headers", "GET " + target + "/b HTTP/1.1\r\nHost: web.test:" + port + "\r\nHost: evil.test\r\n\r\n", "400"},
+		{"both lengths", "POST " + target + "/b HTTP/1.1\r\nHost: web.test:" + port + "\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET http://evil.test/ HTTP/1.1\r\n\r\n", "400"},
+		{"origin form", "GET /b HTTP/1.1\r\nHost: web.test:" + port + "\r\n\r\n", "400 sandloop: this is an HTTP proxy"},
+		{"https without CONNECT", "GET https://web.test:" + port + "/b HTTP/1.1\r\nHost: web.test:" + port + "\r\n\r\n", "400 sandloop: for https, the proxy needs CONNECT"},
+		{"a second request for another host on the same connection", "GET " + target + "/c HTTP/1.1\r\nHost: web.test:" + port + "\r\n\r\nGET http://evil.test:" + port + "/d HTTP/1.1\r\nHost: evil.test:" + port + "\r\n\r\n", "403 sandloop: egress to evil.test:" + port + " is not allowed"},
+	} {
+		if got := raw(t, proxy, c.req); !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+	close(hits)
+	for h := range hits {
+		if h != "web.test:"+port+"/c" {
+			t.Errorf("a smuggled request reached the server: %q", h)
+		}
+	}
+}
+
+func TestByteCapCutsADownload(t *testing.T) {
+	ca := egresstest.NewCA(t)
+	big := bytes.Repeat([]byte("x"), 8<<20)
+	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(big) }), "big.test")
+	port := egresstest.Port(srv)
+	g, proxy := startGate(t, []string{"big.test:" + strconv.Itoa(port), "127.0.0.1"}, map[string][]string{"big.test": {"127.0.0.1"}}, func(p *egress.Policy) { p.MaxBytes = 1 << 20 })
+	resp, err := client(ca, proxy).Get(fmt.Sprintf("https://big.test:%d/", port))
+	var n int64
+	if err == nil {
+		n, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Fatalf("the download of %d bytes went through a 1 MiB cap (%d read)", len(big), n)
+	}
+	l := g.Log()
+	if l.Bytes > 1<<20+(256<<10) {
+		t.Errorf("%d bytes went through a cap of %d", l.Bytes, 1<<20)
+	}
+	l = waitLog(t, g, 1)
+	if len(l.Entries) != 1 || !strings.Contains(l.Entries[0].Reason, "cap of 1048576 bytes") {
+		t.Fatalf("log: %+v", l.Entries)
+	}
+	// The cap is the session's: later connections are cut at once.
+	if _, err := client(ca, proxy).Get(fmt.Sprintf("https://big.test:%d/", port)); err == nil {
+		t.Error("a connection after the cap went through")
+	}
+}
+
+func TestConnectionCap(t *testing.T) {
+	hold, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer hold.Close()
+	go func() {
+		for {
+			c, err := hold.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	port := strconv.Itoa(hold.Addr().(*net.TCPAddr).Port)
+	_, proxy := startGate(t, []string{"hold.test:" + port, "127.0.0.1"}, map[string][]string{"hold.test": {"127.0.0.1"}}, func(p *egress.Policy) { p.MaxConns = 1 })
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT hold.test:%s HTTP/1.1\r\n\r\n", port)
+	if line, _ := bufio.NewReader(c).ReadString('\n'); !strings.Contains(line, "200") {
+		t.Fatalf("first tunnel: %q", line)
+	}
+	if got := connect(t, proxy, "hold.test:"+port); !strings.Contains(got, "503 sandloop: too many connections through the proxy (at most 1 at once)") {
+		t.Fatalf("second tunnel: %q", got)
+	}
+}
+
+func TestCloseLeavesNothing(t *testing.T) {
+	ca := egresstest.NewCA(t)
+	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), "pkgs.test")
+	port := egresstest.Port(srv)
+	before := runtime.NumGoroutine()
+	al, _ := egress.ParseAllowlist([]string{"pkgs.test:" + strconv.Itoa(port), "127.0.0.1"})
+	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al}, LookupIP: egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}})})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	g.Serve(ln)
+	// One tunnel left open by its client, one finished.
+	open, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	fmt.Fprintf(open, "CONNECT pkgs.test:%d HTTP/1.1\r\n\r\n", port)
+	bufio.NewReader(open).ReadString('\n')
+	if _, err := client(ca, ln.Addr().String()).Get(fmt.Sprintf("https://pkgs.test:%d/", port)); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		t.Error("the listener still accepts after Close")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) { // (the client's idle transport may linger)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+2 {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+func TestParseAllowlist(t *testing.T) {
+	if _, err := egress.ParseAllowlist([]string{"*.example.org", "a.example.org:8443", "10.0.0.0/8", "[fd00::1]:80", "1.2.3.4", "pypi", "x.org:*"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "exa mple.org", "example.org:0", "example.org:http", "*.*.org", "10.0.0.0/99", "ex*ample.org"} {
+		if _, err := egress.ParseAllowlist([]string{bad}); err == nil {
+			t.Errorf("%q was accepted", bad)
+		} else if !strings.Contains(err.Error(), "preset") {
+			t.Errorf("%q: the error does not say what to write: %v", bad, err)
+		}
+	}
+	if _, err := egress.ParseMode("internet"); err == nil {
+		t.Error("mode internet accepted")
+	}
+}
+
+func TestWildcards(t *testing.T) {
+	names := map[string][]string{}
+	_, proxy := startGate(t, []string{"*.example.org", "exact.test:8443"}, names, nil)
+	for _, c := range []struct {
+		target  string
+		allowed bool
+	}{
+		{"a.example.org:443", true}, {"a.b.example.org:80", true}, {"example.org:443", false}, {"badexample.org:443", false},
+		{"a.example.org:8080", false}, {"exact.test:8443", true}, {"exact.test:443", false}, {"EXACT.test.:8443", true},
+	} {
+		got := connect(t, proxy, c.target)
+		// Allowed names get as far as the resolver (which knows none).
+		if allowed := strings.Contains(got, "could not be resolved"); allowed != c.allowed {
+			t.Errorf("%s: %q (allowed: %v)", c.target, got, c.allowed)
+		}
+	}
+}

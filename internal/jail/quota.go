@@ -1,0 +1,87 @@
+package jail
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// Workspace quotas.
+//
+// A session's workspace is a fresh directory with a tmpfs mounted on it,
+// capped in bytes (size=) and in inodes (nr_inodes=). The kernel enforces
+// both on every write, whoever writes: the sandboxed code (cold jail,
+// pooled kernel or zygote fork alike, since each binds or clones that same
+// mount), a subprocess it starts, or the server's own uploads. A write
+// past the cap fails with ENOSPC inside the sandbox; nothing is truncated
+// silently and the host's disk is never touched. tmpfs was chosen over
+// the alternatives because it keeps the workspace an ordinary directory
+// of the host (the files API, archive and export, agent snapshots and
+// --out go on using paths and os.Root) and needs no host setup: an ext4
+// or xfs project quota needs a filesystem mounted with prjquota and root
+// to set it; a loop-mounted image needs root, a loop device and a
+// filesystem's fixed overhead per session. The price: the workspace is
+// memory-backed, charged to the memory cgroup of whoever writes it (the
+// session's own, for code in the sandbox), so Disk counts against the
+// session's memory limit and the default Disk leaves room for Python
+// beside it.
+//
+// Mounting needs CAP_SYS_ADMIN in the host's mount namespace. Without
+// root the directory is an ordinary one: the cap then applies only to
+// uploads through the files API (QuotaDir.Enforced says which), and
+// doctor says so.
+
+// QuotaDir is a workspace directory capped in bytes and files.
+type QuotaDir struct {
+	// Path is the host directory.
+	Path string
+	// Disk and Files are the caps.
+	Disk  int64
+	Files int
+	// Enforced reports that the kernel enforces the caps on every write
+	// (a tmpfs is mounted on Path). If false, Reason says why not.
+	Enforced bool
+	Reason   string
+
+	removed sync.Once
+}
+
+// Usage is what a workspace holds.
+type Usage struct {
+	Bytes int64 `json:"bytes"` // bytes of storage in use
+	Files int64 `json:"files"` // files, directories and symlinks, the root not counted
+}
+
+// walkUsage counts a directory that is not a quota mount: the sizes of its
+// regular files and the number of its entries.
+func walkUsage(dir string) (Usage, error) {
+	var u Usage
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		u.Files++
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				u.Bytes += fi.Size()
+			}
+		}
+		return nil
+	})
+	return u, err
+}
+
+func removeDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

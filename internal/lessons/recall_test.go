@@ -1,0 +1,219 @@
+package lessons_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/lessons"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
+)
+
+func TestMain(m *testing.M) {
+	jail.MaybeInit()
+	os.Exit(m.Run())
+}
+
+func openStore(t testing.TB) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func newSession(t testing.TB) *session.Session {
+	t.Helper()
+	s, err := session.New(context.Background(), session.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func provider(srv *llmtest.Server) llm.Provider {
+	return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: llm.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+}
+
+func py(code string) []llmtest.ToolCall {
+	b, _ := json.Marshal(map[string]string{"code": code})
+	return []llmtest.ToolCall{{Name: agent.ToolExecutePython, Arguments: string(b)}}
+}
+
+func finish(summary string) []llmtest.ToolCall {
+	return []llmtest.ToolCall{{Name: agent.ToolFinish, Arguments: `{"summary":"` + summary + `"}`}}
+}
+
+const (
+	// DataFrame.map is new in pandas 2.1; this sandbox has 1.5.3.
+	mapCode = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.map(str)\nc.x.tolist()"
+	fixCode = "import pandas as pd\na = pd.DataFrame({'x': [1, 2]})\nc = a.applymap(str)\nc.x.tolist()"
+	mapText = "pandas here is 1.5.3: DataFrame.map does not exist, use DataFrame.applymap for element-wise functions"
+)
+
+type collected struct{ ev []agent.Event }
+
+func (c *collected) add(e agent.Event) { c.ev = append(c.ev, e) }
+func (c *collected) lessons(kind string) []agent.LessonRef {
+	var out []agent.LessonRef
+	for _, e := range c.ev {
+		if e.Type == agent.EventLessons && e.Text == kind {
+			out = append(out, e.Lessons...)
+		}
+	}
+	return out
+}
+
+func run(t *testing.T, st *store.Store, owner, task string, p llm.Provider) (*agent.Report, *collected) {
+	t.Helper()
+	ev := &collected{}
+	rep, err := agent.Run(context.Background(), agent.Options{
+		Task: task, Provider: p, Session: newSession(t), OnEvent: ev.add,
+		Lessons: lessons.NewRun(lessons.Options{Store: st, Owner: owner, RunID: "run-" + owner}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, ev
+}
+
+// A run that fixes an error teaches a lesson (through the model's
+// distilling call, counted in its usage); the next run on a similar task
+// is shown it at the start and makes no mistake; a run that makes the
+// mistake anyway is told "seen before" in the failing tool result.
+func TestLearnRecallAndSeenBefore(t *testing.T) {
+	st := openStore(t)
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(mapCode)},
+		{ToolCalls: py(fixCode)},
+		{ToolCalls: finish("stacked the frames")},
+		{Text: "```json\n{\"lessons\":[{\"item\":1,\"text\":\"" + mapText + "\"}]}\n```", Usage: llmtest.Usage{InputTokens: 7000, OutputTokens: 50}},
+	})
+	rep, _ := run(t, st, "alice", "turn every cell of the pandas frame into text", provider(srv))
+	if rep.Status != agent.StatusDone || len(rep.LessonsLearned) != 1 || rep.LessonsLearned[0].Text != mapText {
+		t.Fatalf("run A: %s, learned %+v", rep.Status, rep.LessonsLearned)
+	}
+	if rep.Usage.InputTokens != 3*100+7000 {
+		t.Errorf("the distilling call is not in the run's usage: %+v", rep.Usage)
+	}
+	distilReq := srv.Requests()[3]
+	if !strings.Contains(distilReq.System(), "lessons") || !strings.Contains(string(distilReq.Body), "a.applymap(str)") {
+		t.Errorf("the distilling call lacks the fix:\n%s", distilReq.Body)
+	}
+	learned, err := st.GetLesson(context.Background(), "alice", rep.LessonsLearned[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if learned.Scope != "global" || learned.Source != "model" || learned.Signature != "AttributeError: <q> object has no attribute <q>" || learned.Detail != "DataFrame map" || learned.RunID != "run-alice" || learned.Step != 1 || !strings.Contains(learned.Fix, "+c = a.applymap(str)") {
+		t.Errorf("stored lesson: %+v", learned)
+	}
+
+	// Run B: a different task on frames; the lesson is in the system prompt.
+	srv = llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(fixCode)},
+		{ToolCalls: finish("done")},
+	})
+	rep, ev := run(t, st, "alice", "format each cell of a pandas frame as text", provider(srv))
+	if sys := srv.Requests()[0].System(); !strings.Contains(sys, "Lessons from earlier runs") || !strings.Contains(sys, mapText) {
+		t.Errorf("the lesson is not in the system prompt:\n%s", sys)
+	}
+	if got := ev.lessons("start"); len(got) != 1 || got[0].ID != learned.ID {
+		t.Errorf("start lessons event: %+v", got)
+	}
+	if rep.Status != agent.StatusDone || len(rep.LessonsUsed) != 1 || len(rep.LessonsLearned) != 0 {
+		t.Errorf("run B: %s used %+v learned %+v", rep.Status, rep.LessonsUsed, rep.LessonsLearned)
+	}
+	if l, _ := st.GetLesson(context.Background(), "alice", learned.ID); l.Shown != 1 || l.Helped != 1 || l.Recurred != 0 || l.LastUsedAt.IsZero() {
+		t.Errorf("counts after a helpful run: %+v", l)
+	}
+
+	// Run C: an unrelated task (no recall at start) makes the mistake; the
+	// failing result says "seen before", the model fixes it in one step.
+	srv = llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(mapCode)},
+		{ToolCalls: py(fixCode)},
+		{ToolCalls: finish("done")},
+	})
+	rep, ev = run(t, st, "alice", "count words in a sentence", provider(srv))
+	if sys := srv.Requests()[0].System(); strings.Contains(sys, mapText) {
+		t.Errorf("an unrelated task was shown the lesson at the start")
+	}
+	res := srv.Requests()[1].ToolResults()
+	if len(res) != 1 || !strings.Contains(res[0].Text, "AttributeError") || !strings.HasSuffix(res[0].Text, "seen before: "+mapText) {
+		t.Errorf("the failing result lacks the lesson: %+v", res)
+	}
+	if got := ev.lessons("seen_before"); len(got) != 1 || got[0].ID != learned.ID {
+		t.Errorf("seen_before event: %+v", got)
+	}
+	// The error it prevents did not come back after the note: it helped; a
+	// known lesson that held is not learned again (no distilling call: the
+	// script has no turn for one).
+	if l, _ := st.GetLesson(context.Background(), "alice", learned.ID); l.Shown != 2 || l.Helped != 2 {
+		t.Errorf("counts after seen before: %+v", l)
+	}
+	if rep.Status != agent.StatusDone || len(rep.LessonsLearned) != 0 {
+		t.Errorf("run C: %s learned %+v", rep.Status, rep.LessonsLearned)
+	}
+
+	// Another owner sees none of it.
+	srv = llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(mapCode)},
+		{ToolCalls: py(fixCode)},
+		{ToolCalls: finish("done")},
+		{Text: `{"lessons":[]}`},
+	})
+	run(t, st, "bob", "format each cell of a pandas frame as text", provider(srv))
+	if strings.Contains(string(srv.Requests()[0].Body), mapText) || strings.Contains(string(srv.Requests()[1].Body), "seen before") {
+		t.Error("bob was shown alice's lesson")
+	}
+	if _, err := st.GetLesson(context.Background(), "bob", learned.ID); err == nil {
+		t.Error("bob can read alice's lesson")
+	}
+}
+
+// When the distilling call fails, the lesson is written without the model:
+// the error's signature and the fix, and no secret of the code gets in.
+func TestDistilFallback(t *testing.T) {
+	st := openStore(t)
+	bad := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['date'])"
+	good := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['day'])"
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(bad)},
+		{ToolCalls: py(good)},
+		{ToolCalls: finish("read the day")},
+		{Status: 400, Error: "context too long"},
+	})
+	rep, _ := run(t, st, "", "read the day field", provider(srv))
+	if len(srv.Requests()) != 4 {
+		t.Fatalf("no distilling call was made: %d requests", len(srv.Requests()))
+	}
+	if len(rep.LessonsLearned) != 1 {
+		t.Fatalf("learned %+v", rep.LessonsLearned)
+	}
+	l, err := st.GetLesson(context.Background(), "", rep.LessonsLearned[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Source != "fallback" || !strings.Contains(l.Text, "KeyError: <q>") || !strings.Contains(l.Text, "d['day']") || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
+		t.Errorf("fallback lesson: %+v", l)
+	}
+	if strings.Contains(string(srv.Requests()[3].Body), "sk-live-0123456789abcdefghij") {
+		t.Error("the distilling call carried the secret")
+	}
+	all, _ := json.Marshal(l)
+	if strings.Contains(string(all), "sk-live-0123456789abcdefghij") {
+		t.Errorf("a secret got into the lesson: %s", all)
+	}
+}

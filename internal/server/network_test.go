@@ -1,0 +1,83 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/egress/egresstest"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+func TestNetworkModesOverHTTP(t *testing.T) {
+	ca := egresstest.NewCA(t)
+	site := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello from the site") }), "site.test")
+	port := strconv.Itoa(egresstest.Port(site))
+	max, err := egress.ParseAllowlist([]string{"*.test:*", "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, session.ManagerOptions{EgressLookup: egresstest.Resolver(map[string][]string{"site.test": {"127.0.0.1"}, "api.test": {"127.0.0.1"}})},
+		Options{Egress: EgressOptions{Max: max}})
+	// The server's own address stays out of reach even with loopback listed.
+	ap := netip.MustParseAddrPort(strings.TrimPrefix(ts.URL, "http://"))
+	ts.srv.opts.Egress.Policy.Deny = []netip.AddrPort{ap}
+
+	for _, c := range []struct{ body, code, msg string }{
+		{`{"network": true}`, "network_not_allowed", "--allow-network"},
+		{`{"network": "host"}`, "network_not_allowed", "--allow-network"},
+		{`{"network": "internet"}`, "bad_request", `network mode "internet" is not none, allow or host`},
+		{`{"network": 3}`, "bad_request", `network must be "none", "allow" or "host"`},
+		{`{"network": "allow"}`, "bad_request", `needs "allow": a list of hosts`},
+		{`{"network": "none", "allow": ["site.test"]}`, "bad_request", `not "none"`},
+		{`{"allow": ["exa mple"]}`, "bad_request", "not a host name"},
+		{`{"allow": ["example.org"]}`, "network_not_allowed", "example.org: not within what this server allows"},
+		{`{"allow": ["10.0.0.0/8"]}`, "network_not_allowed", "10.0.0.0/8: not within"},
+	} {
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		ts.do(t, "POST", "/v1/sessions", c.body, &e)
+		if e.Error.Code != c.code || !strings.Contains(e.Error.Message, c.msg) {
+			t.Errorf("%s: %+v, want %s %q", c.body, e.Error, c.code, c.msg)
+		}
+	}
+
+	var s sessionJSON
+	if resp := ts.do(t, "POST", "/v1/sessions", `{"network": "allow", "allow": ["site.test:`+port+`", "127.0.0.1", "api.test:*"], "env": {"SSL_CERT_FILE": "/workspace/ca.pem"}}`, &s); resp.StatusCode != 201 {
+		t.Fatalf("create: %d", resp.StatusCode)
+	}
+	if s.Mode != "allow" || s.Network || len(s.Allow) != 3 {
+		t.Fatalf("session: %+v", s)
+	}
+	ts.do(t, "PUT", "/v1/sessions/"+s.ID+"/files/ca.pem", string(ca.PEM), nil)
+	r := ts.exec(t, s.ID, fmt.Sprintf(`
+import urllib.request
+print(urllib.request.urlopen("https://site.test:%s/", timeout=20).read().decode())
+try:
+    urllib.request.urlopen("http://api.test:%d/healthz", timeout=20)
+except Exception as e:
+    print(e)
+`, port, ap.Port()))
+	if !strings.Contains(r.Stdout, "hello from the site") || !strings.Contains(r.Stdout, "sandloop's own service") {
+		t.Fatalf("execute: %q %q", r.Stdout, r.Stderr)
+	}
+	var nl struct {
+		Mode string
+		egress.Log
+	}
+	ts.do(t, "GET", "/v1/sessions/"+s.ID+"/network", "", &nl)
+	if nl.Mode != "allow" || len(nl.Entries) < 2 || !nl.Entries[0].Allowed || nl.Entries[0].Host != "site.test" || nl.Entries[len(nl.Entries)-1].Allowed {
+		t.Fatalf("network log: %+v", nl)
+	}
+	// A session without an allowlist answers with its mode and no entries.
+	plain := ts.create(t, `{}`)
+	ts.do(t, "GET", "/v1/sessions/"+plain+"/network", "", &nl)
+	if nl.Mode != "none" || nl.Entries == nil || len(nl.Entries) != 0 {
+		t.Fatalf("plain session's log: %+v", nl)
+	}
+}

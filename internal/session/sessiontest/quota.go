@@ -1,0 +1,101 @@
+// Package sessiontest holds checks shared by the tests of packages that
+// make sessions in different ways (cold, pooled, forked from a zygote).
+package sessiontest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+	"golang.org/x/sys/unix"
+)
+
+// fillBytes writes up to 1 GiB in 16 MiB blocks and reports where it stopped.
+const fillBytes = `
+import errno
+written, err = 0, None
+try:
+    with open('big.bin', 'wb', buffering=0) as f:
+        for _ in range(64):
+            written += f.write(b'x' * (16 << 20))
+except OSError as e:
+    err = errno.errorcode[e.errno]
+print(err, written)
+`
+
+// fillFiles creates up to 50,000 empty files and reports where it stopped.
+const fillFiles = `
+import errno, os
+os.remove('big.bin')
+os.mkdir('many')
+made, err = 0, None
+try:
+    for i in range(50000):
+        open(f'many/{i}', 'w').close()
+        made += 1
+except OSError as e:
+    err = errno.errorcode[e.errno]
+print(err, made)
+`
+
+// CheckQuota checks that s's workspace, capped at disk bytes (at most 256
+// MiB) and files files (at most 5,000), stops a 1 GiB write and 50,000
+// file creations inside the sandbox with ENOSPC, that the workspace is a
+// tmpfs (so the host's disk is not written), that usage is reported, and
+// that Close removes it. It closes s.
+func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
+	t.Helper()
+	q := s.Quota()
+	if !q.Enforced || q.Disk != disk || q.Files != files {
+		t.Fatalf("quota %+v, want enforced %d bytes, %d files", q, disk, files)
+	}
+	ws := s.Workspace()
+	var st unix.Statfs_t
+	if err := unix.Statfs(ws, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("workspace %s is not a tmpfs: type %#x, %v", ws, st.Type, err)
+	}
+	out := run(t, s, fillBytes)
+	var errName string
+	var n int64
+	if _, err := fmt.Sscan(out, &errName, &n); err != nil || errName != "ENOSPC" || n > disk || n < disk-(16<<20)-(1<<20) {
+		t.Fatalf("1 GiB write into a %d-byte workspace: %q (want ENOSPC near the cap)", disk, out)
+	}
+	u, err := s.Usage()
+	if err != nil || u.Bytes < n || u.Bytes > disk || u.Files != 1 {
+		t.Fatalf("usage after the write: %+v, %v (want ≥%d bytes, 1 file)", u, err, n)
+	}
+	out = run(t, s, fillFiles)
+	var made int
+	if _, err := fmt.Sscan(out, &errName, &made); err != nil || errName != "ENOSPC" || made > files || made < files-2 {
+		t.Fatalf("50,000 files in a workspace of %d: %q (want ENOSPC near the cap)", files, out)
+	}
+	if u, err = s.Usage(); err != nil || u.Files < int64(made) || u.Files > int64(files) {
+		t.Fatalf("usage after the files: %+v, %v", u, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(ws); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("workspace %s left after Close: %v", ws, err)
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mi), ws) {
+		t.Fatalf("workspace still mounted after Close (%v)", err)
+	}
+}
+
+func run(t *testing.T, s *session.Session, code string) string {
+	t.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: code}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != kernel.StatusOK {
+		t.Fatalf("status %s: %+v %q", r.Status, r.Error, r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
