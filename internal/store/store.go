@@ -1,5 +1,9 @@
-// Package store keeps the history of agent runs in SQLite: runs, their steps, an
-// append-only event log for replay, and the final files.
+// Package store keeps the history of agent runs: runs, their steps, an
+// append-only event log for replay, and the final files. History is the
+// interface; Store keeps it in SQLite (the embedded default for one
+// machine) and Postgres in PostgreSQL (a cell's shared database, which also
+// holds the cell's hosts and sessions tables, cluster.go). Both pass one
+// test suite.
 //
 // The database is in WAL mode so that readers (the web UI, `sandloop runs`) never wait
 // for the agent writing. Writes go through one connection, which serializes them in
