@@ -197,7 +197,7 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
 	}
-	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built"} {
+	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "ok    egress proxy      allow mode: a round trip", "numpy", "a safe sandbox can be built"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
