@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/e2b"
 	"github.com/sandloop/sandloop/internal/server"
@@ -14,7 +15,9 @@ import (
 // key (its bytes in hex after e2b_; the token itself is accepted too) whose
 // sandboxes belong to the token's owner. Without tokens a random key is
 // made for this run: the E2B face never serves without one.
-func newE2B(mgr *session.Manager, tokens []string, zy session.Zygote, log *slog.Logger) (*e2b.Handler, string, error) {
+// A sandbox may live as long as a session may (maxLife; if not positive,
+// the package's default).
+func newE2B(mgr *session.Manager, tokens []string, zy session.Zygote, maxLife time.Duration, log *slog.Logger) (*e2b.Handler, string, error) {
 	keys := map[string]string{}
 	first := ""
 	for _, t := range tokens {
@@ -28,7 +31,7 @@ func newE2B(mgr *session.Manager, tokens []string, zy session.Zygote, log *slog.
 		first = e2b.NewKey()
 		keys[first] = ""
 	}
-	h, err := e2b.New(e2b.Options{Manager: mgr, Keys: keys, Zygote: zy, Logger: log})
+	h, err := e2b.New(e2b.Options{Manager: mgr, Keys: keys, Zygote: zy, MaxTimeout: max(maxLife, 0), Logger: log})
 	return h, first, err
 }
 

@@ -127,7 +127,7 @@ func newServeCmd() *cobra.Command {
 			public := webui.Mounts()
 			e2bKey := ""
 			if useE2B {
-				h, key, err := newE2B(mgr, toks, zy, log)
+				h, key, err := newE2B(mgr, toks, zy, lifetime, log)
 				if err != nil {
 					return err
 				}

@@ -124,7 +124,9 @@ const (
 
 // Event is one thing that happened in a run.
 type Event struct {
-	Type       string         `json:"type"`
+	Type string `json:"type"`
+	// RunID is the run's id where runs are kept (set by internal/runs).
+	RunID      string         `json:"run_id,omitempty"`
 	Step       int            `json:"step"`
 	Time       time.Time      `json:"time"`
 	Text       string         `json:"text,omitempty"`

@@ -67,6 +67,11 @@ type Options struct {
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
 	// If zero, 100 MiB and 1 GiB.
 	MaxFileBytes, MaxWorkspaceBytes int64
+	// MaxContexts caps a sandbox's code contexts besides its default one,
+	// and MaxProcesses its running commands: each is a jail with the
+	// sandbox's limits, which the manager's session cap does not count.
+	// If zero, 8 and 32.
+	MaxContexts, MaxProcesses int
 	// Keepalive is the interval of keepalive lines in /execute. If zero, 5 seconds.
 	Keepalive time.Duration
 	// Logger receives diagnostics. If nil, they are discarded.
@@ -115,6 +120,12 @@ func New(opts Options) (*Handler, error) {
 	}
 	if opts.Keepalive == 0 {
 		opts.Keepalive = 5 * time.Second
+	}
+	if opts.MaxContexts == 0 {
+		opts.MaxContexts = 8
+	}
+	if opts.MaxProcesses == 0 {
+		opts.MaxProcesses = 32
 	}
 	h := &Handler{opts: opts, log: opts.Logger, sandboxes: map[string]*sandbox{}, stop: make(chan struct{})}
 	if h.log == nil {

@@ -516,7 +516,7 @@ func bash(cmd string, extra map[string]any) map[string]any {
 
 func TestProcessRPC(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, Options{})
+	ts := newTestServer(t, Options{MaxProcesses: 1})
 	c := ts.create(t, keyA, `{"envVars":{"SBX":"box"}}`)
 
 	msgs, last := ts.stream(t, c, "process.Process/Start", bash(`echo "$SBX $PER $(pwd)"; echo oops >&2; exit 7`, nil))
@@ -556,6 +556,10 @@ func TestProcessRPC(t *testing.T) {
 		t.Fatalf("List: %v", bg)
 	}
 	sel := map[string]any{"pid": bg["pid"]}
+	_, last = ts.stream(t, c, "process.Process/Start", bash("true", nil))
+	if e, _ := last["error"].(map[string]any); e["code"] != "resource_exhausted" {
+		t.Errorf("a command over the cap: %v", last)
+	}
 	if st, m := ts.rpc(t, c, "process.Process/SendInput", map[string]any{"process": sel, "input": map[string]any{"stdin": base64.StdEncoding.EncodeToString([]byte("hi\n"))}}); st != 200 {
 		t.Errorf("SendInput: %d %v", st, m)
 	}
@@ -623,7 +627,7 @@ func ndjson(t *testing.T, b []byte) []map[string]any {
 
 func TestInterpreter(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, Options{})
+	ts := newTestServer(t, Options{MaxContexts: 1})
 	c := ts.create(t, keyA, `{"envVars":{"SBX":"box"}}`)
 	interp := func(method, path, body string) (*http.Response, []byte) {
 		return ts.call(t, method, path, strings.NewReader(body), "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", portInterpreter,
@@ -691,6 +695,9 @@ func TestInterpreter(t *testing.T) {
 	var ctx contextJSON
 	if json.Unmarshal(b, &ctx); resp.StatusCode != 200 || ctx.ID == "" || ctx.Cwd != "/workspace/w" || ctx.Language != "python" {
 		t.Fatalf("create context: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := interp("POST", "/contexts", `{}`); resp.StatusCode != 429 || !strings.Contains(string(b), "at most 1") {
+		t.Errorf("context over the cap: %d %s", resp.StatusCode, b)
 	}
 	_, b = interp("POST", "/execute", `{"code":"import os\nopen('f.txt','w').write('x')\nz = 3\nos.getcwd()","context_id":"`+ctx.ID+`"}`)
 	if lines := ndjson(t, b); lines[0]["text"] != "'/workspace/w'" {

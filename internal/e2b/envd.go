@@ -53,7 +53,7 @@ func absPath(rel string) string { return path.Join(workspaceDir, rel) }
 // base64). The SDKs speak only JSON to envd.
 type jsonCodec struct{ name string }
 
-func (c jsonCodec) Name() string                { return c.name }
+func (c jsonCodec) Name() string                  { return c.name }
 func (c jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
 func (c jsonCodec) Unmarshal(b []byte, v any) error {
 	if len(b) == 0 {

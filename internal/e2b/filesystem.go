@@ -96,21 +96,41 @@ func rpcError(err error) error {
 	return connect.NewError(connect.CodeInternal, err)
 }
 
-// withFiles runs fn on the workspace of the request's sandbox.
-func (h *Handler) withFiles(ctx context.Context, fn func(*workspace.Workspace) error) error {
+// withFiles runs fn on the workspace of the request's sandbox, giving fn
+// the workspace-relative forms of paths (each checked with relPath).
+func withFiles[T any](h *Handler, ctx context.Context, paths []string, fn func(ws *workspace.Workspace, rel []string) (*T, error)) (*T, error) {
+	rel := make([]string, len(paths))
+	for i, p := range paths {
+		r, err := relPath(p)
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		rel[i] = r
+	}
 	ws, err := h.files(sandboxOf(ctx))
 	if err != nil {
-		return rpcError(err)
+		return nil, rpcError(err)
 	}
 	defer ws.Close()
-	if err := fn(ws); err != nil {
+	out, err := fn(ws, rel)
+	if err != nil {
 		var ce *connect.Error
 		if errors.As(err, &ce) {
-			return err
+			return nil, err
 		}
-		return rpcError(err)
+		return nil, rpcError(err)
 	}
-	return nil
+	return out, nil
+}
+
+// entryAt describes workspace path rel.
+func entryAt(ws *workspace.Workspace, rel string) (*entryResponse, error) {
+	e, err := ws.Stat(rel)
+	if err != nil {
+		return nil, err
+	}
+	info := toEntryInfo(e)
+	return &entryResponse{Entry: &info}, nil
 }
 
 func unary[Req, Res any](path string, fn func(context.Context, *Req) (*Res, error)) rpcHandler {
@@ -134,89 +154,45 @@ func (h *Handler) filesystemHandlers() []rpcHandler {
 }
 
 func (h *Handler) stat(ctx context.Context, req *pathRequest) (*entryResponse, error) {
-	var out entryResponse
-	err := h.withFiles(ctx, func(ws *workspace.Workspace) error {
-		rel, err := relPath(req.Path)
-		if err != nil {
-			return err
-		}
-		e, err := ws.Stat(rel)
-		if err != nil {
-			return err
-		}
-		info := toEntryInfo(e)
-		out.Entry = &info
-		return nil
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
+		return entryAt(ws, rel[0])
 	})
-	return &out, err
 }
 
 func (h *Handler) makeDir(ctx context.Context, req *pathRequest) (*entryResponse, error) {
-	var out entryResponse
-	err := h.withFiles(ctx, func(ws *workspace.Workspace) error {
-		rel, err := relPath(req.Path)
-		if err != nil {
-			return err
-		}
-		if e, err := ws.Stat(rel); err == nil {
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
+		if e, err := ws.Stat(rel[0]); err == nil {
 			if e.Type == "dir" {
-				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", req.Path))
+				return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", req.Path))
 			}
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists and is not a directory", req.Path))
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists and is not a directory", req.Path))
 		}
-		if err := ws.Mkdir(rel); err != nil {
-			return err
+		if err := ws.Mkdir(rel[0]); err != nil {
+			return nil, err
 		}
-		e, err := ws.Stat(rel)
-		if err != nil {
-			return err
-		}
-		info := toEntryInfo(e)
-		out.Entry = &info
-		return nil
+		return entryAt(ws, rel[0])
 	})
-	return &out, err
 }
 
 func (h *Handler) move(ctx context.Context, req *moveRequest) (*entryResponse, error) {
-	var out entryResponse
-	err := h.withFiles(ctx, func(ws *workspace.Workspace) error {
-		src, err := relPath(req.Source)
-		if err != nil {
-			return err
+	return withFiles(h, ctx, []string{req.Source, req.Destination}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
+		if err := ws.Rename(rel[0], rel[1]); err != nil {
+			return nil, err
 		}
-		dst, err := relPath(req.Destination)
-		if err != nil {
-			return err
-		}
-		if err := ws.Rename(src, dst); err != nil {
-			return err
-		}
-		e, err := ws.Stat(dst)
-		if err != nil {
-			return err
-		}
-		info := toEntryInfo(e)
-		out.Entry = &info
-		return nil
+		return entryAt(ws, rel[1])
 	})
-	return &out, err
 }
 
 func (h *Handler) listDir(ctx context.Context, req *listDirRequest) (*listDirResponse, error) {
-	out := listDirResponse{Entries: []entryInfo{}}
 	depth := max(int(req.Depth), 1)
-	err := h.withFiles(ctx, func(ws *workspace.Workspace) error {
-		rel, err := relPath(req.Path)
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*listDirResponse, error) {
+		out := &listDirResponse{Entries: []entryInfo{}}
+		e, err := ws.Stat(rel[0])
 		if err != nil {
-			return err
-		}
-		e, err := ws.Stat(rel)
-		if err != nil {
-			return err
+			return nil, err
 		}
 		if e.Type != "dir" {
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", req.Path))
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", req.Path))
 		}
 		var walk func(dir string, level int) error
 		walk = func(dir string, level int) error {
@@ -237,21 +213,15 @@ func (h *Handler) listDir(ctx context.Context, req *listDirRequest) (*listDirRes
 			}
 			return nil
 		}
-		return walk(rel, 1)
+		return out, walk(rel[0], 1)
 	})
-	return &out, err
 }
 
 func (h *Handler) remove(ctx context.Context, req *pathRequest) (*empty, error) {
-	err := h.withFiles(ctx, func(ws *workspace.Workspace) error {
-		rel, err := relPath(req.Path)
-		if err != nil {
-			return err
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*empty, error) {
+		if rel[0] == "." {
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove the workspace itself"))
 		}
-		if rel == "." {
-			return connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove the workspace itself"))
-		}
-		return ws.Remove(rel)
+		return &empty{}, ws.Remove(rel[0])
 	})
-	return &empty{}, err
 }

@@ -32,11 +32,15 @@ type contextJSON struct {
 	Cwd      string `json:"cwd"`
 }
 
-func (c *codeContext) json() contextJSON { return contextJSON{ID: c.id, Language: "python", Cwd: c.cwd} }
+func (c *codeContext) json() contextJSON {
+	return contextJSON{ID: c.id, Language: "python", Cwd: c.cwd}
+}
 
 func (h *Handler) interpreterRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	mux.HandleFunc("POST /execute", h.execute)
 	mux.HandleFunc("POST /contexts", h.createContext)
 	mux.HandleFunc("GET /contexts", h.listContexts)
@@ -82,6 +86,13 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	sb.mu.Lock()
+	n := len(sb.contexts) - 1
+	sb.mu.Unlock()
+	if n >= h.opts.MaxContexts {
+		writeDetail(w, http.StatusTooManyRequests, fmt.Sprintf("a sandbox holds at most %d code contexts besides the default: remove one first", h.opts.MaxContexts))
+		return
+	}
 	cwd := workspaceDir
 	if req.Cwd != "" {
 		cwd = req.Cwd
@@ -110,6 +121,12 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		sb.mu.Unlock()
 		s.Close()
 		http.Error(w, "the sandbox was killed", http.StatusBadGateway)
+		return
+	}
+	if len(sb.contexts)-1 >= h.opts.MaxContexts { // raced with another create
+		sb.mu.Unlock()
+		s.Close()
+		writeDetail(w, http.StatusTooManyRequests, fmt.Sprintf("a sandbox holds at most %d code contexts besides the default: remove one first", h.opts.MaxContexts))
 		return
 	}
 	sb.contexts[c.id] = c
@@ -327,5 +344,3 @@ func kernelGone(err error) string {
 	}
 	return err.Error()
 }
-
-

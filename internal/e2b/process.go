@@ -267,6 +267,12 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 			ws.Close()
 		}
 	}
+	sb.mu.Lock()
+	running := len(sb.procs)
+	sb.mu.Unlock()
+	if running >= h.opts.MaxProcesses {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("a sandbox runs at most %d commands at once: kill one first", h.opts.MaxProcesses))
+	}
 	limits := sb.ms.Limits
 	limits.Timeout = 0
 	// Connect-Timeout-Ms bounds the process, not only this stream: envd

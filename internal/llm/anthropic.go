@@ -87,6 +87,9 @@ func NewAnthropic(opts AnthropicOptions) *Anthropic {
 		option.WithAPIKey(opts.APIKey),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0), // retries are ours, see RetryPolicy
+		option.WithMiddleware(func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+			return guardJSON("anthropic", req, next)
+		}),
 	)
 	c.svc = client.Messages
 	return c
@@ -422,6 +425,10 @@ var inStreamStatus = map[string]int{
 
 func (c *Anthropic) wrap(err error) error {
 	var apiErr *anthropic.Error
+	var je *InvalidJSONError
+	if errors.As(err, &je) {
+		return je
+	}
 	if !errors.As(err, &apiErr) {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return fmt.Errorf("anthropic: stream cut short: %w", err)

@@ -106,6 +106,9 @@ func NewOpenAI(opts OpenAIOptions) *OpenAI {
 		option.WithAPIKey(opts.APIKey),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0), // retries are ours, see RetryPolicy
+		option.WithMiddleware(func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+			return guardJSON(opts.Provider, req, next)
+		}),
 	)
 	return c
 }
@@ -424,6 +427,10 @@ func openAIStop(finish string, toolCalls bool) StopReason {
 func (c *OpenAI) wrap(err error) error {
 	var apiErr *openai.Error
 	var streamErr *ssestream.StreamError
+	var je *InvalidJSONError
+	if errors.As(err, &je) {
+		return je
+	}
 	if errors.As(err, &streamErr) {
 		// A "data: {"error": ...}" chunk inside a stream that had started fine.
 		return &APIError{Provider: c.info.Provider, InStream: true, Message: errorMessage(streamErr.Message), Err: err}

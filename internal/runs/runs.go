@@ -216,7 +216,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	sess, err := s.opts.NewSession(ctx)
 	if err != nil {
 		rep := &agent.Report{Status: agent.StatusFailed, Error: "start the sandbox: " + err.Error(), Mode: req.Mode, Model: p.Info().String()}
-		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+		rec.event(bg, agent.Event{Type: agent.EventFinished, RunID: id, Time: time.Now(), Report: rep})
 		s.finish(bg, id, rep, nil)
 		return rep
 	}
@@ -232,6 +232,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
 		Confirm: req.Confirm, Logger: s.log,
 		OnEvent: func(e agent.Event) {
+			e.RunID = id
 			rec.event(bg, e)
 			if req.OnEvent != nil {
 				req.OnEvent(e)
@@ -240,7 +241,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	})
 	if err != nil {
 		rep = &agent.Report{Status: agent.StatusFailed, Error: err.Error(), Mode: req.Mode, Model: p.Info().String()}
-		rec.event(bg, agent.Event{Type: agent.EventFinished, Time: time.Now(), Report: rep})
+		rec.event(bg, agent.Event{Type: agent.EventFinished, RunID: id, Time: time.Now(), Report: rep})
 	}
 	s.finish(bg, id, rep, sess)
 	return rep
