@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -70,5 +71,47 @@ func TestAgentInvalidJSONFromModel(t *testing.T) {
 				t.Errorf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
 			}
 		})
+	}
+}
+
+// serve says which model agent runs use, or how to configure one; --model
+// chooses it.
+func TestServeSaysItsModel(t *testing.T) {
+	serveLine := func(t *testing.T, args ...string) string {
+		ctx, cancel := context.WithCancel(context.Background())
+		cmd := cliCommand(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--pool", "0", "--e2b=false", "--data-dir", t.TempDir()}, args...)...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); cmd.Wait() })
+		br := bufio.NewReader(stdout)
+		var seen strings.Builder
+		for {
+			line, err := br.ReadString('\n')
+			seen.WriteString(line)
+			if strings.HasPrefix(line, "agent runs") {
+				return line
+			}
+			if err != nil {
+				t.Fatalf("serve never said its model:\n%s", seen.String())
+			}
+		}
+	}
+	for _, k := range []string{"SANDLOOP_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY", "OPENAI_BASE_URL"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("OLLAMA_HOST", "127.0.0.1:9") // nothing listens on discard
+	if got := serveLine(t); !strings.Contains(got, "no model configured: set SANDLOOP_MODEL or --model") {
+		t.Errorf("without a model: %q", got)
+	}
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{})
+	t.Setenv("OPENAI_BASE_URL", srv.URL)
+	t.Setenv("OPENAI_API_KEY", "test-key")
+	if got := serveLine(t, "--model", "openai/gpt-4o-mini"); got != "agent runs use openai/gpt-4o-mini\n" {
+		t.Errorf("--model: %q", got)
 	}
 }

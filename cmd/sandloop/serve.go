@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandloop/sandloop/internal/llm"
 	"io"
 	"log/slog"
 	"net"
@@ -34,6 +35,7 @@ func newServeCmd() *cobra.Command {
 		addr, dataDir, tokenFile string
 		database                 string
 		pricesFile               string
+		model                    string
 		tokens, allowedHosts     []string
 		pool, maxSessions        int
 		idle, lifetime, execTO   time.Duration
@@ -109,7 +111,7 @@ func newServeCmd() *cobra.Command {
 			defer st.Close()
 			ls := lessonStore(st, cmd.ErrOrStderr(), false)
 			svc := runs.New(runs.Options{
-				Store: st, Lessons: ls, Provider: providerResolver(pricesFile), Logger: log,
+				Store: st, Lessons: ls, Provider: defaultModel(model, providerResolver(pricesFile)), Logger: log,
 				NewSession: runs.ManagerSessions(mgr),
 			})
 			defer svc.Close()
@@ -161,6 +163,7 @@ func newServeCmd() *cobra.Command {
 			if useE2B {
 				printE2B(cmd.OutOrStdout(), url, e2bKey)
 			}
+			fmt.Fprintln(cmd.OutOrStdout(), modelLine(ctx, model, pricesFile))
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
 			}
@@ -205,6 +208,7 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
 	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
+	f.StringVar(&model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")
@@ -214,6 +218,31 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
 	max.registerQuota(f, "max-", "largest")
 	return cmd
+}
+
+// defaultModel makes resolve use model for runs that name none.
+func defaultModel(model string, resolve func(context.Context, string) (llm.Provider, error)) func(context.Context, string) (llm.Provider, error) {
+	return func(ctx context.Context, m string) (llm.Provider, error) {
+		if m == "" {
+			m = model
+		}
+		return resolve(ctx, m)
+	}
+}
+
+// modelLine says which model agent runs will use, or how to configure one.
+func modelLine(ctx context.Context, model, pricesFile string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p, err := llm.Resolve(ctx, llm.Config{Model: model, PricesFile: pricesFile})
+	var nm *llm.NoModelError
+	switch {
+	case errors.As(err, &nm):
+		return "agent runs: no model configured: set SANDLOOP_MODEL or --model"
+	case err != nil:
+		return "agent runs: the model cannot be used: " + err.Error()
+	}
+	return "agent runs use " + p.Info().String()
 }
 
 func defaultDataDir() string {

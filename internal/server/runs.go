@@ -8,7 +8,10 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
@@ -52,6 +55,9 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case strings.TrimSpace(req.Task) == "" && req.Mode != string(agent.ModeDebug):
+		writeError(w, badRequest(`task is required: say what the agent should do, e.g. {"task": "parse data.csv and plot the monthly totals"}`))
+		return
 	case req.MaxSteps < 0 || req.MaxTokens < 0 || req.MaxCost < 0 || req.TimeoutS < 0:
 		writeError(w, badRequest("max_steps, max_tokens, max_cost_usd and timeout_s must not be negative"))
 		return
@@ -83,6 +89,22 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, run)
 }
 
+// runStatuses are the values of a run's status.
+var runStatuses = []agent.Status{agent.StatusRunning, agent.StatusDone, agent.StatusBudgetExceeded, agent.StatusTimeout, agent.StatusStuck, agent.StatusCancelled, agent.StatusFailed}
+
+// queryCount reads an optional non-negative integer query parameter.
+func queryCount(q url.Values, name string) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, badRequest("%s %q must be a whole number, 0 or more", name, v)
+	}
+	return n, nil
+}
+
 // runError maps the agent's and the model resolver's errors.
 func runError(err error) error {
 	var ae *agent.ArgumentError
@@ -106,8 +128,26 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit, _ := strconv.Atoi(q.Get("limit"))
-	offset, _ := strconv.Atoi(q.Get("offset"))
+	limit, err := queryCount(q, "limit")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	offset, err := queryCount(q, "offset")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if st := q.Get("status"); st != "" && !slices.Contains(runStatuses, agent.Status(st)) {
+		writeError(w, badRequest("status %q is not a run status (use one of %v)", st, runStatuses))
+		return
+	}
+	if m := q.Get("mode"); m != "" {
+		if _, err := agent.ParseMode(m); err != nil {
+			writeError(w, badRequest("mode: %v", err))
+			return
+		}
+	}
 	o := owner(r.Context())
 	list, err := s.opts.Store.ListRuns(r.Context(), store.ListOptions{Limit: limit, Offset: offset, Status: q.Get("status"), Mode: q.Get("mode"), Owner: &o})
 	if err != nil {

@@ -227,3 +227,32 @@ func TestRunOwnership(t *testing.T) {
 		t.Errorf("owner's artifacts: %d", resp.StatusCode)
 	}
 }
+
+// Bad input to the runs API is a 400 that says what to fix: an empty task,
+// limit, offset, status or mode values that mean nothing.
+func TestRunsBadInput(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{})
+	for _, body := range []string{`{}`, `{"task":""}`, `{"task":"   \n"}`} {
+		if resp := ts.do(t, "POST", "/v1/runs", body, nil); resp.StatusCode != 400 || errCode(t, resp) != "bad_request" {
+			t.Errorf("POST /v1/runs %s: %d, want 400", body, resp.StatusCode)
+		}
+	}
+	for _, q := range []string{"limit=abc", "limit=-1", "limit=1.5", "offset=x", "offset=-3", "status=dnoe", "mode=fast"} {
+		resp := ts.do(t, "GET", "/v1/runs?"+q, "", nil)
+		if resp.StatusCode != 400 {
+			t.Errorf("GET /v1/runs?%s: %d, want 400", q, resp.StatusCode)
+			continue
+		}
+		var e struct{ Error struct{ Message string } }
+		json.NewDecoder(resp.Body).Decode(&e)
+		name, _, _ := strings.Cut(q, "=")
+		if !strings.Contains(e.Error.Message, name) {
+			t.Errorf("GET /v1/runs?%s: the message %q does not name %s", q, e.Error.Message, name)
+		}
+	}
+	for _, q := range []string{"limit=5", "status=done", "mode=debug", "offset=0"} {
+		if resp := ts.do(t, "GET", "/v1/runs?"+q, "", nil); resp.StatusCode != 200 {
+			t.Errorf("GET /v1/runs?%s: %d", q, resp.StatusCode)
+		}
+	}
+}
