@@ -42,6 +42,7 @@ image: gen
 # Speed claims, each printed as a ratio against a baseline measured in the same run.
 bench: deps gen
 	$(GO) test -run '^$$' -bench ColdExec -benchtime 30x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench ServeDefault -benchtime 8x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote

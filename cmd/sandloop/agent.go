@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -44,6 +45,7 @@ type agentFlags struct {
 	pricesFile string
 	noLessons  bool
 	lf         limitFlags
+	zygote     zygoteMode
 }
 
 func newAgentCmd() *cobra.Command {
@@ -82,6 +84,7 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringVar(&f.database, "database", "", databaseHelp)
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
+	registerZygote(fl, &f.zygote)
 	return cmd
 }
 
@@ -199,12 +202,22 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	// The zygote starts while the model thinks about its first step.
+	zl, err := startZygoteLater(ctx, f.zygote, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+	if err != nil {
+		return err
+	}
+	defer zl.Close()
 	svc := runs.New(runs.Options{
 		Store:    st,
 		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: providerResolver(f.pricesFile),
 		NewSession: func(ctx context.Context) (runs.Session, error) {
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol})
+			zy, err := zl.Get(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
 		},
 	})
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -102,7 +103,14 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	line(r.Namespaces, "namespaces")
 	line(r.Seccomp, "seccomp")
 	line(r.Cgroups, "cgroups")
-	line(jail.QuotaSupport(), "workspace quota")
+	quota := jail.QuotaSupport()
+	quota.Detail = fmt.Sprintf("%s and %d files per workspace by default (--disk, --files): %s", formatSize(jail.DefaultDisk), jail.DefaultFiles, quota.Detail)
+	line(quota, "workspace quota")
+	if err := zygote.Supported(); err == nil {
+		line(jail.Check{OK: true, Detail: "serve, mcp and agent fork sessions from a template with numpy, pandas and matplotlib imported (--zygote=off to start them cold)"}, "zygote")
+	} else {
+		info("zygote", fmt.Sprintf("not used: %v; sessions start cold", err))
+	}
 	info("jail init", jail.InitInfo())
 	if r.Landlock.OK {
 		line(r.Landlock, "landlock")

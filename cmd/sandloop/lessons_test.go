@@ -15,20 +15,20 @@ func TestLessonsCLI(t *testing.T) {
 	// A run that fixes an error learns a lesson; with --no-lessons the same
 	// run learns nothing and makes no distilling call (the script has no
 	// turn for one).
-	fail, fix := `{"code":"import numpy as np\nx = np.array([1, 2], dtype=np.float)\nx.sum()"}`, `{"code":"import numpy as np\nx = np.array([1, 2], dtype=float)\nx.sum()"}`
+	fail, fix := `{"code":"import numpy as np\nx = np.array([1, 2], dtype=np.float); key = 'sk-abcdefghijklmnop1234'\nx.sum()"}`, `{"code":"import numpy as np\nx = np.array([1, 2], dtype=float); key = 'sk-abcdefghijklmnop1234'\nx.sum()"}`
 	lesson := "numpy here is 1.24: np.float is gone, write float or np.float64"
-	useModel(t, llmtest.Script{
+	srvA := useModel(t, llmtest.Script{
 		{ToolCalls: tc("execute_python", fail)},
 		{ToolCalls: tc("execute_python", fix)},
 		{ToolCalls: tc("finish", `{"summary":"summed"}`)},
-		{Text: `{"lessons":[{"item":1,"text":"` + lesson + ` (API_KEY=sk-abcdefghijklmnop1234)"}]}`},
+		{Text: `{"lessons":[{"item":1,"text":"` + lesson + `"}]}`},
 	})
 	code, stdout, stderr := sandloop(t, "", "agent", "sum an array of floats with numpy", "--data-dir", data)
 	if code != 0 || !strings.Contains(stdout, "lesson learned: "+lesson) {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	if strings.Contains(stdout, "sk-abcdefghijklmnop1234") {
-		t.Error("a secret reached a lesson")
+	if body := string(srvA.Requests()[3].Body); !strings.Contains(body, "dtype=float") || strings.Contains(body, "sk-abcdefghijklmnop1234") {
+		t.Errorf("the distilling call lacks the fix or carries the secret:\n%s", body)
 	}
 	useModel(t, llmtest.Script{
 		{ToolCalls: tc("execute_python", fail)},
@@ -40,16 +40,38 @@ func TestLessonsCLI(t *testing.T) {
 		t.Fatalf("--no-lessons: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 
+	// Run B, another task that would hit the same error: the lesson is in
+	// the system prompt, and this model (like a real one) then writes the
+	// right code at once.
+	srv := llmtest.NewOpenAIServerFunc(t, func(req llmtest.Request) llmtest.Turn {
+		switch {
+		case len(req.ToolResults()) > 0:
+			return llmtest.Turn{ToolCalls: tc("finish", `{"summary":"the weights sum to 1"}`)}
+		case strings.Contains(req.System(), "np.float is gone"):
+			return llmtest.Turn{Text: "numpy 1.24 has no np.float, so I'll use float.", ToolCalls: tc("execute_python", `{"code":"import numpy as np\nw = np.array([2, 3, 5]).astype(float)\nw / w.sum()"}`)}
+		}
+		return llmtest.Turn{ToolCalls: tc("execute_python", `{"code":"import numpy as np\nw = np.array([2, 3, 5]).astype(np.float)\nw / w.sum()"}`)}
+	})
+	t.Setenv("OPENAI_BASE_URL", srv.URL)
+	code, stdout, stderr = sandloop(t, "", "agent", "normalize the portfolio weights with numpy so they sum to one", "--data-dir", data)
+	if code != 0 || !strings.Contains(stdout, "lessons recalled: "+lesson) || !strings.Contains(stdout, "lesson used: "+lesson) || !strings.Contains(stdout, "done after 2 steps") || strings.Contains(stdout, "AttributeError") {
+		t.Fatalf("run B: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	t.Logf("run B:\n%s", stdout)
+
 	code, stdout, _ = sandloop(t, "", "lessons", "ls", "--data-dir", data)
 	if code != 0 || !strings.Contains(stdout, "global") || !strings.Contains(stdout, "numpy here is 1.24") || strings.Count(stdout, "\n") != 2 {
 		t.Fatalf("ls: %d\n%s", code, stdout)
 	}
 	id := strings.Fields(strings.Split(stdout, "\n")[1])[0]
 	code, stdout, _ = sandloop(t, "", "lessons", "show", id[:6], "--data-dir", data)
-	for _, want := range []string{"lesson " + id, "from model", "error:      AttributeError: module <q> has no attribute <q>", "names:      numpy float", "packages:   numpy", "step 1", "shown 0, helped 0", "+x = np.array([1, 2], dtype=float)"} {
+	for _, want := range []string{"lesson " + id, "from model", "error:      AttributeError: module <q> has no attribute <q>", "names:      numpy float", "packages:   numpy", "step 1", "shown 1, helped 1", "+x = np.array([1, 2], dtype=float); key = '<redacted>'"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("show lacks %q:\n%s", want, stdout)
 		}
+	}
+	if strings.Contains(stdout, "sk-abcdefghijklmnop1234") {
+		t.Errorf("a secret of the code reached the lesson:\n%s", stdout)
 	}
 
 	code, stdout, stderr = sandloop(t, "", "lessons", "add", "sales.csv's date column is day", "--file", "sales.csv", "--error", "KeyError: 'date'", "--data-dir", data)

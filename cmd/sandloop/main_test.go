@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 )
@@ -26,6 +27,21 @@ func TestMain(m *testing.M) {
 // asNobody runs the CLI as uid 65534 (a copy of this test binary, in a
 // directory nobody may read) and returns exit code, stdout, stderr.
 func asNobody(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := nobodyCommand(t, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// nobodyCommand returns the CLI with args as a command run by nobody (a
+// copy of this test binary it can execute), in a directory of its own.
+func nobodyCommand(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
@@ -45,18 +61,12 @@ func asNobody(t *testing.T, args ...string) (int, string, string) {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var out, errb bytes.Buffer
 	cmd := exec.Command(bin)
 	cmd.Env = []string{"SANDLOOP_CLI_CHILD=" + strings.Join(args, "\x1f"), "TMPDIR=" + dir, "HOME=" + dir, "PATH=/usr/bin:/bin"}
 	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	err = cmd.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatal(err)
-	}
-	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	cmd.WaitDelay = 15 * time.Second
+	return cmd
 }
 
 // Without root (and no cgroup delegated to nobody here, or on a v2 host
@@ -197,7 +207,8 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
 	}
-	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built"} {
+	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built",
+		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
@@ -242,5 +253,15 @@ print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
 `)
 	if code != 0 || out != "ENOSPC\nENOSPC\n" {
 		t.Errorf("exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
+	}
+}
+
+// A zygote asked for where it cannot work (without root) is refused at
+// startup: exit 2, one line saying why.
+func TestZygoteAskedForButUnsupported(t *testing.T) {
+	code, out, errOut := asNobody(t, "serve", "--zygote", "--addr", "127.0.0.1:0")
+	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "--zygote cannot work on this host") ||
+		!strings.Contains(errOut, "needs root") {
+		t.Errorf("serve --zygote without root: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

@@ -32,6 +32,7 @@ func newMCPCmd() *cobra.Command {
 		maxFile, maxWorkspace       int64
 		tools                       []string
 		verbose                     bool
+		zygoteFlag                  zygoteMode
 	)
 	cmd := &cobra.Command{
 		Use:   "mcp",
@@ -85,8 +86,19 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				MaxOutputBytes: int(maxOutput),
 				Logger:         log,
 			}
+			zl, err := startZygoteLater(cmd.Context(), zygoteFlag, log)
+			if err != nil {
+				return err
+			}
+			defer zl.Close() // after the server has closed its sessions
 			src := mcpserver.SessionSourceFunc(func(ctx context.Context) (mcpserver.Session, error) {
-				s, err := session.New(ctx, sessOpts)
+				opts := sessOpts
+				zy, err := zl.Get(ctx)
+				if err != nil {
+					return nil, err
+				}
+				opts.Zygote = zy
+				s, err := session.New(ctx, opts)
 				if err != nil {
 					return nil, err
 				}
@@ -122,6 +134,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 	}
 	f := cmd.Flags()
 	lf.register(f)
+	registerZygote(f, &zygoteFlag)
 	f.Lookup("timeout").Usage = "default timeout of one tool call when it gives no timeout_s (default 30s)"
 	f.DurationVar(&maxTimeout, "max-timeout", 0, "largest timeout_s a tool call may ask for (default 10m)")
 	f.Var(sizeValue{&maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")

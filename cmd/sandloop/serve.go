@@ -23,7 +23,6 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/webui"
-	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
 
@@ -43,7 +42,8 @@ func newServeCmd() *cobra.Command {
 		allowNetwork, jsonLogs   bool
 		allow, allowMax          []string
 		defaultNetwork           string
-		useZygote, useE2B        bool
+		useE2B                   bool
+		zygoteFlag               zygoteMode
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -78,20 +78,13 @@ func newServeCmd() *cobra.Command {
 			}
 			log := slog.New(handler)
 			var zy session.Zygote
-			if useZygote {
-				z, err := zygote.New(cmd.Context(), &zygote.Options{Env: session.KernelEnv(), Logger: log})
-				switch {
-				case errors.Is(err, jail.ErrUnsupported) && !cmd.Flags().Changed("zygote"):
-					// Not asked for: sessions start cold instead.
-					log.Warn("sessions start cold", "reason", err.Error())
-				case errors.Is(err, jail.ErrUnsupported):
-					return usagef("--zygote cannot work on this host: %v", err)
-				case err != nil:
-					return fmt.Errorf("start the zygote: %w", err)
-				default:
-					defer z.Close() // after the manager has closed its sessions
-					zy = z
-				}
+			z, err := startZygote(cmd.Context(), zygoteFlag, log)
+			if err != nil {
+				return err
+			}
+			if z != nil {
+				defer z.Close() // after the manager has closed its sessions
+				zy = z
 			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
@@ -205,7 +198,7 @@ func newServeCmd() *cobra.Command {
 	f.StringSliceVar(&allow, "allow", nil, "allowlist of a session in mode allow that lists nothing (host names, *.domains, :PORTs, addresses, ranges, presets: "+strings.Join(egress.PresetNames(), ", ")+"; repeatable)")
 	f.StringSliceVar(&allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
-	f.BoolVar(&useZygote, "zygote", false, "fork sessions from a template kernel with numpy, pandas and matplotlib imported (needs root and cgroups)")
+	registerZygote(f, &zygoteFlag)
 	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.StringVar(&model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")

@@ -152,7 +152,22 @@ print(libc.syscall(425, 8, buf), os.strerror(ctypes.get_errno()))`, equals("-1 O
 		{"clone newns", `import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 print(libc.syscall(56, 0x00020000 | 17, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))`, equals("-1 Operation not permitted"), "EPERM"},
-		{"netlink socket", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)))`, isErr("Address family not supported"), "EAFNOSUPPORT"},
+		{"netlink audit", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 9)))`, isErr("Address family not supported"), "EAFNOSUPPORT (NETLINK_AUDIT)"},
+		{"netlink uevent", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 15)))`, isErr("Address family not supported"), "EAFNOSUPPORT (NETLINK_KOBJECT_UEVENT)"},
+		{"netlink netfilter", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)))`, isErr("Address family not supported"), "EAFNOSUPPORT (NETLINK_NETFILTER)"},
+		// NETLINK_ROUTE lists the jail's own interfaces; changing them
+		// needs CAP_NET_ADMIN.
+		{"netlink route", `import socket; print(socket.if_nameindex())`, equals("[(1, 'lo')]"), "only loopback, listed"},
+		{"netlink route change", tryOpen + `import socket, struct
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+s.bind((0, 0))
+# RTM_NEWLINK (16) on lo: set it down (ifi_change IFF_UP).
+ifinfo = struct.pack('BxHiII', socket.AF_UNSPEC, 0, 1, 0, 1)
+msg = struct.pack('IHHII', 16 + len(ifinfo), 16, 0x5, 1, 0) + ifinfo
+s.send(msg)
+reply = s.recv(4096)
+err = struct.unpack('i', reply[16:20])[0]
+print('OK' if err == 0 else 'refused: ' + __import__('os').strerror(-err))`, isErr("Operation not permitted"), "EPERM (no CAP_NET_ADMIN)"},
 		{"packet socket", tryOpen + `import socket; print(attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)))`, isErr("Address family not supported"), "EAFNOSUPPORT"},
 		{"kernel addresses", `import os
 seen = [open(p, 'rb').read(10) for p in ('/proc/kallsyms', '/proc/kcore', '/proc/keys', '/proc/timer_list') if os.path.exists(p)]

@@ -25,11 +25,14 @@ type pair struct {
 	// errMatch finds this pair's error in a distilling request.
 	errMatch string
 	a, b     runScript
+	// more are other tasks that would hit the same mistake, for measuring
+	// recall alone.
+	more []string
 }
 
 // runScript is one run's task and the code the scripted model writes.
 type runScript struct {
-	task                  string
+	task                 string
 	mistake, look, fixed string
 }
 
@@ -48,6 +51,7 @@ var pairs = []pair{{
 		look:    "import pandas as pd\npd.__version__",
 		fixed:   "import pandas as pd\nprices = pd.DataFrame({'x': [1.23, 4.56], 'y': [7.891, 0.12]})\nout = prices.applymap(lambda v: f'{v:.1f}')\nout",
 	},
+	more: []string{"apply a formatting function to each element of a pandas DataFrame", "convert all cells of the inventory DataFrame to upper-case strings with pandas"},
 }, {
 	name: "numpy-float", hint: "np.float is gone", errMatch: "has no attribute 'float'",
 	lesson: "numpy here is 1.24: np.float is gone; write float or np.float64",
@@ -63,6 +67,7 @@ var pairs = []pair{{
 		look:    "import numpy as np\nnp.__version__",
 		fixed:   "import numpy as np\nw = np.array([2, 3, 5]).astype(float)\nw / w.sum()",
 	},
+	more: []string{"cast the numpy array of prices to float and compute the standard deviation", "build a numpy float matrix of zeros and fill the diagonal"},
 }, {
 	name: "seaborn", hint: "seaborn is not installed", errMatch: "No module named 'seaborn'",
 	lesson: "seaborn is not installed in this sandbox: plot with matplotlib (plt.hist, plt.imshow, plt.bar)",
@@ -78,6 +83,7 @@ var pairs = []pair{{
 		look:    "import importlib.util\nprint(importlib.util.find_spec('seaborn'))",
 		fixed:   "import matplotlib.pyplot as plt\nimport numpy as np\nplt.imshow(np.corrcoef(np.random.rand(3, 10)))\nplt.show()",
 	},
+	more: []string{"make a scatter plot of height against weight", "plot a bar chart of the counts per category"},
 }, {
 	name: "sales-columns", hint: "date column is called day", errMatch: "KeyError",
 	files:  map[string]string{"sales.csv": "day,region,amount\n2024-01-01,north,10\n2024-01-02,south,20\n2024-01-02,north,5\n"},
@@ -94,6 +100,7 @@ var pairs = []pair{{
 		look:    "import pandas as pd\npd.read_csv('sales.csv').columns.tolist()",
 		fixed:   "import pandas as pd\nsales = pd.read_csv('sales.csv')\nsales['day'].nunique()",
 	},
+	more: []string{"find the best selling region per month in sales.csv", "plot the amount per day from sales.csv"},
 }, {
 	name: "no-network", hint: "never download", errMatch: "ConnectionError",
 	files:  map[string]string{"rates.csv": "currency,rate\nusd,1.08\ngbp,0.86\n", "population.csv": "city,people\nOslo,700000\nBergen,290000\n"},
@@ -110,6 +117,7 @@ var pairs = []pair{{
 		look:    "import os\nsorted(os.listdir('.'))",
 		fixed:   "import pandas as pd\npop = pd.read_csv('population.csv')\npop.people.sum()",
 	},
+	more: []string{"download the weather data for Oslo from the API and plot it", "fetch the exchange rates from the web and convert 100 EUR"},
 }, {
 	name: "read-csv-date-format", hint: "read_csv has no date_format", errMatch: "unexpected keyword argument 'date_format'",
 	files:  map[string]string{"events.csv": "when,what\n01/02/2024,login\n15/03/2024,logout\n", "log.csv": "stamp,level\n03/01/2024,info\n28/02/2024,error\n"},
@@ -126,6 +134,7 @@ var pairs = []pair{{
 		look:    "import pandas as pd\npd.__version__",
 		fixed:   "import pandas as pd\nlog = pd.read_csv('log.csv')\nlog['stamp'] = pd.to_datetime(log.stamp, format='%d/%m/%Y')\nlog.stamp.dt.month.value_counts()",
 	},
+	more: []string{"read the log.csv dates (day/month/year) and find the busiest weekday", "parse the events.csv timestamps in day-first format"},
 }}
 
 // model is the scripted model of the benchmark. It behaves as a real one
@@ -297,8 +306,9 @@ func runPair(t testing.TB, st *store.Store, p pair, rs runScript, withLessons bo
 
 // measure runs every pair: A (learning, among 500 unrelated lessons), then
 // B without lessons and B with them.
-func measure(t testing.TB, ps []pair, logf func(string, ...any)) (stepsWith, stepsWithout int, tokWith, tokWithout int64, repeats, recalled, maxGrowth int) {
+func measure(t testing.TB, ps []pair, logf func(string, ...any)) (stepsWith, stepsWithout int, tokWith, tokWithout int64, repeats, recalled, maxGrowth, precHits, precTotal int) {
 	st := openStore(t)
+	defer func() { precHits, precTotal = precision(t, st, ps) }()
 	unrelated(t, st, "bench", 500)
 	for _, p := range ps {
 		if a := runPair(t, st, p, p.a, true); !a.repeated {
@@ -329,13 +339,35 @@ func measure(t testing.TB, ps []pair, logf func(string, ...any)) (stepsWith, ste
 	return
 }
 
+// precision is how many of the pairs' other tasks are shown their pair's
+// lesson at the start, and how many tasks were asked.
+func precision(t testing.TB, st *store.Store, ps []pair) (hits, total int) {
+	for _, p := range ps {
+		files := map[string][]byte{}
+		for k, v := range p.files {
+			files[k] = []byte(v)
+		}
+		for _, task := range append([]string{p.b.task}, p.more...) {
+			_, shown := lessons.NewRun(lessons.Options{Store: st, Owner: "bench"}).Recall(context.Background(), task, agent.ModeGenerate, files)
+			total++
+			for _, l := range shown {
+				if strings.Contains(l.Text, p.hint) {
+					hits++
+					break
+				}
+			}
+		}
+	}
+	return hits, total
+}
+
 // The benchmark's claims on two pairs, in `make test`: run B with lessons
 // takes fewer steps, never repeats the error, and finds its lesson among
 // 500 unrelated ones within the prompt budget.
 func TestLessonsPairsSmoke(t *testing.T) {
-	sw, swo, tw, two, rep, rec, growth := measure(t, []pair{pairs[0], pairs[3]}, t.Logf)
-	if rep != 0 || rec != 2 || sw*10 > swo*6 || tw >= two || growth > 600 {
-		t.Errorf("steps %d vs %d, tokens %d vs %d, repeats %d, recalled %d/2, prompt +%d tokens", sw, swo, tw, two, rep, rec, growth)
+	sw, swo, tw, two, rep, rec, growth, ph, pt := measure(t, []pair{pairs[0], pairs[3]}, t.Logf)
+	if rep != 0 || rec != 2 || sw*10 > swo*6 || tw >= two || growth > 600 || ph*10 < pt*9 {
+		t.Errorf("steps %d vs %d, tokens %d vs %d, repeats %d, recalled %d/2, prompt +%d tokens, precision %d/%d", sw, swo, tw, two, rep, rec, growth, ph, pt)
 	}
 }
 
@@ -345,14 +377,14 @@ func TestLessonsPairsSmoke(t *testing.T) {
 // the system prompt grew.
 func BenchmarkLessons(b *testing.B) {
 	for range b.N {
-		sw, swo, tw, two, rep, rec, growth := measure(b, pairs, func(f string, a ...any) { fmt.Printf(f+"\n", a...) })
+		sw, swo, tw, two, rep, rec, growth, ph, pt := measure(b, pairs, func(f string, a ...any) { fmt.Printf(f+"\n", a...) })
 		fmt.Printf("run B with lessons: %d steps vs %d without (%.0f%%), %d tokens vs %d (%.0f%%), error repeated in %d of %d\n",
 			sw, swo, 100*float64(sw)/float64(swo), tw, two, 100*float64(tw)/float64(two), rep, len(pairs))
-		fmt.Printf("recall precision (right lesson in the top 5 of 506): %d/%d = %.0f%%; largest system prompt growth: %d tokens\n",
-			rec, len(pairs), 100*float64(rec)/float64(len(pairs)), growth)
+		fmt.Printf("recall precision (right lesson in the top 5 of 506) in the runs B: %d/%d; over %d tasks (runs B and two more per pair): %d/%d = %.0f%%; largest system prompt growth: %d tokens\n",
+			rec, len(pairs), pt, ph, pt, 100*float64(ph)/float64(pt), growth)
 		b.ReportMetric(float64(sw)/float64(swo), "steps_with/without")
 		b.ReportMetric(float64(tw)/float64(two), "tokens_with/without")
-		b.ReportMetric(float64(rec)/float64(len(pairs)), "precision")
+		b.ReportMetric(float64(ph)/float64(pt), "precision")
 		b.ReportMetric(float64(growth), "prompt_growth_tokens")
 	}
 }

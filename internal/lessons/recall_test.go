@@ -187,8 +187,8 @@ func TestLearnRecallAndSeenBefore(t *testing.T) {
 // the error's signature and the fix, and no secret of the code gets in.
 func TestDistilFallback(t *testing.T) {
 	st := openStore(t)
-	bad := "TOKEN = 'sk-live-0123456789abcdefghij'\nd = {'day': 1}\nd['date']"
-	good := "TOKEN = 'sk-live-0123456789abcdefghij'\nd = {'day': 1}\nd['day']"
+	bad := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['date'])"
+	good := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['day'])"
 	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
 		{ToolCalls: py(bad)},
 		{ToolCalls: py(good)},
@@ -206,8 +206,11 @@ func TestDistilFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Source != "fallback" || !strings.Contains(l.Text, "KeyError: <q>") || !strings.Contains(l.Text, "d['day']") {
+	if l.Source != "fallback" || !strings.Contains(l.Text, "KeyError: <q>") || !strings.Contains(l.Text, "d['day']") || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
 		t.Errorf("fallback lesson: %+v", l)
+	}
+	if strings.Contains(string(srv.Requests()[3].Body), "sk-live-0123456789abcdefghij") {
+		t.Error("the distilling call carried the secret")
 	}
 	all, _ := json.Marshal(l)
 	if strings.Contains(string(all), "sk-live-0123456789abcdefghij") {

@@ -44,6 +44,8 @@ func toAPIError(err error) *apiError {
 		return ae
 	case errors.As(err, &mbe):
 		return &apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", mbe.Limit), 0}
+	case errors.As(err, &le) && le.What == "quota":
+		return &apiError{http.StatusInsufficientStorage, "workspace_full", err.Error(), 0}
 	case errors.As(err, &le):
 		return &apiError{http.StatusRequestEntityTooLarge, "too_large", err.Error(), 0}
 	case errors.Is(err, workspace.ErrNotFound), errors.Is(err, session.ErrNotFound):

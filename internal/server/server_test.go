@@ -561,3 +561,39 @@ func TestDotDotAndUnknownRoutesGetJSON(t *testing.T) {
 		conn.Close()
 	}
 }
+
+// A session's workspace quota: asked for at create within the server's
+// maxima, shown with its usage, and enforced on uploads (nothing stored).
+func TestWorkspaceQuota(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("workspace quotas need root")
+	}
+	ts := newTestServer(t, session.ManagerOptions{Max: jail.Limits{Disk: 16 << 20, Files: 100}}, Options{})
+	for body, code := range map[string]string{`{"disk_mb": 32}`: "limit_too_high", `{"max_files": 1000}`: "limit_too_high", `{"disk_mb": 0}`: "bad_request", `{"max_files": 2}`: "bad_request"} {
+		if resp := ts.do(t, "POST", "/v1/sessions", body, nil); resp.StatusCode != 400 || errCode(t, resp) != code {
+			t.Errorf("create %s: %d, want 400 %s", body, resp.StatusCode, code)
+		}
+	}
+	id := ts.create(t, `{"disk_mb": 8, "max_files": 50}`)
+	base := "/v1/sessions/" + id
+	var s sessionJSON
+	ts.do(t, "GET", base, "", &s)
+	if s.DiskMB != 8 || s.MaxFiles != 50 || !s.QuotaEnforced || s.DiskUsedBytes == nil || *s.DiskUsedBytes != 0 || *s.FilesUsed != 0 {
+		t.Fatalf("new session: %+v", s)
+	}
+	// The tmpfs refuses it before the server's own count does.
+	if resp := ts.do(t, "PUT", base+"/files/in/big.bin", strings.Repeat("x", 9<<20), nil); resp.StatusCode != 507 || errCode(t, resp) != "workspace_full" {
+		t.Errorf("upload over the disk quota: %d", resp.StatusCode)
+	}
+	r := ts.exec(t, id, "import errno\ntry:\n    for i in range(100): open(f'f{i}', 'w').close()\nexcept OSError as e: print(errno.errorcode[e.errno], i)")
+	if r.Stdout != "ENOSPC 50\n" {
+		t.Fatalf("files past max_files: %+v", r)
+	}
+	if resp := ts.do(t, "PUT", base+"/files/sub/one.txt", "x", nil); resp.StatusCode != 507 || errCode(t, resp) != "workspace_full" {
+		t.Errorf("upload into a full workspace: %d", resp.StatusCode)
+	}
+	ts.do(t, "GET", base, "", &s)
+	if *s.FilesUsed != 50 || *s.DiskUsedBytes != 0 {
+		t.Errorf("usage: %d bytes, %d files; want 0 and 50 (nothing of the refused uploads)", *s.DiskUsedBytes, *s.FilesUsed)
+	}
+}

@@ -25,6 +25,8 @@ type createRequest struct {
 	MemoryMB *int64            `json:"memory_mb"`
 	CPUs     *float64          `json:"cpus"`
 	Pids     *int              `json:"pids"`
+	DiskMB   *int64            `json:"disk_mb"`
+	MaxFiles *int              `json:"max_files"`
 	Env      map[string]string `json:"env"`
 	// Network is false/true (none/host, as before) or "none", "allow" or "host".
 	Network json.RawMessage `json:"network"`
@@ -45,14 +47,24 @@ type sessionJSON struct {
 	Mode       string    `json:"network_mode"`
 	Allow      []string  `json:"allow,omitempty"`
 	FromPool   bool      `json:"from_pool"`
+	// The workspace's quota, and whether the kernel enforces it on every
+	// write (without root only uploads are checked).
+	DiskMB        int64 `json:"disk_mb"`
+	MaxFiles      int   `json:"max_files"`
+	QuotaEnforced bool  `json:"quota_enforced"`
+	// What the workspace holds (GET /v1/sessions/{id} only).
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	FilesUsed     *int64 `json:"files_used,omitempty"`
 }
 
 func toSessionJSON(ms *session.Managed) sessionJSON {
+	q := ms.Quota()
 	j := sessionJSON{
 		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
 	}
 	if err := ms.Err(); err != nil {
 		j.Status, j.Message = "restart_required", err.Error()
@@ -104,6 +116,20 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		opts.Limits.Pids = *req.Pids
+	}
+	if req.DiskMB != nil {
+		if *req.DiskMB < 1 || *req.DiskMB > 1<<30 {
+			writeError(w, badRequest("disk_mb must be at least 1"))
+			return
+		}
+		opts.Limits.Disk = *req.DiskMB << 20
+	}
+	if req.MaxFiles != nil {
+		if *req.MaxFiles < 16 {
+			writeError(w, badRequest("max_files must be at least 16"))
+			return
+		}
+		opts.Limits.Files = *req.MaxFiles
 	}
 	for k := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -231,9 +257,18 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	if ms, ok := s.lookup(w, r); ok {
-		writeJSON(w, http.StatusOK, toSessionJSON(ms))
+	ms, ok := s.lookup(w, r)
+	if !ok {
+		return
 	}
+	j := toSessionJSON(ms)
+	u, err := ms.Usage()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	j.DiskUsedBytes, j.FilesUsed = &u.Bytes, &u.Files
+	writeJSON(w, http.StatusOK, j)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
@@ -350,8 +385,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 			flusher.Flush()
 		}
 	}
-	done := make(chan struct{})
+	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stopped)
 		t := time.NewTicker(s.opts.Keepalive)
 		defer t.Stop()
 		for {
@@ -365,6 +401,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 	}()
 	res, err := exec(func(e kernel.Event) { write(e) })
 	close(done)
+	<-stopped // a keepalive must not be written once the handler has returned
 	mu.Lock()
 	wasStarted := started
 	mu.Unlock()

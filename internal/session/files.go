@@ -17,7 +17,12 @@ func OpenWorkspace(dir string, opts workspace.Options) (*workspace.Workspace, er
 	return workspace.Open(dir, opts)
 }
 
-// Files opens the session's workspace (see OpenWorkspace).
+// Files opens the session's workspace (see OpenWorkspace). Writes are
+// capped at the workspace's quota too (Quota), when opts allow more.
 func (s *Session) Files(opts workspace.Options) (*workspace.Workspace, error) {
+	q := s.Quota()
+	if opts.MaxTotalBytes == 0 || opts.MaxTotalBytes > q.Disk {
+		opts.MaxTotalBytes = q.Disk
+	}
 	return OpenWorkspace(s.workspace, opts)
 }

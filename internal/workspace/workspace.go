@@ -38,11 +38,14 @@ func (e *PathError) Unwrap() error { return e.Err }
 
 // LimitError reports a size cap that a write would exceed.
 type LimitError struct {
-	What  string // "file" or "workspace"
+	What  string // "file", "workspace", or "quota" (the file system said it is full)
 	Limit int64
 }
 
 func (e *LimitError) Error() string {
+	if e.What == "quota" {
+		return "the workspace is full (its quota of bytes or of files is reached): nothing was stored"
+	}
 	return fmt.Sprintf("the %s size limit of %d bytes would be exceeded", e.What, e.Limit)
 }
 func (e *LimitError) Unwrap() error { return ErrTooLarge }
@@ -113,6 +116,8 @@ func mapErr(p string, err error) error {
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
 		return &PathError{p, ErrNotFound}
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return &PathError{p, &LimitError{What: "quota"}}
 	case strings.Contains(err.Error(), "path escapes"):
 		return &PathError{p, errors.New("leads outside the workspace (symlink or ..)")}
 	}
@@ -244,6 +249,28 @@ func (w *Workspace) Write(p string, r io.Reader) (int64, error) {
 		return 0, &PathError{p, errors.New("is a directory")}
 	}
 	dir := path.Dir(rel)
+	made := w.firstMissing(dir)
+	n, err := w.write(p, rel, dir, r)
+	if err != nil && made != "" {
+		_ = w.root.RemoveAll(made) // store nothing: not even the parents
+	}
+	return n, err
+}
+
+// firstMissing returns the outermost directory of dir's path that does
+// not exist yet, or "".
+func (w *Workspace) firstMissing(dir string) string {
+	missing := ""
+	for d := dir; d != "." && d != "/"; d = path.Dir(d) {
+		if _, err := w.root.Lstat(d); err == nil {
+			break
+		}
+		missing = d
+	}
+	return missing
+}
+
+func (w *Workspace) write(p, rel, dir string, r io.Reader) (int64, error) {
 	if err := w.mkdirAll(dir); err != nil {
 		return 0, err
 	}

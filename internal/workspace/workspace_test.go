@@ -254,6 +254,40 @@ func TestWalk(t *testing.T) {
 	}
 }
 
+// A write the file system refuses (a full quota mount) fails with a
+// LimitError and leaves nothing behind, not even the parents it made.
+func TestWriteOverQuotaStoresNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m,nr_inodes=8"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	w, err := Open(dir, Options{MaxTotalBytes: 100 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{
+		{"a/b/big.bin", bytes.Repeat([]byte("x"), 2<<20)}, // past the bytes
+		{"c/d/e/f/g/h/i/j.txt", []byte("x")},              // past the inodes
+	} {
+		_, err := w.Write(c.name, bytes.NewReader(c.data))
+		var le *LimitError
+		if !errors.As(err, &le) || le.What != "quota" || !strings.Contains(err.Error(), "nothing was stored") {
+			t.Errorf("write %s: %v, want a quota LimitError", c.name, err)
+		}
+		if des, _ := os.ReadDir(dir); len(des) != 0 {
+			t.Errorf("after the refused write of %s the workspace holds %v", c.name, des)
+		}
+	}
+}
+
 func TestRename(t *testing.T) {
 	w, dir := newWS(t, Options{})
 	if _, err := w.Write("a.txt", strings.NewReader("A")); err != nil {

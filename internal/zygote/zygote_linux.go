@@ -95,12 +95,7 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	}
 	// Where a layer the forks need is missing, fail at once (sessions
 	// then start cold) rather than with every fork.
-	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("zygote: %w: it needs root (a forked session's workspace is a clone of its mount, which only root may make)", jail.ErrUnsupported)
-	}
-	if err := jail.GroupsSupported(); err != nil {
-		// RLIMIT_NPROC counts all forks of one template together: only a
-		// cgroup bounds one session's processes.
+	if err := Supported(); err != nil {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	filter, err := jail.SeccompFilter()

@@ -25,3 +25,6 @@ func (*Zygote) Pid() int { return 0 }
 
 // Close does nothing.
 func (*Zygote) Close() error { return nil }
+
+// Supported fails: the zygote needs Linux namespaces.
+func Supported() error { return jail.ErrUnsupported }
