@@ -10,6 +10,7 @@
 #   VM_RUN        a -test.run pattern for every package (default: all).
 #   VM_PKGS       the packages (default: "jail session zygote").
 #   VM_USERS      "root unprivileged" (default) or one of them.
+#   VM_CPU        QEMU's CPU model (default: max).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 vm="${SANDLOOP_VM:-$root/../../shared/vm/run.sh}"
@@ -66,6 +67,9 @@ chmod 755 "$out/guest.sh"
 sed -i 's/-test.count=1/-test.count=1 -test.v/g' "$out/guest.sh"
 start=$(date +%s)
 set +e
+# The CPU model of a real host: under QEMU's default (qemu64, x86-64-v1)
+# some of Debian's libraries the sessions import die with SIGILL.
+export VM_CPU=${VM_CPU:-max}
 "$vm" --timeout "${VM_TIMEOUT:-3600}" -- "$out/guest.sh"
 rc=$?
 echo "test-vm: exit $rc after $(($(date +%s)-start))s"

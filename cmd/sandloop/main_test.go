@@ -261,3 +261,13 @@ print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
 		t.Errorf("exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
 	}
 }
+
+// A zygote asked for where it cannot work (without root) is refused at
+// startup: exit 2, one line saying why.
+func TestZygoteAskedForButUnsupported(t *testing.T) {
+	code, out, errOut := asNobody(t, "serve", "--zygote", "--addr", "127.0.0.1:0")
+	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "--zygote cannot work on this host") ||
+		!strings.Contains(errOut, "needs root") {
+		t.Errorf("serve --zygote without root: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
