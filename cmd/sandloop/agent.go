@@ -143,7 +143,7 @@ func lessonStore(h store.History, errOut io.Writer, off bool) store.LessonStore 
 		return ls
 	}
 	if !off && errOut != nil {
-		fmt.Fprintln(errOut, "sandloop: this run history keeps no lessons (only the SQLite one does): running without")
+		fmt.Fprintln(errOut, "sandloop: this run history keeps no lessons: running without")
 	}
 	return nil
 }

@@ -154,6 +154,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	line(jail.Check{OK: true, Detail: fmt.Sprintf("started, ran python and cleaned up in %s, of which importing %d packages took %s (limits by %s)",
 		total.Round(time.Millisecond), len(doctorPackages), imports.Round(time.Millisecond), res.Enforcement)}, "jail")
 	line(jail.Check{OK: true, Detail: fmt.Sprintf("%s (Python %s)", jail.DefaultPython, rep.Python)}, "python")
+	line(doctorEgress(ctx), "egress proxy")
 	for _, name := range doctorPackages {
 		p := rep.Packages[name]
 		if p.OK {

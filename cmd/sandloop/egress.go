@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
@@ -80,4 +85,51 @@ func egressOptions(defaultMode string, allow, allowMax []string) (server.EgressO
 		return o, usagef("--default-network allow needs --allow: the hosts sessions may reach")
 	}
 	return o, nil
+}
+
+// doctorEgress checks allow mode end to end: a sandbox asks a server on
+// this host's loopback (listed by address, as loopback is refused
+// otherwise) for a page through the egress proxy, and for an address not
+// listed, which must be refused.
+func doctorEgress(ctx context.Context) jail.Check {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return jail.Check{Detail: err.Error()}
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "sandloop-doctor-pong") }),
+		ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	al, err := egress.ParseAllowlist([]string{ln.Addr().String()})
+	if err != nil {
+		return jail.Check{Detail: err.Error()}
+	}
+	ws, err := os.MkdirTemp("", "sandloop-doctor-egress-")
+	if err != nil {
+		return jail.Check{Detail: err.Error()}
+	}
+	defer os.RemoveAll(ws)
+	code := `
+import http.client, os, time
+def get(url):
+    c = http.client.HTTPConnection(os.environ["HTTP_PROXY"][len("http://"):], timeout=20)
+    c.request("GET", url)
+    r = c.getresponse()
+    return r.status, r.read().decode().strip()
+t = time.perf_counter()
+ok = get("http://` + ln.Addr().String() + `/")
+ms = (time.perf_counter() - t) * 1000
+print(ok[0], ok[1], get("http://192.0.2.7/")[0], "%.1f" % ms)
+`
+	var out, errb bytes.Buffer
+	res, _, err := runJail(ctx, &jail.Config{Path: jail.DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws,
+		Limits: jail.Limits{Timeout: 30 * time.Second}, Stdout: &out, Stderr: &errb}, &egress.Policy{Allow: al})
+	if err != nil {
+		return jail.Check{Detail: "cannot start a sandbox with the proxy: " + err.Error()}
+	}
+	f := strings.Fields(out.String())
+	if res.ExitCode != 0 || len(f) != 4 || f[0] != "200" || f[1] != "sandloop-doctor-pong" || f[2] != "403" {
+		return jail.Check{Detail: fmt.Sprintf("the round trip through the proxy failed: %q %s", strings.TrimSpace(out.String()), bytes.TrimSpace(errb.Bytes()))}
+	}
+	return jail.Check{OK: true, Detail: fmt.Sprintf("allow mode: a round trip from a sandbox through the proxy to a local server took %s ms; an address not listed was refused", f[3])}
 }

@@ -113,7 +113,7 @@ func openLessons(cmd *cobra.Command, at where, create bool) (lessonHistory, erro
 	lh, ok := h.(lessonHistory)
 	if !ok {
 		h.Close()
-		return nil, usagef("this run history keeps no lessons: lessons are kept in the SQLite history (--data-dir) only")
+		return nil, usagef("this run history keeps no lessons")
 	}
 	return lh, nil
 }

@@ -213,7 +213,7 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
 	}
-	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "numpy", "a safe sandbox can be built",
+	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "ok    egress proxy      allow mode: a round trip", "numpy", "a safe sandbox can be built",
 		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)

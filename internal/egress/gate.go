@@ -513,37 +513,53 @@ func dialReason(err error) string {
 	return err.Error()
 }
 
+// spliceChunk is how much one step of a tunnel's copy moves at most: the
+// step is one splice(2) between the two sockets on Linux (the bytes never
+// enter this process), and the byte cap and the idle timeout are checked
+// between steps.
+const spliceChunk = 4 << 20
+
 // splice copies both ways until both sides have finished (a half-close
 // is passed on), either fails, the cap is reached or neither side has sent
 // anything for IdleTimeout.
 func (g *Gate) splice(c *countConn, up net.Conn) {
 	done := make(chan bool, 2) // true: the source ended cleanly and was half-closed
-	cp := func(dst, src net.Conn, dstRaw net.Conn) {
-		buf := make([]byte, 256<<10)
+	cp := func(dst, src net.Conn, counter *atomic.Int64) {
+		rf, ok := dst.(io.ReaderFrom)
+		if !ok {
+			rf = readerFromFunc(func(r io.Reader) (int64, error) { return io.Copy(dst, r) })
+		}
 		for {
-			src.SetReadDeadline(time.Now().Add(g.policy.IdleTimeout))
-			n, err := src.Read(buf)
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					done <- false
-					return
-				}
-			}
-			if err != nil {
-				if isTimeout(err) && time.Since(time.Unix(0, c.last.Load())) < g.policy.IdleTimeout {
-					continue // the other direction is busy
-				}
-				if hc, ok := dstRaw.(interface{ CloseWrite() error }); ok && errors.Is(err, io.EOF) {
-					done <- hc.CloseWrite() == nil
-					return
-				}
+			budget := g.policy.MaxBytes - g.total.Load()
+			if budget <= 0 {
+				c.capError.Store(true)
 				done <- false
+				return
+			}
+			src.SetReadDeadline(time.Now().Add(g.policy.IdleTimeout))
+			lr := &io.LimitedReader{R: src, N: min(spliceChunk, budget)}
+			want := lr.N
+			n, err := rf.ReadFrom(lr)
+			if n > 0 {
+				g.total.Add(n)
+				counter.Add(n)
+				c.last.Store(time.Now().UnixNano())
+			}
+			switch {
+			case err != nil && isTimeout(err) && time.Since(time.Unix(0, c.last.Load())) < g.policy.IdleTimeout:
+				continue // the other direction is busy
+			case err != nil:
+				done <- false
+				return
+			case n < want: // the source ended
+				hc, ok := dst.(interface{ CloseWrite() error })
+				done <- ok && hc.CloseWrite() == nil
 				return
 			}
 		}
 	}
-	go cp(up, c, up)
-	go cp(c, up, c.Conn)
+	go cp(up, c.Conn, &c.out)
+	go cp(c.Conn, up, &c.in)
 	ended := 1
 	if <-done {
 		ended++
@@ -557,6 +573,10 @@ func (g *Gate) splice(c *countConn, up net.Conn) {
 		<-done
 	}
 }
+
+type readerFromFunc func(io.Reader) (int64, error)
+
+func (f readerFromFunc) ReadFrom(r io.Reader) (int64, error) { return f(r) }
 
 // hopHeaders are meant for the proxy, not the server.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authorization", "Proxy-Authenticate", "Te", "Trailer", "Upgrade"}

@@ -12,7 +12,7 @@ import (
 // lessonsEnabled answers 501 when the server keeps no lessons.
 func (s *Server) lessonsEnabled(w http.ResponseWriter) bool {
 	if s.opts.Lessons == nil {
-		writeError(w, &apiError{http.StatusNotImplemented, "lessons_disabled", "this server keeps no lessons (its run history is not SQLite, or it runs no agent)", 0})
+		writeError(w, &apiError{http.StatusNotImplemented, "lessons_disabled", "this server keeps no lessons (it runs no agent)", 0})
 		return false
 	}
 	return true

@@ -43,7 +43,8 @@ CREATE INDEX lessons_by_signature ON lessons (owner, signature);
 CREATE VIRTUAL TABLE lessons_fts USING fts5 (id UNINDEXED, text, signature, keywords, files, packages);
 `
 
-// LessonStore keeps lessons. The SQLite Store implements it.
+// LessonStore keeps lessons. Both backends implement it (Postgres in
+// postgres_lessons.go).
 type LessonStore interface {
 	PutLesson(ctx context.Context, l Lesson) (*Lesson, error)
 	GetLesson(ctx context.Context, owner, id string) (*Lesson, error)

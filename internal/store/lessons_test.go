@@ -2,24 +2,21 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
-func openLessonStore(t *testing.T, now func() time.Time) *Store {
-	t.Helper()
-	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "runs.db"), &Options{Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+func init() {
+	shared = append(shared, struct {
+		name string
+		test func(t *testing.T, b backend)
+	}{"Lessons", testLessons})
 }
 
-func TestLessonsOwnershipSearchAndCounts(t *testing.T) {
+// testLessons: ownership, full-text search, counts, updates, pruning.
+func testLessons(t *testing.T, b backend) {
 	c := newClock()
-	s := openLessonStore(t, c.now)
+	s := b.open(t, b.fresh(t), c).(LessonStore)
 	ctx := t.Context()
 	put := func(l Lesson) *Lesson {
 		t.Helper()
@@ -31,7 +28,7 @@ func TestLessonsOwnershipSearchAndCounts(t *testing.T) {
 	}
 	a := put(Lesson{Owner: "alice", Scope: "global", Text: "seaborn is not installed: plot with matplotlib", Signature: "ModuleNotFoundError: No module named <q>", Detail: "seaborn", Packages: "seaborn"})
 	c.advance(time.Second)
-	b := put(Lesson{Owner: "alice", Scope: "files", Text: "sales.csv's date column is day", Files: "sales.csv#0011223344556677", Keywords: "monthly totals"})
+	fl := put(Lesson{Owner: "alice", Scope: "files", Text: "sales.csv's date column is day", Files: "sales.csv#0011223344556677", Keywords: "monthly totals"})
 	bob := put(Lesson{Owner: "bob", Scope: "task", Text: "plot with matplotlib, not seaborn"})
 
 	if _, err := s.GetLesson(ctx, "bob", a.ID); !errors.Is(err, ErrNotFound) {
@@ -52,7 +49,7 @@ func TestLessonsOwnershipSearchAndCounts(t *testing.T) {
 	if err != nil || len(hits) != 1 || hits[0].ID != a.ID || hits[0].Rank >= 0 {
 		t.Errorf("search seaborn: %+v %v", hits, err)
 	}
-	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice", Match: "0011223344556677"}); len(hits) != 1 || hits[0].ID != b.ID {
+	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice", Match: "0011223344556677"}); len(hits) != 1 || hits[0].ID != fl.ID {
 		t.Errorf("search by file hash: %+v", hits)
 	}
 	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice", Match: `"); DROP TABLE lessons; --`}); len(hits) != 0 {
@@ -61,7 +58,7 @@ func TestLessonsOwnershipSearchAndCounts(t *testing.T) {
 	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice", Signature: "ModuleNotFoundError: No module named <q>"}); len(hits) != 1 || hits[0].ID != a.ID {
 		t.Errorf("by signature: %+v", hits)
 	}
-	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice"}); len(hits) != 2 || hits[0].ID != b.ID {
+	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "alice"}); len(hits) != 2 || hits[0].ID != fl.ID {
 		t.Errorf("list: %+v", hits)
 	}
 	if hits, _ := s.ListLessons(ctx, LessonQuery{Owner: "bob", Match: "seaborn"}); len(hits) != 1 || hits[0].ID != bob.ID {
@@ -69,7 +66,7 @@ func TestLessonsOwnershipSearchAndCounts(t *testing.T) {
 	}
 
 	c.advance(time.Minute)
-	if err := s.CountLessonUse(ctx, "alice", []LessonUse{{ID: a.ID, Shown: 1, Helped: 1}, {ID: b.ID, Shown: 1, Recurred: 1}, {ID: bob.ID, Shown: 5}}); err != nil {
+	if err := s.CountLessonUse(ctx, "alice", []LessonUse{{ID: a.ID, Shown: 1, Helped: 1}, {ID: fl.ID, Shown: 1, Recurred: 1}, {ID: bob.ID, Shown: 5}}); err != nil {
 		t.Fatal(err)
 	}
 	if l, _ := s.GetLesson(ctx, "alice", a.ID); l.Shown != 1 || l.Helped != 1 || !l.LastUsedAt.Equal(c.now()) {

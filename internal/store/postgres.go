@@ -149,6 +149,8 @@ CREATE TABLE sessions (
 );
 CREATE INDEX sessions_by_host ON sessions (host, epoch) WHERE NOT lost;
 `,
+	// 3: lessons (postgres_lessons.go).
+	pgLessonsSchema,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers
