@@ -79,8 +79,9 @@ func (r *run) seeExecution(ctx context.Context, call llm.ToolCall, src string, o
 }
 
 // learnLessons distils the run's lessons into the report, counting the
-// model call in the run's usage. The call is skipped once a budget is
-// spent or the run was cancelled.
+// model call in the run's usage. The call is skipped (the fallback writes
+// the lessons) once a budget is spent, or when the run was cancelled or
+// ended because the model failed.
 func (r *run) learnLessons(ctx context.Context, rep *Report) {
 	seen := map[string]bool{}
 	for _, l := range r.used {
@@ -93,7 +94,10 @@ func (r *run) learnLessons(ctx context.Context, rep *Report) {
 		return
 	}
 	p := r.opts.Provider
-	if r.overBudget() != "" || rep.Status == StatusCancelled || rep.Status == StatusBudgetExceeded || ctx.Err() != nil {
+	switch {
+	case r.overBudget() != "", ctx.Err() != nil:
+		p = nil
+	case rep.Status == StatusCancelled, rep.Status == StatusBudgetExceeded, rep.Status == StatusFailed: // the user stopped it, or the model is failing
 		p = nil
 	}
 	learned, u := r.opts.Lessons.Learn(context.WithoutCancel(ctx), p, rep)

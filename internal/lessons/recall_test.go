@@ -217,3 +217,27 @@ func TestDistilFallback(t *testing.T) {
 		t.Errorf("a secret got into the lesson: %s", all)
 	}
 }
+
+// Once the run's budget is spent, no distilling call is made: the fallback
+// writes the lesson (the script has no turn for a fourth request).
+func TestNoDistilWhenBudgetSpent(t *testing.T) {
+	st := openStore(t)
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py(mapCode)},
+		{ToolCalls: py(fixCode)},
+		{ToolCalls: finish("done")},
+	})
+	rep, err := agent.Run(context.Background(), agent.Options{
+		Task: "format cells", Provider: provider(srv), Session: newSession(t), MaxTokens: 250,
+		Lessons: lessons.NewRun(lessons.Options{Store: st}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Status != agent.StatusBudgetExceeded || len(srv.Requests()) != 3 || len(rep.LessonsLearned) != 1 || rep.Usage.InputTokens != 300 {
+		t.Fatalf("%s, %d requests, learned %+v, usage %+v", rep.Status, len(srv.Requests()), rep.LessonsLearned, rep.Usage)
+	}
+	if l, _ := st.GetLesson(context.Background(), "", rep.LessonsLearned[0].ID); l == nil || l.Source != "fallback" {
+		t.Errorf("lesson %+v", l)
+	}
+}

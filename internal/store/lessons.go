@@ -135,13 +135,8 @@ func scanLesson(row scanner, extra ...any) (*Lesson, error) {
 // owner, else an update of the lesson with that id (its owner, creation
 // time and counts are kept). It returns the lesson as stored.
 func (s *Store) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
-	switch l.Scope {
-	case "global", "files", "task":
-	default:
-		return nil, fmt.Errorf("store: lesson scope %q is not global, files or task", l.Scope)
-	}
-	if strings.TrimSpace(l.Text) == "" {
-		return nil, errors.New("store: a lesson needs a text")
+	if err := checkLesson(l); err != nil {
+		return nil, err
 	}
 	now := toMillis(s.now())
 	var out *Lesson
@@ -197,6 +192,19 @@ func (s *Store) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
 		return nil, fmt.Errorf("put lesson: %w", err)
 	}
 	return out, nil
+}
+
+// checkLesson refuses what no backend may store.
+func checkLesson(l Lesson) error {
+	switch l.Scope {
+	case "global", "files", "task":
+	default:
+		return fmt.Errorf("store: lesson scope %q is not global, files or task", l.Scope)
+	}
+	if strings.TrimSpace(l.Text) == "" {
+		return errors.New("store: a lesson needs a text")
+	}
+	return nil
 }
 
 func indexLesson(ctx context.Context, tx *sql.Tx, l Lesson) error {

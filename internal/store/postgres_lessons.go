@@ -46,35 +46,16 @@ CREATE INDEX lessons_fts ON lessons USING GIN (tsv);
 
 var _ LessonStore = (*Postgres)(nil)
 
-func pgLesson(row pgx.Row, extra ...any) (*Lesson, error) {
-	var (
-		l                    Lesson
-		created, upd, usedAt int64
-	)
-	dest := append([]any{&l.ID, &l.Owner, &created, &upd, &usedAt, &l.Scope, &l.Text, &l.Signature, &l.Detail,
-		&l.Keywords, &l.Files, &l.Packages, &l.Fix, &l.Source, &l.RunID, &l.Step, &l.Shown, &l.Recurred, &l.Helped}, extra...)
-	if err := row.Scan(dest...); err != nil {
-		return nil, err
-	}
-	l.CreatedAt, l.UpdatedAt, l.LastUsedAt = fromMillis(created), fromMillis(upd), fromMillis(usedAt)
-	return &l, nil
-}
-
 // PutLesson is Store.PutLesson.
 func (p *Postgres) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
-	switch l.Scope {
-	case "global", "files", "task":
-	default:
-		return nil, fmt.Errorf("store: lesson scope %q is not global, files or task", l.Scope)
-	}
-	if strings.TrimSpace(l.Text) == "" {
-		return nil, errors.New("store: a lesson needs a text")
+	if err := checkLesson(l); err != nil {
+		return nil, err
 	}
 	now := toMillis(p.nowMillis())
 	var out *Lesson
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		if l.ID != "" {
-			old, err := pgLesson(tx.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 FOR UPDATE`, l.ID))
+			old, err := scanLesson(tx.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 FOR UPDATE`, l.ID))
 			switch {
 			case err == nil && old.Owner == l.Owner:
 				if _, err := tx.Exec(ctx, `UPDATE lessons SET updated_at = $1, scope = $2, text = $3, signature = $4, detail = $5, keywords = $6, files = $7, packages = $8, fix = $9, source = $10, run_id = $11, step = $12 WHERE id = $13`,
@@ -114,7 +95,7 @@ func (p *Postgres) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
 
 // GetLesson is Store.GetLesson.
 func (p *Postgres) GetLesson(ctx context.Context, owner, id string) (*Lesson, error) {
-	l, err := pgLesson(p.pool.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 AND owner = $2`, id, owner))
+	l, err := scanLesson(p.pool.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 AND owner = $2`, id, owner))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("lesson %s: %w", id, ErrNotFound)
 	}
@@ -168,7 +149,7 @@ func (p *Postgres) ListLessons(ctx context.Context, q LessonQuery) ([]LessonHit,
 	var out []LessonHit
 	for rows.Next() {
 		var r float64
-		l, err := pgLesson(rows, &r)
+		l, err := scanLesson(rows, &r)
 		if err != nil {
 			return nil, fmt.Errorf("list lessons: %w", err)
 		}
