@@ -69,6 +69,7 @@ func newServeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defEgress := eg.DefaultPolicy() // (its Deny is set once the server listens)
 			if pool < 0 || maxSessions < 0 {
 				return usagef("--pool and --max-sessions must not be negative")
 			}
@@ -88,7 +89,7 @@ func newServeCmd() *cobra.Command {
 			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
-				Defaults: defaults, Max: maxima, ExecTimeout: execTO, Logger: log, Zygote: zy,
+				Defaults: defaults, Max: maxima, DefaultEgress: defEgress, ExecTimeout: execTO, Logger: log, Zygote: zy,
 			})
 			defer mgr.Close()
 			mounts := map[string]http.Handler{}
@@ -117,6 +118,9 @@ func newServeCmd() *cobra.Command {
 			// where an allowlist opens loopback.
 			if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
 				eg.Policy.Deny = append(eg.Policy.Deny, ap, netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port()))
+			}
+			if defEgress != nil {
+				defEgress.Deny = eg.Policy.Deny
 			}
 			// The page and its assets hold no data; the page sends the token with every API call.
 			public := webui.Mounts()

@@ -175,12 +175,26 @@ else:
 // Python package index's hosts (the pypi preset), so pip can install
 // through the egress proxy.
 func (r *run) indexAllowed() bool {
+	allow := r.allowlist()
 	for _, h := range egress.Presets["pypi"] {
-		if !slices.Contains(r.opts.Allow, h) {
+		if !slices.Contains(allow, h) {
 			return false
 		}
 	}
 	return true
+}
+
+// allowlist is the sandbox's allowlist: Options.Allow, or the session's own.
+func (r *run) allowlist() []string {
+	if len(r.opts.Allow) > 0 {
+		return r.opts.Allow
+	}
+	if nl, ok := r.opts.Session.(networkLogger); ok {
+		if l := nl.NetworkLog(); l != nil {
+			return l.Allow
+		}
+	}
+	return nil
 }
 
 // installPackages reports what is installed and installs what is allowed.
@@ -230,8 +244,8 @@ print(json.dumps({"present": present, "missing": missing}))
 	}
 	if !r.opts.Network && !r.indexAllowed() && r.opts.PackageIndex == "" && r.opts.WheelDir == "" {
 		why := "this sandbox has no network access and no package source is configured"
-		if len(r.opts.Allow) > 0 {
-			why = "this sandbox may reach only " + strings.Join(r.opts.Allow, ", ") + ", which does not include the package index (the pypi preset), and no package source is configured"
+		if allow := r.allowlist(); len(allow) > 0 {
+			why = "this sandbox may reach only " + strings.Join(allow, ", ") + ", which does not include the package index (the pypi preset), and no package source is configured"
 		}
 		fmt.Fprintf(&b, "%s: NOT installed, and it cannot be: %s. "+
 			"Do not retry. Use what is installed instead (the standard library, numpy, pandas, matplotlib, flask, requests, pytest and PIL are), "+

@@ -81,3 +81,27 @@ except Exception as e:
 		t.Fatalf("plain session's log: %+v", nl)
 	}
 }
+
+// A server whose default mode is allow gives it to sessions that ask for
+// no mode (its manager's default covers MCP and agent runs too), and an
+// explicit "none" still gets none.
+func TestDefaultNetworkAllow(t *testing.T) {
+	eo := EgressOptions{DefaultMode: egress.ModeAllow, Default: []string{"pypi"}}
+	ts := newTestServer(t, session.ManagerOptions{DefaultEgress: eo.DefaultPolicy()}, Options{Egress: eo})
+	var s sessionJSON
+	ts.do(t, "POST", "/v1/sessions", `{}`, &s)
+	if s.Mode != "allow" || strings.Join(s.Allow, ",") != "pypi.org,files.pythonhosted.org" {
+		t.Errorf("default session: %+v", s)
+	}
+	ts.do(t, "POST", "/v1/sessions", `{"network": "none"}`, &s)
+	if s.Mode != "none" {
+		t.Errorf("explicit none: %+v", s)
+	}
+	ms, err := ts.mgr.Create(t.Context(), session.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms.NetworkLog() == nil || ms.FromPool {
+		t.Errorf("a manager session without a mode: log %v, pooled %v", ms.NetworkLog(), ms.FromPool)
+	}
+}

@@ -83,6 +83,21 @@ type EgressOptions struct {
 	Policy egress.Policy
 }
 
+// DefaultPolicy is the policy of a session that asks for no mode when
+// the default is allow (nil otherwise), for session.ManagerOptions.DefaultEgress.
+func (o EgressOptions) DefaultPolicy() *egress.Policy {
+	if o.DefaultMode != egress.ModeAllow || len(o.Default) == 0 {
+		return nil
+	}
+	al, err := egress.ParseAllowlist(o.Default)
+	if err != nil {
+		return nil
+	}
+	p := o.Policy
+	p.Allow = al
+	return &p
+}
+
 // Server is the HTTP API.
 type Server struct {
 	opts    Options

@@ -193,6 +193,8 @@ func (s *Server) networkOptions(req *createRequest, opts *session.CreateOptions)
 		mode = egress.ModeAllow // a list alone asks for allow mode
 	}
 	switch mode {
+	case egress.ModeNone:
+		opts.Network = jail.NetworkNone // not the manager's default
 	case egress.ModeHost:
 		if !s.opts.AllowNetwork {
 			return &apiError{http.StatusForbidden, "network_not_allowed", "this server does not give sessions the host's network (start it with --allow-network); network \"allow\" with a list of hosts may do", 0}

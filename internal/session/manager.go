@@ -70,6 +70,10 @@ type ManagerOptions struct {
 	// a template that has already imported the heavy modules; sessions
 	// with the host's network still start cold.
 	Zygote Zygote
+	// DefaultEgress, if set, is the allowlist policy of sessions created
+	// without a Network or an Egress of their own (a server whose default
+	// mode is allow: MCP and agent runs' sessions too).
+	DefaultEgress *egress.Policy
 	// EgressLookup resolves names for the egress gates of sessions with
 	// an allowlist. If nil, the host's resolver.
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -89,7 +93,8 @@ type CreateOptions struct {
 	Limits jail.Limits
 	// Env is the kernel's environment, on top of the jail's minimal one.
 	Env map[string]string
-	// Network: "" or "none" (loopback only) or "host" (if allowed by AllowNetwork).
+	// Network: "" (the manager's default: DefaultEgress if set), "none"
+	// (loopback only) or "host" (if allowed by AllowNetwork).
 	Network jail.Network
 	// Egress, if set, lets the session out through an allowlist proxy
 	// (Options.Egress); Network must then be none. Such a session never
@@ -253,6 +258,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	limits, err := m.resolve(opts.Limits)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Network == "" && opts.Egress == nil {
+		opts.Egress = m.opts.DefaultEgress
 	}
 	if opts.Network == "" {
 		opts.Network = jail.NetworkNone
