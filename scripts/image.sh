@@ -17,7 +17,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-(cd "$root" && CGO_ENABLED=0 go generate ./internal/jail && CGO_ENABLED=0 go build -trimpath -o "$work/sandloop" ./cmd/sandloop)
+(cd "$root" && CGO_ENABLED=0 go generate ./internal/jail && CGO_ENABLED=0 go build -o "$work/sandloop" ./cmd/sandloop)
 # The same packages as the Dockerfile's second stage.
 mmdebstrap --variant=apt --mode=auto --format=tar \
   --include=python3,python3-numpy,python3-pandas,python3-matplotlib,python3-flask,python3-requests,python3-pytest,python3-pil,ca-certificates \

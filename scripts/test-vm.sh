@@ -8,6 +8,7 @@
 #   SANDLOOP_VM   the VM runner (default: ../shared/vm/run.sh next to the
 #                 clone, as on the project's build host); see its README.
 #   VM_RUN        a -test.run pattern for every package (default: all).
+#   VM_SKIP       a -test.skip pattern for every package.
 #   VM_PKGS       the packages (default: "jail session zygote").
 #   VM_USERS      "root unprivileged" (default) or one of them.
 #   VM_CPU        QEMU's CPU model (default: max).
@@ -47,11 +48,11 @@ for user in $users; do
   for p in $pkgs; do
     start=\$(date +%s)
     if [ "\$user" = root ]; then
-      (cd internal/\$p && HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"}) >"/tmp/\$user-\$p.log" 2>&1
+      (cd internal/\$p && HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"} ${VM_SKIP:+-test.skip "$VM_SKIP"}) >"/tmp/\$user-\$p.log" 2>&1
     else
       g=/sys/fs/cgroup/user-65534-\$p
       mkdir \$g && chown 65534:65534 \$g \$g/cgroup.procs \$g/cgroup.subtree_control \$g/cgroup.threads
-      (echo \$\$ >\$g/cgroup.procs && cd internal/\$p && exec setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"}) >"/tmp/\$user-\$p.log" 2>&1
+      (echo \$\$ >\$g/cgroup.procs && cd internal/\$p && exec setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"} ${VM_SKIP:+-test.skip "$VM_SKIP"}) >"/tmp/\$user-\$p.log" 2>&1
     fi
     rc=\$?
     [ \$rc -eq 0 ] || status=1

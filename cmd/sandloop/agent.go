@@ -261,6 +261,9 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 		fmt.Fprintf(errOut, "sandloop: final files written to %s\n", f.out)
 	}
+	if f.out == "" {
+		fmt.Fprintf(errOut, "sandloop: the run's final files are kept in its history (%s): get them with sandloop runs export %s, or rerun with --out DIR\n", f.dataDir, run.ID)
+	}
 	fmt.Fprintf(errOut, "sandloop: run %s %s (sandloop runs show %s)\n", run.ID, rep.Status, run.ID)
 	switch rep.Status {
 	case agent.StatusDone:

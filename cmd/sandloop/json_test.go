@@ -115,3 +115,39 @@ func TestServeSaysItsModel(t *testing.T) {
 		t.Errorf("--model: %q", got)
 	}
 }
+
+// runs show ends a failed step with its traceback's last lines, --full
+// shows it whole; "cost unknown" stays unknown in runs ls; without --out the
+// footer says where the files are.
+func TestRunsShowAndCostUnknown(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("write_file", `{"path":"deep.py","content":"def f(n):\n    if n == 0:\n        raise ValueError('the real error')\n    f(n - 1)\nf(8)\n"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 deep.py"}`)},
+		{ToolCalls: tc("write_file", `{"path":"deep.py","content":"print('fine')\n"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 deep.py"}`)},
+		{ToolCalls: tc("finish", `{"summary":"ok"}`)},
+		{Text: "lesson: name the error"},
+	})
+	t.Setenv("SANDLOOP_MODEL", "openai-compatible/mystery-model")
+	data := t.TempDir()
+	code, _, stderr := sandloop(t, "", "agent", "t", "--data-dir", data)
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "sandloop runs export ") || !strings.Contains(stderr, "--out") {
+		t.Errorf("the footer does not say where the files are: %q", stderr)
+	}
+	_, ls, _ := sandloop(t, "", "runs", "ls", "--data-dir", data)
+	if !strings.Contains(ls, "cost unknown") || strings.Contains(ls, "$0.0000") {
+		t.Errorf("runs ls:\n%s", ls)
+	}
+	id := strings.Fields(strings.Split(ls, "\n")[1])[0]
+	_, show, _ := sandloop(t, "", "runs", "show", id, "--data-dir", data)
+	if !strings.Contains(show, "ValueError: the real error") || !strings.Contains(show, "cost unknown") || strings.Contains(show, "Previous line repeated") {
+		t.Errorf("runs show does not end the failed step with its error:\n%s", show)
+	}
+	_, full, _ := sandloop(t, "", "runs", "show", id, "--full", "--data-dir", data)
+	if !strings.Contains(full, "Previous line repeated") || !strings.Contains(full, "line 5, in <module>") || !strings.Contains(full, "ValueError: the real error") {
+		t.Errorf("runs show --full does not show the whole traceback:\n%s", full)
+	}
+}

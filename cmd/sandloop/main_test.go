@@ -82,6 +82,12 @@ func TestRootlessFallbackIsAWarning(t *testing.T) {
 		!strings.Contains(out, "can be built on this host, with weaker limits") {
 		t.Errorf("rootless doctor:\n%s", out)
 	}
+	// Without root the workspace quota is not enforced inside the sandbox
+	// (only uploads are capped) and the zygote is not used: said, not failed.
+	if !strings.Contains(out, "warn  workspace quota   256M and 20000 files per workspace by default (--disk, --files): needs root") ||
+		!strings.Contains(out, "--    zygote            not used: ") {
+		t.Errorf("rootless doctor does not say the quota is not enforced and the zygote not used:\n%s", out)
+	}
 	if !strings.Contains(out, "of which importing 6 packages took") {
 		t.Errorf("doctor's jail timing does not say what it includes:\n%s", out)
 	}

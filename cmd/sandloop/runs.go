@@ -30,10 +30,12 @@ func newRunsCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, database, limit) },
 	}
 	ls.Flags().IntVarP(&limit, "limit", "n", 20, "how many runs")
+	var full bool
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a run: its report, diff and steps", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return showRun(cmd, dataDir, database, args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error { return showRun(cmd, dataDir, database, args[0], full) },
 	}
+	show.Flags().BoolVar(&full, "full", false, "show each step whole: the model's text and every tool result, output and traceback included")
 	var out string
 	export := &cobra.Command{
 		Use: "export ID", Short: "Export a run (report, steps, events, final files) as a .zip", Args: cobra.ExactArgs(1),
@@ -92,16 +94,23 @@ func listRuns(cmd *cobra.Command, dataDir, database string, limit int) error {
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCREATED\tSTATUS\tMODE\tSTEPS\tTOKENS\tCOST\tTASK")
 	for _, r := range list {
+		if r.CostUSD == 0 && r.TokensIn+r.TokensOut > 0 {
+			// A listing leaves reports out: read this one's, to tell
+			// free from unknown.
+			if full, err := st.GetRun(cmd.Context(), r.ID); err == nil {
+				r = *full
+			}
+		}
 		task := strings.ReplaceAll(r.Task, "\n", " ")
 		if len(task) > 50 {
 			task = task[:47] + "..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t$%.4f\t%s\n", r.ID, r.CreatedAt.Local().Format("2006-01-02 15:04"), r.Status, r.Mode, r.Steps, r.TokensIn+r.TokensOut, r.CostUSD, task)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.CreatedAt.Local().Format("2006-01-02 15:04"), r.Status, r.Mode, r.Steps, r.TokensIn+r.TokensOut, runCost(r), task)
 	}
 	return tw.Flush()
 }
 
-func showRun(cmd *cobra.Command, dataDir, database, prefix string) error {
+func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) error {
 	st, id, err := openRun(cmd, dataDir, database, prefix)
 	if err != nil {
 		return err
@@ -113,7 +122,7 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string) error {
 	}
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "run %s · %s · %s · %s\ntask: %s\n", r.ID, r.Status, r.Mode, r.Model, r.Task)
-	fmt.Fprintf(w, "steps %d · tokens %d in, %d out · $%.4f · created %s\n", r.Steps, r.TokensIn, r.TokensOut, r.CostUSD, r.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+	fmt.Fprintf(w, "steps %d · tokens %d in, %d out · %s · created %s\n", r.Steps, r.TokensIn, r.TokensOut, runCost(*r), r.CreatedAt.Local().Format("2006-01-02 15:04:05"))
 	steps, err := st.ListSteps(cmd.Context(), id)
 	if err != nil {
 		return err
@@ -125,14 +134,19 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string) error {
 		switch s.Kind {
 		case "model":
 			if t := strings.TrimSpace(e.Text); t != "" {
-				fmt.Fprintf(w, "[model] %s\n", firstLines(t, 3))
+				fmt.Fprintf(w, "[model] %s\n", stepText(t, 3, full))
 			}
 		case "tool":
 			mark := "ok"
 			if e.IsError {
 				mark = "error"
 			}
-			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, firstLines(e.Text, 4))
+			text := stepText(e.Text, 4, full)
+			if e.IsError && !full {
+				// The end of a traceback says what went wrong.
+				text = headTail(e.Text, 2, 4)
+			}
+			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, text)
 		default:
 			fmt.Fprintf(w, "[%s] %s\n", s.Kind, firstLines(e.Text, 2))
 		}
@@ -151,6 +165,33 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string) error {
 		}
 	}
 	return nil
+}
+
+// runCost is a run's cost, or "cost unknown" where its model has no price.
+func runCost(r store.Run) string {
+	var rep agent.Report
+	if len(r.Report) > 0 && json.Unmarshal(r.Report, &rep) == nil && rep.Usage.CostUnknown {
+		return "cost unknown"
+	}
+	return fmt.Sprintf("$%.4f", r.CostUSD)
+}
+
+// stepText is a step's text: whole with --full, else its first n lines.
+func stepText(s string, n int, full bool) string {
+	if full {
+		return strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ")
+	}
+	return firstLines(s, n)
+}
+
+// headTail keeps the first head and the last tail lines of s.
+func headTail(s string, head, tail int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) <= head+tail {
+		return strings.Join(lines, "\n    ")
+	}
+	kept := append(append(lines[:head:head], fmt.Sprintf("... (%d lines; runs show --full shows them)", len(lines)-head-tail)), lines[len(lines)-tail:]...)
+	return strings.Join(kept, "\n    ")
 }
 
 func firstLines(s string, n int) string {

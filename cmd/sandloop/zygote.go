@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/pflag"
@@ -56,10 +57,16 @@ func startZygote(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygote.Z
 		err = fmt.Errorf("the zygote did not start: %w", err)
 	}
 	if m.v == "on" {
-		return nil, usagef("--zygote=on: %v", err)
+		return nil, usagef("--zygote cannot work on this host: %s", unsupportedReason(err))
 	}
-	log.Warn(fmt.Sprintf("sessions start cold: %v (--zygote=off silences this)", err))
+	log.Warn(fmt.Sprintf("sessions start cold: %s (--zygote=off silences this)", unsupportedReason(err)))
 	return nil, nil
+}
+
+// unsupportedReason is err's text without jail.ErrUnsupported's own
+// words, which the reason after them says better.
+func unsupportedReason(err error) string {
+	return strings.TrimPrefix(err.Error(), jail.ErrUnsupported.Error()+": ")
 }
 
 // zygoteLater starts the zygote in the background, for commands whose
@@ -75,7 +82,7 @@ type zygoteLater struct {
 func startZygoteLater(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygoteLater, error) {
 	if m.v == "on" {
 		if err := zygote.Supported(); err != nil {
-			return nil, usagef("--zygote=on: %v", err)
+			return nil, usagef("--zygote cannot work on this host: %s", unsupportedReason(err))
 		}
 	}
 	l := &zygoteLater{done: make(chan struct{})}

@@ -1,6 +1,18 @@
 // Package jail starts one process isolated from the host: namespaces, a mount
 // tree built from scratch, seccomp, cgroups (v1 and v2), rlimits, a wall-clock
 // timeout and bounded output capture.
+//
+// It also makes the workspaces jails mount (NewQuotaDir): as root each is a
+// tmpfs capped in bytes and in inodes, so every write from inside a jail
+// (cold, pooled or forked by a zygote, which clones the same mount) past
+// the quota fails with ENOSPC and none reaches the host's disk, while the
+// workspace stays a host directory that the files API, archives and --out
+// read through paths and os.Root. tmpfs rather than a project quota or a
+// loop-mounted image because it needs no prepared host filesystem and no
+// loop device; its pages are charged to the writer's memory cgroup, so the
+// quota counts against the session's memory limit. Without root (no mount
+// in the host's namespace) the directory is ordinary and only uploads are
+// capped. The details are in quota.go.
 package jail
 
 import (

@@ -360,8 +360,8 @@ func TestCloseCleansUp(t *testing.T) {
 	}
 }
 
-// readCgroups returns the cgroup directories (v1 memory and pids) of a
-// host process.
+// readCgroups returns the cgroup directories (v1 memory and pids, else the
+// v2 group) of a host process.
 func readCgroups(t *testing.T, pid int) []string {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -369,6 +369,7 @@ func readCgroups(t *testing.T, pid int) []string {
 		t.Fatal(err)
 	}
 	var dirs []string
+	v2 := ""
 	for _, line := range strings.Split(string(data), "\n") {
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) == 3 && (parts[1] == "memory" || parts[1] == "pids") {
@@ -377,6 +378,12 @@ func readCgroups(t *testing.T, pid int) []string {
 			}
 			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", parts[1], parts[2]))
 		}
+		if len(parts) == 3 && parts[0] == "0" && parts[1] == "" {
+			v2 = parts[2]
+		}
+	}
+	if len(dirs) == 0 && strings.Contains(v2, "sandloop-") && !strings.Contains(string(data), ":memory:") {
+		dirs = []string{filepath.Join("/sys/fs/cgroup", v2)} // cgroup v2 only
 	}
 	if len(dirs) == 0 {
 		t.Fatalf("no memory or pids cgroup in %q", data)
