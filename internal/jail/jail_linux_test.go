@@ -985,3 +985,67 @@ except OSError as e:
 		t.Errorf("ListenPort with the host's network: %v", err)
 	}
 }
+
+// A workspace whose owner was killed before Remove (its name names a
+// process that has ended) is unmounted and removed by the next sandloop;
+// one of a live process is left alone.
+func TestSweepQuotaDirs(t *testing.T) {
+	if quotaUnsupported() != "" {
+		t.Skip(quotaUnsupported())
+	}
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadOwner := procOwner(dead.Process.Pid)
+	if deadOwner == "" {
+		t.Fatal("no start time for a child that has not been waited for")
+	}
+	if err := dead.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(owner string, mount bool) string {
+		t.Helper()
+		p := filepath.Join(tmp, "sandloop-ws-"+owner+"-1")
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if mount {
+			if err := syscall.Mount("tmpfs", p, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Unmount(p, syscall.MNT_DETACH) })
+		}
+		return p
+	}
+	leftMounted, leftPlain := mk(deadOwner, true), mk(deadOwner+"x", false)
+	live := mk(selfOwner, true)
+	other := filepath.Join(tmp, "sandloop-ws-12345")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if n := sweepQuotaDirs(tmp); n != 2 {
+		t.Errorf("swept %d workspaces, want 2 (a dead owner's, mounted and not)", n)
+	}
+	for _, p := range []string{leftMounted, leftPlain} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s of a dead owner is still there (%v)", p, err)
+		}
+	}
+	for _, p := range []string{live, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was removed: %v", p, err)
+		}
+	}
+	mounted := false
+	for _, m := range readMountinfo() {
+		if m.point == leftMounted {
+			t.Errorf("%s is still mounted", leftMounted)
+		}
+		mounted = mounted || m.point == live
+	}
+	if !mounted {
+		t.Errorf("the live workspace %s was unmounted", live)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +23,10 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	if err := l.validateQuota(); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "sandloop-ws-*")
+	sweepQuotaDirsOnce.Do(func() { sweepQuotaDirs(os.TempDir()) })
+	// The name says which process owns the workspace (PID and start time),
+	// so one that was killed before Remove can be told from a live one.
+	dir, err := os.MkdirTemp("", fmt.Sprintf("sandloop-ws-%s-*", selfOwner))
 	if err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
@@ -38,6 +43,63 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	}
 	q.Enforced = true
 	return q, nil
+}
+
+var (
+	sweepQuotaDirsOnce sync.Once
+	selfOwner          = procOwner(os.Getpid())
+)
+
+// procOwner names a process by PID and start time (clock ticks since
+// boot), which a reused PID does not share; "" if it is gone.
+func procOwner(pid int) string {
+	stat := readFileString("/proc/" + strconv.Itoa(pid) + "/stat")
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ""
+	}
+	// After "pid (comm)": state is field 3, starttime field 22.
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return strconv.Itoa(pid) + "." + f[19]
+}
+
+// sweepQuotaDirs unmounts and removes the workspaces under dir that a
+// sandloop killed before its cleanup (kill -9, a crash, a test binary
+// timed out) left behind: their owner, named in the directory's name, is
+// no longer running. Without it every such workspace would stay mounted,
+// holding its files in memory until the host reboots. Directories of live
+// processes, and names not in this format, are left alone.
+func sweepQuotaDirs(dir string) (removed int) {
+	entries, _ := os.ReadDir(dir)
+	mounted := map[string]bool{}
+	for _, m := range readMountinfo() {
+		mounted[m.point] = true
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), "sandloop-ws-")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		owner, _, ok := strings.Cut(rest, "-")
+		pidStr, _, ok2 := strings.Cut(owner, ".")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || !ok2 || err != nil || pid <= 0 || procOwner(pid) == owner {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if mounted[p] {
+			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+				continue
+			}
+		}
+		if removeDir(p) == nil {
+			removed++
+		}
+	}
+	return removed
 }
 
 // quotaUnsupported says why workspaces cannot be quota mounts here, or "".
