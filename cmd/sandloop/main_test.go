@@ -21,7 +21,11 @@ func TestMain(m *testing.M) {
 		// The CLI itself, for asNobody.
 		os.Exit(execute(strings.Split(args, "\x1f"), os.Stdin, os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(filepath.Dir(builtBin)) // the binary builtBinary made (120 MB)
+	}
+	os.Exit(code)
 }
 
 // asNobody runs the CLI as uid 65534 (a copy of this test binary, in a
