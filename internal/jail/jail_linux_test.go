@@ -1019,14 +1019,14 @@ func TestSweepQuotaDirs(t *testing.T) {
 		}
 		return p
 	}
-	leftMounted, leftPlain := mk(deadOwner, true), mk(deadOwner+"x", false)
+	leftMounted, leftPlain := mk(deadOwner, true), mk(deadOwner+"-zygote", false)
 	live := mk(selfOwner, true)
 	other := filepath.Join(tmp, "sandloop-ws-12345")
 	if err := os.Mkdir(other, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if n := sweepQuotaDirs(tmp); n != 2 {
-		t.Errorf("swept %d workspaces, want 2 (a dead owner's, mounted and not)", n)
+		t.Errorf("swept %d workspaces, want 2 (a dead owner's, mounted and a zygote's plain one)", n)
 	}
 	for _, p := range []string{leftMounted, leftPlain} {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {

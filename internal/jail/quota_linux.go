@@ -23,10 +23,7 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	if err := l.validateQuota(); err != nil {
 		return nil, err
 	}
-	sweepQuotaDirsOnce.Do(func() { sweepQuotaDirs(os.TempDir()) })
-	// The name says which process owns the workspace (PID and start time),
-	// so one that was killed before Remove can be told from a live one.
-	dir, err := os.MkdirTemp("", fmt.Sprintf("sandloop-ws-%s-*", selfOwner))
+	dir, err := OwnedTempDir("")
 	if err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
@@ -43,6 +40,19 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	}
 	q.Enforced = true
 	return q, nil
+}
+
+// OwnedTempDir makes a fresh directory under the system's temporary
+// directory whose name says which process owns it (PID and start time),
+// so that one left by a sandloop killed before its cleanup can be told
+// from a live one's and is removed by the next sandloop (sweepQuotaDirs,
+// run once per process here). kind, if set, goes into the name.
+func OwnedTempDir(kind string) (string, error) {
+	sweepQuotaDirsOnce.Do(func() { sweepQuotaDirs(os.TempDir()) })
+	if kind != "" {
+		kind += "-"
+	}
+	return os.MkdirTemp("", "sandloop-ws-"+selfOwner+"-"+kind+"*")
 }
 
 var (

@@ -134,7 +134,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		ctx, cancel = context.WithTimeout(ctx, startTimeout)
 		defer cancel()
 	}
-	ws, err := os.MkdirTemp("", "sandloop-zygote-*")
+	ws, err := jail.OwnedTempDir("zygote")
 	if err != nil {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
