@@ -46,6 +46,9 @@ func newPage(t *testing.T, width, height int) *page {
 		chromedp.Flag("disable-sync", true),
 		chromedp.NoFirstRun,
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium's own scratch dirs (org.chromium.Chromium.*) go here too,
+		// not into the host's /tmp, where a killed browser would leave them.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(width, height),
 	)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
