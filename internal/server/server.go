@@ -131,8 +131,22 @@ type Server struct {
 type route struct {
 	method, pattern string
 	handler         http.HandlerFunc
-	public          bool // no token needed
+	access          access
 }
+
+// access says what a route asks of the caller.
+type access int
+
+const (
+	// bearer needs the token in Authorization (when the server has tokens).
+	bearer access = iota
+	// public needs none.
+	public
+	// bearerOrQuery also takes ?token=: downloads (a plain link, curl -O)
+	// and EventSource, which cannot send headers. Nowhere else, as a token
+	// in a URL lands in logs, history and Referer headers.
+	bearerOrQuery
+)
 
 // New returns the API server.
 func New(opts Options) (*Server, error) {
@@ -140,16 +154,16 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: a session manager is required")
 	}
 	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 4 << 20
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.MaxFileBytes == 0 {
-		opts.MaxFileBytes = 100 << 20
+		opts.MaxFileBytes = DefaultMaxFileBytes
 	}
 	if opts.MaxWorkspaceBytes == 0 {
 		opts.MaxWorkspaceBytes = 1 << 30
 	}
 	if opts.MaxRunBodyBytes == 0 {
-		opts.MaxRunBodyBytes = 32 << 20
+		opts.MaxRunBodyBytes = DefaultMaxRunBodyBytes
 	}
 	if opts.Keepalive == 0 {
 		opts.Keepalive = 5 * time.Second
@@ -168,14 +182,16 @@ func New(opts Options) (*Server, error) {
 	s.metrics = newMetrics(reg, opts.Manager)
 	for _, rt := range s.routes() {
 		h := http.Handler(rt.handler)
-		if !rt.public {
-			h = s.requireToken(h)
+		if rt.access != public {
+			h = s.requireToken(h, rt.access == bearerOrQuery)
 		}
 		s.mux.Handle(rt.method+" "+rt.pattern, h)
 	}
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Metrics tell how busy the server is and what fails: with tokens, a
+	// scraper sends one (Prometheus: authorization.credentials).
+	s.mux.Handle("GET /metrics", s.requireToken(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), false))
 	for p, h := range opts.Mounts {
-		s.mux.Handle(p, s.requireToken(h))
+		s.mux.Handle(p, s.requireToken(h, false))
 	}
 	for p, h := range opts.PublicMounts {
 		s.mux.Handle(p, h)
@@ -183,34 +199,42 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// The limits of request bodies, when Options leave them zero (serve's
+// --max-body, --max-upload and --max-run-body).
+const (
+	DefaultMaxBodyBytes    = 4 << 20
+	DefaultMaxFileBytes    = 100 << 20
+	DefaultMaxRunBodyBytes = 32 << 20
+)
+
 func (s *Server) routes() []route {
 	return []route{
-		{"GET", "/healthz", s.healthz, true},
-		{"GET", "/readyz", s.readyz, true},
-		{"GET", "/openapi.yaml", s.openapi, true},
-		{"POST", "/v1/sessions", s.createSession, false},
-		{"GET", "/v1/sessions", s.listSessions, false},
-		{"GET", "/v1/sessions/{id}", s.getSession, false},
-		{"DELETE", "/v1/sessions/{id}", s.deleteSession, false},
-		{"POST", "/v1/sessions/{id}/execute", s.execute, false},
-		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
-		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
-		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
-		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
-		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
-		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
-		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
-		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
-		{"POST", "/v1/runs", s.startRun, false},
-		{"GET", "/v1/runs", s.listRuns, false},
-		{"GET", "/v1/runs/{id}", s.getRun, false},
-		{"GET", "/v1/runs/{id}/events", s.runEvents, false},
-		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, false},
-		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, false},
-		{"GET", "/v1/lessons", s.listLessons, false},
-		{"POST", "/v1/lessons", s.postLesson, false},
-		{"GET", "/v1/lessons/{id}", s.getLesson, false},
-		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, false},
+		{"GET", "/healthz", s.healthz, public},
+		{"GET", "/readyz", s.readyz, public},
+		{"GET", "/openapi.yaml", s.openapi, public},
+		{"POST", "/v1/sessions", s.createSession, bearer},
+		{"GET", "/v1/sessions", s.listSessions, bearer},
+		{"GET", "/v1/sessions/{id}", s.getSession, bearer},
+		{"DELETE", "/v1/sessions/{id}", s.deleteSession, bearer},
+		{"POST", "/v1/sessions/{id}/execute", s.execute, bearer},
+		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, bearer},
+		{"POST", "/v1/sessions/{id}/restart", s.restart, bearer},
+		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, bearer},
+		{"GET", "/v1/sessions/{id}/files", s.listFiles, bearer},
+		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, bearerOrQuery},
+		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, bearer},
+		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, bearer},
+		{"GET", "/v1/sessions/{id}/archive", s.archive, bearerOrQuery},
+		{"POST", "/v1/runs", s.startRun, bearer},
+		{"GET", "/v1/runs", s.listRuns, bearer},
+		{"GET", "/v1/runs/{id}", s.getRun, bearer},
+		{"GET", "/v1/runs/{id}/events", s.runEvents, bearerOrQuery},
+		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, bearer},
+		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, bearerOrQuery},
+		{"GET", "/v1/lessons", s.listLessons, bearer},
+		{"POST", "/v1/lessons", s.postLesson, bearer},
+		{"GET", "/v1/lessons/{id}", s.getLesson, bearer},
+		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, bearer},
 	}
 }
 
@@ -247,6 +271,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
+		if allow := s.allowed(r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s takes %s, not %s (see /openapi.yaml)", r.URL.Path, strings.Join(allow, ", "), r.Method), 0})
+			return
+		}
 		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
 		return
 	}
@@ -258,6 +287,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w, status: 200}
 	s.mux.ServeHTTP(sw, r)
 	s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+}
+
+// allowed lists the methods the request's path takes, for a 405's Allow.
+func (s *Server) allowed(r *http.Request) []string {
+	var out []string
+	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" && !redirects(pattern, r.URL.Path) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// redirects reports whether the mux matched path to pattern only by
+// redirecting it to path + "/" (".../files" to ".../files/{path...}"),
+// which is not a method the path itself takes.
+func redirects(pattern, path string) bool {
+	p := pattern
+	if _, after, ok := strings.Cut(pattern, " "); ok {
+		p = after
+	}
+	return (strings.HasSuffix(p, "/") || strings.HasSuffix(p, "...}")) && !strings.HasSuffix(path, "/") &&
+		strings.Count(p, "/") > strings.Count(path, "/")
 }
 
 // statusWriter records the status for logs; it passes Flush through so
@@ -317,9 +371,9 @@ func CrossSiteWithoutToken(r *http.Request) bool {
 	return err != nil || u.Host != r.Host
 }
 
-// requireToken checks the bearer token (or ?token= for EventSource and
-// downloads from the web UI) and stores the caller's identity.
-func (s *Server) requireToken(h http.Handler) http.Handler {
+// requireToken checks the bearer token (or, where query is set, ?token=
+// for EventSource and downloads) and stores the caller's identity.
+func (s *Server) requireToken(h http.Handler, query bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opts.GatewaySecret != "" {
 			if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) != 1 {
@@ -336,6 +390,10 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if tok == r.Header.Get("Authorization") {
 			tok = r.URL.Query().Get("token")
+			if tok != "" && !query {
+				writeError(w, errQueryToken)
+				return
+			}
 		}
 		for _, t := range s.tokens {
 			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
