@@ -188,8 +188,14 @@ func New(opts Options) (*Server, error) {
 		s.mux.Handle(rt.method+" "+rt.pattern, h)
 	}
 	// Metrics tell how busy the server is and what fails: with tokens, a
-	// scraper sends one (Prometheus: authorization.credentials).
-	s.mux.Handle("GET /metrics", s.requireToken(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), false))
+	// scraper sends one (Prometheus: authorization.credentials). A cell's
+	// host keeps them open to its cluster's Prometheus (its autoscaler
+	// reads them), as it keeps /healthz open to the gateways.
+	metricsH := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	if opts.GatewaySecret == "" {
+		metricsH = s.requireToken(metricsH, false)
+	}
+	s.mux.Handle("GET /metrics", metricsH)
 	for p, h := range opts.Mounts {
 		s.mux.Handle(p, s.requireToken(h, false))
 	}
