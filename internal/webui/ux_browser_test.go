@@ -254,6 +254,17 @@ func TestBrowserLongOutput(t *testing.T) {
 	if got := eval[string](p, endInView+"("+jsString(stderr)+", 'ValueError: month 13 is out of range')"); got != "ok" {
 		t.Errorf("after show all: %s", got)
 	}
+
+	// In the notebook, output streaming into a full box keeps its end in sight.
+	p.do("notebook", chromedp.Navigate(ts.URL+"/#/notebook"), chromedp.Click(chromedp.CSS("#session-new")),
+		chromedp.WaitVisible(chromedp.CSS("#session-status")))
+	cell := chromedp.CSS(".cell textarea")
+	p.do("run a long cell", chromedp.SetValue(cell, "import time\nfor i in range(300):\n    print('line', i, flush=True)\n    if i % 50 == 0: time.sleep(0.05)\nraise ValueError('month 13 is out of range')"),
+		chromedp.Focus(cell), chromedp.KeyEvent("\r", chromedp.KeyModifiers(chromedp.ModifierCtrl)),
+		chromedp.WaitVisible(chromedp.CSS(".cell .cell-status .badge")))
+	if got := eval[string](p, endInView+"('.cell pre.stream-stdout', 'line 299')"); got != "ok" {
+		t.Errorf("notebook: %s", got)
+	}
 	p.check(ts.URL)
 }
 
