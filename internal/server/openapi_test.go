@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,11 +104,11 @@ func TestOpenAPISpecLints(t *testing.T) {
 		if op == nil {
 			continue // TestOpenAPIMatchesRoutes reports it
 		}
-		if takesQueryToken(doc, path, rt.method) != (rt.access == bearerOrQuery) {
-			t.Errorf("%s %s: the spec's token query parameter disagrees with the server (access %d)", rt.method, path, rt.access)
+		if specTakesQueryToken(doc, path, rt.method) != slices.Contains(QueryTokenRoutes, rt.method+" "+rt.pattern) {
+			t.Errorf("%s %s: the spec's token query parameter disagrees with QueryTokenRoutes", rt.method, path)
 		}
-		if isPublic := op.Security != nil && len(*op.Security) == 0; isPublic != (rt.access == public) {
-			t.Errorf("%s %s: security: [] in the spec is %v, the server's route is public: %v", rt.method, path, isPublic, rt.access == public)
+		if isPublic := op.Security != nil && len(*op.Security) == 0; isPublic != rt.public {
+			t.Errorf("%s %s: security: [] in the spec is %v, the server's route is public: %v", rt.method, path, isPublic, rt.public)
 		}
 	}
 }
@@ -120,7 +121,7 @@ var bodyFlags = map[string]int64{
 }
 
 // takesQueryToken reports whether the operation lists the token query parameter.
-func takesQueryToken(doc *openapi3.T, path, method string) bool {
+func specTakesQueryToken(doc *openapi3.T, path, method string) bool {
 	item := doc.Paths.Find(path)
 	op := item.GetOperation(method)
 	for _, ps := range []openapi3.Parameters{item.Parameters, op.Parameters} {
@@ -180,6 +181,7 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 		checked++
 	}
 	check("GET", "/healthz", "")
+	check("GET", "/v1/info", "")
 	check("GET", "/v1/sessions", "")
 	check("GET", base, "")
 	check("POST", base+"/execute", `{"code":"print(1)\n6*7"}`)
@@ -397,7 +399,7 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 			continue
 		}
 		a = anon.do(method, urlOf(path)+"?token="+tokenA, "")
-		if takes := takesQueryToken(sc.doc, path, method); takes != (a.StatusCode != 401) {
+		if takes := specTakesQueryToken(sc.doc, path, method); takes != (a.StatusCode != 401) {
 			t.Errorf("%s with ?token= → %d %.200s (takes ?token= in openapi.yaml: %v)", name, a.StatusCode, a.body, takes)
 		} else if !takes && !strings.Contains(string(a.body), "?token= is accepted only by") {
 			t.Errorf("%s with ?token=: %s does not say where it is accepted", name, a.body)

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -122,7 +121,8 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
-	tokens  [][]byte
+	tokens  Tokens
+	front   Front
 	// draining is set by Drain: no new sessions or runs, readiness false.
 	draining atomic.Bool
 }
@@ -131,22 +131,8 @@ type Server struct {
 type route struct {
 	method, pattern string
 	handler         http.HandlerFunc
-	access          access
+	public          bool // no token needed
 }
-
-// access says what a route asks of the caller.
-type access int
-
-const (
-	// bearer needs the token in Authorization (when the server has tokens).
-	bearer access = iota
-	// public needs none.
-	public
-	// bearerOrQuery also takes ?token=: downloads (a plain link, curl -O)
-	// and EventSource, which cannot send headers. Nowhere else, as a token
-	// in a URL lands in logs, history and Referer headers.
-	bearerOrQuery
-)
 
 // New returns the API server.
 func New(opts Options) (*Server, error) {
@@ -172,18 +158,16 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	for _, t := range opts.Tokens {
-		if t != "" {
-			s.tokens = append(s.tokens, []byte(t))
-		}
-	}
+	s.tokens = NewTokens(opts.Tokens)
+	// A cell's host: see Front.NoBrowserChecks.
+	s.front = Front{Mux: s.mux, AllowedHosts: opts.AllowedHosts, NoBrowserChecks: opts.GatewaySecret != ""}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, opts.Manager)
 	for _, rt := range s.routes() {
 		h := http.Handler(rt.handler)
-		if rt.access != public {
-			h = s.requireToken(h, rt.access == bearerOrQuery)
+		if !rt.public {
+			h = s.requireToken(h)
 		}
 		s.mux.Handle(rt.method+" "+rt.pattern, h)
 	}
@@ -193,11 +177,11 @@ func New(opts Options) (*Server, error) {
 	// reads them), as it keeps /healthz open to the gateways.
 	metricsH := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	if opts.GatewaySecret == "" {
-		metricsH = s.requireToken(metricsH, false)
+		metricsH = s.requireToken(metricsH)
 	}
 	s.mux.Handle("GET /metrics", metricsH)
 	for p, h := range opts.Mounts {
-		s.mux.Handle(p, s.requireToken(h, false))
+		s.mux.Handle(p, s.requireToken(h))
 	}
 	for p, h := range opts.PublicMounts {
 		s.mux.Handle(p, h)
@@ -215,32 +199,33 @@ const (
 
 func (s *Server) routes() []route {
 	return []route{
-		{"GET", "/healthz", s.healthz, public},
-		{"GET", "/readyz", s.readyz, public},
-		{"GET", "/openapi.yaml", s.openapi, public},
-		{"POST", "/v1/sessions", s.createSession, bearer},
-		{"GET", "/v1/sessions", s.listSessions, bearer},
-		{"GET", "/v1/sessions/{id}", s.getSession, bearer},
-		{"DELETE", "/v1/sessions/{id}", s.deleteSession, bearer},
-		{"POST", "/v1/sessions/{id}/execute", s.execute, bearer},
-		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, bearer},
-		{"POST", "/v1/sessions/{id}/restart", s.restart, bearer},
-		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, bearer},
-		{"GET", "/v1/sessions/{id}/files", s.listFiles, bearer},
-		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, bearerOrQuery},
-		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, bearer},
-		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, bearer},
-		{"GET", "/v1/sessions/{id}/archive", s.archive, bearerOrQuery},
-		{"POST", "/v1/runs", s.startRun, bearer},
-		{"GET", "/v1/runs", s.listRuns, bearer},
-		{"GET", "/v1/runs/{id}", s.getRun, bearer},
-		{"GET", "/v1/runs/{id}/events", s.runEvents, bearerOrQuery},
-		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, bearer},
-		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, bearerOrQuery},
-		{"GET", "/v1/lessons", s.listLessons, bearer},
-		{"POST", "/v1/lessons", s.postLesson, bearer},
-		{"GET", "/v1/lessons/{id}", s.getLesson, bearer},
-		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, bearer},
+		{"GET", "/healthz", s.healthz, true},
+		{"GET", "/readyz", s.readyz, true},
+		{"GET", "/openapi.yaml", s.openapi, true},
+		{"GET", "/v1/info", s.info, false},
+		{"POST", "/v1/sessions", s.createSession, false},
+		{"GET", "/v1/sessions", s.listSessions, false},
+		{"GET", "/v1/sessions/{id}", s.getSession, false},
+		{"DELETE", "/v1/sessions/{id}", s.deleteSession, false},
+		{"POST", "/v1/sessions/{id}/execute", s.execute, false},
+		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
+		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
+		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
+		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
+		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
+		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
+		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
+		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"POST", "/v1/runs", s.startRun, false},
+		{"GET", "/v1/runs", s.listRuns, false},
+		{"GET", "/v1/runs/{id}", s.getRun, false},
+		{"GET", "/v1/runs/{id}/events", s.runEvents, false},
+		{"POST", "/v1/runs/{id}/cancel", s.cancelRun, false},
+		{"GET", "/v1/runs/{id}/artifacts", s.runArtifacts, false},
+		{"GET", "/v1/lessons", s.listLessons, false},
+		{"POST", "/v1/lessons", s.postLesson, false},
+		{"GET", "/v1/lessons/{id}", s.getLesson, false},
+		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, false},
 	}
 }
 
@@ -256,33 +241,7 @@ func (s *Server) Routes() []string {
 // ServeHTTP applies the browser defences, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	// A cell's host is reached under whatever name the gateway dials, and
-	// only with the gateway's secret, which a rebinding page cannot have;
-	// the gateway applied both browser checks already.
-	cellHost := s.opts.GatewaySecret != ""
-	if !cellHost && !HostAllowed(r.Host, s.opts.AllowedHosts) {
-		writeError(w, &apiError{http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0})
-		return
-	}
-	if !cellHost && CrossSiteWithoutToken(r) {
-		writeError(w, &apiError{http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0})
-		return
-	}
-	// ".." and unknown routes get JSON errors here: the mux would answer
-	// them with a redirect or a plain-text 404.
-	for _, seg := range strings.Split(r.URL.Path, "/") {
-		if seg == ".." || seg == "." {
-			writeError(w, &apiError{http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0})
-			return
-		}
-	}
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		if allow := s.allowed(r); len(allow) > 0 {
-			w.Header().Set("Allow", strings.Join(allow, ", "))
-			writeError(w, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s takes %s, not %s (see /openapi.yaml)", r.URL.Path, strings.Join(allow, ", "), r.Method), 0})
-			return
-		}
-		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
+	if !s.front.Admit(w, r) {
 		return
 	}
 	if e := r.Header.Get(HeaderEpoch); e != "" && s.opts.Epoch != "" && e != s.opts.Epoch {
@@ -293,31 +252,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w, status: 200}
 	s.mux.ServeHTTP(sw, r)
 	s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
-}
-
-// allowed lists the methods the request's path takes, for a 405's Allow.
-func (s *Server) allowed(r *http.Request) []string {
-	var out []string
-	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"} {
-		probe := r.Clone(r.Context())
-		probe.Method = m
-		if _, pattern := s.mux.Handler(probe); pattern != "" && !redirects(pattern, r.URL.Path) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// redirects reports whether the mux matched path to pattern only by
-// redirecting it to path + "/" (".../files" to ".../files/{path...}"),
-// which is not a method the path itself takes.
-func redirects(pattern, path string) bool {
-	p := pattern
-	if _, after, ok := strings.Cut(pattern, " "); ok {
-		p = after
-	}
-	return (strings.HasSuffix(p, "/") || strings.HasSuffix(p, "...}")) && !strings.HasSuffix(path, "/") &&
-		strings.Count(p, "/") > strings.Count(path, "/")
 }
 
 // statusWriter records the status for logs; it passes Flush through so
@@ -335,51 +269,9 @@ func (w *statusWriter) Flush() {
 }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// HostAllowed refuses Host headers that are not the server's own (allowed
-// adds names), so a web page on a rebinding domain cannot reach a loopback server.
-func HostAllowed(host string, allowed []string) bool {
-	h := host
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		h = hh
-	}
-	h = strings.Trim(h, "[]")
-	switch h {
-	case "localhost", "127.0.0.1", "::1", "":
-		return true
-	}
-	if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
-		return true
-	}
-	for _, a := range allowed {
-		if a == "*" || strings.EqualFold(a, h) || strings.EqualFold(a, host) {
-			return true
-		}
-	}
-	return false
-}
-
-// CrossSiteWithoutToken is a browser request from another origin that
-// does not carry a bearer token (a CSRF attempt: browsers add
-// Authorization only when the page's script sets it, which needs a CORS
-// preflight we never grant).
-func CrossSiteWithoutToken(r *http.Request) bool {
-	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
-		return false
-	}
-	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
-		return true
-	}
-	origin := r.Header.Get("Origin")
-	if origin == "" || origin == "null" && r.Method == http.MethodGet {
-		return false
-	}
-	u, err := url.Parse(origin)
-	return err != nil || u.Host != r.Host
-}
-
-// requireToken checks the bearer token (or, where query is set, ?token=
-// for EventSource and downloads) and stores the caller's identity.
-func (s *Server) requireToken(h http.Handler, query bool) http.Handler {
+// requireToken checks the bearer token (or ?token= where queryTokenRoutes
+// allow it) and stores the caller's identity.
+func (s *Server) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opts.GatewaySecret != "" {
 			if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) != 1 {
@@ -393,21 +285,9 @@ func (s *Server) requireToken(h http.Handler, query bool) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if tok == r.Header.Get("Authorization") {
-			tok = r.URL.Query().Get("token")
-			if tok != "" && !query {
-				writeError(w, errQueryToken)
-				return
-			}
+		if owner, ok := s.tokens.Owner(w, r); ok {
+			h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), owner)))
 		}
-		for _, t := range s.tokens {
-			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
-				h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), OwnerOf(tok))))
-				return
-			}
-		}
-		writeError(w, errUnauthorized)
 	})
 }
 
@@ -451,6 +331,9 @@ var errDraining = &apiError{http.StatusServiceUnavailable, "draining", "this ser
 
 // Drain stops taking new sessions and runs; existing ones keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
 
 // WriteError writes the API's JSON error shape, for other faces of the
 // same API (the gateway).
