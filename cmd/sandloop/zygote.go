@@ -37,7 +37,7 @@ func (m *zygoteMode) Set(v string) error {
 
 func registerZygote(fs *pflag.FlagSet, m *zygoteMode) {
 	m.v = "auto"
-	fs.Var(m, "zygote", "fork sessions from a template kernel with numpy, pandas and matplotlib imported: auto (where the host can: root and cgroups), on (fail if it cannot), off")
+	fs.Var(m, "zygote", "fork sessions from a template kernel with numpy, pandas and matplotlib imported: auto (where the host can: cgroups, delegated ones without root), on (fail if it cannot), off")
 	fs.Lookup("zygote").NoOptDefVal = "on"
 }
 
