@@ -21,7 +21,7 @@
 #   VM_TIMEOUT    seconds for the whole VM run, boot included (default: 3600).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-smoke=""
+smoke="" short=""
 if [ "${1:-}" = --smoke ]; then
   smoke=1
   # The smoke test's choice: delegation and the v2 limits (jail), the
@@ -30,6 +30,7 @@ if [ "${1:-}" = --smoke ]; then
   VM_RUN_jail='^(TestCgroupV2Delegation|TestMemoryBombOOMKilled|TestForkBombStoppedByPidsLimit)$'
   VM_RUN_session='^TestStatePersists$'
   VM_RUN_zygote='^(TestForkRuns|TestRootlessZygote)$'
+  short=1 # (TestRootlessZygote runs fewer tests as the user)
 fi
 skip() {
   if [ -n "$smoke" ]; then
@@ -82,7 +83,7 @@ GUEST
     for p in $pkgs; do
       run_var="VM_RUN_$p"
       pattern=${!run_var:-${VM_RUN:-}}
-      args="-test.count=1 -test.v -test.timeout=20m${pattern:+ -test.run '$pattern'}${VM_SKIP:+ -test.skip '$VM_SKIP'}"
+      args="-test.count=1 -test.v -test.timeout=20m${short:+ -test.short}${pattern:+ -test.run '$pattern'}${VM_SKIP:+ -test.skip '$VM_SKIP'}"
       echo "start=\$(date +%s)"
       if [ "$user" = root ]; then
         echo "(cd internal/$p && HOME=/tmp '$out/$p.test' $args) >'$out/$user-$p.log' 2>&1"

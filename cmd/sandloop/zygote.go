@@ -66,7 +66,7 @@ func startZygote(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygote.Z
 // unsupportedReason is err's text without jail.ErrUnsupported's own
 // words, which the reason after them says better.
 func unsupportedReason(err error) string {
-	return strings.TrimPrefix(err.Error(), jail.ErrUnsupported.Error()+": ")
+	return strings.Replace(err.Error(), jail.ErrUnsupported.Error()+": ", "", 1)
 }
 
 // zygoteLater starts the zygote in the background, for commands whose
