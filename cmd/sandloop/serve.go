@@ -75,6 +75,9 @@ func newServeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkDiskFits("--max-", maxima, defaults); err != nil {
+				return err
+			}
 			eg, err := egressOptions(defaultNetwork, allow, allowMax)
 			if err != nil {
 				return err

@@ -1058,3 +1058,27 @@ func TestSweepQuotaDirs(t *testing.T) {
 		t.Errorf("the live workspace %s was unmounted", live)
 	}
 }
+
+// The default workspace quota stays within the memory limit it counts
+// toward, and DiskFits refuses one above it.
+func TestDiskFitsMemory(t *testing.T) {
+	for _, c := range []struct {
+		in       Limits
+		wantDisk int64
+		fits     bool
+	}{
+		{Limits{}, DefaultDisk, true},
+		{Limits{Memory: 128 << 20}, 64 << 20, true},
+		{Limits{Memory: 100<<20 + 1}, 50 << 20, true},
+		{Limits{Memory: 128 << 20, Disk: 128 << 20}, 128 << 20, true},
+		{Limits{Memory: 128 << 20, Disk: 129 << 20}, 129 << 20, false},
+		{Limits{Disk: 1 << 30}, 1 << 30, false},
+	} {
+		l := c.in.WithDefaults()
+		err := l.DiskFits()
+		var de *DiskOverMemoryError
+		if l.Disk != c.wantDisk || (err == nil) != c.fits || (err != nil && (!errors.As(err, &de) || de.Disk != l.Disk || de.Memory != l.Memory)) {
+			t.Errorf("%+v: disk %d, %v; want disk %d, fits %v", c.in, l.Disk, err, c.wantDisk, c.fits)
+		}
+	}
+}

@@ -234,6 +234,11 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	l.TmpSize, l.FileSize = cmp.Or(l.TmpSize, d.TmpSize), cmp.Or(l.FileSize, d.FileSize)
 	l.NoFile, l.Stack = cmp.Or(l.NoFile, d.NoFile), cmp.Or(l.Stack, d.Stack)
 	l.Disk, l.Files = cmp.Or(l.Disk, d.Disk), cmp.Or(l.Files, d.Files)
+	if req.Disk == 0 && l.Disk > l.Memory {
+		// The workspace counts toward memory: a session that asks for
+		// less memory than the default disk gets half its memory.
+		l.Disk = l.Memory / 2 &^ (1<<20 - 1)
+	}
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
@@ -249,7 +254,7 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	case l.Files > m.max.Files:
 		return l, &LimitError{"files", fmt.Sprint(l.Files), fmt.Sprint(m.max.Files)}
 	}
-	return l, nil
+	return l, l.DiskFits()
 }
 
 // Create returns a new session for opts.Owner: a pooled kernel when the

@@ -101,7 +101,11 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	}
 	s.log = s.log.With("session", s.id)
 	if opts.Workspace == "" {
-		q, err := jail.NewQuotaDir(opts.Limits.Disk, opts.Limits.Files)
+		l := opts.Limits.WithDefaults()
+		if err := l.DiskFits(); err != nil {
+			return nil, err
+		}
+		q, err := jail.NewQuotaDir(l.Disk, l.Files)
 		if err != nil {
 			return nil, err
 		}
