@@ -181,6 +181,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		total.Round(time.Millisecond), len(doctorPackages), imports.Round(time.Millisecond), res.Enforcement)}, "jail")
 	line(jail.Check{OK: true, Detail: fmt.Sprintf("%s (Python %s)", jail.DefaultPython, rep.Python)}, "python")
 	line(doctorEgress(ctx), "egress proxy")
+	line(doctorWheelCache(), "wheel cache")
 	for _, name := range doctorPackages {
 		p := rep.Packages[name]
 		if p.OK {

@@ -4,7 +4,8 @@
 // lives (and under which epoch of that host) in PostgreSQL, and proxies
 // every later request of it to that host, streams intact. Sessions of a
 // host that restarted or was lost answer 410 Gone. Hosts are found by a
-// Discovery: Kubernetes EndpointSlices or a static list.
+// Discovery: Kubernetes EndpointSlices, a static list, or the hosts' own
+// heartbeats in PostgreSQL.
 package gateway
 
 import (
@@ -43,6 +44,7 @@ type Cluster interface {
 	GetHost(ctx context.Context, name string) (*store.HostRecord, error)
 	Listen(ctx context.Context, fn func(payload string), connected func(bool))
 	UpdateRun(ctx context.Context, id string, update func(*store.Run) error) (*store.Run, error)
+	Prune(ctx context.Context, retention, maxLifetime time.Duration) (store.Pruned, error)
 }
 
 // Options configure a Gateway.
@@ -68,6 +70,15 @@ type Options struct {
 	// LostAfter is how long a host may not answer before its sessions
 	// are declared lost (410). If zero, 10s.
 	LostAfter time.Duration
+	// Retention is how long the rows of lost or closed sessions and of
+	// hosts not seen are kept (410 Gone is answered for that long, 404
+	// after). If zero, 24h.
+	Retention time.Duration
+	// MaxLifetime is the hosts' --max-lifetime: a session older cannot be
+	// open, so its row goes Retention later. If zero, 12h (serve's default).
+	MaxLifetime time.Duration
+	// PruneInterval is how often the tables are pruned. If zero, 10 minutes.
+	PruneInterval time.Duration
 	// MaxBodyBytes caps the body of a request that places a session or
 	// run (kept in memory to retry on another host). If zero, 32 MiB.
 	MaxBodyBytes int64
@@ -113,6 +124,15 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.LostAfter <= 0 {
 		opts.LostAfter = 10 * time.Second
+	}
+	if opts.Retention <= 0 {
+		opts.Retention = 24 * time.Hour
+	}
+	if opts.MaxLifetime <= 0 {
+		opts.MaxLifetime = 12 * time.Hour
+	}
+	if opts.PruneInterval <= 0 {
+		opts.PruneInterval = 10 * time.Minute
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 32 << 20
@@ -189,6 +209,23 @@ func (g *Gateway) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		g.opts.Cluster.Listen(ctx, g.routes.notify, func(ok bool) { g.listenOK.Store(ok) })
+	})
+	wg.Go(func() {
+		// Every gateway prunes: the deletes are idempotent.
+		t := time.NewTicker(g.opts.PruneInterval)
+		defer t.Stop()
+		for {
+			if n, err := g.opts.Cluster.Prune(ctx, g.opts.Retention, g.opts.MaxLifetime); err != nil && ctx.Err() == nil {
+				g.log.Warn("prune the sessions and hosts tables", "err", err)
+			} else if n != (store.Pruned{}) {
+				g.log.Info("pruned the sessions and hosts tables", "sessions", n.Sessions, "hosts", n.Hosts, "registrations", n.Registrations)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
 	})
 	wg.Go(func() {
 		t := time.NewTicker(g.opts.HealthInterval)

@@ -389,6 +389,9 @@ var errDraining = &apiError{http.StatusServiceUnavailable, "draining", "this ser
 // Drain stops taking new sessions and runs; existing ones keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
 
+// Draining reports whether Drain was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
 // WriteError writes the API's JSON error shape, for other faces of the
 // same API (the gateway).
 func WriteError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
