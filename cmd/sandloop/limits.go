@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"runtime"
@@ -73,6 +74,8 @@ type limitFlags struct {
 	fs      *pflag.FlagSet
 	// notes are said to the user before the run (a limit capped).
 	notes []string
+	// maxima: these are a server's --max- flags.
+	maxima bool
 }
 
 func (l *limitFlags) register(fs *pflag.FlagSet) {
@@ -130,17 +133,38 @@ func (l *limitFlags) limits() (jail.Limits, error) {
 		l.notes = append(l.notes, fmt.Sprintf("--cpus %g is more than this host's %g CPUs: using %g", l.cpus, n, n))
 		l.cpus = n
 	}
-	return jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout, Disk: l.disk, Files: l.files}, nil
+	lim := jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout, Disk: l.disk, Files: l.files}
+	if !l.maxima {
+		// A server's maxima are checked with its defaults (serve).
+		if err := checkDiskFits("--", lim, jail.Limits{}); err != nil {
+			return jail.Limits{}, err
+		}
+	}
+	return lim, nil
+}
+
+// checkDiskFits refuses a workspace quota above the memory limit, naming
+// the flags with prefix ("--" or "--max-"); a zero field of l is taken
+// from fallback (a server's maxima default to its defaults), then from
+// jail's defaults.
+func checkDiskFits(prefix string, l, fallback jail.Limits) error {
+	eff := jail.Limits{Memory: cmp.Or(l.Memory, fallback.Memory), Disk: cmp.Or(l.Disk, fallback.Disk)}.WithDefaults()
+	if eff.DiskFits() == nil {
+		return nil
+	}
+	return usagef("%sdisk %s is more than %smemory %s: %s; lower %sdisk or raise %smemory",
+		prefix, formatSize(eff.Disk), prefix, formatSize(eff.Memory), jail.DiskOverMemoryWhy, prefix, prefix)
 }
 
 // registerQuota adds the workspace quota's flags, named with prefix
 // ("max-" for a server's maxima) and described with what ("largest ...").
 func (l *limitFlags) registerQuota(fs *pflag.FlagSet, prefix, what string) {
 	if what == "" {
-		fs.Var(sizeValue{&l.disk}, "disk", fmt.Sprintf("bytes the workspace may hold, enforced on every write (memory-backed: counts toward --memory) (default %s)", formatSize(jail.DefaultDisk)))
+		fs.Var(sizeValue{&l.disk}, "disk", fmt.Sprintf("bytes the workspace may hold, enforced on every write (memory-backed: counts toward --memory, so at most --memory) (default %s, at most half of --memory)", formatSize(jail.DefaultDisk)))
 		fs.IntVar(&l.files, "files", 0, fmt.Sprintf("files and directories the workspace may hold (default %d)", jail.DefaultFiles))
 		return
 	}
+	l.maxima = true
 	fs.Var(sizeValue{&l.disk}, prefix+"disk", what+" workspace size a session may ask for (default: --disk)")
 	fs.IntVar(&l.files, prefix+"files", 0, what+" workspace file count a session may ask for (default: --files)")
 }

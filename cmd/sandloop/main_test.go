@@ -202,6 +202,14 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"exec", "--disk", "1k", "-c", "1"}, "--disk must be at least 1M"},
 		{[]string{"exec", "--files", "3", "-c", "1"}, "--files must be at least 16"},
 		{[]string{"exec", "--max-output", "10", "-c", "1"}, "--max-output must be at least 1K"},
+		// The workspace counts toward memory: a quota above it is refused
+		// in every command that makes workspaces, naming both numbers.
+		{[]string{"exec", "--disk", "1G", "-c", "1"}, "--disk 1G is more than --memory 512M: the workspace is held in memory"},
+		{[]string{"run", "--memory", "256M", "--disk", "300M", script}, "--disk 300M is more than --memory 256M"},
+		{[]string{"mcp", "--disk", "600M"}, "--disk 600M is more than --memory 512M"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--memory", "1G", "--disk", "2G"}, "--disk 2G is more than --memory 1G"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-memory", "1G", "--max-disk", "2G"}, "--max-disk 2G is more than --max-memory 1G"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-disk", "1G"}, "--max-disk 1G is more than --max-memory 512M"},
 		{[]string{"frobnicate"}, "unknown command"},
 	}
 	for _, c := range cases {
@@ -266,12 +274,12 @@ print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
 	}
 }
 
-// A zygote asked for where it cannot work (without root) is refused at
-// startup: exit 2, one line saying why.
+// A zygote asked for where it cannot work (without root, no cgroup
+// delegated to the user) is refused at startup: exit 2, one line saying why.
 func TestZygoteAskedForButUnsupported(t *testing.T) {
 	code, out, errOut := asNobody(t, "serve", "--zygote", "--addr", "127.0.0.1:0")
 	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "--zygote cannot work on this host") ||
-		!strings.Contains(errOut, "needs root") {
-		t.Errorf("serve --zygote without root: exit %d, stdout %q, stderr %q", code, out, errOut)
+		!strings.Contains(errOut, "the zygote needs cgroups: cgroups unavailable") {
+		t.Errorf("serve --zygote without root or cgroups: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

@@ -120,7 +120,28 @@ const (
 	EventUsage      = "usage"
 	EventNotice     = "notice" // a note from the harness to the model (nudges, checks)
 	EventFinished   = "run_finished"
+	// EventModelWait: the harness starts waiting for the model's answer for a
+	// step (sent just before each request; Time is when waiting began). The
+	// wait ends at the next text, assistant, tool_call, model_retry or
+	// run_finished event.
+	EventModelWait = "model_wait"
+	// EventModelRetry: a model call failed and will be tried again; Text is
+	// the sentence for a person, Retry the details. A new model_wait follows
+	// after the delay.
+	EventModelRetry = "model_retry"
 )
+
+// RetryInfo details an EventModelRetry.
+type RetryInfo struct {
+	// Attempt is the attempt about to be made (2 for the first retry).
+	Attempt     int   `json:"attempt"`
+	MaxAttempts int   `json:"max_attempts"`
+	DelayMS     int64 `json:"delay_ms"`
+	// Reason is rate_limited, server_error, timeout or connection.
+	Reason string `json:"reason"`
+	// Status is the HTTP status that failed, 0 if none.
+	Status int `json:"status"`
+}
 
 // Event is one thing that happened in a run.
 type Event struct {
@@ -142,6 +163,7 @@ type Event struct {
 	Report     *Report        `json:"report,omitempty"`
 	Network    []egress.Entry `json:"network,omitempty"` // EventNetwork
 	Lessons    []LessonRef    `json:"lessons,omitempty"`
+	Retry      *RetryInfo     `json:"retry,omitempty"` // EventModelRetry
 }
 
 // Report is the outcome of a run.
@@ -334,9 +356,16 @@ func (r *run) loop(ctx context.Context) *Report {
 			return &Report{Status: StatusBudgetExceeded, Error: fmt.Sprintf("the step limit (%d) was reached before the task was finished", r.opts.MaxSteps)}
 		}
 		r.step++
-		resp, err := r.opts.Provider.Complete(ctx, llm.Request{Messages: msgs, Tools: tools, OnText: func(d string) {
-			r.emit(Event{Type: EventText, Text: d})
-		}})
+		resp, err := r.opts.Provider.Complete(ctx, llm.Request{Messages: msgs, Tools: tools,
+			OnText:    func(d string) { r.emit(Event{Type: EventText, Text: d}) },
+			OnAttempt: func(int) { r.emit(Event{Type: EventModelWait}) },
+			OnRetry: func(rt llm.Retry) {
+				r.emit(Event{Type: EventModelRetry, Text: rt.String(), Retry: &RetryInfo{
+					Attempt: rt.Attempt, MaxAttempts: rt.MaxAttempts, DelayMS: rt.Delay.Milliseconds(),
+					Reason: string(rt.Reason), Status: rt.Status,
+				}})
+			},
+		})
 		if err != nil {
 			return r.ended(ctx, err)
 		}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,7 +118,7 @@ func TestGenerateFixesItsError(t *testing.T) {
 				t.Errorf("diff %q usage %+v", rep.Diff, rep.Usage)
 			}
 			types := strings.Join(ev.types(), ",")
-			if !strings.HasPrefix(types, "run_started,usage,assistant,tool_call,tool_result") || !strings.HasSuffix(types, "run_finished") {
+			if !strings.HasPrefix(types, "run_started,model_wait,usage,assistant,tool_call,tool_result,model_wait") || !strings.HasSuffix(types, "run_finished") {
 				t.Errorf("events: %s", types)
 			}
 		})
@@ -188,18 +189,64 @@ func TestDebugFinishRefusedWhileStillCrashing(t *testing.T) {
 	}
 }
 
+// TestRetryOn429ThenSuccess checks what a person watching a run sees of a
+// failed model call that is retried: a model_wait before each request, a
+// model_retry with the reason and the delay in between, then the answer.
 func TestRetryOn429ThenSuccess(t *testing.T) {
-	p, srv := newProvider(t, openAI, llmtest.Script{
-		{Status: 429, RetryAfter: "0"},
-		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("1+1"))}},
-		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"2"}`)}},
-	})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t)})
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name       string
+		kind       providerKind
+		first      llmtest.Turn
+		wantText   string // the start of the sentence
+		wantReason string
+		wantDelay  int64 // exact, in ms; -1: a backoff in [5ms, 10ms]
+	}{
+		{"openai 429", openAI, llmtest.Turn{Status: 429, RetryAfter: "1"}, "rate limited by the model server, retrying in 1s (attempt 2/4)", "rate_limited", 1000},
+		{"anthropic 503", anthropic, llmtest.Turn{Status: 503}, "the model server answered 503, retrying in ", "server_error", -1},
 	}
-	if rep.Status != StatusDone || len(srv.Requests()) != 3 {
-		t.Errorf("report %+v after %d requests", rep, len(srv.Requests()))
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status := tc.first.Status
+			p, srv := newProvider(t, tc.kind, llmtest.Script{
+				tc.first,
+				{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("1+1"))}},
+				{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"2"}`)}},
+			})
+			var ev events
+			rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), OnEvent: ev.add})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Status != StatusDone || len(srv.Requests()) != 3 {
+				t.Errorf("report %+v after %d requests", rep, len(srv.Requests()))
+			}
+			types := strings.Join(ev.types(), ",")
+			want := "run_started,model_wait,model_retry,model_wait,usage,assistant,tool_call,tool_result,model_wait,usage,assistant,tool_call,tool_result,run_finished"
+			if types != want {
+				t.Fatalf("events:\n%s\nwant\n%s", types, want)
+			}
+			ev.mu.Lock()
+			retry, wait2 := ev.ev[2], ev.ev[3]
+			ev.mu.Unlock()
+			if retry.Step != 1 || !strings.HasPrefix(retry.Text, tc.wantText) || !strings.HasSuffix(retry.Text, "(attempt 2/4)") || retry.Retry == nil {
+				t.Fatalf("retry event %+v", retry)
+			}
+			ri := *retry.Retry
+			if ri.Attempt != 2 || ri.MaxAttempts != 4 || ri.Reason != tc.wantReason || ri.Status != status {
+				t.Errorf("retry info %+v", ri)
+			}
+			if (tc.wantDelay >= 0 && ri.DelayMS != tc.wantDelay) || (tc.wantDelay < 0 && (ri.DelayMS < 5 || ri.DelayMS > 10)) {
+				t.Errorf("delay %d ms, want %d", ri.DelayMS, tc.wantDelay)
+			}
+			// The second wait began after the delay, not when the retry was announced.
+			if d := wait2.Time.Sub(retry.Time); d < time.Duration(ri.DelayMS)*time.Millisecond {
+				t.Errorf("the next model_wait came %v after the retry, before its %d ms delay", d, ri.DelayMS)
+			}
+			b, _ := json.Marshal(retry)
+			if !strings.Contains(string(b), fmt.Sprintf(`"retry":{"attempt":2,"max_attempts":4,"delay_ms":%d,"reason":"%s","status":%d}`, ri.DelayMS, tc.wantReason, status)) {
+				t.Errorf("retry event as JSON: %s", b)
+			}
+		})
 	}
 }
 

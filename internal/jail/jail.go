@@ -31,6 +31,9 @@ const (
 	// WorkspaceDir is where the host workspace is mounted; it is the
 	// working directory and HOME.
 	WorkspaceDir = "/workspace"
+	// ZygoteWorkspacesDir is where a zygote's jail sees
+	// Config.ZygoteWorkspaces.
+	ZygoteWorkspacesDir = "/opt/sandloop/workspaces"
 )
 
 // HostID is the host uid and gid the sandbox user maps to when the server
@@ -74,7 +77,9 @@ type Limits struct {
 	// does not make workspaces: their owner does). If zero, 256 MiB: room
 	// for data sets, figures and models of a data-science session, while
 	// the pages (memory-backed, charged to the writer's memory cgroup)
-	// still fit beside Python in the default 512 MiB memory limit.
+	// still fit beside Python in the default 512 MiB memory limit; with a
+	// smaller Memory, half of it. A Disk above Memory is refused by the
+	// callers that make workspaces (DiskFits).
 	Disk int64
 	// Files caps the files, directories and symlinks such a workspace
 	// holds (inodes). If zero, 20,000: a checked-out project or a
@@ -160,6 +165,14 @@ type Config struct {
 	// ends until every process of the jail has ended, so the children
 	// outlive the program. Never set it for a process that runs user code.
 	Zygote bool
+	// ZygoteWorkspaces, with Zygote, is a host directory bound (not
+	// recursively; nosuid, nodev) at ZygoteWorkspacesDir in the jail: the
+	// directory under which the workspaces of the sessions it forks are.
+	// Without root, the host cannot clone a workspace's mount for the
+	// template (open_tree needs CAP_SYS_ADMIN over the host's mount
+	// namespace); the template, which holds it over its own, clones the
+	// workspace from this view instead.
+	ZygoteWorkspaces string
 }
 
 // Result describes how a jailed process ended and what it used.
@@ -232,6 +245,9 @@ func (l Limits) WithDefaults() Limits {
 	}
 	if l.Disk == 0 {
 		l.Disk = DefaultDisk
+		if l.Disk > l.Memory/2 {
+			l.Disk = l.Memory / 2 &^ (1<<20 - 1)
+		}
 	}
 	if l.Files == 0 {
 		l.Files = DefaultFiles
@@ -255,6 +271,29 @@ func (l Limits) validate() error {
 		return &ArgumentError{"open files limit", errors.New("must be at least 16")}
 	}
 	return l.validateQuota()
+}
+
+// DiskFits reports, as a *DiskOverMemoryError, a workspace quota (Disk)
+// above the memory limit (both as given: call it on WithDefaults' result).
+func (l Limits) DiskFits() error {
+	if l.Disk > l.Memory {
+		return &DiskOverMemoryError{Disk: l.Disk, Memory: l.Memory}
+	}
+	return nil
+}
+
+// DiskOverMemoryError is a workspace quota above the memory limit. The
+// workspace is a tmpfs whose pages count toward the session's memory, so
+// filling such a workspace would end the session out of memory instead
+// of failing the write with ENOSPC.
+type DiskOverMemoryError struct{ Disk, Memory int64 }
+
+// DiskOverMemoryWhy says why a disk quota above the memory limit is
+// refused, for messages that name the limits as their interface does.
+const DiskOverMemoryWhy = "the workspace is held in memory and counts toward the memory limit, so filling it would kill the sandbox (out of memory) instead of failing the write with ENOSPC"
+
+func (e *DiskOverMemoryError) Error() string {
+	return fmt.Sprintf("a workspace quota of %d MiB is more than the memory limit of %d MiB: %s; ask for less disk or more memory", e.Disk>>20, e.Memory>>20, DiskOverMemoryWhy)
 }
 
 func (l Limits) validateQuota() error {

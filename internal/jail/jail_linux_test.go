@@ -361,23 +361,32 @@ os.wait()`, func(c *Config) { c.Limits.CPUs = 0.25 })
 }
 
 func TestPrintFloodBounded(t *testing.T) {
-	capOut := NewCapture(64<<10, 64<<10)
-	capErr := NewCapture(64<<10, 64<<10)
-	ws := t.TempDir()
-	res, err := Run(context.Background(), &Config{
-		Path: DefaultPython, Workspace: ws, Stdout: capOut, Stderr: capErr,
-		Limits: Limits{Timeout: 120 * time.Second},
-		Args: []string{"python3", "-c", `import sys
+	flood := func(mib int, timeout time.Duration) (*Result, *Capture, *Capture) {
+		capOut := NewCapture(64<<10, 64<<10)
+		capErr := NewCapture(64<<10, 64<<10)
+		res, err := Run(context.Background(), &Config{
+			Path: DefaultPython, Workspace: t.TempDir(), Stdout: capOut, Stderr: capErr,
+			Limits: Limits{Timeout: timeout},
+			Args: []string{"python3", "-c", fmt.Sprintf(`import sys
 chunk = b'x' * (1 << 20)
-for _ in range(1024): sys.stdout.buffer.write(chunk)
+for _ in range(%d): sys.stdout.buffer.write(chunk)
 sys.stdout.flush()
 print('the end', flush=True)
 def deep(): raise ValueError('after the flood')
-deep()`},
-	})
-	if err != nil {
-		t.Fatal(err)
+deep()`, mib)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, capOut, capErr
 	}
+	// The timeout scales with this machine: 1 GiB takes 32 times what
+	// 32 MiB takes here (start included), with room to spare (an
+	// emulated one moves ~8 MiB/s; this one ~1 GiB/s).
+	start := time.Now()
+	flood(32, 10*time.Minute)
+	timeout := max(2*time.Minute, 3*32*time.Since(start))
+	res, capOut, capErr := flood(1024, timeout)
 	if res.ExitCode != 1 {
 		t.Errorf("exit %d", res.ExitCode)
 	}
@@ -1053,5 +1062,29 @@ func TestSweepQuotaDirs(t *testing.T) {
 	}
 	if !mounted {
 		t.Errorf("the live workspace %s was unmounted", live)
+	}
+}
+
+// The default workspace quota stays within the memory limit it counts
+// toward, and DiskFits refuses one above it.
+func TestDiskFitsMemory(t *testing.T) {
+	for _, c := range []struct {
+		in       Limits
+		wantDisk int64
+		fits     bool
+	}{
+		{Limits{}, DefaultDisk, true},
+		{Limits{Memory: 128 << 20}, 64 << 20, true},
+		{Limits{Memory: 100<<20 + 1}, 50 << 20, true},
+		{Limits{Memory: 128 << 20, Disk: 128 << 20}, 128 << 20, true},
+		{Limits{Memory: 128 << 20, Disk: 129 << 20}, 129 << 20, false},
+		{Limits{Disk: 1 << 30}, 1 << 30, false},
+	} {
+		l := c.in.WithDefaults()
+		err := l.DiskFits()
+		var de *DiskOverMemoryError
+		if l.Disk != c.wantDisk || (err == nil) != c.fits || (err != nil && (!errors.As(err, &de) || de.Disk != l.Disk || de.Memory != l.Memory)) {
+			t.Errorf("%+v: disk %d, %v; want disk %d, fits %v", c.in, l.Disk, err, c.wantDisk, c.fits)
+		}
 	}
 }

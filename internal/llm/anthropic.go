@@ -108,7 +108,7 @@ func (c *Anthropic) Complete(ctx context.Context, req Request) (*Response, error
 		return nil, err
 	}
 	ro := requestOptions(req)
-	return c.opts.Retry.run(ctx, c.log, c.info.String(), func(ctx context.Context) (*Response, bool, error) {
+	return c.opts.Retry.run(ctx, c.log, c.info.String(), req, func(ctx context.Context) (*Response, bool, error) {
 		if req.OnText != nil {
 			return c.stream(ctx, params, req.OnText, ro)
 		}

@@ -105,6 +105,12 @@ type Request struct {
 	// OnText, if set, makes the call stream and receives the text deltas in order,
 	// on the caller's goroutine. The final Response holds the whole text regardless.
 	OnText TextFunc
+	// OnAttempt, if set, is called just before each HTTP request the call makes
+	// (attempt 1, then 2, ... after retries): the caller starts waiting for the model.
+	OnAttempt func(attempt int)
+	// OnRetry, if set, is told of each failed attempt that will be tried again,
+	// before the wait, so a person watching knows why nothing is happening.
+	OnRetry func(Retry)
 }
 
 // StopReason says why the model stopped.

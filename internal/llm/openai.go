@@ -125,7 +125,7 @@ func (c *OpenAI) Complete(ctx context.Context, req Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.opts.Retry.run(ctx, c.log, c.info.String(), func(ctx context.Context) (*Response, bool, error) {
+	return c.opts.Retry.run(ctx, c.log, c.info.String(), req, func(ctx context.Context) (*Response, bool, error) {
 		if req.OnText != nil {
 			return c.stream(ctx, params, req.OnText)
 		}

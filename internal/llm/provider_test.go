@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strings"
@@ -794,5 +795,90 @@ func TestEnvironmentDoesNotLeak(t *testing.T) {
 	// This SDK version sends the key as a bearer token; older ones used x-api-key.
 	if h := an.Requests()[0].Header; h.Get("X-Api-Key") != "given" && h.Get("Authorization") != "Bearer given" {
 		t.Errorf("headers %v lack the configured key", h)
+	}
+}
+
+// TestRetryHooks checks what a caller is told of retries: OnAttempt before each
+// request, OnRetry with the reason, the status and the sentence a person reads.
+func TestRetryHooks(t *testing.T) {
+	cases := []struct {
+		name       string
+		first      llmtest.Turn
+		streamOnly bool
+		reason     RetryReason
+		status     int
+		sentence   string // the start of Retry.String()
+	}{
+		{"429", llmtest.Turn{Status: 429, RetryAfter: "2"}, false, RetryRateLimited, 429, "rate limited by the model server, retrying in 2s (attempt 2/4)"},
+		{"503", llmtest.Turn{Status: 503}, false, RetryServerError, 503, "the model server answered 503, retrying in "},
+		{"dropped", llmtest.Turn{Drop: true}, false, RetryConnection, 0, "the connection to the model server was lost, retrying in "},
+	}
+	forEach(t, func(t *testing.T, f fixture, stream bool) {
+		for _, tc := range cases {
+			if tc.streamOnly && !stream {
+				continue
+			}
+			t.Run(tc.name, func(t *testing.T) {
+				_, p, _ := f.setup(t, llmtest.Script{tc.first, {Text: "second time lucky"}})
+				var attempts []int
+				var retries []Retry
+				var deltas []string
+				req := request(userHello, stream, &deltas)
+				req.OnAttempt = func(n int) { attempts = append(attempts, n) }
+				req.OnRetry = func(r Retry) { retries = append(retries, r) }
+				resp, err := p.Complete(t.Context(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.Message.Text != "second time lucky" || fmt.Sprint(attempts) != "[1 2]" || len(retries) != 1 {
+					t.Fatalf("text %q, attempts %v, retries %+v", resp.Message.Text, attempts, retries)
+				}
+				r := retries[0]
+				if r.Attempt != 2 || r.MaxAttempts != 4 || r.Reason != tc.reason || r.Status != tc.status || r.Err == nil {
+					t.Errorf("retry %+v, want attempt 2/4, %s, status %d", r, tc.reason, tc.status)
+				}
+				if s := r.String(); !strings.HasPrefix(s, tc.sentence) || !strings.HasSuffix(s, "(attempt 2/4)") {
+					t.Errorf("sentence %q, want %q...", s, tc.sentence)
+				}
+			})
+		}
+	})
+}
+
+// TestRetryOnTimeout: a model server that does not answer within the HTTP
+// client's timeout is retried, and the caller is told it timed out.
+func TestRetryOnTimeout(t *testing.T) {
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{{Delay: time.Minute}, {Text: "in time"}})
+	sl := &sleeps{}
+	p := NewOpenAI(OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: RetryPolicy{sleep: sl.sleep},
+		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}})
+	var retries []Retry
+	resp, err := p.Complete(t.Context(), Request{Messages: userHello, OnRetry: func(r Retry) { retries = append(retries, r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Message.Text != "in time" || len(retries) != 1 || retries[0].Reason != RetryTimeout || retries[0].Status != 0 {
+		t.Fatalf("text %q, retries %+v", resp.Message.Text, retries)
+	}
+	if s := retries[0].String(); !strings.HasPrefix(s, "the model server did not answer in time, retrying in ") {
+		t.Errorf("sentence %q", s)
+	}
+}
+
+func TestRetrySentence(t *testing.T) {
+	cases := []struct {
+		r    Retry
+		want string
+	}{
+		{Retry{Attempt: 2, MaxAttempts: 5, Delay: 2 * time.Second, Reason: RetryRateLimited, Status: 429}, "rate limited by the model server, retrying in 2s (attempt 2/5)"},
+		{Retry{Attempt: 3, MaxAttempts: 5, Delay: 1734 * time.Millisecond, Reason: RetryServerError, Status: 503}, "the model server answered 503, retrying in 1.7s (attempt 3/5)"},
+		{Retry{Attempt: 2, MaxAttempts: 4, Delay: 734 * time.Millisecond, Reason: RetryServerError}, "the model server failed in the middle of its answer, retrying in 730ms (attempt 2/4)"},
+		{Retry{Attempt: 2, MaxAttempts: 4, Reason: RetryTimeout, Status: 408}, "the model server timed out (HTTP 408), retrying now (attempt 2/4)"},
+		{Retry{Attempt: 4, MaxAttempts: 4, Delay: 4 * time.Second, Reason: RetryConnection}, "the connection to the model server was lost, retrying in 4s (attempt 4/4)"},
+	}
+	for _, tc := range cases {
+		if got := tc.r.String(); got != tc.want {
+			t.Errorf("got  %q\nwant %q", got, tc.want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"syscall"
 	"time"
 )
@@ -109,9 +110,14 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // after which a retry would show the caller the same text twice.
 type attemptFunc func(ctx context.Context) (resp *Response, emitted bool, err error)
 
-func (p RetryPolicy) run(ctx context.Context, log *slog.Logger, model string, call attemptFunc) (*Response, error) {
+// run makes the call, retrying as the policy says; req's OnAttempt and OnRetry
+// hear of each attempt and each retry.
+func (p RetryPolicy) run(ctx context.Context, log *slog.Logger, model string, req Request, call attemptFunc) (*Response, error) {
 	p = p.withDefaults()
 	for attempt := 1; ; attempt++ {
+		if req.OnAttempt != nil {
+			req.OnAttempt(attempt)
+		}
 		resp, emitted, err := call(ctx)
 		if err == nil {
 			resp.Attempts = attempt
@@ -128,6 +134,9 @@ func (p RetryPolicy) run(ctx context.Context, log *slog.Logger, model string, ca
 			return nil, err
 		}
 		log.WarnContext(ctx, "llm call failed, retrying", "model", model, "attempt", attempt, "delay", d, "err", err)
+		if req.OnRetry != nil {
+			req.OnRetry(newRetry(attempt+1, p.MaxAttempts, d, err))
+		}
 		if err := p.sleep(ctx, d); err != nil {
 			return nil, ctxError(ctx, err)
 		}
@@ -142,4 +151,84 @@ func ctxError(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%v)", cause, err)
+}
+
+// RetryReason says why a call is retried.
+type RetryReason string
+
+const (
+	RetryRateLimited RetryReason = "rate_limited" // HTTP 429
+	RetryServerError RetryReason = "server_error" // 5xx, 409, or an error inside the stream
+	RetryTimeout     RetryReason = "timeout"      // HTTP 408, or no answer in time
+	RetryConnection  RetryReason = "connection"   // the connection dropped or was reset
+)
+
+// Retry describes a failed attempt that is about to be tried again.
+type Retry struct {
+	// Attempt is the attempt about to be made (2 for the first retry), of MaxAttempts.
+	Attempt, MaxAttempts int
+	// Delay is the wait before it.
+	Delay  time.Duration
+	Reason RetryReason
+	// Status is the HTTP status that failed, or 0 (a dropped connection, an error
+	// inside a stream without a status).
+	Status int
+	// Err is the attempt's error.
+	Err error
+}
+
+func newRetry(attempt, maxAttempts int, d time.Duration, err error) Retry {
+	r := Retry{Attempt: attempt, MaxAttempts: maxAttempts, Delay: d, Err: err, Reason: RetryConnection}
+	var apiErr *APIError
+	var ne net.Error
+	switch {
+	case errors.As(err, &apiErr):
+		r.Status = apiErr.StatusCode
+		switch apiErr.StatusCode {
+		case http.StatusTooManyRequests:
+			r.Reason = RetryRateLimited
+		case http.StatusRequestTimeout:
+			r.Reason = RetryTimeout
+		default:
+			r.Reason = RetryServerError
+		}
+	case errors.As(err, &ne) && ne.Timeout():
+		r.Reason = RetryTimeout
+	}
+	return r
+}
+
+// String is the sentence a person reads, e.g. "rate limited by the model
+// server, retrying in 2s (attempt 2/4)".
+func (r Retry) String() string {
+	var what string
+	switch r.Reason {
+	case RetryRateLimited:
+		what = "rate limited by the model server"
+	case RetryTimeout:
+		what = "the model server did not answer in time"
+		if r.Status != 0 {
+			what = fmt.Sprintf("the model server timed out (HTTP %d)", r.Status)
+		}
+	case RetryServerError:
+		what = "the model server failed in the middle of its answer"
+		if r.Status != 0 {
+			what = fmt.Sprintf("the model server answered %d", r.Status)
+		}
+	default:
+		what = "the connection to the model server was lost"
+	}
+	when := "retrying now"
+	if d := roundDelay(r.Delay); d > 0 {
+		when = "retrying in " + d.String()
+	}
+	return fmt.Sprintf("%s, %s (attempt %d/%d)", what, when, r.Attempt, r.MaxAttempts)
+}
+
+// roundDelay keeps a jittered backoff readable: 1.734s is said as 1.7s, 734ms as 730ms.
+func roundDelay(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
 }

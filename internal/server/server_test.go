@@ -565,6 +565,30 @@ func TestDotDotAndUnknownRoutesGetJSON(t *testing.T) {
 	}
 }
 
+// A workspace quota above the session's memory limit is refused, naming
+// both (the workspace counts toward memory: filling it would end the
+// session out of memory instead of failing with ENOSPC); a session that
+// asks for less memory than the default quota gets half its memory.
+func TestDiskOverMemory(t *testing.T) {
+	ts := newTestServer(t, session.ManagerOptions{Max: jail.Limits{Memory: 1 << 30, Disk: 2 << 30}}, Options{})
+	for body, want := range map[string]string{
+		`{"disk_mb": 1024}`:                  "disk_mb 1024 is more than memory_mb 512: the workspace is held in memory",
+		`{"disk_mb": 300, "memory_mb": 256}`: "disk_mb 300 is more than memory_mb 256",
+	} {
+		resp := ts.do(t, "POST", "/v1/sessions", body, nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		if resp.StatusCode != 400 || errCode(t, resp) != "disk_over_memory" || !strings.Contains(string(b), want) {
+			t.Errorf("create %s: %d %s; want 400 disk_over_memory saying %q", body, resp.StatusCode, b, want)
+		}
+	}
+	var s sessionJSON
+	ts.do(t, "GET", "/v1/sessions/"+ts.create(t, `{"memory_mb": 64}`), "", &s)
+	if s.DiskMB != 32 {
+		t.Errorf("a session of 64 MiB memory got a workspace of %d MiB, want 32", s.DiskMB)
+	}
+}
+
 // A session's workspace quota: asked for at create within the server's
 // maxima, shown with its usage, and enforced on uploads (nothing stored).
 func TestWorkspaceQuota(t *testing.T) {

@@ -77,6 +77,9 @@ type ManagerOptions struct {
 	// EgressLookup resolves names for the egress gates of sessions with
 	// an allowlist. If nil, the host's resolver.
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// EgressCache is the package cache of sessions with an allowlist
+	// (Options.EgressCache). If nil, none.
+	EgressCache *egress.Cache
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -97,8 +100,9 @@ type CreateOptions struct {
 	// (loopback only) or "host" (if allowed by AllowNetwork).
 	Network jail.Network
 	// Egress, if set, lets the session out through an allowlist proxy
-	// (Options.Egress); Network must then be none. Such a session never
-	// takes a pooled kernel (pooled ones have no proxy).
+	// (Options.Egress); Network must then be none. Such a session takes a
+	// pooled kernel too: pooled kernels hold the proxy's listener on
+	// standby, armed (or closed) as they are handed out.
 	Egress *egress.Policy
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
@@ -221,7 +225,7 @@ func NewManager(opts ManagerOptions) *Manager {
 
 func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) Options {
 	return Options{
-		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, ExecTimeout: execTimeout,
+		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}
 }
@@ -234,6 +238,11 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	l.TmpSize, l.FileSize = cmp.Or(l.TmpSize, d.TmpSize), cmp.Or(l.FileSize, d.FileSize)
 	l.NoFile, l.Stack = cmp.Or(l.NoFile, d.NoFile), cmp.Or(l.Stack, d.Stack)
 	l.Disk, l.Files = cmp.Or(l.Disk, d.Disk), cmp.Or(l.Files, d.Files)
+	if req.Disk == 0 && l.Disk > l.Memory {
+		// The workspace counts toward memory: a session that asks for
+		// less memory than the default disk gets half its memory.
+		l.Disk = l.Memory / 2 &^ (1<<20 - 1)
+	}
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
@@ -249,7 +258,7 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	case l.Files > m.max.Files:
 		return l, &LimitError{"files", fmt.Sprint(l.Files), fmt.Sprint(m.max.Files)}
 	}
-	return l, nil
+	return l, l.DiskFits()
 }
 
 // Create returns a new session for opts.Owner: a pooled kernel when the
@@ -283,7 +292,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && opts.Egress == nil && len(m.pool) > 0 {
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
@@ -299,6 +308,17 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 			s = nil
 		} else {
 			s.opts.ExecTimeout = execTimeout
+		}
+	}
+	if s != nil {
+		if opts.Egress != nil {
+			if err := s.ArmEgress(ctx, opts.Egress, m.opts.EgressLookup, m.opts.EgressCache); err != nil {
+				m.log.Warn("pool: arming a pooled kernel's egress proxy failed; starting cold", "err", err)
+				s.Close()
+				s = nil
+			}
+		} else {
+			s.DisarmEgress()
 		}
 	}
 	if s == nil {
@@ -463,7 +483,9 @@ func (m *Manager) poolLoop() {
 				break
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout))
+			o := m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout)
+			o.EgressStandby = true // for a session in allow mode or in none mode
+			s, err := New(ctx, o)
 			cancel()
 			if err != nil {
 				m.log.Error("pool: start kernel", "err", err)

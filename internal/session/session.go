@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"sync"
@@ -44,6 +45,15 @@ type Options struct {
 	// EgressLookup resolves names for the gate. If nil, the host's
 	// resolver. (Tests map their names to local servers.)
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// EgressStandby (without Egress) gives the kernel's jail the proxy's
+	// listener too, held by the host and served by nothing until
+	// ArmEgress serves it or DisarmEgress closes it: a pooled kernel that
+	// may go to a session in allow mode or to one in none mode.
+	EgressStandby bool
+	// EgressCache, if set with Egress, is the host's package cache the
+	// session's pip is pointed at (PIP_INDEX_URL) when its allowlist
+	// covers the cache's index; shared by the sessions of a server.
+	EgressCache *egress.Cache
 	// Env is added to the kernel's environment (on top of the jail's
 	// minimal one, never the server's).
 	Env map[string]string
@@ -83,7 +93,8 @@ type Session struct {
 	workspace string
 	quota     *jail.QuotaDir // the workspace made by New, nil if the caller's
 	launch    kernel.Launcher
-	gate      *egress.Gate // with Options.Egress
+	gate      *egress.Gate // with Options.Egress, or once armed
+	standby   net.Listener // with Options.EgressStandby: the kernel's, unserved (under mu)
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
 
@@ -101,7 +112,11 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 	}
 	s.log = s.log.With("session", s.id)
 	if opts.Workspace == "" {
-		q, err := jail.NewQuotaDir(opts.Limits.Disk, opts.Limits.Files)
+		l := opts.Limits.WithDefaults()
+		if err := l.DiskFits(); err != nil {
+			return nil, err
+		}
+		q, err := jail.NewQuotaDir(l.Disk, l.Files)
 		if err != nil {
 			return nil, err
 		}
@@ -121,23 +136,19 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 			s.removeWorkspace()
 			return nil, errors.New("a session with the host's network has no egress allowlist")
 		}
-		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Logger: s.log})
+		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
 	}
-	s.launch = opts.Launcher
-	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {
-		s.launch = s.zygoteLauncher()
+	if opts.EgressStandby && (opts.Egress != nil || opts.Network == jail.NetworkHost) {
+		s.removeWorkspace()
+		return nil, errors.New("a session on standby for an egress allowlist has none yet and no host network")
 	}
-	if s.launch == nil {
-		s.launch = s.jailLauncher()
-	}
-	if s.gate != nil {
-		s.launch = s.servingGate(s.launch)
-	}
+	s.launch = s.launcher()
 	k, err := s.start(ctx)
 	if err != nil {
 		if s.gate != nil {
 			s.gate.Close()
 		}
+		s.closeStandby()
 		s.removeWorkspace()
 		return nil, err
 	}
@@ -328,6 +339,7 @@ func (s *Session) Close() error {
 	if s.gate != nil {
 		s.gate.Close()
 	}
+	s.closeStandby()
 	return s.removeWorkspace()
 }
 

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -62,6 +63,12 @@ type Turn struct {
 	// the stream, of this type ("overloaded_error", "server_error"), as the real APIs
 	// do when they fail after the 200 status has gone out.
 	StreamError string
+	// Delay holds the reply back this long before anything is sent (a slow
+	// model, or with a client timeout a model that does not answer in time).
+	// The wait ends early if the client goes away.
+	Delay time.Duration
+	// Drop closes the connection without answering, as a proxy that resets it.
+	Drop bool
 }
 
 // ToolCall is a scripted tool call.
@@ -371,6 +378,27 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 
 // play answers with turn, the reply to request turnNo+1.
 func (s *Server) play(w http.ResponseWriter, r *http.Request, turn Turn, turnNo int, model string, stream, includeUsage bool) {
+	if turn.Delay > 0 {
+		t := time.NewTimer(turn.Delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		case <-s.closing:
+			return
+		}
+	}
+	if turn.Drop {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				conn.Close()
+				return
+			}
+		}
+		s.t.Errorf("llmtest: cannot drop the connection")
+		return
+	}
 	if turn.Status != 0 {
 		s.writeError(w, turn, model)
 		return

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
@@ -47,9 +48,17 @@ print(err, made)
 // MiB) and files files (at most 5,000), stops a 1 GiB write and 50,000
 // file creations inside the sandbox with ENOSPC, that the workspace is a
 // tmpfs (so the host's disk is not written), that usage is reported, and
-// that Close removes it. It closes s.
+// that Close removes it. With a disk of at least twice hostFreeTolerance
+// it also checks that the free space of the host's file system holding
+// the temporary directory is the same, within the tolerance, while the
+// workspace is full and after Close. It closes s.
 func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	t.Helper()
+	checkFree := disk >= 2*hostFreeTolerance
+	var free0 int64
+	if checkFree {
+		free0 = hostFree(t)
+	}
 	q := s.Quota()
 	if !q.Enforced || q.Disk != disk || q.Files != files {
 		t.Fatalf("quota %+v, want enforced %d bytes, %d files", q, disk, files)
@@ -69,6 +78,9 @@ func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	if err != nil || u.Bytes < n || u.Bytes > disk || u.Files != 1 {
 		t.Fatalf("usage after the write: %+v, %v (want ≥%d bytes, 1 file)", u, err, n)
 	}
+	if checkFree {
+		checkHostFree(t, "with the workspace full", free0)
+	}
 	out = run(t, s, fillFiles)
 	var made int
 	if _, err := fmt.Sscan(out, &errName, &made); err != nil || errName != "ENOSPC" || made > files || made < files-2 {
@@ -86,6 +98,42 @@ func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mi), ws) {
 		t.Fatalf("workspace still mounted after Close (%v)", err)
 	}
+	if checkFree {
+		checkHostFree(t, "after Close", free0)
+	}
+}
+
+// hostFreeTolerance is how much the host's free space may drop during a
+// quota check for activity that is not the session's (other tests'
+// files): well below the 256 MiB a leaked full workspace would take.
+const hostFreeTolerance = 100 << 20
+
+// hostFree is the space free to unprivileged users on the host file
+// system that holds the temporary directory, where workspaces are made.
+func hostFree(t *testing.T) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(os.TempDir(), &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// checkHostFree fails if the host's free space is more than
+// hostFreeTolerance below free0. It measures a few times over a few
+// seconds before it fails: unrelated files that come and go are not taken
+// for the session's, which would stay.
+func checkHostFree(t *testing.T, when string, free0 int64) {
+	t.Helper()
+	var free int64
+	for i := range 5 {
+		if free = hostFree(t); free0-free <= hostFreeTolerance {
+			t.Logf("host free space %s: %+d MiB", when, (free-free0)>>20)
+			return
+		}
+		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
+	}
+	t.Fatalf("the host's file system holding %s lost %d MiB of free space %s (tolerance %d MiB)", os.TempDir(), (free0-free)>>20, when, hostFreeTolerance>>20)
 }
 
 func run(t *testing.T, s *session.Session, code string) string {
