@@ -11,7 +11,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,7 +96,8 @@ type Gateway struct {
 	proxy    *httputil.ReverseProxy
 	hosts    *hosts
 	routes   *routes
-	tokens   [][]byte
+	tokens   server.Tokens
+	front    server.Front
 	draining atomic.Bool
 	listenOK atomic.Bool
 	rndMu    sync.Mutex
@@ -152,11 +152,8 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.client = &http.Client{Transport: opts.Transport}
 	g.hosts = &hosts{g: g, m: map[string]*host{}}
-	for _, t := range opts.Tokens {
-		if t != "" {
-			g.tokens = append(g.tokens, []byte(t))
-		}
-	}
+	g.tokens = server.NewTokens(opts.Tokens)
+	g.front = server.Front{Mux: g.mux, AllowedHosts: opts.AllowedHosts}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { g.rewrite(pr) },
 		Transport:     opts.Transport,
@@ -253,27 +250,11 @@ func (g *Gateway) Hosts() []HostInfo { return g.hosts.snapshot() }
 // in-flight requests and streams finish.
 func (g *Gateway) Drain() { g.draining.Store(true) }
 
-// ServeHTTP applies serve's browser defences, then routes.
+// ServeHTTP admits the request as serve does (server.Front), then routes.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !server.HostAllowed(r.Host, g.opts.AllowedHosts) {
-		server.WriteError(w, http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0)
-		return
+	if g.front.Admit(w, r) {
+		g.mux.ServeHTTP(w, r)
 	}
-	if server.CrossSiteWithoutToken(r) {
-		server.WriteError(w, http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0)
-		return
-	}
-	for _, seg := range strings.Split(r.URL.Path, "/") {
-		if seg == ".." || seg == "." {
-			server.WriteError(w, http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0)
-			return
-		}
-	}
-	if _, pattern := g.mux.Handler(r); pattern == "" {
-		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0)
-		return
-	}
-	g.mux.ServeHTTP(w, r)
 }
 
 type ownerKey struct{}
@@ -284,21 +265,9 @@ func ownerOf(ctx context.Context) string { s, _ := ctx.Value(ownerKey{}).(string
 // hash of its token, forwarded to hosts in server.HeaderOwner.
 func (g *Gateway) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(g.tokens) == 0 {
-			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, "")))
-			return
+		if owner, ok := g.tokens.Owner(w, r); ok {
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
 		}
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if tok == r.Header.Get("Authorization") {
-			tok = r.URL.Query().Get("token")
-		}
-		for _, t := range g.tokens {
-			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
-				h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, server.OwnerOf(tok))))
-				return
-			}
-		}
-		server.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid token: send Authorization: Bearer <token>", 0)
 	})
 }
 
