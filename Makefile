@@ -23,9 +23,13 @@ build: deps gen
 run: build
 	./bin/sandloop $(ARGS)
 
+# Then a smoke test of test-vm (one VM boot, a few tests on kernel 6.1 /
+# cgroup v2, ~2-3 minutes); it skips, saying why, without the VM runner
+# (../shared/vm) or QEMU.
 test: deps gen
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
+	./scripts/test-vm.sh --smoke
 
 # The packages that touch the kernel (jail, session, zygote) on Debian 12's
 # kernel 6.1 with cgroup v2 only, in a QEMU VM (TCG: slow, ~15-30 minutes),
@@ -53,6 +57,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Lessons -benchtime 1x ./internal/lessons
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
 	$(GO) test -run '^$$' -bench WheelCache -benchtime 3x ./internal/session
+	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

@@ -82,6 +82,18 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	if err != nil {
 		return nil, &ArgumentError{"workspace", err}
 	}
+	zygoteWS := ""
+	if cfg.ZygoteWorkspaces != "" {
+		if !cfg.Zygote {
+			return nil, &ArgumentError{"zygote workspaces", errors.New("only for a zygote")}
+		}
+		if zygoteWS, err = filepath.EvalSymlinks(cfg.ZygoteWorkspaces); err != nil {
+			return nil, &ArgumentError{"zygote workspaces", err}
+		}
+		if zygoteWS, err = filepath.Abs(zygoteWS); err != nil {
+			return nil, &ArgumentError{"zygote workspaces", err}
+		}
+	}
 	// As root, hand the jail a detached clone of the workspace's mount: the
 	// jail's user may not traverse the path's parents. Without root the
 	// jail's user is the caller, who can.
@@ -101,7 +113,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	initCfg := initConfig{
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
-		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ListenPort: cfg.ListenPort,
+		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ZygoteWorkspaces: zygoteWS, ListenPort: cfg.ListenPort,
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
