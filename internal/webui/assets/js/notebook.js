@@ -76,9 +76,16 @@ class Notebook {
     this.files.load('');
     this.net.load();
     this.addCell('', false);
+    // A session may end while the tab is elsewhere (idle timeout): look
+    // again when the reader comes back.
+    this.onVisible = () => { if (document.visibilityState === 'visible') this.refreshInfo(); };
+    document.addEventListener('visibilitychange', this.onVisible);
   }
 
-  dispose() { clearTimeout(this.net.again); }
+  dispose() {
+    document.removeEventListener('visibilitychange', this.onVisible);
+    clearTimeout(this.net.again);
+  }
 
   async refreshInfo() {
     try {
