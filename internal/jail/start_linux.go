@@ -69,6 +69,16 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		// Never the current directory: the jail would own it.
 		return nil, &ArgumentError{"workspace", errors.New("empty")}
 	}
+	// A workspace made in a user namespace is reached through a
+	// descriptor, never by resolving its path (which names the
+	// descriptor, not a host directory).
+	wsMount, wsSub, inUserNS, err := usernsWorkspace(cfg.Workspace)
+	if err != nil {
+		return nil, &ArgumentError{"workspace", err}
+	}
+	if inUserNS {
+		return start(ctx, cfg, limits, cfg.Workspace, wsMount, false, wsSub)
+	}
 	wsPath, err := filepath.Abs(cfg.Workspace)
 	if err == nil {
 		wsPath, err = filepath.EvalSymlinks(wsPath)
@@ -86,6 +96,14 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// jail's user may not traverse the path's parents. Without root the
 	// jail's user is the caller, who can.
 	ws, wsTree := openWorkspaceTree(wsPath)
+	return start(ctx, cfg, limits, wsPath, ws, wsTree, "")
+}
+
+// start starts the jail of cfg (checked) with the workspace at wsPath and
+// ws: a clone of its mount to attach (wsTree), a tmpfs made in a user
+// namespace whose directory wsSub the jail clones, or /dev/null (bind
+// wsPath). It closes ws.
+func start(ctx context.Context, cfg *Config, limits Limits, wsPath string, ws *os.File, wsTree bool, wsSub string) (*Process, error) {
 	defer ws.Close()
 
 	p := &Process{done: make(chan struct{})}
@@ -101,7 +119,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	initCfg := initConfig{
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
-		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ListenPort: cfg.ListenPort,
+		Workspace: wsPath, WorkspaceTree: wsTree, WorkspaceSub: wsSub, Zygote: cfg.Zygote, ListenPort: cfg.ListenPort,
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
