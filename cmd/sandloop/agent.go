@@ -227,7 +227,12 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		var mu sync.Mutex
 		view = func(e agent.Event) { mu.Lock(); enc.Encode(e); mu.Unlock() }
 	} else {
-		view = newTerminalView(out, isTerminal(out)).event
+		tv := newTerminalView(out, isTerminal(out))
+		if isTerminal(errOut) {
+			tv.showWaiting(errOut, true)
+		}
+		defer tv.close()
+		view = tv.event
 	}
 	var confirm func(ctx context.Context, tool, code string) bool
 	if f.confirm {

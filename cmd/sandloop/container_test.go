@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -185,7 +187,11 @@ func inContainer(t *testing.T, dir string, s containerSettings, env []string, ar
 	return cmd.ProcessState.ExitCode(), string(out)
 }
 
-func TestInContainer(t *testing.T) {
+// containerDir skips the test where containers cannot run, and returns
+// a directory holding the built sandloop (mounted as /opt in containers)
+// and the repository's root.
+func containerDir(t *testing.T) (dir, root string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs containers")
 	}
@@ -202,7 +208,12 @@ func TestInContainer(t *testing.T) {
 	if data, err := os.ReadFile(builtBinary(t)); err != nil || os.WriteFile(bin, data, 0o755) != nil {
 		t.Fatal("copy sandloop", err)
 	}
-	root, _ := filepath.Abs("../..")
+	root, _ = filepath.Abs("../..")
+	return dir, root
+}
+
+func TestInContainer(t *testing.T) {
+	dir, root := containerDir(t)
 	if out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(dir, "jail.test"), filepath.Join(root, "internal/jail")).CombinedOutput(); err != nil {
 		t.Fatalf("build the jail's tests: %v\n%s", err, out)
 	}
@@ -210,7 +221,7 @@ func TestInContainer(t *testing.T) {
 
 	t.Run("documented settings", func(t *testing.T) {
 		code, out := inContainer(t, dir, safe, nil, "/opt/sandloop", "doctor")
-		if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "in a container") || !strings.Contains(out, "ok    jail") {
+		if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "in a container") || !strings.Contains(out, "ok    jail") || strings.Contains(out, "pod ") {
 			t.Fatalf("doctor in the container: exit %d\n%s", code, out)
 		}
 		t.Logf("doctor in the container:\n%s", out)
@@ -242,7 +253,62 @@ func TestInContainer(t *testing.T) {
 	})
 }
 
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
+// TestDoctorInPod runs doctor in containers that look like Kubernetes pods
+// (KUBERNETES_SERVICE_HOST set) with the chart's settings, and with one
+// missing at a time: doctor names the missing pod setting and fails, or
+// passes when nothing is missing. (AppArmor cannot be taken away here: the
+// kernel has none; podChecks' unit test covers it.)
+func TestDoctorInPod(t *testing.T) {
+	dir, root := containerDir(t)
+	pod := []string{"KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443"}
+	chart := containerSettings{seccomp: filepath.Join(root, "deploy/seccomp/sandloop.json"), userns: true, unmasked: true}
+	runtimeDefault := filepath.Join(root, "deploy/seccomp/docker-default.json")
+	podLine := regexp.MustCompile(`(?m)^(ok  |warn|FAIL|--  )  (pod \w+) `)
+	// The pod lines' marks with every setting; each case says what differs.
+	allSet := map[string]string{"pod hostUsers": "ok  ", "pod procMount": "ok  ", "pod seccomp": "ok  ", "pod AppArmor": "--  ",
+		"pod cgroups": "warn"} // a user namespace's cgroups are not delegated here
+	for _, tc := range []struct {
+		name string
+		s    containerSettings
+		want map[string]string // marks that differ from allSet
+		fix  string            // what a fix line must say
+	}{
+		{name: "all settings", s: chart},
+		// Kubernetes unmasks /proc only with hostUsers: false, so a pod
+		// without it has a masked /proc too.
+		{name: "no hostUsers: false", s: containerSettings{seccomp: chart.seccomp},
+			want: map[string]string{"pod hostUsers": "FAIL", "pod procMount": "FAIL", "pod cgroups": "ok  "}, fix: "set hostUsers: false in the pod spec"},
+		{name: "no procMount: Unmasked", s: containerSettings{seccomp: chart.seccomp, userns: true},
+			want: map[string]string{"pod procMount": "FAIL"}, fix: "set securityContext.procMount: Unmasked"},
+		{name: "RuntimeDefault seccomp", s: containerSettings{seccomp: runtimeDefault, userns: true, unmasked: true},
+			want: map[string]string{"pod seccomp": "FAIL"},
+			fix:  "set securityContext.seccompProfile: {type: Localhost, localhostProfile: sandloop.json} (chart value host.seccompProfile)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := inContainer(t, dir, tc.s, pod, "/opt/sandloop", "doctor")
+			t.Logf("doctor: exit %d\n%s", code, out)
+			if strings.Contains(out, "goroutine ") || !strings.Contains(out, "--    kubernetes        in a pod (KUBERNETES_SERVICE_HOST is set)") {
+				t.Fatal("doctor did not see the pod, or crashed")
+			}
+			want := maps.Clone(allSet)
+			maps.Copy(want, tc.want)
+			got := map[string]string{}
+			for _, m := range podLine.FindAllStringSubmatch(out, -1) {
+				got[m[2]] = m[1]
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("pod lines %q, want %q", got, want)
+			}
+			if tc.fix == "" {
+				if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "a safe sandbox can be built") {
+					t.Errorf("exit %d with every setting", code)
+				}
+				return
+			}
+			if code != 1 || !strings.Contains(out, "a safe sandbox cannot be built") || !strings.Contains(out, "fix: "+tc.fix) ||
+				!strings.Contains(out, "FAIL  jail              cannot start a sandbox") || !strings.Contains(out, "fix: see the pod lines below") {
+				t.Errorf("exit %d; want 1, the failed jail, the verdict and the fix %q", code, tc.fix)
+			}
+		})
+	}
 }

@@ -79,7 +79,23 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		}
 	}
 	info := func(name, detail string) { fmt.Fprintf(w, "--    %-17s %s\n", name, detail) }
+	r := jail.Probe()
+	// In a pod, the fix for a missing layer is a pod setting: the layers'
+	// lines point to the pod's, printed last.
+	kube := inKubernetes()
+	jailFailed := false
 	verdict := func() bool {
+		if kube != "" {
+			info("kubernetes", "in a pod ("+kube+"): the settings the jail needs, see docs/kubernetes.md")
+			for _, c := range podChecks(podFacts{Confinement: jail.ProbeConfinement(), Cgroups: r.Cgroups,
+				NamespacesRefused: !r.UserNamespaces.OK, JailFailed: jailFailed}) {
+				if c.info {
+					info(c.name, c.Detail)
+				} else {
+					line(c.Check, c.name)
+				}
+			}
+		}
 		switch {
 		case fails > 0:
 			fmt.Fprintln(w, "a safe sandbox cannot be built on this host: see the FAIL lines")
@@ -90,7 +106,14 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		}
 		return fails == 0
 	}
-	r := jail.Probe()
+	if kube != "" {
+		if !r.UserNamespaces.OK {
+			r.UserNamespaces.Fix = podFix
+		}
+		if !r.Cgroups.OK {
+			r.Cgroups.Fix = podFix
+		}
+	}
 	who := fmt.Sprintf("uid %d (sandbox user %d maps to host uid %d)", os.Geteuid(), jail.SandboxUID, r.HostID)
 	if r.Root {
 		who = fmt.Sprintf("root (sandbox user %d maps to host uid %d)", jail.SandboxUID, r.HostID)
@@ -123,6 +146,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	}
 	ws, err := os.MkdirTemp("", "sandloop-doctor-")
 	if err != nil {
+		jailFailed = true
 		line(jail.Check{Detail: err.Error()}, "jail")
 		return verdict()
 	}
@@ -140,12 +164,14 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	})
 	total := time.Since(start)
 	if err != nil {
-		line(jail.Check{Detail: "cannot start a sandbox: " + err.Error()}, "jail")
+		jailFailed = true
+		line(jail.Check{Detail: "cannot start a sandbox: " + err.Error(), Fix: podFixIf(kube)}, "jail")
 		return verdict()
 	}
 	var rep doctorReport
 	if res.ExitCode != 0 || json.Unmarshal(out.Bytes(), &rep) != nil {
-		line(jail.Check{Detail: fmt.Sprintf("python exited %d in the sandbox: %s", res.ExitCode, bytes.TrimSpace(errb.Bytes()))}, "jail")
+		jailFailed = true
+		line(jail.Check{Detail: fmt.Sprintf("python exited %d in the sandbox: %s", res.ExitCode, bytes.TrimSpace(errb.Bytes())), Fix: podFixIf(kube)}, "jail")
 		return verdict()
 	}
 	// What the jail costs, apart from importing the packages (slow the
@@ -155,6 +181,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		total.Round(time.Millisecond), len(doctorPackages), imports.Round(time.Millisecond), res.Enforcement)}, "jail")
 	line(jail.Check{OK: true, Detail: fmt.Sprintf("%s (Python %s)", jail.DefaultPython, rep.Python)}, "python")
 	line(doctorEgress(ctx), "egress proxy")
+	line(doctorWheelCache(), "wheel cache")
 	for _, name := range doctorPackages {
 		p := rep.Packages[name]
 		if p.OK {
@@ -165,3 +192,13 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	}
 	return verdict()
 }
+
+// podFixIf points a failed jail line to the pod lines, in a pod.
+func podFixIf(kube string) string {
+	if kube == "" {
+		return ""
+	}
+	return podFix
+}
+
+const podFix = "see the pod lines below"

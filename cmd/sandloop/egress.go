@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -56,6 +58,58 @@ func printNetworkLog(w io.Writer, l *egress.Log) {
 		}
 		fmt.Fprintln(w, line)
 	}
+}
+
+// wheelCacheDir is where serve keeps the package cache: dir, or under the
+// data directory; "" for none.
+func wheelCacheDir(dir, dataDir string) string {
+	switch dir {
+	case "off":
+		return ""
+	case "":
+		return filepath.Join(dataDir, "wheel-cache")
+	}
+	return dir
+}
+
+// openWheelCache opens serve's package cache (nil with --wheel-cache off).
+func openWheelCache(dir, dataDir string, size int64, index string, log *slog.Logger) (*egress.Cache, error) {
+	dir = wheelCacheDir(dir, dataDir)
+	if dir == "" {
+		return nil, nil
+	}
+	if size <= 0 {
+		return nil, usagef("--wheel-cache-size must be positive (or --wheel-cache off)")
+	}
+	c, err := egress.OpenCache(egress.CacheOptions{Dir: dir, MaxBytes: size, Index: index, Logger: log})
+	if err != nil {
+		return nil, usagef("--wheel-cache/--pip-index: %v", err)
+	}
+	return c, nil
+}
+
+// doctorWheelCache describes serve's package cache at its default place.
+func doctorWheelCache() jail.Check {
+	dir := wheelCacheDir("", defaultDataDir())
+	fi, err := os.Stat(dir)
+	switch {
+	case os.IsNotExist(err):
+		return jail.Check{OK: true, Detail: fmt.Sprintf("%s: not made yet (serve makes it; --wheel-cache, --wheel-cache-size %d MiB, --pip-index %s)", dir, egress.DefaultCacheBytes>>20, egress.DefaultIndex())}
+	case err != nil:
+		return jail.Check{Detail: err.Error()}
+	case !fi.IsDir():
+		return jail.Check{Detail: dir + " is not a directory", Fix: "remove it or give serve --wheel-cache DIR"}
+	case fi.Mode().Perm()&0o077 != 0:
+		return jail.Check{Detail: fmt.Sprintf("%s is open to other users (mode %o): only sandloop may write the files sessions install", dir, fi.Mode().Perm()), Fix: "chmod 700 " + dir}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "files", "??", "*"))
+	var size int64
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil {
+			size += fi.Size()
+		}
+	}
+	return jail.Check{OK: true, Detail: fmt.Sprintf("%s: %d package files, %.1f MiB (serve's cap: --wheel-cache-size, default %d MiB); allow-mode sessions whose allowlist covers the index install through it", dir, len(files), float64(size)/(1<<20), egress.DefaultCacheBytes>>20)}
 }
 
 // egressOptions reads serve's network flags.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -43,5 +45,30 @@ print(get("http://192.0.2.7/"))
 	}
 	if rc, _, errOut := sandloop(t, "", "exec", "--allow", "exa mple", "-c", "1"); rc != 2 || !strings.Contains(errOut, "not a host name") {
 		t.Errorf("bad --allow: %d %q", rc, errOut)
+	}
+}
+
+func TestOpenWheelCache(t *testing.T) {
+	data := t.TempDir()
+	c, err := openWheelCache("", data, 1<<20, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	fi, err := os.Stat(filepath.Join(data, "wheel-cache"))
+	if st.Dir != filepath.Join(data, "wheel-cache") || st.MaxBytes != 1<<20 || err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("default cache: %+v, %v %v", st, fi, err)
+	}
+	if c, err := openWheelCache("off", data, 1<<20, "", nil); c != nil || err != nil {
+		t.Errorf("off: %v %v", c, err)
+	}
+	for _, bad := range []struct {
+		size  int64
+		index string
+		want  string
+	}{{0, "", "--wheel-cache-size must be positive"}, {1 << 20, "ftp://x/simple/", "must be an http(s) URL"}} {
+		if _, err := openWheelCache("", data, bad.size, bad.index, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("size %d index %q: %v, want %q", bad.size, bad.index, err, bad.want)
+		}
 	}
 }

@@ -49,6 +49,8 @@ func newServeCmd() *cobra.Command {
 		defaultNetwork           string
 		useE2B                   bool
 		zygoteFlag               zygoteMode
+		wheelCache, pipIndex     string
+		wheelCacheSize           int64 = egress.DefaultCacheBytes
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -100,9 +102,14 @@ func newServeCmd() *cobra.Command {
 				defer z.Close() // after the manager has closed its sessions
 				zy = z
 			}
+			cache, err := openWheelCache(wheelCache, dataDir, wheelCacheSize, pipIndex, log)
+			if err != nil {
+				return err
+			}
 			mgr := session.NewManager(session.ManagerOptions{
 				PoolSize: pool, MaxSessions: maxSessions, IdleTimeout: idle, MaxLifetime: lifetime,
 				Defaults: defaults, Max: maxima, DefaultEgress: defEgress, ExecTimeout: execTO, Logger: log, Zygote: zy,
+				EgressCache: cache,
 			})
 			defer mgr.Close()
 			mounts := map[string]http.Handler{}
@@ -218,6 +225,9 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&defaultNetwork, "default-network", "none", "network mode of a session that asks for none: none or allow (with --allow's list)")
 	f.StringSliceVar(&allow, "allow", nil, "allowlist of a session in mode allow that lists nothing (host names, *.domains, :PORTs, addresses, ranges, presets: "+strings.Join(egress.PresetNames(), ", ")+"; repeatable)")
 	f.StringSliceVar(&allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
+	f.StringVar(&wheelCache, "wheel-cache", "", "directory of the package cache shared by allow-mode sessions whose allowlist covers --pip-index (default DATA-DIR/wheel-cache; off: none)")
+	f.Var(sizeValue{&wheelCacheSize}, "wheel-cache-size", "size cap of the package cache (least recently used files go first)")
+	f.StringVar(&pipIndex, "pip-index", egress.DefaultIndex(), "PEP 503 index the package cache mirrors for pip in allow-mode sessions")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	registerZygote(f, &zygoteFlag)
 	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")

@@ -18,9 +18,28 @@ type terminalView struct {
 	w      io.Writer
 	color  bool
 	inText bool
+	// wait, if set, shows that the run waits for the model (a terminal only).
+	wait *waitIndicator
+	// retry is the last retry's "attempt 2/4" and its step, said while waiting again.
+	retry     string
+	retryStep int
 }
 
 func newTerminalView(w io.Writer, color bool) *terminalView { return &terminalView{w: w, color: color} }
+
+// showWaiting makes the view show the wait for the model on w, a terminal.
+func (v *terminalView) showWaiting(w io.Writer, color bool) {
+	v.wait = &waitIndicator{w: w, color: color}
+}
+
+// close removes what is still drawn.
+func (v *terminalView) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.wait != nil {
+		v.wait.clear()
+	}
+}
 
 const (
 	cReset  = "\x1b[0m"
@@ -49,7 +68,24 @@ func (v *terminalView) endText() {
 func (v *terminalView) event(e agent.Event) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.wait != nil {
+		v.wait.clear() // whatever comes next is printed on a clean line
+	}
 	switch e.Type {
+	case agent.EventModelWait:
+		if v.wait != nil {
+			note := ""
+			if v.retryStep == e.Step {
+				note = v.retry
+			}
+			v.wait.start(e.Time, note)
+		}
+	case agent.EventModelRetry:
+		v.endText()
+		fmt.Fprintf(v.w, "%s\n", v.paint(cYellow, "↻ "+e.Text))
+		if e.Retry != nil {
+			v.retry, v.retryStep = fmt.Sprintf("attempt %d/%d", e.Retry.Attempt, e.Retry.MaxAttempts), e.Step
+		}
 	case agent.EventStarted:
 		if e.Text != "" {
 			fmt.Fprintf(v.w, "%s %s\n", v.paint(cBold, "task:"), e.Text)

@@ -29,6 +29,9 @@ type Options struct {
 	// MaxLog is how many connections the log keeps (the oldest are
 	// dropped, and counted). If zero, 1000.
 	MaxLog int
+	// Cache, if set, is the host's package cache the gate serves pip
+	// from (see MirrorPath and PipEnv), shared with other gates.
+	Cache *Cache
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -52,6 +55,10 @@ type Gate struct {
 	entries   []Entry
 	dropped   int
 	wg        sync.WaitGroup
+	client    *http.Client // the mirror's, made on first use
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
 }
 
 // Entry is one connection (a CONNECT tunnel) or one plain HTTP request
@@ -68,6 +75,10 @@ type Entry struct {
 	BytesOut   int64     `json:"bytes_out"`        // sent by the sandbox
 	BytesIn    int64     `json:"bytes_in"`         // received by the sandbox
 	DurationMS float64   `json:"duration_ms"`
+	// Cache is set for a request to the package cache (MirrorPath): "hit"
+	// (served from the host's cache), "miss" (fetched, verified, stored)
+	// or "index" (an index page, fetched and never cached).
+	Cache string `json:"cache,omitempty"`
 }
 
 // Log is a snapshot of a gate's state and its connection log.
@@ -89,6 +100,7 @@ func (l *Log) Sort() {
 // New returns a gate enforcing opts.Policy.
 func New(opts Options) *Gate {
 	g := &Gate{opts: opts, policy: opts.Policy.withDefaults(), listeners: map[net.Listener]bool{}, conns: map[net.Conn]bool{}}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.opts.MaxLog == 0 {
 		g.opts.MaxLog = 1000
 	}
@@ -170,14 +182,19 @@ func (g *Gate) untrack(c net.Conn) {
 func (g *Gate) Close() error {
 	g.mu.Lock()
 	g.closed = true
+	g.cancel()
 	for ln := range g.listeners {
 		ln.Close()
 	}
 	for c := range g.conns {
 		c.Close()
 	}
+	client := g.client
 	g.mu.Unlock()
 	g.wg.Wait()
+	if client != nil {
+		client.CloseIdleConnections()
+	}
 	return nil
 }
 
@@ -299,9 +316,12 @@ func (g *Gate) serveConn(raw net.Conn) {
 			return
 		}
 		var again bool
-		if req.Method == http.MethodConnect {
+		switch {
+		case req.Method == http.MethodConnect:
 			g.tunnel(c, br, req)
-		} else {
+		case forMirror(req):
+			again = g.serveMirror(c, req)
+		default:
 			again = g.forward(c, req, head)
 		}
 		g.active.Add(-1)
@@ -309,6 +329,22 @@ func (g *Gate) serveConn(raw net.Conn) {
 			return
 		}
 	}
+}
+
+// forMirror reports whether req asks for the package cache's mirror: by
+// path (http://127.0.0.1:3128/... with the proxy bypassed), or through the
+// proxy by an absolute URL naming a loopback host (pip's --proxy, which
+// PIP_PROXY sets, ignores NO_PROXY).
+func forMirror(req *http.Request) bool {
+	if !strings.HasPrefix(req.URL.Path, MirrorPath) {
+		return false
+	}
+	if req.URL.Host == "" {
+		return true
+	}
+	h := req.URL.Hostname()
+	ad, err := netip.ParseAddr(h)
+	return req.URL.Scheme == "http" && (h == "localhost" || err == nil && ad.Unmap().IsLoopback())
 }
 
 // maxHead caps a request's line and headers.

@@ -27,6 +27,7 @@ func (*Process) Kill()                  {}
 func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
 func (*Process) Done() <-chan struct{}  { return nil }
 func Probe() HostReport                 { return HostReport{} }
+func ProbeConfinement() Confinement     { return Confinement{} }
 func SeccompSupported() bool            { return false }
 func RunningInits() []int               { return nil }
 func InitInfo() string                  { return "" }

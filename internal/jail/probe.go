@@ -22,3 +22,22 @@ type Check struct {
 	// Fix is the exact step that provides the missing layer, or "".
 	Fix string
 }
+
+// Confinement is how the runtime around this process confines it, in the
+// terms of the settings that change it (for doctor inside a container or
+// pod).
+type Confinement struct {
+	// OwnUserNS reports that this process runs in a user namespace of its
+	// own (not the host's identity mapping): root here is not root there.
+	OwnUserNS bool
+	// MaskedProc lists the paths under /proc the runtime over-mounted
+	// (masked or made read-only); while any exist the kernel refuses a
+	// sandbox a fresh procfs.
+	MaskedProc []string
+	// SeccompBlocked lists the jail's system calls that the seccomp
+	// filter this process runs under refuses (unshare, mount, setns).
+	SeccompBlocked []string
+	// AppArmor is the AppArmor profile confining this process
+	// ("unconfined" when none), or "" when the kernel has no AppArmor.
+	AppArmor string
+}

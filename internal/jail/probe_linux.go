@@ -169,3 +169,39 @@ func RunningInits() []int {
 	}
 	return out
 }
+
+// ProbeConfinement reports how the runtime confines this process.
+func ProbeConfinement() Confinement {
+	var c Confinement
+	// The host's user namespace maps every uid to itself.
+	if m := strings.Fields(readFileString("/proc/self/uid_map")); len(m) != 3 || m[0] != "0" || m[1] != "0" || m[2] != "4294967295" {
+		c.OwnUserNS = true
+	}
+	for _, line := range strings.Split(readFileString("/proc/self/mountinfo"), "\n") {
+		// id parent major:minor root mountpoint ...
+		// binfmt_misc is mounted on a directory procfs keeps empty, which
+		// the kernel does not count against a new procfs.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], "/proc/") && f[4] != "/proc/sys/fs/binfmt_misc" {
+			c.MaskedProc = append(c.MaskedProc, f[4])
+		}
+	}
+	// Each call below fails on its arguments before any permission check
+	// when it is allowed, so EPERM can only come from a seccomp filter:
+	// unshare(0) changes nothing, mount on "" and setns on -1 are invalid.
+	if unix.Unshare(0) == unix.EPERM {
+		c.SeccompBlocked = append(c.SeccompBlocked, "unshare")
+	}
+	if unix.Mount("none", "", "", 0, "") == unix.EPERM {
+		c.SeccompBlocked = append(c.SeccompBlocked, "mount")
+	}
+	if unix.Setns(-1, 0) == unix.EPERM {
+		c.SeccompBlocked = append(c.SeccompBlocked, "setns")
+	}
+	if readFileString("/sys/module/apparmor/parameters/enabled") == "Y" {
+		c.AppArmor = readFileString("/proc/self/attr/apparmor/current")
+		if c.AppArmor == "" {
+			c.AppArmor = readFileString("/proc/self/attr/current")
+		}
+	}
+	return c
+}

@@ -438,3 +438,12 @@ func (s *Service) Running(id string) bool {
 	_, ok := s.active[id]
 	return ok
 }
+
+// DefaultModel resolves the model a run that names none would use.
+func (s *Service) DefaultModel(ctx context.Context) (llm.ModelInfo, error) {
+	p, err := s.opts.Provider(ctx, "")
+	if err != nil {
+		return llm.ModelInfo{}, err
+	}
+	return p.Info(), nil
+}

@@ -95,6 +95,7 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 		checked++
 	}
 	check("GET", "/healthz", "")
+	check("GET", "/v1/info", "")
 	check("GET", "/v1/sessions", "")
 	check("GET", base, "")
 	check("POST", base+"/execute", `{"code":"print(1)\n6*7"}`)

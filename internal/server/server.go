@@ -188,6 +188,7 @@ func (s *Server) routes() []route {
 		{"GET", "/healthz", s.healthz, true},
 		{"GET", "/readyz", s.readyz, true},
 		{"GET", "/openapi.yaml", s.openapi, true},
+		{"GET", "/v1/info", s.info, false},
 		{"POST", "/v1/sessions", s.createSession, false},
 		{"GET", "/v1/sessions", s.listSessions, false},
 		{"GET", "/v1/sessions/{id}", s.getSession, false},

@@ -2,13 +2,21 @@ package session
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +37,8 @@ type egressWorld struct {
 	indexURL    string
 	otherURL    string
 	wheelModule string
+	wheel       string       // the wheel's path on the host
+	fileGets    atomic.Int32 // requests for files at the index
 }
 
 type egressLookup = func(context.Context, string) ([]netip.Addr, error)
@@ -37,8 +47,14 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	t.Helper()
 	w := &egressWorld{ca: egresstest.NewCA(t), wheelModule: "sandloop_egress_demo"}
 	wheels := t.TempDir()
-	egresstest.BuildWheel(t, wheels, "sandloop-egress-demo", "1.0", "built by the test")
-	index := w.ca.Server(t, egresstest.Index(wheels), "pkgs.test")
+	w.wheel = egresstest.BuildWheel(t, wheels, "sandloop-egress-demo", "1.0", "built by the test")
+	ix := egresstest.Index(wheels)
+	index := w.ca.Server(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/files/") {
+			w.fileGets.Add(1)
+		}
+		ix.ServeHTTP(rw, r)
+	}), "pkgs.test")
 	other := w.ca.Server(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { fmt.Fprint(rw, "other site") }), "other.test")
 	w.indexPort, w.otherPort = egresstest.Port(index), egresstest.Port(other)
 	w.lookup = egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}, "other.test": {"127.0.0.1"}, "rebind.test": {"10.0.0.5"}})
@@ -69,15 +85,25 @@ func (w *egressWorld) workspace(t *testing.T) string {
 var caEnv = map[string]string{"PIP_CERT": "/workspace/ca.pem", "SSL_CERT_FILE": "/workspace/ca.pem", "CURL_CA_BUNDLE": "/workspace/ca.pem"}
 
 func (w *egressWorld) pipInstall(t *testing.T, s *Session) *kernel.Result {
+	return w.pipInstallFrom(t, s, w.indexURL)
+}
+
+// pipInstallFrom installs the test's package from index ("": pip's
+// default, which PIP_INDEX_URL sets).
+func (w *egressWorld) pipInstallFrom(t *testing.T, s *Session, index string) *kernel.Result {
 	t.Helper()
+	args := `"sandloop-egress-demo"`
+	if index != "" {
+		args = fmt.Sprintf("%q, %q", "--index-url", index) + ", " + args
+	}
 	code := fmt.Sprintf(`
 import subprocess, sys
-r = subprocess.run([sys.executable, "-m", "pip", "install", "--index-url", %q, "sandloop-egress-demo"], capture_output=True, text=True)
+r = subprocess.run([sys.executable, "-m", "pip", "install", %s], capture_output=True, text=True)
 print("pip exit", r.returncode)
 print(r.stdout[-3000:], r.stderr[-3000:])
 if r.returncode == 0:
     print(subprocess.run([sys.executable, "-c", "import sandloop_egress_demo as m, os; print('VALUE', m.VALUE, os.path.dirname(m.__file__))"], capture_output=True, text=True).stdout)
-`, w.indexURL)
+`, args)
 	res, err := s.Execute(context.Background(), kernel.Request{Code: code, Timeout: 120 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +264,10 @@ func TestPipFailsClearlyWithoutTheIndex(t *testing.T) {
 func TestEgressSessionLeavesNothing(t *testing.T) {
 	w := newEgressWorld(t)
 	count := func() int {
+		// The tunnels' splice(2) pipes wait in the runtime's pool until a
+		// collection empties it (their finalizers close them).
+		runtime.GC()
+		runtime.GC()
 		ents, _ := os.ReadDir("/proc/self/fd")
 		return len(ents)
 	}
@@ -262,7 +292,198 @@ print(t.recv(100).split(b"\r\n")[0].decode())
 		time.Sleep(20 * time.Millisecond)
 	}
 	if n := count(); n > before {
-		t.Errorf("%d descriptors open after the session closed, %d before", n, before)
+		ents, _ := os.ReadDir("/proc/self/fd")
+		var l []string
+		for _, e := range ents {
+			d, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			l = append(l, e.Name()+"="+d)
+		}
+		t.Errorf("%d descriptors open after the session closed, %d before: %v", n, before, l)
 	}
 	_ = jail.DefaultPython
+}
+
+// cacheEntries returns a session's log entries for package files.
+func cacheEntries(s *Session) []egress.Entry {
+	var out []egress.Entry
+	for _, e := range s.NetworkLog().Entries {
+		if e.Cache == "hit" || e.Cache == "miss" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitCacheEntries waits (bounded) for n package file entries in s's log.
+func waitCacheEntries(t *testing.T, s *Session, n int) []egress.Entry {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(cacheEntries(s)) < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cacheEntries(s)
+}
+
+func TestWheelCacheServesTheSecondSession(t *testing.T) {
+	w := newEgressWorld(t)
+	cache, err := egress.OpenCache(egress.CacheOptions{Dir: t.TempDir(), Index: w.indexURL, RootCAs: w.ca.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(w.wheel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	wheelSum := hex.EncodeToString(sum[:])
+
+	// The first session may also reach another site, which it uses to try
+	// to plant its own bytes under the wheel's sum, and it tries to write.
+	// (No CA in the sandbox: pip speaks plain HTTP to the host's cache.)
+	s1 := newSession(t, Options{Egress: w.policy(t, "other.test:"+strconv.Itoa(w.otherPort)), EgressLookup: w.lookup, EgressCache: cache})
+	res := runCode(t, s1, fmt.Sprintf(`
+import os, urllib.request, urllib.error
+base = os.environ["PIP_INDEX_URL"].replace("/simple/", "/files/")
+def attempt(req):
+    try:
+        return "OK %%d" %% urllib.request.urlopen(req, timeout=60).status
+    except urllib.error.HTTPError as e:
+        return "%%d %%s" %% (e.code, e.read().decode().strip())
+print("plant:", attempt(base + %q + "/https/other.test:%d/files/sandloop_egress_demo-1.0-py3-none-any.whl"))
+print("put:", attempt(urllib.request.Request(base + %q + "/https/pkgs.test:%d/files/sandloop_egress_demo-1.0-py3-none-any.whl", data=b"planted", method="PUT")))
+`, wheelSum, w.otherPort, wheelSum, w.indexPort))
+	for _, want := range []string{
+		"plant: 502 sandloop: the file at https://other.test:" + strconv.Itoa(w.otherPort) + "/files/sandloop_egress_demo-1.0-py3-none-any.whl does not match the sha256 its index gave",
+		"put: 405 sandloop: the package cache is read-only",
+	} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("missing %q in:\n%s\n%s", want, res.Stdout, res.Stderr)
+		}
+	}
+	if st := cache.Stats(); st.Files != 0 {
+		t.Fatalf("the sandbox's attempts left files in the cache: %+v", st)
+	}
+
+	for i, s := range []*Session{s1, newSession(t, Options{Egress: w.policy(t), EgressLookup: w.lookup, EgressCache: cache})} {
+		before := len(cacheEntries(s))
+		res := w.pipInstallFrom(t, s, "")
+		if !strings.Contains(res.Stdout, "pip exit 0") || !strings.Contains(res.Stdout, "VALUE built by the test") {
+			t.Fatalf("session %d: pip install from the cache:\n%s\n%s\n%+v", i+1, res.Stdout, res.Stderr, s.NetworkLog().Entries)
+		}
+		got := waitCacheEntries(t, s, before+1)[before:]
+		want := []string{"miss", "hit"}[i]
+		if len(got) != 1 || got[0].Cache != want || !got[0].Allowed || got[0].Host != "pkgs.test" || got[0].BytesIn < int64(len(b)) {
+			t.Errorf("session %d: package file entries %+v, want one %q", i+1, got, want)
+		}
+	}
+	if n := w.fileGets.Load(); n != 1 {
+		t.Errorf("the index served the wheel %d times, want 1", n)
+	}
+	if st := cache.Stats(); st.Files != 1 || st.Hits != 1 {
+		t.Errorf("cache: %+v", st)
+	}
+}
+
+// BenchmarkWheelCache measures pip installing the same package in two new
+// sessions sharing the host's package cache: the first fetches the wheel
+// from the index (and stores it), the second is served from the cache. The
+// index is on loopback and sends at most -wheel-cache-upstream MiB/s (a
+// remote index is never as fast as loopback; 0: unthrottled), and the
+// wheel is about 8 MiB. It reports both medians and the ratio, same run.
+func BenchmarkWheelCache(b *testing.B) {
+	ca := egresstest.NewCA(b)
+	wheels := b.TempDir()
+	whl := egresstest.BuildWheel(b, wheels, "sandloop-cache-bench", "1.0", randomText(8<<20))
+	ix := egresstest.Index(wheels)
+	rate := *wheelCacheUpstream << 20
+	srv := ca.Server(b, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if rate > 0 && strings.HasPrefix(r.URL.Path, "/files/") {
+			rw = &throttled{ResponseWriter: rw, rate: rate, start: time.Now()}
+		}
+		ix.ServeHTTP(rw, r)
+	}), "pkgs.test")
+	port := egresstest.Port(srv)
+	lookup := egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}})
+	al, err := egress.ParseAllowlist([]string{"pkgs.test:" + strconv.Itoa(port), "127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fi, _ := os.Stat(whl)
+	install := func(cache *egress.Cache) time.Duration {
+		s, err := New(context.Background(), Options{Egress: &egress.Policy{Allow: al}, EgressLookup: lookup, EgressCache: cache})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		start := time.Now()
+		res, err := s.Execute(context.Background(), kernel.Request{Code: `import subprocess, sys
+r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-compile", "sandloop-cache-bench"], capture_output=True, text=True)
+print("pip exit", r.returncode, r.stderr[-2000:])`, Timeout: 300 * time.Second}, nil)
+		d := time.Since(start)
+		if err != nil || !strings.Contains(res.Stdout, "pip exit 0") {
+			b.Fatalf("pip install: %v %s %s", err, res.Stdout, res.Stderr)
+		}
+		return d
+	}
+	var first, second []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		cache, err := egress.OpenCache(egress.CacheOptions{Dir: b.TempDir(), Index: fmt.Sprintf("https://pkgs.test:%d/simple/", port), RootCAs: ca.Pool()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		first = append(first, install(cache))
+		second = append(second, install(cache))
+		if st := cache.Stats(); st.Hits != 1 || st.Misses != 1 {
+			b.Fatalf("cache: %+v", st)
+		}
+	}
+	b.StopTimer()
+	f, s := medianDuration(first), medianDuration(second)
+	b.ReportMetric(float64(f.Milliseconds()), "first-ms")
+	b.ReportMetric(float64(s.Milliseconds()), "cached-ms")
+	b.ReportMetric(f.Seconds()/s.Seconds(), "first/cached")
+	b.Logf("pip install of a %.1f MiB wheel in a new session, median of %d, index at %d MiB/s (0: loopback, unthrottled): first %s, from the cache %s (%.2fx faster)",
+		float64(fi.Size())/(1<<20), b.N, *wheelCacheUpstream, f.Round(time.Millisecond), s.Round(time.Millisecond), f.Seconds()/s.Seconds())
+}
+
+var wheelCacheUpstream = flag.Int64("wheel-cache-upstream", 20, "BenchmarkWheelCache: the index's speed in MiB/s (0: unthrottled loopback)")
+
+// randomText is n bytes of incompressible text.
+func randomText(n int) string {
+	b := make([]byte, n/4*3)
+	rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// throttled sends at most rate bytes a second.
+type throttled struct {
+	http.ResponseWriter
+	rate  int64
+	start time.Time
+	sent  int64
+}
+
+func (t *throttled) Write(p []byte) (int, error) {
+	var n int
+	for len(p) > 0 {
+		k := min(len(p), 64<<10)
+		m, err := t.ResponseWriter.Write(p[:k])
+		n += m
+		t.sent += int64(m)
+		if err != nil {
+			return n, err
+		}
+		p = p[k:]
+		if ahead := time.Duration(float64(t.sent)/float64(t.rate)*float64(time.Second)) - time.Since(t.start); ahead > 0 {
+			time.Sleep(ahead)
+		}
+	}
+	return n, nil
 }

@@ -51,6 +51,7 @@ func (s *Session) kernelEnviron() []string {
 	env := append([]string(nil), kernelEnv...)
 	if s.gate != nil {
 		env = append(env, egress.Env(egress.Port)...)
+		env = append(env, s.gate.PipEnv(egress.Port)...)
 	}
 	keys := make([]string, 0, len(s.opts.Env))
 	for k := range s.opts.Env {

@@ -77,6 +77,9 @@ type ManagerOptions struct {
 	// EgressLookup resolves names for the egress gates of sessions with
 	// an allowlist. If nil, the host's resolver.
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// EgressCache is the package cache of sessions with an allowlist
+	// (Options.EgressCache). If nil, none.
+	EgressCache *egress.Cache
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -221,7 +224,7 @@ func NewManager(opts ManagerOptions) *Manager {
 
 func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) Options {
 	return Options{
-		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, ExecTimeout: execTimeout,
+		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}
 }

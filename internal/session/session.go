@@ -44,6 +44,10 @@ type Options struct {
 	// EgressLookup resolves names for the gate. If nil, the host's
 	// resolver. (Tests map their names to local servers.)
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// EgressCache, if set with Egress, is the host's package cache the
+	// session's pip is pointed at (PIP_INDEX_URL) when its allowlist
+	// covers the cache's index; shared by the sessions of a server.
+	EgressCache *egress.Cache
 	// Env is added to the kernel's environment (on top of the jail's
 	// minimal one, never the server's).
 	Env map[string]string
@@ -125,7 +129,7 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 			s.removeWorkspace()
 			return nil, errors.New("a session with the host's network has no egress allowlist")
 		}
-		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Logger: s.log})
+		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
 	}
 	s.launch = opts.Launcher
 	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {

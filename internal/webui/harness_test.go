@@ -1,17 +1,23 @@
 package webui
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
 )
 
 func TestMain(m *testing.M) {
@@ -24,7 +30,30 @@ func TestMain(m *testing.M) {
 func newServer(t *testing.T, token string, script llmtest.Script) *httptest.Server {
 	t.Helper()
 	rs := runstest.New(t, script)
-	opts := server.Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: time.Second, PublicMounts: Mounts()}
+	return serve(t, token, rs.Manager, rs.Runs, rs.Store)
+}
+
+// newServerWithModel is newServer with the runs' model resolved by
+// provider (a model server of the test's own, or none at all).
+func newServerWithModel(t *testing.T, token string, provider func(ctx context.Context, model string) (llm.Provider, error)) *httptest.Server {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := session.NewManager(session.ManagerOptions{})
+	svc := runs.New(runs.Options{Store: st, Provider: provider, NewSession: runs.ManagerSessions(mgr)})
+	t.Cleanup(func() {
+		svc.Close()
+		mgr.Close()
+		st.Close()
+	})
+	return serve(t, token, mgr, svc, st)
+}
+
+func serve(t *testing.T, token string, mgr *session.Manager, svc *runs.Service, st store.History) *httptest.Server {
+	t.Helper()
+	opts := server.Options{Manager: mgr, Runs: svc, Store: st, Keepalive: time.Second, PublicMounts: Mounts()}
 	if token != "" {
 		opts.Tokens = []string{token}
 	}

@@ -116,3 +116,12 @@ export async function download(path, fallback) {
 
 // filePath encodes a workspace path for a URL, one segment at a time.
 export const filePath = p => p.split('/').filter(Boolean).map(encodeURIComponent).join('/');
+
+let info = null;
+// serverInfo resolves to the server's GET /v1/info (whether it wants a
+// token, the model of runs), asked once per token.
+export function serverInfo() {
+  const t = getToken();
+  if (!info || info.token !== t) info = { token: t, p: getJSON('/v1/info') };
+  return info.p;
+}

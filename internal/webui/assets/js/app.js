@@ -1,7 +1,7 @@
 // sandloop's web UI: routes between the Runs and Notebook pages and keeps
 // the access token.
 
-import { takeTokenFromURL, getToken, setToken, onUnauthorized } from './api.js';
+import { takeTokenFromURL, getToken, setToken, onUnauthorized, serverInfo } from './api.js';
 import { mountRuns } from './runs.js';
 import { mountNotebook } from './notebook.js';
 import { mountLessons } from './lessons.js';
@@ -28,9 +28,16 @@ function route() {
   document.title += ' · sandloop';
 }
 
+// showTokenButton offers the token only where the server wants one: a
+// server without tokens says so in /v1/info; one with tokens answers 401
+// until the right one is set.
 function showTokenButton() {
   tokenButton.textContent = getToken() ? 'Token ✓' : 'Set token';
   tokenButton.setAttribute('aria-label', getToken() ? 'Access token (set)' : 'Set access token');
+  serverInfo().then(info => {
+    tokenButton.hidden = !info.token_required;
+    tokenButton.dataset.required = info.token_required;
+  }, () => { tokenButton.hidden = false; });
 }
 
 let asked = false;
@@ -43,6 +50,8 @@ function askToken(reason) {
 }
 
 onUnauthorized(() => {
+  tokenButton.hidden = false;
+  if (dialog.open) return; // several requests were refused at once
   // Ask once per page load on its own; the button is always there after.
   if (!asked) { asked = true; askToken(true); }
   else toast('The server refused the token.', 'error');

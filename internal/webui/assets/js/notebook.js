@@ -52,20 +52,25 @@ class Notebook {
     this.sessionInfo = h('span', { class: 'session-info', id: 'session-info' });
     this.cellsEl = h('div', { class: 'cells', id: 'cells' });
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
-    this.files = new FileBrowser(this.base);
-    root.append(h('div', { class: 'nb-layout' },
+    this.files = new FileBrowser(this.base, () => this.gone());
+    this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
+      h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
+      h('a', { href: '#/notebook' }, 'Start another session'), '.');
+    this.layout = h('div', { class: 'nb-layout' },
       h('section', { class: 'nb-main', 'aria-labelledby': 'nb-title' },
         h('div', { class: 'nb-toolbar card' },
           h('div', { class: 'nb-title-row' }, h('h2', { id: 'nb-title' }, 'Notebook'), this.sessionInfo),
-          h('div', { class: 'actions' },
+          h('div', { class: 'actions nb-live' },
             btn('Run all', 'nb-run-all', () => this.cells.forEach(c => this.run(c))),
             btn('Interrupt', 'nb-interrupt', () => this.interrupt()),
             btn('Restart', 'nb-restart', () => this.restart()),
             btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost'))),
-        h('p', { class: 'hint' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
+        this.goneNote,
+        h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
-        h('div', { class: 'row' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
-      this.files.el));
+        h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
+      this.files.el);
+    root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
     this.addCell('', false);
@@ -80,9 +85,19 @@ class Notebook {
         h('span', { class: 'muted small' }, `${s.memory_mb} MB · ${s.cpus} CPU · ${s.timeout_s}s per cell`));
       if (s.message) this.sessionInfo.append(h('span', { class: 'small err' }, s.message));
     } catch (e) {
-      this.sessionInfo.replaceChildren(h('span', { class: 'err' }, e.status === 404 ? 'This session no longer exists.' : e.message));
-      if (e.status === 404) this.sessionInfo.append(' ', h('a', { href: '#/notebook' }, 'Start another'));
+      if (e.status === 404) this.gone();
+      else this.sessionInfo.replaceChildren(h('span', { class: 'err' }, e.message));
     }
+  }
+
+  // gone shows that the session has ended (closed elsewhere, expired, or
+  // the server restarted): its controls go, since none of them can work.
+  gone() {
+    if (this.layout.classList.contains('nb-gone')) return;
+    this.layout.classList.add('nb-gone');
+    this.goneNote.hidden = false;
+    this.sessionInfo.replaceChildren(h('span', { class: 'mono' }, this.id), statusBadge('closed', { id: 'session-status' }));
+    for (const c of this.cells) c.input.readOnly = true;
   }
 
   addCell(code, focus, after) {
@@ -110,6 +125,7 @@ class Notebook {
 
   // run queues a cell: a session runs one execution at a time.
   run(cell) {
+    if (this.layout.classList.contains('nb-gone')) return this.queue;
     cell.queued();
     this.queue = this.queue.then(() => this.execute(cell));
     return this.queue;
@@ -128,6 +144,7 @@ class Notebook {
       }
     } catch (e) {
       if (e.name !== 'AbortError') cell.fail(e);
+      if (e.status === 404) this.gone();
     } finally {
       this.running = null;
       cell.done();
@@ -139,7 +156,7 @@ class Notebook {
     try {
       await api('POST', this.base + '/interrupt');
       toast('Interrupt sent');
-    } catch (e) { toast('Interrupt failed: ' + e.message, 'error'); }
+    } catch (e) { this.failed('Interrupt', e); }
   }
 
   async restart() {
@@ -149,7 +166,12 @@ class Notebook {
       for (const c of this.cells) c.prompt.textContent = '[ ]';
       toast('Kernel restarted: variables are cleared, files are kept');
       this.refreshInfo();
-    } catch (e) { toast('Restart failed: ' + e.message, 'error'); }
+    } catch (e) { this.failed('Restart', e); }
+  }
+
+  failed(what, e) {
+    if (e.status === 404) this.gone();
+    else toast(what + ' failed: ' + e.message, 'error');
   }
 
   async closeSession() {
@@ -176,7 +198,7 @@ class Cell {
     this.el = h('div', { class: 'cell' }, this.prompt,
       h('div', { class: 'cell-main' },
         h('div', { class: 'editor' }, this.hl, this.input),
-        h('div', { class: 'cell-bar' }, this.status, h('div', { class: 'actions' }, runBtn, delBtn)),
+        h('div', { class: 'cell-bar' }, this.status, h('div', { class: 'actions nb-live' }, runBtn, delBtn)),
         this.outEl));
     this.input.addEventListener('input', () => this.paint());
     this.input.addEventListener('keydown', e => this.key(e));
@@ -246,8 +268,9 @@ class Cell {
 
 // FileBrowser lists the session's workspace, with upload, download and delete.
 class FileBrowser {
-  constructor(base) {
+  constructor(base, onGone) {
     this.base = base;
+    this.onGone = onGone;
     this.dir = '';
     this.crumbs = h('nav', { class: 'crumbs', 'aria-label': 'Folder' });
     this.list = h('ul', { class: 'file-list', id: 'file-list' });
@@ -255,10 +278,10 @@ class FileBrowser {
     this.upload.addEventListener('change', () => this.send());
     this.el = h('aside', { class: 'nb-files card', 'aria-labelledby': 'files-title' },
       h('div', { class: 'card-head' }, h('h2', { id: 'files-title' }, 'Files'),
-        h('button', { type: 'button', class: 'btn btn-ghost btn-sm', id: 'files-refresh', onclick: () => this.reload() }, 'Refresh')),
+        h('button', { type: 'button', class: 'btn btn-ghost btn-sm nb-live', id: 'files-refresh', onclick: () => this.reload() }, 'Refresh')),
       this.crumbs, this.list,
-      h('div', { class: 'field upload' }, h('label', { for: 'file-upload' }, 'Upload to this folder'), this.upload),
-      h('div', { class: 'row' },
+      h('div', { class: 'field upload nb-live' }, h('label', { for: 'file-upload' }, 'Upload to this folder'), this.upload),
+      this.archive = h('div', { class: 'row nb-live', hidden: true },
         h('button', { type: 'button', class: 'btn btn-sm', id: 'files-archive', onclick: () => download(this.base + '/archive?format=zip', 'workspace.zip').catch(e => toast(e.message, 'error')) }, 'Download workspace (.zip)')));
   }
 
@@ -271,9 +294,12 @@ class FileBrowser {
       const { files } = await getJSON(this.base + '/files?path=' + encodeURIComponent(dir || '.'));
       files.sort((a, b) => (a.type === 'dir' ? 0 : 1) - (b.type === 'dir' ? 0 : 1) || a.name.localeCompare(b.name));
       clear(this.list);
-      if (!files.length) this.list.append(h('li', { class: 'empty' }, 'Empty folder.'));
+      if (!files.length) this.list.append(h('li', { class: 'empty' }, dir ? 'Empty folder.' : 'No files yet.'));
       for (const f of files) this.list.append(this.entry(f));
+      // Nothing to download from an empty workspace.
+      if (!dir) this.archive.hidden = !files.length;
     } catch (e) {
+      if (e.status === 404) { clear(this.list); this.onGone(); return; }
       clear(this.list).append(h('li', { class: 'empty' }, e.message));
     }
   }
@@ -293,7 +319,7 @@ class FileBrowser {
     return h('li', { class: 'file' },
       h('span', { class: 'file-name mono', title: path }, f.name),
       h('span', { class: 'muted small file-size' }, fmtBytes(f.size)),
-      h('span', { class: 'file-actions' },
+      h('span', { class: 'file-actions nb-live' },
         h('button', { type: 'button', class: 'btn btn-sm btn-ghost', 'aria-label': 'Download ' + f.name, onclick: () => download(this.base + '/files/' + filePath(path), f.name).catch(e => toast(e.message, 'error')) }, 'Download'),
         h('button', { type: 'button', class: 'btn btn-sm btn-ghost', 'aria-label': 'Delete ' + f.name, onclick: () => this.remove(path) }, 'Delete')));
   }

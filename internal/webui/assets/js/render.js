@@ -171,7 +171,7 @@ export function statusClass(s) {
     case 'running': return 'run';
     case 'done': case 'ok': case 'ready': return 'ok';
     case 'failed': case 'error': case 'killed': return 'err';
-    case 'cancelled': case 'interrupted': return 'muted';
+    case 'cancelled': case 'interrupted': case 'closed': return 'muted';
     default: return 'warn';
   }
 }

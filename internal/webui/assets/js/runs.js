@@ -1,7 +1,7 @@
 // The Runs page: start an agent run, watch it live, read its report.
 
 import { h, clear, toast, fmtTokens, fmtCost, fmtDuration, fmtAgo } from './dom.js';
-import { getJSON, postJSON, events, download, APIError } from './api.js';
+import { getJSON, postJSON, events, download, serverInfo, APIError } from './api.js';
 import { codeBlock } from './highlight.js';
 import { Output, diffView, diffStats, statusBadge } from './render.js';
 
@@ -61,14 +61,29 @@ function newRunForm() {
   entryField.hidden = true;
   mode.addEventListener('change', () => { entryField.hidden = mode.value !== 'debug'; });
   const submit = h('button', { type: 'submit', class: 'btn btn-primary', id: 'run-start' }, 'Start run');
+  const modelNote = h('p', { class: 'model-note muted small', id: 'run-model-note', role: 'status' });
   const form = h('form', { class: 'card stack', id: 'new-run', 'aria-labelledby': 'new-run-title' },
     h('h2', { id: 'new-run-title' }, 'New run'),
+    modelNote,
     field('Task', 'run-task', task, 'What the agent should do. It writes code, runs it in a sandbox and fixes it until it works.'),
     h('div', { class: 'grid2' }, field('Mode', 'run-mode', mode), field('Max steps', 'run-steps', steps)),
     field('Model', 'run-model', model),
     field('Files', 'run-files', files),
     entryField,
     h('div', { class: 'row end' }, submit));
+  // Which model a run will use, said before the user types the task.
+  serverInfo().then(({ runs }) => {
+    if (!runs.enabled) {
+      modelNote.replaceChildren('This server runs no agent.');
+      modelNote.className = 'model-note callout callout-error';
+    } else if (runs.model) {
+      modelNote.replaceChildren('Runs use ', h('strong', { class: 'mono' }, runs.model), ' unless you name another model below.');
+      model.placeholder = runs.model;
+    } else {
+      modelNote.replaceChildren(h('strong', {}, runs.model_error || 'no model configured'), h('br'), 'Runs fail until the server has one, unless you name a model below.');
+      modelNote.className = 'model-note callout callout-error';
+    }
+  }, () => { modelNote.hidden = true; });
   task.addEventListener('keydown', e => {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
@@ -120,7 +135,8 @@ class RunView {
     this.status = h('span', { id: 'run-status' });
     this.stats = h('dl', { class: 'stats' });
     this.cancelBtn = h('button', { type: 'button', class: 'btn btn-danger', id: 'run-cancel', hidden: true, onclick: () => this.cancel() }, 'Cancel run');
-    this.dlBtn = h('button', { type: 'button', class: 'btn', id: 'run-download', onclick: () => this.download() }, 'Download files');
+    this.dlBtn = h('button', { type: 'button', class: 'btn', id: 'run-download', hidden: true, onclick: () => this.download() }, 'Download files');
+    this.files = []; // the run's final files, from its report
     this.title = h('h2', { class: 'run-title', id: 'run-title' }, 'Loading…');
     this.subtitle = h('div', { class: 'run-sub' });
     this.timeline = h('ol', { class: 'timeline', id: 'timeline', 'aria-label': 'Steps' });
@@ -149,6 +165,7 @@ class RunView {
     this.subtitle.replaceChildren(
       h('span', { class: 'chip' }, run.mode), h('span', { class: 'chip' }, run.model || 'default model'),
       h('span', { class: 'muted' }, 'started ' + new Date(run.created_at).toLocaleString()), h('span', { class: 'muted mono' }, run.id));
+    this.files = run.report?.files || [];
     this.setStatus(run.status);
     this.renderStats();
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
@@ -172,7 +189,7 @@ class RunView {
     this.status.replaceChildren(statusBadge(s, { class: 'badge-lg' }));
     this.status.dataset.status = s;
     this.cancelBtn.hidden = s !== 'running';
-    this.dlBtn.hidden = s === 'running';
+    this.dlBtn.hidden = s === 'running' || !this.files.length;
     this.live.hidden = s !== 'running';
   }
 
@@ -305,6 +322,7 @@ class RunView {
   }
 
   finished(rep) {
+    this.files = rep.files || [];
     this.setStatus(rep.status);
     if (rep.duration_ns) this.duration = rep.duration_ns / 1e6;
     if (rep.usage) this.usage = { in: rep.usage.input_tokens || 0, out: rep.usage.output_tokens || 0, cost: rep.usage.cost_usd || 0, unknown: !!rep.usage.cost_unknown };

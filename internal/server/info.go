@@ -1,0 +1,49 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/llm"
+)
+
+// Info is what GET /v1/info answers: what a client such as the web UI
+// needs to know of the server before the user asks it for anything.
+type Info struct {
+	// TokenRequired says the server accepts requests only with a token
+	// (a caller without one gets 401 here, as everywhere else).
+	TokenRequired bool     `json:"token_required"`
+	Runs          RunsInfo `json:"runs"`
+}
+
+// RunsInfo says whether the server runs agents and with which model.
+type RunsInfo struct {
+	Enabled bool `json:"enabled"`
+	// Model is the model of runs that name none, as PROVIDER/MODEL.
+	Model string `json:"model,omitempty"`
+	// ModelError says why there is no such model and how to configure one.
+	ModelError string `json:"model_error,omitempty"`
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	in := Info{TokenRequired: len(s.tokens) > 0}
+	if s.opts.Runs != nil && s.opts.Store != nil {
+		in.Runs.Enabled = true
+		// Finding the default may probe a local model server: bounded.
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		m, err := s.opts.Runs.DefaultModel(ctx)
+		var nm *llm.NoModelError
+		switch {
+		case errors.As(err, &nm):
+			in.Runs.ModelError = "no model configured: set SANDLOOP_MODEL or --model"
+		case err != nil:
+			in.Runs.ModelError = "the model cannot be used: " + err.Error()
+		default:
+			in.Runs.Model = m.String()
+		}
+	}
+	writeJSON(w, http.StatusOK, in)
+}
