@@ -182,15 +182,9 @@ func (c *cell) hostOf(id string) string {
 	return h
 }
 
-// TestCell runs a cell on this machine: PostgreSQL, 3 hosts and 2
-// gateways as real processes with real jails, and checks what the cell
-// promises: placement over all hosts, every kind of request through
-// either gateway, 410 for the sessions of a killed host, rejoining with a
-// new epoch, draining, a gateway restart and a PostgreSQL restart.
-func TestCell(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts 5 processes and 100 sandboxes")
-	}
+// newCell returns a cell whose processes are killed in t's cleanup (their
+// logs shown if t failed).
+func newCell(t *testing.T) *cell {
 	c := &cell{t: t, token: "cell-test-token-0123456789"}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -203,6 +197,19 @@ func TestCell(t *testing.T) {
 			}
 		}
 	})
+	return c
+}
+
+// TestCell runs a cell on this machine: PostgreSQL, 3 hosts and 2
+// gateways as real processes with real jails, and checks what the cell
+// promises: placement over all hosts, every kind of request through
+// either gateway, 410 for the sessions of a killed host, rejoining with a
+// new epoch, draining, a gateway restart and a PostgreSQL restart.
+func TestCell(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 5 processes and 100 sandboxes")
+	}
+	c := newCell(t)
 	llm := llmtest.NewOpenAIServer(t, llmtest.Script{
 		{ToolCalls: tc("write_file", `{"path":"hello.py","content":"print('hi from the cell')\n"}`)},
 		{ToolCalls: tc("run_shell", `{"command":"python3 hello.py"}`)},

@@ -28,6 +28,9 @@ func newGatewayCmd() *cobra.Command {
 		hostList, kubeService, kubePort       string
 		tokens, allowedHosts                  []string
 		healthEvery, lostAfter, drainTimeout  time.Duration
+		registered                            bool
+		heartbeatDeadline                     time.Duration
+		retention, maxLifetime                time.Duration
 		jsonLogs                              bool
 	)
 	cmd := &cobra.Command{
@@ -38,8 +41,10 @@ by many hosts: each new session goes to the better of two ready hosts by free
 slots, and every request of it is proxied to its host. Where sessions live is
 kept in PostgreSQL (--database), shared by every gateway replica. Hosts run
 'sandloop serve --gateway-secret-file F' with the same secret, and are found
-by --hosts (a static list) or --kube-service (a headless Service's
-EndpointSlices, from inside Kubernetes). GET /v1/hosts shows them.`,
+by --hosts (a static list), --kube-service (a headless Service's
+EndpointSlices, from inside Kubernetes) or --registered-hosts (hosts started
+with 'serve --register URL' keep a heartbeat in the database). GET /v1/hosts
+shows them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			toks, err := server.LoadTokens(tokens, tokenFile)
@@ -62,8 +67,8 @@ EndpointSlices, from inside Kubernetes). GET /v1/hosts shows them.`,
 			if !store.IsPostgresURL(database) {
 				return usagef("a gateway needs PostgreSQL: --database postgres://USER:PASSWORD@HOST/DB (or SANDLOOP_DATABASE_URL)")
 			}
-			if (hostList == "") == (kubeService == "") {
-				return usagef("give the hosts by exactly one of --hosts URL,URL,... and --kube-service NAME")
+			if n := btoi(hostList != "") + btoi(kubeService != "") + btoi(registered); n != 1 {
+				return usagef("give the hosts by exactly one of --hosts URL,URL,..., --kube-service NAME and --registered-hosts")
 			}
 			var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})
 			if jsonLogs {
@@ -75,24 +80,33 @@ EndpointSlices, from inside Kubernetes). GET /v1/hosts shows them.`,
 			runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 			defer cancelRun()
 
-			var disc gateway.Discovery
-			if hostList != "" {
-				if disc, err = gateway.ParseStatic(hostList); err != nil {
-					return usagef("%v", err)
-				}
-			} else {
-				if disc, err = kubeDiscovery(runCtx, kubeService, kubePort); err != nil {
-					return err
-				}
-			}
 			pg, err := store.OpenPostgres(ctx, database, &store.Options{Logger: log})
 			if err != nil {
 				return err
 			}
 			defer pg.Close()
+			var disc gateway.Discovery
+			switch {
+			case hostList != "":
+				if disc, err = gateway.ParseStatic(hostList); err != nil {
+					return usagef("%v", err)
+				}
+			case kubeService != "":
+				if disc, err = kubeDiscovery(runCtx, kubeService, kubePort); err != nil {
+					return err
+				}
+			default:
+				reg := gateway.NewRegistered(pg, heartbeatDeadline, log)
+				if err := reg.Refresh(ctx); err != nil {
+					return err
+				}
+				go reg.Run(runCtx, healthEvery)
+				disc = reg
+			}
 			gw, err := gateway.New(gateway.Options{
 				Discovery: disc, Cluster: pg, Secret: secret, Tokens: toks, AllowedHosts: allowedHosts,
 				PublicMounts: webui.Mounts(), HealthInterval: healthEvery, LostAfter: lostAfter, Logger: log,
+				Retention: retention, MaxLifetime: maxLifetime,
 			})
 			if err != nil {
 				return err
@@ -129,6 +143,10 @@ EndpointSlices, from inside Kubernetes). GET /v1/hosts shows them.`,
 	f.StringVar(&hostList, "hosts", "", "the hosts' base URLs, comma-separated (without Kubernetes)")
 	f.StringVar(&kubeService, "kube-service", "", "find the hosts through this headless Service's EndpointSlices (in the pod's namespace, or NAMESPACE/NAME)")
 	f.StringVar(&kubePort, "kube-port", "http", "the Service port to dial (its name)")
+	f.BoolVar(&registered, "registered-hosts", false, "find the hosts by their heartbeats in --database (hosts started with serve --register URL; without Kubernetes or a fixed list)")
+	f.DurationVar(&heartbeatDeadline, "heartbeat-deadline", 10*time.Second, "with --registered-hosts, a host whose last heartbeat is older is no longer listed")
+	f.DurationVar(&retention, "retention", 24*time.Hour, "rows of lost or closed sessions and of hosts not seen are deleted this long after (410 until then, 404 after)")
+	f.DurationVar(&maxLifetime, "max-lifetime", 12*time.Hour, "the hosts' --max-lifetime: an older session's row is deleted --retention later")
 	f.StringVar(&secretFile, "gateway-secret-file", "", "file holding the cell's shared secret (also SANDLOOP_GATEWAY_SECRET)")
 	f.StringArrayVar(&tokens, "token", nil, "accepted bearer token (repeatable; also SANDLOOP_TOKEN)")
 	f.StringVar(&tokenFile, "token-file", "", "file with accepted tokens, one per line")
@@ -163,6 +181,13 @@ func kubeDiscovery(ctx context.Context, service, port string) (gateway.Discovery
 		return nil, err
 	}
 	return gateway.NewEndpointSlices(ctx, gateway.DiscoveryOnly{DiscoveryV1Client: client}, ns, name, port)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func init() { extraCommands = append(extraCommands, newGatewayCmd) }

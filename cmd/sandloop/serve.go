@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,10 +22,12 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/gateway"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/webui"
 	"github.com/spf13/cobra"
 )
@@ -45,6 +48,8 @@ func newServeCmd() *cobra.Command {
 		allowNetwork, jsonLogs   bool
 		gatewaySecretFile        string
 		drainTimeout             time.Duration
+		register                 string
+		heartbeat                time.Duration
 		allow, allowMax          []string
 		defaultNetwork           string
 		useE2B                   bool
@@ -68,6 +73,15 @@ func newServeCmd() *cobra.Command {
 			// A cell's host needs no token on other interfaces: the secret guards it.
 			if err := server.CheckBind(addr, append(slices.Clone(toks), secret)); err != nil {
 				return usagef("%v", err)
+			}
+			var self gateway.Target
+			if register != "" {
+				if self, err = gateway.ParseHostURL(register); err != nil {
+					return usagef("--register: %v", err)
+				}
+				if secret == "" || !store.IsPostgresURL(cmp.Or(database, os.Getenv("SANDLOOP_DATABASE_URL"))) {
+					return usagef("--register makes this a cell's host: it needs --gateway-secret-file and --database postgres://...")
+				}
 			}
 			defaults, err := def.limits()
 			if err != nil {
@@ -123,6 +137,10 @@ func newServeCmd() *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			pg, _ := st.(*store.Postgres)
+			if register != "" && pg == nil {
+				return usagef("--register needs the cell's PostgreSQL (--database postgres://...)")
+			}
 			ls := lessonStore(st, cmd.ErrOrStderr(), false)
 			svc := runs.New(runs.Options{
 				Store: st, Lessons: ls, Provider: defaultModel(model, providerResolver(pricesFile)), Logger: log,
@@ -156,8 +174,9 @@ func newServeCmd() *cobra.Command {
 				}
 				e2bKey = key
 			}
+			epoch := newEpoch()
 			srv, err := server.New(server.Options{
-				GatewaySecret: secret, Epoch: newEpoch(),
+				GatewaySecret: secret, Epoch: epoch,
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork, Egress: eg,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
 				PublicMounts: public,
@@ -185,6 +204,23 @@ func newServeCmd() *cobra.Command {
 			if r := jail.Probe(); !r.Cgroups.OK {
 				log.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
 			}
+			// A registered host renews its row while it serves (not
+			// ready once draining) and removes it when it is done.
+			stopRegister := func() {}
+			if register != "" {
+				rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					gateway.Register(rctx, pg, heartbeat, func() store.Registration {
+						st := mgr.Stats()
+						return store.Registration{Name: self.Name, URL: self.URL, Epoch: epoch, Ready: !srv.Draining(),
+							Slots: st.MaxSessions, Used: st.Sessions}
+					}, log)
+				}()
+				stopRegister = func() { cancel(); <-done }
+				defer stopRegister()
+			}
 			select {
 			case err := <-errc:
 				return err
@@ -193,6 +229,7 @@ func newServeCmd() *cobra.Command {
 			if drainTimeout > 0 {
 				drain(log, srv, mgr, drainTimeout)
 			}
+			stopRegister()
 			log.Info("shutting down: closing every session")
 			// Mounted handlers that hold connections open (MCP event
 			// streams) are closed first, so Shutdown does not wait on them.
@@ -233,6 +270,8 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&useE2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.StringVar(&gatewaySecretFile, "gateway-secret-file", "", "serve as a cell's host: accept only requests from gateways holding this file's secret (also SANDLOOP_GATEWAY_SECRET); see docs/kubernetes.md")
+	f.StringVar(&register, "register", "", "register this host in the cell's PostgreSQL under this base URL (http://HOST:PORT, as gateways reach it), for gateways started with --registered-hosts; see docs/kubernetes.md")
+	f.DurationVar(&heartbeat, "heartbeat", 2*time.Second, "with --register, how often the registration is renewed")
 	f.DurationVar(&drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
 	f.StringVar(&model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")

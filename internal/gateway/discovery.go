@@ -11,9 +11,13 @@ import (
 type Target struct {
 	Name string
 	URL  string
+	// Draining: the discovery knows the host takes no new sessions (its
+	// registration says so) before its health does.
+	Draining bool
 }
 
-// Discovery finds a cell's hosts. Targets is called on every health round
+// Discovery finds a cell's hosts: Static (--hosts), EndpointSlices
+// (--kube-service) or Registered (--registered-hosts). Targets is called on every health round
 // and must be cheap (a cached view, as an informer's).
 type Discovery interface {
 	Targets() []Target
@@ -35,18 +39,28 @@ func ParseStatic(list string) (Static, error) {
 		if s == "" {
 			continue
 		}
-		u, err := url.Parse(s)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return nil, fmt.Errorf("--hosts: %q is not a host's base URL (http://HOST:PORT)", s)
+		t, err := ParseHostURL(s)
+		if err != nil {
+			return nil, fmt.Errorf("--hosts: %w", err)
 		}
-		if seen[u.Host] {
-			return nil, fmt.Errorf("--hosts: %s is listed twice", u.Host)
+		if seen[t.Name] {
+			return nil, fmt.Errorf("--hosts: %s is listed twice", t.Name)
 		}
-		seen[u.Host] = true
-		out = append(out, Target{Name: u.Host, URL: u.Scheme + "://" + u.Host})
+		seen[t.Name] = true
+		out = append(out, t)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("--hosts: no host given")
 	}
 	return out, nil
+}
+
+// ParseHostURL reads a host's base URL (http://HOST:PORT); the host is
+// named HOST:PORT.
+func ParseHostURL(s string) (Target, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return Target{}, fmt.Errorf("%q is not a host's base URL (http://HOST:PORT)", s)
+	}
+	return Target{Name: u.Host, URL: u.Scheme + "://" + u.Host}, nil
 }

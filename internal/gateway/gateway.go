@@ -4,13 +4,13 @@
 // lives (and under which epoch of that host) in PostgreSQL, and proxies
 // every later request of it to that host, streams intact. Sessions of a
 // host that restarted or was lost answer 410 Gone. Hosts are found by a
-// Discovery: Kubernetes EndpointSlices or a static list.
+// Discovery: Kubernetes EndpointSlices, a static list, or the hosts' own
+// heartbeats in PostgreSQL.
 package gateway
 
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +43,7 @@ type Cluster interface {
 	GetHost(ctx context.Context, name string) (*store.HostRecord, error)
 	Listen(ctx context.Context, fn func(payload string), connected func(bool))
 	UpdateRun(ctx context.Context, id string, update func(*store.Run) error) (*store.Run, error)
+	Prune(ctx context.Context, retention, maxLifetime time.Duration) (store.Pruned, error)
 }
 
 // Options configure a Gateway.
@@ -68,6 +69,15 @@ type Options struct {
 	// LostAfter is how long a host may not answer before its sessions
 	// are declared lost (410). If zero, 10s.
 	LostAfter time.Duration
+	// Retention is how long the rows of lost or closed sessions and of
+	// hosts not seen are kept (410 Gone is answered for that long, 404
+	// after). If zero, 24h.
+	Retention time.Duration
+	// MaxLifetime is the hosts' --max-lifetime: a session older cannot be
+	// open, so its row goes Retention later. If zero, 12h (serve's default).
+	MaxLifetime time.Duration
+	// PruneInterval is how often the tables are pruned. If zero, 10 minutes.
+	PruneInterval time.Duration
 	// MaxBodyBytes caps the body of a request that places a session or
 	// run (kept in memory to retry on another host). If zero, 32 MiB.
 	MaxBodyBytes int64
@@ -86,7 +96,8 @@ type Gateway struct {
 	proxy    *httputil.ReverseProxy
 	hosts    *hosts
 	routes   *routes
-	tokens   [][]byte
+	tokens   server.Tokens
+	front    server.Front
 	draining atomic.Bool
 	listenOK atomic.Bool
 	rndMu    sync.Mutex
@@ -114,6 +125,15 @@ func New(opts Options) (*Gateway, error) {
 	if opts.LostAfter <= 0 {
 		opts.LostAfter = 10 * time.Second
 	}
+	if opts.Retention <= 0 {
+		opts.Retention = 24 * time.Hour
+	}
+	if opts.MaxLifetime <= 0 {
+		opts.MaxLifetime = 12 * time.Hour
+	}
+	if opts.PruneInterval <= 0 {
+		opts.PruneInterval = 10 * time.Minute
+	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 32 << 20
 	}
@@ -132,11 +152,8 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.client = &http.Client{Transport: opts.Transport}
 	g.hosts = &hosts{g: g, m: map[string]*host{}}
-	for _, t := range opts.Tokens {
-		if t != "" {
-			g.tokens = append(g.tokens, []byte(t))
-		}
-	}
+	g.tokens = server.NewTokens(opts.Tokens)
+	g.front = server.Front{Mux: g.mux, AllowedHosts: opts.AllowedHosts}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { g.rewrite(pr) },
 		Transport:     opts.Transport,
@@ -191,6 +208,23 @@ func (g *Gateway) Run(ctx context.Context) {
 		g.opts.Cluster.Listen(ctx, g.routes.notify, func(ok bool) { g.listenOK.Store(ok) })
 	})
 	wg.Go(func() {
+		// Every gateway prunes: the deletes are idempotent.
+		t := time.NewTicker(g.opts.PruneInterval)
+		defer t.Stop()
+		for {
+			if n, err := g.opts.Cluster.Prune(ctx, g.opts.Retention, g.opts.MaxLifetime); err != nil && ctx.Err() == nil {
+				g.log.Warn("prune the sessions and hosts tables", "err", err)
+			} else if n != (store.Pruned{}) {
+				g.log.Info("pruned the sessions and hosts tables", "sessions", n.Sessions, "hosts", n.Hosts, "registrations", n.Registrations)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	wg.Go(func() {
 		t := time.NewTicker(g.opts.HealthInterval)
 		defer t.Stop()
 		for {
@@ -216,27 +250,11 @@ func (g *Gateway) Hosts() []HostInfo { return g.hosts.snapshot() }
 // in-flight requests and streams finish.
 func (g *Gateway) Drain() { g.draining.Store(true) }
 
-// ServeHTTP applies serve's browser defences, then routes.
+// ServeHTTP admits the request as serve does (server.Front), then routes.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !server.HostAllowed(r.Host, g.opts.AllowedHosts) {
-		server.WriteError(w, http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0)
-		return
+	if g.front.Admit(w, r) {
+		g.mux.ServeHTTP(w, r)
 	}
-	if server.CrossSiteWithoutToken(r) {
-		server.WriteError(w, http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0)
-		return
-	}
-	for _, seg := range strings.Split(r.URL.Path, "/") {
-		if seg == ".." || seg == "." {
-			server.WriteError(w, http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0)
-			return
-		}
-	}
-	if _, pattern := g.mux.Handler(r); pattern == "" {
-		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0)
-		return
-	}
-	g.mux.ServeHTTP(w, r)
 }
 
 type ownerKey struct{}
@@ -247,21 +265,9 @@ func ownerOf(ctx context.Context) string { s, _ := ctx.Value(ownerKey{}).(string
 // hash of its token, forwarded to hosts in server.HeaderOwner.
 func (g *Gateway) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(g.tokens) == 0 {
-			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, "")))
-			return
+		if owner, ok := g.tokens.Owner(w, r); ok {
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
 		}
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if tok == r.Header.Get("Authorization") {
-			tok = r.URL.Query().Get("token")
-		}
-		for _, t := range g.tokens {
-			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
-				h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, server.OwnerOf(tok))))
-				return
-			}
-		}
-		server.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid token: send Authorization: Bearer <token>", 0)
 	})
 }
 

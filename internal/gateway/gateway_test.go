@@ -268,6 +268,32 @@ func TestOwnershipAndAuth(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("a host took a request without the secret: %v", resp.StatusCode)
 	}
+	// serve's front checks (server.Front), each with the API's error shape.
+	for _, c := range []struct {
+		host, path, header, value, code string
+	}{
+		{"evil.example", "/v1/sessions", "Authorization", "Bearer " + tok1, `"bad_host"`},
+		{"", "/v1/sessions", "Origin", "http://evil.example", `"cross_origin"`},
+		{"", "/v1/sessions/" + id + "/files/../../x", "Authorization", "Bearer " + tok1, `"bad_path"`},
+		{"", "/v2/nothing", "Authorization", "Bearer " + tok1, `"not_found"`},
+		{"", "/v1/sessions", "Authorization", "Bearer wrong-token-0123456789", `"unauthorized"`},
+	} {
+		req, _ := http.NewRequest("POST", f.ts.URL+c.path, nil)
+		req.URL.Path = c.path // unclean, as a raw client sends it
+		if c.host != "" {
+			req.Host = c.host
+		}
+		req.Header.Set(c.header, c.value)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode < 400 || !strings.Contains(string(b), c.code) {
+			t.Errorf("%s %s with %s: %d %s, want %s", c.host, c.path, c.header, resp.StatusCode, b, c.code)
+		}
+	}
 	if st, body := f.do(tok1, "GET", "/v1/hosts", ""); st != 200 || !strings.Contains(body, `"ready":true`) {
 		t.Errorf("hosts: %d %s", st, body)
 	}

@@ -30,6 +30,7 @@ type host struct {
 	lastOK    time.Time
 	firstBad  time.Time // when it stopped answering (zero while it answers)
 	gone      bool      // no longer listed by the discovery
+	unready   bool      // listed as draining by the discovery
 	fenced    bool      // its sessions were marked lost while it was away
 }
 
@@ -62,14 +63,16 @@ func (hs *hosts) snapshot() []HostInfo {
 	var out []HostInfo
 	for _, h := range hs.m {
 		out = append(out, HostInfo{Name: h.name, URL: h.url.String(), Epoch: h.epoch, Ready: h.ready(), Reachable: h.reachable,
-			Draining: h.draining, Slots: h.slots, Used: h.used + h.placed, LastSeen: h.lastOK, Listed: !h.gone})
+			Draining: h.draining || h.unready, Slots: h.slots, Used: h.used + h.placed, LastSeen: h.lastOK, Listed: !h.gone})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
 // ready: may take new sessions. Guarded by hosts.mu.
-func (h *host) ready() bool { return h.reachable && !h.draining && !h.gone && h.epoch != "" }
+func (h *host) ready() bool {
+	return h.reachable && !h.draining && !h.unready && !h.gone && h.epoch != ""
+}
 
 // get returns the host's URL and current epoch, if it is known.
 func (hs *hosts) get(name string) (u *url.URL, epoch string, reachable, ok bool) {
@@ -164,7 +167,7 @@ func (hs *hosts) round(ctx context.Context) {
 		if h.url.String() != u.String() { // the pod was replaced: a new address
 			h.url, h.reachable = u, false
 		}
-		h.gone = false
+		h.gone, h.unready = false, t.Draining
 		hs.mu.Unlock()
 	}
 	hs.mu.Lock()

@@ -46,7 +46,7 @@ func TestEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "[{host-0 http://10.0.0.1:8080} {host-1 http://10.0.0.2:8080}]"
+	want := "[{host-0 http://10.0.0.1:8080 false} {host-1 http://10.0.0.2:8080 false}]"
 	if got := fmt.Sprint(d.Targets()); got != want {
 		t.Errorf("targets = %s, want %s", got, want)
 	}
@@ -62,7 +62,7 @@ func TestEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = "[{host-0 http://10.0.0.7:8080} {host-2 http://10.0.0.3:8080}]"
+	want = "[{host-0 http://10.0.0.7:8080 false} {host-2 http://10.0.0.3:8080 false}]"
 	deadline := time.Now().Add(10 * time.Second)
 	for fmt.Sprint(d.Targets()) != want {
 		if time.Now().After(deadline) {
@@ -86,7 +86,7 @@ func TestEndpointSlicesListFails(t *testing.T) {
 
 func TestParseStatic(t *testing.T) {
 	s, err := ParseStatic(" http://10.0.0.1:8080, https://h2:9/ ,")
-	if err != nil || fmt.Sprint(s) != "[{10.0.0.1:8080 http://10.0.0.1:8080} {h2:9 https://h2:9}]" {
+	if err != nil || fmt.Sprint(s) != "[{10.0.0.1:8080 http://10.0.0.1:8080 false} {h2:9 https://h2:9 false}]" {
 		t.Errorf("got %v, %v", s, err)
 	}
 	for _, bad := range []string{"", "10.0.0.1:8080", "http://a:1/path", "ftp://a:1", "http://a:1,http://a:1"} {

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -122,7 +121,8 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
-	tokens  [][]byte
+	tokens  Tokens
+	front   Front
 	// draining is set by Drain: no new sessions or runs, readiness false.
 	draining atomic.Bool
 }
@@ -158,11 +158,9 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	for _, t := range opts.Tokens {
-		if t != "" {
-			s.tokens = append(s.tokens, []byte(t))
-		}
-	}
+	s.tokens = NewTokens(opts.Tokens)
+	// A cell's host: see Front.NoBrowserChecks.
+	s.front = Front{Mux: s.mux, AllowedHosts: opts.AllowedHosts, NoBrowserChecks: opts.GatewaySecret != ""}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, opts.Manager)
@@ -227,28 +225,7 @@ func (s *Server) Routes() []string {
 // ServeHTTP applies the browser defences, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	// A cell's host is reached under whatever name the gateway dials, and
-	// only with the gateway's secret, which a rebinding page cannot have;
-	// the gateway applied both browser checks already.
-	cellHost := s.opts.GatewaySecret != ""
-	if !cellHost && !HostAllowed(r.Host, s.opts.AllowedHosts) {
-		writeError(w, &apiError{http.StatusForbidden, "bad_host", fmt.Sprintf("Host %q is not this server's (add it with --allowed-host)", r.Host), 0})
-		return
-	}
-	if !cellHost && CrossSiteWithoutToken(r) {
-		writeError(w, &apiError{http.StatusForbidden, "cross_origin", "cross-origin requests must carry Authorization: Bearer <token>", 0})
-		return
-	}
-	// ".." and unknown routes get JSON errors here: the mux would answer
-	// them with a redirect or a plain-text 404.
-	for _, seg := range strings.Split(r.URL.Path, "/") {
-		if seg == ".." || seg == "." {
-			writeError(w, &apiError{http.StatusBadRequest, "bad_path", fmt.Sprintf("path %q: %q segments are not allowed", r.URL.Path, seg), 0})
-			return
-		}
-	}
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
+	if !s.front.Admit(w, r) {
 		return
 	}
 	if e := r.Header.Get(HeaderEpoch); e != "" && s.opts.Epoch != "" && e != s.opts.Epoch {
@@ -276,48 +253,6 @@ func (w *statusWriter) Flush() {
 }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// HostAllowed refuses Host headers that are not the server's own (allowed
-// adds names), so a web page on a rebinding domain cannot reach a loopback server.
-func HostAllowed(host string, allowed []string) bool {
-	h := host
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		h = hh
-	}
-	h = strings.Trim(h, "[]")
-	switch h {
-	case "localhost", "127.0.0.1", "::1", "":
-		return true
-	}
-	if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
-		return true
-	}
-	for _, a := range allowed {
-		if a == "*" || strings.EqualFold(a, h) || strings.EqualFold(a, host) {
-			return true
-		}
-	}
-	return false
-}
-
-// CrossSiteWithoutToken is a browser request from another origin that
-// does not carry a bearer token (a CSRF attempt: browsers add
-// Authorization only when the page's script sets it, which needs a CORS
-// preflight we never grant).
-func CrossSiteWithoutToken(r *http.Request) bool {
-	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
-		return false
-	}
-	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
-		return true
-	}
-	origin := r.Header.Get("Origin")
-	if origin == "" || origin == "null" && r.Method == http.MethodGet {
-		return false
-	}
-	u, err := url.Parse(origin)
-	return err != nil || u.Host != r.Host
-}
-
 // requireToken checks the bearer token (or ?token= for EventSource and
 // downloads from the web UI) and stores the caller's identity.
 func (s *Server) requireToken(h http.Handler) http.Handler {
@@ -334,17 +269,9 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if tok == r.Header.Get("Authorization") {
-			tok = r.URL.Query().Get("token")
+		if owner, ok := s.tokens.Owner(w, r); ok {
+			h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), owner)))
 		}
-		for _, t := range s.tokens {
-			if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
-				h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), OwnerOf(tok))))
-				return
-			}
-		}
-		writeError(w, errUnauthorized)
 	})
 }
 
@@ -388,6 +315,9 @@ var errDraining = &apiError{http.StatusServiceUnavailable, "draining", "this ser
 
 // Drain stops taking new sessions and runs; existing ones keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
 
 // WriteError writes the API's JSON error shape, for other faces of the
 // same API (the gateway).

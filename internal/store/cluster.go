@@ -92,8 +92,8 @@ func (p *Postgres) DeletePlacement(ctx context.Context, id string) error {
 func (p *Postgres) FenceHost(ctx context.Context, host, keep string) ([]Placement, error) {
 	var out []Placement
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE sessions SET lost = true WHERE host = $1 AND epoch <> $2 AND NOT lost
-			RETURNING id, kind, owner, epoch`, host, keep)
+		rows, err := tx.Query(ctx, `UPDATE sessions SET lost = true, lost_at = $3 WHERE host = $1 AND epoch <> $2 AND NOT lost
+			RETURNING id, kind, owner, epoch`, host, keep, toMillis(p.nowMillis()))
 		if err != nil {
 			return err
 		}
@@ -138,6 +138,111 @@ func (p *Postgres) GetHost(ctx context.Context, name string) (*HostRecord, error
 	}
 	h.SeenAt = fromMillis(seen)
 	return &h, nil
+}
+
+// Registration is a host's record of itself in the cell, renewed by its
+// heartbeat: for cells whose gateways find hosts in PostgreSQL rather
+// than in Kubernetes or a static list.
+type Registration struct {
+	Name  string // the host's name in the cell (stable across restarts)
+	URL   string // its base URL, as gateways reach it
+	Epoch string // the host process's epoch
+	// Ready is false once the host drains: it takes no new sessions.
+	Ready  bool
+	Slots  int
+	Used   int
+	BeatAt time.Time // when the host last renewed it (set by Heartbeat)
+}
+
+// Heartbeat records (or renews) a host's registration, stamped now.
+func (p *Postgres) Heartbeat(ctx context.Context, r Registration) error {
+	_, err := p.pool.Exec(ctx, `INSERT INTO host_heartbeats (name, url, epoch, ready, slots, used, beat_at) VALUES ($1,$2,$3,$4,$5,$6,$7)
+		ON CONFLICT (name) DO UPDATE SET url=$2, epoch=$3, ready=$4, slots=$5, used=$6, beat_at=$7`,
+		r.Name, r.URL, r.Epoch, r.Ready, r.Slots, r.Used, toMillis(p.nowMillis()))
+	if err != nil {
+		return fmt.Errorf("heartbeat of host %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+// Deregister removes a host's registration, if epoch still holds it (a
+// newer process of the same name has taken it over otherwise).
+func (p *Postgres) Deregister(ctx context.Context, name, epoch string) error {
+	if _, err := p.pool.Exec(ctx, `DELETE FROM host_heartbeats WHERE name = $1 AND epoch = $2`, name, epoch); err != nil {
+		return fmt.Errorf("deregister host %s: %w", name, err)
+	}
+	return nil
+}
+
+// Registrations returns the hosts whose last heartbeat is at most within
+// old, by name.
+func (p *Postgres) Registrations(ctx context.Context, within time.Duration) ([]Registration, error) {
+	rows, err := p.pool.Query(ctx, `SELECT name, url, epoch, ready, slots, used, beat_at FROM host_heartbeats WHERE beat_at >= $1 ORDER BY name`,
+		toMillis(p.nowMillis().Add(-within)))
+	if err != nil {
+		return nil, fmt.Errorf("list registered hosts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Registration, error) {
+		var g Registration
+		var beat int64
+		err := r.Scan(&g.Name, &g.URL, &g.Epoch, &g.Ready, &g.Slots, &g.Used, &beat)
+		g.BeatAt = fromMillis(beat)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list registered hosts: %w", err)
+	}
+	return out, nil
+}
+
+// Pruned counts what Prune deleted.
+type Pruned struct {
+	Sessions, Hosts, Registrations int64
+}
+
+// Prune deletes what a cell no longer needs, older than retention: the
+// rows of sessions marked lost that long ago; of sessions (and MCP
+// sessions) created longer ago than maxLifetime + retention (no host
+// keeps one past its --max-lifetime, so it has closed: idle-reaped or
+// expired on its host, which tells no gateway); of runs placed that long
+// ago that are not running (the shared history still has them); and of
+// hosts and registrations not seen for that long. maxLifetime 0 keeps
+// live sessions' rows.
+func (p *Postgres) Prune(ctx context.Context, retention, maxLifetime time.Duration) (Pruned, error) {
+	var n Pruned
+	now := p.nowMillis()
+	cut := toMillis(now.Add(-retention))
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM sessions WHERE lost AND lost_at < $1`, cut)
+		if err != nil {
+			return err
+		}
+		n.Sessions = tag.RowsAffected()
+		if maxLifetime > 0 {
+			if tag, err = tx.Exec(ctx, `DELETE FROM sessions WHERE kind <> $1 AND created_at < $2`, KindRun, toMillis(now.Add(-retention-maxLifetime))); err != nil {
+				return err
+			}
+			n.Sessions += tag.RowsAffected()
+		}
+		if tag, err = tx.Exec(ctx, `DELETE FROM sessions s WHERE kind = $1 AND created_at < $2
+			AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.id AND r.status = 'running')`, KindRun, cut); err != nil {
+			return err
+		}
+		n.Sessions += tag.RowsAffected()
+		if tag, err = tx.Exec(ctx, `DELETE FROM hosts WHERE seen_at < $1`, cut); err != nil {
+			return err
+		}
+		n.Hosts = tag.RowsAffected()
+		if tag, err = tx.Exec(ctx, `DELETE FROM host_heartbeats WHERE beat_at < $1`, cut); err != nil {
+			return err
+		}
+		n.Registrations = tag.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return Pruned{}, fmt.Errorf("prune the cell's tables: %w", err)
+	}
+	return n, nil
 }
 
 // Listen calls fn with every payload sent on NotifyChannel until ctx ends.

@@ -151,6 +151,22 @@ CREATE INDEX sessions_by_host ON sessions (host, epoch) WHERE NOT lost;
 `,
 	// 3: lessons (postgres_lessons.go).
 	pgLessonsSchema,
+	// 4: hosts that register themselves (cluster.go's Heartbeat), for
+	// cells without Kubernetes or a static list; when each session was
+	// marked lost, so old rows can be pruned.
+	`
+CREATE TABLE host_heartbeats (
+	name    TEXT PRIMARY KEY,
+	url     TEXT NOT NULL,
+	epoch   TEXT NOT NULL,
+	ready   BOOLEAN NOT NULL,
+	slots   INTEGER NOT NULL,
+	used    INTEGER NOT NULL,
+	beat_at BIGINT NOT NULL
+);
+ALTER TABLE sessions ADD COLUMN lost_at BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX sessions_by_lost_at ON sessions (lost_at) WHERE lost;
+`,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers

@@ -253,7 +253,7 @@ func TestBrowserRuns(t *testing.T) {
 	if tb := p.text("#timeline .traceback .tb-name"); tb != "ZeroDivisionError" {
 		t.Errorf("traceback heading %q", tb)
 	}
-	if s := p.text("#report .summary"); !strings.Contains(s, "Guarded mean()") {
+	if s := p.text("#run-outcome .summary"); !strings.Contains(s, "Guarded mean()") {
 		t.Errorf("summary %q", s)
 	}
 	// Before and after: the harness's reproduction failed, its verification passed.

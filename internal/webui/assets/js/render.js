@@ -14,13 +14,18 @@ export class Output {
   }
   reset() { this.el.replaceChildren(); this.last = null; this.images = []; }
 
+  // stream appends live output. A box scrolled to its end stays there as
+  // text arrives (one the reader scrolled up stays put).
   stream(name, text) {
     if (!text) return;
     if (!this.last || this.last.dataset.stream !== name) {
-      this.last = h('pre', { class: 'stream stream-' + name, dataset: { stream: name } });
+      this.last = streamBox(name);
       this.el.append(this.last);
     }
-    this.last.append(text);
+    const pre = this.last;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+    pre.append(text);
+    if (atEnd) toEnd(pre);
   }
 
   event(e) {
@@ -38,22 +43,59 @@ export class Output {
     if (!el) return;
     if (el.tagName === 'IMG') this.images.push(el.src);
     this.el.append(el);
+    if (el.tagName === 'PRE') toEnd(el);
   }
 
   error(err) {
     this.last = null;
-    this.el.append(traceback(err));
+    const tb = traceback(err);
+    this.el.append(tb);
+    for (const pre of tb.querySelectorAll('pre')) toEnd(pre);
   }
 
-  // whole renders an aggregated execution result (stdout, stderr, results, error).
+  // whole renders an aggregated execution result (stdout, stderr, results,
+  // error), long text as its head and its end, every box scrolled to its end.
   whole(r) {
     this.reset();
-    this.stream('stdout', r.stdout);
-    this.stream('stderr', r.stderr);
+    for (const name of ['stdout', 'stderr']) {
+      if (r[name]) this.el.append(clipped(streamBox(name), r[name]));
+    }
     for (const o of r.results || []) this.result(o.data || {});
     if (r.error) this.error(r.error);
     if (r.truncated) this.el.append(h('p', { class: 'muted small' }, 'Output was truncated: the middle was dropped.'));
+    this.toEnd();
   }
+
+  // toEnd scrolls each of the output's boxes to its end, where a failing
+  // program's error is.
+  toEnd() { for (const el of this.el.querySelectorAll('pre')) toEnd(el); }
+}
+
+const streamBox = name => h('pre', { class: 'stream stream-' + name, dataset: { stream: name } });
+
+export function toEnd(el) { el.scrollTop = el.scrollHeight; }
+
+// Long text is shown as its first HEAD and last TAIL lines, so that its end
+// (the ValueError under a traceback) is in sight without scrolling; the
+// middle comes back with "show all".
+const HEAD = 4, TAIL = 14;
+
+// clipped fills pre with text, clipped if long, and returns it.
+export function clipped(pre, text) {
+  const lines = text.replace(/\n$/, '').split('\n');
+  const hidden = lines.length - HEAD - TAIL;
+  if (hidden < 3) {
+    pre.append(text);
+    return pre;
+  }
+  const more = h('button', { type: 'button', class: 'clip-more', 'aria-label': `Show all ${lines.length} lines` },
+    `⋯ ${hidden} more lines · show all`);
+  more.addEventListener('click', () => {
+    pre.replaceChildren(text);
+    toEnd(pre);
+  });
+  pre.append(lines.slice(0, HEAD).join('\n'), more, lines.slice(-TAIL).join('\n'));
+  return pre;
 }
 
 const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
@@ -75,10 +117,10 @@ export function richResult(data) {
   if (data['application/json']) {
     let text = data['application/json'];
     try { text = JSON.stringify(typeof text === 'string' ? JSON.parse(text) : text, null, 2); } catch { /* as is */ }
-    return h('pre', { class: 'result' }, text);
+    return clipped(h('pre', { class: 'result' }), String(text));
   }
   const text = data['text/markdown'] || data['text/plain'] || data['text/latex'];
-  if (text != null) return h('pre', { class: 'result' }, text);
+  if (text != null) return clipped(h('pre', { class: 'result' }), String(text));
   return null;
 }
 
@@ -94,7 +136,7 @@ export function traceback(err) {
     h('span', { class: 'tb-name' }, err.name || 'Error'),
     err.value ? h('span', { class: 'tb-value' }, ': ' + err.value) : null);
   return h('div', { class: 'traceback', role: 'group', 'aria-label': 'Traceback' },
-    head, err.traceback ? h('pre', {}, err.traceback.replace(/\n$/, '')) : null);
+    head, err.traceback ? clipped(h('pre'), err.traceback.replace(/\n$/, '')) : null);
 }
 
 // Elements kept (their attributes filtered); DROP elements go with their

@@ -3,7 +3,7 @@
 import { h, clear, toast, fmtTokens, fmtCost, fmtDuration, fmtAgo } from './dom.js';
 import { getJSON, postJSON, events, download, serverInfo, APIError } from './api.js';
 import { codeBlock } from './highlight.js';
-import { Output, diffView, diffStats, statusBadge } from './render.js';
+import { Output, clipped, toEnd, diffView, diffStats, statusBadge } from './render.js';
 
 export function mountRuns(root, runID) {
   const listEl = h('ul', { class: 'run-list', id: 'run-list', 'aria-label': 'Past runs' });
@@ -15,18 +15,26 @@ export function mountRuns(root, runID) {
   root.append(h('div', { class: 'runs-layout' }, side, main));
 
   let view = null;
+  let live = null; // the open run's figures as its events stream in
   async function loadList() {
     try {
       const { runs } = await getJSON('/v1/runs?limit=50');
       clear(listEl);
       if (!runs.length) listEl.append(h('li', { class: 'empty' }, 'No runs yet.'));
       for (const r of runs) listEl.append(runItem(r, r.id === runID));
+      showLive();
     } catch (e) {
       clear(listEl).append(h('li', { class: 'empty' }, errText(e)));
     }
   }
+  // showLive keeps the open run's entry in the list as current as its
+  // header: steps, tokens and cost follow the events, not a reload.
+  function showLive() {
+    const meta = live && listEl.querySelector('.run-item.active .run-meta');
+    if (meta) meta.replaceChildren(...runMeta({ ...meta.run, ...live }));
+  }
   loadList();
-  if (runID) view = new RunView(main, runID, loadList);
+  if (runID) view = new RunView(main, runID, loadList, stats => { live = stats; showLive(); });
   else main.append(h('div', { class: 'placeholder' },
     h('h2', {}, 'Watch an agent work'),
     h('p', { class: 'muted' }, 'Start a run on the left, or open one from the list. Each step shows what the model said, the code it ran, the output, and any plots.')));
@@ -36,12 +44,17 @@ export function mountRuns(root, runID) {
 function errText(e) { return e instanceof APIError && e.status === 401 ? 'A token is needed to see runs.' : e.message; }
 
 function runItem(r, active) {
+  const meta = h('div', { class: 'run-meta' }, runMeta(r));
+  meta.run = r;
   return h('li', {}, h('a', { href: '#/runs/' + encodeURIComponent(r.id), class: 'run-item' + (active ? ' active' : ''), 'aria-current': active ? 'page' : null },
     h('div', { class: 'run-item-top' }, statusBadge(r.status), h('span', { class: 'run-when' }, fmtAgo(r.created_at))),
     h('div', { class: 'run-task' }, r.task || '(debug run)'),
-    h('div', { class: 'run-meta' },
-      h('span', {}, r.mode), h('span', {}, plural(r.steps, 'step')),
-      h('span', {}, fmtTokens(r.tokens_in + r.tokens_out) + ' tok'), h('span', {}, fmtCost(r.cost_usd)))));
+    meta));
+}
+
+function runMeta(r) {
+  return [h('span', {}, r.mode), h('span', { class: 'run-steps' }, plural(r.steps, 'step')),
+    h('span', { class: 'run-tokens' }, fmtTokens(r.tokens_in + r.tokens_out) + ' tok'), h('span', { class: 'run-cost' }, fmtCost(r.cost_usd, r.cost_unknown))];
 }
 
 const plural = (n, w) => `${n} ${w}${n === 1 ? '' : 's'}`;
@@ -125,9 +138,10 @@ function toBase64(bytes) {
 // RunView shows one run: its header, a timeline of steps built from the
 // run's events (recorded ones first, then live), and the final report.
 class RunView {
-  constructor(root, id, onFinished) {
+  constructor(root, id, onFinished, onStats) {
     this.id = id;
     this.onFinished = onFinished;
+    this.onStats = onStats;
     this.steps = new Map();
     this.tools = new Map();
     this.figures = [];
@@ -141,13 +155,20 @@ class RunView {
     this.subtitle = h('div', { class: 'run-sub' });
     this.timeline = h('ol', { class: 'timeline', id: 'timeline', 'aria-label': 'Steps' });
     this.reportEl = h('section', { class: 'report', id: 'report', hidden: true, 'aria-labelledby': 'report-title' });
-    this.live = h('p', { class: 'live-note', id: 'run-live', hidden: true }, h('span', { class: 'pulse', 'aria-hidden': 'true' }), 'Live');
+    this.liveWait = h('span', { class: 'live-wait', id: 'run-live-wait' });
+    this.live = h('p', { class: 'live-note', id: 'run-live', hidden: true }, h('span', { class: 'pulse', 'aria-hidden': 'true' }), 'Live', this.liveWait);
+    // The outcome (summary, root cause, files) heads a finished run, above
+    // a timeline that may be long.
+    this.outcome = h('div', { class: 'run-outcome', id: 'run-outcome', hidden: true });
+    // While the model is thinking, the end of the timeline says for how long.
+    this.wait = h('div', { class: 'model-wait', id: 'run-wait', role: 'status', hidden: true });
     root.append(h('article', { class: 'run', 'aria-labelledby': 'run-title' },
       h('header', { class: 'run-head card' },
         h('div', { class: 'run-head-top' }, h('div', { class: 'run-head-text' }, this.title, this.subtitle),
           h('div', { class: 'actions' }, this.cancelBtn, this.dlBtn)),
+        this.outcome,
         h('div', { class: 'run-head-bottom' }, this.status, this.live, this.stats)),
-      this.timeline, this.reportEl));
+      this.timeline, this.wait, this.reportEl));
     this.load();
   }
 
@@ -167,9 +188,10 @@ class RunView {
       h('span', { class: 'muted' }, 'started ' + new Date(run.created_at).toLocaleString()), h('span', { class: 'muted mono' }, run.id));
     this.files = run.report?.files || [];
     this.setStatus(run.status);
+    if (run.report && run.status !== 'running') this.renderOutcome(run.report);
     this.renderStats();
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
-    const types = ['run_started', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'network', 'usage', 'notice', 'lessons', 'run_finished'];
+    const types = ['run_started', 'model_wait', 'model_retry', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'network', 'usage', 'notice', 'lessons', 'run_finished'];
     for (const t of types) this.es.addEventListener(t, ev => this.onEvent(t, JSON.parse(ev.data)));
     this.es.addEventListener('end', () => { this.es.close(); this.ended = true; this.live.hidden = true; });
     // The browser reconnects by itself after a dropped connection (resuming
@@ -182,7 +204,44 @@ class RunView {
     });
   }
 
-  close() { this.es?.close(); }
+  close() { this.es?.close(); this.waitEnd(); }
+
+  // waitStart shows that the harness waits for the model (since the
+  // event's time), ticking each second, until its answer begins.
+  waitStart(e) {
+    if (this.state !== 'running') return; // replaying a run that has ended
+    this.waitSince = Date.parse(e.time) || Date.now();
+    this.wait.hidden = false;
+    clearInterval(this.waitTimer);
+    this.waitTimer = setInterval(() => this.renderWait(), 1000);
+    this.renderWait();
+  }
+
+  // waitRetry says that a model call failed and will be tried again; the
+  // sentence stays under the wait for the next attempt.
+  waitRetry(e) {
+    if (this.state !== 'running') return;
+    clearInterval(this.waitTimer);
+    this.waitSince = 0;
+    this.retry = e.text || 'the model call failed; retrying';
+    this.wait.hidden = false;
+    this.renderWait();
+  }
+
+  waitEnd() {
+    clearInterval(this.waitTimer);
+    this.waitTimer = 0;
+    this.retry = '';
+    this.wait.hidden = true;
+    this.liveWait.replaceChildren();
+  }
+
+  renderWait() {
+    const line = this.waitSince ? `waiting for the model · ${fmtSeconds(Date.now() - this.waitSince)}` : 'retrying';
+    this.wait.replaceChildren(h('span', { class: 'pulse', 'aria-hidden': 'true' }),
+      h('span', { class: 'model-wait-line' }, line), this.retry ? h('span', { class: 'model-retry' }, this.retry) : null);
+    this.liveWait.replaceChildren(' · ' + (this.waitSince ? line : this.retry));
+  }
 
   setStatus(s) {
     this.state = s;
@@ -204,6 +263,7 @@ class RunView {
     ];
     if (this.duration) items.push(['Duration', fmtDuration(this.duration)]);
     this.stats.replaceChildren(...items.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
+    this.onStats?.({ steps, tokens_in: tin, tokens_out: tout, cost_usd: Math.max(u.cost, r.cost_usd || 0), cost_unknown: u.unknown });
   }
 
   step(n) {
@@ -220,7 +280,10 @@ class RunView {
   }
 
   onEvent(type, e) {
+    if (['text', 'assistant', 'tool_call', 'run_finished'].includes(type)) this.waitEnd();
     switch (type) {
+      case 'model_wait': this.waitStart(e); break;
+      case 'model_retry': this.waitRetry(e); break;
       case 'text': {
         const s = this.step(e.step);
         if (!s.text) { s.text = h('div', { class: 'say' }); s.body.append(s.text); }
@@ -311,9 +374,10 @@ class RunView {
       if (!t.head.querySelector('.exec-status')) t.head.append(execStatus(e.result));
       for (const src of t.out.images) this.figures.push({ src, step: e.step });
     } else if (e.text && (e.is_error || !['write_file', 'finish'].includes(e.tool))) {
-      const pre = h('pre', { class: 'tool-text' }, e.text);
+      const pre = clipped(h('pre', { class: 'tool-text' }), e.text);
       t.outEl.append(e.is_error ? h('div', { class: 'callout callout-error' }, pre)
         : h('details', {}, h('summary', {}, 'Result'), pre));
+      toEnd(pre);
     }
     if (e.changed?.length) {
       t.outEl.append(h('div', { class: 'changed' }, h('span', { class: 'muted' }, 'Files changed:'),
@@ -328,17 +392,31 @@ class RunView {
     if (rep.usage) this.usage = { in: rep.usage.input_tokens || 0, out: rep.usage.output_tokens || 0, cost: rep.usage.cost_usd || 0, unknown: !!rep.usage.cost_unknown };
     if (this.run) this.run.steps = rep.steps;
     this.renderStats();
+    this.renderOutcome(rep);
     this.renderReport(rep);
     this.onFinished?.();
+  }
+
+  // renderOutcome fills the header of a finished run: what came of it and
+  // the files it left (its figures are in the header's stats).
+  renderOutcome(rep) {
+    const o = this.outcome;
+    o.hidden = false;
+    o.replaceChildren();
+    if (rep.summary) o.append(h('p', { class: 'summary' }, rep.summary));
+    if (rep.root_cause) o.append(h('div', { class: 'callout callout-note' }, h('strong', {}, 'Root cause: '), rep.root_cause));
+    if (rep.error) o.append(h('div', { class: 'callout callout-error' }, h('strong', {}, 'Error: '), rep.error));
+    const files = rep.files || [];
+    o.append(h('div', { class: 'outcome-files' }, h('span', { class: 'muted small' }, files.length ? plural(files.length, 'file') + ':' : 'No files.'),
+      files.slice(0, 12).map(f => h('span', { class: 'chip mono' }, f)),
+      files.length > 12 ? h('span', { class: 'muted small' }, `and ${files.length - 12} more`) : null));
+    if (!rep.summary && !rep.error && !rep.root_cause && !files.length) o.hidden = true;
   }
 
   renderReport(rep) {
     const r = this.reportEl;
     r.hidden = false;
     r.replaceChildren(h('div', { class: 'report-head' }, h('h3', { id: 'report-title' }, 'Report'), statusBadge(rep.status)));
-    if (rep.summary) r.append(h('p', { class: 'summary' }, rep.summary));
-    if (rep.root_cause) r.append(h('div', { class: 'callout callout-note' }, h('strong', {}, 'Root cause: '), rep.root_cause));
-    if (rep.error) r.append(h('div', { class: 'callout callout-error' }, h('strong', {}, 'Error: '), rep.error));
     if (rep.reproduction || rep.verification) {
       r.append(h('h4', {}, 'Before and after'), h('div', { class: 'compare' },
         checkCard('Before: reproduction', rep.reproduction), checkCard('After: verification', rep.verification)));
@@ -359,6 +437,7 @@ class RunView {
       r.append(h('h4', {}, 'Files'), h('ul', { class: 'file-chips' }, rep.files.map(f => h('li', { class: 'chip mono' }, f))),
         h('div', { class: 'row' }, h('button', { type: 'button', class: 'btn btn-primary', id: 'report-download', onclick: () => this.download() }, 'Download all files (.zip)')));
     }
+    if (r.children.length === 1) r.hidden = true; // nothing beyond the header's outcome
   }
 
   async cancel() {
@@ -385,8 +464,15 @@ class RunView {
 function checkCard(title, c) {
   if (!c) return h('div', { class: 'check' }, h('h5', {}, title), h('p', { class: 'muted' }, 'Not run.'));
   return h('div', { class: 'check' }, h('h5', {}, title, ' ', statusBadge(c.status === 'ok' ? 'ok' : c.status)),
-    h('pre', { class: 'code' }, '$ ' + c.command), c.output ? h('pre', { class: 'stream' }, c.output) : null,
+    h('pre', { class: 'code' }, '$ ' + c.command),
+    c.output ? clipped(h('pre', { class: 'stream' }), c.output) : null,
     c.error ? h('p', { class: 'small muted' }, 'Error: ' + c.error) : null);
+}
+
+// fmtSeconds is a wait as it ticks: "12 s", "2 min 5 s".
+function fmtSeconds(ms) {
+  const s = Math.max(0, Math.floor(ms / 1000));
+  return s < 60 ? s + ' s' : Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
 }
 
 function execStatus(end) {

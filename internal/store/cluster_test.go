@@ -1,0 +1,164 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/store/pgtest"
+)
+
+func openCell(t *testing.T) (*Postgres, *clock) {
+	t.Helper()
+	clk := newClock()
+	p, err := OpenPostgres(t.Context(), pgtest.Start(t).NewDatabase(t), &Options{Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, clk
+}
+
+func names(regs []Registration) []string {
+	var out []string
+	for _, r := range regs {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+// TestRegistrations: a host's heartbeat registers it; one silent past the
+// deadline is not listed; a drained one says not ready; deregistering
+// removes only the epoch that registered.
+func TestRegistrations(t *testing.T) {
+	p, clk := openCell(t)
+	ctx := t.Context()
+	beat := func(name, epoch string, ready bool) {
+		t.Helper()
+		if err := p.Heartbeat(ctx, Registration{Name: name, URL: "http://" + name + ":8080", Epoch: epoch, Ready: ready, Slots: 8, Used: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := func() []Registration {
+		t.Helper()
+		regs, err := p.Registrations(ctx, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return regs
+	}
+	beat("a", "e1", true)
+	beat("b", "e1", true)
+	if got := names(list()); len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Fatalf("registered: %v", got)
+	}
+	clk.advance(6 * time.Second)
+	beat("b", "e1", false) // b drains
+	clk.advance(6 * time.Second)
+	regs := list()
+	if len(regs) != 1 || regs[0].Name != "b" || regs[0].Ready || regs[0].Slots != 8 || !regs[0].BeatAt.Equal(clk.now().Add(-6*time.Second)) {
+		t.Fatalf("after a's deadline: %+v", regs)
+	}
+	beat("a", "e2", true) // a restarted: back, with a new epoch
+	if got := names(list()); len(got) != 2 {
+		t.Fatalf("a did not come back: %v", got)
+	}
+	if err := p.Deregister(ctx, "a", "e1"); err != nil { // the old process's exit
+		t.Fatal(err)
+	}
+	if got := names(list()); len(got) != 2 {
+		t.Fatalf("an old epoch's exit removed the new one: %v", got)
+	}
+	if err := p.Deregister(ctx, "a", "e2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(list()); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("after a's exit: %v", got)
+	}
+}
+
+// TestPrune: rows of lost sessions go a retention after they were lost,
+// of closed ones a retention after the hosts' max lifetime, of finished
+// runs a retention after they were placed; hosts and registrations not
+// seen for a retention go too. Everything younger, and running runs, stay.
+func TestPrune(t *testing.T) {
+	p, clk := openCell(t)
+	ctx := t.Context()
+	const retention, lifetime = 24 * time.Hour, 12 * time.Hour
+	place := func(id, kind, host string) {
+		t.Helper()
+		if err := p.PutPlacement(ctx, Placement{ID: id, Kind: kind, Owner: "o", Host: host, Epoch: "e1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(id, status string) {
+		t.Helper()
+		if _, err := p.CreateRun(ctx, Run{ID: id, Task: "t", Status: status}); err != nil {
+			t.Fatal(err)
+		}
+		place(id, KindRun, "h1")
+	}
+	// At day 0: h-old's sessions, soon lost; a session that stays open on
+	// h1 (the table cannot tell it closed); runs, one still running.
+	place("lost-old", KindSession, "h-old")
+	place("open-old", KindSession, "h1")
+	place("mcp-old", KindMCP, "h1")
+	run("run-done", "done")
+	run("run-running", "running")
+	if err := p.PutHost(ctx, HostRecord{Name: "h-old", URL: "http://h-old", Epoch: "e1", SeenAt: clk.now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Heartbeat(ctx, Registration{Name: "h-old", URL: "http://h-old", Epoch: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.FenceHost(ctx, "h-old", ""); err != nil {
+		t.Fatal(err)
+	}
+	// A day and an hour later: h1 is seen, a new session is lost just now.
+	clk.advance(retention + time.Hour)
+	if err := p.PutHost(ctx, HostRecord{Name: "h1", URL: "http://h1", Epoch: "e1", SeenAt: clk.now()}); err != nil {
+		t.Fatal(err)
+	}
+	place("lost-new", KindSession, "h2")
+	place("open-new", KindSession, "h1")
+	if _, err := p.FenceHost(ctx, "h2", ""); err != nil {
+		t.Fatal(err)
+	}
+	n, err := p.Prune(ctx, retention, lifetime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// lost-old (lost a retention ago) and run-done; open-old is within
+	// lifetime + retention.
+	if n != (Pruned{Sessions: 2, Hosts: 1, Registrations: 1}) {
+		t.Errorf("pruned %+v, want 2 sessions (lost-old, run-done), 1 host, 1 registration", n)
+	}
+	exists := func(id string) bool {
+		_, err := p.GetPlacement(ctx, id)
+		return err == nil
+	}
+	for id, want := range map[string]bool{"lost-old": false, "run-done": false, "run-running": true, "open-old": true, "mcp-old": true, "lost-new": true, "open-new": true} {
+		if exists(id) != want {
+			t.Errorf("%s kept = %v, want %v", id, !want, want)
+		}
+	}
+	if _, err := p.GetHost(ctx, "h-old"); err == nil {
+		t.Error("a host not seen for a retention was kept")
+	}
+	if _, err := p.GetHost(ctx, "h1"); err != nil {
+		t.Errorf("a host just seen was pruned: %v", err)
+	}
+	// Past the hosts' max lifetime and a retention, sessions that were
+	// never closed through a gateway are gone too.
+	clk.advance(lifetime)
+	if n, err = p.Prune(ctx, retention, lifetime); err != nil || n.Sessions != 2 {
+		t.Errorf("pruned %+v (%v), want open-old and mcp-old", n, err)
+	}
+	if exists("open-old") || exists("mcp-old") || !exists("open-new") || !exists("run-running") {
+		t.Error("the lifetime rule pruned the wrong sessions")
+	}
+	// Nothing left to prune: a second pass deletes nothing.
+	if n, err = p.Prune(context.Background(), retention, lifetime); err != nil || n != (Pruned{}) {
+		t.Errorf("a second pass pruned %+v (%v)", n, err)
+	}
+}
