@@ -53,6 +53,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Lessons -benchtime 1x ./internal/lessons
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
 	$(GO) test -run '^$$' -bench WheelCache -benchtime 3x ./internal/session
+	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

@@ -337,12 +337,15 @@ func (k *Kernel) Close() error {
 	return nil
 }
 
-// completeSink waits for the reply to an is_complete request.
-type completeSink struct{ status string }
+// replySink waits for the reply of type typ to a request between cells.
+type replySink struct {
+	typ    string
+	status string
+}
 
-func (c *completeSink) text(int, string) {}
-func (c *completeSink) event(ev *wireEvent) bool {
-	if ev.Type == "is_complete" {
+func (c *replySink) text(int, string) {}
+func (c *replySink) event(ev *wireEvent) bool {
+	if ev.Type == c.typ {
 		c.status = string(ev.Status)
 		return true
 	}
@@ -353,6 +356,19 @@ func (c *completeSink) event(ev *wireEvent) bool {
 // ("complete"), needs more lines ("incomplete") or cannot compile
 // ("invalid"), with the rules of Python's own prompt.
 func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error) {
+	return k.ask(ctx, map[string]any{"op": "is_complete", "code": code}, "is_complete", "a completeness check")
+}
+
+// SetEnv sets variables in the kernel's environment (os.environ), between
+// cells: what the code and the processes it starts see from now on.
+func (k *Kernel) SetEnv(ctx context.Context, env map[string]string) error {
+	_, err := k.ask(ctx, map[string]any{"op": "setenv", "env": env}, "setenv", "a request to set its environment")
+	return err
+}
+
+// ask sends a request between cells and waits for the kernel's reply of
+// type typ (what names the request in an error).
+func (k *Kernel) ask(ctx context.Context, req map[string]any, typ, what string) (string, error) {
 	select {
 	case k.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -362,7 +378,7 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 	if err := k.Err(); err != nil {
 		return "", err
 	}
-	b, _ := json.Marshal(map[string]string{"op": "is_complete", "code": code})
+	b, _ := json.Marshal(req)
 	if err := k.p.writeRequest(append(b, '\n'), time.Now().Add(10*time.Second)); err != nil {
 		k.Kill("could not write to the kernel: " + err.Error())
 		return "", k.Err()
@@ -371,7 +387,7 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 	deadline := time.Now().Add(10 * time.Second)
 	stop := context.AfterFunc(ctx, k.p.wake)
 	defer stop()
-	c := &completeSink{}
+	c := &replySink{typ: typ}
 	for {
 		stopped, err := k.p.step(time.Until(deadline), c)
 		switch {
@@ -387,7 +403,7 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 			// The reply comes later and is skipped by the next reader.
 			return "", ctx.Err()
 		case time.Now().After(deadline):
-			k.Kill("the kernel did not answer a completeness check")
+			k.Kill("the kernel did not answer " + what)
 			return "", k.Err()
 		}
 	}

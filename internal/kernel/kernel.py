@@ -675,6 +675,11 @@ def main():
             run_cell(ns, req)
         elif op == "is_complete":
             _reply({"type": "is_complete", "status": is_complete(req.get("code", ""))})
+        elif op == "setenv":
+            # The host's, between cells: a pooled kernel handed to a session
+            # gets the session's variables (the egress proxy's).
+            os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
+            _reply({"type": "setenv"})
 
 
 if __name__ == "__main__":

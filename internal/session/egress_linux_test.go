@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,27 +204,61 @@ func TestEgressZygoteFork(t *testing.T) {
 	w := newEgressWorld(t)
 	s := newSession(t, Options{Workspace: w.workspace(t), Env: caEnv, Egress: w.policy(t), EgressLookup: w.lookup, Zygote: z})
 	w.checkAllowMode(t, s)
+	// A pooled kernel forked from the zygote, its listener on standby,
+	// armed as an allow-mode session takes it.
+	ws := w.workspace(t)
+	p := newSession(t, Options{Workspace: ws, Zygote: z, EgressStandby: true})
+	if err := p.ArmEgress(context.Background(), w.policy(t), w.lookup, nil); err != nil {
+		t.Fatal(err)
+	}
+	runCode(t, p, fmt.Sprintf("import os\nos.environ.update(%s)", pyDict(caEnv)))
+	w.checkAllowMode(t, p)
+}
+
+// pyDict writes m as a Python dict literal.
+func pyDict(m map[string]string) string {
+	out := "{"
+	for k, v := range m {
+		out += fmt.Sprintf("%q: %q, ", k, v)
+	}
+	return out + "}"
 }
 
 func TestEgressPooledManager(t *testing.T) {
 	w := newEgressWorld(t)
-	m := NewManager(ManagerOptions{PoolSize: 1, EgressLookup: w.lookup})
+	m := NewManager(ManagerOptions{PoolSize: 1, EgressLookup: w.lookup, RefillDelay: time.Millisecond})
 	t.Cleanup(func() { m.Close() })
-	deadline := time.Now().Add(60 * time.Second)
-	for m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	waitPool := func() {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
-	// A pooled kernel has no proxy: an allow-mode session never takes one.
-	ms, err := m.Create(context.Background(), CreateOptions{Egress: w.policy(t), Env: caEnv})
+	// A pooled kernel holds the proxy's listener on standby: an
+	// allow-mode session takes one and arms it.
+	waitPool()
+	ms, err := m.Create(context.Background(), CreateOptions{Egress: w.policy(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ms.FromPool {
-		t.Error("an allow-mode session came from the pool")
+	if !ms.FromPool {
+		t.Error("an allow-mode session did not come from the pool")
 	}
 	os.WriteFile(filepath.Join(ms.Workspace(), "ca.pem"), w.ca.PEM, 0o644)
+	runCode(t, ms.Session, fmt.Sprintf("import os\nos.environ.update(%s)", pyDict(caEnv)))
 	w.checkAllowMode(t, ms.Session)
-	// A default session takes the pooled kernel, which has no way out.
+	// Its restarted kernel is served by the same gate.
+	if err := ms.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	res := runCode(t, ms.Session, "import os, urllib.request\ntry:\n    urllib.request.urlopen('http://example.invalid/', timeout=20)\nexcept Exception as e:\n    print(os.environ.get('HTTP_PROXY'), e)")
+	if !strings.Contains(res.Stdout, "http://127.0.0.1:3128 HTTP Error 403: sandloop: egress to example.invalid is not allowed; allowed: pkgs.test") {
+		t.Errorf("after a restart: %q %q", res.Stdout, res.Stderr)
+	}
+	// A default session takes the next pooled kernel, whose listener is
+	// closed: nothing answers on the proxy's port, which the code may use.
+	waitPool()
 	plain, err := m.Create(context.Background(), CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -235,6 +268,19 @@ func TestEgressPooledManager(t *testing.T) {
 	}
 	if plain.NetworkLog() != nil {
 		t.Error("a session without an allowlist has a network log")
+	}
+	res = runCode(t, plain.Session, fmt.Sprintf(`
+import os, socket
+print("proxy vars:", [k for k in os.environ if "proxy" in k.lower()])
+try:
+    socket.create_connection(("127.0.0.1", %d), timeout=5)
+    print("connected")
+except Exception as e:
+    print(type(e).__name__)
+s = socket.socket(); s.bind(("127.0.0.1", %d)); s.listen(); print("bound")
+`, egress.Port, egress.Port))
+	if want := "proxy vars: []\nConnectionRefusedError\nbound\n"; res.Stdout != want {
+		t.Errorf("a none-mode pooled session: %q %q, want %q", res.Stdout, res.Stderr, want)
 	}
 }
 
@@ -439,7 +485,7 @@ print("pip exit", r.returncode, r.stderr[-2000:])`, Timeout: 300 * time.Second},
 		}
 	}
 	b.StopTimer()
-	f, s := medianDuration(first), medianDuration(second)
+	f, s := median(first), median(second)
 	b.ReportMetric(float64(f.Milliseconds()), "first-ms")
 	b.ReportMetric(float64(s.Milliseconds()), "cached-ms")
 	b.ReportMetric(f.Seconds()/s.Seconds(), "first/cached")
@@ -454,12 +500,6 @@ func randomText(n int) string {
 	b := make([]byte, n/4*3)
 	rand.Read(b)
 	return base64.StdEncoding.EncodeToString(b)
-}
-
-func medianDuration(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // throttled sends at most rate bytes a second.
@@ -486,4 +526,70 @@ func (t *throttled) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// BenchmarkCreateAllow measures creating a session and running its first
+// cell (1+1) through a Manager with a warm pool of one: in none mode (a
+// pooled kernel), in allow mode (a pooled kernel, its proxy armed as it is
+// handed out), and in allow mode as it was before pooled kernels held a
+// listener: a kernel started for it, cold or (as root) forked from a
+// zygote, as serve does by default. Same run; medians and ratios.
+func BenchmarkCreateAllow(b *testing.B) {
+	al, err := egress.ParseAllowlist([]string{"pkgs.test"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pol := &egress.Policy{Allow: al}
+	var z Zygote
+	if os.Getuid() == 0 {
+		zy, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"json"}, Env: KernelEnv()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { zy.Close() })
+		z = zy
+	}
+	m := NewManager(ManagerOptions{PoolSize: 1, Zygote: z}) // (the refill waits 250ms: it does not compete with the first cell)
+	b.Cleanup(func() { m.Close() })
+	unpooled := NewManager(ManagerOptions{Zygote: z})
+	b.Cleanup(func() { unpooled.Close() })
+	ctx := context.Background()
+	measure := func(m *Manager, opts CreateOptions, pooled bool) time.Duration {
+		deadline := time.Now().Add(60 * time.Second)
+		for pooled && m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		start := time.Now()
+		ms, err := m.Create(ctx, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := ms.Execute(ctx, kernel.Request{Code: "1+1"}, nil)
+		d := time.Since(start)
+		if err != nil || res.MainResult()["text/plain"] != "2" || ms.FromPool != pooled {
+			b.Fatalf("1+1: %+v %v (from the pool: %v)", res, err, ms.FromPool)
+		}
+		m.Delete("", ms.ID())
+		return d
+	}
+	var none, allow, before []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		none = append(none, measure(m, CreateOptions{}, true))
+		allow = append(allow, measure(m, CreateOptions{Egress: pol}, true))
+		before = append(before, measure(unpooled, CreateOptions{Egress: pol}, false))
+	}
+	b.StopTimer()
+	n, a, c := median(none), median(allow), median(before)
+	how := "cold"
+	if z != nil {
+		how = "forked from the zygote"
+	}
+	b.ReportMetric(float64(n.Microseconds())/1e3, "none-pooled-ms")
+	b.ReportMetric(float64(a.Microseconds())/1e3, "allow-pooled-ms")
+	b.ReportMetric(float64(c.Microseconds())/1e3, "allow-unpooled-ms")
+	b.ReportMetric(a.Seconds()/n.Seconds(), "allow/none")
+	b.ReportMetric(c.Seconds()/a.Seconds(), "unpooled/pooled")
+	b.Logf("create + first 1+1, median of %d: none mode from the pool %s; allow mode from the pool (armed) %s (%.2fx none); allow mode %s as before %s (%.1fx the pooled)",
+		b.N, n.Round(time.Microsecond), a.Round(time.Microsecond), a.Seconds()/n.Seconds(), how, c.Round(time.Microsecond), c.Seconds()/a.Seconds())
 }

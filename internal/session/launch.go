@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -73,10 +74,30 @@ func (s *Session) zygoteLauncher() kernel.Launcher {
 
 // listenPort is the port of the proxy's listener in the kernel's jail (0: none).
 func (s *Session) listenPort() int {
-	if s.gate != nil {
+	if s.gate != nil || s.opts.EgressStandby {
 		return egress.Port
 	}
 	return 0
+}
+
+// launcher is how the session starts kernels: forked from the zygote, in
+// a local jail or by Options.Launcher, with the proxy's listener served by
+// the gate or held on standby.
+func (s *Session) launcher() kernel.Launcher {
+	launch := s.opts.Launcher
+	if launch == nil && s.opts.Zygote != nil && s.opts.Network != jail.NetworkHost {
+		launch = s.zygoteLauncher()
+	}
+	if launch == nil {
+		launch = s.jailLauncher()
+	}
+	switch {
+	case s.gate != nil:
+		launch = s.servingGate(launch)
+	case s.opts.EgressStandby:
+		launch = s.holdingListener(launch)
+	}
+	return launch
 }
 
 // listening is a kernel process with a listener on its loopback.
@@ -98,6 +119,93 @@ func (s *Session) servingGate(launch kernel.Launcher) kernel.Launcher {
 		}
 		s.gate.Serve(l.Listener())
 		return p, nil
+	}
+}
+
+// holdingListener wraps launch so the listener of the kernel it starts is
+// kept on standby (unserved) until ArmEgress or DisarmEgress.
+func (s *Session) holdingListener(launch kernel.Launcher) kernel.Launcher {
+	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+		p, err := launch(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		l, ok := p.(listening)
+		if !ok || l.Listener() == nil {
+			p.Kill()
+			p.Wait()
+			return nil, errors.New("the kernel's launcher gave no listener for the egress proxy")
+		}
+		s.mu.Lock()
+		old := s.standby
+		s.standby = l.Listener()
+		s.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+		return p, nil
+	}
+}
+
+// closeStandby closes the listener on standby, if any: the socket is gone
+// from the kernel's loopback (the jail keeps no handle on it).
+func (s *Session) closeStandby() {
+	s.mu.Lock()
+	ln := s.standby
+	s.standby = nil
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+}
+
+// ArmEgress lets a session started with Options.EgressStandby out through
+// an allowlist proxy, as if it had been started with Options.Egress (and
+// EgressLookup, EgressCache): a gate with policy serves the listener held
+// on standby, and the kernel's environment gets the proxy's variables.
+// The session must not be in use: a manager arms a pooled session as it
+// hands it out.
+func (s *Session) ArmEgress(ctx context.Context, policy *egress.Policy, lookup func(context.Context, string) ([]netip.Addr, error), cache *egress.Cache) error {
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	k, err := s.kernel()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ln := s.standby
+	s.standby = nil
+	s.mu.Unlock()
+	if ln == nil || s.gate != nil {
+		return errors.New("the session has no egress listener on standby")
+	}
+	s.opts.Egress, s.opts.EgressLookup, s.opts.EgressCache, s.opts.EgressStandby = policy, lookup, cache, false
+	s.gate = egress.New(egress.Options{Policy: *policy, LookupIP: lookup, Cache: cache, Logger: s.log})
+	s.gate.Serve(ln)
+	s.launch = s.launcher() // a restarted kernel: served by the gate, with the variables
+	env := map[string]string{}
+	for _, kv := range append(egress.Env(egress.Port), s.gate.PipEnv(egress.Port)...) {
+		name, value, _ := strings.Cut(kv, "=")
+		env[name] = value
+	}
+	if err := k.SetEnv(ctx, env); err != nil {
+		return fmt.Errorf("session %s: arming its egress proxy: %w", s.id, err)
+	}
+	return nil
+}
+
+// DisarmEgress closes the listener a session started with
+// Options.EgressStandby holds, leaving the session with no way out (its
+// kernels restart without one). The session must not be in use.
+func (s *Session) DisarmEgress() {
+	s.acquire(context.Background())
+	defer s.release()
+	s.closeStandby()
+	if s.opts.EgressStandby {
+		s.opts.EgressStandby = false
+		s.launch = s.launcher()
 	}
 }
 

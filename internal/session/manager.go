@@ -100,8 +100,9 @@ type CreateOptions struct {
 	// (loopback only) or "host" (if allowed by AllowNetwork).
 	Network jail.Network
 	// Egress, if set, lets the session out through an allowlist proxy
-	// (Options.Egress); Network must then be none. Such a session never
-	// takes a pooled kernel (pooled ones have no proxy).
+	// (Options.Egress); Network must then be none. Such a session takes a
+	// pooled kernel too: pooled kernels hold the proxy's listener on
+	// standby, armed (or closed) as they are handed out.
 	Egress *egress.Policy
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
@@ -291,7 +292,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && opts.Egress == nil && len(m.pool) > 0 {
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
@@ -307,6 +308,17 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 			s = nil
 		} else {
 			s.opts.ExecTimeout = execTimeout
+		}
+	}
+	if s != nil {
+		if opts.Egress != nil {
+			if err := s.ArmEgress(ctx, opts.Egress, m.opts.EgressLookup, m.opts.EgressCache); err != nil {
+				m.log.Warn("pool: arming a pooled kernel's egress proxy failed; starting cold", "err", err)
+				s.Close()
+				s = nil
+			}
+		} else {
+			s.DisarmEgress()
 		}
 	}
 	if s == nil {
@@ -471,7 +483,9 @@ func (m *Manager) poolLoop() {
 				break
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			s, err := New(ctx, m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout))
+			o := m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout)
+			o.EgressStandby = true // for a session in allow mode or in none mode
+			s, err := New(ctx, o)
 			cancel()
 			if err != nil {
 				m.log.Error("pool: start kernel", "err", err)

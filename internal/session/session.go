@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"sync"
@@ -44,6 +45,11 @@ type Options struct {
 	// EgressLookup resolves names for the gate. If nil, the host's
 	// resolver. (Tests map their names to local servers.)
 	EgressLookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// EgressStandby (without Egress) gives the kernel's jail the proxy's
+	// listener too, held by the host and served by nothing until
+	// ArmEgress serves it or DisarmEgress closes it: a pooled kernel that
+	// may go to a session in allow mode or to one in none mode.
+	EgressStandby bool
 	// EgressCache, if set with Egress, is the host's package cache the
 	// session's pip is pointed at (PIP_INDEX_URL) when its allowlist
 	// covers the cache's index; shared by the sessions of a server.
@@ -87,7 +93,8 @@ type Session struct {
 	workspace string
 	quota     *jail.QuotaDir // the workspace made by New, nil if the caller's
 	launch    kernel.Launcher
-	gate      *egress.Gate // with Options.Egress
+	gate      *egress.Gate // with Options.Egress, or once armed
+	standby   net.Listener // with Options.EgressStandby: the kernel's, unserved (under mu)
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
 
@@ -131,21 +138,17 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 		}
 		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
 	}
-	s.launch = opts.Launcher
-	if s.launch == nil && opts.Zygote != nil && opts.Network != jail.NetworkHost {
-		s.launch = s.zygoteLauncher()
+	if opts.EgressStandby && (opts.Egress != nil || opts.Network == jail.NetworkHost) {
+		s.removeWorkspace()
+		return nil, errors.New("a session on standby for an egress allowlist has none yet and no host network")
 	}
-	if s.launch == nil {
-		s.launch = s.jailLauncher()
-	}
-	if s.gate != nil {
-		s.launch = s.servingGate(s.launch)
-	}
+	s.launch = s.launcher()
 	k, err := s.start(ctx)
 	if err != nil {
 		if s.gate != nil {
 			s.gate.Close()
 		}
+		s.closeStandby()
 		s.removeWorkspace()
 		return nil, err
 	}
@@ -336,6 +339,7 @@ func (s *Session) Close() error {
 	if s.gate != nil {
 		s.gate.Close()
 	}
+	s.closeStandby()
 	return s.removeWorkspace()
 }
 
