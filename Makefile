@@ -23,9 +23,13 @@ build: deps gen
 run: build
 	./bin/sandloop $(ARGS)
 
+# Then a smoke test of test-vm (one VM boot, a few tests on kernel 6.1 /
+# cgroup v2, ~2-3 minutes); it skips, saying why, without the VM runner
+# (../shared/vm) or QEMU.
 test: deps gen
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
+	./scripts/test-vm.sh --smoke
 
 # The packages that touch the kernel (jail, session, zygote) on Debian 12's
 # kernel 6.1 with cgroup v2 only, in a QEMU VM (TCG: slow, ~15-30 minutes),

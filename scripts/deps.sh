@@ -8,6 +8,12 @@ pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask pyth
   chromium # chromium: the web UI's browser tests (internal/webui)
   crun # crun: sandloop inside a container (cmd/sandloop TestInContainer)
   postgresql) # postgresql: the PostgreSQL store's and the cell's tests (internal/store/pgtest starts throwaway clusters)
+# QEMU for make test's smoke test of make test-vm, where the VM runner is
+# (../shared/vm next to the clone).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -x "$root/../shared/vm/run.sh" ] || [ -x "$root/../../shared/vm/run.sh" ]; then
+  pkgs+=(qemu-system-x86)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

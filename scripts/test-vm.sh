@@ -3,25 +3,49 @@
 # on Debian 12's kernel (6.1) with cgroup v2 only, in a QEMU VM, as root and
 # as an unprivileged user in a cgroup delegated to it (as systemd delegates
 # user@UID.service). The test binaries are built here (natively, fast) and
-# only run in the VM, which is slow (TCG emulation: ~10x).
+# only run in the VM, which is slow (TCG emulation: ~10x). Each package's
+# log is kept in out/vm/USER-PACKAGE.log.
 #
+#   --smoke       what `make test` runs: one boot, a few tests (cgroup v2
+#                 delegation, OOM and pids limits, the zygote rootless, a
+#                 session round trip) as root, ~2 minutes; skips (status 0,
+#                 one line saying why) where there is no VM runner or QEMU.
 #   SANDLOOP_VM   the VM runner (default: ../shared/vm/run.sh next to the
 #                 clone, as on the project's build host); see its README.
-#   VM_RUN        a -test.run pattern for every package (default: all).
+#   VM_RUN        a -test.run pattern for every package (default: all);
+#                 VM_RUN_jail, VM_RUN_session, VM_RUN_zygote: for one.
 #   VM_SKIP       a -test.skip pattern for every package.
 #   VM_PKGS       the packages (default: "jail session zygote").
 #   VM_USERS      "root unprivileged" (default) or one of them.
 #   VM_CPU        QEMU's CPU model (default: max).
+#   VM_TIMEOUT    seconds for the whole VM run, boot included (default: 3600).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+smoke="" short=""
+if [ "${1:-}" = --smoke ]; then
+  smoke=1
+  # The smoke test's choice: delegation and the v2 limits (jail), the
+  # zygote (root and rootless) and a session round trip, in one boot.
+  VM_PKGS="jail session zygote" VM_USERS=root VM_TIMEOUT=${VM_TIMEOUT:-600}
+  VM_RUN_jail='^(TestCgroupV2Delegation|TestMemoryBombOOMKilled|TestForkBombStoppedByPidsLimit)$'
+  VM_RUN_session='^TestStatePersists$'
+  VM_RUN_zygote='^(TestForkRuns|TestRootlessZygote)$'
+  short=1 # (TestRootlessZygote runs fewer tests as the user)
+fi
+skip() {
+  if [ -n "$smoke" ]; then
+    echo "test-vm smoke: SKIPPED: $1 (make test-vm needs it)"
+    exit 0
+  fi
+  echo "test-vm: $1" >&2
+  exit 2
+}
 vm="${SANDLOOP_VM:-$root/../../shared/vm/run.sh}"
 [ -x "$vm" ] || vm="$root/../shared/vm/run.sh"
-if [ ! -x "$vm" ]; then
-  echo "test-vm: no VM runner (set SANDLOOP_VM to shared/vm/run.sh)" >&2
-  exit 2
-fi
-# What the VM runner needs here (idempotent).
+[ -x "$vm" ] || skip "no VM runner at ../shared/vm/run.sh (set SANDLOOP_VM to shared/vm/run.sh)"
+# What the VM runner needs here (idempotent; the smoke test only looks).
 if ! command -v qemu-system-x86_64 >/dev/null; then
+  [ -z "$smoke" ] || skip "QEMU (qemu-system-x86_64) is not installed"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -30,6 +54,7 @@ fi
 pkgs=${VM_PKGS:-jail session zygote}
 users=${VM_USERS:-root unprivileged}
 out="$root/out/vm"
+[ -z "$smoke" ] || out="$root/out/vm-smoke"
 rm -rf "$out"
 mkdir -p "$out"
 chmod 755 "$root/out" "$out"
@@ -37,41 +62,49 @@ for p in $pkgs; do
   (cd "$root" && CGO_ENABLED=0 go test -c -o "$out/$p.test" "./internal/$p")
 done
 # The guest script: each package's binary in its own directory (as go test
-# runs it), as root, then as uid 65534 in a group delegated to it.
-cat >"$out/guest.sh" <<GUEST
+# runs it), as root, then as uid 65534 in a group delegated to it. -test.v
+# only for the counts.
+{
+  cat <<GUEST
 #!/bin/sh
 export TMPDIR=/tmp PATH=/usr/bin:/bin
 cd "$root"
 echo "vm: kernel \$(uname -r), \$(cat /proc/self/cgroup)"
 status=0
-for user in $users; do
-  for p in $pkgs; do
-    start=\$(date +%s)
-    if [ "\$user" = root ]; then
-      (cd internal/\$p && HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"} ${VM_SKIP:+-test.skip "$VM_SKIP"}) >"/tmp/\$user-\$p.log" 2>&1
-    else
-      g=/sys/fs/cgroup/user-65534-\$p
-      mkdir \$g && chown 65534:65534 \$g \$g/cgroup.procs \$g/cgroup.subtree_control \$g/cgroup.threads
-      (echo \$\$ >\$g/cgroup.procs && cd internal/\$p && exec setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp "$out/\$p.test" -test.count=1 -test.timeout=20m ${VM_RUN:+-test.run "$VM_RUN"} ${VM_SKIP:+-test.skip "$VM_SKIP"}) >"/tmp/\$user-\$p.log" 2>&1
-    fi
-    rc=\$?
-    [ \$rc -eq 0 ] || status=1
-    verdict=ok; [ \$rc -eq 0 ] || verdict=FAIL
-    echo "vm: \$verdict \$user \$p (\$((\$(date +%s)-start))s): \$(grep -c '^--- PASS\|^    --- PASS' /tmp/\$user-\$p.log) passed, \$(grep -c -- '--- SKIP' /tmp/\$user-\$p.log) skipped, \$(grep -c -- '--- FAIL' /tmp/\$user-\$p.log) failed"
-    [ \$rc -eq 0 ] || tail -n 60 "/tmp/\$user-\$p.log"
-  done
-done
-exit \$status
+# report USER PACKAGE STATUS START: one line of counts (and the log's end on failure)
+report() {
+  log="$out/\$1-\$2.log"
+  verdict=ok; [ \$3 -eq 0 ] || { verdict=FAIL; status=1; }
+  echo "vm: \$verdict \$1 \$2 (\$((\$(date +%s)-\$4))s): \$(grep -c '^ *--- PASS' "\$log") passed, \$(grep -c '^ *--- SKIP' "\$log") skipped, \$(grep -c '^ *--- FAIL' "\$log") failed"
+  [ \$3 -eq 0 ] || tail -n 60 "\$log"
+}
 GUEST
+  for user in $users; do
+    for p in $pkgs; do
+      run_var="VM_RUN_$p"
+      pattern=${!run_var:-${VM_RUN:-}}
+      args="-test.count=1 -test.v -test.timeout=20m${short:+ -test.short}${pattern:+ -test.run '$pattern'}${VM_SKIP:+ -test.skip '$VM_SKIP'}"
+      echo "start=\$(date +%s)"
+      if [ "$user" = root ]; then
+        echo "(cd internal/$p && HOME=/tmp '$out/$p.test' $args) >'$out/$user-$p.log' 2>&1"
+      else
+        echo "g=/sys/fs/cgroup/user-65534-$p"
+        echo "mkdir \$g && chown 65534:65534 \$g \$g/cgroup.procs \$g/cgroup.subtree_control \$g/cgroup.threads"
+        # (\$\$ in a subshell is the script's PID: a shell of its own moves itself.)
+        echo "(cd internal/$p && exec sh -c 'echo \$\$ >\"\$0/cgroup.procs\" && exec \"\$@\"' \$g setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp '$out/$p.test' $args) >'$out/$user-$p.log' 2>&1"
+      fi
+      echo "report $user $p \$? \$start"
+    done
+  done
+  echo 'exit $status'
+} >"$out/guest.sh"
 chmod 755 "$out/guest.sh"
-# -test.v only for the counts: the logs stay in the guest unless a package fails.
-sed -i 's/-test.count=1/-test.count=1 -test.v/g' "$out/guest.sh"
 start=$(date +%s)
 set +e
 # The CPU model of a real host: under QEMU's default (qemu64, x86-64-v1)
 # some of Debian's libraries the sessions import die with SIGILL.
 export VM_CPU=${VM_CPU:-max}
-"$vm" --timeout "${VM_TIMEOUT:-3600}" -- "$out/guest.sh"
+"$vm" --timeout "${VM_TIMEOUT:-3600}" --share "$out" -- "$out/guest.sh"
 rc=$?
-echo "test-vm: exit $rc after $(($(date +%s)-start))s"
+echo "test-vm${smoke:+ smoke}: exit $rc after $(($(date +%s)-start))s (logs: $out)"
 exit $rc

@@ -132,7 +132,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	if err := zygote.Supported(); err == nil {
 		line(jail.Check{OK: true, Detail: "serve, mcp and agent fork sessions from a template with numpy, pandas and matplotlib imported (--zygote=off to start them cold)"}, "zygote")
 	} else {
-		info("zygote", fmt.Sprintf("not used: %v; sessions start cold", err))
+		info("zygote", fmt.Sprintf("not used: %s; sessions start cold", unsupportedReason(err)))
 	}
 	info("jail init", jail.InitInfo())
 	if r.Landlock.OK {

@@ -288,12 +288,12 @@ print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
 	}
 }
 
-// A zygote asked for where it cannot work (without root) is refused at
-// startup: exit 2, one line saying why.
+// A zygote asked for where it cannot work (without root, no cgroup
+// delegated to the user) is refused at startup: exit 2, one line saying why.
 func TestZygoteAskedForButUnsupported(t *testing.T) {
 	code, out, errOut := asNobody(t, "serve", "--zygote", "--addr", "127.0.0.1:0")
 	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "--zygote cannot work on this host") ||
-		!strings.Contains(errOut, "needs root") {
-		t.Errorf("serve --zygote without root: exit %d, stdout %q, stderr %q", code, out, errOut)
+		!strings.Contains(errOut, "the zygote needs cgroups: cgroups unavailable") {
+		t.Errorf("serve --zygote without root or cgroups: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

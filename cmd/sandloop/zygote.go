@@ -37,7 +37,7 @@ func (m *zygoteMode) Set(v string) error {
 
 func registerZygote(fs *pflag.FlagSet, m *zygoteMode) {
 	m.v = "auto"
-	fs.Var(m, "zygote", "fork sessions from a template kernel with numpy, pandas and matplotlib imported: auto (where the host can: root and cgroups), on (fail if it cannot), off")
+	fs.Var(m, "zygote", "fork sessions from a template kernel with numpy, pandas and matplotlib imported: auto (where the host can: cgroups, delegated ones without root), on (fail if it cannot), off")
 	fs.Lookup("zygote").NoOptDefVal = "on"
 }
 
@@ -66,7 +66,7 @@ func startZygote(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygote.Z
 // unsupportedReason is err's text without jail.ErrUnsupported's own
 // words, which the reason after them says better.
 func unsupportedReason(err error) string {
-	return strings.TrimPrefix(err.Error(), jail.ErrUnsupported.Error()+": ")
+	return strings.Replace(err.Error(), jail.ErrUnsupported.Error()+": ", "", 1)
 }
 
 // zygoteLater starts the zygote in the background, for commands whose

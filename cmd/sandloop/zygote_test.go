@@ -8,16 +8,17 @@ import (
 )
 
 // A zygote asked for explicitly on a host that cannot run one (here: not
-// root) is a startup error: exit 2, one line.
-func TestZygoteOnWithoutRootFails(t *testing.T) {
+// root, and no cgroup delegated to the user) is a startup error: exit 2,
+// one line.
+func TestZygoteOnWithoutCgroupsFails(t *testing.T) {
 	for _, args := range [][]string{ // serve: TestZygoteAskedForButUnsupported
 		{"mcp", "--zygote"},
 		{"agent", "--zygote=on", "a task"},
 	} {
 		code, out, errOut := asNobody(t, args...)
 		if code != 2 || out != "" || strings.Count(strings.TrimSpace(errOut), "\n") != 0 ||
-			!strings.Contains(errOut, "--zygote cannot work on this host: the zygote needs root") {
-			t.Errorf("%v as nobody: exit %d, stdout %q, stderr %q; want exit 2 and one line saying the zygote needs root", args, code, out, errOut)
+			!strings.Contains(errOut, "--zygote cannot work on this host: the zygote needs cgroups: cgroups unavailable") {
+			t.Errorf("%v as nobody: exit %d, stdout %q, stderr %q; want exit 2 and one line saying the zygote needs cgroups", args, code, out, errOut)
 		}
 	}
 }
@@ -41,7 +42,7 @@ func TestZygoteAutoFallsBackToCold(t *testing.T) {
 	}
 	cmd.Process.Signal(os.Interrupt)
 	cmd.Wait()
-	if n := strings.Count(stderr.String(), "sessions start cold: the zygote needs root"); n != 1 {
+	if n := strings.Count(stderr.String(), "sessions start cold: the zygote needs cgroups: cgroups unavailable"); n != 1 {
 		t.Errorf("want one line saying sessions start cold, got %d:\n%s", n, stderr.String())
 	}
 }

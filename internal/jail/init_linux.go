@@ -47,8 +47,9 @@ type initConfig struct {
 	// NewCgroupNS: unshare the cgroup namespace once the host has moved
 	// the init into its cgroup, so the jail sees its cgroup as "/".
 	NewCgroupNS bool
-	// Zygote: see Config.Zygote.
-	Zygote bool
+	// Zygote, ZygoteWorkspaces: see Config (the directory resolved).
+	Zygote           bool
+	ZygoteWorkspaces string
 	// ListenPort: see Config.ListenPort. The listener goes to the host
 	// over the descriptor after the program's extra files.
 	ListenPort int

@@ -35,6 +35,9 @@ const (
 	// WorkspaceDir is where the host workspace is mounted; it is the
 	// working directory and HOME.
 	WorkspaceDir = "/workspace"
+	// ZygoteWorkspacesDir is where a zygote's jail sees
+	// Config.ZygoteWorkspaces.
+	ZygoteWorkspacesDir = "/opt/sandloop/workspaces"
 )
 
 // HostID is the host uid and gid the sandbox user maps to when the server
@@ -166,6 +169,14 @@ type Config struct {
 	// ends until every process of the jail has ended, so the children
 	// outlive the program. Never set it for a process that runs user code.
 	Zygote bool
+	// ZygoteWorkspaces, with Zygote, is a host directory bound (not
+	// recursively; nosuid, nodev) at ZygoteWorkspacesDir in the jail: the
+	// directory under which the workspaces of the sessions it forks are.
+	// Without root, the host cannot clone a workspace's mount for the
+	// template (open_tree needs CAP_SYS_ADMIN over the host's mount
+	// namespace); the template, which holds it over its own, clones the
+	// workspace from this view instead.
+	ZygoteWorkspaces string
 }
 
 // Result describes how a jailed process ended and what it used.

@@ -355,23 +355,32 @@ os.wait()`, func(c *Config) { c.Limits.CPUs = 0.25 })
 }
 
 func TestPrintFloodBounded(t *testing.T) {
-	capOut := NewCapture(64<<10, 64<<10)
-	capErr := NewCapture(64<<10, 64<<10)
-	ws := t.TempDir()
-	res, err := Run(context.Background(), &Config{
-		Path: DefaultPython, Workspace: ws, Stdout: capOut, Stderr: capErr,
-		Limits: Limits{Timeout: 120 * time.Second},
-		Args: []string{"python3", "-c", `import sys
+	flood := func(mib int, timeout time.Duration) (*Result, *Capture, *Capture) {
+		capOut := NewCapture(64<<10, 64<<10)
+		capErr := NewCapture(64<<10, 64<<10)
+		res, err := Run(context.Background(), &Config{
+			Path: DefaultPython, Workspace: t.TempDir(), Stdout: capOut, Stderr: capErr,
+			Limits: Limits{Timeout: timeout},
+			Args: []string{"python3", "-c", fmt.Sprintf(`import sys
 chunk = b'x' * (1 << 20)
-for _ in range(1024): sys.stdout.buffer.write(chunk)
+for _ in range(%d): sys.stdout.buffer.write(chunk)
 sys.stdout.flush()
 print('the end', flush=True)
 def deep(): raise ValueError('after the flood')
-deep()`},
-	})
-	if err != nil {
-		t.Fatal(err)
+deep()`, mib)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, capOut, capErr
 	}
+	// The timeout scales with this machine: 1 GiB takes 32 times what
+	// 32 MiB takes here (start included), with room to spare (an
+	// emulated one moves ~8 MiB/s; this one ~1 GiB/s).
+	start := time.Now()
+	flood(32, 10*time.Minute)
+	timeout := max(2*time.Minute, 3*32*time.Since(start))
+	res, capOut, capErr := flood(1024, timeout)
 	if res.ExitCode != 1 {
 		t.Errorf("exit %d", res.ExitCode)
 	}

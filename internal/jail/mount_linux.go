@@ -72,7 +72,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
 		return err
 	}
-	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles}
+	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces}
 	for _, step := range steps {
 		if err := step(cfg); err != nil {
 			return err
@@ -350,6 +350,26 @@ func mountScratch(cfg *initConfig) error {
 		return err
 	}
 	return mount("", ws, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), "")
+}
+
+// mountZygoteWorkspaces binds Config.ZygoteWorkspaces (alone: the mounts
+// below it are not reachable) into a zygote's jail.
+func mountZygoteWorkspaces(cfg *initConfig) error {
+	if cfg.ZygoteWorkspaces == "" {
+		return nil
+	}
+	dst := newRoot + ZygoteWorkspacesDir
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	if err := mount(oldRoot+cfg.ZygoteWorkspaces, dst, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		return err
+	}
+	return mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), "")
 }
 
 // placeFiles writes the configured files into the root before it becomes

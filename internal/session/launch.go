@@ -42,7 +42,8 @@ type Zygote interface {
 	// and environment (on top of the jail's minimal one).
 	// listenPort, if nonzero, asks for a listener on the kernel's
 	// loopback (as jail.Config.ListenPort), which the process returns
-	// from a Listener() net.Listener method.
+	// from a Listener() net.Listener method. A nil launcher means it
+	// cannot fork for this workspace: the session starts cold.
 	Launcher(workspace string, limits jail.Limits, env []string, listenPort int) kernel.Launcher
 }
 

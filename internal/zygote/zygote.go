@@ -51,6 +51,29 @@
 //   - BLAS libraries run single-threaded in forks (the template must have
 //     no threads when it forks).
 //
+// Without root the same design runs unchanged but for the workspace: the
+// template's jail is a user namespace the unprivileged user made, and the
+// template's CAP_SYS_ADMIN there covers its own mount namespace and the
+// spares' (new mount namespaces, /proc, tmpfs, open_tree and move_mount
+// all work), but not the host's. The one layer that cannot be had without
+// root is the host's open_tree(OPEN_TREE_CLONE) of a session's workspace:
+// it needs CAP_SYS_ADMIN over the host's mount namespace (EPERM), and a
+// template cannot bind a directory the host passes by descriptor either
+// (mount --bind and open_tree of a path in another mount namespace fail
+// with EINVAL, on 6.1 as on 6.18: check_mnt). So without root the template's jail
+// also binds the host's temporary directory (where sessions' workspaces
+// are made; not recursively) at jail.ZygoteWorkspacesDir; the host sends
+// the workspace's path under it and an O_PATH descriptor of it; the
+// spare's reaper clones that path with open_tree, checks the clone is the
+// directory the host opened (device and inode), and detaches the whole
+// view before its kernel runs any code. The template (which never runs
+// user code) can reach every workspace in that directory; a session never
+// can. A workspace outside it cannot be forked for: Launcher returns nil
+// and the session starts cold. Cgroups are needed as with root, so
+// without root the user needs a delegated cgroup (systemd's user@UID
+// service, a Delegate=yes scope); where there is none, Supported says so
+// and sessions start cold with rlimits (the jail's one-line warning).
+//
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
 // kills every session it forked.

@@ -20,7 +20,10 @@ host sends "more". On a spare's socket:
   kernel -> {"armed": true}       cgroup namespace, no capabilities,
                                   seccomp: ready for a session
   host   -> the session: its settings and five descriptors (kernel.py's
-            fds 3-6 and the workspace's detached mount, from open_tree)
+            fds 3-6 and the workspace's detached mount, from open_tree;
+            without root the workspace's directory and, in the settings,
+            its path under the template's view of the host's temporary
+            directory: see _clone_workspace)
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
                                   (with a listener on the session's loopback
                                   when the settings ask for one: "listen")
@@ -65,9 +68,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
-SYS_MOVE_MOUNT = 429  # the same number on every architecture
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same numbers on every architecture
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
 MOVE_MOUNT_F_EMPTY_PATH = 4
-AT_FDCWD = -100
+AT_FDCWD, AT_SYMLINK_NOFOLLOW = -100, 0x100
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -89,6 +93,7 @@ class Config:
     filter = b""
     masked = ()
     readonly = ()
+    workspaces = None  # without root: where the host's workspaces are seen
 
 
 C = Config()
@@ -173,10 +178,35 @@ def _mount_session(req, ws_fd):
     _mount(None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%d,nr_inodes=16384,mode=1777" % tmp)
     for d in ("/tmp/.sandloop/matplotlib", "/tmp/.sandloop/cache"):
         os.makedirs(d, exist_ok=True)
+    if C.workspaces:
+        ws_fd = _clone_workspace(req.get("workspace") or "", ws_fd)
     # The session's workspace replaces the template's (detached ahead).
     _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
     os.close(ws_fd)
     _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
+
+
+def _clone_workspace(rel, dir_fd):
+    """Without root the host cannot clone the workspace's mount (open_tree
+    needs CAP_SYS_ADMIN over its mount namespace); it sends the workspace's
+    path under C.workspaces and the directory itself (dir_fd, O_PATH).
+    This clones it from the template's view, checks it is the same
+    directory, and detaches the view: no other workspace stays reachable.
+    Returns the clone."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise OSError("bad workspace path %r" % rel)
+    tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, (C.workspaces + "/" + rel).encode(),
+                        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW)
+    if tree < 0:
+        _check(-1, "clone the workspace")
+    a, b = os.fstat(tree), os.fstat(dir_fd)
+    os.close(dir_fd)
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        os.close(tree)
+        raise OSError("the workspace was replaced while the session started")
+    _check(libc.umount2(C.workspaces.encode(), MNT_DETACH), "detach the workspaces")
+    return tree
 
 
 def _listen(port):
@@ -402,6 +432,7 @@ def main():
     C.filter = base64.b64decode(cfg["filter"])
     C.masked = cfg.get("masked", ())
     C.readonly = cfg.get("readonly", ())
+    C.workspaces = cfg.get("workspaces")
     errors = []
     spec = importlib.util.spec_from_file_location("sandloop_kernel", KERNEL_PATH)
     kmod = importlib.util.module_from_spec(spec)

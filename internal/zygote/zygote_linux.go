@@ -40,6 +40,11 @@ type Zygote struct {
 	opts   Options
 	log    *slog.Logger
 	config []byte // the template's first message
+	// shared is, without root, the host directory the template sees at
+	// jail.ZygoteWorkspacesDir (the temporary directory, where sessions'
+	// workspaces are made): the only workspaces it can fork for. "" as
+	// root, where the host clones each workspace's mount for it.
+	shared string
 
 	mu      sync.Mutex // the template's control socket and restarts
 	cur     *instance  // nil while none runs
@@ -103,8 +108,14 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	masked, ro := jail.ProcMasks()
-	z.config, err = json.Marshal(map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares})
-	if err != nil {
+	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares}
+	if os.Geteuid() != 0 {
+		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
+			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
+		}
+		config["workspaces"] = jail.ZygoteWorkspacesDir
+	}
+	if z.config, err = json.Marshal(config); err != nil {
 		return nil, err
 	}
 	z.mu.Lock()
@@ -155,7 +166,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 			{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
 			{Path: ZygotePath, Data: Source, Mode: 0o444},
 		},
-		Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true,
+		Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true, ZygoteWorkspaces: z.shared,
 	})
 	if err != nil {
 		ctl.Close()
@@ -393,19 +404,47 @@ func (z *Zygote) Close() error {
 // whose workspace, limits and environment (kernel variables on top of the
 // jail's base, as a cold session has) are given. A nonzero listenPort asks
 // for a listener on the session's loopback, as jail.Config.ListenPort.
+// Without root it returns nil (the session starts cold) for a workspace
+// the template cannot reach: one outside the temporary directory.
 func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string, listenPort int) kernel.Launcher {
+	if z.shared != "" {
+		if _, err := z.sharedPath(workspace); err != nil {
+			z.log.Info("zygote: this session starts cold", "reason", err)
+			return nil
+		}
+	}
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		return z.Fork(ctx, workspace, limits, env, listenPort, f)
 	}
 }
 
+// sharedPath returns workspace's path relative to z.shared, or why the
+// template cannot reach it.
+func (z *Zygote) sharedPath(workspace string) (string, error) {
+	ws, err := filepath.Abs(workspace)
+	if err == nil {
+		ws, err = filepath.EvalSymlinks(ws)
+	}
+	if err != nil {
+		return "", err
+	}
+	rel, err := filepath.Rel(z.shared, ws)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("without root the zygote forks only for workspaces in %s, not %s", z.shared, ws)
+	}
+	return rel, nil
+}
+
 type forkRequest struct {
-	Env     []string `json:"env"`
-	TmpSize int64    `json:"tmp_size"`
-	NoFile  int      `json:"nofile"`
-	FSize   int64    `json:"fsize"`
-	Stack   int64    `json:"stack"`
-	Listen  int      `json:"listen,omitempty"`
+	// Workspace, without root, is the workspace's path under the
+	// template's view of the temporary directory.
+	Workspace string   `json:"workspace,omitempty"`
+	Env       []string `json:"env"`
+	TmpSize   int64    `json:"tmp_size"`
+	NoFile    int      `json:"nofile"`
+	FSize     int64    `json:"fsize"`
+	Stack     int64    `json:"stack"`
+	Listen    int      `json:"listen,omitempty"`
 }
 
 // spareLimits are the cgroup limits a spare is armed with; a session with
@@ -606,12 +645,26 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 			return nil, fmt.Errorf("prepare workspace: %w", err)
 		}
 	}
-	tree, err := unix.OpenTree(unix.AT_FDCWD, ws, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("clone the workspace's mount (the zygote needs root): %w", err)
+	// The workspace's mount, cloned (as root), or (without root) the
+	// directory, which the spare clones from its view of z.shared and
+	// compares with this one.
+	var tree int
+	fr := forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort}
+	if z.shared == "" {
+		tree, err = unix.OpenTree(unix.AT_FDCWD, ws, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("clone the workspace's mount: %w", err)
+		}
+	} else {
+		if fr.Workspace, err = z.sharedPath(ws); err != nil {
+			return nil, &jail.ArgumentError{Name: "workspace", Err: err}
+		}
+		if tree, err = unix.Open(ws, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			return nil, &jail.ArgumentError{Name: "workspace", Err: err}
+		}
 	}
 	defer unix.Close(tree)
-	req, _ := json.Marshal(forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort})
+	req, _ := json.Marshal(fr)
 	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
 	for attempt := 0; ; attempt++ {
 		sp, err := z.take(ctx)
