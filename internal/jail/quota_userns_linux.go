@@ -249,3 +249,12 @@ func (q *QuotaDir) removeUserNS() error {
 	usernsDirs.Unlock()
 	return q.mount.Close()
 }
+
+// UserNSWorkspace returns, for a workspace NewQuotaDir made in a user
+// namespace (its Path), a duplicate of the tmpfs's detached mount and the
+// workspace's directory in it, for a process that attaches a clone of it
+// as a jail's init does (the zygote's spares); ok is false for any other
+// directory.
+func UserNSWorkspace(path string) (mount *os.File, sub string, ok bool, err error) {
+	return usernsWorkspace(path)
+}
