@@ -59,6 +59,18 @@ func TestBrowserServerInfo(t *testing.T) {
 		if got := p.text("#token-button"); got != "Token ✓" {
 			t.Errorf("token button %q", got)
 		}
+		// An empty task is refused by the form, next to the box, with no run started.
+		p.do("start with no task", chromedp.Click(chromedp.CSS("#run-start")), chromedp.WaitVisible(chromedp.CSS("#run-task-error")))
+		if got := p.text("#run-task-error"); got != "Say what the agent should do." {
+			t.Errorf("empty task: %q", got)
+		}
+		if eval[string](p, "document.activeElement.id") != "run-task" || eval[string](p, "location.hash") != "#/runs" {
+			t.Error("an empty task should keep the form, with the focus in the task box")
+		}
+		p.do("type a task", chromedp.SendKeys(chromedp.CSS("#run-task"), "x"), chromedp.WaitNotVisible(chromedp.CSS("#run-task-error")))
+		if got := p.text("#run-list"); !strings.Contains(got, "No runs yet.") {
+			t.Errorf("the run list after an empty task: %q", got)
+		}
 		p.check(ts.URL)
 	})
 	t.Run("no token, no model", func(t *testing.T) {

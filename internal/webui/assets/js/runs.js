@@ -100,8 +100,20 @@ function newRunForm() {
   task.addEventListener('keydown', e => {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
+  // An empty task is refused here, next to the box, as the server would
+  // refuse it (a debug run may go without: its program is the task).
+  const taskError = h('p', { class: 'field-error', id: 'run-task-error', role: 'alert', hidden: true }, 'Say what the agent should do.');
+  task.after(taskError);
+  const taskValid = () => {
+    const ok = !!task.value.trim() || mode.value === 'debug';
+    taskError.hidden = ok;
+    if (ok) task.removeAttribute('aria-invalid'); else task.setAttribute('aria-invalid', 'true');
+    return ok;
+  };
+  task.addEventListener('input', () => { if (!taskError.hidden) taskValid(); });
   form.addEventListener('submit', async e => {
     e.preventDefault();
+    if (!taskValid()) { task.focus(); return; }
     submit.disabled = true;
     try {
       const body = { task: task.value, mode: mode.value };
