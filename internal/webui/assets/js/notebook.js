@@ -74,9 +74,13 @@ class Notebook {
     this.refreshInfo();
     this.files.load('');
     this.addCell('', false);
+    // A session may end while the tab is elsewhere (idle timeout): look
+    // again when the reader comes back.
+    this.onVisible = () => { if (document.visibilityState === 'visible') this.refreshInfo(); };
+    document.addEventListener('visibilitychange', this.onVisible);
   }
 
-  dispose() { }
+  dispose() { document.removeEventListener('visibilitychange', this.onVisible); }
 
   async refreshInfo() {
     try {

@@ -173,7 +173,8 @@ class RunView {
     // a timeline that may be long.
     this.outcome = h('div', { class: 'run-outcome', id: 'run-outcome', hidden: true });
     // While the model is thinking, the end of the timeline says for how long.
-    this.wait = h('div', { class: 'model-wait', id: 'run-wait', role: 'status', hidden: true });
+    // (Not a live region: it changes every second.)
+    this.wait = h('div', { class: 'model-wait', id: 'run-wait', hidden: true });
     root.append(h('article', { class: 'run', 'aria-labelledby': 'run-title' },
       h('header', { class: 'run-head card' },
         h('div', { class: 'run-head-top' }, h('div', { class: 'run-head-text' }, this.title, this.subtitle),
