@@ -15,7 +15,7 @@ export function mountRuns(root, runID) {
   root.append(h('div', { class: 'runs-layout' }, side, main));
 
   let view = null;
-  let live = null; // the open run's figures as its events stream in
+  let live = null; // the open run's counts (steps, tokens, cost) as its events stream in
   async function loadList() {
     try {
       const { runs } = await getJSON('/v1/runs?limit=50');
