@@ -32,11 +32,19 @@ var light = []string{"json"}
 
 func newZygote(t testing.TB, modules []string) *Zygote {
 	t.Helper()
+	return newZygoteWithin(t, modules, startTimeout)
+}
+
+// newZygoteWithin is newZygote with a bound on the template's start.
+func newZygoteWithin(t testing.TB, modules []string, timeout time.Duration) *Zygote {
+	t.Helper()
 	if err := Supported(); err != nil {
 		t.Skipf("no zygote on this host: %v", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	start := time.Now()
-	z, err := New(context.Background(), &Options{Modules: modules, Env: session.KernelEnv()})
+	z, err := New(ctx, &Options{Modules: modules, Env: session.KernelEnv()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -421,10 +429,28 @@ func readCgroups(t *testing.T, pid int) []string {
 // The default template: numpy, pandas and matplotlib are ready, rich
 // output works, and random generators differ between forks.
 func TestDataScienceSession(t *testing.T) {
-	z := newZygote(t, nil)
+	if err := Supported(); err != nil {
+		t.Skipf("no zygote on this host: %v", err)
+	}
+	// The template imports them before New returns: allow a few times
+	// what importing them takes in a cold session here (~1 s on this
+	// machine, minutes on an emulated one, where New's own two minutes
+	// ran out).
+	cold, err := session.New(context.Background(), session.Options{Workspace: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := cold.Execute(context.Background(), kernel.Request{Code: "import " + strings.Join(DefaultModules, ", "), Timeout: 15 * time.Minute}, nil)
+	took := time.Since(start)
+	cold.Close()
+	if err != nil || res.Status != "ok" {
+		t.Fatalf("cold import: %v %+v", err, res)
+	}
+	z := newZygoteWithin(t, nil, max(startTimeout, 4*took))
 	a := newSession(t, z, session.Options{})
 	b := newSession(t, z, session.Options{})
-	res := run(t, a.Session, `
+	res = run(t, a.Session, `
 import sys
 assert "pandas" in sys.modules
 import pandas as pd, numpy as np, matplotlib.pyplot as plt
