@@ -45,7 +45,8 @@ type Gate struct {
 	log    *slog.Logger
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 
-	total  atomic.Int64 // bytes through the gate, both directions
+	total     atomic.Int64 // bytes through the gate, both directions
+	committed atomic.Int64 // total and the bytes reserved by tunnel steps under way (at most MaxBytes)
 	active atomic.Int32 // connections being served
 
 	mu        sync.Mutex
@@ -258,31 +259,69 @@ type countConn struct {
 	capError atomic.Bool
 }
 
-func (c *countConn) charge(n int) error {
-	if n > 0 && c.g.total.Add(int64(n)) > c.g.policy.MaxBytes {
-		c.capError.Store(true)
-		return errCap
+// take charges up to n bytes against the session's cap and returns how
+// many fit: what is sent is never more than the cap.
+func (g *Gate) take(n int64) int64 {
+	for {
+		cur := g.committed.Load()
+		k := min(n, g.policy.MaxBytes-cur)
+		if k <= 0 {
+			return 0
+		}
+		if g.committed.CompareAndSwap(cur, cur+k) {
+			g.total.Add(k)
+			return k
+		}
 	}
-	return nil
+}
+
+// minStep is the smallest step a tunnel reserves while more is left.
+const minStep = 16 << 10
+
+// reserve sets aside up to want bytes of the cap for one step of a tunnel's
+// copy, at most a quarter of what is left (so the other direction and
+// other tunnels are not starved while it waits), and returns the grant;
+// settle gives back what the step did not use.
+func (g *Gate) reserve(want int64) int64 {
+	for {
+		cur := g.committed.Load()
+		left := g.policy.MaxBytes - cur
+		if left <= 0 {
+			return 0
+		}
+		k := min(want, max(left/4, min(left, minStep)))
+		if g.committed.CompareAndSwap(cur, cur+k) {
+			return k
+		}
+	}
+}
+
+func (g *Gate) settle(grant, used int64) {
+	g.committed.Add(used - grant)
+	g.total.Add(used)
 }
 
 func (c *countConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.out.Add(int64(n))
 	c.last.Store(time.Now().UnixNano())
-	if cerr := c.charge(n); cerr != nil {
-		return 0, cerr
+	k := int(c.g.take(int64(n)))
+	c.out.Add(int64(k))
+	if k < n { // the rest is dropped
+		c.capError.Store(true)
+		return k, errCap
 	}
 	return n, err
 }
 
 func (c *countConn) Write(p []byte) (int, error) {
-	if err := c.charge(len(p)); err != nil {
-		return 0, err
-	}
-	n, err := c.Conn.Write(p)
+	k := int(c.g.take(int64(len(p))))
+	n, err := c.Conn.Write(p[:k])
 	c.in.Add(int64(n))
 	c.last.Store(time.Now().UnixNano())
+	if err == nil && k < len(p) {
+		c.capError.Store(true)
+		err = errCap
+	}
 	return n, err
 }
 
@@ -549,48 +588,90 @@ func dialReason(err error) string {
 	return err.Error()
 }
 
-// spliceChunk is how much one step of a tunnel's copy moves at most: the
-// step is one splice(2) between the two sockets on Linux (the bytes never
-// enter this process), and the byte cap and the idle timeout are checked
-// between steps.
+// spliceChunk is how much one step of a tunnel's bulk copy moves at most:
+// the step is one splice(2) between the two sockets on Linux (the bytes
+// never enter this process). Each step reserves its bytes of the session's
+// cap first (see reserve), and a direction waiting for data holds none, so
+// the tunnels of a session together never send more than the cap: a
+// download is cut at exactly the cap.
 const spliceChunk = 4 << 20
+
+// stepTimeout bounds how long a bulk step waits for data before giving
+// back the rest of its reservation (and waiting without one).
+const stepTimeout = 500 * time.Millisecond
 
 // splice copies both ways until both sides have finished (a half-close
 // is passed on), either fails, the cap is reached or neither side has sent
 // anything for IdleTimeout.
 func (g *Gate) splice(c *countConn, up net.Conn) {
 	done := make(chan bool, 2) // true: the source ended cleanly and was half-closed
+	idle := func() bool { return time.Since(time.Unix(0, c.last.Load())) >= g.policy.IdleTimeout }
 	cp := func(dst, src net.Conn, counter *atomic.Int64) {
 		rf, ok := dst.(io.ReaderFrom)
 		if !ok {
 			rf = readerFromFunc(func(r io.Reader) (int64, error) { return io.Copy(dst, r) })
 		}
+		ended := func() {
+			hc, ok := dst.(interface{ CloseWrite() error })
+			done <- ok && hc.CloseWrite() == nil
+		}
+		buf := make([]byte, 64<<10)
 		for {
-			budget := g.policy.MaxBytes - g.total.Load()
-			if budget <= 0 {
-				c.capError.Store(true)
-				done <- false
-				return
-			}
+			// Wait for data holding none of the cap; send what fits.
 			src.SetReadDeadline(time.Now().Add(g.policy.IdleTimeout))
-			lr := &io.LimitedReader{R: src, N: min(spliceChunk, budget)}
-			want := lr.N
-			n, err := rf.ReadFrom(lr)
+			n, err := src.Read(buf)
 			if n > 0 {
-				g.total.Add(n)
-				counter.Add(n)
-				c.last.Store(time.Now().UnixNano())
+				k := g.take(int64(n))
+				if k > 0 {
+					if _, werr := dst.Write(buf[:k]); werr != nil {
+						done <- false
+						return
+					}
+					counter.Add(k)
+					c.last.Store(time.Now().UnixNano())
+				}
+				if k < int64(n) {
+					c.capError.Store(true)
+					done <- false
+					return
+				}
 			}
 			switch {
-			case err != nil && isTimeout(err) && time.Since(time.Unix(0, c.last.Load())) < g.policy.IdleTimeout:
+			case errors.Is(err, io.EOF):
+				ended()
+				return
+			case err != nil && isTimeout(err) && !idle():
 				continue // the other direction is busy
 			case err != nil:
 				done <- false
 				return
-			case n < want: // the source ended
-				hc, ok := dst.(interface{ CloseWrite() error })
-				done <- ok && hc.CloseWrite() == nil
-				return
+			case n < len(buf):
+				continue
+			}
+			// A full buffer: more is coming. Splice while it does.
+			for {
+				grant := g.reserve(spliceChunk)
+				if grant == 0 {
+					break // the rest of the cap is spoken for: read what fits
+				}
+				src.SetReadDeadline(time.Now().Add(min(stepTimeout, g.policy.IdleTimeout)))
+				m, err := rf.ReadFrom(&io.LimitedReader{R: src, N: grant})
+				g.settle(grant, m)
+				if m > 0 {
+					counter.Add(m)
+					c.last.Store(time.Now().UnixNano())
+				}
+				if err != nil && isTimeout(err) {
+					break // a pause: wait without a reservation
+				}
+				if err != nil {
+					done <- false
+					return
+				}
+				if m < grant { // the source ended
+					ended()
+					return
+				}
 			}
 		}
 	}

@@ -327,3 +327,71 @@ func TestWildcards(t *testing.T) {
 		}
 	}
 }
+
+// TestByteCapIsExact downloads past the cap through several tunnels at
+// once: together they deliver exactly the cap (their CONNECT requests and
+// answers included), not a step more.
+func TestByteCapIsExact(t *testing.T) {
+	blob := bytes.Repeat([]byte("y"), 1<<20)
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for range 64 {
+					if _, err := c.Write(blob); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	target := up.Addr().String()
+	const limit = 10<<20 + 12345
+	g, proxy := startGate(t, []string{target}, nil, func(p *egress.Policy) { p.MaxBytes = limit })
+	const tunnels = 3
+	got := make(chan int64, tunnels)
+	for range tunnels {
+		go func() {
+			c, err := net.Dial("tcp", proxy)
+			if err != nil {
+				got <- -1
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			req := fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+			io.WriteString(c, req)
+			n, _ := io.Copy(io.Discard, c) // the answer's head and the payload, until the cut
+			got <- int64(len(req)) + n
+		}()
+	}
+	var sum int64
+	for range tunnels {
+		n := <-got
+		if n < 0 {
+			t.Fatal("dial failed")
+		}
+		sum += n
+	}
+	if sum != limit {
+		t.Errorf("the tunnels moved %d bytes through a cap of %d (%+d)", sum, limit, sum-limit)
+	}
+	l := waitLog(t, g, tunnels)
+	if l.Bytes != limit {
+		t.Errorf("the log counts %d bytes, the cap is %d", l.Bytes, limit)
+	}
+	for _, e := range l.Entries {
+		if !strings.Contains(e.Reason, "cap of") {
+			t.Errorf("entry not cut by the cap: %+v", e)
+		}
+	}
+}

@@ -274,7 +274,7 @@ func (g *Gate) mirrorFile(c *countConn, req *http.Request, e *Entry, rest string
 		e.Allowed = true
 	} else {
 		e.Cache = "miss"
-		budget := g.policy.MaxBytes - g.total.Load()
+		budget := g.policy.MaxBytes - g.committed.Load()
 		if budget <= 0 {
 			c.capError.Store(true)
 			return fail(&refusal{http.StatusForbidden, fmt.Sprintf("sandloop: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)})

@@ -139,7 +139,7 @@ func probeCgroups() cgroupHost {
 		if m.fstype != "cgroup2" {
 			continue
 		}
-		dir, err := delegatedV2(m.point, filepath.Join(m.point, strings.TrimPrefix(self[""], m.root)), self[""] == "/")
+		dir, err := probeV2(m)
 		if err != nil {
 			reasons = append(reasons, "cgroup v2: "+err.Error())
 			continue
@@ -185,6 +185,14 @@ func probeCgroups() cgroupHost {
 	return cgroupHost{reason: strings.Join(reasons, "; ")}
 }
 
+// probeV2 finds the group under which sandloop creates sandbox groups in
+// the cgroup v2 hierarchy m (delegatedV2), asking systemd for one where
+// it may.
+func probeV2(m mountEntry) (string, error) {
+	own := func() string { return filepath.Join(m.point, strings.TrimPrefix(selfCgroups()[""], m.root)) }
+	return delegatedV2(m.point, own(), selfCgroups()[""] == "/", func() (string, error) { return systemdScope(own) })
+}
+
 // supervisorLeaf is the group sandloop moves its own processes into, so
 // that the group above may enable controllers for sandbox groups.
 const supervisorLeaf = "sandloop-supervisor"
@@ -192,6 +200,9 @@ const supervisorLeaf = "sandloop-supervisor"
 // delegateHint says how to give sandloop a cgroup of its own.
 const delegateHint = "run sandloop in a delegated cgroup: systemd-run --user --scope -p Delegate=yes sandloop ..., " +
 	"or as a service with Delegate=yes (deploy/systemd/sandloop.service), or in a container with its own cgroup namespace and a writable /sys/fs/cgroup"
+
+// userDelegateFix makes systemd delegate the cpu controller to users.
+const userDelegateFix = "add /etc/systemd/system/user@.service.d/delegate.conf with [Service] Delegate=cpu cpuset io memory pids"
 
 // delegatedV2 finds the cgroup v2 directory under which this process may
 // create sandbox groups (own is its own group, mount the hierarchy's
@@ -209,11 +220,15 @@ const delegateHint = "run sandloop in a delegated cgroup: systemd-run --user --s
 //     container's own group) every process is the container's, and all
 //     are moved.
 //   - A group shared with processes that are not ours (a login session's
-//     scope, a CI step, go test's group) is never taken over: as root,
-//     sandloop uses a group of its own at the top of the hierarchy,
-//     mount/sandloop, as container runtimes do. Without root nothing is
-//     delegated, and the error says how to get a delegated group.
-func delegatedV2(mount, own string, nsRoot bool) (string, error) {
+//     scope, a CI step, go test's group), or not delegated, is never taken
+//     over. Where systemd is the init, scope asks it for a transient scope
+//     with Delegate=yes holding this process alone (cgroup_systemd_linux.go)
+//     and returns the process's new group, which is then used as above.
+//   - Otherwise, as root, sandloop uses a group of its own at the top of
+//     the hierarchy, mount/sandloop, as container runtimes do. Without
+//     root nothing is delegated, and the error says why (systemd's answer
+//     included) and how to get a delegated group.
+func delegatedV2(mount, own string, nsRoot bool, scope func() (string, error)) (string, error) {
 	if filepath.Base(own) == supervisorLeaf {
 		parent := filepath.Dir(own)
 		if checkV2Controllers(parent) == nil && hasAll(strings.Fields(readFileString(filepath.Join(parent, "cgroup.subtree_control"))), v2Controllers) {
@@ -236,6 +251,25 @@ func delegatedV2(mount, own string, nsRoot bool) (string, error) {
 			return own, nil
 		}
 		ownErr = fmt.Errorf("%s is shared with %d other processes (a login session, a CI step or go test): %s", own, len(procs)-len(ours), delegateHint)
+	}
+	if scope != nil && !realRoot {
+		scoped, err := scope()
+		if err == nil {
+			// Alone in a scope systemd delegated: its controllers are
+			// ours to enable, with nothing to move but ourselves.
+			if err = checkV2Controllers(scoped); err == nil {
+				if err = enableV2(scoped, false); err == nil {
+					return scoped, nil
+				}
+			}
+			if avail := strings.Fields(readFileString(filepath.Join(scoped, "cgroup.controllers"))); os.Geteuid() != 0 && contains(avail, "memory") && !contains(avail, "cpu") {
+				err = fmt.Errorf("%w (the user's manager delegates only memory and pids unless told to: %s)", err, userDelegateFix)
+			}
+			err = fmt.Errorf("systemd's scope %s: %w", scoped, err)
+		}
+		if !errors.Is(err, errNoSystemd) {
+			ownErr = fmt.Errorf("%v; %w", ownErr, err)
+		}
 	}
 	if os.Geteuid() != 0 || (own == mount && !realRoot) {
 		return "", ownErr

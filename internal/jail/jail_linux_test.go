@@ -22,10 +22,16 @@ func TestMain(m *testing.M) {
 	MaybeInit()
 	if os.Getenv("SANDLOOP_CGROUP_PROBE_CHILD") != "" {
 		// A helper of TestCgroupV2Delegation: where would this process
-		// put sandboxes, and where does it run then?
+		// put sandboxes, and where does it run then? (Without asking
+		// systemd, where it is the init: the rules below that one.)
+		systemdBooted = func() bool { return false }
 		h := detectCgroups()
 		json.NewEncoder(os.Stdout).Encode(map[string]string{"Mode": h.mode, "V2": h.v2, "Reason": h.reason,
 			"Cgroup": strings.TrimPrefix(readFileString("/proc/self/cgroup"), "0::")})
+		os.Exit(0)
+	}
+	if os.Getenv("SANDLOOP_SCOPE_CHILD") != "" {
+		scopeChild()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,6 +53,9 @@ func Probe() HostReport {
 		r.Cgroups = Check{OK: true, Detail: "cgroup v1: memory, pids, cpu, cpuacct"}
 	case h.mode != "":
 		r.Cgroups = Check{OK: true, Detail: h.mode + ": memory, pids, cpu under " + h.v2}
+		if b := filepath.Base(h.v2); strings.HasPrefix(b, "sandloop-") && strings.HasSuffix(b, ".scope") {
+			r.Cgroups.Detail += " (a scope systemd made for sandloop, Delegate=yes)"
+		}
 	default:
 		r.Cgroups = Check{Fallback: true, Detail: h.reason + "; limits fall back to rlimits (memory: RLIMIT_DATA, processes: RLIMIT_NPROC, CPU: not limited)",
 			Fix: cgroupFix(r.Root, r.Container)}

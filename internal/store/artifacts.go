@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"io/fs"
 )
@@ -22,19 +20,34 @@ type Artifact struct {
 // clean relative paths (fs.ValidPath): the export writes them into a zip, and a ".."
 // there would write outside the directory a user unpacks it into.
 func (s *Store) PutArtifacts(ctx context.Context, runID string, files []Artifact) error {
+	return putArtifacts(ctx, runID, files, s.inTx(ctx))
+}
+
+// ListArtifacts returns the run's files, by path, without their content.
+func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]Artifact, error) {
+	return artifactsOf(ctx, s.inSnapshot(ctx), runID)
+}
+
+// Artifact returns one file of the run, with its content.
+func (s *Store) Artifact(ctx context.Context, runID, path string) (*Artifact, error) {
+	return getArtifact(ctx, sqlDB{s.r}, runID, path)
+}
+
+// putArtifacts is PutArtifacts in a write transaction that inTx runs.
+func putArtifacts(ctx context.Context, runID string, files []Artifact, inTx txFunc) error {
 	if err := checkArtifacts(files); err != nil {
 		return err
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		if err := runExists(ctx, tx, runID); err != nil {
+	err := inTx(func(tx db) error {
+		if err := runExists(ctx, tx, runID, true); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM artifacts WHERE run_id = ?`, runID); err != nil {
+		if _, err := tx.exec(ctx, `DELETE FROM artifacts WHERE run_id = ?`, runID); err != nil {
 			return err
 		}
 		for _, f := range files {
 			data, mode := artifactRow(f)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO artifacts (run_id, path, mode, size, data) VALUES (?,?,?,?,?)`,
+			if _, err := tx.exec(ctx, `INSERT INTO artifacts (run_id, path, mode, size, data) VALUES (?,?,?,?,?)`,
 				runID, f.Path, int64(mode), len(data), data); err != nil {
 				return err
 			}
@@ -47,10 +60,25 @@ func (s *Store) PutArtifacts(ctx context.Context, runID string, files []Artifact
 	return nil
 }
 
-// ListArtifacts returns the run's files, by path, without their content.
-func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]Artifact, error) {
+func getArtifact(ctx context.Context, d db, runID, path string) (*Artifact, error) {
+	a := Artifact{Path: path}
+	var mode int64
+	err := d.queryRow(ctx, `SELECT mode, size, data FROM artifacts WHERE run_id = ? AND path = ?`, runID, path).
+		Scan(&mode, &a.Size, &a.Data)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("run %s: file %s: %w", runID, path, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("run %s: file %s: %w", runID, path, err)
+	}
+	a.Mode = fs.FileMode(mode)
+	return &a, nil
+}
+
+// artifactsOf is ListArtifacts in the snapshot that inSnapshot gives.
+func artifactsOf(ctx context.Context, inSnapshot txFunc, runID string) ([]Artifact, error) {
 	var out []Artifact
-	err := s.read(ctx, func(tx *sql.Tx) error {
+	err := inSnapshot(func(tx db) error {
 		var err error
 		out, err = listArtifacts(ctx, tx, runID, false)
 		return err
@@ -61,37 +89,19 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]Artifact, er
 	return out, nil
 }
 
-// Artifact returns one file of the run, with its content.
-func (s *Store) Artifact(ctx context.Context, runID, path string) (*Artifact, error) {
-	a := Artifact{Path: path}
-	var mode int64
-	err := s.r.QueryRowContext(ctx, `SELECT mode, size, data FROM artifacts WHERE run_id = ? AND path = ?`, runID, path).
-		Scan(&mode, &a.Size, &a.Data)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("run %s: file %s: %w", runID, path, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("run %s: file %s: %w", runID, path, err)
-	}
-	a.Mode = fs.FileMode(mode)
-	return &a, nil
-}
-
-func listArtifacts(ctx context.Context, tx *sql.Tx, runID string, withData bool) ([]Artifact, error) {
-	if err := runExists(ctx, tx, runID); err != nil {
+func listArtifacts(ctx context.Context, d db, runID string, withData bool) ([]Artifact, error) {
+	if err := runExists(ctx, d, runID, false); err != nil {
 		return nil, err
 	}
 	cols := "path, mode, size"
 	if withData {
 		cols += ", data"
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT `+cols+` FROM artifacts WHERE run_id = ? ORDER BY path`, runID)
+	rs, err := d.query(ctx, `SELECT `+cols+` FROM artifacts WHERE run_id = ? ORDER BY path`, runID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out := []Artifact{}
-	for rows.Next() {
+	return collect(rs, func(row scanner) (Artifact, error) {
 		var (
 			a    Artifact
 			mode int64
@@ -100,13 +110,10 @@ func listArtifacts(ctx context.Context, tx *sql.Tx, runID string, withData bool)
 		if withData {
 			dest = append(dest, &a.Data)
 		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
-		}
+		err := row.Scan(dest...)
 		a.Mode = fs.FileMode(mode)
-		out = append(out, a)
-	}
-	return out, rows.Err()
+		return a, err
+	})
 }
 
 // checkArtifacts refuses paths that are not clean relative paths, or given twice.

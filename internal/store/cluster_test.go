@@ -162,3 +162,16 @@ func TestPrune(t *testing.T) {
 		t.Errorf("a second pass pruned %+v (%v)", n, err)
 	}
 }
+
+func TestNumbered(t *testing.T) {
+	for in, want := range map[string]string{
+		"SELECT 1":                             "SELECT 1",
+		"a = ? AND b = ? LIMIT ?":              "a = $1 AND b = $2 LIMIT $3",
+		"INSERT INTO t (a, b) VALUES (?,?)":    "INSERT INTO t (a, b) VALUES ($1,$2)",
+		"x = ? AND y = 'é' AND z IN (?, ?, ?)": "x = $1 AND y = 'é' AND z IN ($2, $3, $4)",
+	} {
+		if got := numbered(in); got != want {
+			t.Errorf("numbered(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

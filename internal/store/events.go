@@ -33,31 +33,35 @@ func (s *Store) AppendEvent(ctx context.Context, runID, typ string, data json.Ra
 // burst of output: a transaction costs far more than a row. Only Type and Data of
 // the given events are used; the returned copies carry RunID, Seq and Time.
 func (s *Store) AppendEvents(ctx context.Context, runID string, events []Event) ([]Event, error) {
-	now := s.now().UTC().Truncate(time.Millisecond)
+	return appendEvents(ctx, runID, events, s.nowMillis(), s.inTx(ctx))
+}
+
+// ListEvents returns the run's events with Seq greater than since, in order, at most
+// limit of them (if limit is zero, all). An unknown run gives ErrNotFound.
+func (s *Store) ListEvents(ctx context.Context, runID string, since int64, limit int) ([]Event, error) {
+	return eventsOf(ctx, s.inSnapshot(ctx), runID, since, limit)
+}
+
+// appendEvents is AppendEvents in a write transaction that inTx runs.
+func appendEvents(ctx context.Context, runID string, events []Event, now time.Time, inTx txFunc) ([]Event, error) {
 	out, err := newEvents(runID, now, events)
 	if err != nil {
 		return nil, err
 	}
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		if err := runExists(ctx, tx, runID); err != nil {
+	err = inTx(func(tx db) error {
+		if err := runExists(ctx, tx, runID, true); err != nil {
 			return err
 		}
 		var next int64
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?`, runID).Scan(&next); err != nil {
+		if err := tx.queryRow(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?`, runID).Scan(&next); err != nil {
 			return err
 		}
-		stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (run_id, seq, at, type, data) VALUES (?,?,?,?,?)`)
-		if err != nil {
-			return err
-		}
-		defer stmt.Close()
+		argLists := make([][]any, len(out))
 		for i := range out {
 			out[i].Seq = next + int64(i)
-			if _, err := stmt.ExecContext(ctx, runID, out[i].Seq, toMillis(now), out[i].Type, nullJSON(out[i].Data)); err != nil {
-				return err
-			}
+			argLists[i] = []any{runID, out[i].Seq, toMillis(now), out[i].Type, nullJSON(out[i].Data)}
 		}
-		return nil
+		return tx.execEach(ctx, `INSERT INTO events (run_id, seq, at, type, data) VALUES (?,?,?,?,?)`, argLists)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("append events to run %s: %w", runID, err)
@@ -65,11 +69,10 @@ func (s *Store) AppendEvents(ctx context.Context, runID string, events []Event) 
 	return out, nil
 }
 
-// ListEvents returns the run's events with Seq greater than since, in order, at most
-// limit of them (if limit is zero, all). An unknown run gives ErrNotFound.
-func (s *Store) ListEvents(ctx context.Context, runID string, since int64, limit int) ([]Event, error) {
+// eventsOf is ListEvents in the snapshot that inSnapshot gives.
+func eventsOf(ctx context.Context, inSnapshot txFunc, runID string, since int64, limit int) ([]Event, error) {
 	var events []Event
-	err := s.read(ctx, func(tx *sql.Tx) error {
+	err := inSnapshot(func(tx db) error {
 		var err error
 		events, err = listEvents(ctx, tx, runID, since, limit)
 		return err
@@ -80,36 +83,34 @@ func (s *Store) ListEvents(ctx context.Context, runID string, since int64, limit
 	return events, nil
 }
 
-func listEvents(ctx context.Context, tx *sql.Tx, runID string, since int64, limit int) ([]Event, error) {
-	if err := runExists(ctx, tx, runID); err != nil {
+func listEvents(ctx context.Context, d db, runID string, since int64, limit int) ([]Event, error) {
+	if err := runExists(ctx, d, runID, false); err != nil {
 		return nil, err
 	}
-	if limit <= 0 {
-		limit = -1 // SQLite: no limit
+	lim := d.dialect().noLimit
+	if limit > 0 {
+		lim = limit
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT seq, at, type, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?`,
-		runID, since, limit)
+	rs, err := d.query(ctx, `SELECT seq, at, type, `+d.dialect().text("data")+` FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?`,
+		runID, since, lim)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	events := []Event{}
-	for rows.Next() {
+	return collect(rs, func(row scanner) (Event, error) {
 		ev := Event{RunID: runID}
 		var (
 			at   int64
 			data sql.NullString
 		)
-		if err := rows.Scan(&ev.Seq, &at, &ev.Type, &data); err != nil {
-			return nil, err
+		if err := row.Scan(&ev.Seq, &at, &ev.Type, &data); err != nil {
+			return ev, err
 		}
 		ev.Time = fromMillis(at)
 		if data.Valid {
 			ev.Data = json.RawMessage(data.String)
 		}
-		events = append(events, ev)
-	}
-	return events, rows.Err()
+		return ev, nil
+	})
 }
 
 // newEvents checks the events' JSON and returns the copies to store, without Seq.

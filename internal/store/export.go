@@ -3,9 +3,7 @@ package store
 import (
 	"archive/zip"
 	"context"
-	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -21,19 +19,20 @@ import (
 // Everything comes from one read snapshot, so a run still being written exports
 // consistently. Nothing is written to w if reading fails before the zip starts.
 func (s *Store) ExportRun(ctx context.Context, id string, w io.Writer) error {
+	return exportRun(ctx, id, w, s.inSnapshot(ctx))
+}
+
+// exportRun is ExportRun reading in the snapshot that inSnapshot gives.
+func exportRun(ctx context.Context, id string, w io.Writer, inSnapshot txFunc) error {
 	var (
 		run    *Run
 		steps  []Step
 		events []Event
 		files  []Artifact
 	)
-	err := s.read(ctx, func(tx *sql.Tx) error {
+	err := inSnapshot(func(tx db) error {
 		var err error
-		run, err = scanRun(tx.QueryRowContext(ctx, `SELECT `+runColumns+`, report FROM runs WHERE id = ?`, id), true)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("run %s: %w", id, ErrNotFound)
-		}
-		if err != nil {
+		if run, err = selectRun(ctx, tx, id, false); err != nil {
 			return err
 		}
 		if steps, err = listSteps(ctx, tx, id); err != nil {
@@ -48,7 +47,6 @@ func (s *Store) ExportRun(ctx context.Context, id string, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("export run %s: %w", id, err)
 	}
-
 	if err := writeExport(w, run, steps, events, files); err != nil {
 		return fmt.Errorf("export run %s: %w", id, err)
 	}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -135,17 +134,22 @@ func scanLesson(row scanner, extra ...any) (*Lesson, error) {
 // owner, else an update of the lesson with that id (its owner, creation
 // time and counts are kept). It returns the lesson as stored.
 func (s *Store) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
+	return putLesson(ctx, s.inTx(ctx), l, s.nowMillis())
+}
+
+// putLesson is PutLesson in a write transaction that inTx runs.
+func putLesson(ctx context.Context, inTx txFunc, l Lesson, at time.Time) (*Lesson, error) {
 	if err := checkLesson(l); err != nil {
 		return nil, err
 	}
-	now := toMillis(s.now())
+	now := toMillis(at)
 	var out *Lesson
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := inTx(func(tx db) error {
 		if l.ID != "" {
-			old, err := scanLesson(tx.QueryRowContext(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = ? AND owner = ?`, l.ID, l.Owner))
+			old, err := scanLesson(tx.queryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = ?`+tx.dialect().lock, l.ID))
 			switch {
-			case err == nil:
-				_, err = tx.ExecContext(ctx, `UPDATE lessons SET updated_at = ?, scope = ?, text = ?, signature = ?, detail = ?, keywords = ?, files = ?, packages = ?, fix = ?, source = ?, run_id = ?, step = ? WHERE id = ?`,
+			case err == nil && old.Owner == l.Owner:
+				_, err = tx.exec(ctx, `UPDATE lessons SET updated_at = ?, scope = ?, text = ?, signature = ?, detail = ?, keywords = ?, files = ?, packages = ?, fix = ?, source = ?, run_id = ?, step = ? WHERE id = ?`,
 					now, l.Scope, l.Text, l.Signature, l.Detail, l.Keywords, l.Files, l.Packages, l.Fix, l.Source, l.RunID, l.Step, l.ID)
 				if err == nil {
 					err = indexLesson(ctx, tx, l)
@@ -157,16 +161,10 @@ func (s *Store) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
 				l.UpdatedAt = fromMillis(now)
 				out = &l
 				return nil
-			case !errors.Is(err, sql.ErrNoRows):
+			case err == nil:
+				l.ID = "" // another owner's id is never reused: it would reveal the lesson exists
+			case !isNoRows(err):
 				return err
-			}
-			// An id of another owner is never reused: it would reveal the lesson exists.
-			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM lessons WHERE id = ?`, l.ID).Scan(&n); err != nil {
-				return err
-			}
-			if n > 0 {
-				l.ID = ""
 			}
 		}
 		if l.ID == "" {
@@ -176,7 +174,7 @@ func (s *Store) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
 		if !l.CreatedAt.IsZero() {
 			created = toMillis(l.CreatedAt) // an imported lesson keeps its age
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO lessons (`+lessonColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		_, err := tx.exec(ctx, `INSERT INTO lessons (`+lessonColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			l.ID, l.Owner, created, now, toMillis(l.LastUsedAt), l.Scope, l.Text, l.Signature, l.Detail, l.Keywords, l.Files, l.Packages, l.Fix, l.Source, l.RunID, l.Step, l.Shown, l.Recurred, l.Helped)
 		if err != nil {
 			return err
@@ -207,11 +205,16 @@ func checkLesson(l Lesson) error {
 	return nil
 }
 
-func indexLesson(ctx context.Context, tx *sql.Tx, l Lesson) error {
-	if _, err := tx.ExecContext(ctx, `DELETE FROM lessons_fts WHERE id = ?`, l.ID); err != nil {
+// indexLesson brings l into the dialect's separate full-text table, if it has one.
+func indexLesson(ctx context.Context, tx db, l Lesson) error {
+	fts := tx.dialect().lessonsFTS
+	if fts == "" {
+		return nil
+	}
+	if _, err := tx.exec(ctx, `DELETE FROM `+fts+` WHERE id = ?`, l.ID); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO lessons_fts (id, text, signature, keywords, files, packages) VALUES (?, ?, ?, ?, ?, ?)`,
+	_, err := tx.exec(ctx, `INSERT INTO `+fts+` (id, text, signature, keywords, files, packages) VALUES (?, ?, ?, ?, ?, ?)`,
 		l.ID, l.Text, l.Signature+" "+l.Detail, l.Keywords, l.Files, l.Packages)
 	return err
 }
@@ -219,8 +222,12 @@ func indexLesson(ctx context.Context, tx *sql.Tx, l Lesson) error {
 // GetLesson returns the owner's lesson id, or ErrNotFound (also for
 // another owner's lesson).
 func (s *Store) GetLesson(ctx context.Context, owner, id string) (*Lesson, error) {
-	l, err := scanLesson(s.r.QueryRowContext(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = ? AND owner = ?`, id, owner))
-	if errors.Is(err, sql.ErrNoRows) {
+	return getLesson(ctx, sqlDB{s.r}, owner, id)
+}
+
+func getLesson(ctx context.Context, d db, owner, id string) (*Lesson, error) {
+	l, err := scanLesson(d.queryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = ? AND owner = ?`, id, owner))
+	if isNoRows(err) {
 		return nil, fmt.Errorf("lesson %s: %w", id, ErrNotFound)
 	}
 	return l, err
@@ -228,15 +235,21 @@ func (s *Store) GetLesson(ctx context.Context, owner, id string) (*Lesson, error
 
 // DeleteLesson deletes the owner's lesson id, or returns ErrNotFound.
 func (s *Store) DeleteLesson(ctx context.Context, owner, id string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM lessons WHERE id = ? AND owner = ?`, id, owner)
+	return deleteLesson(ctx, s.inTx(ctx), owner, id)
+}
+
+func deleteLesson(ctx context.Context, inTx txFunc, owner, id string) error {
+	return inTx(func(tx db) error {
+		n, err := tx.exec(ctx, `DELETE FROM lessons WHERE id = ? AND owner = ?`, id, owner)
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
+		if n == 0 {
 			return fmt.Errorf("lesson %s: %w", id, ErrNotFound)
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM lessons_fts WHERE id = ?`, id)
+		if fts := tx.dialect().lessonsFTS; fts != "" {
+			_, err = tx.exec(ctx, `DELETE FROM `+fts+` WHERE id = ?`, id)
+		}
 		return err
 	})
 }
@@ -259,21 +272,26 @@ func (s *Store) ListLessons(ctx context.Context, q LessonQuery) ([]LessonHit, er
 	} else if strings.TrimSpace(q.Match) != "" {
 		return nil, nil // only punctuation: nothing can match
 	}
-	rows, err := s.r.QueryContext(ctx, query, append(args, q.Limit)...)
+	return lessonHits(sqlDB{s.r}.query(ctx, query, append(args, q.Limit)...))
+}
+
+// lessonHits collects the rows of a lessons query whose last column is the rank.
+func lessonHits(rs rows, err error) ([]LessonHit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list lessons: %w", err)
 	}
-	defer rows.Close()
-	var out []LessonHit
-	for rows.Next() {
+	hits, err := collect(rs, func(row scanner) (LessonHit, error) {
 		var rank float64
-		l, err := scanLesson(rows, &rank)
+		l, err := scanLesson(row, &rank)
 		if err != nil {
-			return nil, fmt.Errorf("list lessons: %w", err)
+			return LessonHit{}, err
 		}
-		out = append(out, LessonHit{Lesson: *l, Rank: rank})
+		return LessonHit{Lesson: *l, Rank: rank}, nil
+	})
+	if err != nil || len(hits) == 0 {
+		return nil, err // none: nil, as before the shared code
 	}
-	return out, rows.Err()
+	return hits, nil
 }
 
 // LessonUse is what one run did with a lesson, added to its counts.
@@ -285,10 +303,14 @@ type LessonUse struct {
 // CountLessonUse adds uses to the owner's lessons' counts and sets their
 // time of last use to now. Unknown ids are skipped (deleted meanwhile).
 func (s *Store) CountLessonUse(ctx context.Context, owner string, uses []LessonUse) error {
-	now := toMillis(s.now())
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return countLessonUse(ctx, s.inTx(ctx), owner, uses, s.nowMillis())
+}
+
+func countLessonUse(ctx context.Context, inTx txFunc, owner string, uses []LessonUse, at time.Time) error {
+	now := toMillis(at)
+	return inTx(func(tx db) error {
 		for _, u := range uses {
-			if _, err := tx.ExecContext(ctx, `UPDATE lessons SET shown = shown + ?, recurred = recurred + ?, helped = helped + ?, last_used_at = ? WHERE id = ? AND owner = ?`,
+			if _, err := tx.exec(ctx, `UPDATE lessons SET shown = shown + ?, recurred = recurred + ?, helped = helped + ?, last_used_at = ? WHERE id = ? AND owner = ?`,
 				u.Shown, u.Recurred, u.Helped, now, u.ID, owner); err != nil {
 				return fmt.Errorf("count lesson use: %w", err)
 			}
@@ -300,18 +322,22 @@ func (s *Store) CountLessonUse(ctx context.Context, owner string, uses []LessonU
 // PruneLessons deletes the lessons (of every owner) not used since before
 // and never found helpful; it returns how many.
 func (s *Store) PruneLessons(ctx context.Context, before time.Time) (int, error) {
+	return pruneLessons(ctx, s.inTx(ctx), before)
+}
+
+func pruneLessons(ctx context.Context, inTx txFunc, before time.Time) (int, error) {
 	var n int64
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := inTx(func(tx db) error {
+		stale := `helped = 0 AND ` + tx.dialect().greatest + `(last_used_at, created_at) < ?`
 		cut := toMillis(before)
-		if _, err := tx.ExecContext(ctx, `DELETE FROM lessons_fts WHERE id IN (SELECT id FROM lessons WHERE helped = 0 AND max(last_used_at, created_at) < ?)`, cut); err != nil {
-			return err
+		if fts := tx.dialect().lessonsFTS; fts != "" {
+			if _, err := tx.exec(ctx, `DELETE FROM `+fts+` WHERE id IN (SELECT id FROM lessons WHERE `+stale+`)`, cut); err != nil {
+				return err
+			}
 		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM lessons WHERE helped = 0 AND max(last_used_at, created_at) < ?`, cut)
-		if err != nil {
-			return err
-		}
-		n, _ = res.RowsAffected()
-		return nil
+		var err error
+		n, err = tx.exec(ctx, `DELETE FROM lessons WHERE `+stale, cut)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("prune lessons: %w", err)

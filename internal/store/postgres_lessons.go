@@ -2,13 +2,9 @@ package store
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strings"
 	"time"
 	"unicode"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // pgLessonsSchema is PostgreSQL migration 3: lessons (lessons.go), with a
@@ -48,70 +44,17 @@ var _ LessonStore = (*Postgres)(nil)
 
 // PutLesson is Store.PutLesson.
 func (p *Postgres) PutLesson(ctx context.Context, l Lesson) (*Lesson, error) {
-	if err := checkLesson(l); err != nil {
-		return nil, err
-	}
-	now := toMillis(p.nowMillis())
-	var out *Lesson
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if l.ID != "" {
-			old, err := scanLesson(tx.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 FOR UPDATE`, l.ID))
-			switch {
-			case err == nil && old.Owner == l.Owner:
-				if _, err := tx.Exec(ctx, `UPDATE lessons SET updated_at = $1, scope = $2, text = $3, signature = $4, detail = $5, keywords = $6, files = $7, packages = $8, fix = $9, source = $10, run_id = $11, step = $12 WHERE id = $13`,
-					now, l.Scope, l.Text, l.Signature, l.Detail, l.Keywords, l.Files, l.Packages, l.Fix, l.Source, l.RunID, l.Step, l.ID); err != nil {
-					return err
-				}
-				l.CreatedAt, l.LastUsedAt, l.Shown, l.Recurred, l.Helped = old.CreatedAt, old.LastUsedAt, old.Shown, old.Recurred, old.Helped
-				l.UpdatedAt = fromMillis(now)
-				out = &l
-				return nil
-			case err == nil:
-				l.ID = "" // another owner's id is never reused: it would reveal the lesson exists
-			case !errors.Is(err, pgx.ErrNoRows):
-				return err
-			}
-		}
-		if l.ID == "" {
-			l.ID = newID()
-		}
-		created := now
-		if !l.CreatedAt.IsZero() {
-			created = toMillis(l.CreatedAt)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO lessons (`+lessonColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`,
-			l.ID, l.Owner, created, now, toMillis(l.LastUsedAt), l.Scope, l.Text, l.Signature, l.Detail, l.Keywords, l.Files, l.Packages, l.Fix, l.Source, l.RunID, l.Step, l.Shown, l.Recurred, l.Helped); err != nil {
-			return err
-		}
-		l.CreatedAt, l.UpdatedAt = fromMillis(created), fromMillis(now)
-		out = &l
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("put lesson: %w", err)
-	}
-	return out, nil
+	return putLesson(ctx, p.inTx(ctx), l, p.nowMillis())
 }
 
 // GetLesson is Store.GetLesson.
 func (p *Postgres) GetLesson(ctx context.Context, owner, id string) (*Lesson, error) {
-	l, err := scanLesson(p.pool.QueryRow(ctx, `SELECT `+lessonColumns+` FROM lessons WHERE id = $1 AND owner = $2`, id, owner))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("lesson %s: %w", id, ErrNotFound)
-	}
-	return l, err
+	return getLesson(ctx, pgDB{p.pool}, owner, id)
 }
 
 // DeleteLesson is Store.DeleteLesson.
 func (p *Postgres) DeleteLesson(ctx context.Context, owner, id string) error {
-	tag, err := p.pool.Exec(ctx, `DELETE FROM lessons WHERE id = $1 AND owner = $2`, id, owner)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("lesson %s: %w", id, ErrNotFound)
-	}
-	return nil
+	return deleteLesson(ctx, p.inTx(ctx), owner, id)
 }
 
 // ListLessons is Store.ListLessons; Rank is minus ts_rank, so that lower
@@ -120,10 +63,9 @@ func (p *Postgres) ListLessons(ctx context.Context, q LessonQuery) ([]LessonHit,
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}
-	where, args := []string{"owner = $1"}, []any{q.Owner}
+	where, args := []string{"owner = ?"}, []any{q.Owner}
 	if q.Signature != "" {
-		args = append(args, q.Signature)
-		where = append(where, fmt.Sprintf("signature = $%d", len(args)))
+		where, args = append(where, "signature = ?"), append(args, q.Signature)
 	}
 	order, rank := "updated_at DESC, id", "0::float8"
 	if strings.TrimSpace(q.Match) != "" {
@@ -134,49 +76,24 @@ func (p *Postgres) ListLessons(ctx context.Context, q LessonQuery) ([]LessonHit,
 		if len(words) > 64 {
 			words = words[:64]
 		}
-		args = append(args, strings.Join(words, " | ")) // only letters and digits: no tsquery syntax
-		n := len(args)
-		where = append(where, fmt.Sprintf("tsv @@ to_tsquery('simple', $%d)", n))
-		rank = fmt.Sprintf("-ts_rank(tsv, to_tsquery('simple', $%d))::float8", n)
-		order = fmt.Sprintf("ts_rank(tsv, to_tsquery('simple', $%d)) DESC, id", n)
+		// The words are bound three times, in the order the ?s appear:
+		// the rank (before the WHERE), the match, the order.
+		tsq := strings.Join(words, " | ") // only letters and digits: no tsquery syntax
+		where = append(where, "tsv @@ to_tsquery('simple', ?)")
+		rank = "-ts_rank(tsv, to_tsquery('simple', ?))::float8"
+		order = "ts_rank(tsv, to_tsquery('simple', ?)) DESC, id"
+		args = append(append([]any{tsq}, args...), tsq, tsq)
 	}
 	args = append(args, q.Limit)
-	rows, err := p.pool.Query(ctx, `SELECT `+lessonColumns+`, `+rank+` FROM lessons WHERE `+strings.Join(where, " AND ")+` ORDER BY `+order+fmt.Sprintf(` LIMIT $%d`, len(args)), args...)
-	if err != nil {
-		return nil, fmt.Errorf("list lessons: %w", err)
-	}
-	defer rows.Close()
-	var out []LessonHit
-	for rows.Next() {
-		var r float64
-		l, err := scanLesson(rows, &r)
-		if err != nil {
-			return nil, fmt.Errorf("list lessons: %w", err)
-		}
-		out = append(out, LessonHit{Lesson: *l, Rank: r})
-	}
-	return out, rows.Err()
+	return lessonHits(pgDB{p.pool}.query(ctx, `SELECT `+lessonColumns+`, `+rank+` FROM lessons WHERE `+strings.Join(where, " AND ")+` ORDER BY `+order+` LIMIT ?`, args...))
 }
 
 // CountLessonUse is Store.CountLessonUse.
 func (p *Postgres) CountLessonUse(ctx context.Context, owner string, uses []LessonUse) error {
-	now := toMillis(p.nowMillis())
-	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		for _, u := range uses {
-			if _, err := tx.Exec(ctx, `UPDATE lessons SET shown = shown + $1, recurred = recurred + $2, helped = helped + $3, last_used_at = $4 WHERE id = $5 AND owner = $6`,
-				u.Shown, u.Recurred, u.Helped, now, u.ID, owner); err != nil {
-				return fmt.Errorf("count lesson use: %w", err)
-			}
-		}
-		return nil
-	})
+	return countLessonUse(ctx, p.inTx(ctx), owner, uses, p.nowMillis())
 }
 
 // PruneLessons is Store.PruneLessons.
 func (p *Postgres) PruneLessons(ctx context.Context, before time.Time) (int, error) {
-	tag, err := p.pool.Exec(ctx, `DELETE FROM lessons WHERE helped = 0 AND GREATEST(last_used_at, created_at) < $1`, toMillis(before))
-	if err != nil {
-		return 0, fmt.Errorf("prune lessons: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
+	return pruneLessons(ctx, p.inTx(ctx), before)
 }

@@ -37,8 +37,6 @@ type Run struct {
 
 const runColumns = `id, created_at, updated_at, task, mode, model, status, steps, tokens_in, tokens_out, cost_usd, summary, error, owner`
 
-type scanner interface{ Scan(dest ...any) error }
-
 func scanRun(row scanner, withReport bool) (*Run, error) {
 	var (
 		r                Run
@@ -70,39 +68,12 @@ func validJSON(what string, b []byte) error {
 // CreateRun stores a new run and returns it as stored. If r.ID is empty an id is made
 // up; times are set to now; Status defaults to "running".
 func (s *Store) CreateRun(ctx context.Context, r Run) (*Run, error) {
-	if err := validJSON("run report", r.Report); err != nil {
-		return nil, err
-	}
-	if r.ID == "" {
-		r.ID = newID()
-	}
-	if r.Status == "" {
-		r.Status = "running"
-	}
-	now := s.now().UTC().Truncate(time.Millisecond)
-	r.CreatedAt, r.UpdatedAt = now, now
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-			r.ID, toMillis(r.CreatedAt), toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
-			r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, r.Owner, nullJSON(r.Report))
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create run: %w", err)
-	}
-	return &r, nil
+	return createRun(ctx, sqlDB{s.w}, r, s.nowMillis())
 }
 
 // GetRun returns the run with the given id, Report included.
 func (s *Store) GetRun(ctx context.Context, id string) (*Run, error) {
-	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+`, report FROM runs WHERE id = ?`, id), true)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("run %s: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get run %s: %w", id, err)
-	}
-	return r, nil
+	return getRun(ctx, sqlDB{s.r}, id)
 }
 
 // UpdateRun changes a run: update receives the stored run and edits it in place,
@@ -110,35 +81,7 @@ func (s *Store) GetRun(ctx context.Context, id string) (*Run, error) {
 // user cancels) cannot lose each other's changes. ID, CreatedAt and Owner cannot change;
 // UpdatedAt is set to now. If update returns an error nothing is written.
 func (s *Store) UpdateRun(ctx context.Context, id string, update func(*Run) error) (*Run, error) {
-	var out *Run
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		r, err := scanRun(tx.QueryRowContext(ctx, `SELECT `+runColumns+`, report FROM runs WHERE id = ?`, id), true)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("run %s: %w", id, ErrNotFound)
-		}
-		if err != nil {
-			return err
-		}
-		created, owner := r.CreatedAt, r.Owner
-		if err := update(r); err != nil {
-			return err
-		}
-		if err := validJSON("run report", r.Report); err != nil {
-			return err
-		}
-		r.ID, r.CreatedAt, r.Owner = id, created, owner
-		r.UpdatedAt = s.now().UTC().Truncate(time.Millisecond)
-		_, err = tx.ExecContext(ctx, `UPDATE runs SET updated_at=?, task=?, mode=?, model=?, status=?, steps=?,
-			tokens_in=?, tokens_out=?, cost_usd=?, summary=?, error=?, report=? WHERE id=?`,
-			toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
-			r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, nullJSON(r.Report), id)
-		out = r
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("update run %s: %w", id, err)
-	}
-	return out, nil
+	return updateRun(ctx, s.inTx(ctx), id, update, s.nowMillis)
 }
 
 // ListOptions selects and pages runs.
@@ -156,6 +99,99 @@ type ListOptions struct {
 
 // ListRuns returns runs, newest first, without their Report.
 func (s *Store) ListRuns(ctx context.Context, opts ListOptions) ([]Run, error) {
+	return listRuns(ctx, sqlDB{s.r}, opts)
+}
+
+// LookupRunID expands a unique prefix of a run id (as `sandloop runs show 3f9a` takes)
+// to the full id. An exact id always wins.
+func (s *Store) LookupRunID(ctx context.Context, prefix string) (string, error) {
+	return lookupRunID(ctx, sqlDB{s.r}, prefix)
+}
+
+// DeleteRun removes a run with its steps, events and files.
+func (s *Store) DeleteRun(ctx context.Context, id string) error {
+	return deleteRun(ctx, sqlDB{s.w}, id)
+}
+
+// The shared SQL of runs (dialect.go).
+
+func createRun(ctx context.Context, d db, r Run, now time.Time) (*Run, error) {
+	if err := validJSON("run report", r.Report); err != nil {
+		return nil, err
+	}
+	if r.ID == "" {
+		r.ID = newID()
+	}
+	if r.Status == "" {
+		r.Status = "running"
+	}
+	r.CreatedAt, r.UpdatedAt = now, now
+	_, err := d.exec(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		r.ID, toMillis(r.CreatedAt), toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
+		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, r.Owner, nullJSON(r.Report))
+	if err != nil {
+		return nil, fmt.Errorf("create run: %w", err)
+	}
+	return &r, nil
+}
+
+// selectRun reads a run with its report; lock holds its row in a write.
+func selectRun(ctx context.Context, d db, id string, lock bool) (*Run, error) {
+	q := `SELECT ` + runColumns + `, ` + d.dialect().text("report") + ` FROM runs WHERE id = ?`
+	if lock {
+		q += d.dialect().lock
+	}
+	r, err := scanRun(d.queryRow(ctx, q, id), true)
+	if isNoRows(err) {
+		return nil, fmt.Errorf("run %s: %w", id, ErrNotFound)
+	}
+	return r, err
+}
+
+func getRun(ctx context.Context, d db, id string) (*Run, error) {
+	r, err := selectRun(ctx, d, id, false)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("get run %s: %w", id, err)
+	}
+	return r, err
+}
+
+// updateRun is UpdateRun in a write transaction that inTx runs.
+func updateRun(ctx context.Context, inTx txFunc, id string, update func(*Run) error, now func() time.Time) (*Run, error) {
+	var out *Run
+	err := inTx(func(tx db) error {
+		var err error
+		out, err = updateRunIn(ctx, tx, id, update, now)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("update run %s: %w", id, err)
+	}
+	return out, nil
+}
+
+func updateRunIn(ctx context.Context, tx db, id string, update func(*Run) error, now func() time.Time) (*Run, error) {
+	r, err := selectRun(ctx, tx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	created, owner := r.CreatedAt, r.Owner
+	if err := update(r); err != nil {
+		return nil, err
+	}
+	if err := validJSON("run report", r.Report); err != nil {
+		return nil, err
+	}
+	r.ID, r.CreatedAt, r.Owner = id, created, owner
+	r.UpdatedAt = now()
+	_, err = tx.exec(ctx, `UPDATE runs SET updated_at=?, task=?, mode=?, model=?, status=?, steps=?,
+		tokens_in=?, tokens_out=?, cost_usd=?, summary=?, error=?, report=? WHERE id=?`,
+		toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
+		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, nullJSON(r.Report), id)
+	return r, err
+}
+
+func listRuns(ctx context.Context, d db, opts ListOptions) ([]Run, error) {
 	if opts.Limit <= 0 {
 		opts.Limit = 50
 	}
@@ -180,46 +216,33 @@ func (s *Store) ListRuns(ctx context.Context, opts ListOptions) ([]Run, error) {
 	}
 	q += ` ORDER BY created_at DESC, id LIMIT ? OFFSET ?`
 	args = append(args, opts.Limit, opts.Offset)
-	rows, err := s.r.QueryContext(ctx, q, args...)
+	rs, err := d.query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
-	defer rows.Close()
-	runs := []Run{}
-	for rows.Next() {
-		r, err := scanRun(rows, false)
+	runs, err := collect(rs, func(row scanner) (Run, error) {
+		r, err := scanRun(row, false)
 		if err != nil {
-			return nil, fmt.Errorf("list runs: %w", err)
+			return Run{}, err
 		}
-		runs = append(runs, *r)
-	}
-	if err := rows.Err(); err != nil {
+		return *r, nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	return runs, nil
 }
 
-// LookupRunID expands a unique prefix of a run id (as `sandloop runs show 3f9a` takes)
-// to the full id. An exact id always wins.
-func (s *Store) LookupRunID(ctx context.Context, prefix string) (string, error) {
+func lookupRunID(ctx context.Context, d db, prefix string) (string, error) {
 	if prefix == "" {
 		return "", fmt.Errorf("run %q: %w", prefix, ErrNotFound)
 	}
-	rows, err := s.r.QueryContext(ctx,
-		`SELECT id FROM runs WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id = ?1 DESC, id LIMIT 2`, prefix)
+	rs, err := d.query(ctx, `SELECT id FROM runs WHERE substr(id, 1, length(?)) = ? ORDER BY id = ? DESC, id LIMIT 2`, prefix, prefix, prefix)
 	if err != nil {
 		return "", fmt.Errorf("look up run %s: %w", prefix, err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return "", fmt.Errorf("look up run %s: %w", prefix, err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
+	ids, err := collect(rs, func(row scanner) (id string, err error) { return id, row.Scan(&id) })
+	if err != nil {
 		return "", fmt.Errorf("look up run %s: %w", prefix, err)
 	}
 	switch {
@@ -231,26 +254,28 @@ func (s *Store) LookupRunID(ctx context.Context, prefix string) (string, error) 
 	return "", fmt.Errorf("run %s (%s, %s, ...): %w", prefix, ids[0], ids[1], ErrAmbiguous)
 }
 
-// DeleteRun removes a run with its steps, events and files.
-func (s *Store) DeleteRun(ctx context.Context, id string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM runs WHERE id = ?`, id)
-		if err != nil {
-			return fmt.Errorf("delete run %s: %w", id, err)
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("run %s: %w", id, ErrNotFound)
-		}
-		return nil
-	})
+func deleteRun(ctx context.Context, d db, id string) error {
+	n, err := d.exec(ctx, `DELETE FROM runs WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete run %s: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("run %s: %w", id, ErrNotFound)
+	}
+	return nil
 }
 
-// runExists fails with ErrNotFound unless the run exists; the foreign key would
-// also refuse, but with an error callers cannot branch on.
-func runExists(ctx context.Context, tx *sql.Tx, id string) error {
+// runExists fails with ErrNotFound unless the run exists (the foreign keys
+// would refuse too, but with an error callers cannot branch on); lock
+// holds its row until a write transaction ends.
+func runExists(ctx context.Context, d db, id string, lock bool) error {
+	q := `SELECT 1 FROM runs WHERE id = ?`
+	if lock {
+		q += d.dialect().lock
+	}
 	var one int
-	err := tx.QueryRowContext(ctx, `SELECT 1 FROM runs WHERE id = ?`, id).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
+	err := d.queryRow(ctx, q, id).Scan(&one)
+	if isNoRows(err) {
 		return fmt.Errorf("run %s: %w", id, ErrNotFound)
 	}
 	return err

@@ -31,10 +31,20 @@ type Step struct {
 // in one transaction. It returns the step as stored, with its Index. Zero times are
 // set to now.
 func (s *Store) AppendStep(ctx context.Context, st Step) (*Step, error) {
+	return appendStep(ctx, st, s.nowMillis(), s.inTx(ctx))
+}
+
+// ListSteps returns the run's steps in order. A run without steps gives an empty
+// list; an unknown run gives ErrNotFound.
+func (s *Store) ListSteps(ctx context.Context, runID string) ([]Step, error) {
+	return stepsOf(ctx, s.inSnapshot(ctx), runID)
+}
+
+// appendStep is AppendStep in a write transaction that inTx runs.
+func appendStep(ctx context.Context, st Step, now time.Time, inTx txFunc) (*Step, error) {
 	if err := validJSON("step data", st.Data); err != nil {
 		return nil, err
 	}
-	now := s.now().UTC().Truncate(time.Millisecond)
 	if st.StartedAt.IsZero() {
 		st.StartedAt = now
 	}
@@ -42,19 +52,19 @@ func (s *Store) AppendStep(ctx context.Context, st Step) (*Step, error) {
 		st.EndedAt = now
 	}
 	st.StartedAt, st.EndedAt = st.StartedAt.UTC().Truncate(time.Millisecond), st.EndedAt.UTC().Truncate(time.Millisecond)
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		if err := runExists(ctx, tx, st.RunID); err != nil {
+	err := inTx(func(tx db) error {
+		if err := runExists(ctx, tx, st.RunID, true); err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE run_id = ?`, st.RunID).Scan(&st.Index); err != nil {
+		if err := tx.queryRow(ctx, `SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE run_id = ?`, st.RunID).Scan(&st.Index); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO steps (run_id, idx, kind, name, data, tokens_in, tokens_out, cost_usd, started_at, ended_at)
+		if _, err := tx.exec(ctx, `INSERT INTO steps (run_id, idx, kind, name, data, tokens_in, tokens_out, cost_usd, started_at, ended_at)
 			VALUES (?,?,?,?,?,?,?,?,?,?)`, st.RunID, st.Index, st.Kind, st.Name, nullJSON(st.Data),
 			st.TokensIn, st.TokensOut, st.CostUSD, toMillis(st.StartedAt), toMillis(st.EndedAt)); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE runs SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?,
+		_, err := tx.exec(ctx, `UPDATE runs SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?,
 			cost_usd = cost_usd + ?, updated_at = ? WHERE id = ?`, st.TokensIn, st.TokensOut, st.CostUSD, toMillis(now), st.RunID)
 		return err
 	})
@@ -64,11 +74,10 @@ func (s *Store) AppendStep(ctx context.Context, st Step) (*Step, error) {
 	return &st, nil
 }
 
-// ListSteps returns the run's steps in order. A run without steps gives an empty
-// list; an unknown run gives ErrNotFound.
-func (s *Store) ListSteps(ctx context.Context, runID string) ([]Step, error) {
+// stepsOf is ListSteps in the snapshot that inSnapshot gives.
+func stepsOf(ctx context.Context, inSnapshot txFunc, runID string) ([]Step, error) {
 	var steps []Step
-	err := s.read(ctx, func(tx *sql.Tx) error {
+	err := inSnapshot(func(tx db) error {
 		var err error
 		steps, err = listSteps(ctx, tx, runID)
 		return err
@@ -79,33 +88,30 @@ func (s *Store) ListSteps(ctx context.Context, runID string) ([]Step, error) {
 	return steps, nil
 }
 
-func listSteps(ctx context.Context, tx *sql.Tx, runID string) ([]Step, error) {
-	if err := runExists(ctx, tx, runID); err != nil {
+func listSteps(ctx context.Context, d db, runID string) ([]Step, error) {
+	if err := runExists(ctx, d, runID, false); err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT idx, kind, name, data, tokens_in, tokens_out, cost_usd, started_at, ended_at
+	rs, err := d.query(ctx, `SELECT idx, kind, name, `+d.dialect().text("data")+`, tokens_in, tokens_out, cost_usd, started_at, ended_at
 		FROM steps WHERE run_id = ? ORDER BY idx`, runID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	steps := []Step{}
-	for rows.Next() {
+	return collect(rs, func(row scanner) (Step, error) {
 		st := Step{RunID: runID}
 		var (
 			data           sql.NullString
 			started, ended int64
 		)
-		if err := rows.Scan(&st.Index, &st.Kind, &st.Name, &data, &st.TokensIn, &st.TokensOut, &st.CostUSD, &started, &ended); err != nil {
-			return nil, err
+		if err := row.Scan(&st.Index, &st.Kind, &st.Name, &data, &st.TokensIn, &st.TokensOut, &st.CostUSD, &started, &ended); err != nil {
+			return st, err
 		}
 		if data.Valid {
 			st.Data = json.RawMessage(data.String)
 		}
 		st.StartedAt, st.EndedAt = fromMillis(started), fromMillis(ended)
-		steps = append(steps, st)
-	}
-	return steps, rows.Err()
+		return st, nil
+	})
 }
 
 // read runs fn in a read transaction: one consistent snapshot across its queries.

@@ -3,7 +3,10 @@
 // interface; Store keeps it in SQLite (the embedded default for one
 // machine) and Postgres in PostgreSQL (a cell's shared database, which also
 // holds the cell's hosts and sessions tables, cluster.go). Both pass one
-// test suite.
+// test suite, and share the history's SQL: it is written once against a
+// small dialect-neutral layer (dialect.go: ? placeholders, row scanning
+// and collecting, the few phrases the two databases say differently),
+// while each backend keeps its own connections and transactions.
 //
 // The database is in WAL mode so that readers (the web UI, `sandloop runs`) never wait
 // for the agent writing. Writes go through one connection, which serializes them in
@@ -151,6 +154,17 @@ func cloneValues(v url.Values) url.Values {
 // Close closes the database. Calls after Close fail.
 func (s *Store) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+func (s *Store) nowMillis() time.Time { return s.now().UTC().Truncate(time.Millisecond) }
+
+// inTx and inSnapshot are write and read transactions for the shared SQL.
+func (s *Store) inTx(ctx context.Context) txFunc {
+	return func(fn func(db) error) error { return s.write(ctx, func(tx *sql.Tx) error { return fn(sqlDB{tx}) }) }
+}
+
+func (s *Store) inSnapshot(ctx context.Context) txFunc {
+	return func(fn func(db) error) error { return s.read(ctx, func(tx *sql.Tx) error { return fn(sqlDB{tx}) }) }
 }
 
 // write runs fn in a write transaction.

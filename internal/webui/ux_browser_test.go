@@ -59,6 +59,18 @@ func TestBrowserServerInfo(t *testing.T) {
 		if got := p.text("#token-button"); got != "Token ✓" {
 			t.Errorf("token button %q", got)
 		}
+		// An empty task is refused by the form, next to the box, with no run started.
+		p.do("start with no task", chromedp.Click(chromedp.CSS("#run-start")), chromedp.WaitVisible(chromedp.CSS("#run-task-error")))
+		if got := p.text("#run-task-error"); got != "Say what the agent should do." {
+			t.Errorf("empty task: %q", got)
+		}
+		if eval[string](p, "document.activeElement.id") != "run-task" || eval[string](p, "location.hash") != "#/runs" {
+			t.Error("an empty task should keep the form, with the focus in the task box")
+		}
+		p.do("type a task", chromedp.SendKeys(chromedp.CSS("#run-task"), "x"), chromedp.WaitNotVisible(chromedp.CSS("#run-task-error")))
+		if got := p.text("#run-list"); !strings.Contains(got, "No runs yet.") {
+			t.Errorf("the run list after an empty task: %q", got)
+		}
 		p.check(ts.URL)
 	})
 	t.Run("no token, no model", func(t *testing.T) {
@@ -132,22 +144,25 @@ func TestBrowserSessionGone(t *testing.T) {
 	ts := newServer(t, "", nil)
 	p := newPage(t, 1280, 900)
 	controls := []string{"#nb-run-all", "#nb-interrupt", "#nb-restart", "#nb-close", "#nb-add", ".cell .cell-run", "#file-upload"}
-	p.do("new session", chromedp.Navigate(ts.URL+"/#/notebook"), chromedp.Click(chromedp.CSS("#session-new")),
-		chromedp.WaitVisible(chromedp.CSS("#session-status")))
-	for _, c := range controls {
-		if !p.shown(c) {
-			t.Errorf("a live session: %s is hidden", c)
-		}
-	}
-	id := eval[string](p, `decodeURIComponent(location.hash.split('/')[2])`)
-	del := func() {
+	open := func() (del func()) {
 		t.Helper()
-		req, _ := http.NewRequest("DELETE", ts.URL+"/v1/sessions/"+id, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode/100 != 2 {
-			t.Fatalf("delete the session: %v %v", resp, err)
+		p.do("new session", chromedp.Navigate(ts.URL+"/#/notebook"), chromedp.Click(chromedp.CSS("#session-new")),
+			chromedp.WaitVisible(chromedp.CSS("#session-status")))
+		for _, c := range controls {
+			if !p.shown(c) {
+				t.Errorf("a live session: %s is hidden", c)
+			}
 		}
-		resp.Body.Close()
+		id := eval[string](p, `decodeURIComponent(location.hash.split('/')[2])`)
+		return func() {
+			t.Helper()
+			req, _ := http.NewRequest("DELETE", ts.URL+"/v1/sessions/"+id, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode/100 != 2 {
+				t.Fatalf("delete the session: %v %v", resp, err)
+			}
+			resp.Body.Close()
+		}
 	}
 	check := func(how string) {
 		t.Helper()
@@ -161,8 +176,12 @@ func TestBrowserSessionGone(t *testing.T) {
 			}
 		}
 	}
+	// Ended while the tab was elsewhere: coming back shows it.
+	open()()
+	eval[bool](p, `document.dispatchEvent(new Event('visibilitychange'))`)
+	check("back to the tab")
 	// Ended while the page is open: the next cell finds out.
-	del()
+	open()()
 	sel := chromedp.CSS(".cell textarea")
 	p.do("run a cell", chromedp.SetValue(sel, "1 + 1"), chromedp.Focus(sel),
 		chromedp.KeyEvent("\r", chromedp.KeyModifiers(chromedp.ModifierCtrl)))

@@ -53,6 +53,7 @@ class Notebook {
     this.cellsEl = h('div', { class: 'cells', id: 'cells' });
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
     this.files = new FileBrowser(this.base, () => this.gone());
+    this.net = new NetworkPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -69,14 +70,22 @@ class Notebook {
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
-      this.files.el);
+      h('div', { class: 'nb-side' }, this.files.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
+    this.net.load();
     this.addCell('', false);
+    // A session may end while the tab is elsewhere (idle timeout): look
+    // again when the reader comes back.
+    this.onVisible = () => { if (document.visibilityState === 'visible') this.refreshInfo(); };
+    document.addEventListener('visibilitychange', this.onVisible);
   }
 
-  dispose() { }
+  dispose() {
+    document.removeEventListener('visibilitychange', this.onVisible);
+    clearTimeout(this.net.again);
+  }
 
   async refreshInfo() {
     try {
@@ -149,6 +158,7 @@ class Notebook {
       this.running = null;
       cell.done();
       this.files.reload();
+      this.net.afterCell();
     }
   }
 
@@ -264,6 +274,65 @@ class Cell {
   }
 
   done() { this.el.classList.remove('running', 'queued'); }
+}
+
+// NetworkPanel shows the session's network mode and every connection its
+// code made through the egress proxy (time, host, port, bytes, allowed or
+// refused and why), newest first; the notebook reloads it after each cell.
+class NetworkPanel {
+  constructor(base) {
+    this.base = base;
+    this.summary = h('p', { class: 'small muted', id: 'net-summary' }, 'Loading…');
+    this.rows = h('tbody', {});
+    this.table = h('table', { class: 'net-table', id: 'net-table', hidden: true },
+      h('thead', { class: 'sr-only' }, h('tr', {}, h('th', { scope: 'col' }, 'Result'), h('th', { scope: 'col' }, 'Connection'))),
+      this.rows);
+    this.el = h('section', { class: 'nb-network card', id: 'net-panel', 'aria-labelledby': 'net-title' },
+      h('div', { class: 'card-head' }, h('h2', { id: 'net-title' }, 'Network'),
+        h('button', { type: 'button', class: 'btn btn-ghost btn-sm nb-live', id: 'net-refresh', onclick: () => this.load() }, 'Refresh')),
+      this.summary, h('div', { class: 'net-scroll' }, this.table));
+  }
+
+  // afterCell loads the log now and once more a moment later: the proxy
+  // logs a connection when it ends, which can be just after the cell.
+  afterCell() {
+    this.load();
+    clearTimeout(this.again);
+    this.again = setTimeout(() => this.load(), 1000);
+  }
+
+  async load() {
+    try {
+      this.render(await getJSON(this.base + '/network'));
+    } catch (e) {
+      if (e.status !== 404) this.summary.textContent = 'Could not load the network log: ' + e.message;
+    }
+  }
+
+  render(log) {
+    const entries = (log.entries || []).slice().reverse();
+    this.table.hidden = log.mode !== 'allow' || !entries.length;
+    switch (log.mode) {
+      case 'none':
+        this.summary.textContent = 'No network: the code reaches only its own loopback.';
+        return;
+      case 'host':
+        this.summary.textContent = "The host's whole network: connections are not logged.";
+        return;
+    }
+    const bits = [`Through sandloop's proxy to ${(log.allow || []).join(', ') || 'nothing'}`,
+      `${fmtBytes(log.bytes || 0)} of ${fmtBytes(log.max_bytes || 0)} used`];
+    if (!entries.length) bits.push('no connections yet');
+    if (log.dropped) bits.push(`${log.dropped} older connections not kept`);
+    this.summary.textContent = bits.join(' · ') + '.';
+    this.rows.replaceChildren(...entries.map(e => h('tr', { class: e.allowed ? 'net-allowed' : 'net-refused' },
+      h('td', {}, h('span', { class: 'badge ' + (e.allowed && !e.reason ? 'badge-ok' : 'badge-err') }, e.allowed ? (e.reason ? 'cut' : 'allowed') : 'refused')),
+      h('td', {},
+        h('div', { class: 'mono net-target' }, `${e.method} ${e.host}:${e.port}`),
+        h('div', { class: 'small muted' }, [new Date(e.time).toLocaleTimeString(),
+          `${fmtBytes(e.bytes_out || 0)} sent`, `${fmtBytes(e.bytes_in || 0)} received`, e.cache ? 'package cache: ' + e.cache : null].filter(Boolean).join(' · ')),
+        e.reason ? h('div', { class: 'small net-reason' }, e.reason) : null))));
+  }
 }
 
 // FileBrowser lists the session's workspace, with upload, download and delete.

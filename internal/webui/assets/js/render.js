@@ -14,18 +14,30 @@ export class Output {
   }
   reset() { this.el.replaceChildren(); this.last = null; this.images = []; }
 
-  // stream appends live output. A box scrolled to its end stays there as
-  // text arrives (one the reader scrolled up stays put).
+  // stream appends live output. A box stays at its end as text arrives,
+  // unless the reader scrolled up in it; it scrolls once per frame at most.
   stream(name, text) {
     if (!text) return;
     if (!this.last || this.last.dataset.stream !== name) {
-      this.last = streamBox(name);
-      this.el.append(this.last);
+      const pre = this.last = streamBox(name);
+      pre.pinned = true;
+      pre.autoTop = 0; // where the last scroll to the end left it
+      pre.addEventListener('scroll', () => {
+        // (Scroll events come a frame late: text may have arrived since.)
+        if (pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8) pre.pinned = true;
+        else if (pre.scrollTop < pre.autoTop - 2) pre.pinned = false;
+      }, { passive: true });
+      this.el.append(pre);
     }
     const pre = this.last;
-    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
     pre.append(text);
-    if (atEnd) toEnd(pre);
+    if (pre.pinned && !pre.queued) {
+      pre.queued = true;
+      requestAnimationFrame(() => {
+        pre.queued = false;
+        if (pre.pinned) { toEnd(pre); pre.autoTop = pre.scrollTop; }
+      });
+    }
   }
 
   event(e) {

@@ -15,7 +15,7 @@ export function mountRuns(root, runID) {
   root.append(h('div', { class: 'runs-layout' }, side, main));
 
   let view = null;
-  let live = null; // the open run's figures as its events stream in
+  let live = null; // the open run's counts (steps, tokens, cost) as its events stream in
   async function loadList() {
     try {
       const { runs } = await getJSON('/v1/runs?limit=50');
@@ -100,8 +100,20 @@ function newRunForm() {
   task.addEventListener('keydown', e => {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
+  // An empty task is refused here, next to the box, as the server would
+  // refuse it (a debug run may go without: its program is the task).
+  const taskError = h('p', { class: 'field-error', id: 'run-task-error', role: 'alert', hidden: true }, 'Say what the agent should do.');
+  task.after(taskError);
+  const taskValid = () => {
+    const ok = !!task.value.trim() || mode.value === 'debug';
+    taskError.hidden = ok;
+    if (ok) task.removeAttribute('aria-invalid'); else task.setAttribute('aria-invalid', 'true');
+    return ok;
+  };
+  task.addEventListener('input', () => { if (!taskError.hidden) taskValid(); });
   form.addEventListener('submit', async e => {
     e.preventDefault();
+    if (!taskValid()) { task.focus(); return; }
     submit.disabled = true;
     try {
       const body = { task: task.value, mode: mode.value };
@@ -161,7 +173,8 @@ class RunView {
     // a timeline that may be long.
     this.outcome = h('div', { class: 'run-outcome', id: 'run-outcome', hidden: true });
     // While the model is thinking, the end of the timeline says for how long.
-    this.wait = h('div', { class: 'model-wait', id: 'run-wait', role: 'status', hidden: true });
+    // (Not a live region: it changes every second.)
+    this.wait = h('div', { class: 'model-wait', id: 'run-wait', hidden: true });
     root.append(h('article', { class: 'run', 'aria-labelledby': 'run-title' },
       h('header', { class: 'run-head card' },
         h('div', { class: 'run-head-top' }, h('div', { class: 'run-head-text' }, this.title, this.subtitle),
