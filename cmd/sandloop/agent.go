@@ -260,6 +260,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	case err != nil:
 		return err
 	}
+	sayFigures(context.WithoutCancel(ctx), errOut, st, run.ID, f.dataDir)
 	if f.out != "" {
 		if err := writeArtifacts(context.WithoutCancel(ctx), st, run.ID, f.out); err != nil {
 			return fmt.Errorf("--out: %w", err)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -16,8 +18,9 @@ import (
 // sandloop inside a container, run by crun from an OCI bundle whose root is
 // this host's /usr and /etc (read-only): with the settings
 // docs/containers.md gives (a user namespace, deploy/seccomp/sandloop.json,
-// /proc unmasked, a cgroup namespace) the jail's attack tests pass and a
-// session keeps its state; with Docker's stock settings (its default
+// /proc unmasked, a cgroup namespace) the jail's attack tests pass, a
+// session keeps its state and memory limits hold (on a cgroup v2 host in
+// the container's own delegated group, on cgroup v1 as rlimits); with Docker's stock settings (its default
 // seccomp profile, masked /proc, no user namespace) doctor fails with the
 // fix, and nothing crashes.
 
@@ -163,6 +166,13 @@ func inContainer(t *testing.T, dir string, s containerSettings, env []string, ar
 		"mounts":   mounts,
 		"linux":    linux,
 	}
+	id := "sandloop-test-" + randomHex()
+	if cgroupV2Host() {
+		// The container gets a group of its own, which crun hands to
+		// the container's root (in its user namespace) and shows as
+		// the root of the container's cgroup namespace.
+		linux["cgroupsPath"] = "/" + id
+	}
 	data, err := json.MarshalIndent(spec, "", "\t")
 	if err != nil {
 		t.Fatal(err)
@@ -170,8 +180,7 @@ func inContainer(t *testing.T, dir string, s containerSettings, env []string, ar
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	id := "sandloop-test-" + filepath.Base(bundle)
-	crun := "exec crun run --bundle \"$1\" \"$2\""
+	crun := "exec crun --cgroup-manager=cgroupfs run --bundle \"$1\" \"$2\""
 	if exists("/sys/fs/cgroup/unified/cgroup.controllers") {
 		// A hybrid host (v1 controllers, a v2 hierarchy beside them),
 		// which crun refuses: hide the v2 one from it.
@@ -225,6 +234,32 @@ func TestInContainer(t *testing.T) {
 			t.Fatalf("doctor in the container: exit %d\n%s", code, out)
 		}
 		t.Logf("doctor in the container:\n%s", out)
+		// Limits: on a cgroup v2 host the container's own group, which
+		// crun delegated to it, holds a group per sandbox, so a memory
+		// limit is the kernel's and an OOM kill is reported as one. On a
+		// cgroup v1 host the container's cgroups are read-only: rlimits,
+		// and doctor and exec say so.
+		bomb := "b = []\nwhile True: b.append(bytearray(8 << 20))"
+		bombCode, bombOut := inContainer(t, dir, safe, nil, "/opt/sandloop", "exec", "--memory", "64M", "-c", bomb)
+		if cgroupV2Host() {
+			if !regexp.MustCompile(`(?m)^ok +cgroups +cgroup v2: memory, pids, cpu under /sys/fs/cgroup$`).MatchString(out) {
+				t.Errorf("doctor in a container with a delegated cgroup v2 group, want cgroup v2 under /sys/fs/cgroup:\n%s", out)
+			}
+			if bombCode != 137 || !strings.Contains(bombOut, "sandloop: out of memory: the sandbox's memory limit (64M) was reached") {
+				t.Errorf("a memory bomb under --memory 64M: exit %d, want 137 and the OOM kill reported\n%s", bombCode, bombOut)
+			}
+		} else {
+			if !regexp.MustCompile(`(?m)^warn +cgroups +cgroup v1: .*not writable`).MatchString(out) {
+				t.Errorf("doctor in a container with read-only cgroup v1, want a warning:\n%s", out)
+			}
+			// (The jail's init shares the program's RLIMIT_DATA, and may
+			// itself fail to allocate when the program hits it: not
+			// asserted here.)
+			if bombCode == 0 || !strings.Contains(bombOut, "sandloop: warning: no cgroups") {
+				t.Errorf("a memory bomb under --memory 64M with rlimits: exit %d, want a failure and the rlimits warning\n%s", bombCode, bombOut)
+			}
+		}
+		t.Logf("a memory bomb in the container: exit %d\n%s", bombCode, bombOut)
 		// The attack tests (host files, other processes, the network,
 		// devices, escapes), as root in the container.
 		code, out = inContainer(t, dir, safe, nil, "/opt/jail.test", "-test.run", "^(TestAttacksFail|TestNoInheritedDescriptors|TestForkBombStoppedByPidsLimit|TestDoubleForkedDaemonGone)$", "-test.v")
@@ -311,4 +346,14 @@ func TestDoctorInPod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cgroupV2Host says whether this host has cgroup v2 only (the unified
+// hierarchy at /sys/fs/cgroup).
+func cgroupV2Host() bool { return exists("/sys/fs/cgroup/cgroup.controllers") }
+
+func randomHex() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

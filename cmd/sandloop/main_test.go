@@ -86,11 +86,12 @@ func TestRootlessFallbackIsAWarning(t *testing.T) {
 		!strings.Contains(out, "can be built on this host, with weaker limits") {
 		t.Errorf("rootless doctor:\n%s", out)
 	}
-	// Without root the workspace quota is not enforced inside the sandbox
-	// (only uploads are capped) and the zygote is not used: said, not failed.
-	if !strings.Contains(out, "warn  workspace quota   256M and 20000 files per workspace by default (--disk, --files): needs root") ||
+	// Without root the workspace quota is a tmpfs made in a user
+	// namespace (this kernel can), and the zygote is not used: said, not
+	// failed.
+	if !strings.Contains(out, "ok    workspace quota   256M and 20000 files per workspace by default (--disk, --files): a size- and inode-capped tmpfs per workspace, made in a user namespace") ||
 		!strings.Contains(out, "--    zygote            not used: ") {
-		t.Errorf("rootless doctor does not say the quota is not enforced and the zygote not used:\n%s", out)
+		t.Errorf("rootless doctor does not say how the quota is enforced and that the zygote is not used:\n%s", out)
 	}
 	if !strings.Contains(out, "of which importing 6 packages took") {
 		t.Errorf("doctor's jail timing does not say what it includes:\n%s", out)
@@ -101,10 +102,18 @@ func TestRootlessFallbackIsAWarning(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
-	script := writeFile(t, dir, "two.py", "print(1)\nprint(2)\n")
-	code, out, errOut = asNobody(t, "run", script)
+	script := writeFile(t, dir, "two.py", "print(1)\nprint(2)\nopen('res.txt', 'w').write(open('in.txt').read() * 2)\n")
+	// --with and --out reach the workspace (a tmpfs held by a descriptor).
+	in := writeFile(t, dir, "in.txt", "ab")
+	outDir := filepath.Join(dir, "out")
+	os.Mkdir(outDir, 0o755)
+	os.Chown(outDir, 65534, 65534)
+	code, out, errOut = asNobody(t, "run", "--with", in, "--out", outDir, script)
 	if code != 0 || out != "1\n2\n" {
 		t.Fatalf("rootless run: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(outDir, "res.txt")); err != nil || string(b) != "abab" {
+		t.Errorf("rootless run --out: res.txt %q, %v", b, err)
 	}
 	lines := strings.Split(strings.TrimSpace(errOut), "\n")
 	if len(lines) != 1 || !strings.Contains(lines[0], "warning") || len(lines[0]) > 120 {
@@ -259,7 +268,7 @@ func TestExecWorkspaceQuota(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("workspace quotas need root")
 	}
-	code, out, errOut := sandloop(t, "", "exec", "--disk", "8M", "--files", "40", "-c", `
+	args := []string{"exec", "--disk", "8M", "--files", "40", "-c", `
 import errno
 def stop(f):
     try:
@@ -268,9 +277,14 @@ def stop(f):
         return errno.errorcode[e.errno]
 print(stop(lambda: open('big', 'wb').write(b'x' * (64 << 20))))
 print(stop(lambda: [open(f'f{i}', 'w').close() for i in range(1000)]))
-`)
+`}
+	code, out, errOut := sandloop(t, "", args...)
 	if code != 0 || out != "ENOSPC\nENOSPC\n" {
 		t.Errorf("exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
+	}
+	// Without root too (a tmpfs made in a user namespace).
+	if code, out, errOut = asNobody(t, args...); code != 0 || out != "ENOSPC\nENOSPC\n" {
+		t.Errorf("as nobody: exit %d, stdout %q (want ENOSPC twice), stderr %q", code, out, errOut)
 	}
 }
 

@@ -127,8 +127,17 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 	if err != nil {
 		return err
 	}
+	// The figures are written out (once) so that their paths can be opened.
+	figs, err := writeFigures(cmd.Context(), st, id, figureDir(dataDir, id))
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "sandloop: the run's figures could not be written: %v\n", err)
+	}
+	figsOf := map[int][]string{}
+	for _, f := range figs {
+		figsOf[f.Row] = append(figsOf[f.Row], f.Path)
+	}
 	fmt.Fprintln(w)
-	for _, s := range steps {
+	for row, s := range steps {
 		var e agent.Event
 		_ = json.Unmarshal(s.Data, &e)
 		switch s.Kind {
@@ -147,6 +156,9 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 				text = headTail(e.Text, 2, 4)
 			}
 			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, text)
+			for _, p := range figsOf[row] {
+				fmt.Fprintf(w, "    figure: %s\n", p)
+			}
 		default:
 			fmt.Fprintf(w, "[%s] %s\n", s.Kind, firstLines(e.Text, 2))
 		}

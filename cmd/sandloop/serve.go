@@ -54,6 +54,8 @@ func newServeCmd() *cobra.Command {
 		defaultNetwork           string
 		useE2B                   bool
 		zygoteFlag               zygoteMode
+		maxBody, maxUpload       int64
+		maxRunBody               int64
 		wheelCache, pipIndex     string
 		wheelCacheSize           int64 = egress.DefaultCacheBytes
 	)
@@ -180,6 +182,7 @@ func newServeCmd() *cobra.Command {
 				Manager: mgr, Tokens: toks, AllowedHosts: allowedHosts, AllowNetwork: allowNetwork, Egress: eg,
 				Logger: log, Mounts: mounts, Runs: svc, Store: st, Lessons: ls,
 				PublicMounts: public,
+				MaxBodyBytes: maxBody, MaxFileBytes: maxUpload, MaxRunBodyBytes: maxRunBody,
 			})
 			if err != nil {
 				return err
@@ -274,6 +277,9 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&heartbeat, "heartbeat", 2*time.Second, "with --register, how often the registration is renewed")
 	f.DurationVar(&drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
 	f.StringVar(&model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
+	f.Var(sizeValue{&maxBody}, "max-body", "largest JSON request body (create a session, execute, lessons; default 4M): more is answered 413")
+	f.Var(sizeValue{&maxUpload}, "max-upload", "largest file uploaded with PUT /v1/sessions/{id}/files/{path} (default 100M): more is answered 413")
+	f.Var(sizeValue{&maxRunBody}, "max-run-body", "largest POST /v1/runs body, task and files included (default 32M): more is answered 413")
 	f.Var(sizeValue{&def.memory}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&def.pids, "pids", 0, "default process limit per session (default 256)")

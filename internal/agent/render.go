@@ -84,8 +84,9 @@ func mainText(data map[string]string) string {
 	return "(" + strings.Join(keys, ", ") + ")"
 }
 
-// pngs returns the PNG images of a result.
-func pngs(r *kernel.Result) []string {
+// PNGs returns the PNG images of a result (base64), in order: the
+// figures the model sees and the CLI writes out.
+func PNGs(r *kernel.Result) []string {
 	var out []string
 	for _, o := range r.Results {
 		if p := o.Data["image/png"]; p != "" {

@@ -268,7 +268,7 @@ func (r *run) execute(ctx context.Context, call llm.ToolCall, src string, timeou
 		text = "$ " + src + "\n" + text
 	}
 	o := outcome{Text: text, Exec: res, IsError: res.Status != kernel.StatusOK}
-	for _, p := range pngs(res) {
+	for _, p := range PNGs(res) {
 		o.Images = append(o.Images, llm.Image{MediaType: "image/png", Data: p})
 	}
 	return r.seeExecution(ctx, call, src, o)

@@ -35,9 +35,12 @@ type initConfig struct {
 	ExtraFiles int
 	// Workspace is the host path (resolved) of the workspace;
 	// WorkspaceTree says the host passed a clone of its mount instead
-	// (as root), to be attached rather than bound by path.
+	// (as root), to be attached rather than bound by path; WorkspaceSub
+	// that it passed a tmpfs made in a user namespace, whose directory
+	// WorkspaceSub the init clones and attaches.
 	Workspace     string
 	WorkspaceTree bool
+	WorkspaceSub  string
 	// RlimitOnly: no cgroup enforces memory/pids, so rlimits must.
 	RlimitMemory bool
 	RlimitPids   bool
@@ -67,6 +70,9 @@ type initStatus struct {
 // one; otherwise it returns at once. Call it first thing in main (and in
 // TestMain of packages that start jails).
 func MaybeInit() {
+	if len(os.Args) > 0 && os.Args[0] == quotaArg0 {
+		os.Exit(runQuotaHelper())
+	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}

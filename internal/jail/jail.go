@@ -11,8 +11,12 @@
 // loop-mounted image because it needs no prepared host filesystem and no
 // loop device; its pages are charged to the writer's memory cgroup, so the
 // quota counts against the session's memory limit. Without root (no mount
-// in the host's namespace) the directory is ordinary and only uploads are
-// capped. The details are in quota.go.
+// in the host's namespace) the same capped tmpfs is made in a user
+// namespace of a helper's and held by a descriptor: the workspace's path
+// is then a directory under /proc/self/fd/ and each jail attaches a clone
+// of it (quota_userns_linux.go says why this design). Only where neither
+// works is the directory ordinary, with uploads alone capped. The details
+// are in quota.go.
 package jail
 
 import (

@@ -605,24 +605,7 @@ func TestRootless(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	dir, err := os.MkdirTemp("", "sandloop-rootless-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	self, _ := os.Executable()
-	bin := filepath.Join(dir, "jail.test")
-	data, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp := filepath.Join(dir, "tmp")
-	os.Mkdir(tmp, 0o700)
-	os.Chown(tmp, 65534, 65534)
+	bin, tmp := unprivilegedCopy(t, "sandloop-rootless-")
 	subset := "^(TestRootless|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")

@@ -322,7 +322,20 @@ func mountScratch(cfg *initConfig) error {
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		return err
 	}
-	if cfg.WorkspaceTree {
+	if cfg.WorkspaceSub != "" {
+		// A tmpfs made in a user namespace (quota_userns_linux.go):
+		// clone its workspace directory, so that the host's descriptor
+		// stays whole for the next jail, and attach the clone.
+		c, err := unix.OpenTree(initWorkspaceFD, cfg.WorkspaceSub, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return fmt.Errorf("clone the workspace's mount: %w", err)
+		}
+		err = unix.MoveMount(c, "", unix.AT_FDCWD, ws, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		unix.Close(c)
+		if err != nil {
+			return fmt.Errorf("attach workspace: %w", err)
+		}
+	} else if cfg.WorkspaceTree {
 		// The host cloned the workspace's mount with open_tree: attach
 		// it. Its parents need not be traversable by the sandbox user,
 		// and a path swapped under us cannot redirect the mount.

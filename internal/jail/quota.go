@@ -28,14 +28,21 @@ import (
 // session's memory limit and the default Disk leaves room for Python
 // beside it.
 //
-// Mounting needs CAP_SYS_ADMIN in the host's mount namespace. Without
-// root the directory is an ordinary one: the cap then applies only to
-// uploads through the files API (QuotaDir.Enforced says which), and
-// doctor says so.
+// Mounting on a host directory needs CAP_SYS_ADMIN in the host's mount
+// namespace. Without it (not root, or root in a container) the same
+// tmpfs, with the same caps, is made in a user namespace of a helper's
+// and held by a descriptor (quota_userns_linux.go says how and why); the
+// workspace's Path is then a directory under /proc/self/fd/, valid in
+// this process only. Only where that cannot work either (user
+// namespaces forbidden, a kernel that cannot clone a detached mount) is
+// the directory an ordinary one: the cap then applies only to uploads
+// through the files API (QuotaDir.Enforced says which), and doctor says so.
 
 // QuotaDir is a workspace directory capped in bytes and files.
 type QuotaDir struct {
-	// Path is the host directory.
+	// Path is the workspace's directory: a host directory, or (made in a
+	// user namespace) one under /proc/self/fd/, valid in this process
+	// only. Start knows either.
 	Path string
 	// Disk and Files are the caps.
 	Disk  int64
@@ -46,6 +53,13 @@ type QuotaDir struct {
 	Reason   string
 
 	removed sync.Once
+	// Made in a user namespace: the detached tmpfs, the directory in it
+	// that is the workspace.
+	mount *os.File
+	sub   string
+	// overhead is the inodes the workspace's own directories take (the
+	// root; the directory in it): not the user's files.
+	overhead int64
 }
 
 // Usage is what a workspace holds.

@@ -23,13 +23,18 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	if err := l.validateQuota(); err != nil {
 		return nil, err
 	}
+	hostReason := hostQuotaUnsupported()
+	if hostReason != "" && usernsQuotaUnsupported() == "" {
+		// (Not for root without CAP_SYS_ADMIN: see usernsQuotaUnsupported.)
+		return newUserNSQuotaDir(l.Disk, l.Files)
+	}
 	dir, err := OwnedTempDir("")
 	if err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
-	q := &QuotaDir{Path: dir, Disk: l.Disk, Files: l.Files}
-	if reason := quotaUnsupported(); reason != "" {
-		q.Reason = reason
+	q := &QuotaDir{Path: dir, Disk: l.Disk, Files: l.Files, overhead: 1}
+	if hostReason != "" {
+		q.Reason = quotaUnsupported()
 		return q, nil
 	}
 	// nr_inodes counts the root directory too.
@@ -112,16 +117,31 @@ func sweepQuotaDirs(dir string) (removed int) {
 	return removed
 }
 
-// quotaUnsupported says why workspaces cannot be quota mounts here, or "".
-func quotaUnsupported() string {
+// hostQuotaUnsupported says why workspaces cannot be tmpfs mounts on
+// host directories here, or "".
+func hostQuotaUnsupported() string {
 	if os.Geteuid() != 0 {
-		return "needs root (a tmpfs is mounted on each workspace); without it only uploads through the files API are capped"
+		return "not root"
 	}
 	if !effectiveCap(unix.CAP_SYS_ADMIN) {
 		// Root in a container, which holds no CAP_SYS_ADMIN by default.
-		return "needs CAP_SYS_ADMIN (a tmpfs is mounted on each workspace), which this container does not hold; only uploads through the files API are capped"
+		return "no CAP_SYS_ADMIN in this container"
 	}
 	return ""
+}
+
+// quotaUnsupported says why workspaces cannot be quota mounts here, either
+// way, or "".
+func quotaUnsupported() string {
+	host := hostQuotaUnsupported()
+	if host == "" {
+		return ""
+	}
+	userns := usernsQuotaUnsupported()
+	if userns == "" {
+		return ""
+	}
+	return fmt.Sprintf("no tmpfs can be mounted for the workspaces (on the host: %s; in a user namespace: %s); only uploads through the files API are capped", host, userns)
 }
 
 // effectiveCap says whether this process holds capability c.
@@ -138,11 +158,14 @@ func effectiveCap(c int) bool {
 // QuotaSupport says how workspaces are capped on this host, for doctor.
 func QuotaSupport() Check {
 	if r := quotaUnsupported(); r != "" {
-		fix := "run sandloop as root"
+		fix := "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) on a kernel that can clone a detached mount (6.15 on), or run sandloop as root"
 		if os.Geteuid() == 0 {
-			fix = "give the container CAP_SYS_ADMIN inside its user namespace (--cap-add=SYS_ADMIN with --userns=auto), or accept uncapped workspaces"
+			fix = "give the container CAP_SYS_ADMIN inside its user namespace (--cap-add=SYS_ADMIN with --userns=auto), or allow it user namespaces, or accept uncapped workspaces"
 		}
 		return Check{Fallback: true, Detail: r, Fix: fix}
+	}
+	if hostQuotaUnsupported() != "" {
+		return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, made in a user namespace of sandloop's own (no root needed; ENOSPC on every write past the cap; its pages count toward the sandbox's memory cgroup, or, without cgroups, come on top of the memory limit)"}
 	}
 	return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace (ENOSPC on every write past the cap)"}
 }
@@ -159,7 +182,7 @@ func (q *QuotaDir) Usage() (Usage, error) {
 	}
 	return Usage{
 		Bytes: int64(st.Blocks-st.Bfree) * st.Bsize,
-		Files: max(int64(st.Files-st.Ffree)-1, 0),
+		Files: max(int64(st.Files-st.Ffree)-q.overhead, 0),
 	}, nil
 }
 
@@ -169,6 +192,10 @@ func (q *QuotaDir) Usage() (Usage, error) {
 func (q *QuotaDir) Remove() error {
 	var err error
 	q.removed.Do(func() {
+		if q.mount != nil {
+			err = q.removeUserNS()
+			return
+		}
 		if q.Enforced {
 			if e := unix.Unmount(q.Path, unix.MNT_DETACH); e != nil && !errors.Is(e, unix.EINVAL) && !errors.Is(e, unix.ENOENT) {
 				err = fmt.Errorf("unmount workspace: %w", e)

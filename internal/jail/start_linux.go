@@ -69,6 +69,29 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		// Never the current directory: the jail would own it.
 		return nil, &ArgumentError{"workspace", errors.New("empty")}
 	}
+	zygoteWS := ""
+	if cfg.ZygoteWorkspaces != "" {
+		var err error
+		if !cfg.Zygote {
+			return nil, &ArgumentError{"zygote workspaces", errors.New("only for a zygote")}
+		}
+		if zygoteWS, err = filepath.EvalSymlinks(cfg.ZygoteWorkspaces); err != nil {
+			return nil, &ArgumentError{"zygote workspaces", err}
+		}
+		if zygoteWS, err = filepath.Abs(zygoteWS); err != nil {
+			return nil, &ArgumentError{"zygote workspaces", err}
+		}
+	}
+	// A workspace made in a user namespace is reached through a
+	// descriptor, never by resolving its path (which names the
+	// descriptor, not a host directory).
+	wsMount, wsSub, inUserNS, err := usernsWorkspace(cfg.Workspace)
+	if err != nil {
+		return nil, &ArgumentError{"workspace", err}
+	}
+	if inUserNS {
+		return start(ctx, cfg, limits, workspaceMount{path: cfg.Workspace, fd: wsMount, sub: wsSub, zygote: zygoteWS})
+	}
 	wsPath, err := filepath.Abs(cfg.Workspace)
 	if err == nil {
 		wsPath, err = filepath.EvalSymlinks(wsPath)
@@ -82,23 +105,28 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	if err != nil {
 		return nil, &ArgumentError{"workspace", err}
 	}
-	zygoteWS := ""
-	if cfg.ZygoteWorkspaces != "" {
-		if !cfg.Zygote {
-			return nil, &ArgumentError{"zygote workspaces", errors.New("only for a zygote")}
-		}
-		if zygoteWS, err = filepath.EvalSymlinks(cfg.ZygoteWorkspaces); err != nil {
-			return nil, &ArgumentError{"zygote workspaces", err}
-		}
-		if zygoteWS, err = filepath.Abs(zygoteWS); err != nil {
-			return nil, &ArgumentError{"zygote workspaces", err}
-		}
-	}
 	// As root, hand the jail a detached clone of the workspace's mount: the
 	// jail's user may not traverse the path's parents. Without root the
 	// jail's user is the caller, who can.
 	ws, wsTree := openWorkspaceTree(wsPath)
-	defer ws.Close()
+	return start(ctx, cfg, limits, workspaceMount{path: wsPath, fd: ws, tree: wsTree, zygote: zygoteWS})
+}
+
+// workspaceMount is how a jail gets its workspace.
+type workspaceMount struct {
+	path string   // the host path (resolved)
+	fd   *os.File // a clone of its mount (tree), a tmpfs made in a user namespace (sub), or /dev/null (bind path)
+	tree bool
+	sub  string // the workspace's directory in that tmpfs
+	// zygote: Config.ZygoteWorkspaces, resolved.
+	zygote string
+}
+
+// start starts the jail of cfg (checked) with the workspace ws. It
+// closes ws.fd.
+func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (*Process, error) {
+	defer ws.fd.Close()
+	wsPath := ws.path
 
 	p := &Process{done: make(chan struct{})}
 	uid, gid := os.Getuid(), os.Getgid()
@@ -113,7 +141,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	initCfg := initConfig{
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
-		Workspace: wsPath, WorkspaceTree: wsTree, Zygote: cfg.Zygote, ZygoteWorkspaces: zygoteWS, ListenPort: cfg.ListenPort,
+		Workspace: wsPath, WorkspaceTree: ws.tree, WorkspaceSub: ws.sub, Zygote: cfg.Zygote, ZygoteWorkspaces: ws.zygote, ListenPort: cfg.ListenPort,
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
@@ -175,7 +203,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 			Stdin:      wrapReader(cfg.Stdin),
 			Stdout:     wrapWriter(cfg.Stdout),
 			Stderr:     wrapWriter(cfg.Stderr),
-			ExtraFiles: append([]*os.File{cfgR, stW, ws}, extra...),
+			ExtraFiles: append([]*os.File{cfgR, stW, ws.fd}, extra...),
 			SysProcAttr: &syscall.SysProcAttr{
 				Cloneflags:                 uintptr(flags),
 				UidMappings:                []syscall.SysProcIDMap{{ContainerID: SandboxUID, HostID: uid, Size: 1}},

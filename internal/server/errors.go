@@ -30,6 +30,10 @@ func badRequest(format string, args ...any) error {
 // errUnauthorized is returned when a token is missing or wrong.
 var errUnauthorized = &apiError{http.StatusUnauthorized, "unauthorized", "missing or invalid token: send Authorization: Bearer <token>", 0}
 
+// errQueryToken refuses ?token= where a header can be sent: a token in a
+// URL ends up in logs, browser history and Referer headers.
+var errQueryToken = &apiError{http.StatusUnauthorized, "unauthorized", "?token= is accepted only by downloads and event streams (see /openapi.yaml): send Authorization: Bearer <token>", 0}
+
 // toAPIError maps every error the handlers can meet to a status, in this
 // one place.
 func toAPIError(err error) *apiError {

@@ -46,10 +46,40 @@ func (f *Front) Admit(w http.ResponseWriter, r *http.Request) bool {
 		}
 	}
 	if _, pattern := f.Mux.Handler(r); pattern == "" {
+		if allow := allowedMethods(f.Mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s takes %s, not %s (see /openapi.yaml)", r.URL.Path, strings.Join(allow, ", "), r.Method), 0})
+			return false
+		}
 		writeError(w, &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s (see /openapi.yaml)", r.Method, r.URL.Path), 0})
 		return false
 	}
 	return true
+}
+
+// allowedMethods lists the methods mux routes r's path for, for a 405's Allow.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var out []string
+	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" && !redirects(pattern, r.URL.Path) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// redirects reports whether the mux matched path to pattern only by
+// redirecting it to path + "/" (".../files" to ".../files/{path...}"),
+// which is not a method the path itself takes.
+func redirects(pattern, path string) bool {
+	p := pattern
+	if _, after, ok := strings.Cut(pattern, " "); ok {
+		p = after
+	}
+	return (strings.HasSuffix(p, "/") || strings.HasSuffix(p, "...}")) && !strings.HasSuffix(path, "/") &&
+		strings.Count(p, "/") > strings.Count(path, "/")
 }
 
 // hostAllowed refuses Host headers that are not the server's own (allowed
@@ -108,10 +138,10 @@ func NewTokens(list []string) Tokens {
 	return ts
 }
 
-// Owner checks the request's token (Authorization: Bearer, or ?token= for
-// EventSource and downloads from the web UI) and returns its owner
-// (OwnerOf); with no tokens configured everyone is the owner "". If no
-// token matches, it writes 401 and returns false.
+// Owner checks the request's token (Authorization: Bearer, or ?token= on
+// the routes of QueryTokenRoutes) and returns its owner (OwnerOf); with no
+// tokens configured everyone is the owner "". If no token matches, it
+// writes 401 and returns false.
 func (ts Tokens) Owner(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if len(ts) == 0 {
 		return "", true
@@ -119,6 +149,10 @@ func (ts Tokens) Owner(w http.ResponseWriter, r *http.Request) (string, bool) {
 	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if tok == r.Header.Get("Authorization") {
 		tok = r.URL.Query().Get("token")
+		if tok != "" && !takesQueryToken(r) {
+			writeError(w, errQueryToken)
+			return "", false
+		}
 	}
 	for _, t := range ts {
 		if subtle.ConstantTimeCompare([]byte(tok), t) == 1 {
@@ -127,4 +161,28 @@ func (ts Tokens) Owner(w http.ResponseWriter, r *http.Request) (string, bool) {
 	}
 	writeError(w, errUnauthorized)
 	return "", false
+}
+
+// QueryTokenRoutes are the routes that take the token as ?token=: downloads
+// (a plain link, curl -O) and the run event stream (EventSource cannot send
+// headers). Nowhere else, as a token in a URL ends up in logs, browser
+// history and Referer headers.
+var QueryTokenRoutes = []string{
+	"GET /v1/sessions/{id}/files/{path...}",
+	"GET /v1/sessions/{id}/archive",
+	"GET /v1/runs/{id}/events",
+	"GET /v1/runs/{id}/artifacts",
+}
+
+var queryTokenMux = func() *http.ServeMux {
+	m := http.NewServeMux()
+	for _, p := range QueryTokenRoutes {
+		m.Handle(p, http.NotFoundHandler())
+	}
+	return m
+}()
+
+func takesQueryToken(r *http.Request) bool {
+	_, pattern := queryTokenMux.Handler(r)
+	return pattern != "" && !redirects(pattern, r.URL.Path)
 }

@@ -80,23 +80,31 @@ func TestTokensOwner(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		header, query string
+		path          string // if empty, the run event stream (which takes ?token=)
 		owner         string
 		ok            bool
 	}{
-		{"Bearer alpha-token", "", OwnerOf("alpha-token"), true},
-		{"", "beta-token", OwnerOf("beta-token"), true},
-		{"Bearer wrong", "alpha-token", "", false}, // a header, even wrong, wins over ?token=
-		{"alpha-token", "", "", false},             // not a bearer header
-		{"", "", "", false},
+		{"Bearer alpha-token", "", "", OwnerOf("alpha-token"), true},
+		{"", "beta-token", "", OwnerOf("beta-token"), true},
+		{"", "beta-token", "/v1/sessions/x/files/a.csv", OwnerOf("beta-token"), true},
+		{"", "beta-token", "/v1/sessions", "", false}, // ?token= only where documented
+		{"", "beta-token", "/v1/runs/x", "", false},
+		{"Bearer wrong", "alpha-token", "", "", false}, // a header, even wrong, wins over ?token=
+		{"alpha-token", "", "", "", false},             // not a bearer header
+		{"", "", "", "", false},
 	} {
-		r := httptest.NewRequest("GET", "/v1/sessions?token="+tc.query, nil)
+		path := tc.path
+		if path == "" {
+			path = "/v1/runs/x/events"
+		}
+		r := httptest.NewRequest("GET", path+"?token="+tc.query, nil)
 		if tc.header != "" {
 			r.Header.Set("Authorization", tc.header)
 		}
 		rec := httptest.NewRecorder()
 		owner, ok := ts.Owner(rec, r)
 		if owner != tc.owner || ok != tc.ok || (!ok && rec.Code != http.StatusUnauthorized) {
-			t.Errorf("%q ?token=%q: %q %v (%d), want %q %v", tc.header, tc.query, owner, ok, rec.Code, tc.owner, tc.ok)
+			t.Errorf("%q %s?token=%q: %q %v (%d), want %q %v", tc.header, path, tc.query, owner, ok, rec.Code, tc.owner, tc.ok)
 		}
 	}
 	if owner, ok := NewTokens(nil).Owner(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil)); !ok || owner != "" {

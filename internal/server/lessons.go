@@ -72,6 +72,7 @@ func (s *Server) postLesson(w http.ResponseWriter, r *http.Request) {
 	if !s.lessonsEnabled(w) {
 		return
 	}
+	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 	var body struct {
 		store.Lesson
 		Lessons []store.Lesson `json:"lessons"`

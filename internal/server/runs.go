@@ -252,7 +252,14 @@ func compactJSON(b json.RawMessage) []byte {
 }
 
 func (s *Server) runArtifacts(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.ownRun(w, r); !ok {
+	run, ok := s.ownRun(w, r)
+	if !ok {
+		return
+	}
+	// The final files are kept when the run ends: before, the zip would be
+	// empty, which reads as "the run made nothing".
+	if run.Status == string(agent.StatusRunning) {
+		writeError(w, &apiError{http.StatusConflict, "run_running", "the run is still running: its final files are kept when it ends (watch GET /v1/runs/{id}/events or poll GET /v1/runs/{id}), then ask again", 0})
 		return
 	}
 	id := r.PathValue("id")

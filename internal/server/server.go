@@ -140,16 +140,16 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: a session manager is required")
 	}
 	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 4 << 20
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.MaxFileBytes == 0 {
-		opts.MaxFileBytes = 100 << 20
+		opts.MaxFileBytes = DefaultMaxFileBytes
 	}
 	if opts.MaxWorkspaceBytes == 0 {
 		opts.MaxWorkspaceBytes = 1 << 30
 	}
 	if opts.MaxRunBodyBytes == 0 {
-		opts.MaxRunBodyBytes = 32 << 20
+		opts.MaxRunBodyBytes = DefaultMaxRunBodyBytes
 	}
 	if opts.Keepalive == 0 {
 		opts.Keepalive = 5 * time.Second
@@ -171,7 +171,15 @@ func New(opts Options) (*Server, error) {
 		}
 		s.mux.Handle(rt.method+" "+rt.pattern, h)
 	}
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Metrics tell how busy the server is and what fails: with tokens, a
+	// scraper sends one (Prometheus: authorization.credentials). A cell's
+	// host keeps them open to its cluster's Prometheus (its autoscaler
+	// reads them), as it keeps /healthz open to the gateways.
+	metricsH := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	if opts.GatewaySecret == "" {
+		metricsH = s.requireToken(metricsH)
+	}
+	s.mux.Handle("GET /metrics", metricsH)
 	for p, h := range opts.Mounts {
 		s.mux.Handle(p, s.requireToken(h))
 	}
@@ -180,6 +188,14 @@ func New(opts Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// The limits of request bodies, when Options leave them zero (serve's
+// --max-body, --max-upload and --max-run-body).
+const (
+	DefaultMaxBodyBytes    = 4 << 20
+	DefaultMaxFileBytes    = 100 << 20
+	DefaultMaxRunBodyBytes = 32 << 20
+)
 
 func (s *Server) routes() []route {
 	return []route{
@@ -253,8 +269,8 @@ func (w *statusWriter) Flush() {
 }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// requireToken checks the bearer token (or ?token= for EventSource and
-// downloads from the web UI) and stores the caller's identity.
+// requireToken checks the bearer token (or ?token= where queryTokenRoutes
+// allow it) and stores the caller's identity.
 func (s *Server) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opts.GatewaySecret != "" {

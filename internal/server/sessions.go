@@ -48,7 +48,7 @@ type sessionJSON struct {
 	Allow      []string  `json:"allow,omitempty"`
 	FromPool   bool      `json:"from_pool"`
 	// The workspace's quota, and whether the kernel enforces it on every
-	// write (without root only uploads are checked).
+	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
 	MaxFiles      int   `json:"max_files"`
 	QuotaEnforced bool  `json:"quota_enforced"`

@@ -1,22 +1,45 @@
 package session_test
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"errors"
+	"io"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
+	"github.com/sandloop/sandloop/internal/workspace"
 )
 
 const testDisk, testFiles = 48 << 20, 2000
 
-func TestQuotaColdSession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("workspace quotas need root")
+// rootlessEnv marks the run of TestQuotaRootless's subset as nobody.
+const rootlessEnv = "SANDLOOP_SESSION_ROOTLESS"
+
+// skipWithoutQuota skips where workspaces cannot be capped (no root, and
+// no tmpfs in a user namespace either: an older kernel). In the rootless
+// run that must be the only reason.
+func skipWithoutQuota(t *testing.T) {
+	t.Helper()
+	if c := jail.QuotaSupport(); !c.OK {
+		t.Skip("workspace quotas: " + c.Detail)
 	}
+	if os.Getenv(rootlessEnv) != "" && os.Geteuid() == 0 {
+		t.Fatal("the rootless run is root")
+	}
+}
+
+func TestQuotaColdSession(t *testing.T) {
+	skipWithoutQuota(t)
 	// The default quota, large enough for the check that the host's free
 	// space is unchanged to tell a leaked workspace from other activity.
 	s, err := session.New(context.Background(), session.Options{Limits: jail.Limits{Files: testFiles}})
@@ -28,9 +51,7 @@ func TestQuotaColdSession(t *testing.T) {
 }
 
 func TestQuotaPooledSession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("workspace quotas need root")
-	}
+	skipWithoutQuota(t)
 	m := session.NewManager(session.ManagerOptions{PoolSize: 1, Defaults: jail.Limits{Disk: testDisk, Files: testFiles}})
 	t.Cleanup(func() { m.Close() })
 	deadline := time.Now().Add(30 * time.Second)
@@ -45,4 +66,106 @@ func TestQuotaPooledSession(t *testing.T) {
 		t.Fatal("the session did not come from the pool")
 	}
 	sessiontest.CheckQuota(t, ms.Session, testDisk, testFiles)
+}
+
+// The server's own access to a capped workspace (the files API, archives)
+// works as on any directory: an upload is seen by the code, the code's
+// files by the server and in the archive, an upload past the quota is
+// refused by the file system and stores nothing, and a restart (a new
+// jail on the same workspace) keeps the files.
+func TestQuotaFiles(t *testing.T) {
+	skipWithoutQuota(t)
+	ctx := context.Background()
+	s, err := session.New(ctx, session.Options{Limits: jail.Limits{Disk: 8 << 20, Files: 50}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// Caps of its own above the quota: only the file system refuses.
+	w, err := session.OpenWorkspace(s.Workspace(), workspace.Options{MaxFileBytes: 64 << 20, MaxTotalBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write("in/data.txt", strings.NewReader("uploaded")); err != nil {
+		t.Fatal(err)
+	}
+	if out := execOut(t, s, "import os\nos.mkdir('res')\nopen('res/out.txt', 'w').write('from the sandbox')\nprint(open('in/data.txt').read())"); out != "uploaded" {
+		t.Fatalf("the code read %q", out)
+	}
+	if b, err := w.ReadFile("res/out.txt", 1<<20); err != nil || string(b) != "from the sandbox" {
+		t.Fatalf("the server read %q, %v", b, err)
+	}
+	var arch bytes.Buffer
+	if err := w.Archive(ctx, &arch, workspace.FormatTarGz, ""); err != nil {
+		t.Fatal(err)
+	}
+	if names := tarNames(t, &arch); !slices.Contains(names, "in/data.txt") || !slices.Contains(names, "res/out.txt") {
+		t.Fatalf("archive holds %v", names)
+	}
+	before, _ := s.Usage()
+	_, err = w.Write("new/big.bin", bytes.NewReader(make([]byte, 9<<20)))
+	var le *workspace.LimitError
+	if !errors.As(err, &le) || le.What != "quota" {
+		t.Fatalf("upload past the quota: %v (want the file system's refusal)", err)
+	}
+	if _, err := w.Stat("new"); !errors.Is(err, workspace.ErrNotFound) {
+		t.Errorf("the refused upload left something: %v", err)
+	}
+	if u, _ := s.Usage(); u != before {
+		t.Errorf("usage %+v after a refused upload, was %+v", u, before)
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := execOut(t, s, "print(open('res/out.txt').read())"); out != "from the sandbox" {
+		t.Fatalf("after a restart the code read %q", out)
+	}
+}
+
+// TestQuotaRootless runs the quota tests as an unprivileged user, whose
+// workspaces are tmpfs mounts made in a user namespace.
+func TestQuotaRootless(t *testing.T) {
+	out := sessiontest.AsNobody(t, rootlessEnv, "^(TestQuotaColdSession|TestQuotaPooledSession|TestQuotaFiles)$")
+	if strings.Contains(out, "--- SKIP") && strings.Contains(out, "cannot clone a detached mount") {
+		t.Skipf("this kernel cannot give each jail a clone of a rootless workspace:\n%s", out)
+	}
+	for _, name := range []string{"TestQuotaColdSession", "TestQuotaPooledSession", "TestQuotaFiles"} {
+		if !strings.Contains(out, "--- PASS: "+name) {
+			t.Errorf("%s did not pass rootless:\n%s", name, out)
+		}
+	}
+	t.Logf("%s", out)
+}
+
+func execOut(t *testing.T, s *session.Session, code string) string {
+	t.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: code}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != kernel.StatusOK {
+		t.Fatalf("status %s: %+v %q", r.Status, r.Error, r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
+
+func tarNames(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	gz, err := gzip.NewReader(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(gz)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
 }

@@ -355,7 +355,8 @@ func (s *Session) removeWorkspace() error {
 
 // Quota describes the workspace's caps: the bytes and files it may hold,
 // and whether the kernel enforces them on every write (false for a
-// caller's directory, or without root: then only uploads are checked).
+// caller's directory, or where no tmpfs can be made: then only uploads
+// are checked).
 type Quota struct {
 	Disk     int64
 	Files    int

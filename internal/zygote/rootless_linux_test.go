@@ -60,7 +60,7 @@ func TestRootlessZygote(t *testing.T) {
 	setup, env := delegate(t, 65534)
 	tests := []string{"TestForkRuns", "TestRootlessWorkspaceOutsideTemp"}
 	if !testing.Short() { // (make test's smoke test of the VM runs it short)
-		tests = append(tests, "TestForkedSessionIsAJail", "TestSiblingsIsolated", "TestLimitsPerFork", "TestCloseCleansUp")
+		tests = append(tests, "TestForkedSessionIsAJail", "TestSiblingsIsolated", "TestLimitsPerFork", "TestCloseCleansUp", "TestForkQuota")
 	}
 	out := asUser(t, "^("+strings.Join(tests, "|")+")$", env, setup)
 	for _, name := range tests {

@@ -178,12 +178,30 @@ def _mount_session(req, ws_fd):
     _mount(None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%d,nr_inodes=16384,mode=1777" % tmp)
     for d in ("/tmp/.sandloop/matplotlib", "/tmp/.sandloop/cache"):
         os.makedirs(d, exist_ok=True)
-    if C.workspaces:
+    if req.get("workspace_sub"):
+        ws_fd = _clone_subdir(req["workspace_sub"], ws_fd)
+    elif C.workspaces:
         ws_fd = _clone_workspace(req.get("workspace") or "", ws_fd)
     # The session's workspace replaces the template's (detached ahead).
     _check(libc.syscall(SYS_MOVE_MOUNT, ws_fd, b"", AT_FDCWD, b"/workspace", MOVE_MOUNT_F_EMPTY_PATH), "attach workspace")
     os.close(ws_fd)
     _mount(None, "/workspace", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | _locked("/workspace"))
+
+
+def _clone_subdir(sub, mount_fd):
+    """A workspace made in a user namespace without root: mount_fd is a
+    tmpfs the host holds by a descriptor, sub the workspace's directory in
+    it. This clones that directory, as a cold jail's init does, and
+    detaches the view of the host's workspaces, if any. Returns the clone."""
+    if "/" in sub or sub in ("", ".", ".."):
+        raise OSError("bad workspace directory %r" % sub)
+    tree = libc.syscall(SYS_OPEN_TREE, mount_fd, sub.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW)
+    os.close(mount_fd)
+    if tree < 0:
+        _check(-1, "clone the workspace")
+    if C.workspaces:
+        _check(libc.umount2(C.workspaces.encode(), MNT_DETACH), "detach the workspaces")
+    return tree
 
 
 def _clone_workspace(rel, dir_fd):

@@ -408,7 +408,7 @@ func (z *Zygote) Close() error {
 // the template cannot reach: one outside the temporary directory.
 func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string, listenPort int) kernel.Launcher {
 	if z.shared != "" {
-		if _, err := z.sharedPath(workspace); err != nil {
+		if err := z.reachable(workspace); err != nil {
 			z.log.Info("zygote: this session starts cold", "reason", err)
 			return nil
 		}
@@ -416,6 +416,22 @@ func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string, li
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		return z.Fork(ctx, workspace, limits, env, listenPort, f)
 	}
+}
+
+// reachable says why, without root, the template cannot reach
+// workspace, or nil: a workspace made in a user namespace (a tmpfs the
+// host holds by a descriptor, which a spare clones) or one in z.shared.
+func (z *Zygote) reachable(workspace string) error {
+	m, _, ok, err := jail.UserNSWorkspace(workspace)
+	if ok {
+		m.Close()
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, err = z.sharedPath(workspace)
+	return err
 }
 
 // sharedPath returns workspace's path relative to z.shared, or why the
@@ -437,14 +453,18 @@ func (z *Zygote) sharedPath(workspace string) (string, error) {
 
 type forkRequest struct {
 	// Workspace, without root, is the workspace's path under the
-	// template's view of the temporary directory.
-	Workspace string   `json:"workspace,omitempty"`
-	Env       []string `json:"env"`
-	TmpSize   int64    `json:"tmp_size"`
-	NoFile    int      `json:"nofile"`
-	FSize     int64    `json:"fsize"`
-	Stack     int64    `json:"stack"`
-	Listen    int      `json:"listen,omitempty"`
+	// template's view of the temporary directory; WorkspaceSub instead
+	// says that the descriptor sent is a tmpfs made in a user namespace
+	// (jail.UserNSWorkspace), whose directory WorkspaceSub is the
+	// workspace.
+	Workspace    string   `json:"workspace,omitempty"`
+	WorkspaceSub string   `json:"workspace_sub,omitempty"`
+	Env          []string `json:"env"`
+	TmpSize      int64    `json:"tmp_size"`
+	NoFile       int      `json:"nofile"`
+	FSize        int64    `json:"fsize"`
+	Stack        int64    `json:"stack"`
+	Listen       int      `json:"listen,omitempty"`
 }
 
 // spareLimits are the cgroup limits a spare is armed with; a session with
@@ -632,6 +652,17 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		// Never the current directory: the session would own it.
 		return nil, &jail.ArgumentError{Name: "workspace", Err: errors.New("empty")}
 	}
+	fr := forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort}
+	mount, sub, inUserNS, err := jail.UserNSWorkspace(workspace)
+	if err != nil {
+		return nil, &jail.ArgumentError{Name: "workspace", Err: err}
+	}
+	if inUserNS {
+		// The spare clones the workspace's directory from the mount.
+		defer mount.Close()
+		fr.WorkspaceSub = sub
+		return z.fork(ctx, limits, fr, f, int(mount.Fd()))
+	}
 	ws, err := filepath.Abs(workspace)
 	if err == nil {
 		ws, err = filepath.EvalSymlinks(ws)
@@ -649,7 +680,6 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 	// directory, which the spare clones from its view of z.shared and
 	// compares with this one.
 	var tree int
-	fr := forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort}
 	if z.shared == "" {
 		tree, err = unix.OpenTree(unix.AT_FDCWD, ws, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
@@ -664,6 +694,13 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		}
 	}
 	defer unix.Close(tree)
+	return z.fork(ctx, limits, fr, f, tree)
+}
+
+// fork hands a spare the session: fr, the kernel's descriptors and tree,
+// the workspace's mount or directory (see forkRequest).
+func (z *Zygote) fork(ctx context.Context, limits jail.Limits, fr forkRequest, f kernel.Files, tree int) (*Process, error) {
+	listenPort := fr.Listen
 	req, _ := json.Marshal(fr)
 	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
 	for attempt := 0; ; attempt++ {

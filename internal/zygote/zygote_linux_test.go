@@ -581,8 +581,8 @@ func TestConcurrentForks(t *testing.T) {
 }
 
 func TestForkQuota(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("workspace quotas need root")
+	if c := jail.QuotaSupport(); !c.OK {
+		t.Skip("workspace quotas: " + c.Detail)
 	}
 	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
 	const disk, files = 48 << 20, 2000

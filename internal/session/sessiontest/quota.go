@@ -3,11 +3,14 @@
 package sessiontest
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,11 +95,22 @@ func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(ws); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("workspace %s left after Close: %v", ws, err)
+	if _, err := os.Stat(ws); err == nil {
+		t.Fatalf("workspace %s left after Close", ws)
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mi), ws) {
 		t.Fatalf("workspace still mounted after Close (%v)", err)
+	}
+	// Without root the workspace is a directory of a tmpfs held by a
+	// descriptor (its path is under /proc/self/fd/): no descriptor of
+	// this process may still reach it.
+	if strings.HasPrefix(ws, "/proc/self/fd/") {
+		fds, _ := os.ReadDir("/proc/self/fd")
+		for _, fd := range fds {
+			if _, err := os.Lstat("/proc/self/fd/" + fd.Name() + "/" + filepath.Base(ws)); err == nil {
+				t.Fatalf("descriptor %s still holds the workspace's tmpfs after Close", fd.Name())
+			}
+		}
 	}
 	if checkFree {
 		checkHostFree(t, "after Close", free0)
@@ -146,4 +160,45 @@ func run(t *testing.T, s *session.Session, code string) string {
 		t.Fatalf("status %s: %+v %q", r.Status, r.Error, r.Stderr)
 	}
 	return strings.TrimSpace(r.Stdout)
+}
+
+// AsNobody runs the tests of this test binary that match pattern as the
+// unprivileged user nobody (uid 65534), with a temporary directory of its
+// own, and returns their verbose output; it fails t if they fail. The
+// tests see env set to "1" (to tell that they are the rootless run). It
+// needs root (it skips otherwise).
+func AsNobody(t *testing.T, env, pattern string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user")
+	}
+	// (Not t.TempDir: its parent is private to root.)
+	dir, err := os.MkdirTemp("", "sandloop-rootless-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, _ := os.Executable()
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "rootless.test")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	os.Mkdir(tmp, 0o700)
+	os.Chown(tmp, 65534, 65534)
+	cmd := exec.Command(bin, "-test.run", pattern, "-test.v", "-test.count=1")
+	cmd.Env = []string{env + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
+	cmd.Dir = tmp
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nPASS")) {
+		t.Fatalf("the tests as nobody failed: %v\n%s", err, out)
+	}
+	return string(out)
 }
