@@ -103,11 +103,24 @@ print(r.stdout[-3000:], r.stderr[-3000:])
 if r.returncode == 0:
     print(subprocess.run([sys.executable, "-c", "import sandloop_egress_demo as m, os; print('VALUE', m.VALUE, os.path.dirname(m.__file__))"], capture_output=True, text=True).stdout)
 `, args)
-	res, err := s.Execute(context.Background(), kernel.Request{Code: code, Timeout: 120 * time.Second}, nil)
+	res, err := s.Execute(context.Background(), kernel.Request{Code: code, Timeout: pipTimeout(t, s)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// pipTimeout bounds one pip install in s: two minutes, or more where pip
+// starts slowly (an emulated machine is 10-50 times slower than this one):
+// 60 times pip's own start (`pip --version`, ~0.5 s here), measured in s.
+func pipTimeout(t *testing.T, s *Session) time.Duration {
+	t.Helper()
+	start := time.Now()
+	res, err := s.Execute(context.Background(), kernel.Request{Code: "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True)", Timeout: 10 * time.Minute}, nil)
+	if err != nil || res.Status != kernel.StatusOK {
+		t.Fatalf("pip --version: %v %+v", err, res)
+	}
+	return max(2*time.Minute, 60*time.Since(start))
 }
 
 // checkAllowMode runs the whole story in one session in allow mode.
