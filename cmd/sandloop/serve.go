@@ -355,12 +355,8 @@ func modelLine(ctx context.Context, model, pricesFile string) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	p, err := llm.Resolve(ctx, llm.Config{Model: model, PricesFile: pricesFile})
-	var nm *llm.NoModelError
-	switch {
-	case errors.As(err, &nm):
-		return "agent runs: no model configured: set SANDLOOP_MODEL or --model"
-	case err != nil:
-		return "agent runs: the model cannot be used: " + err.Error()
+	if err != nil {
+		return "agent runs: " + server.ModelProblem(err)
 	}
 	return "agent runs use " + p.Info().String()
 }

@@ -34,16 +34,22 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 		// Finding the default may probe a local model server: bounded.
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		m, err := s.opts.Runs.DefaultModel(ctx)
-		var nm *llm.NoModelError
-		switch {
-		case errors.As(err, &nm):
-			in.Runs.ModelError = "no model configured: set SANDLOOP_MODEL or --model"
-		case err != nil:
-			in.Runs.ModelError = "the model cannot be used: " + err.Error()
-		default:
+		if m, err := s.opts.Runs.DefaultModel(ctx); err != nil {
+			in.Runs.ModelError = ModelProblem(err)
+		} else {
 			in.Runs.Model = m.String()
 		}
 	}
 	writeJSON(w, http.StatusOK, in)
+}
+
+// ModelProblem says why runs have no usable default model (err from
+// resolving it) and, where none is configured, how to configure one. serve
+// prints the same words at start.
+func ModelProblem(err error) string {
+	var nm *llm.NoModelError
+	if errors.As(err, &nm) {
+		return "no model configured: set SANDLOOP_MODEL or --model"
+	}
+	return "the model cannot be used: " + err.Error()
 }

@@ -101,7 +101,9 @@ func TestDefaultNetworkAllow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ms.NetworkLog() == nil || ms.FromPool {
-		t.Errorf("a manager session without a mode: log %v, pooled %v", ms.NetworkLog(), ms.FromPool)
+	// (Whether it came from the warm pool does not matter: pooled kernels
+	// are armed with the proxy when they are handed to an allow session.)
+	if ms.NetworkLog() == nil {
+		t.Errorf("a manager session without a mode has no network log: it did not get the server's default (allow)")
 	}
 }
