@@ -76,19 +76,26 @@ func TestAgentInvalidJSONFromModel(t *testing.T) {
 
 // serve says which model agent runs use, or how to configure one; --model
 // chooses it.
+// serveOutput starts `sandloop serve` on a free port, without a pool, and
+// returns what it prints; it is stopped when the test ends.
+func serveOutput(t *testing.T, args ...string) *bufio.Reader {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := cliCommand(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--pool", "0", "--e2b=false", "--data-dir", t.TempDir()}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); cmd.Wait() })
+	return bufio.NewReader(stdout)
+}
+
 func TestServeSaysItsModel(t *testing.T) {
 	serveLine := func(t *testing.T, args ...string) string {
-		ctx, cancel := context.WithCancel(context.Background())
-		cmd := cliCommand(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--pool", "0", "--e2b=false", "--data-dir", t.TempDir()}, args...)...)
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cancel(); cmd.Wait() })
-		br := bufio.NewReader(stdout)
+		br := serveOutput(t, args...)
 		var seen strings.Builder
 		for {
 			line, err := br.ReadString('\n')

@@ -102,7 +102,12 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 	}
 	defer s.Close()
 	r := &repl{replConfig: cfg, s: s}
-	fmt.Fprintf(r.Err, "sandloop: Python in a sandbox; workspace %s (mounted at /workspace). Ctrl-D quits.\n", s.Workspace())
+	where := "workspace " + s.Workspace()
+	if strings.HasPrefix(s.Workspace(), "/proc/self/") {
+		// Made in a user namespace: its path is valid in this process only.
+		where = "a workspace held by this process"
+	}
+	fmt.Fprintf(r.Err, "sandloop: Python in a sandbox; %s (mounted at /workspace). Ctrl-D quits.\n", where)
 
 	var src lineSource
 	if f, ok := r.In.(*os.File); ok && isTerminal(f) && isTerminal(r.Out) {

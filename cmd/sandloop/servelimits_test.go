@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -50,18 +48,7 @@ func TestServeBodyLimitFlags(t *testing.T) {
 		t.Setenv(k, "")
 	}
 	t.Setenv("OLLAMA_HOST", "127.0.0.1:9") // nothing listens on discard
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := cliCommand(ctx, "serve", "--addr", "127.0.0.1:0", "--pool", "0", "--e2b=false", "--data-dir", t.TempDir(),
-		"--max-body", "1k", "--max-run-body", "2k")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); cmd.Wait() })
-	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	line, _ := serveOutput(t, "--max-body", "1k", "--max-run-body", "2k").ReadString('\n')
 	url, ok := strings.CutPrefix(strings.TrimSpace(line), "sandloop serving on ")
 	if !ok {
 		t.Fatalf("serve said %q", line)

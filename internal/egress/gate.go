@@ -226,6 +226,17 @@ func (g *Gate) record(e Entry) {
 	g.entries = append(g.entries, e)
 }
 
+// finish completes a connection's or request's entry (bytes, duration, a
+// cut by the cap) and logs it.
+func (g *Gate) finish(e *Entry, c *countConn, start time.Time) {
+	e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
+	e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
+	if c.capError.Load() && e.Reason == "" {
+		e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
+	}
+	g.record(*e)
+}
+
 // refusal is a refused or failed request: an HTTP status and words.
 type refusal struct {
 	status int
@@ -538,14 +549,7 @@ func (g *Gate) tunnel(c *countConn, br *bufio.Reader, req *http.Request) {
 	start := time.Now()
 	host, port := splitTarget(req)
 	e := Entry{Time: start, Method: req.Method, Host: host, Port: port}
-	defer func() {
-		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
-		e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
-		if c.capError.Load() && e.Reason == "" {
-			e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
-		}
-		g.record(e)
-	}()
+	defer g.finish(&e, c, start)
 	if _, _, err := net.SplitHostPort(req.Host); err != nil {
 		r := &refusal{http.StatusBadRequest, "sandloop: CONNECT needs host:port"}
 		e.Reason = r.msg
@@ -704,14 +708,7 @@ func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
 	start := time.Now()
 	host, port := splitTarget(req)
 	e := Entry{Time: start, Method: req.Method, Host: host, Port: port}
-	defer func() {
-		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
-		e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
-		if c.capError.Load() && e.Reason == "" {
-			e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
-		}
-		g.record(e)
-	}()
+	defer g.finish(&e, c, start)
 	refuse := func(r *refusal) bool {
 		e.Reason = r.msg
 		writeRefusal(c, r)

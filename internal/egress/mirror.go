@@ -120,14 +120,7 @@ var projectPath = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9._-]*/?)?$`)
 func (g *Gate) serveMirror(c *countConn, req *http.Request) bool {
 	start := time.Now()
 	e := Entry{Time: start, Method: req.Method, Host: "127.0.0.1", Port: Port}
-	defer func() {
-		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
-		e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
-		if c.capError.Load() && e.Reason == "" {
-			e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
-		}
-		g.record(e)
-	}()
+	defer g.finish(&e, c, start)
 	refuse := func(r *refusal) bool {
 		e.Reason = r.msg
 		writeRefusal(c, r)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
@@ -137,13 +136,7 @@ func newUserNSTmpfs(size int64, inodes int) (*os.File, error) {
 			WaitDelay: 2 * time.Second,
 		}
 	}
-	cmd := helper(initPath())
-	err = cmd.Start()
-	if err != nil && cmd.Path != selfExe && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
-		giveUpSmallInit(err)
-		cmd = helper(selfExe)
-		err = cmd.Start()
-	}
+	cmd, err := startInit(helper)
 	if err != nil {
 		return nil, fmt.Errorf("start the helper in a user namespace: %w", err)
 	}

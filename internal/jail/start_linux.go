@@ -219,14 +219,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			WaitDelay: 2 * time.Second,
 		}
 	}
-	cmd := initCmd(initPath())
-	err = cmd.Start()
-	if err != nil && cmd.Path != selfExe && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
-		// The cached small init cannot be executed here: this binary can.
-		giveUpSmallInit(err)
-		cmd = initCmd(selfExe)
-		err = cmd.Start()
-	}
+	cmd, err := startInit(initCmd)
 	if err != nil {
 		if errors.Is(err, unix.EPERM) {
 			// Typically a container's seccomp or AppArmor profile, or a
@@ -486,4 +479,18 @@ func wrapWriter(w io.Writer) io.Writer {
 		return nil
 	}
 	return writerOnly{w}
+}
+
+// startInit starts the command that cmd makes for the init program: the
+// cached small init, or this binary where that cannot be executed.
+func startInit(cmd func(path string) *exec.Cmd) (*exec.Cmd, error) {
+	c := cmd(initPath())
+	err := c.Start()
+	if err != nil && c.Path != selfExe && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
+		// The cached small init cannot be executed here: this binary can.
+		giveUpSmallInit(err)
+		c = cmd(selfExe)
+		err = c.Start()
+	}
+	return c, err
 }

@@ -136,49 +136,13 @@ func specTakesQueryToken(doc *openapi3.T, path, method string) bool {
 
 // Real responses of the server match what openapi.yaml says of them.
 func TestResponsesMatchOpenAPI(t *testing.T) {
-	doc := loadSpec(t)
-	doc.Servers = nil // match any host: the test server's port is random
-	router, err := gorillamux.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ts := newTestServer(t, session.ManagerOptions{}, Options{})
 	id := ts.create(t, "")
 	base := "/v1/sessions/" + id
-	checked := 0
+	sc := newSpecCheck(t, ts.URL, "")
 	check := func(method, path, body string, hdr ...string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		if body != "" && req.Header.Get("Content-Type") == "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		route, params, err := router.FindRoute(req)
-		if err != nil {
-			t.Errorf("%s %s: not in openapi.yaml: %v", method, path, err)
-			return
-		}
-		// Rebuild the request for validation: the client consumed its body.
-		vreq, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
-		vreq.Header = req.Header
-		in := &openapi3filter.RequestValidationInput{Request: vreq, PathParams: params, Route: route,
-			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc}}
-		out := &openapi3filter.ResponseValidationInput{
-			RequestValidationInput: in, Status: resp.StatusCode, Header: resp.Header,
-			Body: io.NopCloser(bytes.NewReader(b)), Options: &openapi3filter.Options{IncludeResponseStatus: true},
-		}
-		if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
-			t.Errorf("%s %s → %d %.200s\ndoes not match openapi.yaml: %v", method, path, resp.StatusCode, b, err)
-		}
-		checked++
+		sc.do(method, path, body, hdr...)
 	}
 	check("GET", "/healthz", "")
 	check("GET", "/v1/info", "")
@@ -197,7 +161,7 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 	check("POST", base+"/interrupt", "")
 	check("GET", "/v1/sessions/0000000000000000", "")
 	check("DELETE", base, "")
-	if checked < 12 {
+	if checked := sc.checked; checked < 12 {
 		t.Errorf("only %d responses checked", checked)
 	}
 }

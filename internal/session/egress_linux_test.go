@@ -103,11 +103,24 @@ print(r.stdout[-3000:], r.stderr[-3000:])
 if r.returncode == 0:
     print(subprocess.run([sys.executable, "-c", "import sandloop_egress_demo as m, os; print('VALUE', m.VALUE, os.path.dirname(m.__file__))"], capture_output=True, text=True).stdout)
 `, args)
-	res, err := s.Execute(context.Background(), kernel.Request{Code: code, Timeout: 120 * time.Second}, nil)
+	res, err := s.Execute(context.Background(), kernel.Request{Code: code, Timeout: pipTimeout(t, s)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// pipTimeout bounds one pip install in s: two minutes, or more where pip
+// starts slowly (an emulated machine is 10-50 times slower than this one):
+// 60 times pip's own start (`pip --version`, ~0.5 s here), measured in s.
+func pipTimeout(t *testing.T, s *Session) time.Duration {
+	t.Helper()
+	start := time.Now()
+	res, err := s.Execute(context.Background(), kernel.Request{Code: "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True)", Timeout: 10 * time.Minute}, nil)
+	if err != nil || res.Status != kernel.StatusOK {
+		t.Fatalf("pip --version: %v %+v", err, res)
+	}
+	return max(2*time.Minute, 60*time.Since(start))
 }
 
 // checkAllowMode runs the whole story in one session in allow mode.
@@ -434,8 +447,8 @@ print("put:", attempt(urllib.request.Request(base + %q + "/https/pkgs.test:%d/fi
 // sessions sharing the host's package cache: the first fetches the wheel
 // from the index (and stores it), the second is served from the cache. The
 // index is on loopback and sends at most -wheel-cache-upstream MiB/s (a
-// remote index is never as fast as loopback; 0: unthrottled), and the
-// wheel is about 8 MiB. It reports both medians and the ratio, same run.
+// remote index is never as fast as loopback; default 4, a modest link; 0:
+// unthrottled), and the wheel is about 6 MiB. It reports both medians and the ratio, same run.
 func BenchmarkWheelCache(b *testing.B) {
 	ca := egresstest.NewCA(b)
 	wheels := b.TempDir()
@@ -493,7 +506,7 @@ print("pip exit", r.returncode, r.stderr[-2000:])`, Timeout: 300 * time.Second},
 		float64(fi.Size())/(1<<20), b.N, *wheelCacheUpstream, f.Round(time.Millisecond), s.Round(time.Millisecond), f.Seconds()/s.Seconds())
 }
 
-var wheelCacheUpstream = flag.Int64("wheel-cache-upstream", 20, "BenchmarkWheelCache: the index's speed in MiB/s (0: unthrottled loopback)")
+var wheelCacheUpstream = flag.Int64("wheel-cache-upstream", 4, "BenchmarkWheelCache: the index's speed in MiB/s (0: unthrottled loopback)")
 
 // randomText is n bytes of incompressible text.
 func randomText(n int) string {

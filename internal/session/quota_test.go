@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -90,7 +89,7 @@ func TestQuotaFiles(t *testing.T) {
 	if _, err := w.Write("in/data.txt", strings.NewReader("uploaded")); err != nil {
 		t.Fatal(err)
 	}
-	if out := execOut(t, s, "import os\nos.mkdir('res')\nopen('res/out.txt', 'w').write('from the sandbox')\nprint(open('in/data.txt').read())"); out != "uploaded" {
+	if out := sessiontest.Output(t, s, "import os\nos.mkdir('res')\nopen('res/out.txt', 'w').write('from the sandbox')\nprint(open('in/data.txt').read())"); out != "uploaded" {
 		t.Fatalf("the code read %q", out)
 	}
 	if b, err := w.ReadFile("res/out.txt", 1<<20); err != nil || string(b) != "from the sandbox" {
@@ -118,7 +117,7 @@ func TestQuotaFiles(t *testing.T) {
 	if err := s.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out := execOut(t, s, "print(open('res/out.txt').read())"); out != "from the sandbox" {
+	if out := sessiontest.Output(t, s, "print(open('res/out.txt').read())"); out != "from the sandbox" {
 		t.Fatalf("after a restart the code read %q", out)
 	}
 }
@@ -136,18 +135,6 @@ func TestQuotaRootless(t *testing.T) {
 		}
 	}
 	t.Logf("%s", out)
-}
-
-func execOut(t *testing.T, s *session.Session, code string) string {
-	t.Helper()
-	r, err := s.Execute(context.Background(), kernel.Request{Code: code}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Status != kernel.StatusOK {
-		t.Fatalf("status %s: %+v %q", r.Status, r.Error, r.Stderr)
-	}
-	return strings.TrimSpace(r.Stdout)
 }
 
 func tarNames(t *testing.T, r io.Reader) []string {

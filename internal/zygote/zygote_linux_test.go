@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,15 +32,38 @@ var light = []string{"json"}
 
 func newZygote(t testing.TB, modules []string) *Zygote {
 	t.Helper()
+	return newZygoteWithin(t, modules, startTimeout)
+}
+
+// newZygoteWithin is newZygote with a bound on the template's start.
+func newZygoteWithin(t testing.TB, modules []string, timeout time.Duration) *Zygote {
+	t.Helper()
 	if err := Supported(); err != nil {
 		t.Skipf("no zygote on this host: %v", err)
 	}
-	z, err := New(context.Background(), &Options{Modules: modules, Env: session.KernelEnv()})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	z, err := New(ctx, &Options{Modules: modules, Env: session.KernelEnv()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	startTook.Store(z, time.Since(start))
 	t.Cleanup(func() { z.Close() })
 	return z
+}
+
+// startTook holds how long New took for each Zygote newZygote made: the
+// measure of this machine's speed that bounded waits scale with (an
+// emulated machine is 10-50 times slower than this one).
+var startTook sync.Map
+
+// patience is how long to wait for something the template or the kernel
+// does on its own: at least floor, else a few template starts.
+func (z *Zygote) patience(floor time.Duration) time.Duration {
+	d, _ := startTook.Load(z)
+	took, _ := d.(time.Duration)
+	return max(floor, 5*took)
 }
 
 // forked is a session whose kernel was forked, and its process.
@@ -353,7 +377,7 @@ func TestCloseCleansUp(t *testing.T) {
 		// A killed process may be a zombie for a moment, until the
 		// template jail's init reaps it: give that a bounded while.
 		gone := false
-		for i := 0; i < 100 && !gone; i++ {
+		for deadline := time.Now().Add(z.patience(5 * time.Second)); !gone && time.Now().Before(deadline); {
 			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 				gone = true
 			} else {
@@ -405,10 +429,28 @@ func readCgroups(t *testing.T, pid int) []string {
 // The default template: numpy, pandas and matplotlib are ready, rich
 // output works, and random generators differ between forks.
 func TestDataScienceSession(t *testing.T) {
-	z := newZygote(t, nil)
+	if err := Supported(); err != nil {
+		t.Skipf("no zygote on this host: %v", err)
+	}
+	// The template imports them before New returns: allow a few times
+	// what importing them takes in a cold session here (~1 s on this
+	// machine, minutes on an emulated one, where New's own two minutes
+	// ran out).
+	cold, err := session.New(context.Background(), session.Options{Workspace: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := cold.Execute(context.Background(), kernel.Request{Code: "import " + strings.Join(DefaultModules, ", "), Timeout: 15 * time.Minute}, nil)
+	took := time.Since(start)
+	cold.Close()
+	if err != nil || res.Status != "ok" {
+		t.Fatalf("cold import: %v %+v", err, res)
+	}
+	z := newZygoteWithin(t, nil, max(startTimeout, 4*took))
 	a := newSession(t, z, session.Options{})
 	b := newSession(t, z, session.Options{})
-	res := run(t, a.Session, `
+	res = run(t, a.Session, `
 import sys
 assert "pandas" in sys.modules
 import pandas as pd, numpy as np, matplotlib.pyplot as plt
@@ -439,9 +481,10 @@ func (z *Zygote) armedSparePids(t testing.TB) []int {
 	z.mu.Lock()
 	inst := z.cur
 	z.mu.Unlock()
-	for i := 0; len(inst.spares) < cap(inst.spares); i++ {
-		if i == 200 {
-			t.Fatal("the template did not refill its spares in 10 s")
+	wait := z.patience(10 * time.Second)
+	for deadline := time.Now().Add(wait); len(inst.spares) < cap(inst.spares); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the template did not refill its spares in %s", wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

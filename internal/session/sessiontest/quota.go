@@ -71,7 +71,7 @@ func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	if err := unix.Statfs(ws, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
 		t.Fatalf("workspace %s is not a tmpfs: type %#x, %v", ws, st.Type, err)
 	}
-	out := run(t, s, fillBytes)
+	out := Output(t, s, fillBytes)
 	var errName string
 	var n int64
 	if _, err := fmt.Sscan(out, &errName, &n); err != nil || errName != "ENOSPC" || n > disk || n < disk-(16<<20)-(1<<20) {
@@ -84,7 +84,7 @@ func CheckQuota(t *testing.T, s *session.Session, disk int64, files int) {
 	if checkFree {
 		checkHostFree(t, "with the workspace full", free0)
 	}
-	out = run(t, s, fillFiles)
+	out = Output(t, s, fillFiles)
 	var made int
 	if _, err := fmt.Sscan(out, &errName, &made); err != nil || errName != "ENOSPC" || made > files || made < files-2 {
 		t.Fatalf("50,000 files in a workspace of %d: %q (want ENOSPC near the cap)", files, out)
@@ -150,7 +150,9 @@ func checkHostFree(t *testing.T, when string, free0 int64) {
 	t.Fatalf("the host's file system holding %s lost %d MiB of free space %s (tolerance %d MiB)", os.TempDir(), (free0-free)>>20, when, hostFreeTolerance>>20)
 }
 
-func run(t *testing.T, s *session.Session, code string) string {
+// Output runs code in s and returns its stdout, trimmed; it fails t
+// unless the code ran to its end.
+func Output(t *testing.T, s *session.Session, code string) string {
 	t.Helper()
 	r, err := s.Execute(context.Background(), kernel.Request{Code: code}, nil)
 	if err != nil {
