@@ -172,7 +172,7 @@ func setupAndStart(cfg *initConfig) (int, error) {
 	if len(args) == 0 {
 		args = []string{cfg.Path}
 	}
-	pid, err := syscall.ForkExec(cfg.Path, args, &syscall.ProcAttr{
+	attr := &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
 		Files: files,
@@ -180,6 +180,9 @@ func setupAndStart(cfg *initConfig) (int, error) {
 			Setsid:    true,
 			Pdeathsig: syscall.SIGKILL,
 		},
+	}
+	pid, err := forkWithRlimits(programRlimits(cfg), func() (int, error) {
+		return syscall.ForkExec(cfg.Path, args, attr)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("start %s: %w", cfg.Path, err)

@@ -587,6 +587,53 @@ func TestDoctorProbe(t *testing.T) {
 	t.Logf("%s", b)
 }
 
+// TestRlimitsBindTheProgramNotTheInit: where rlimits stand in for cgroups
+// (run rootless, by TestRootless), the program gets the memory and process
+// limits, soft and hard, and the init keeps its own: a Go init under a
+// 64 MiB RLIMIT_DATA died now and then while building the jail, before
+// the program ran ("out of memory allocating heap arena metadata").
+func TestRlimitsBindTheProgramNotTheInit(t *testing.T) {
+	if os.Getenv("SANDLOOP_ROOTLESS_CHILD") == "" {
+		t.Skip("run by TestRootless, where limits are rlimits")
+	}
+	const memory = 64 << 20
+	r := runPy(t, `print(open("/proc/self/limits").read()); print("----"); print(open("/proc/1/limits").read())`,
+		func(c *Config) { c.Limits.Memory = memory; c.Limits.Pids = 40 })
+	if r.res.Enforcement != "rlimits" {
+		t.Skipf("limits are enforced by %s here", r.res.Enforcement)
+	}
+	self, init, ok := strings.Cut(r.stdout, "----")
+	if !ok {
+		t.Fatalf("no limits read: %q %q", r.stdout, r.stderr)
+	}
+	limit := func(limits, name string) string {
+		for _, l := range strings.Split(limits, "\n") {
+			if rest, ok := strings.CutPrefix(l, name); ok {
+				f := strings.Fields(rest)
+				if len(f) >= 2 {
+					return f[0] + " " + f[1]
+				}
+			}
+		}
+		t.Fatalf("no %q in %q", name, limits)
+		return ""
+	}
+	wantData := fmt.Sprintf("%d %d", memory, memory)
+	wantProcs := fmt.Sprintf("%d %d", 40+initThreads, 40+initThreads)
+	if got := limit(self, "Max data size"); got != wantData {
+		t.Errorf("the program's data limit is %q, want %q", got, wantData)
+	}
+	if got := limit(self, "Max processes"); got != wantProcs {
+		t.Errorf("the program's process limit is %q, want %q", got, wantProcs)
+	}
+	if got := limit(init, "Max data size"); strings.HasPrefix(got, fmt.Sprint(memory)) {
+		t.Errorf("the init runs under the program's data limit (%q)", got)
+	}
+	if got := limit(init, "Max processes"); strings.HasPrefix(got, fmt.Sprint(40+initThreads)) {
+		t.Errorf("the init runs under the program's process limit (%q)", got)
+	}
+}
+
 // TestRootless runs a subset of this file as an unprivileged user: the jail
 // must still work, with rlimits standing in for cgroups.
 func TestRootless(t *testing.T) {
@@ -606,7 +653,7 @@ func TestRootless(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := unprivilegedCopy(t, "sandloop-rootless-")
-	subset := "^(TestRootless|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
+	subset := "^(TestRootless|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
 		cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}

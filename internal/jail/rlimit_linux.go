@@ -3,40 +3,114 @@ package jail
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// setRlimits applies the per-process limits: always NOFILE, FSIZE, CORE
-// and STACK; DATA and NPROC where no cgroup enforces memory and pids.
-// NPROC is counted per user per user namespace, so it bounds this jail
-// alone.
+type rlimit struct {
+	name string
+	res  int
+	val  uint64
+}
+
+// setRlimits applies the limits the init shares with the program: NOFILE,
+// FSIZE, CORE and STACK.
 func setRlimits(cfg *initConfig) error {
 	l := cfg.Limits
-	type rlimit struct {
-		name string
-		res  int
-		val  uint64
-	}
-	set := []rlimit{
+	return applyRlimits([]rlimit{
 		{"NOFILE", unix.RLIMIT_NOFILE, uint64(l.NoFile)},
 		{"FSIZE", unix.RLIMIT_FSIZE, uint64(l.FileSize)},
 		{"CORE", unix.RLIMIT_CORE, 0},
 		{"STACK", unix.RLIMIT_STACK, uint64(l.Stack)},
-	}
-	if cfg.RlimitMemory {
-		set = append(set, rlimit{"DATA", unix.RLIMIT_DATA, uint64(l.Memory)})
-	}
-	if cfg.RlimitPids {
-		set = append(set, rlimit{"NPROC", unix.RLIMIT_NPROC, uint64(l.Pids)})
-	}
+	})
+}
+
+func applyRlimits(set []rlimit) error {
 	for _, s := range set {
 		if err := unix.Setrlimit(s.res, &unix.Rlimit{Cur: s.val, Max: s.val}); err != nil {
 			return fmt.Errorf("setrlimit %s=%d: %w", s.name, s.val, err)
 		}
 	}
 	return nil
+}
+
+// programRlimits are DATA and NPROC where no cgroup enforces memory and
+// pids. They bind the program, not the init: RLIMIT_DATA counts every
+// private writable mapping, and the init's Go runtime maps its heap's
+// metadata in large ones, so an init living under a 64 MiB DATA limit dies
+// ("out of memory allocating heap arena metadata") as soon as its heap
+// grows — while supervising a program that hit the same limit.
+// NPROC is counted per user per user namespace, so it bounds this jail
+// alone.
+func programRlimits(cfg *initConfig) []rlimit {
+	var set []rlimit
+	if cfg.RlimitMemory {
+		set = append(set, rlimit{"DATA", unix.RLIMIT_DATA, uint64(cfg.Limits.Memory)})
+	}
+	if cfg.RlimitPids {
+		set = append(set, rlimit{"NPROC", unix.RLIMIT_NPROC, uint64(cfg.Limits.Pids)})
+	}
+	return set
+}
+
+// forkWithRlimits starts the program under set without leaving the init
+// under it: the init lowers only its soft limits around the fork, so the
+// program runs limited from its first instruction, then fixes the
+// program's hard limits too (before it can have run any of the user's
+// code: it is still starting its interpreter) and raises its own soft
+// limits back.
+func forkWithRlimits(set []rlimit, fork func() (int, error)) (int, error) {
+	if len(set) == 0 {
+		return fork()
+	}
+	// Room on the heap that is already mapped, for what the fork itself
+	// allocates while the init is under the program's DATA limit.
+	room := make([]byte, 4<<20)
+	room[len(room)-1] = 1
+	room = nil
+	runtime.GC()
+	old := make([]unix.Rlimit, len(set))
+	for i, s := range set {
+		if err := unix.Getrlimit(s.res, &old[i]); err != nil {
+			return 0, fmt.Errorf("getrlimit %s: %w", s.name, err)
+		}
+	}
+	restore := func() error {
+		for i, s := range set {
+			if err := unix.Setrlimit(s.res, &old[i]); err != nil {
+				return fmt.Errorf("restore the init's %s limit: %w", s.name, err)
+			}
+		}
+		return nil
+	}
+	for i, s := range set {
+		if s.val > old[i].Max {
+			return 0, fmt.Errorf("setrlimit %s=%d: above the hard limit %d", s.name, s.val, old[i].Max)
+		}
+		if err := unix.Setrlimit(s.res, &unix.Rlimit{Cur: s.val, Max: old[i].Max}); err != nil {
+			restore()
+			return 0, fmt.Errorf("setrlimit %s=%d: %w", s.name, s.val, err)
+		}
+	}
+	pid, err := fork()
+	if rerr := restore(); err == nil && rerr != nil {
+		err = rerr
+	}
+	if err != nil {
+		if pid > 0 {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		return 0, err
+	}
+	for _, s := range set {
+		if err := unix.Prlimit(pid, s.res, &unix.Rlimit{Cur: s.val, Max: s.val}, nil); err != nil {
+			unix.Kill(pid, unix.SIGKILL)
+			return 0, fmt.Errorf("prlimit %s=%d on the program: %w", s.name, s.val, err)
+		}
+	}
+	return pid, nil
 }
 
 // loopbackUp brings up "lo" in the jail's fresh network namespace.

@@ -64,7 +64,10 @@ func TestRootlessZygote(t *testing.T) {
 	}
 	out := asUser(t, "^("+strings.Join(tests, "|")+")$", env, setup)
 	for _, name := range tests {
-		if !strings.Contains(out, "--- PASS: "+name+" ") {
+		// (Workspace quotas without root need a kernel that clones
+		// detached mounts, 6.15 on: TestForkQuota says so and skips.)
+		quotaSkip := name == "TestForkQuota" && strings.Contains(out, "--- SKIP: TestForkQuota ") && strings.Contains(out, "cannot clone a detached mount")
+		if !strings.Contains(out, "--- PASS: "+name+" ") && !quotaSkip {
 			t.Errorf("%s did not pass rootless", name)
 		}
 	}
