@@ -1,19 +1,22 @@
-// Package helm holds the Helm chart's test: the chart is rendered the way
-// `helm template` does (Go templates with the Sprig functions the chart
-// uses, values from values.yaml) and every object must decode strictly
-// into the k8s.io/api types: an unknown or misplaced field fails.
+// Package helm holds the Helm chart's test: the chart is rendered by
+// Helm's own engine (helm.sh/helm/v4/pkg/engine, as `helm template` does)
+// and every object must decode strictly into the k8s.io/api types: an
+// unknown or misplaced field fails.
 package helm
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
-	"text/template"
+
+	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -25,72 +28,33 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// render renders the chart with its values.yaml overlaid by overrides.
+// render renders the chart with Helm's own engine (as `helm template`
+// does), its values.yaml overlaid by overrides.
 func render(t *testing.T, overrides map[string]any) []string {
 	t.Helper()
-	var values, chart map[string]any
-	readYAML(t, "sandloop/values.yaml", &values)
-	readYAML(t, "sandloop/Chart.yaml", &chart)
-	merge(values, overrides)
-	root := template.New("chart")
-	toInt := func(v any) int64 {
-		switch n := v.(type) {
-		case float64:
-			return int64(n)
-		case int:
-			return int64(n)
-		case int64:
-			return n
-		}
-		t.Fatalf("not a number: %v", v)
-		return 0
+	chrt, err := loader.Load("sandloop")
+	if err != nil {
+		t.Fatal(err)
 	}
-	root.Funcs(template.FuncMap{
-		"include": func(name string, data any) (string, error) {
-			var b bytes.Buffer
-			err := root.ExecuteTemplate(&b, name, data)
-			return b.String(), err
-		},
-		"toYaml": func(v any) string {
-			b, err := yaml.Marshal(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return strings.TrimSuffix(string(b), "\n")
-		},
-		"nindent": func(n int, s string) string {
-			pad := strings.Repeat(" ", n)
-			return "\n" + pad + strings.ReplaceAll(s, "\n", "\n"+pad)
-		},
-		"quote": func(v any) string { return fmt.Sprintf("%q", fmt.Sprint(v)) },
-		"add":   func(a, b any) int64 { return toInt(a) + toInt(b) },
-		"mul":   func(a, b any) int64 { return toInt(a) * toInt(b) },
-	})
-	files, _ := filepath.Glob("sandloop/templates/*")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := root.New(filepath.Base(f)).Option("missingkey=error").Parse(string(b)); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
+	vals, err := util.ToRenderValues(chrt, overrides, common.ReleaseOptions{Name: "cell", Namespace: "sandbox", IsInstall: true}, common.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
 	}
-	data := map[string]any{
-		"Values":  values,
-		"Release": map[string]any{"Name": "cell", "Namespace": "sandbox"},
-		"Chart":   map[string]any{"Name": chart["name"], "Version": chart["version"], "AppVersion": chart["appVersion"]},
+	out, err := engine.Render(chrt, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
 	}
+	names := make([]string, 0, len(out))
+	for name := range out {
+		names = append(names, name)
+	}
+	sort.Strings(names)
 	var docs []string
-	for _, f := range files {
-		if strings.HasPrefix(filepath.Base(f), "_") {
+	for _, name := range names {
+		if strings.HasPrefix(filepath.Base(name), "_") {
 			continue
 		}
-		var b bytes.Buffer
-		if err := root.ExecuteTemplate(&b, filepath.Base(f), data); err != nil {
-			t.Fatalf("render %s: %v", f, err)
-		}
-		for _, d := range strings.Split(b.String(), "\n---") {
+		for _, d := range strings.Split(out[name], "\n---") {
 			if strings.TrimSpace(stripComments(d)) != "" {
 				docs = append(docs, d)
 			}
@@ -107,28 +71,6 @@ func stripComments(s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-func readYAML(t *testing.T, path string, into any) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, into); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
-func merge(dst, src map[string]any) {
-	for k, v := range src {
-		if sm, ok := v.(map[string]any); ok {
-			if dm, ok := dst[k].(map[string]any); ok {
-				merge(dm, sm)
-				continue
-			}
-		}
-		dst[k] = v
-	}
 }
 
 // decode turns one rendered document into its typed object, strictly.
@@ -172,8 +114,8 @@ func decode(doc string) (any, error) {
 
 func TestStrictDecodeRefusesUnknownFields(t *testing.T) {
 	for _, doc := range []string{
-		"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  clusterIp: None\n",     // wrong case
-		"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  hostUsers: false\n",    // misplaced
+		"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  clusterIp: None\n",       // wrong case
+		"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  hostUsers: false\n",      // misplaced
 		"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: two\n", // wrong type
 	} {
 		if _, err := decode(doc); err == nil {
