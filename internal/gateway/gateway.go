@@ -187,6 +187,7 @@ func (g *Gateway) routesInit() {
 	})
 	g.mux.Handle("GET /metrics", g.metrics)
 	g.mux.Handle("GET /v1/hosts", auth(http.HandlerFunc(g.listHosts)))
+	g.mux.Handle("GET /v1/info", auth(http.HandlerFunc(g.info)))
 	g.mux.Handle("POST /v1/sessions", auth(g.place(store.KindSession)))
 	g.mux.Handle("GET /v1/sessions", auth(http.HandlerFunc(g.listSessions)))
 	g.mux.Handle("/v1/sessions/{id}", auth(http.HandlerFunc(g.session)))
@@ -488,6 +489,34 @@ func (g *Gateway) mcp(w http.ResponseWriter, r *http.Request) {
 	if t, ok := g.resolve(w, r, id, store.KindMCP); ok {
 		g.forward(w, r, t)
 	}
+}
+
+// info answers GET /v1/info as serve does: what runs use comes from a
+// host (they are all started alike), whether a token is needed from the
+// gateway, which is what checks tokens (hosts take only its secret).
+func (g *Gateway) info(w http.ResponseWriter, r *http.Request) {
+	var in server.Info
+	for _, u := range g.hosts.reachableHosts() {
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.JoinPath("/v1/info").String(), nil)
+		if err != nil {
+			continue
+		}
+		req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+		req.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+		resp, err := g.client.Do(req)
+		if err != nil {
+			continue
+		}
+		err = json.NewDecoder(resp.Body).Decode(&in)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && err == nil {
+			in.TokenRequired = len(g.tokens) > 0
+			writeJSON(w, http.StatusOK, in)
+			return
+		}
+		in = server.Info{}
+	}
+	server.WriteError(w, http.StatusServiceUnavailable, "no_hosts", "no host answers; retry shortly", 1)
 }
 
 // listSessions merges the caller's sessions of every reachable host.

@@ -294,6 +294,14 @@ func TestOwnershipAndAuth(t *testing.T) {
 			t.Errorf("%s %s with %s: %d %s, want %s", c.host, c.path, c.header, resp.StatusCode, b, c.code)
 		}
 	}
+	// The web UI asks what the server wants before anything else: the
+	// gateway checks tokens, whatever its hosts say.
+	if st, body := f.do(tok1, "GET", "/v1/info", ""); st != 200 || !strings.Contains(body, `"token_required":true`) || !strings.Contains(body, `"runs":`) {
+		t.Errorf("info: %d %s", st, body)
+	}
+	if st, _ := f.do("", "GET", "/v1/info", ""); st != http.StatusUnauthorized {
+		t.Errorf("info without a token: %d, want 401", st)
+	}
 	if st, body := f.do(tok1, "GET", "/v1/hosts", ""); st != 200 || !strings.Contains(body, `"ready":true`) {
 		t.Errorf("hosts: %d %s", st, body)
 	}
