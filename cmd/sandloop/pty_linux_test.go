@@ -43,13 +43,15 @@ func openPty(t *testing.T) (master, slave *os.File) {
 
 // ptyOutput collects what a program writes to its terminal.
 type ptyOutput struct {
-	mu  sync.Mutex
-	buf strings.Builder
+	mu   sync.Mutex
+	buf  strings.Builder
+	done chan struct{} // closed when the master reads EOF/EIO: no one holds the terminal
 }
 
 func readPty(master *os.File) *ptyOutput {
-	o := &ptyOutput{}
+	o := &ptyOutput{done: make(chan struct{})}
 	go func() {
+		defer close(o.done)
 		b := make([]byte, 4096)
 		for {
 			n, err := master.Read(b)
@@ -68,6 +70,16 @@ func (o *ptyOutput) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.buf.String()
+}
+
+// drained waits (bounded) until everything written to the terminal has
+// been read: once the program has exited, its last output may still be in
+// the terminal's buffer.
+func (o *ptyOutput) drained() {
+	select {
+	case <-o.done:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 // waitFor waits until the output holds n occurrences of s.

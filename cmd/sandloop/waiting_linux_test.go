@@ -36,6 +36,7 @@ func TestAgentWaitIndicatorOnTerminal(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
+	out.drained()
 	out.waitFor(t, "sandloop: run ", 1)
 	s := out.String()
 	if !strings.Contains(s, "↻ "+retrySentence) {
