@@ -66,7 +66,13 @@ func ExampleClient_ExecuteStream() {
 	r, err := c.ExecuteStream(ctx, s.ID, code, nil, func(ev client.Event) {
 		switch ev.Type {
 		case client.EventStdout:
-			fmt.Print("stdout: ", ev.Text)
+			// A chunk of output can hold several lines (the program's
+			// writes may arrive together).
+			for _, line := range strings.SplitAfter(ev.Text, "\n") {
+				if line != "" {
+					fmt.Print("stdout: ", line)
+				}
+			}
 		case client.EventResult:
 			fmt.Println("result:", ev.Data["text/plain"])
 		case client.EventEnd:
