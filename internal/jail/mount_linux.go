@@ -352,8 +352,8 @@ func mountScratch(cfg *initConfig) error {
 	return mount("", ws, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), "")
 }
 
-// mountZygoteWorkspaces binds Config.ZygoteWorkspaces (alone: the mounts
-// below it are not reachable) into a zygote's jail.
+// mountZygoteWorkspaces binds Config.ZygoteWorkspaces (alone where it can:
+// the mounts below it are then not reachable) into a zygote's jail.
 func mountZygoteWorkspaces(cfg *initConfig) error {
 	if cfg.ZygoteWorkspaces == "" {
 		return nil
@@ -362,7 +362,16 @@ func mountZygoteWorkspaces(cfg *initConfig) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}
-	if err := mount(oldRoot+cfg.ZygoteWorkspaces, dst, "", unix.MS_BIND, ""); err != nil {
+	err := mount(oldRoot+cfg.ZygoteWorkspaces, dst, "", unix.MS_BIND, "")
+	if errors.Is(err, unix.EINVAL) {
+		// In a user namespace, a directory with mounts below it (locked:
+		// they came from a more privileged namespace) can be bound only
+		// with them, or it would reveal what they cover. The template runs
+		// no user code, and each spare detaches this whole view (lazily,
+		// submounts included) before its kernel runs any.
+		err = mount(oldRoot+cfg.ZygoteWorkspaces, dst, "", unix.MS_BIND|unix.MS_REC, "")
+	}
+	if err != nil {
 		return err
 	}
 	var st unix.Statfs_t

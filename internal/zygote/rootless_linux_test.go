@@ -135,6 +135,15 @@ func asUser(t *testing.T, run string, env []string, setup func(*exec.Cmd)) strin
 		os.Mkdir(d, 0o700)
 		os.Chown(d, 65534, 65534)
 	}
+	// A mount below the temp dir, as a root sandloop's tmpfs workspaces
+	// are: in the user's namespace it is locked, and the template must
+	// still see the workspaces (a plain bind failed with EINVAL in the VM).
+	below := filepath.Join(tmp, "mounted-below")
+	os.Mkdir(below, 0o700)
+	if err := syscall.Mount("tmpfs", below, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(below, syscall.MNT_DETACH) })
 	cmd := exec.Command(bin, "-test.run", run, "-test.v", "-test.count=1")
 	cmd.Env = append([]string{rootlessChild + "=1", "SANDLOOP_TEST_OUTSIDE=" + outside, "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}, env...)
 	cmd.Dir = tmp
