@@ -94,9 +94,12 @@ func (s *Session) launcher() kernel.Launcher {
 	}
 	switch {
 	case s.gate != nil:
-		launch = s.servingGate(launch)
+		// The session's gate serves the listener of every kernel it starts.
+		launch = withListener(launch, s.gate.Serve)
 	case s.opts.EgressStandby:
-		launch = s.holdingListener(launch)
+		// The listener is kept on standby (unserved) until ArmEgress or
+		// DisarmEgress.
+		launch = withListener(launch, s.holdListener)
 	}
 	return launch
 }
@@ -104,9 +107,9 @@ func (s *Session) launcher() kernel.Launcher {
 // listening is a kernel process with a listener on its loopback.
 type listening interface{ Listener() net.Listener }
 
-// servingGate wraps launch so the session's gate serves the listener of
-// every kernel it starts.
-func (s *Session) servingGate(launch kernel.Launcher) kernel.Launcher {
+// withListener wraps launch so use gets the listener (for the egress
+// proxy) of every kernel it starts; a kernel without one is stopped.
+func withListener(launch kernel.Launcher, use func(net.Listener)) kernel.Launcher {
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		p, err := launch(ctx, f)
 		if err != nil {
@@ -118,33 +121,19 @@ func (s *Session) servingGate(launch kernel.Launcher) kernel.Launcher {
 			p.Wait()
 			return nil, errors.New("the kernel's launcher gave no listener for the egress proxy")
 		}
-		s.gate.Serve(l.Listener())
+		use(l.Listener())
 		return p, nil
 	}
 }
 
-// holdingListener wraps launch so the listener of the kernel it starts is
-// kept on standby (unserved) until ArmEgress or DisarmEgress.
-func (s *Session) holdingListener(launch kernel.Launcher) kernel.Launcher {
-	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-		p, err := launch(ctx, f)
-		if err != nil {
-			return nil, err
-		}
-		l, ok := p.(listening)
-		if !ok || l.Listener() == nil {
-			p.Kill()
-			p.Wait()
-			return nil, errors.New("the kernel's launcher gave no listener for the egress proxy")
-		}
-		s.mu.Lock()
-		old := s.standby
-		s.standby = l.Listener()
-		s.mu.Unlock()
-		if old != nil {
-			old.Close()
-		}
-		return p, nil
+// holdListener puts ln on standby, closing the one it replaces.
+func (s *Session) holdListener(ln net.Listener) {
+	s.mu.Lock()
+	old := s.standby
+	s.standby = ln
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
 	}
 }
 
