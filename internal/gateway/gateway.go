@@ -274,7 +274,7 @@ func (g *Gateway) requireToken(h http.Handler) http.Handler {
 
 func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
 	ready, slots, used := g.hosts.totals()
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "hosts_ready": ready, "session_slots": slots, "sessions": used,
+	server.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "hosts_ready": ready, "session_slots": slots, "sessions": used,
 		"notifications": g.listenOK.Load()})
 }
 
@@ -283,19 +283,11 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 		server.WriteError(w, http.StatusServiceUnavailable, "draining", "this gateway is shutting down", 1)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	server.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 func (g *Gateway) listHosts(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"hosts": g.hosts.snapshot()})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	server.WriteJSON(w, http.StatusOK, map[string]any{"hosts": g.hosts.snapshot()})
 }
 
 // target is where the proxy sends a request, with the epoch it must find.
@@ -511,7 +503,7 @@ func (g *Gateway) info(w http.ResponseWriter, r *http.Request) {
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusOK && err == nil {
 			in.TokenRequired = len(g.tokens) > 0
-			writeJSON(w, http.StatusOK, in)
+			server.WriteJSON(w, http.StatusOK, in)
 			return
 		}
 		in = server.Info{}
@@ -550,7 +542,7 @@ func (g *Gateway) listSessions(w http.ResponseWriter, r *http.Request) {
 	for _, res := range results {
 		all = append(all, res.Sessions...)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sessions": all})
+	server.WriteJSON(w, http.StatusOK, map[string]any{"sessions": all})
 }
 
 // place sends a request that makes a session (or run, or MCP session) to

@@ -40,7 +40,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 			in.Runs.Model = m.String()
 		}
 	}
-	writeJSON(w, http.StatusOK, in)
+	WriteJSON(w, http.StatusOK, in)
 }
 
 // ModelProblem says why runs have no usable default model (err from

@@ -51,7 +51,7 @@ func (s *Server) listLessons(w http.ResponseWriter, r *http.Request) {
 	for _, h := range hits {
 		out = append(out, h.Lesson)
 	}
-	writeJSON(w, http.StatusOK, lessons.Export{Lessons: out})
+	WriteJSON(w, http.StatusOK, lessons.Export{Lessons: out})
 }
 
 func (s *Server) getLesson(w http.ResponseWriter, r *http.Request) {
@@ -63,7 +63,7 @@ func (s *Server) getLesson(w http.ResponseWriter, r *http.Request) {
 		writeError(w, lessonError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, l)
+	WriteJSON(w, http.StatusOK, l)
 }
 
 // postLesson adds one lesson, or imports an export ({"lessons":[...]}):
@@ -105,10 +105,10 @@ func (s *Server) postLesson(w http.ResponseWriter, r *http.Request) {
 		out = append(out, *stored)
 	}
 	if body.Lessons == nil {
-		writeJSON(w, http.StatusCreated, out[0])
+		WriteJSON(w, http.StatusCreated, out[0])
 		return
 	}
-	writeJSON(w, http.StatusCreated, lessons.Export{Lessons: out})
+	WriteJSON(w, http.StatusCreated, lessons.Export{Lessons: out})
 }
 
 func (s *Server) deleteLesson(w http.ResponseWriter, r *http.Request) {

@@ -90,7 +90,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, runError(err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, run)
+	WriteJSON(w, http.StatusCreated, run)
 }
 
 // runStatuses are the values of a run's status.
@@ -161,7 +161,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []store.Run{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"runs": list})
+	WriteJSON(w, http.StatusOK, map[string]any{"runs": list})
 }
 
 // ownRun returns the run named in the path if the caller started it (with
@@ -183,7 +183,7 @@ func (s *Server) ownRun(w http.ResponseWriter, r *http.Request) (*store.Run, boo
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	if run, ok := s.ownRun(w, r); ok {
-		writeJSON(w, http.StatusOK, run)
+		WriteJSON(w, http.StatusOK, run)
 	}
 }
 

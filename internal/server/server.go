@@ -302,7 +302,7 @@ func OwnerOf(token string) string {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	writeJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, PoolReady: st.PoolReady,
+	WriteJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, PoolReady: st.PoolReady,
 		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()})
 }
 
@@ -323,7 +323,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errDraining)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 // errDraining refuses new sessions and runs on a draining server.

@@ -151,7 +151,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.created.Inc()
-	writeJSON(w, http.StatusCreated, toSessionJSON(ms))
+	WriteJSON(w, http.StatusCreated, toSessionJSON(ms))
 }
 
 func sessionMode(ms *session.Managed) egress.Mode {
@@ -240,7 +240,7 @@ func (s *Server) sessionNetwork(w http.ResponseWriter, r *http.Request) {
 		out.Log = &egress.Log{Allow: []string{}, Entries: []egress.Entry{}}
 	}
 	out.Log.Sort()
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*session.Managed, bool) {
@@ -259,7 +259,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	for _, ms := range list {
 		out = append(out, toSessionJSON(ms))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sessions": out})
+	WriteJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
@@ -274,7 +274,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	j.DiskUsedBytes, j.FilesUsed = &u.Bytes, &u.Files
-	writeJSON(w, http.StatusOK, j)
+	WriteJSON(w, http.StatusOK, j)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
@@ -337,7 +337,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	if kind == "" {
 		res, err = ms.Execute(r.Context(), kreq, nil)
 		if err == nil {
-			writeJSON(w, http.StatusOK, res)
+			WriteJSON(w, http.StatusOK, res)
 		}
 	} else {
 		res, err = s.stream(w, r, kind, func(emit kernel.EventFunc) (*kernel.Result, error) {
@@ -442,7 +442,7 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
 }
 
 // files opens the session's workspace for one request.
@@ -471,7 +471,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"path": cleanOrDot(p), "files": list})
+	WriteJSON(w, http.StatusOK, map[string]any{"path": cleanOrDot(p), "files": list})
 }
 
 func cleanOrDot(p string) string {
@@ -524,7 +524,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	e, _ := ws.Stat(r.PathValue("path"))
 	e.Size = n
-	writeJSON(w, http.StatusCreated, e)
+	WriteJSON(w, http.StatusCreated, e)
 }
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
