@@ -20,6 +20,8 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
+
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 )
 
 // systemd is not on this machine (nor in the test VM), so these tests
@@ -39,7 +41,7 @@ func privateBus(t *testing.T) string {
 	if err != nil {
 		t.Skip("needs dbus-daemon (scripts/deps.sh installs it)")
 	}
-	dir := readableTempDir(t, "sandloop-bus-")
+	dir := jailtest.ReadableTempDir(t, "sandloop-bus-")
 	conf := filepath.Join(dir, "bus.conf")
 	if err := os.WriteFile(conf, []byte(`<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -81,36 +83,6 @@ func privateBus(t *testing.T) string {
 		t.Fatalf("dbus-daemon: %v\n%s", err, readFileString(logPath))
 	}
 	return strings.TrimSpace(addr)
-}
-
-// readableTempDir is a temporary directory an unprivileged user may
-// enter (t.TempDir's parent is private to its owner).
-func readableTempDir(t *testing.T, prefix string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	return dir
-}
-
-// unprivilegedCopy copies this test binary where uid 65534 may run it, and
-// makes that user a temporary directory of its own.
-func unprivilegedCopy(t *testing.T, prefix string) (bin, tmp string) {
-	t.Helper()
-	dir := readableTempDir(t, prefix)
-	self, _ := os.Executable()
-	bin = filepath.Join(dir, "jail.test")
-	if data, err := os.ReadFile(self); err != nil || os.WriteFile(bin, data, 0o755) != nil {
-		t.Fatal("copy the test binary:", err)
-	}
-	tmp = filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil || os.Chown(tmp, 65534, 65534) != nil {
-		t.Fatal(err)
-	}
-	return bin, tmp
 }
 
 // scopeRequest is one StartTransientUnit call the fake received.
@@ -384,7 +356,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	}
 	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
 
-	bin, tmp := unprivilegedCopy(t, "sandloop-scope-")
+	bin, tmp := jailtest.CopyForNobody(t, "sandloop-scope-", "jail.test")
 
 	for _, c := range []struct {
 		name, slice, busVar string

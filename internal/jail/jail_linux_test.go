@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 )
 
 func TestMain(m *testing.M) {
@@ -652,7 +654,7 @@ func TestRootless(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	bin, tmp := unprivilegedCopy(t, "sandloop-rootless-")
+	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "jail.test")
 	subset := "^(TestRootless|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")

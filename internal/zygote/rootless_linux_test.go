@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
 )
 
@@ -115,26 +116,10 @@ func TestRootlessWorkspaceOutsideTemp(t *testing.T) {
 // place it in cgroups.
 func asUser(t *testing.T, run string, env []string, setup func(*exec.Cmd)) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "sandloop-zygote-rootless-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	self, _ := os.Executable()
-	data, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "zygote.test")
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp, outside := filepath.Join(dir, "tmp"), filepath.Join(dir, "outside")
-	for _, d := range []string{tmp, outside} {
-		os.Mkdir(d, 0o700)
-		os.Chown(d, 65534, 65534)
-	}
+	bin, tmp := jailtest.CopyForNobody(t, "sandloop-zygote-rootless-", "zygote.test")
+	outside := filepath.Join(filepath.Dir(tmp), "outside")
+	os.Mkdir(outside, 0o700)
+	os.Chown(outside, jailtest.Nobody, jailtest.Nobody)
 	// A mount below the temp dir, as a root sandloop's tmpfs workspaces
 	// are: in the user's namespace it is locked, and the template must
 	// still see the workspaces (a plain bind failed with EINVAL in the VM).

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"golang.org/x/sys/unix"
@@ -174,25 +175,7 @@ func AsNobody(t *testing.T, env, pattern string) string {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	// (Not t.TempDir: its parent is private to root.)
-	dir, err := os.MkdirTemp("", "sandloop-rootless-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	self, _ := os.Executable()
-	data, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "rootless.test")
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp := filepath.Join(dir, "tmp")
-	os.Mkdir(tmp, 0o700)
-	os.Chown(tmp, 65534, 65534)
+	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "rootless.test")
 	cmd := exec.Command(bin, "-test.run", pattern, "-test.v", "-test.count=1")
 	cmd.Env = []string{env + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
 	cmd.Dir = tmp
