@@ -47,7 +47,7 @@ type Gate struct {
 
 	total     atomic.Int64 // bytes through the gate, both directions
 	committed atomic.Int64 // total and the bytes reserved by tunnel steps under way (at most MaxBytes)
-	active atomic.Int32 // connections being served
+	active    atomic.Int32 // connections being served
 
 	mu        sync.Mutex
 	closed    bool
