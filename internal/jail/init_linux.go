@@ -73,6 +73,9 @@ func MaybeInit() {
 	if len(os.Args) > 0 && os.Args[0] == quotaArg0 {
 		os.Exit(runQuotaHelper())
 	}
+	if len(os.Args) > 0 && os.Args[0] == holderArg0 {
+		os.Exit(runHolder())
+	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}

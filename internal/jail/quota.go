@@ -38,6 +38,11 @@ import (
 // the directory an ordinary one: the cap then applies only to uploads
 // through the files API (QuotaDir.Enforced says which), and doctor says so.
 
+// HolderForceEnv, set to 1, makes workspaces without root use the holder (quota_holder_linux.go)
+// even where the kernel can clone a detached mount: for tests of the
+// holder on newer kernels.
+const HolderForceEnv = "SANDLOOP_TEST_QUOTA_HOLDER"
+
 // QuotaDir is a workspace directory capped in bytes and files.
 type QuotaDir struct {
 	// Path is the workspace's directory: a host directory, or (made in a
@@ -57,6 +62,9 @@ type QuotaDir struct {
 	// that is the workspace.
 	mount *os.File
 	sub   string
+	// Made by the holder (quota_holder_linux.go): the workspace's tmpfs's
+	// directory under the holder's base (mount is then the tmpfs's root).
+	holderName string
 	// overhead is the inodes the workspace's own directories take (the
 	// root; the directory in it): not the user's files.
 	overhead int64

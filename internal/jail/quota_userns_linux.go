@@ -227,6 +227,9 @@ func usernsWorkspace(path string) (mount *os.File, sub string, ok bool, err erro
 		}
 		return nil, "", false, nil
 	}
+	if q.holderName != "" {
+		return nil, "", false, ErrHolderWorkspace
+	}
 	fd, err := unix.FcntlInt(q.mount.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, "", false, err
@@ -250,4 +253,24 @@ func (q *QuotaDir) removeUserNS() error {
 // directory.
 func UserNSWorkspace(path string) (mount *os.File, sub string, ok bool, err error) {
 	return usernsWorkspace(path)
+}
+
+// ErrHolderWorkspace is UserNSWorkspace's answer for a workspace the
+// holder made (quota_holder_linux.go): it has no detached mount to clone.
+var ErrHolderWorkspace = errors.New("a workspace mounted by the holder process (this kernel cannot clone a detached mount)")
+
+// holderWorkspace returns the directory in the holder's mount namespace
+// of the workspace the holder made at path; ok is false for any other.
+func holderWorkspace(path string) (dir string, ok bool) {
+	usernsDirs.Lock()
+	q := usernsDirs.m[path]
+	usernsDirs.Unlock()
+	if q == nil || q.holderName == "" {
+		return "", false
+	}
+	h, err := theHolder()
+	if err != nil {
+		return "", false // (it made q: not reached)
+	}
+	return q.holderPath(h), true
 }
