@@ -273,6 +273,16 @@ func startHolder() (*quotaHolder, error) {
 	// inherit our group.
 	detectCgroups()
 	base, err := OwnedTempDir("holder")
+	if err == nil {
+		// Resolved: a zygote finds workspaces by their path under the
+		// (resolved) temporary directory.
+		var resolved string
+		if resolved, err = filepath.EvalSymlinks(base); err == nil {
+			base = resolved
+		} else {
+			os.Remove(base)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -274,3 +274,10 @@ func holderWorkspace(path string) (dir string, ok bool) {
 	}
 	return q.holderPath(h), true
 }
+
+// HolderWorkspace returns, for a workspace NewQuotaDir had the holder
+// make (its Path), the workspace's directory as the holder and the jails
+// it starts see it: a directory under the temporary directory (resolved),
+// where a zygote template started by the holder finds it (Config.Zygote
+// with ZygoteWorkspaces there). ok is false for any other directory.
+func HolderWorkspace(path string) (dir string, ok bool) { return holderWorkspace(path) }

@@ -101,6 +101,10 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	if err != nil {
 		return nil, &ArgumentError{"workspace", err}
 	}
+	// A zygote template whose sessions' workspaces the holder mounts: the
+	// holder starts it too, so that it sees them (each mounted later
+	// propagates into its view of the temporary directory).
+	byHolder := zygoteWS != "" && !inUserNS && hostQuotaUnsupported() != "" && rootlessQuota() == quotaHeld
 	if inUserNS {
 		return start(ctx, cfg, limits, workspaceMount{path: cfg.Workspace, fd: wsMount, sub: wsSub, zygote: zygoteWS})
 	}
@@ -121,7 +125,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// jail's user may not traverse the path's parents. Without root the
 	// jail's user is the caller, who can.
 	ws, wsTree := openWorkspaceTree(wsPath)
-	return start(ctx, cfg, limits, workspaceMount{path: wsPath, fd: ws, tree: wsTree, zygote: zygoteWS})
+	return start(ctx, cfg, limits, workspaceMount{path: wsPath, fd: ws, tree: wsTree, zygote: zygoteWS, holder: byHolder})
 }
 
 // workspaceMount is how a jail gets its workspace.
@@ -157,6 +161,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
 		Workspace: wsPath, WorkspaceTree: ws.tree, WorkspaceSub: ws.sub, Zygote: cfg.Zygote, ZygoteWorkspaces: ws.zygote, ListenPort: cfg.ListenPort,
+		ReceiveMounts: ws.holder && ws.zygote != "",
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
