@@ -135,6 +135,13 @@ func TestQuotaRootless(t *testing.T) {
 	t.Logf("%s", out)
 }
 
+// TestQuotaRootlessHolder is TestQuotaRootless with the workspaces
+// mounted by the holder, as kernels before 6.15 have them, on any kernel.
+func TestQuotaRootlessHolder(t *testing.T) {
+	t.Setenv(jail.HolderForceEnv, "1")
+	TestQuotaRootless(t)
+}
+
 func tarNames(t *testing.T, r io.Reader) []string {
 	t.Helper()
 	gz, err := gzip.NewReader(r)

@@ -82,6 +82,14 @@ func TestRootlessZygote(t *testing.T) {
 	}
 }
 
+// TestRootlessZygoteHolder is TestRootlessZygote with the workspaces
+// mounted by the holder, as kernels before 6.15 have them, on any kernel
+// (TestForkQuota then forks from a template the holder started).
+func TestRootlessZygoteHolder(t *testing.T) {
+	t.Setenv(jail.HolderForceEnv, "1")
+	TestRootlessZygote(t)
+}
+
 // Without root the template sees only the temporary directory: a session
 // whose workspace lies elsewhere starts cold, and works.
 func TestRootlessWorkspaceOutsideTemp(t *testing.T) {
