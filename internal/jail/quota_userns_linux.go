@@ -46,9 +46,17 @@ import (
 // them) and every path would depend on a process; a size-capped loop
 // image needs root. The kernel must let a jail clone a mount that is
 // attached nowhere (open_tree on the fsmount descriptor), which newer
-// kernels do (6.15 on) and older ones refuse: there, as in a container
-// that forbids user namespaces, the workspace is an ordinary directory
-// and only uploads are capped (Reason, doctor).
+// kernels do (6.15 on) and older ones refuse (EINVAL: __do_loopback's
+// check_mnt wants a mount of the caller's own namespace). On those
+// (Debian 12's 6.1) a long-lived holder process mounts the workspaces in
+// a mount namespace of its own instead and starts their jails, so that
+// each jail's namespace is a copy of it (quota_holder_linux.go): one more
+// process per server, and jails of such a workspace are started through
+// it. The detached tmpfs is kept where the kernel allows it: no process
+// to keep, and any jail can attach it. Where user namespaces are
+// forbidden (a container's profile, a sysctl) neither works: the
+// workspace is an ordinary directory and only uploads are capped
+// (Reason, doctor).
 //
 // Memory: the tmpfs's pages are charged to the memory cgroup of the
 // process that writes them, the sandbox's own where cgroups are delegated.
