@@ -87,8 +87,8 @@ func TestRootlessFallbackIsAWarning(t *testing.T) {
 		t.Errorf("rootless doctor:\n%s", out)
 	}
 	// Without root the workspace quota is a tmpfs made in a user
-	// namespace (this kernel can), and the zygote is not used: said, not
-	// failed.
+	// namespace (detached, or held by the holder before 6.15), and the
+	// zygote is not used: said, not failed.
 	if !strings.Contains(out, "ok    workspace quota   256M and 20000 files per workspace by default (--disk, --files): a size- and inode-capped tmpfs per workspace, made in a user namespace") ||
 		!strings.Contains(out, "--    zygote            not used: ") {
 		t.Errorf("rootless doctor does not say how the quota is enforced and that the zygote is not used:\n%s", out)

@@ -341,6 +341,7 @@ func startHolderHere(base string) (*quotaHolder, error) {
 	go func() {
 		_ = cmd.Wait()
 		close(h.dead)
+		os.Remove(base) // (its mounts went with it)
 	}()
 	r, fd, err := h.receive()
 	if err == nil && r.Error != "" {

@@ -201,7 +201,7 @@ func QuotaSupport() Check {
 			if why == "" {
 				why = HolderForceEnv + "=1"
 			}
-			return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, mounted in a user namespace of a helper process of sandloop's, which starts the jails that use it (" + memory + "; the helper because " + why + ")"}
+			return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, made in a user namespace of sandloop's own and held there by a helper process, which starts the workspace's jails (" + memory + "; a helper because " + why + ")"}
 		}
 		return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, made in a user namespace of sandloop's own (" + memory + ")"}
 	}
