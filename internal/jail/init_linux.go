@@ -50,6 +50,10 @@ type initConfig struct {
 	// Zygote, ZygoteWorkspaces: see Config (the directory resolved).
 	Zygote           bool
 	ZygoteWorkspaces string
+	// ReceiveMounts: the holder started this zygote template; mounts it
+	// makes later under ZygoteWorkspaces (workspaces) must propagate
+	// into the template's view (see buildRoot).
+	ReceiveMounts bool
 	// ListenPort: see Config.ListenPort. The listener goes to the host
 	// over the descriptor after the program's extra files.
 	ListenPort int
@@ -72,6 +76,9 @@ type initStatus struct {
 func MaybeInit() {
 	if len(os.Args) > 0 && os.Args[0] == quotaArg0 {
 		os.Exit(runQuotaHelper())
+	}
+	if len(os.Args) > 0 && os.Args[0] == holderArg0 {
+		os.Exit(runHolder())
 	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return

@@ -50,8 +50,14 @@ func mount(src, dst, fstype string, flags uintptr, data string) error {
 // buildRoot builds the jail's file system from scratch and enters it with
 // pivot_root. Afterwards no host path is reachable but what was bound in.
 func buildRoot(cfg *initConfig) error {
-	// Keep every mount change inside this namespace.
-	if err := mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+	// Keep every mount change inside this namespace. (A template the
+	// holder started receives the holder's later mounts instead: a slave
+	// propagates nothing outward either.)
+	propagation := uintptr(unix.MS_PRIVATE)
+	if cfg.ReceiveMounts {
+		propagation = unix.MS_SLAVE
+	}
+	if err := mount("", "/", "", unix.MS_REC|propagation, ""); err != nil {
 		return err
 	}
 	if err := mount("tmpfs", baseDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m,mode=0755"); err != nil {

@@ -29,14 +29,22 @@ import (
 // beside it.
 //
 // Mounting on a host directory needs CAP_SYS_ADMIN in the host's mount
-// namespace. Without it (not root, or root in a container) the same
-// tmpfs, with the same caps, is made in a user namespace of a helper's
-// and held by a descriptor (quota_userns_linux.go says how and why); the
-// workspace's Path is then a directory under /proc/self/fd/, valid in
-// this process only. Only where that cannot work either (user
-// namespaces forbidden, a kernel that cannot clone a detached mount) is
-// the directory an ordinary one: the cap then applies only to uploads
-// through the files API (QuotaDir.Enforced says which), and doctor says so.
+// namespace. Without it (not root) the same tmpfs, with the same caps, is
+// made in a user namespace of a helper's and held by a descriptor
+// (quota_userns_linux.go says how and why), or, on kernels that cannot
+// clone a detached mount (before 6.15), mounted in the mount namespace of
+// a holder process that also starts the workspace's jails
+// (quota_holder_linux.go); either way the workspace's Path is a directory
+// under /proc/self/fd/, valid in this process only. Only where neither can
+// work (user namespaces forbidden; root without CAP_SYS_ADMIN, in a
+// container) is the directory an ordinary one: the cap then applies only
+// to uploads through the files API (QuotaDir.Enforced says which), and
+// doctor says so.
+
+// HolderForceEnv, set to 1, makes workspaces without root use the holder (quota_holder_linux.go)
+// even where the kernel can clone a detached mount: for tests of the
+// holder on newer kernels.
+const HolderForceEnv = "SANDLOOP_TEST_QUOTA_HOLDER"
 
 // QuotaDir is a workspace directory capped in bytes and files.
 type QuotaDir struct {
@@ -57,6 +65,9 @@ type QuotaDir struct {
 	// that is the workspace.
 	mount *os.File
 	sub   string
+	// Made by the holder (quota_holder_linux.go): the workspace's tmpfs's
+	// directory under the holder's base (mount is then the tmpfs's root).
+	holderName string
 	// overhead is the inodes the workspace's own directories take (the
 	// root; the directory in it): not the user's files.
 	overhead int64

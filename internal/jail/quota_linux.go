@@ -24,9 +24,15 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 		return nil, err
 	}
 	hostReason := hostQuotaUnsupported()
-	if hostReason != "" && usernsQuotaUnsupported() == "" {
-		// (Not for root without CAP_SYS_ADMIN: see usernsQuotaUnsupported.)
-		return newUserNSQuotaDir(l.Disk, l.Files)
+	if hostReason != "" {
+		// (Neither is for root without CAP_SYS_ADMIN: see
+		// usernsQuotaUnsupported.)
+		switch rootlessQuota() {
+		case quotaDetached:
+			return newUserNSQuotaDir(l.Disk, l.Files)
+		case quotaHeld:
+			return newHolderQuotaDir(l.Disk, l.Files)
+		}
 	}
 	dir, err := OwnedTempDir("")
 	if err != nil {
@@ -137,12 +143,36 @@ func quotaUnsupported() string {
 	if host == "" {
 		return ""
 	}
-	userns := usernsQuotaUnsupported()
-	if userns == "" {
+	if rootlessQuota() != "" {
 		return ""
+	}
+	userns := usernsQuotaUnsupported()
+	if h := holderQuotaUnsupported(); h != userns && os.Geteuid() != 0 {
+		userns += "; held by a helper process: " + h
 	}
 	return fmt.Sprintf("no tmpfs can be mounted for the workspaces (on the host: %s; in a user namespace: %s); only uploads through the files API are capped", host, userns)
 }
+
+// How workspaces are capped without CAP_SYS_ADMIN on the host.
+const (
+	quotaDetached = "detached" // a detached tmpfs each jail clones (quota_userns_linux.go)
+	quotaHeld     = "holder"   // a tmpfs in a holder's mount namespace (quota_holder_linux.go)
+)
+
+// rootlessQuota says how workspaces are capped without CAP_SYS_ADMIN on
+// the host: quotaDetached where the kernel can clone a detached mount
+// (6.15 on), else quotaHolder where user namespaces work, else "" (not
+// at all). The holder is started only if the detached clone is refused
+// (or HolderForceEnv asks for it).
+var rootlessQuota = sync.OnceValue(func() string {
+	if os.Getenv(HolderForceEnv) != "1" && usernsQuotaUnsupported() == "" {
+		return quotaDetached
+	}
+	if holderQuotaUnsupported() == "" {
+		return quotaHeld
+	}
+	return ""
+})
 
 // effectiveCap says whether this process holds capability c.
 func effectiveCap(c int) bool {
@@ -158,14 +188,22 @@ func effectiveCap(c int) bool {
 // QuotaSupport says how workspaces are capped on this host, for doctor.
 func QuotaSupport() Check {
 	if r := quotaUnsupported(); r != "" {
-		fix := "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) on a kernel that can clone a detached mount (6.15 on), or run sandloop as root"
+		fix := "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or run sandloop as root"
 		if os.Geteuid() == 0 {
 			fix = "give the container CAP_SYS_ADMIN inside its user namespace (--cap-add=SYS_ADMIN with --userns=auto), or allow it user namespaces, or accept uncapped workspaces"
 		}
 		return Check{Fallback: true, Detail: r, Fix: fix}
 	}
 	if hostQuotaUnsupported() != "" {
-		return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, made in a user namespace of sandloop's own (no root needed; ENOSPC on every write past the cap; its pages count toward the sandbox's memory cgroup, or, without cgroups, come on top of the memory limit)"}
+		const memory = "no root needed; ENOSPC on every write past the cap; its pages count toward the sandbox's memory cgroup, or, without cgroups, come on top of the memory limit"
+		if rootlessQuota() == quotaHeld {
+			why := usernsQuotaUnsupported()
+			if why == "" {
+				why = HolderForceEnv + "=1"
+			}
+			return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, mounted in a user namespace of a helper process of sandloop's, which starts the jails that use it (" + memory + "; the helper because " + why + ")"}
+		}
+		return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace, made in a user namespace of sandloop's own (" + memory + ")"}
 	}
 	return Check{OK: true, Detail: "a size- and inode-capped tmpfs per workspace (ENOSPC on every write past the cap)"}
 }
@@ -192,6 +230,10 @@ func (q *QuotaDir) Usage() (Usage, error) {
 func (q *QuotaDir) Remove() error {
 	var err error
 	q.removed.Do(func() {
+		if q.holderName != "" {
+			err = q.removeHolder()
+			return
+		}
 		if q.mount != nil {
 			err = q.removeUserNS()
 			return

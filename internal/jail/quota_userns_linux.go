@@ -46,9 +46,17 @@ import (
 // them) and every path would depend on a process; a size-capped loop
 // image needs root. The kernel must let a jail clone a mount that is
 // attached nowhere (open_tree on the fsmount descriptor), which newer
-// kernels do (6.15 on) and older ones refuse: there, as in a container
-// that forbids user namespaces, the workspace is an ordinary directory
-// and only uploads are capped (Reason, doctor).
+// kernels do (6.15 on) and older ones refuse (EINVAL: __do_loopback's
+// check_mnt wants a mount of the caller's own namespace). On those
+// (Debian 12's 6.1) a long-lived holder process mounts the workspaces in
+// a mount namespace of its own instead and starts their jails, so that
+// each jail's namespace is a copy of it (quota_holder_linux.go): one more
+// process per server, and jails of such a workspace are started through
+// it. The detached tmpfs is kept where the kernel allows it: no process
+// to keep, and any jail can attach it. Where user namespaces are
+// forbidden (a container's profile, a sysctl) neither works: the
+// workspace is an ordinary directory and only uploads are capped
+// (Reason, doctor).
 //
 // Memory: the tmpfs's pages are charged to the memory cgroup of the
 // process that writes them, the sandbox's own where cgroups are delegated.
@@ -227,6 +235,9 @@ func usernsWorkspace(path string) (mount *os.File, sub string, ok bool, err erro
 		}
 		return nil, "", false, nil
 	}
+	if q.holderName != "" {
+		return nil, "", false, ErrHolderWorkspace
+	}
 	fd, err := unix.FcntlInt(q.mount.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, "", false, err
@@ -251,3 +262,30 @@ func (q *QuotaDir) removeUserNS() error {
 func UserNSWorkspace(path string) (mount *os.File, sub string, ok bool, err error) {
 	return usernsWorkspace(path)
 }
+
+// ErrHolderWorkspace is UserNSWorkspace's answer for a workspace the
+// holder made (quota_holder_linux.go): it has no detached mount to clone.
+var ErrHolderWorkspace = errors.New("a workspace mounted by the holder process (this kernel cannot clone a detached mount)")
+
+// holderWorkspace returns the directory in the holder's mount namespace
+// of the workspace the holder made at path; ok is false for any other.
+func holderWorkspace(path string) (dir string, ok bool) {
+	usernsDirs.Lock()
+	q := usernsDirs.m[path]
+	usernsDirs.Unlock()
+	if q == nil || q.holderName == "" {
+		return "", false
+	}
+	h, err := theHolder()
+	if err != nil {
+		return "", false // (it made q: not reached)
+	}
+	return q.holderPath(h), true
+}
+
+// HolderWorkspace returns, for a workspace NewQuotaDir had the holder
+// make (its Path), the workspace's directory as the holder and the jails
+// it starts see it: a directory under the temporary directory (resolved),
+// where a zygote template started by the holder finds it (Config.Zygote
+// with ZygoteWorkspaces there). ok is false for any other directory.
+func HolderWorkspace(path string) (dir string, ok bool) { return holderWorkspace(path) }

@@ -24,12 +24,15 @@ import (
 
 // Process is a running jail.
 type Process struct {
-	cmd     *exec.Cmd
-	cg      *cgroup
-	start   time.Time
-	status  *bufio.Reader
-	statusF *os.File
-	warn    []string
+	proc *os.Process
+	// waitProc waits for proc (and for the copying of its output), as
+	// exec.Cmd.Wait.
+	waitProc func() (*os.ProcessState, error)
+	cg       *cgroup
+	start    time.Time
+	status   *bufio.Reader
+	statusF  *os.File
+	warn     []string
 	// listener: Config.ListenPort's, closed when the jail has ended.
 	listener net.Listener
 	enforce  string
@@ -85,10 +88,23 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// A workspace made in a user namespace is reached through a
 	// descriptor, never by resolving its path (which names the
 	// descriptor, not a host directory).
+	if dir, ok := holderWorkspace(cfg.Workspace); ok {
+		// The holder starts the jail, in a copy of its mount namespace,
+		// where the workspace is a mount the init binds by path.
+		devNull, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, err
+		}
+		return start(ctx, cfg, limits, workspaceMount{path: dir, fd: devNull, holder: true, zygote: zygoteWS})
+	}
 	wsMount, wsSub, inUserNS, err := usernsWorkspace(cfg.Workspace)
 	if err != nil {
 		return nil, &ArgumentError{"workspace", err}
 	}
+	// A zygote template whose sessions' workspaces the holder mounts: the
+	// holder starts it too, so that it sees them (each mounted later
+	// propagates into its view of the temporary directory).
+	byHolder := zygoteWS != "" && !inUserNS && hostQuotaUnsupported() != "" && rootlessQuota() == quotaHeld
 	if inUserNS {
 		return start(ctx, cfg, limits, workspaceMount{path: cfg.Workspace, fd: wsMount, sub: wsSub, zygote: zygoteWS})
 	}
@@ -109,7 +125,7 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	// jail's user may not traverse the path's parents. Without root the
 	// jail's user is the caller, who can.
 	ws, wsTree := openWorkspaceTree(wsPath)
-	return start(ctx, cfg, limits, workspaceMount{path: wsPath, fd: ws, tree: wsTree, zygote: zygoteWS})
+	return start(ctx, cfg, limits, workspaceMount{path: wsPath, fd: ws, tree: wsTree, zygote: zygoteWS, holder: byHolder})
 }
 
 // workspaceMount is how a jail gets its workspace.
@@ -118,6 +134,9 @@ type workspaceMount struct {
 	fd   *os.File // a clone of its mount (tree), a tmpfs made in a user namespace (sub), or /dev/null (bind path)
 	tree bool
 	sub  string // the workspace's directory in that tmpfs
+	// holder: path is in the holder's mount namespace, whose copy the
+	// jail must get (quota_holder_linux.go).
+	holder bool
 	// zygote: Config.ZygoteWorkspaces, resolved.
 	zygote string
 }
@@ -142,6 +161,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
 		Workspace: wsPath, WorkspaceTree: ws.tree, WorkspaceSub: ws.sub, Zygote: cfg.Zygote, ZygoteWorkspaces: ws.zygote, ListenPort: cfg.ListenPort,
+		ReceiveMounts: ws.holder && ws.zygote != "",
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
@@ -219,7 +239,21 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			WaitDelay: 2 * time.Second,
 		}
 	}
-	cmd, err := startInit(initCmd)
+	if ws.holder {
+		var h *quotaHolder
+		if h, err = theHolder(); err == nil {
+			p.proc, p.waitProc, err = h.spawn(initCmd(initPath()))
+		}
+	} else {
+		var cmd *exec.Cmd
+		if cmd, err = startInit(initCmd); err == nil {
+			p.proc = cmd.Process
+			p.waitProc = func() (*os.ProcessState, error) {
+				err := cmd.Wait()
+				return cmd.ProcessState, err
+			}
+		}
+	}
 	if err != nil {
 		if errors.Is(err, unix.EPERM) {
 			// Typically a container's seccomp or AppArmor profile, or a
@@ -228,15 +262,14 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		}
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
-	p.cmd = cmd
 	p.start = time.Now()
 	cfgR.Close()
 	stW.Close()
 	p.statusF = stR
 	p.status = bufio.NewReader(io.LimitReader(stR, 1<<20))
 	abort := func(err error) (*Process, error) {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = p.proc.Kill()
+		_, _ = p.waitProc()
 		stR.Close()
 		return fail(err)
 	}
@@ -248,7 +281,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			return abort(err)
 		}
 		p.cg = cg
-		if err := cg.add(cmd.Process.Pid); err != nil {
+		if err := cg.add(p.proc.Pid); err != nil {
 			return abort(err)
 		}
 	}
@@ -306,10 +339,10 @@ func readStatus(r *bufio.Reader, st *initStatus) error {
 func (p *Process) Listener() net.Listener { return p.listener }
 
 // Pid is the host PID of the jail's init (PID 1 inside).
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
+func (p *Process) Pid() int { return p.proc.Pid }
 
 // Signal delivers sig to the jailed program (the init forwards it).
-func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+func (p *Process) Signal(sig os.Signal) error { return p.proc.Signal(sig) }
 
 // Kill kills every process of the jail. It is safe to call at any time.
 func (p *Process) Kill() {
@@ -318,7 +351,7 @@ func (p *Process) Kill() {
 		return
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
+	_ = p.proc.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
 	if p.cg != nil {
 		p.cg.kill()
 	}
@@ -339,7 +372,7 @@ func (p *Process) Wait() (*Result, error) {
 }
 
 func (p *Process) wait() (*Result, error) {
-	waitErr := p.cmd.Wait()
+	ps, waitErr := p.waitProc()
 	end := time.Now()
 	if p.timer != nil {
 		p.timer.Stop()
@@ -355,7 +388,7 @@ func (p *Process) wait() (*Result, error) {
 	p.mu.Lock()
 	r.TimedOut = p.timedOut
 	p.mu.Unlock()
-	if ps := p.cmd.ProcessState; ps != nil {
+	if ps != nil {
 		r.CPUTime = ps.UserTime() + ps.SystemTime()
 		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
 			r.MemoryPeak = ru.Maxrss * 1024

@@ -22,7 +22,9 @@
 // A session takes an armed spare: its cgroup gets the session's limits, the
 // reaper sizes /tmp and /dev/shm, attaches the session's workspace (a
 // detached mount the host hands over, so no other workspace is ever
-// reachable from the template), hands the kernel its pipes, sets the
+// reachable from the template; without root, a clone from the template's
+// view of the temporary directory, which it detaches, where the jail
+// package's holder mounted the workspace on kernels before 6.15), hands the kernel its pipes, sets the
 // rlimits and drops its own capabilities and loads the filter; the kernel
 // sets its rlimits and environment and runs kernel.py. The fork returns
 // when both have said so, before any user code is sent. The template forks

@@ -422,6 +422,10 @@ func (z *Zygote) Launcher(workspace string, limits jail.Limits, env []string, li
 // workspace, or nil: a workspace made in a user namespace (a tmpfs the
 // host holds by a descriptor, which a spare clones) or one in z.shared.
 func (z *Zygote) reachable(workspace string) error {
+	if dir, ok := jail.HolderWorkspace(workspace); ok {
+		_, err := z.sharedRel(dir)
+		return err
+	}
 	m, _, ok, err := jail.UserNSWorkspace(workspace)
 	if ok {
 		m.Close()
@@ -444,6 +448,12 @@ func (z *Zygote) sharedPath(workspace string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return z.sharedRel(ws)
+}
+
+// sharedRel returns ws (resolved) relative to z.shared, or why the
+// template cannot reach it.
+func (z *Zygote) sharedRel(ws string) (string, error) {
 	rel, err := filepath.Rel(z.shared, ws)
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 		return "", fmt.Errorf("without root the zygote forks only for workspaces in %s, not %s", z.shared, ws)
@@ -653,6 +663,21 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 		return nil, &jail.ArgumentError{Name: "workspace", Err: errors.New("empty")}
 	}
 	fr := forkRequest{Env: jail.Environ(env), TmpSize: limits.TmpSize, NoFile: limits.NoFile, FSize: limits.FileSize, Stack: limits.Stack, Listen: listenPort}
+	if dir, ok := jail.HolderWorkspace(workspace); ok && z.shared != "" {
+		var err error
+		// Mounted by the holder, which started the template: the spare
+		// clones it from its view of z.shared (where the mount
+		// propagated) and compares it with this directory.
+		if fr.Workspace, err = z.sharedRel(dir); err != nil {
+			return nil, &jail.ArgumentError{Name: "workspace", Err: err}
+		}
+		tree, err := unix.Open(workspace, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, &jail.ArgumentError{Name: "workspace", Err: err}
+		}
+		defer unix.Close(tree)
+		return z.fork(ctx, limits, fr, f, tree)
+	}
 	mount, sub, inUserNS, err := jail.UserNSWorkspace(workspace)
 	if err != nil {
 		return nil, &jail.ArgumentError{Name: "workspace", Err: err}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
@@ -178,6 +179,9 @@ func AsNobody(t *testing.T, env, pattern string) string {
 	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "rootless.test")
 	cmd := exec.Command(bin, "-test.run", pattern, "-test.v", "-test.count=1")
 	cmd.Env = []string{env + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
+	if v := os.Getenv(jail.HolderForceEnv); v != "" {
+		cmd.Env = append(cmd.Env, jail.HolderForceEnv+"="+v)
+	}
 	cmd.Dir = tmp
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	cmd.WaitDelay = 10 * time.Second
