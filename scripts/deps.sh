@@ -13,7 +13,7 @@ pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask pyth
 # (../shared/vm next to the clone).
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -x "$root/../shared/vm/run.sh" ] || [ -x "$root/../../shared/vm/run.sh" ]; then
-  pkgs+=(qemu-system-x86)
+  pkgs+=(qemu-system-x86 systemd dbus-user-session) # systemd, dbus-user-session: internal/jail TestRealSystemdScope in the VM
 fi
 missing=()
 for p in "${pkgs[@]}"; do

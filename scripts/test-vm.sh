@@ -7,8 +7,9 @@
 # log is kept in out/vm/USER-PACKAGE.log.
 #
 #   --smoke       what `make test` runs: one boot, a few tests (cgroup v2
-#                 delegation, OOM and pids limits, the zygote rootless, a
-#                 session round trip) as root, ~2 minutes; skips (status 0,
+#                 delegation, OOM and pids limits, a scope from the real
+#                 systemd, the zygote rootless, a session round trip) as
+#                 root, ~2-3 minutes; skips (status 0,
 #                 one line saying why) where there is no VM runner or QEMU.
 #   SANDLOOP_VM   the VM runner (default: ../shared/vm/run.sh next to the
 #                 clone, as on the project's build host); see its README.
@@ -24,10 +25,11 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 smoke="" short=""
 if [ "${1:-}" = --smoke ]; then
   smoke=1
-  # The smoke test's choice: delegation and the v2 limits (jail), the
-  # zygote (root and rootless) and a session round trip, in one boot.
+  # The smoke test's choice: delegation and the v2 limits (jail; a scope
+  # from the real systemd), the zygote (root and rootless) and a session
+  # round trip, in one boot.
   VM_PKGS="jail session zygote" VM_USERS=root VM_TIMEOUT=${VM_TIMEOUT:-600}
-  VM_RUN_jail='^(TestCgroupV2Delegation|TestMemoryBombOOMKilled|TestForkBombStoppedByPidsLimit)$'
+  VM_RUN_jail='^(TestCgroupV2Delegation|TestMemoryBombOOMKilled|TestForkBombStoppedByPidsLimit|TestRealSystemdScope)$'
   VM_RUN_session='^TestStatePersists$'
   VM_RUN_zygote='^(TestForkRuns|TestRootlessZygote)$'
   short=1 # (TestRootlessZygote runs fewer tests as the user)

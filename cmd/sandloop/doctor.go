@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -157,7 +158,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		Path:      jail.DefaultPython,
 		Args:      append([]string{"python3", "-c", doctorScript}, doctorPackages...),
 		Workspace: ws,
-		Limits:    jail.Limits{Timeout: 60 * time.Second, Memory: 1 << 30},
+		Limits:    jail.Limits{Timeout: doctorTimeout, Memory: doctorMemory},
 		Env:       []string{"MPLBACKEND=Agg", "MPLCONFIGDIR=/tmp"},
 		Stdout:    &out,
 		Stderr:    &errb,
@@ -171,7 +172,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	var rep doctorReport
 	if res.ExitCode != 0 || json.Unmarshal(out.Bytes(), &rep) != nil {
 		jailFailed = true
-		line(jail.Check{Detail: fmt.Sprintf("python exited %d in the sandbox: %s", res.ExitCode, bytes.TrimSpace(errb.Bytes())), Fix: podFixIf(kube)}, "jail")
+		line(jail.Check{Detail: doctorJailFailure(res, errb.Bytes()), Fix: podFixIf(kube)}, "jail")
 		return verdict()
 	}
 	// What the jail costs, apart from importing the packages (slow the
@@ -191,6 +192,32 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		}
 	}
 	return verdict()
+}
+
+// The limits of doctor's sandbox: room for importing numpy, pandas and
+// matplotlib from a cold file cache on a slow host.
+const (
+	doctorTimeout = 60 * time.Second
+	doctorMemory  = 1 << 30
+)
+
+// doctorJailFailure says why doctor's Python did not report: how it ended
+// (a timeout or an OOM kill is named, not left as a bare 137) and what it
+// printed.
+func doctorJailFailure(res *jail.Result, stderr []byte) string {
+	how := fmt.Sprintf("python exited %d in the sandbox", res.ExitCode)
+	switch {
+	case res.TimedOut:
+		how = fmt.Sprintf("python did not finish within %s in the sandbox (importing %s; a very slow or overloaded host? run doctor again)", doctorTimeout, strings.Join(doctorPackages, ", "))
+	case res.OOMKilled:
+		how = fmt.Sprintf("python was killed by the kernel's OOM killer at doctor's %d MiB memory limit in the sandbox", doctorMemory>>20)
+	case res.Signal != "":
+		how = fmt.Sprintf("python was killed by %s in the sandbox", res.Signal)
+	}
+	if msg := bytes.TrimSpace(stderr); len(msg) > 0 {
+		return how + ": " + string(msg)
+	}
+	return how
 }
 
 // podFixIf points a failed jail line to the pod lines, in a pod.

@@ -24,14 +24,16 @@ import (
 	"github.com/sandloop/sandloop/internal/jail/jailtest"
 )
 
-// systemd is not on this machine (nor in the test VM), so these tests
-// put a fake in its place: a D-Bus peer owning org.freedesktop.systemd1
-// on a private dbus-daemon, answering StartTransientUnit as systemd does
-// for a scope (it creates the group, moves the PIDs, delegates it to the
-// caller's uid and announces the job's end with JobRemoved). What sandloop
-// asks for and what it does with each answer is tested for real; that
-// systemd answers the same way is argued from its documentation
-// (org.freedesktop.systemd1(5)) and from runc's use of the same calls.
+// systemd is not the init on this machine (nor in the test VM), so most
+// of these tests put a fake in its place: a D-Bus peer owning
+// org.freedesktop.systemd1 on a private dbus-daemon, answering
+// StartTransientUnit as systemd does for a scope (it creates the group,
+// moves the PIDs, delegates it to the caller's uid and announces the job's
+// end with JobRemoved), and also as it does when it refuses, fails or
+// hangs. What sandloop asks for and what it does with each answer is
+// tested for real. TestRealSystemdScope then runs the real systemd (a
+// manager of its own beside the init) where there is a cgroup v2
+// hierarchy with controllers, as in make test-vm.
 
 // privateBus starts a dbus-daemon of its own on a socket in a temporary
 // directory and returns its address.
@@ -366,35 +368,16 @@ func TestSystemdDelegatedScope(t *testing.T) {
 		{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", 65534},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			child := exec.Command(bin, "-test.run", "^TestMain$")
-			child.Env = []string{"SANDLOOP_SCOPE_CHILD=1", c.busVar + "=" + addr, "PATH=/usr/bin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp}
-			child.Dir = tmp
-			child.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dirf.Fd())}
-			if c.uid != 0 {
-				child.SysProcAttr.Credential = &syscall.Credential{Uid: c.uid, Gid: c.uid}
-			}
-			var stdout, stderr bytes.Buffer
-			child.Stdout, child.Stderr = &stdout, &stderr
 			before := len(fake.requests())
-			if err := child.Run(); err != nil {
-				t.Fatalf("child: %v\n%s", err, stderr.String())
-			}
-			var got struct {
-				V2, Cgroup, Err, Enforce string
-				OOM                      bool
-			}
-			if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-				t.Fatalf("child said %q (%v)\n%s", stdout.String(), err, stderr.String())
-			}
-			t.Logf("child: %+v", got)
+			got, pid := runScopeChild(t, bin, tmp, c.busVar+"="+addr, c.uid, dirf)
 
 			reqs := fake.requests()[before:]
 			if len(reqs) != 1 {
 				t.Fatalf("systemd was asked %d times, want once: %+v", len(reqs), reqs)
 			}
-			r, pid := reqs[0], uint32(child.Process.Pid)
+			r := reqs[0]
 			if r.Name != scopeName(int(pid)) || r.Props["Delegate"] != true || r.Props["Slice"] != c.slice ||
-				!slices.Equal(r.Props["PIDs"].([]uint32), []uint32{pid}) || r.CallerPID != pid {
+				!slices.Equal(r.Props["PIDs"].([]uint32), []uint32{uint32(pid)}) || r.CallerPID != uint32(pid) {
 				t.Errorf("asked systemd for %+v, want a delegated scope in %s holding only the caller %d", r, c.slice, pid)
 			}
 			scope := filepath.Join(base, c.slice, scopeName(int(pid)))
@@ -419,4 +402,219 @@ func TestSystemdDelegatedScope(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scopeReport is what scopeChild reports.
+type scopeReport struct {
+	V2, Cgroup, Err, Enforce string
+	OOM                      bool
+}
+
+// runScopeChild runs scopeChild (the test binary bin, from tmp) as uid in
+// the group session, with busVar ("NAME=address") pointing it at a
+// systemd, and returns its report and its PID.
+func runScopeChild(t *testing.T, bin, tmp, busVar string, uid uint32, session *os.File) (scopeReport, int) {
+	t.Helper()
+	child := exec.Command(bin, "-test.run", "^TestMain$")
+	child.Env = []string{"SANDLOOP_SCOPE_CHILD=1", busVar, "PATH=/usr/bin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp}
+	child.Dir = tmp
+	child.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(session.Fd())}
+	if uid != 0 {
+		child.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
+	}
+	var stdout, stderr bytes.Buffer
+	child.Stdout, child.Stderr = &stdout, &stderr
+	if err := child.Run(); err != nil {
+		t.Fatalf("child: %v\n%s", err, stderr.String())
+	}
+	var got scopeReport
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("child said %q (%v)\n%s", stdout.String(), err, stderr.String())
+	}
+	t.Logf("child: %+v", got)
+	return got, child.Process.Pid
+}
+
+// The same with the real systemd: its manager (a user manager, the only
+// kind that can be started beside another init; its D-Bus API is the
+// system manager's) on its own bus, over a cgroup v2 tree of its own as
+// user@UID.service has. sandloop, sharing a login session's group with
+// another process, asks it for a delegated scope and runs a sandbox there
+// whose memory limit the kernel enforces. As root sandloop asks "the
+// system bus", here that manager's bus, for a scope in system.slice.
+//
+// What this does not cover: from a real login session (a group of
+// logind's, owned by root) a user manager cannot move the caller itself
+// and asks the system manager to (systemd's AttachProcessesToUnit); here
+// the session's parent is the user's, as inside a delegated tree.
+//
+// It needs cgroup v2 with controllers (the VM of make test-vm; a systemd
+// host) and root; systemd refuses to run a user manager unless
+// /run/systemd/system exists, so the manager gets a /run of its own.
+func TestRealSystemdScope(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make cgroups and switch users")
+	}
+	var mount string
+	for _, m := range readMountinfo() {
+		if m.fstype == "cgroup2" {
+			mount = m.point
+			break
+		}
+	}
+	if mount == "" || !hasAll(strings.Fields(readFileString(filepath.Join(mount, "cgroup.controllers"))), v2Controllers) {
+		t.Skip("needs a cgroup v2 hierarchy with the memory, pids and cpu controllers (make test-vm runs this)")
+	}
+	systemd := ""
+	for _, p := range []string{"/usr/lib/systemd/systemd", "/lib/systemd/systemd"} {
+		if exists(p) {
+			systemd = p
+			break
+		}
+	}
+	if systemd == "" {
+		t.Skip("systemd is not installed")
+	}
+	bin, tmp := jailtest.CopyForNobody(t, "sandloop-realsd-", "jail.test")
+	for _, c := range []struct {
+		name, slice, busVar string
+		uid                 uint32
+	}{
+		{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
+		{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", 65534},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// base (the user's, as user-UID.slice's subtree is the user's
+			// inside a delegated tree): manager/ (user@UID.service) and
+			// session/ (root's, shared with another process).
+			base := filepath.Join(mount, "sandloop-test-"+randomID())
+			manager, session := filepath.Join(base, "manager"), filepath.Join(base, "session")
+			for _, d := range []string{base, manager, session} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() { removeTree(base) })
+			if err := os.WriteFile(filepath.Join(base, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range []string{base, manager} {
+				for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"} {
+					if err := os.Chown(filepath.Join(d, f), int(c.uid), int(c.uid)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			addr := startRealSystemd(t, systemd, manager, c.uid)
+
+			sessf, err := os.Open(session)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sessf.Close()
+			other := exec.Command("sleep", "600")
+			other.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(sessf.Fd())}
+			if err := other.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+
+			got, pid := runScopeChild(t, bin, tmp, c.busVar+"="+addr, c.uid, sessf)
+			scope := filepath.Join(manager, c.slice, scopeName(pid))
+			if got.Err != "" || got.V2 != scope || !strings.HasSuffix(filepath.Join(scope, supervisorLeaf), got.Cgroup) {
+				t.Errorf("sandloop manages %q and runs in %q (%s), want systemd's scope %s and its supervisor leaf", got.V2, got.Cgroup, got.Err, scope)
+			}
+			if !got.OOM || got.Enforce != "cgroup v2" {
+				t.Errorf("a 64 MiB memory bomb in a sandbox in systemd's scope: OOM %v, enforced by %q", got.OOM, got.Enforce)
+			}
+			if procs := readFileString(filepath.Join(session, "cgroup.procs")); procs != strconv.Itoa(other.Process.Pid) {
+				t.Errorf("the session's other process was moved or joined: %s holds %q", session, procs)
+			}
+		})
+	}
+}
+
+// startRealSystemd starts systemd's manager as uid in the group dir with
+// a /run of its own holding /run/systemd/system (what it checks to know it
+// may run), waits until it answers on its bus (the user's bus, which it
+// starts itself on first use: dbus.socket, dbus-user-session) and returns
+// that bus's address. It stops the manager at the test's end.
+func startRealSystemd(t *testing.T, systemd, dir string, uid uint32) string {
+	t.Helper()
+	if !exists("/usr/lib/systemd/user/dbus.socket") {
+		t.Skip("needs the user bus units of systemd (apt-get install dbus-user-session)")
+	}
+	runtime := filepath.Join(jailtest.ReadableTempDir(t, "sandloop-xdg-"), "run")
+	if err := os.Mkdir(runtime, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(runtime, int(uid), int(uid)); err != nil {
+		t.Fatal(err)
+	}
+	dirf, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dirf.Close()
+	addr := "unix:path=" + filepath.Join(runtime, "bus")
+	env := []string{"PATH=/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + runtime, "XDG_RUNTIME_DIR=" + runtime, "DBUS_SESSION_BUS_ADDRESS=" + addr}
+	asUser := []string{"setpriv", "--reuid=" + strconv.Itoa(int(uid)), "--regid=" + strconv.Itoa(int(uid)), "--clear-groups"}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs -o mode=755 sandloop-test /run && mkdir -p /run/systemd/system && exec "$@"`, "sh")
+	cmd.Args = append(append(cmd.Args, asUser...), systemd, "--user")
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dirf.Fd())}
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// Up when its name is on the bus (seconds, also under emulation; the
+	// first connection starts the bus).
+	var status []byte
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
+		busctl := exec.Command(asUser[0], append(asUser[1:], "busctl", "--user", "status", "org.freedesktop.systemd1")...)
+		busctl.Env = env
+		if status, err = busctl.CombinedOutput(); err == nil {
+			return addr
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("systemd --user exited (%v):\n%s", err, log.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	t.Fatalf("systemd --user did not answer on its bus within 2 minutes: busctl: %s\n%s", status, log.String())
+	return ""
+}
+
+// syncBuffer is a bytes.Buffer safe to write from one goroutine and read
+// from another.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
