@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -29,11 +30,15 @@ const rootlessEnv = "SANDLOOP_SESSION_ROOTLESS"
 // run that must be the only reason.
 func skipWithoutQuota(t *testing.T) {
 	t.Helper()
-	if c := jail.QuotaSupport(); !c.OK {
+	c := jail.QuotaSupport()
+	if !c.OK {
 		t.Skip("workspace quotas: " + c.Detail)
 	}
-	if os.Getenv(rootlessEnv) != "" && os.Geteuid() == 0 {
-		t.Fatal("the rootless run is root")
+	if os.Getenv(rootlessEnv) != "" {
+		if os.Geteuid() == 0 {
+			t.Fatal("the rootless run is root")
+		}
+		t.Logf("workspace quota: %s", c.Detail)
 	}
 }
 
@@ -125,7 +130,9 @@ func TestQuotaFiles(t *testing.T) {
 // TestQuotaRootless runs the quota tests as an unprivileged user, whose
 // workspaces are tmpfs mounts made in a user namespace (detached, or
 // before 6.15 held by the holder).
-func TestQuotaRootless(t *testing.T) {
+func TestQuotaRootless(t *testing.T) { quotaRootless(t) }
+
+func quotaRootless(t *testing.T) string {
 	out := sessiontest.AsNobody(t, rootlessEnv, "^(TestQuotaColdSession|TestQuotaPooledSession|TestQuotaFiles)$")
 	for _, name := range []string{"TestQuotaColdSession", "TestQuotaPooledSession", "TestQuotaFiles"} {
 		if !strings.Contains(out, "--- PASS: "+name) {
@@ -133,13 +140,19 @@ func TestQuotaRootless(t *testing.T) {
 		}
 	}
 	t.Logf("%s", out)
+	return out
 }
 
 // TestQuotaRootlessHolder is TestQuotaRootless with the workspaces
 // mounted by the holder, as kernels before 6.15 have them, on any kernel.
 func TestQuotaRootlessHolder(t *testing.T) {
+	if jailtest.KernelBefore(6, 15) {
+		t.Skip("TestQuotaRootless uses the holder on this kernel already")
+	}
 	t.Setenv(jail.HolderForceEnv, "1")
-	TestQuotaRootless(t)
+	if out := quotaRootless(t); !strings.Contains(out, "held there by a helper process") {
+		t.Errorf("the workspaces were not the holder's:\n%s", out)
+	}
 }
 
 func tarNames(t *testing.T, r io.Reader) []string {

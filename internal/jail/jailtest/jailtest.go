@@ -4,9 +4,12 @@
 package jailtest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Nobody is the uid and gid the rootless tests run as.
@@ -48,4 +51,18 @@ func CopyForNobody(t testing.TB, prefix, name string) (bin, tmp string) {
 		t.Fatal(err)
 	}
 	return bin, tmp
+}
+
+// KernelBefore reports whether the running kernel is older than
+// major.minor (false if its release cannot be read).
+func KernelBefore(major, minor int) bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var maj, min int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min); err != nil {
+		return false
+	}
+	return maj < major || maj == major && min < minor
 }
