@@ -229,7 +229,9 @@ func TestInContainer(t *testing.T) {
 	safe := containerSettings{seccomp: filepath.Join(root, "deploy/seccomp/sandloop.json"), userns: true, unmasked: true}
 
 	t.Run("documented settings", func(t *testing.T) {
-		code, out := inContainer(t, dir, safe, nil, "/opt/sandloop", "doctor")
+		// (--timeout: under emulation, as in make test-vm, importing the
+		// packages takes minutes.)
+		code, out := inContainer(t, dir, safe, nil, "/opt/sandloop", "doctor", "--timeout", "10m")
 		if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "in a container") || !strings.Contains(out, "ok    jail") || strings.Contains(out, "pod ") {
 			t.Fatalf("doctor in the container: exit %d\n%s", code, out)
 		}

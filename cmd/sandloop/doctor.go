@@ -45,23 +45,29 @@ type doctorReport struct {
 }
 
 func newDoctorCmd() *cobra.Command {
-	return &cobra.Command{
+	timeout := defaultDoctorTimeout
+	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Show which isolation layers this host supports and what the sandbox's Python can import",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !runDoctor(cmd.Context(), cmd.OutOrStdout()) {
+			if timeout <= 0 {
+				return usagef("--timeout %s: want a positive duration such as 60s or 5m", timeout)
+			}
+			if !runDoctor(cmd.Context(), cmd.OutOrStdout(), timeout) {
 				return &exitError{1}
 			}
 			return nil
 		},
 	}
+	cmd.Flags().DurationVar(&timeout, "timeout", timeout, "how long the sandbox's Python may take to start and import the packages (a slow or emulated host may need more)")
+	return cmd
 }
 
 // runDoctor prints the report, one line per layer (ok, warn where a
 // documented weaker layer stands in, FAIL with the fix), and says whether a
 // safe sandbox can be built: yes exactly when no line says FAIL.
-func runDoctor(ctx context.Context, w io.Writer) bool {
+func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
 	fails, warns := 0, 0
 	line := func(c jail.Check, name string) {
 		mark := "ok  "
@@ -158,7 +164,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 		Path:      jail.DefaultPython,
 		Args:      append([]string{"python3", "-c", doctorScript}, doctorPackages...),
 		Workspace: ws,
-		Limits:    jail.Limits{Timeout: doctorTimeout, Memory: doctorMemory},
+		Limits:    jail.Limits{Timeout: timeout, Memory: doctorMemory},
 		Env:       []string{"MPLBACKEND=Agg", "MPLCONFIGDIR=/tmp"},
 		Stdout:    &out,
 		Stderr:    &errb,
@@ -172,7 +178,7 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 	var rep doctorReport
 	if res.ExitCode != 0 || json.Unmarshal(out.Bytes(), &rep) != nil {
 		jailFailed = true
-		line(jail.Check{Detail: doctorJailFailure(res, errb.Bytes()), Fix: podFixIf(kube)}, "jail")
+		line(jail.Check{Detail: doctorJailFailure(res, errb.Bytes(), timeout), Fix: podFixIf(kube)}, "jail")
 		return verdict()
 	}
 	// What the jail costs, apart from importing the packages (slow the
@@ -195,20 +201,20 @@ func runDoctor(ctx context.Context, w io.Writer) bool {
 }
 
 // The limits of doctor's sandbox: room for importing numpy, pandas and
-// matplotlib from a cold file cache on a slow host.
+// matplotlib from a cold file cache on a slow host (--timeout for slower).
 const (
-	doctorTimeout = 60 * time.Second
-	doctorMemory  = 1 << 30
+	defaultDoctorTimeout = 60 * time.Second
+	doctorMemory         = 1 << 30
 )
 
 // doctorJailFailure says why doctor's Python did not report: how it ended
 // (a timeout or an OOM kill is named, not left as a bare 137) and what it
 // printed.
-func doctorJailFailure(res *jail.Result, stderr []byte) string {
+func doctorJailFailure(res *jail.Result, stderr []byte, timeout time.Duration) string {
 	how := fmt.Sprintf("python exited %d in the sandbox", res.ExitCode)
 	switch {
 	case res.TimedOut:
-		how = fmt.Sprintf("python did not finish within %s in the sandbox (importing %s; a very slow or overloaded host? run doctor again)", doctorTimeout, strings.Join(doctorPackages, ", "))
+		how = fmt.Sprintf("python did not finish within %s in the sandbox (importing %s; a very slow or overloaded host? run doctor again with a longer --timeout)", timeout, strings.Join(doctorPackages, ", "))
 	case res.OOMKilled:
 		how = fmt.Sprintf("python was killed by the kernel's OOM killer at doctor's %d MiB memory limit in the sandbox", doctorMemory>>20)
 	case res.Signal != "":

@@ -219,6 +219,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--memory", "1G", "--disk", "2G"}, "--disk 2G is more than --memory 1G"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-memory", "1G", "--max-disk", "2G"}, "--max-disk 2G is more than --max-memory 1G"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-disk", "1G"}, "--max-disk 1G is more than --max-memory 512M"},
+		{[]string{"doctor", "--timeout", "0s"}, "--timeout 0s: want a positive duration"},
 		{[]string{"frobnicate"}, "unknown command"},
 	}
 	for _, c := range cases {
