@@ -113,6 +113,8 @@ func runHolder() int {
 		return 2
 	}
 	base := os.Args[1]
+	// (Not for the jails it starts.)
+	unix.CloseOnExec(sock)
 	// Keep the holder's mounts out of the server's namespace (which they
 	// could not reach anyway: this one is less privileged), then share
 	// base with the copies the jails get.

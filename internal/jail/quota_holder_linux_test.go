@@ -36,7 +36,7 @@ func TestQuotaHolder(t *testing.T) {
 	// then starts (testWorkspace): the same protections hold.
 	tests := []string{"TestQuotaHolderWorkspace", "TestRlimitsBindTheProgramNotTheInit", "TestAttacksFail", "TestForkBombStoppedByPidsLimit", "TestCPUSpinStoppedAtTimeout", "TestDoubleForkedDaemonGone", "TestNoInheritedDescriptors"}
 	cmd := exec.Command(bin, "-test.run", "^("+strings.Join(tests, "|")+")$", "-test.v", "-test.count=1")
-	cmd.Env = []string{holderChildEnv + "=1", HolderForceEnv + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
+	cmd.Env = []string{holderChildEnv + "=1", HolderForceEnv + "=1", "SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
 	cmd.Dir = tmp
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	cmd.WaitDelay = 10 * time.Second
