@@ -52,7 +52,10 @@ import (
 // workspace no jail still holds; only the empty base directory is left,
 // which the next sandloop sweeps (it is named as OwnedTempDir names
 // workspaces). Removing a workspace detaches its mount in the holder
-// (MNT_DETACH): jails that hold it keep its files until they end.
+// (MNT_DETACH): jails that hold it keep its files until they end. The
+// holder is not restarted: should it die alone (only its user or the OOM
+// killer can kill it), its workspaces are gone and new ones fail with
+// "the holder has exited" until sandloop restarts.
 
 // holderArg0 is argv[0] of the holder. It gets the base directory as its
 // argument and its socket as descriptor 3.
