@@ -51,6 +51,18 @@ type run struct {
 // CAP_SYS_ADMIN cannot pass through (it attaches the workspace by path).
 func testWorkspace(t *testing.T) string {
 	t.Helper()
+	if os.Getenv(holderChildEnv) != "" {
+		// TestQuotaHolder's run: jails the holder starts.
+		q, err := NewQuotaDir(0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.holderName == "" {
+			t.Fatalf("not the holder's workspace: %+v", q)
+		}
+		t.Cleanup(func() { q.Remove() })
+		return q.Path
+	}
 	ws, err := os.MkdirTemp("", "sandloop-test-ws-")
 	if err != nil {
 		t.Fatal(err)

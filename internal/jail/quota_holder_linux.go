@@ -52,7 +52,10 @@ import (
 // workspace no jail still holds; only the empty base directory is left,
 // which the next sandloop sweeps (it is named as OwnedTempDir names
 // workspaces). Removing a workspace detaches its mount in the holder
-// (MNT_DETACH): jails that hold it keep its files until they end.
+// (MNT_DETACH): jails that hold it keep its files until they end. The
+// holder is not restarted: should it die alone (only its user or the OOM
+// killer can kill it), its workspaces are gone and new ones fail with
+// "the holder has exited" until sandloop restarts.
 
 // holderArg0 is argv[0] of the holder. It gets the base directory as its
 // argument and its socket as descriptor 3.
@@ -113,6 +116,8 @@ func runHolder() int {
 		return 2
 	}
 	base := os.Args[1]
+	// (Not for the jails it starts.)
+	unix.CloseOnExec(sock)
 	// Keep the holder's mounts out of the server's namespace (which they
 	// could not reach anyway: this one is less privileged), then share
 	// base with the copies the jails get.
@@ -139,16 +144,21 @@ func runHolder() int {
 		if err != nil || n == 0 {
 			return 0 // the server is gone
 		}
-		fds := receivedFDs(oob[:oobn])
+		// As files, closed here (never by a finalizer later, when their
+		// numbers may be another descriptor's).
+		var files []*os.File
+		for _, fd := range receivedFDs(oob[:oobn]) {
+			files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(len(files))))
+		}
 		var req holderRequest
 		r, fd := holderReply{}, -1
 		if err := json.Unmarshal(buf[:n], &req); err != nil {
 			r.Error = "bad request: " + err.Error()
 		} else {
-			r, fd = serveHolder(base, &req, fds)
+			r, fd = serveHolder(base, &req, files)
 		}
-		for _, f := range fds {
-			unix.Close(f)
+		for _, f := range files {
+			f.Close()
 		}
 		err = reply(r, fd)
 		if fd >= 0 {
@@ -160,7 +170,7 @@ func runHolder() int {
 	}
 }
 
-func serveHolder(base string, req *holderRequest, fds []int) (holderReply, int) {
+func serveHolder(base string, req *holderRequest, files []*os.File) (holderReply, int) {
 	fail := func(err error) (holderReply, int) { return holderReply{Error: err.Error()}, -1 }
 	switch req.Op {
 	case "mount":
@@ -194,7 +204,7 @@ func serveHolder(base string, req *holderRequest, fds []int) (holderReply, int) 
 		unix.Rmdir(dir)
 		return holderReply{}, -1
 	case "spawn":
-		pid, err := holderSpawn(req.Spawn, fds)
+		pid, err := holderSpawn(req.Spawn, files)
 		if err != nil {
 			return fail(err)
 		}
@@ -203,16 +213,11 @@ func serveHolder(base string, req *holderRequest, fds []int) (holderReply, int) 
 	return fail(fmt.Errorf("unknown request %q", req.Op))
 }
 
-// holderSpawn starts s with the descriptors fds as the server's child
+// holderSpawn starts s with the descriptors files as the server's child
 // (CLONE_PARENT) in a copy of the holder's mount namespace.
-func holderSpawn(s *spawnRequest, fds []int) (int, error) {
-	if s == nil || s.Files < 3 || s.Files != len(fds) {
-		return 0, fmt.Errorf("want a command and at least 3 descriptors, got %d", len(fds))
-	}
-	files := make([]*os.File, len(fds))
-	for i, fd := range fds {
-		// (Not owned: runHolder closes fds.)
-		files[i] = os.NewFile(uintptr(fd), "fd"+strconv.Itoa(i))
+func holderSpawn(s *spawnRequest, files []*os.File) (int, error) {
+	if s == nil || s.Files < 3 || s.Files != len(files) {
+		return 0, fmt.Errorf("want a command and at least 3 descriptors, got %d", len(files))
 	}
 	cmd := func(path string) *exec.Cmd {
 		return &exec.Cmd{

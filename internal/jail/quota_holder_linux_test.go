@@ -20,8 +20,8 @@ import (
 
 const holderChildEnv = "SANDLOOP_HOLDER_CHILD"
 
-// TestQuotaHolder runs TestQuotaHolderWorkspace as an unprivileged user,
-// with the holder (quota_holder_linux.go): on a kernel that cannot clone
+// TestQuotaHolder runs TestQuotaHolderWorkspace, and the attack tests
+// on workspaces the holder made, as an unprivileged user, with the holder (quota_holder_linux.go): on a kernel that cannot clone
 // a detached mount (before 6.15) because that is how workspaces are capped
 // there, on newer ones because HolderForceEnv asks for it.
 func TestQuotaHolder(t *testing.T) {
@@ -32,14 +32,22 @@ func TestQuotaHolder(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := jailtest.CopyForNobody(t, "sandloop-holder-", "jail.test")
-	cmd := exec.Command(bin, "-test.run", "^TestQuotaHolderWorkspace$", "-test.v", "-test.count=1")
-	cmd.Env = []string{holderChildEnv + "=1", HolderForceEnv + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
+	// With the rootless subset of TestRootless, whose jails the holder
+	// then starts (testWorkspace): the same protections hold.
+	tests := []string{"TestQuotaHolderWorkspace", "TestRlimitsBindTheProgramNotTheInit", "TestAttacksFail", "TestForkBombStoppedByPidsLimit", "TestCPUSpinStoppedAtTimeout", "TestDoubleForkedDaemonGone", "TestNoInheritedDescriptors"}
+	cmd := exec.Command(bin, "-test.run", "^("+strings.Join(tests, "|")+")$", "-test.v", "-test.count=1")
+	cmd.Env = []string{holderChildEnv + "=1", HolderForceEnv + "=1", "SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
 	cmd.Dir = tmp
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestQuotaHolderWorkspace")) {
+	if err != nil {
 		t.Fatalf("as nobody: %v\n%s", err, out)
+	}
+	for _, name := range tests {
+		if !bytes.Contains(out, []byte("--- PASS: "+name+" ")) {
+			t.Errorf("%s did not pass with the holder's jails", name)
+		}
 	}
 	t.Logf("%s", out)
 	// Nothing is left: the holder died with the test binary, and its

@@ -161,7 +161,7 @@ const (
 
 // rootlessQuota says how workspaces are capped without CAP_SYS_ADMIN on
 // the host: quotaDetached where the kernel can clone a detached mount
-// (6.15 on), else quotaHolder where user namespaces work, else "" (not
+// (6.15 on), else quotaHeld where user namespaces work, else "" (not
 // at all). The holder is started only if the detached clone is refused
 // (or HolderForceEnv asks for it).
 var rootlessQuota = sync.OnceValue(func() string {
