@@ -321,13 +321,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make cgroups and switch users")
 	}
-	var mount string
-	for _, m := range readMountinfo() {
-		if m.fstype == "cgroup2" {
-			mount = m.point
-			break
-		}
-	}
+	mount := cgroup2Mount()
 	if mount == "" {
 		t.Skip("no cgroup v2 hierarchy")
 	}
@@ -360,13 +354,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 
 	bin, tmp := jailtest.CopyForNobody(t, "sandloop-scope-", "jail.test")
 
-	for _, c := range []struct {
-		name, slice, busVar string
-		uid                 uint32
-	}{
-		{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
-		{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", 65534},
-	} {
+	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
 			before := len(fake.requests())
 			got, pid := runScopeChild(t, bin, tmp, c.busVar+"="+addr, c.uid, dirf)
@@ -402,6 +390,27 @@ func TestSystemdDelegatedScope(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scopeCallers are who asks systemd for a scope: root (the system
+// manager) and an ordinary user (the user's manager), with the slice each
+// scope goes to and the variable that names each bus.
+var scopeCallers = []struct {
+	name, slice, busVar string
+	uid                 uint32
+}{
+	{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
+	{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", jailtest.Nobody},
+}
+
+// cgroup2Mount is where the cgroup v2 hierarchy is mounted, or "".
+func cgroup2Mount() string {
+	for _, m := range readMountinfo() {
+		if m.fstype == "cgroup2" {
+			return m.point
+		}
+	}
+	return ""
 }
 
 // scopeReport is what scopeChild reports.
@@ -455,13 +464,7 @@ func TestRealSystemdScope(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make cgroups and switch users")
 	}
-	var mount string
-	for _, m := range readMountinfo() {
-		if m.fstype == "cgroup2" {
-			mount = m.point
-			break
-		}
-	}
+	mount := cgroup2Mount()
 	if mount == "" || !hasAll(strings.Fields(readFileString(filepath.Join(mount, "cgroup.controllers"))), v2Controllers) {
 		t.Skip("needs a cgroup v2 hierarchy with the memory, pids and cpu controllers (make test-vm runs this)")
 	}
@@ -476,13 +479,7 @@ func TestRealSystemdScope(t *testing.T) {
 		t.Skip("systemd is not installed")
 	}
 	bin, tmp := jailtest.CopyForNobody(t, "sandloop-realsd-", "jail.test")
-	for _, c := range []struct {
-		name, slice, busVar string
-		uid                 uint32
-	}{
-		{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
-		{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", 65534},
-	} {
+	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
 			// base (the user's, as user-UID.slice's subtree is the user's
 			// inside a delegated tree): manager/ (user@UID.service) and

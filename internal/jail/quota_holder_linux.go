@@ -324,18 +324,7 @@ func startHolderHere(base string) (*quotaHolder, error) {
 	theirs := os.NewFile(uintptr(pair[1]), "quota-holder")
 	defer theirs.Close()
 	cmd, err := startInit(func(path string) *exec.Cmd {
-		return &exec.Cmd{
-			Path:       path,
-			Args:       []string{holderArg0, base},
-			Env:        []string{},
-			ExtraFiles: []*os.File{theirs},
-			SysProcAttr: &syscall.SysProcAttr{
-				Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
-				UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
-				GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
-				Pdeathsig:   syscall.SIGKILL,
-			},
-		}
+		return ownUserNSCommand(path, theirs, holderArg0, base)
 	})
 	if err != nil {
 		unix.Close(pair[0])

@@ -119,6 +119,25 @@ func makeDetachedTmpfs(args []string) (int, error) {
 	return mfd, nil
 }
 
+// ownUserNSCommand runs the init program at path as argv0 (with args) in
+// a user and a mount namespace of its own where root is this process's
+// uid and gid, with sock as its descriptor 3; it dies with this process's
+// thread that started it.
+func ownUserNSCommand(path string, sock *os.File, argv0 string, args ...string) *exec.Cmd {
+	return &exec.Cmd{
+		Path:       path,
+		Args:       append([]string{argv0}, args...),
+		Env:        []string{},
+		ExtraFiles: []*os.File{sock},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+			Pdeathsig:   syscall.SIGKILL,
+		},
+	}
+}
+
 // newUserNSTmpfs makes a tmpfs of size bytes and inodes inodes in a user
 // namespace of a helper's and returns the detached mount's descriptor.
 func newUserNSTmpfs(size int64, inodes int) (*os.File, error) {
@@ -129,22 +148,11 @@ func newUserNSTmpfs(size int64, inodes int) (*os.File, error) {
 	ours, theirs := os.NewFile(uintptr(pair[0]), "quota-helper"), os.NewFile(uintptr(pair[1]), "quota-helper")
 	defer ours.Close()
 	defer theirs.Close()
-	helper := func(path string) *exec.Cmd {
-		return &exec.Cmd{
-			Path:       path,
-			Args:       []string{quotaArg0, strconv.FormatInt(size, 10), strconv.Itoa(inodes)},
-			Env:        []string{},
-			ExtraFiles: []*os.File{theirs},
-			SysProcAttr: &syscall.SysProcAttr{
-				Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
-				UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
-				GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
-				Pdeathsig:   syscall.SIGKILL,
-			},
-			WaitDelay: 2 * time.Second,
-		}
-	}
-	cmd, err := startInit(helper)
+	cmd, err := startInit(func(path string) *exec.Cmd {
+		cmd := ownUserNSCommand(path, theirs, quotaArg0, strconv.FormatInt(size, 10), strconv.Itoa(inodes))
+		cmd.WaitDelay = 2 * time.Second
+		return cmd
+	})
 	if err != nil {
 		return nil, fmt.Errorf("start the helper in a user namespace: %w", err)
 	}
