@@ -18,6 +18,11 @@
 #   VM_SKIP       a -test.skip pattern for every package.
 #   VM_PKGS       the packages (default: "jail session zygote").
 #   VM_USERS      "root unprivileged" (default) or one of them.
+#   VM_CONTAINER  1 (default; not in --smoke): also cmd/sandloop's
+#                 TestInContainer as root: sandloop in a crun container
+#                 (user namespace, the shipped seccomp profile) with the
+#                 container's cgroup v2 group delegated to it (~10 min).
+#                 0 skips it.
 #   VM_CPU        QEMU's CPU model (default: max).
 #   VM_TIMEOUT    seconds for the whole VM run, boot included (default: 3600).
 set -euo pipefail
@@ -63,6 +68,11 @@ chmod 755 "$root/out" "$out"
 for p in $pkgs; do
   (cd "$root" && CGO_ENABLED=0 go test -c -o "$out/$p.test" "./internal/$p")
 done
+container=""
+if [ -z "$smoke" ] && [ "${VM_CONTAINER:-1}" != 0 ] && [[ " $users " == *" root "* ]]; then
+  container=1
+  (cd "$root" && CGO_ENABLED=0 go test -c -o "$out/container.test" ./cmd/sandloop)
+fi
 # The guest script: each package's binary in its own directory (as go test
 # runs it), as root, then as uid 65534 in a group delegated to it. -test.v
 # only for the counts.
@@ -98,6 +108,14 @@ GUEST
       echo "report $user $p \$? \$start"
     done
   done
+  if [ -n "$container" ]; then
+    # It builds sandloop and the jail's tests in the guest: Go, its caches
+    # and its settings (the host's HOME, passed by the VM runner) are the
+    # host's, copy-on-write.
+    echo "start=\$(date +%s)"
+    echo "(cd cmd/sandloop && PATH='$(dirname "$(command -v go)")':/usr/bin:/bin:/usr/sbin:/sbin GOCACHE='$(go env GOCACHE)' GOMODCACHE='$(go env GOMODCACHE)' '$out/container.test' -test.count=1 -test.v -test.timeout=50m -test.run '^TestInContainer\$') >'$out/root-container.log' 2>&1"
+    echo "report root container \$? \$start"
+  fi
   echo 'exit $status'
 } >"$out/guest.sh"
 chmod 755 "$out/guest.sh"
