@@ -49,8 +49,11 @@ func printNetworkLog(w io.Writer, l *egress.Log) {
 	fmt.Fprintf(w, "sandloop: network: %d connections, %d bytes through the proxy (allowed: %s)\n", len(l.Entries), l.Bytes, strings.Join(l.Allow, ", "))
 	for _, e := range l.Entries {
 		verdict := "allowed"
-		if !e.Allowed {
+		switch {
+		case !e.Allowed:
 			verdict = "refused"
+		case e.Open:
+			verdict = "open (so far)"
 		}
 		line := fmt.Sprintf("sandloop: network: %s %s %s %s:%d, %d bytes out, %d in", e.Time.Format("15:04:05"), verdict, e.Method, e.Host, e.Port, e.BytesOut, e.BytesIn)
 		if e.Reason != "" {

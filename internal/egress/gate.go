@@ -54,6 +54,9 @@ type Gate struct {
 	listeners map[net.Listener]bool
 	conns     map[net.Conn]bool
 	entries   []Entry
+	// open: the allowed connections under way (one request at a time per
+	// client connection), listed by Log until finish logs them.
+	open map[*countConn]openConn
 	dropped   int
 	wg        sync.WaitGroup
 	client    *http.Client // the mirror's, made on first use
@@ -80,6 +83,9 @@ type Entry struct {
 	// (served from the host's cache), "miss" (fetched, verified, stored)
 	// or "index" (an index page, fetched and never cached).
 	Cache string `json:"cache,omitempty"`
+	// Open: the connection or request is under way; its bytes and
+	// duration are those so far.
+	Open bool `json:"open,omitempty"`
 }
 
 // Log is a snapshot of a gate's state and its connection log.
@@ -199,13 +205,41 @@ func (g *Gate) Close() error {
 	return nil
 }
 
+// openConn is an allowed connection under way: its entry as it began.
+type openConn struct {
+	e     Entry
+	start time.Time
+}
+
+// opened lists the connection c, allowed and under way, in the log (Open)
+// until finish logs its entry.
+func (g *Gate) opened(e Entry, c *countConn, start time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open == nil {
+		g.open = map[*countConn]openConn{}
+	}
+	g.open[c] = openConn{e, start}
+}
+
 // Log returns the gate's counters and its connection log in the order the
-// entries were made (a tunnel's when it ends; see Log.Sort).
+// entries were made (a tunnel's when it ends; see Log.Sort), then the
+// connections under way (Open, with their bytes so far).
 func (g *Gate) Log() Log {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	l := Log{Allow: g.policy.Allow.Entries(), Bytes: g.total.Load(), MaxBytes: g.policy.MaxBytes,
 		Active: int(g.active.Load()), MaxConns: g.policy.MaxConns, Entries: append([]Entry(nil), g.entries...), Dropped: g.dropped}
+	var open []Entry
+	for c, o := range g.open {
+		e := o.e
+		e.Open = true
+		e.BytesOut, e.BytesIn = c.out.Load(), c.in.Load()
+		e.DurationMS = float64(time.Since(o.start).Microseconds()) / 1000
+		open = append(open, e)
+	}
+	slices.SortStableFunc(open, func(a, b Entry) int { return a.Time.Compare(b.Time) })
+	l.Entries = append(l.Entries, open...)
 	if l.Allow == nil {
 		l.Allow = []string{}
 	}
@@ -218,6 +252,10 @@ func (g *Gate) Log() Log {
 func (g *Gate) record(e Entry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.recordLocked(e)
+}
+
+func (g *Gate) recordLocked(e Entry) {
 	if len(g.entries) >= g.opts.MaxLog {
 		n := len(g.entries) - g.opts.MaxLog + 1
 		g.entries = append(g.entries[:0], g.entries[n:]...)
@@ -234,7 +272,11 @@ func (g *Gate) finish(e *Entry, c *countConn, start time.Time) {
 	if c.capError.Load() && e.Reason == "" {
 		e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
 	}
-	g.record(*e)
+	// (One step: a snapshot sees the connection under way or logged.)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.open, c)
+	g.recordLocked(*e)
 }
 
 // refusal is a refused or failed request: an HTTP status and words.
@@ -565,6 +607,7 @@ func (g *Gate) tunnel(c *countConn, br *bufio.Reader, req *http.Request) {
 		} else {
 			e.Allowed = true
 			e.Addr = up.RemoteAddr().String()
+			g.opened(e, c, start)
 			defer up.Close()
 			if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 				return
@@ -742,6 +785,7 @@ func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
 	defer up.Close()
 	e.Allowed = true
 	e.Addr = up.RemoteAddr().String()
+	g.opened(e, c, start)
 	out := req.Clone(ctx)
 	out.RequestURI = ""
 	out.Host = req.URL.Host

@@ -42,17 +42,74 @@ func startGate(t *testing.T, allow []string, names map[string][]string, tweak fu
 	return g, ln.Addr().String()
 }
 
-// waitLog waits until the gate has logged n entries (a tunnel is logged
-// when it ends, just after its client sees the end).
+// waitLog waits until the gate has logged n complete entries (a tunnel's
+// is complete when it ends, just after its client sees the end; until
+// then it is listed as Open).
 func waitLog(t *testing.T, g *egress.Gate, n int) egress.Log {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		l := g.Log()
-		if len(l.Entries) >= n || time.Now().After(deadline) {
+		complete := 0
+		for _, e := range l.Entries {
+			if !e.Open {
+				complete++
+			}
+		}
+		if complete >= n || time.Now().After(deadline) {
 			return l
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A connection under way is in the log (open, with its bytes so far), not
+// only once it has ended: a sandbox holding a tunnel open is seen.
+func TestOpenConnectionIsLogged(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	port := echo.Addr().(*net.TCPAddr).Port
+	g, proxy := startGate(t, []string{"echo.test:" + strconv.Itoa(port), "127.0.0.1"}, map[string][]string{"echo.test": {"127.0.0.1"}}, nil)
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "CONNECT echo.test:%d HTTP/1.1\r\nHost: echo.test:%d\r\n\r\n", port, port)
+	br := bufio.NewReader(c)
+	if line, _ := br.ReadString('\n'); !strings.Contains(line, " 200 ") {
+		t.Fatalf("CONNECT: %q", line)
+	}
+	for line, _ := br.ReadString('\n'); line != "\r\n"; line, _ = br.ReadString('\n') {
+		if line == "" {
+			t.Fatal("no end of the CONNECT answer")
+		}
+	}
+	io.WriteString(c, "ping\n")
+	if got, _ := br.ReadString('\n'); got != "ping\n" {
+		t.Fatalf("echo: %q", got)
+	}
+	l := g.Log()
+	if len(l.Entries) != 1 || !l.Entries[0].Open || !l.Entries[0].Allowed || l.Entries[0].Host != "echo.test" || l.Entries[0].BytesIn < 5 || l.Active != 1 {
+		t.Fatalf("while the tunnel is open: %+v", l)
+	}
+	c.Close()
+	l = waitLog(t, g, 1)
+	if len(l.Entries) != 1 || l.Entries[0].Open || !l.Entries[0].Allowed || l.Entries[0].BytesIn < 5 {
+		t.Fatalf("after the tunnel ended: %+v", l.Entries)
 	}
 }
 

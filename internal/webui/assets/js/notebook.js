@@ -326,11 +326,11 @@ class NetworkPanel {
     if (log.dropped) bits.push(`${log.dropped} older connections not kept`);
     this.summary.textContent = bits.join(' · ') + '.';
     this.rows.replaceChildren(...entries.map(e => h('tr', { class: e.allowed ? 'net-allowed' : 'net-refused' },
-      h('td', {}, h('span', { class: 'badge ' + (e.allowed && !e.reason ? 'badge-ok' : 'badge-err') }, e.allowed ? (e.reason ? 'cut' : 'allowed') : 'refused')),
+      h('td', {}, h('span', { class: 'badge ' + (e.allowed && !e.reason ? 'badge-ok' : 'badge-err') }, e.allowed ? (e.reason ? 'cut' : e.open ? 'open' : 'allowed') : 'refused')),
       h('td', {},
         h('div', { class: 'mono net-target' }, `${e.method} ${e.host}:${e.port}`),
         h('div', { class: 'small muted' }, [new Date(e.time).toLocaleTimeString(),
-          `${fmtBytes(e.bytes_out || 0)} sent`, `${fmtBytes(e.bytes_in || 0)} received`, e.cache ? 'package cache: ' + e.cache : null].filter(Boolean).join(' · ')),
+          `${fmtBytes(e.bytes_out || 0)} sent`, `${fmtBytes(e.bytes_in || 0)} received`, e.open ? 'under way' : null, e.cache ? 'package cache: ' + e.cache : null].filter(Boolean).join(' · ')),
         e.reason ? h('div', { class: 'small net-reason' }, e.reason) : null))));
   }
 }

@@ -498,7 +498,7 @@ function execStatus(end) {
 // proxy: allowed or refused (and why), host, port, bytes.
 function networkTable(entries) {
   const rows = entries.map(e => h('tr', { class: e.allowed ? 'net-allowed' : 'net-refused' },
-    h('td', {}, e.allowed ? 'allowed' : 'refused'), h('td', { class: 'mono' }, `${e.method} ${e.host}:${e.port}`),
+    h('td', {}, e.allowed ? (e.open ? 'open' : 'allowed') : 'refused'), h('td', { class: 'mono' }, `${e.method} ${e.host}:${e.port}`),
     h('td', {}, `${e.bytes_out || 0} B out · ${e.bytes_in || 0} B in`), h('td', { class: 'muted' }, e.reason || '')));
   return h('details', { class: 'network', open: entries.some(e => !e.allowed) },
     h('summary', {}, `Network: ${entries.length} connection${entries.length === 1 ? '' : 's'} through the proxy`),
