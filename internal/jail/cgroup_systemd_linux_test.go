@@ -345,12 +345,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dirf.Close()
-	other := exec.Command("sleep", "60")
-	other.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dirf.Fd())}
-	if err := other.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	other := shareGroup(t, int(dirf.Fd()))
 
 	bin, tmp := jailtest.CopyForNobody(t, "sandloop-scope-", "jail.test")
 
@@ -369,7 +364,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 				t.Errorf("asked systemd for %+v, want a delegated scope in %s holding only the caller %d", r, c.slice, pid)
 			}
 			scope := filepath.Join(base, c.slice, scopeName(int(pid)))
-			if procs := readFileString(filepath.Join(session, "cgroup.procs")); procs != strconv.Itoa(other.Process.Pid) {
+			if procs := readFileString(filepath.Join(session, "cgroup.procs")); procs != strconv.Itoa(other) {
 				t.Errorf("the session's other process was moved or joined: %s holds %q", session, procs)
 			}
 			if v2 {
@@ -509,12 +504,7 @@ func TestRealSystemdScope(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sessf.Close()
-			other := exec.Command("sleep", "600")
-			other.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(sessf.Fd())}
-			if err := other.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+			other := shareGroup(t, int(sessf.Fd()))
 
 			got, pid := runScopeChild(t, bin, tmp, c.busVar+"="+addr, c.uid, sessf)
 			scope := filepath.Join(manager, c.slice, scopeName(pid))
@@ -524,7 +514,7 @@ func TestRealSystemdScope(t *testing.T) {
 			if !got.OOM || got.Enforce != "cgroup v2" {
 				t.Errorf("a 64 MiB memory bomb in a sandbox in systemd's scope: OOM %v, enforced by %q", got.OOM, got.Enforce)
 			}
-			if procs := readFileString(filepath.Join(session, "cgroup.procs")); procs != strconv.Itoa(other.Process.Pid) {
+			if procs := readFileString(filepath.Join(session, "cgroup.procs")); procs != strconv.Itoa(other) {
 				t.Errorf("the session's other process was moved or joined: %s holds %q", session, procs)
 			}
 		})

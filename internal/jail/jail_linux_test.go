@@ -740,6 +740,20 @@ func delegatedTestGroup(t *testing.T, uid int) (string, int) {
 	return g, int(f.Fd())
 }
 
+// shareGroup starts another process (a sleep) in the cgroup fd, as a
+// login session's group holds processes other than sandloop, and returns
+// its PID; it is killed at the test's end.
+func shareGroup(t *testing.T, fd int) int {
+	t.Helper()
+	other := exec.Command("sleep", "600")
+	other.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	return other.Process.Pid
+}
+
 // removeTree removes a cgroup and its children, killing what is in them.
 func removeTree(dir string) {
 	subs, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs"))
@@ -799,17 +813,12 @@ func TestCgroupV2Delegation(t *testing.T) {
 		if g == "" {
 			t.Skip("no cgroup v2 hierarchy with memory, pids and cpu")
 		}
-		other := exec.Command("sleep", "60")
-		other.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-		if err := other.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+		other := shareGroup(t, fd)
 		h, _ := probe(t, fd)
 		if h.mode != "cgroup v2" || filepath.Base(h.v2) != "sandloop" || filepath.Dir(h.v2) != filepath.Dir(g) {
 			t.Errorf("sharing %s, sandloop manages %+v, want a group of its own at the top", g, h)
 		}
-		if procs := readFileString(filepath.Join(g, "cgroup.procs")); procs != strconv.Itoa(other.Process.Pid) {
+		if procs := readFileString(filepath.Join(g, "cgroup.procs")); procs != strconv.Itoa(other) {
 			t.Errorf("the other process was moved: %s holds %q", g, procs)
 		}
 	})
