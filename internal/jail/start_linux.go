@@ -36,6 +36,10 @@ type Process struct {
 	// listener: Config.ListenPort's, closed when the jail has ended.
 	listener net.Listener
 	enforce  string
+	// stdin is our end of the pipe Config.Stdin is copied into (nil if
+	// none): closed when the jail has ended, so the end is never held up
+	// by a caller's reader that has nothing more to say.
+	stdin *os.File
 
 	mu       sync.Mutex
 	timedOut bool
@@ -179,10 +183,19 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		initCfg.RlimitMemory, initCfg.RlimitPids = true, true
 	}
 	fail := func(err error) (*Process, error) {
+		p.closeStdin()
 		if p.cg != nil {
 			_ = p.cg.remove()
 		}
 		return nil, err
+	}
+
+	stdin, err := p.stdinPipe(cfg.Stdin)
+	if err != nil {
+		return fail(err)
+	}
+	if p.stdin != nil {
+		defer stdin.Close() // our copy of the child's end
 	}
 
 	cfgR, cfgW, err := os.Pipe()
@@ -218,9 +231,9 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			Path: path,
 			Args: []string{initArg0},
 			Env:  []string{}, // never the server's environment
-			// Readers and writers that are not files go through pipes, so the
+			// Readers and writers that are not pipes go through pipes, so the
 			// jail is never handed a terminal (TIOCSTI) or a server file.
-			Stdin:      wrapReader(cfg.Stdin),
+			Stdin:      readerOrNil(stdin),
 			Stdout:     wrapWriter(cfg.Stdout),
 			Stderr:     wrapWriter(cfg.Stderr),
 			ExtraFiles: append([]*os.File{cfgR, stW, ws.fd}, extra...),
@@ -374,6 +387,7 @@ func (p *Process) Wait() (*Result, error) {
 func (p *Process) wait() (*Result, error) {
 	ps, waitErr := p.waitProc()
 	end := time.Now()
+	p.closeStdin()
 	if p.timer != nil {
 		p.timer.Stop()
 	}
@@ -489,22 +503,49 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
-type readerOnly struct{ io.Reader }
 type writerOnly struct{ io.Writer }
 
-func wrapReader(r io.Reader) io.Reader {
+// stdinPipe returns the file to hand the jail as its stdin for r (nil for
+// none). A pipe is handed on as it is (it cannot be a terminal). Anything
+// else (a terminal, a regular file, an io.Reader) is copied into a pipe of
+// ours by a goroutine the jail's end does not wait for: exec.Cmd's own
+// copier would make Wait wait until r has no more to say, so a program
+// that exited while its caller held stdin open (E2B's `stdin: true`)
+// would never be reported as ended. The copier returns once r's Read
+// does, after the jail's end at the latest when the caller closes r.
+func (p *Process) stdinPipe(r io.Reader) (*os.File, error) {
 	if r == nil {
-		return nil
+		return nil, nil
 	}
-	// A pipe is handed on as it is (it cannot be a terminal), so the run
-	// ends with the program instead of waiting on a copy from the caller's
-	// side.
 	if f, ok := r.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
-			return f
+			return f, nil
 		}
 	}
-	return readerOnly{r}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	p.stdin = pw
+	go func() {
+		_, _ = io.Copy(pw, r)
+		pw.Close() // EOF for the program (a second Close is harmless)
+	}()
+	return pr, nil
+}
+
+// closeStdin closes our end of the stdin pipe, if any.
+func (p *Process) closeStdin() {
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
+}
+
+func readerOrNil(f *os.File) io.Reader {
+	if f == nil {
+		return nil
+	}
+	return f
 }
 
 func wrapWriter(w io.Writer) io.Writer {
