@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/spf13/cobra"
@@ -181,31 +180,9 @@ type managerSource struct{ m *session.Manager }
 // do not see them.
 const mcpOwner = "mcp"
 
+// NewSession creates an MCP session in the manager; closing it gives it
+// back (the manager marks it in use around every call, so it is reaped
+// only when idle).
 func (s managerSource) NewSession(ctx context.Context) (mcpserver.Session, error) {
-	ms, err := s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner})
-	if err != nil {
-		return nil, err
-	}
-	return managedSession{ms, s.m}, nil
-}
-
-// managedSession marks executions busy (so they are never reaped as idle)
-// and gives the session back to the manager on Close.
-type managedSession struct {
-	*session.Managed
-	m *session.Manager
-}
-
-func (s managedSession) Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
-	s.Begin()
-	defer s.End()
-	return s.Managed.Execute(ctx, req, onEvent)
-}
-
-func (s managedSession) Close() error {
-	err := s.m.Delete(mcpOwner, s.ID())
-	if errors.Is(err, session.ErrNotFound) {
-		return nil // already reaped or closed with the manager
-	}
-	return err
+	return s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner})
 }

@@ -55,23 +55,35 @@ func (sb *sandbox) trafficTokenOK(r *http.Request) bool {
 	return tokenOK(r.Header.Get("E2B-Traffic-Access-Token"), sb.trafficToken) || sb.envdTokenOK(r)
 }
 
-// shutdown kills the sandbox's commands and extra kernels.
+// shutdownWait bounds how long killing a sandbox waits for its commands and
+// extra kernels to be gone: what takes longer (a client's stream that will
+// not drain) is left to end in the background, never holding up a delete,
+// the reaper or the server's shutdown.
+const shutdownWait = 2 * time.Second
+
+// shutdown kills the sandbox's commands and extra kernels, waiting for them
+// at most shutdownWait.
 func (sb *sandbox) shutdown() {
 	sb.mu.Lock()
 	sb.done = true
 	procs, ctxs := sb.procs, sb.contexts
 	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
 	sb.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, p := range procs {
 		p.kill()
+		wg.Go(func() { <-p.ended })
 	}
 	for _, c := range ctxs {
 		if c.own {
-			c.s.Close()
+			wg.Go(func() { c.s.Close() })
 		}
 	}
-	for _, p := range procs {
-		<-p.ended
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(shutdownWait):
 	}
 }
 
@@ -210,7 +222,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		return
 	}
 	// The sandbox's time to live governs it, not the manager's idle timer.
-	ms.Begin()
+	ms.Pin()
 	now := time.Now()
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,

@@ -62,7 +62,8 @@ type Options struct {
 	DefaultTimeout time.Duration
 	// MaxTimeout bounds the time to live a client may ask for. If zero, 24 hours.
 	MaxTimeout time.Duration
-	// ReapInterval is how often expired sandboxes are looked for. If zero, 1 second.
+	// ReapInterval is how often expired sandboxes are looked for. If zero,
+	// 250ms (a look is a walk over a map; a sandbox ends at most this late).
 	ReapInterval time.Duration
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
 	// If zero, 100 MiB and 1 GiB.
@@ -91,8 +92,9 @@ type Handler struct {
 	sandboxes map[string]*sandbox
 	closed    bool
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup // the reaper
+	killing sync.WaitGroup // sandboxes being killed
 }
 
 // New returns a Handler and starts its reaper.
@@ -110,7 +112,7 @@ func New(opts Options) (*Handler, error) {
 		opts.MaxTimeout = 24 * time.Hour
 	}
 	if opts.ReapInterval == 0 {
-		opts.ReapInterval = time.Second
+		opts.ReapInterval = 250 * time.Millisecond
 	}
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 100 << 20
@@ -260,8 +262,11 @@ func (h *Handler) reap(now time.Time) int {
 		}
 	}
 	h.mu.Unlock()
+	// Each in the background: the next tick comes on time whatever one
+	// kill takes (each is bounded, and kill forgets the sandbox first, so
+	// it is never killed twice).
 	for _, sb := range victims {
-		h.kill(sb, "timeout")
+		h.killing.Go(func() { h.kill(sb, "timeout") })
 	}
 	return len(victims)
 }
@@ -282,8 +287,9 @@ func (h *Handler) Close() error {
 	close(h.stop)
 	h.wg.Wait()
 	for _, sb := range all {
-		h.kill(sb, "shutdown")
+		h.killing.Go(func() { h.kill(sb, "shutdown") })
 	}
+	h.killing.Wait() // each kill is bounded (shutdown, the manager's CloseTimeout)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
@@ -328,9 +329,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ms.Begin()
-	defer ms.End()
-	start := time.Now()
+	start := time.Now() // (ms.Execute marks the session in use)
 	kind := streamKind(r)
 	var res *kernel.Result
 	var err error
@@ -340,7 +339,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 			WriteJSON(w, http.StatusOK, res)
 		}
 	} else {
-		res, err = s.stream(w, r, kind, func(emit kernel.EventFunc) (*kernel.Result, error) {
+		res, err = s.stream(w, r, kind, ms.Done(), func(emit kernel.EventFunc) (*kernel.Result, error) {
 			return ms.Execute(r.Context(), kreq, emit)
 		})
 	}
@@ -356,15 +355,18 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // stream runs exec, writing each event as it comes (NDJSON lines or SSE
 // data events) and a keepalive event while nothing happens. The response
 // headers are sent with the first event, so an error before any event is
-// still a proper JSON error.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
+// still a proper JSON error. Once closed is closed (the session is being
+// killed), a write blocked on a client that does not read fails at once,
+// so the kill never waits on the client.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, closed <-chan struct{}, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
 	flusher, _ := w.(http.Flusher)
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex
 	started := false
+	var killed atomic.Bool
 	write := func(v any) {
 		b, err := json.Marshal(v)
-		if err != nil {
+		if err != nil || killed.Load() {
 			return
 		}
 		mu.Lock()
@@ -381,6 +383,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 			w.WriteHeader(http.StatusOK)
 		}
 		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if killed.Load() { // killed since the check above: fail at once
+			_ = rc.SetWriteDeadline(time.Now())
+		}
 		if kind == "sse" {
 			fmt.Fprintf(w, "data: %s\n\n", b)
 		} else {
@@ -392,6 +397,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, exe
 		}
 	}
 	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case <-closed: // (not under mu: a blocked write holds it)
+			killed.Store(true)
+			_ = rc.SetWriteDeadline(time.Now())
+		case <-done:
+		}
+	}()
 	go func() {
 		defer close(stopped)
 		t := time.NewTicker(s.opts.Keepalive)
@@ -436,8 +449,6 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ms.Begin()
-	defer ms.End()
 	if err := ms.Restart(r.Context()); err != nil {
 		writeError(w, err)
 		return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
 )
 
 // Manager errors callers may branch on.
@@ -56,6 +57,10 @@ type ManagerOptions struct {
 	// ReapInterval is how often idle and expired sessions are looked for.
 	// If zero, 10 seconds.
 	ReapInterval time.Duration
+	// CloseTimeout bounds how long closing one session holds up its
+	// caller (a delete, the reaper, Close); a close that takes longer
+	// goes on in the background. If zero, 5 seconds.
+	CloseTimeout time.Duration
 	// Defaults are the limits of a session that asks for none (and of the
 	// pooled kernels). Zero fields take jail's defaults.
 	Defaults jail.Limits
@@ -110,6 +115,13 @@ type CreateOptions struct {
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
+//
+// Whether it is in use is decided in one place, here: its Execute,
+// CheckComplete, Restart and Interrupt mark it busy while they run (it
+// is never reaped as idle mid-call, whoever calls), Lease marks it busy
+// for longer work (an HTTP request's stream, an agent run), and Pin for
+// good (a session whose life its owner governs, as E2B's time to live).
+// Idle reaping, and the lifecycle built on it, asks only idleSince.
 type Managed struct {
 	*Session
 	Owner       string
@@ -120,20 +132,40 @@ type Managed struct {
 	ExecTimeout time.Duration
 	FromPool    bool
 
+	mgr *Manager
+
 	mu       sync.Mutex
 	lastUsed time.Time
 	busy     int
+	pinned   bool
 }
 
-// Touch marks the session used now; Begin and End bracket a request so a
-// long execution is never reaped as idle.
+// Touch marks the session used now.
 func (m *Managed) Touch() { m.mu.Lock(); m.lastUsed = time.Now(); m.mu.Unlock() }
 
-// Begin marks a request in progress.
-func (m *Managed) Begin() { m.mu.Lock(); m.busy++; m.lastUsed = time.Now(); m.mu.Unlock() }
+// Lease marks the session in use until release is called (once; later
+// calls do nothing): it is not idle meanwhile, and its idle time starts
+// at the release.
+func (m *Managed) Lease() (release func()) {
+	m.mu.Lock()
+	m.busy++
+	m.lastUsed = time.Now()
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			m.busy--
+			m.lastUsed = time.Now()
+			m.mu.Unlock()
+		})
+	}
+}
 
-// End marks a request done.
-func (m *Managed) End() { m.mu.Lock(); m.busy--; m.lastUsed = time.Now(); m.mu.Unlock() }
+// Pin marks the session in use until it is closed: it is never reaped as
+// idle (MaxLifetime still applies). For sessions whose owner governs their
+// life (an E2B sandbox's time to live, an agent run).
+func (m *Managed) Pin() { m.mu.Lock(); m.pinned = true; m.mu.Unlock() }
 
 // LastUsed is when the session last served a request.
 func (m *Managed) LastUsed() time.Time { m.mu.Lock(); defer m.mu.Unlock(); return m.lastUsed }
@@ -141,7 +173,40 @@ func (m *Managed) LastUsed() time.Time { m.mu.Lock(); defer m.mu.Unlock(); retur
 func (m *Managed) idleSince() (time.Time, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.lastUsed, m.busy == 0
+	return m.lastUsed, m.busy == 0 && !m.pinned
+}
+
+// Execute is Session.Execute, with the session in use meanwhile.
+func (m *Managed) Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
+	defer m.Lease()()
+	return m.Session.Execute(ctx, req, onEvent)
+}
+
+// CheckComplete is Session.CheckComplete, with the session in use meanwhile.
+func (m *Managed) CheckComplete(ctx context.Context, code string) (string, error) {
+	defer m.Lease()()
+	return m.Session.CheckComplete(ctx, code)
+}
+
+// Restart is Session.Restart, with the session in use meanwhile.
+func (m *Managed) Restart(ctx context.Context) error {
+	defer m.Lease()()
+	return m.Session.Restart(ctx)
+}
+
+// Interrupt is Session.Interrupt; it counts as a use.
+func (m *Managed) Interrupt() error {
+	m.Touch()
+	return m.Session.Interrupt()
+}
+
+// Close gives the session back to its manager, which closes and forgets
+// it. Closing it again, or after the manager reaped it, is not an error.
+func (m *Managed) Close() error {
+	if err := m.mgr.Delete(m.Owner, m.ID()); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // Manager holds the sessions of a server: a warm pool, a cap, limits
@@ -158,9 +223,10 @@ type Manager struct {
 	starting int // pooled kernels being started
 	closed   bool
 
-	refill chan struct{}
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	refill  chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closing sync.WaitGroup // sessions and pooled kernels being closed
 }
 
 // NewManager starts a manager and, in the background, its pool.
@@ -176,6 +242,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	}
 	if opts.ReapInterval == 0 {
 		opts.ReapInterval = 10 * time.Second
+	}
+	if opts.CloseTimeout == 0 {
+		opts.CloseTimeout = 5 * time.Second
 	}
 	if opts.ExecTimeout == 0 {
 		opts.ExecTimeout = 5 * time.Minute
@@ -337,7 +406,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	}
 	now := time.Now()
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
-		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, lastUsed: now}
+		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
@@ -382,13 +451,31 @@ func (m *Manager) Delete(owner, id string) error {
 	return m.closeSession(ms, "deleted")
 }
 
+// closeSession closes ms (already forgotten by the manager), waiting at
+// most CloseTimeout: a close that takes longer (a kernel that will not
+// die, a client's stream that will not drain) goes on in the background,
+// so one stuck session never holds up a delete, the reaper or shutdown.
 func (m *Manager) closeSession(ms *Managed, reason string) error {
-	err := ms.Close()
-	m.log.Info("session closed", "session", ms.ID(), "reason", reason)
-	if m.opts.OnClose != nil {
-		m.opts.OnClose(ms.ID(), reason)
+	done := make(chan error, 1)
+	m.closing.Add(1)
+	go func() {
+		defer m.closing.Done()
+		err := ms.Session.Close()
+		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
+		if m.opts.OnClose != nil {
+			m.opts.OnClose(ms.ID(), reason)
+		}
+		done <- err
+	}()
+	t := time.NewTimer(m.opts.CloseTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		m.log.Warn("session close is taking long: it goes on in the background", "session", ms.ID(), "reason", reason, "waited", m.opts.CloseTimeout)
+		return nil
 	}
-	return err
 }
 
 // Stats are the manager's gauges.
@@ -450,10 +537,20 @@ func (m *Manager) Close() error {
 		}()
 	}
 	for _, s := range pool {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.Close() }()
+		m.closing.Add(1)
+		go func() { defer m.closing.Done(); s.Close() }()
 	}
 	wg.Wait()
+	// What is still closing in the background gets one more bound: Close
+	// returns, and the process may exit, even if a kernel will not die
+	// (its jail's init dies with this process: Pdeathsig).
+	all := make(chan struct{})
+	go func() { m.closing.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(m.opts.CloseTimeout):
+		m.log.Warn("shutdown: some sessions are still closing; not waiting for them", "waited", m.opts.CloseTimeout)
+	}
 	return errors.Join(errs...)
 }
 
@@ -547,8 +644,11 @@ func (m *Manager) Reap(now time.Time) int {
 		delete(m.sessions, id)
 	}
 	m.mu.Unlock()
+	// In parallel: a slow close delays no other (each is bounded anyway).
+	var wg sync.WaitGroup
 	for i, ms := range victims {
-		_ = m.closeSession(ms, reasons[i])
+		wg.Go(func() { _ = m.closeSession(ms, reasons[i]) })
 	}
+	wg.Wait()
 	return len(victims)
 }

@@ -97,6 +97,7 @@ type Session struct {
 	standby   net.Listener // with Options.EgressStandby: the kernel's, unserved (under mu)
 
 	turn chan struct{} // held by Execute, Restart and CheckComplete
+	done chan struct{} // closed by Close
 
 	mu     sync.Mutex
 	k      *kernel.Kernel
@@ -105,7 +106,7 @@ type Session struct {
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
 func New(ctx context.Context, opts Options) (*Session, error) {
-	s := &Session{id: newID(), opts: opts, turn: make(chan struct{}, 1)}
+	s := &Session{id: newID(), opts: opts, turn: make(chan struct{}, 1), done: make(chan struct{})}
 	s.log = opts.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -313,6 +314,10 @@ func (s *Session) Restart(ctx context.Context) error {
 	return nil
 }
 
+// Done is closed when Close is called: a caller streaming an execution's
+// events to a client stops waiting on that client then.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
 func (s *Session) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -331,6 +336,7 @@ func (s *Session) Close() error {
 	s.closed = true
 	k := s.k
 	s.mu.Unlock()
+	close(s.done)
 	k.Kill("the session was closed")
 	k.Close()
 	// Wait for a Restart in progress to give up its turn: it sees closed.

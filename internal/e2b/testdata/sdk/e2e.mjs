@@ -3,6 +3,9 @@
 //
 //   node e2e.mjs interpreter   @e2b/code-interpreter (on e2b latest): the whole tour
 //   node e2e.mjs e2b-2.45      e2b 2.45: lifecycle, files and commands
+//   node e2e.mjs stdin MARKER  commands with `stdin: true` (Mastra's way): ends and kills reported at
+//                              once, kill/timeout of a sandbox holding one bounded; leaves one such
+//                              sandbox running (`sh -c 'cat; : MARKER-left'`) for the caller's SIGTERM
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
@@ -313,12 +316,86 @@ async function bench(n, code) {
   console.log(JSON.stringify({ sdk_ms: median(sdk), native_ms: median(native), runs: n, pool: full }))
 }
 
+// stdin drives commands started with `stdin: true`, which hold a pipe the
+// client never closes: their ends and kills must be reported at once, and
+// killing or timing out a sandbox that holds one must not wait on it.
+async function stdinCommands(marker) {
+  const { Sandbox } = await import('e2b')
+  const token = Buffer.from(process.env.E2B_API_KEY.slice(4), 'hex').toString()
+  const sessionAlive = async (id) => {
+    const r = await fetch(`${process.env.E2B_API_URL}/v1/sessions/${id}`, { headers: { Authorization: `Bearer ${token}` } })
+    await r.body?.cancel()
+    return r.status === 200
+  }
+  const timed = async (fn) => {
+    const t0 = performance.now()
+    const v = await fn()
+    return [v, performance.now() - t0]
+  }
+  const stuck = `sh -c 'cat; : ${marker}-k'`
+  const sbx = await Sandbox.create({ timeoutMs: 120000, metadata: { run } })
+  try {
+    await step('stdin: an exited command is reported at once', async () => {
+      await sbx.commands.run('true') // warm
+      const [plain, tPlain] = await timed(() => sbx.commands.run('echo hi'))
+      const [r, tStdin] = await timed(() => sbx.commands.run('echo hi', { stdin: true, timeoutMs: 10000 }))
+      assert.equal(r.exitCode, 0)
+      assert.equal(r.stdout, plain.stdout)
+      console.log(`  echo: ${Math.round(tPlain)} ms without stdin, ${Math.round(tStdin)} ms with`)
+      assert.ok(tStdin <= tPlain + 1000, `with stdin ${tStdin} ms, without ${tPlain} ms`)
+      const err = await throws(() => sbx.commands.run('exit 3', { stdin: true, timeoutMs: 10000 }))
+      assert.equal(err.exitCode, 3)
+    })
+    await step('stdin: input reaches the command, then it ends', async () => {
+      const h = await sbx.commands.run('read line; echo "got $line"', { background: true, stdin: true })
+      await h.sendStdin('hello\n')
+      const r = await h.wait()
+      assert.equal(r.stdout, 'got hello\n')
+    })
+    await step('stdin: kill() of a sleeping command is reported in <= 1 s', async () => {
+      const h = await sbx.commands.run('sleep 60', { background: true, stdin: true })
+      const [, t] = await timed(async () => {
+        assert.equal(await h.kill(), true)
+        await throws(() => h.wait())
+      })
+      console.log(`  kill + wait: ${Math.round(t)} ms`)
+      assert.ok(t <= 1000, `${t} ms`)
+      assert.equal((await sbx.commands.list()).length, 0)
+    })
+    await step('stdin: kill() of a sandbox holding a stuck command answers in <= 2 s', async () => {
+      await sbx.commands.run(stuck, { background: true, stdin: true })
+      const [, t] = await timed(() => sbx.kill())
+      console.log(`  sandbox kill: ${Math.round(t)} ms`)
+      assert.ok(t <= 2000, `${t} ms`)
+      assert.equal(await sessionAlive(sbx.sandboxId), false)
+    })
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+  await step('stdin: a sandbox times out on time while another holds a stuck command', async () => {
+    const holder = await Sandbox.create({ timeoutMs: 1000, metadata: { run } })
+    await holder.commands.run(stuck, { background: true, stdin: true })
+    const b = await Sandbox.create({ timeoutMs: 2000, metadata: { run } })
+    const born = performance.now()
+    await new Promise((r) => setTimeout(r, 3000 - (performance.now() - born)))
+    assert.equal(await sessionAlive(holder.sandboxId), false, 'the holder outlived its timeout')
+    assert.equal(await sessionAlive(b.sandboxId), false, 'a 2 s sandbox was still running 3 s after its creation')
+  })
+  // Left running for the caller: serve's SIGTERM must not wait on it.
+  const left = await Sandbox.create({ timeoutMs: 600000, metadata: { run } })
+  await left.commands.run(`sh -c 'cat; : ${marker}-left'`, { background: true, stdin: true })
+  console.log(`left ${left.sandboxId}`)
+}
+
 switch (mode) {
   case 'interpreter':
     await interpreter()
     break
   case 'e2b-2.45':
     await e2b245()
+    break
+  case 'stdin':
+    await stdinCommands(process.argv[3] || 'sandloop-stdin')
     break
   case 'bench':
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')

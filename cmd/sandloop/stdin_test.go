@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/e2b/e2btest"
+)
+
+// Commands started with `stdin: true` (as Mastra's E2B workspace starts
+// every command), through E2B's own SDK against a real `sandloop serve`:
+// their ends and kills are reported at once, a sandbox holding one is
+// killed and timed out on time without holding up others, nothing is
+// left behind, and SIGTERM of serve with one open exits within the drain
+// timeout (issue 24: each hung on the old code).
+func TestE2BStdinCommands(t *testing.T) {
+	e2btest.SDK(t)
+	const drain = 2 * time.Second
+	marker := fmt.Sprintf("sandloop-stdin-%d-%d", os.Getpid(), time.Now().UnixNano())
+	cmd, env, stderr := startServeCmd(t, "--token", e2bTestToken, "--pool", "1", "--drain-timeout", drain.String())
+	out, err := e2btest.Run(t, env, 3*time.Minute, "stdin", marker)
+	t.Logf("node e2e.mjs stdin:\n%s", out)
+	if err != nil || !strings.HasSuffix(string(out), "done\n") {
+		t.Fatalf("node e2e.mjs stdin: %v", err)
+	}
+	if pids := processesWithArg(marker + "-k\x00"); len(pids) > 0 {
+		t.Errorf("killed and timed-out sandboxes left their commands running: pids %v", pids)
+	}
+	if pids := processesWithArg(marker + "-left\x00"); len(pids) == 0 {
+		t.Fatal("the sandbox left for SIGTERM holds no command (the test checks nothing)")
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		took := time.Since(start)
+		t.Logf("SIGTERM to exit: %v (drain timeout %v)", took.Round(time.Millisecond), drain)
+		if err != nil {
+			t.Errorf("serve exited with %v\n%s", err, stderr.String())
+		}
+		if took > drain+5*time.Second {
+			t.Errorf("serve took %v to exit after SIGTERM, drain timeout %v", took, drain)
+		}
+	case <-time.After(drain + 30*time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("serve ignored SIGTERM with a stdin command open\n%s", stderr.String())
+	}
+	if pids := processesWithArg(marker); len(pids) > 0 {
+		t.Errorf("serve's shutdown left sandboxed commands running: pids %v", pids)
+	}
+}
+
+// startServeCmd starts `sandloop serve args...` and returns it with what
+// it says to export for E2B's SDKs; the caller may signal and wait for it
+// (the cleanup kills it if it is still running).
+func startServeCmd(tb testing.TB, args ...string) (*exec.Cmd, e2btest.Env, *syncBuffer) {
+	tb.Helper()
+	cmd := cliCommand(context.Background(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", tb.TempDir()}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if tb.Failed() {
+			tb.Logf("sandloop serve stderr (tail):\n%s", tail(stderr.String(), 60))
+		}
+	})
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if m := exportRE.FindStringSubmatch(lines.Text()); m != nil {
+			go io.Copy(io.Discard, stdout)
+			return cmd, e2btest.Env{URL: m[1], Key: m[3]}, stderr
+		}
+	}
+	tb.Fatalf("sandloop serve printed no E2B variables\n%s", stderr.String())
+	return nil, e2btest.Env{}, nil
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "")
+}
+
+// processesWithArg lists the host processes whose command line contains arg.
+func processesWithArg(arg string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if bytes.Contains(b, []byte(arg)) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

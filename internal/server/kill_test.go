@@ -1,0 +1,80 @@
+package server
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// stuckStream starts a streaming execution of a print flood on session id
+// from a client that never reads, so the server's writes block, and
+// returns once the server has had time to fill the buffers.
+func stuckStream(t *testing.T, ts *testServer, id string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	t.Cleanup(func() { conn.Close() })
+	body := `{"code":"while True: print('x' * 65536, flush=True)"}`
+	fmt.Fprintf(conn, "POST /v1/sessions/%s/execute HTTP/1.1\r\nHost: %s\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		id, ts.Listener.Addr(), len(body), body)
+	time.Sleep(time.Second) // the flood fills the socket's buffers; then writes block
+}
+
+func createSession(t *testing.T, ts *testServer) string {
+	t.Helper()
+	var out struct{ ID string }
+	if resp := ts.do(t, "POST", "/v1/sessions", `{}`, &out); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create: %d", resp.StatusCode)
+	}
+	return out.ID
+}
+
+// Deleting a session never waits on a client that stopped reading its
+// stream (issue 24): the blocked write is failed and DELETE answers.
+func TestDeleteNotHeldByStuckStream(t *testing.T) {
+	ts := newTestServer(t, session.ManagerOptions{}, Options{})
+	id := createSession(t, ts)
+	stuckStream(t, ts, id)
+	start := time.Now()
+	resp := ts.do(t, "DELETE", "/v1/sessions/"+id, "", nil)
+	took := time.Since(start)
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d", resp.StatusCode)
+	}
+	t.Logf("DELETE with a stuck stream: %v", took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Errorf("DELETE took %v with a stuck stream, want <= 2s", took)
+	}
+	if got := ts.mgr.Stats().Sessions; got != 0 {
+		t.Errorf("%d sessions left", got)
+	}
+}
+
+// The reaper closes an expired session on time while another expired
+// session has a stuck stream.
+func TestReaperNotHeldByStuckStream(t *testing.T) {
+	const life = 2 * time.Second
+	ts := newTestServer(t, session.ManagerOptions{MaxLifetime: life, ReapInterval: 50 * time.Millisecond}, Options{})
+	stuck := createSession(t, ts)
+	stuckStream(t, ts, stuck)
+	other := createSession(t, ts)
+	born := time.Now()
+	deadline := born.Add(life + 1500*time.Millisecond)
+	for time.Now().Before(deadline) {
+		if ts.do(t, "GET", "/v1/sessions/"+other, "", nil).StatusCode == http.StatusNotFound {
+			t.Logf("expired session gone %v after its creation (lifetime %v)", time.Since(born).Round(time.Millisecond), life)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var list struct{ Sessions []struct{ ID string } }
+	ts.do(t, "GET", "/v1/sessions", "", &list)
+	t.Fatalf("session %s still there %v after its creation (lifetime %v); sessions: %v", other, time.Since(born), life, list.Sessions)
+}

@@ -1,0 +1,121 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// leaseManager reaps sessions idle for more than idle, looking often.
+func leaseManager(t *testing.T, idle time.Duration) *Manager {
+	t.Helper()
+	m := NewManager(ManagerOptions{IdleTimeout: idle, ReapInterval: 20 * time.Millisecond})
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func alive(m *Manager, ms *Managed) bool {
+	_, err := m.Get(ms.Owner, ms.ID())
+	return err == nil
+}
+
+// The one rule for "in use": whoever calls a managed session's Execute
+// (HTTP, MCP, E2B, an agent run), it is not reaped as idle mid-cell, nor
+// while leased or pinned; once released it is.
+func TestLeaseRule(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	m := leaseManager(t, idle)
+	ctx := context.Background()
+
+	t.Run("execute", func(t *testing.T) {
+		ms, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A cell three idle timeouts long, called on the Managed itself
+		// with no bracketing by the caller.
+		r, err := ms.Execute(ctx, kernel.Request{Code: "import time; time.sleep(1); 'done'"}, nil)
+		if err != nil {
+			t.Fatalf("the session was closed mid-cell: %v", err)
+		}
+		mustOK(t, r)
+		if !alive(m, ms) {
+			t.Fatal("reaped at the end of its cell")
+		}
+		// And then, unused, it goes.
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(m, ms) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(m, ms) {
+			t.Fatal("an idle session was never reaped")
+		}
+		if _, err := ms.Execute(ctx, kernel.Request{Code: "1"}, nil); !errors.Is(err, ErrClosed) {
+			t.Errorf("execute after reaping: %v, want ErrClosed", err)
+		}
+	})
+
+	t.Run("many executions", func(t *testing.T) {
+		// The review's reproduction: a loop of short cells for several idle
+		// timeouts (an agent run's or MCP's pattern).
+		ms, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ms.Close()
+		for end, n := time.Now().Add(4*idle), 0; time.Now().Before(end); n++ {
+			if _, err := ms.Execute(ctx, kernel.Request{Code: "1"}, nil); err != nil {
+				t.Fatalf("execution %d: %v", n+1, err)
+			}
+		}
+	})
+
+	t.Run("lease and pin", func(t *testing.T) {
+		leased, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		release := leased.Lease()
+		pinned, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinned.Pin()
+		defer pinned.Close()
+		time.Sleep(4 * idle)
+		if !alive(m, leased) || !alive(m, pinned) {
+			t.Fatalf("reaped while in use: leased alive %v, pinned alive %v", alive(m, leased), alive(m, pinned))
+		}
+		release()
+		release() // a second call does nothing
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(m, leased) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(m, leased) {
+			t.Fatal("a released session was never reaped")
+		}
+		if !alive(m, pinned) {
+			t.Fatal("a pinned session was reaped as idle")
+		}
+	})
+
+	t.Run("close", func(t *testing.T) {
+		ms, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ms.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if alive(m, ms) || ms.Err() == nil {
+			t.Fatalf("Close did not give the session back: alive %v, err %v", alive(m, ms), ms.Err())
+		}
+		if err := ms.Close(); err != nil {
+			t.Errorf("second Close: %v", err)
+		}
+	})
+}
