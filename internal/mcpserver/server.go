@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/tools"
 )
 
 // Session is the sandbox session a connection's tools run in: the methods
@@ -42,23 +43,18 @@ type SessionSourceFunc func(ctx context.Context) (Session, error)
 // NewSession calls f(ctx).
 func (f SessionSourceFunc) NewSession(ctx context.Context) (Session, error) { return f(ctx) }
 
-// The tools' names.
+// The tools' names (internal/tools defines them).
 const (
-	ToolExecutePython = "execute_python"
-	ToolRunShell      = "run_shell"
-	ToolWriteFile     = "write_file"
-	ToolReadFile      = "read_file"
-	ToolListFiles     = "list_files"
-	ToolResetSession  = "reset_session"
+	ToolExecutePython = tools.ExecutePython
+	ToolRunShell      = tools.RunShell
+	ToolWriteFile     = tools.WriteFile
+	ToolReadFile      = tools.ReadFile
+	ToolListFiles     = tools.ListFiles
+	ToolResetSession  = tools.ResetSession
 )
 
 // ToolNames lists every tool the server can offer.
 var ToolNames = []string{ToolExecutePython, ToolRunShell, ToolWriteFile, ToolReadFile, ToolListFiles, ToolResetSession}
-
-// maxCommandBytes caps run_shell's command: the command travels as one
-// argument of /bin/sh (base64-encoded), and Linux refuses a single
-// argument over 128 KiB.
-const maxCommandBytes = 64 << 10
 
 // Options configure a Server. The zero value is ready to use.
 type Options struct {
@@ -188,7 +184,9 @@ func New(src SessionSource, opts *Options) (*Server, error) {
 		Instructions: instructions,
 		Logger:       o.Logger,
 	})
-	s.addTools()
+	if err := s.addTools(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
