@@ -186,4 +186,3 @@ func shellResult(res *kernel.Result) *kernel.Result {
 	out.Error = ShellError(res.Error)
 	return &out
 }
-
