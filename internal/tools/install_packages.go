@@ -56,7 +56,7 @@ for spec in %s:
         missing.append(spec)
 print(json.dumps({"present": present, "missing": missing}))
 `, names)
-	if err := kernelCall(ctx, c.sess, code, c.cfg.DefaultTimeout, &st); err != nil {
+	if err := KernelCall(ctx, c.sess, code, c.cfg.DefaultTimeout, &st); err != nil {
 		return nil, fmt.Errorf("could not check the installed packages: %w", err)
 	}
 	var b strings.Builder
@@ -93,7 +93,7 @@ print(json.dumps({"present": present, "missing": missing}))
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.sess.Execute(ctx, kernel.Request{Code: sh + "\nimport site; site.addsitedir(" + pyString(sitePackages) + ")", Timeout: cfg.MaxTimeout}, nil)
+	res, err := c.sess.Execute(ctx, kernel.Request{Code: sh + "\nimport site; site.addsitedir(" + PyString(sitePackages) + ")", Timeout: cfg.MaxTimeout}, nil)
 	if err != nil {
 		return nil, err
 	}

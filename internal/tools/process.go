@@ -107,7 +107,7 @@ else:
     _P[name] = {"p": p, "log": log, "cmd": cmd}
     _t.sleep(%g)
     print(_j.dumps({"pid": p.pid, "running": p.poll() is None, "code": p.returncode, "output": __sandloop_tail__(name, 40)}))
-`, pyString(in.Name), pyString(in.Command), pyString(processLogDir), pyString(processLogDir), processStartupSeconds)
+`, PyString(in.Name), PyString(in.Command), PyString(processLogDir), PyString(processLogDir), processStartupSeconds)
 	st, err := procCall(ctx, c, code)
 	if err != nil {
 		return nil, err
@@ -138,7 +138,7 @@ if name not in _P:
 else:
     p = _P[name]["p"]
     print(_j.dumps({"pid": p.pid, "running": p.poll() is None, "code": p.returncode, "output": __sandloop_tail__(name, %d)}))
-`, pyString(in.Name), in.Lines)
+`, PyString(in.Name), in.Lines)
 	st, err := procCall(ctx, c, code)
 	if err != nil {
 		return nil, err
@@ -178,7 +178,7 @@ else:
         try: p.wait(timeout=0.4)
         except _sp.TimeoutExpired: pass
     print(_j.dumps({"pid": p.pid, "running": p.poll() is None, "code": p.returncode, "output": "", "killed": killed}))
-`, pyString(in.Name), processGraceSeconds)
+`, PyString(in.Name), processGraceSeconds)
 	st, err := procCall(ctx, c, code)
 	if err != nil {
 		return nil, err
@@ -217,15 +217,15 @@ func procResult(c *call, name string, st *procState, text string) *Result {
 // procCall runs a process tool's code, which prints one JSON object.
 func procCall(ctx context.Context, c *call, code string) (*procState, error) {
 	var st procState
-	if err := kernelCall(ctx, c.sess, code, c.cfg.DefaultTimeout, &st); err != nil {
+	if err := KernelCall(ctx, c.sess, code, c.cfg.DefaultTimeout, &st); err != nil {
 		return nil, fmt.Errorf("the process tool failed in the sandbox: %w", err)
 	}
 	return &st, nil
 }
 
-// kernelCall runs harness code in the session and decodes the last line
+// KernelCall runs harness code in the session and decodes the last line
 // of its stdout, one JSON object, into v.
-func kernelCall(ctx context.Context, sess Session, code string, timeout time.Duration, v any) error {
+func KernelCall(ctx context.Context, sess Executor, code string, timeout time.Duration, v any) error {
 	res, err := sess.Execute(ctx, kernel.Request{Code: code, Timeout: timeout}, nil)
 	if err != nil {
 		return err

@@ -110,7 +110,7 @@ func shellCode(command string) (string, error) {
 	if len(sh) >= 128<<10 {
 		return "", argErr("command", "command is %d bytes once quoted for the shell, more than Linux passes as one argument: write a script with write_file and run it", len(sh))
 	}
-	return "__sandloop_shell__(" + pyString(sh) + ")", nil
+	return "__sandloop_shell__(" + PyString(sh) + ")", nil
 }
 
 // ShellQuote quotes s for a POSIX shell (as is when that is safe).
@@ -123,8 +123,8 @@ func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// pyString is a Python string literal (a JSON string is one).
-func pyString(s string) string {
+// PyString is s as a Python string literal (a JSON string is one).
+func PyString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }

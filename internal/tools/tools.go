@@ -37,10 +37,15 @@ const (
 	ResetSession    = "reset_session"
 )
 
-// Session is the sandbox session a tool call runs in: what the tools call.
-type Session interface {
+// Executor runs cells: the part of a Session that KernelCall needs.
+type Executor interface {
 	// Execute runs one cell. A failing program is a Result, not an error.
 	Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error)
+}
+
+// Session is the sandbox session a tool call runs in: what the tools call.
+type Session interface {
+	Executor
 	// Files opens the session's /workspace for one call; the tool closes it.
 	Files(ctx context.Context) (Files, error)
 }
@@ -248,9 +253,13 @@ func define[In any](sp spec, h func(ctx context.Context, c *call, in In) (*Resul
 	}
 }
 
+// DecodeArgs parses a tool call's arguments (a JSON object) into v
+// strictly, naming what is wrong so the model can correct itself.
+func DecodeArgs(args string, v any) error { return decode(json.RawMessage(args), nil, v) }
+
 // decode parses a call's arguments strictly, naming what is wrong so the
-// model can correct itself, then checks them against the tool's schema
-// (required arguments, ranges) as an MCP client's call is checked.
+// model can correct itself, then checks them against the tool's schema, if
+// any (required arguments, ranges), as an MCP client's call is checked.
 func decode(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -267,6 +276,9 @@ func decode(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
 			return argErr(te.Field, "argument %q must be %s", te.Field, te.Type)
 		}
 		return argErr("", "invalid arguments: %v", err)
+	}
+	if schema == nil {
+		return nil
 	}
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil {
