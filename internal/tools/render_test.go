@@ -120,3 +120,22 @@ func TestWorkspacePath(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderFallbacks: a result without text/plain shows its markdown,
+// else its JSON, else the names of its types.
+func TestRenderFallbacks(t *testing.T) {
+	for _, tt := range []struct {
+		data map[string]string
+		want string
+	}{
+		{map[string]string{"text/plain": "plain", "text/markdown": "*md*"}, "--- result ---\nplain"},
+		{map[string]string{"text/markdown": "*md*", "application/json": "{}"}, "--- result ---\n*md*"},
+		{map[string]string{"application/json": `{"a": 1}`, "text/html": "<b>"}, "--- result ---\n{\"a\": 1}"},
+		{map[string]string{"text/html": "<b>", "image/svg+xml": "<svg/>"}, "--- result ---\n(text/html, image/svg+xml)"},
+	} {
+		got := Render(&kernel.Result{Status: kernel.StatusOK, Results: []kernel.Output{{IsMainResult: true, Data: tt.data}}}, time.Second, 100)
+		if !strings.Contains(got, tt.want) {
+			t.Errorf("%v: %q lacks %q", tt.data, got, tt.want)
+		}
+	}
+}
