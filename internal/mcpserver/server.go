@@ -43,18 +43,9 @@ type SessionSourceFunc func(ctx context.Context) (Session, error)
 // NewSession calls f(ctx).
 func (f SessionSourceFunc) NewSession(ctx context.Context) (Session, error) { return f(ctx) }
 
-// The tools' names (internal/tools defines them).
-const (
-	ToolExecutePython = tools.ExecutePython
-	ToolRunShell      = tools.RunShell
-	ToolWriteFile     = tools.WriteFile
-	ToolReadFile      = tools.ReadFile
-	ToolListFiles     = tools.ListFiles
-	ToolResetSession  = tools.ResetSession
-)
-
-// ToolNames lists every tool the server can offer.
-var ToolNames = []string{ToolExecutePython, ToolRunShell, ToolWriteFile, ToolReadFile, ToolListFiles, ToolResetSession}
+// ToolNames lists every tool the server can offer (internal/tools defines
+// them).
+var ToolNames = []string{tools.ExecutePython, tools.RunShell, tools.WriteFile, tools.ReadFile, tools.ListFiles, tools.ResetSession}
 
 // Options configure a Server. The zero value is ready to use.
 type Options struct {
@@ -114,20 +105,10 @@ func (o *Options) withDefaults() (Options, error) {
 			return r, fmt.Errorf("unknown tool %q (the tools are %s)", t, strings.Join(ToolNames, ", "))
 		}
 	}
-	if r.DefaultTimeout <= 0 {
-		r.DefaultTimeout = 30 * time.Second
-	}
-	if r.MaxTimeout <= 0 {
-		r.MaxTimeout = 10 * time.Minute
-	}
-	if r.DefaultTimeout > r.MaxTimeout {
-		r.DefaultTimeout = r.MaxTimeout
-	}
+	// internal/tools applies the defaults of the timeouts and the text
+	// limit; the code limit sizes the HTTP body too.
 	if r.MaxCodeBytes <= 0 {
 		r.MaxCodeBytes = 1 << 20
-	}
-	if r.MaxTextBytes <= 0 {
-		r.MaxTextBytes = 16 << 10
 	}
 	if r.MaxFileBytes <= 0 {
 		r.MaxFileBytes = 4 << 20

@@ -21,14 +21,10 @@ var editFile = define(spec{
 	description: editFileMD,
 	annotations: fileHints("Edit a file", false, false),
 }, func(ctx context.Context, c *call, in EditInput) (*Result, error) {
-	rel, err := workspacePath(in.Path)
-	if err != nil {
-		return nil, err
-	}
 	if in.OldText == "" {
 		return nil, argErr("old_text", "old_text is empty: give the exact text to replace (use write_file to create a file)")
 	}
-	ws, err := c.sess.Files(ctx)
+	rel, ws, err := c.open(ctx, in.Path)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,6 +27,20 @@ func workspacePath(p string) (string, error) {
 		return "", &ArgumentError{"path", err}
 	}
 	return rel, nil
+}
+
+// open resolves a path the model gave and opens the workspace for one
+// file call; the caller closes it.
+func (c *call) open(ctx context.Context, p string) (string, Files, error) {
+	rel, err := workspacePath(p)
+	if err != nil {
+		return "", nil, err
+	}
+	ws, err := c.sess.Files(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return rel, ws, nil
 }
 
 // fileError says what went wrong with a path in the model's terms.

@@ -36,11 +36,7 @@ var listFiles = define(spec{
 	annotations: fileHints("List files", true, true),
 	output:      mustSchema[ListOutput](),
 }, func(ctx context.Context, c *call, in ListInput) (*Result, error) {
-	rel, err := workspacePath(in.Path)
-	if err != nil {
-		return nil, err
-	}
-	ws, err := c.sess.Files(ctx)
+	rel, ws, err := c.open(ctx, in.Path)
 	if err != nil {
 		return nil, err
 	}

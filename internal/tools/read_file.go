@@ -30,11 +30,7 @@ var readFile = define(spec{
 		minimum("limit", 0)(cfg, s)
 	},
 }, func(ctx context.Context, c *call, in ReadInput) (*Result, error) {
-	rel, err := workspacePath(in.Path)
-	if err != nil {
-		return nil, err
-	}
-	ws, err := c.sess.Files(ctx)
+	rel, ws, err := c.open(ctx, in.Path)
 	if err != nil {
 		return nil, err
 	}

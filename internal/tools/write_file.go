@@ -28,18 +28,14 @@ var writeFile = define(spec{
 	annotations: fileHints("Write a file", false, true),
 	output:      mustSchema[WriteOutput](),
 }, func(ctx context.Context, c *call, in WriteInput) (*Result, error) {
-	rel, err := workspacePath(in.Path)
-	if err != nil {
-		return nil, err
-	}
-	if rel == "." {
-		return nil, argErr("path", "path is empty: give a file name such as data.csv")
-	}
-	ws, err := c.sess.Files(ctx)
+	rel, ws, err := c.open(ctx, in.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
+	if rel == "." {
+		return nil, argErr("path", "path is empty: give a file name such as data.csv")
+	}
 	n, err := ws.Write(rel, strings.NewReader(in.Content))
 	if err != nil {
 		return nil, fileError(err, in.Path)
