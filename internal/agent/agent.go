@@ -16,6 +16,7 @@ import (
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/tools"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -222,6 +223,7 @@ type run struct {
 	tests    *TestRun
 	netSeen  int         // egress log entries already recorded (dropped ones included)
 	used     []LessonRef // lessons shown
+	tools    *tools.Set
 }
 
 // Run runs the loop to its end and returns the report. The error is for a
@@ -263,6 +265,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	defer ws.Close()
 	r.ws = ws
+	if r.tools, err = r.newToolSet(); err != nil {
+		return nil, err
+	}
 	paths := make([]string, 0, len(opts.Files))
 	for p := range opts.Files {
 		paths = append(paths, p)
@@ -346,7 +351,7 @@ func (r *run) loop(ctx context.Context) *Report {
 		return r.ended(ctx, err)
 	}
 	msgs = append(msgs, llm.Message{Role: llm.RoleUser, Text: first})
-	tools := toolDefs(r.opts.Mode)
+	defs := r.toolDefs()
 	textOnly := 0
 	for {
 		if err := ctx.Err(); err != nil {
@@ -356,7 +361,7 @@ func (r *run) loop(ctx context.Context) *Report {
 			return &Report{Status: StatusBudgetExceeded, Error: fmt.Sprintf("the step limit (%d) was reached before the task was finished", r.opts.MaxSteps)}
 		}
 		r.step++
-		resp, err := r.opts.Provider.Complete(ctx, llm.Request{Messages: msgs, Tools: tools,
+		resp, err := r.opts.Provider.Complete(ctx, llm.Request{Messages: msgs, Tools: defs,
 			OnText:    func(d string) { r.emit(Event{Type: EventText, Text: d}) },
 			OnAttempt: func(int) { r.emit(Event{Type: EventModelWait}) },
 			OnRetry: func(rt llm.Retry) {

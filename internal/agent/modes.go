@@ -12,6 +12,7 @@ import (
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/tools"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -63,7 +64,7 @@ func (r *run) firstMessage(ctx context.Context) (string, error) {
 		b.WriteString("\nThe harness recorded the original behaviour:" + base + "\n")
 		for _, p := range sortedPaths(r.before) {
 			if strings.HasSuffix(p, ".py") {
-				fmt.Fprintf(&b, "\n%s:\n%s\n", p, numberLines(r.before[p], 1, 400))
+				fmt.Fprintf(&b, "\n%s:\n%s\n", p, tools.NumberLines(r.before[p], 1, 400))
 			}
 		}
 		return b.String(), nil
@@ -84,7 +85,7 @@ func (r *run) firstMessage(ctx context.Context) (string, error) {
 	}
 	src, _ := r.ws.ReadFile(r.opts.Entry, 64<<10)
 	if len(src) > 0 && utf8.Valid(src) {
-		fmt.Fprintf(&b, "\n%s:\n%s\n", r.opts.Entry, numberLines(string(src), 1, 400))
+		fmt.Fprintf(&b, "\n%s:\n%s\n", r.opts.Entry, tools.NumberLines(string(src), 1, 400))
 	}
 	return b.String(), nil
 }
@@ -116,11 +117,15 @@ func (r *run) pickEntry(paths []string) error {
 
 // runEntry runs the debug program as the user would, in the same sandbox.
 func (r *run) runEntry(ctx context.Context) (*Check, error) {
-	cmd := "python3 " + shellQuote(r.opts.Entry)
+	cmd := "python3 " + tools.ShellQuote(r.opts.Entry)
 	for _, a := range r.opts.Args {
-		cmd += " " + shellQuote(a)
+		cmd += " " + tools.ShellQuote(a)
 	}
-	res, err := r.opts.Session.Execute(ctx, kernel.Request{Code: shellCode(cmd), Timeout: r.opts.ExecTimeout}, nil)
+	code, err := tools.ShellCode(cmd)
+	if err != nil {
+		return nil, &ArgumentError{"entry", err.Error()}
+	}
+	res, err := r.opts.Session.Execute(ctx, kernel.Request{Code: code, Timeout: r.opts.ExecTimeout}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", r.opts.Entry, err)
 	}
@@ -206,15 +211,6 @@ func (r *run) finish(ctx context.Context, a finishArgs) outcome {
 		}
 	}
 	return outcome{Text: "finished", Finish: &a}
-}
-
-func shellQuote(s string) string {
-	if s != "" && strings.IndexFunc(s, func(c rune) bool {
-		return !(c == '/' || c == '.' || c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z')
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func openWorkspace(dir string) (*workspace.Workspace, error) {

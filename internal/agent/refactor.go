@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/pmezard/go-difflib/difflib"
+	"github.com/sandloop/sandloop/internal/tools"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -65,7 +66,7 @@ func (r *run) measure(ctx context.Context, command string) (Measurement, error) 
 		Wall float64 `json:"wall"`
 		RSS  int64   `json:"rss"`
 	}
-	if err := r.kernelCall(ctx, fmt.Sprintf(measureScript, pyString(command), 3), &st); err != nil {
+	if err := r.kernelCall(ctx, fmt.Sprintf(measureScript, tools.PyString(command), 3), &st); err != nil {
 		return Measurement{}, fmt.Errorf("measure %q: %w", command, err)
 	}
 	return Measurement{Command: command, ExitCode: st.RC, Stdout: st.Out, Stderr: st.Err, WallMS: st.Wall, PeakRSSKiB: st.RSS}, nil
@@ -123,7 +124,7 @@ func (r *run) refactorChecks() []string {
 		return r.opts.Checks
 	}
 	if r.opts.Entry != "" {
-		return []string{"python3 " + shellQuote(r.opts.Entry)}
+		return []string{"python3 " + tools.ShellQuote(r.opts.Entry)}
 	}
 	return nil
 }

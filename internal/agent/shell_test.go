@@ -27,7 +27,7 @@ func TestFailedShellShowsTheCommandsErrorNotTheHelper(t *testing.T) {
 	leaks := []string{"__sandloop_shell__", "CalledProcessError", "<cell", "subprocess"}
 	res := srv.Requests()[2].ToolResults()
 	model := res[len(res)-1].Text
-	for _, want := range []string{"exited with status 1", "ValueError: Missing column 'date'", "python3 monthly.py"} {
+	for _, want := range []string{"exit code 1", "ValueError: Missing column 'date'", "python3 monthly.py"} {
 		if !strings.Contains(model, want) {
 			t.Errorf("the model did not read %q:\n%s", want, model)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/tools"
 )
 
 // Session is the sandbox session a connection's tools run in: the methods
@@ -42,23 +43,9 @@ type SessionSourceFunc func(ctx context.Context) (Session, error)
 // NewSession calls f(ctx).
 func (f SessionSourceFunc) NewSession(ctx context.Context) (Session, error) { return f(ctx) }
 
-// The tools' names.
-const (
-	ToolExecutePython = "execute_python"
-	ToolRunShell      = "run_shell"
-	ToolWriteFile     = "write_file"
-	ToolReadFile      = "read_file"
-	ToolListFiles     = "list_files"
-	ToolResetSession  = "reset_session"
-)
-
-// ToolNames lists every tool the server can offer.
-var ToolNames = []string{ToolExecutePython, ToolRunShell, ToolWriteFile, ToolReadFile, ToolListFiles, ToolResetSession}
-
-// maxCommandBytes caps run_shell's command: the command travels as one
-// argument of /bin/sh (base64-encoded), and Linux refuses a single
-// argument over 128 KiB.
-const maxCommandBytes = 64 << 10
+// ToolNames lists every tool the server can offer (internal/tools defines
+// them).
+var ToolNames = []string{tools.ExecutePython, tools.RunShell, tools.WriteFile, tools.ReadFile, tools.ListFiles, tools.ResetSession}
 
 // Options configure a Server. The zero value is ready to use.
 type Options struct {
@@ -118,20 +105,10 @@ func (o *Options) withDefaults() (Options, error) {
 			return r, fmt.Errorf("unknown tool %q (the tools are %s)", t, strings.Join(ToolNames, ", "))
 		}
 	}
-	if r.DefaultTimeout <= 0 {
-		r.DefaultTimeout = 30 * time.Second
-	}
-	if r.MaxTimeout <= 0 {
-		r.MaxTimeout = 10 * time.Minute
-	}
-	if r.DefaultTimeout > r.MaxTimeout {
-		r.DefaultTimeout = r.MaxTimeout
-	}
+	// internal/tools applies the defaults of the timeouts and the text
+	// limit; the code limit sizes the HTTP body too.
 	if r.MaxCodeBytes <= 0 {
 		r.MaxCodeBytes = 1 << 20
-	}
-	if r.MaxTextBytes <= 0 {
-		r.MaxTextBytes = 16 << 10
 	}
 	if r.MaxFileBytes <= 0 {
 		r.MaxFileBytes = 4 << 20
@@ -188,7 +165,9 @@ func New(src SessionSource, opts *Options) (*Server, error) {
 		Instructions: instructions,
 		Logger:       o.Logger,
 	})
-	s.addTools()
+	if err := s.addTools(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

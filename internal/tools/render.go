@@ -1,4 +1,4 @@
-package mcpserver
+package tools
 
 import (
 	"encoding/base64"
@@ -6,15 +6,16 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
-// renderExecution is the compact text a model reads for one cell: status,
-// output, result and error, each long part cut in the middle.
-func renderExecution(res *kernel.Result, timeout time.Duration, max int) string {
+// Render is the compact text a model reads of one execution: status,
+// output, results and error, each long part cut in the middle (max bytes
+// each). A result shows its text/plain, else its markdown or JSON, else
+// the names of its types; a figure's text is left out next to its image.
+// timeout is the call's limit, for the note on a timed-out execution.
+func Render(res *kernel.Result, timeout time.Duration, max int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "status: %s (execution %d, %s)\n", res.Status, res.ExecutionCount, formatMS(res.DurationMS))
 	if why := statusNote(res.Status, timeout); why != "" {
@@ -37,11 +38,7 @@ func renderExecution(res *kernel.Result, timeout time.Duration, max int) string 
 		if o.IsMainResult {
 			name = "result"
 		}
-		if t, ok := o.Data["text/plain"]; ok {
-			section(&b, name, t, max)
-		} else if len(o.Data) > 0 {
-			section(&b, name, "("+strings.Join(mimeTypes(o.Data), ", ")+")", max)
-		}
+		section(&b, name, bestText(o.Data), max)
 	}
 	if e := res.Error; e != nil {
 		tb := e.Traceback
@@ -56,14 +53,15 @@ func renderExecution(res *kernel.Result, timeout time.Duration, max int) string 
 	return strings.TrimRight(b.String(), "\n")
 }
 
-// renderShell is the text for one run_shell call.
-func renderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max int) string {
+// RenderShell is the text for one run_shell call: the command's exit code
+// (or why it has none), then its output.
+func RenderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max int) string {
 	var b strings.Builder
 	switch {
 	case sh.ExitCode != nil && *sh.ExitCode < 0:
-		fmt.Fprintf(&b, "killed by signal %d (%s)\n", -*sh.ExitCode, formatMS(sh.DurationMS))
+		fmt.Fprintf(&b, "killed by signal %d (status: %s, %s)\n", -*sh.ExitCode, sh.Status, formatMS(sh.DurationMS))
 	case sh.ExitCode != nil:
-		fmt.Fprintf(&b, "exit code %d (%s)\n", *sh.ExitCode, formatMS(sh.DurationMS))
+		fmt.Fprintf(&b, "exit code %d (status: %s, %s)\n", *sh.ExitCode, sh.Status, formatMS(sh.DurationMS))
 	default:
 		fmt.Fprintf(&b, "status: %s (%s)\n", sh.Status, formatMS(sh.DurationMS))
 		if why := statusNote(kernel.Status(sh.Status), timeout); why != "" {
@@ -98,28 +96,16 @@ func section(b *strings.Builder, name, text string, max int) {
 		return
 	}
 	b.WriteString("--- " + name + " ---\n")
-	b.WriteString(headTail(text, max))
+	b.WriteString(CutMiddle(text, max))
 	if !strings.HasSuffix(text, "\n") {
 		b.WriteByte('\n')
 	}
 }
 
-// headTail keeps the first and last max/2 bytes of s (on character
+// CutMiddle keeps the first and last max/2 bytes of s (on character
 // boundaries) and says how many bytes it cut between them.
-func headTail(s string, max int) string {
-	return kernel.CutMiddle(s, max, "\n[... %d bytes cut here; structuredContent has the whole text ...]\n")
-}
-
-// cutUTF8 returns the longest prefix of s of at most n bytes that does not
-// split a character.
-func cutUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
+func CutMiddle(s string, max int) string {
+	return kernel.CutMiddle(s, max, "\n[... %d bytes cut here ...]\n")
 }
 
 func formatMS(ms float64) string {
@@ -129,9 +115,23 @@ func formatMS(ms float64) string {
 	return fmt.Sprintf("%.2f s", ms/1000)
 }
 
+// bestText picks the best text form of a displayed value: text/plain,
+// else markdown, else JSON, else the names of its types.
+func bestText(data map[string]string) string {
+	for _, k := range []string{"text/plain", "text/markdown", "application/json"} {
+		if v, ok := data[k]; ok {
+			return v
+		}
+	}
+	if len(data) == 0 {
+		return ""
+	}
+	return "(" + strings.Join(mimeTypes(data), ", ") + ")"
+}
+
 func mimeTypes(data map[string]string) []string {
 	var ts []string
-	for _, t := range []string{"text/html", "text/markdown", "image/svg+xml", "application/json", "image/jpeg"} {
+	for _, t := range []string{"text/html", "image/svg+xml", "image/jpeg", "image/png"} {
 		if _, ok := data[t]; ok {
 			ts = append(ts, t)
 		}
@@ -145,19 +145,46 @@ func mimeTypes(data map[string]string) []string {
 	return ts
 }
 
-// images returns one image content per PNG output, in order.
-func images(res *kernel.Result) []*mcp.ImageContent {
-	var out []*mcp.ImageContent
+// PNGs returns the PNG images of a result (base64), in order.
+func PNGs(res *kernel.Result) []string {
+	var out []string
 	for _, o := range res.Results {
-		b64, ok := o.Data["image/png"]
-		if !ok {
-			continue
+		if p := o.Data["image/png"]; p != "" {
+			out = append(out, p)
 		}
+	}
+	return out
+}
+
+// images returns one image per PNG output, decoded, in order.
+func images(res *kernel.Result) []Image {
+	var out []Image
+	for _, b64 := range PNGs(res) {
 		png, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
 		if err != nil {
 			continue // the kernel sends valid base64; skip rather than fail the call
 		}
-		out = append(out, &mcp.ImageContent{MIMEType: "image/png", Data: png})
+		out = append(out, Image{MIMEType: "image/png", Data: png})
 	}
 	return out
+}
+
+// withoutImages is res for structuredContent: images travel once, as image
+// content, not a second time as base64 inside the structured result.
+func withoutImages(res *kernel.Result) *kernel.Result {
+	out := *res
+	out.Results = make([]kernel.Output, 0, len(res.Results))
+	for _, o := range res.Results {
+		if _, ok := o.Data["image/png"]; ok {
+			d := make(map[string]string, len(o.Data))
+			for k, v := range o.Data {
+				if k != "image/png" {
+					d[k] = v
+				}
+			}
+			o.Data = d
+		}
+		out.Results = append(out.Results, o)
+	}
+	return &out
 }

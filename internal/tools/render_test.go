@@ -1,4 +1,4 @@
-package mcpserver
+package tools
 
 import (
 	"encoding/base64"
@@ -10,7 +10,7 @@ import (
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
-func TestHeadTail(t *testing.T) {
+func TestCutMiddle(t *testing.T) {
 	tests := []struct {
 		in        string
 		max       int
@@ -23,18 +23,18 @@ func TestHeadTail(t *testing.T) {
 		{strings.Repeat("é", 20), 9, "éé", "[... 32 bytes cut here", "éé"},
 	}
 	for _, tt := range tests {
-		got := headTail(tt.in, tt.max)
+		got := CutMiddle(tt.in, tt.max)
 		if !utf8.ValidString(got) {
-			t.Errorf("headTail(%q, %d) split a character: %q", tt.in, tt.max, got)
+			t.Errorf("CutMiddle(%q, %d) split a character: %q", tt.in, tt.max, got)
 		}
 		if tt.cut == "" {
 			if got != tt.in {
-				t.Errorf("headTail(%q) = %q, want it unchanged", tt.in, got)
+				t.Errorf("CutMiddle(%q) = %q, want it unchanged", tt.in, got)
 			}
 			continue
 		}
 		if !strings.HasPrefix(got, tt.head+"\n"+tt.cut) || !strings.HasSuffix(got, "...]\n"+tt.tail) {
-			t.Errorf("headTail(%q, %d) = %q", tt.in, tt.max, got)
+			t.Errorf("CutMiddle(%q, %d) = %q", tt.in, tt.max, got)
 		}
 	}
 }
@@ -54,7 +54,7 @@ func TestRenderExecution(t *testing.T) {
 		},
 		Error: &kernel.Exception{Name: "ValueError", Value: "bad", Traceback: "Traceback (most recent call last):\n  File \"<cell 3>\", line 1\nValueError: bad\n"},
 	}
-	got := renderExecution(res, time.Second, 40)
+	got := Render(res, time.Second, 40)
 	for _, want := range []string{
 		"status: error (execution 3, 1.50 s)",
 		"--- stdout ---\n" + strings.Repeat("x", 20) + "\n[... 64 bytes cut here",
@@ -72,11 +72,11 @@ func TestRenderExecution(t *testing.T) {
 		t.Errorf("a figure's text repr should not be shown next to its image:\n%s", got)
 	}
 	imgs := images(res)
-	if len(imgs) != 1 || string(imgs[0].Data) != "\x89PNG\r\n\x1a\nfake" {
+	if len(imgs) != 1 || imgs[0].MIMEType != "image/png" || string(imgs[0].Data) != "\x89PNG\r\n\x1a\nfake" {
 		t.Errorf("images: %v", imgs)
 	}
 
-	timeout := renderExecution(&kernel.Result{Status: kernel.StatusTimeout}, 2*time.Second, 40)
+	timeout := Render(&kernel.Result{Status: kernel.StatusTimeout}, 2*time.Second, 40)
 	if !strings.Contains(timeout, "timeout of 2s") || !strings.Contains(timeout, "variables are kept") {
 		t.Errorf("timeout rendering: %s", timeout)
 	}
@@ -102,7 +102,7 @@ func TestShellOutput(t *testing.T) {
 		case tt.exit != -1000 && (sh.ExitCode == nil || *sh.ExitCode != tt.exit):
 			t.Errorf("%+v: exit code %v, want %d", tt.res, sh.ExitCode, tt.exit)
 		}
-		if got := renderShell(sh, &tt.res, time.Second, 100); !strings.Contains(got, tt.text) {
+		if got := RenderShell(sh, &tt.res, time.Second, 100); !strings.Contains(got, tt.text) {
 			t.Errorf("%+v: text %q lacks %q", tt.res, got, tt.text)
 		}
 	}
@@ -117,6 +117,25 @@ func TestWorkspacePath(t *testing.T) {
 	for _, in := range []string{"/etc/passwd", "../x", "a/../../x", "/workspace/../etc"} {
 		if got, err := workspacePath(in); err == nil {
 			t.Errorf("workspacePath(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+// TestRenderFallbacks: a result without text/plain shows its markdown,
+// else its JSON, else the names of its types.
+func TestRenderFallbacks(t *testing.T) {
+	for _, tt := range []struct {
+		data map[string]string
+		want string
+	}{
+		{map[string]string{"text/plain": "plain", "text/markdown": "*md*"}, "--- result ---\nplain"},
+		{map[string]string{"text/markdown": "*md*", "application/json": "{}"}, "--- result ---\n*md*"},
+		{map[string]string{"application/json": `{"a": 1}`, "text/html": "<b>"}, "--- result ---\n{\"a\": 1}"},
+		{map[string]string{"text/html": "<b>", "image/svg+xml": "<svg/>"}, "--- result ---\n(text/html, image/svg+xml)"},
+	} {
+		got := Render(&kernel.Result{Status: kernel.StatusOK, Results: []kernel.Output{{IsMainResult: true, Data: tt.data}}}, time.Second, 100)
+		if !strings.Contains(got, tt.want) {
+			t.Errorf("%v: %q lacks %q", tt.data, got, tt.want)
 		}
 	}
 }
