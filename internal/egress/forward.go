@@ -41,7 +41,7 @@ func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
 	if h.transferEnc && h.contentLength {
 		return refuse(&refusal{http.StatusBadRequest, "sandloop: a request may not carry both Content-Length and Transfer-Encoding"})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(g.ctx) // Close ends a lookup or dial under way
 	defer cancel()
 	addrs, r := g.check(ctx, host, port)
 	if r != nil {

@@ -61,7 +61,7 @@ type Gate struct {
 	wg      sync.WaitGroup
 	client  *http.Client // the mirror's, made on first use
 
-	ctx    context.Context // cancelled by Close
+	ctx    context.Context // cancelled by Close; lookups, dials and mirror fetches start from it
 	cancel context.CancelFunc
 }
 

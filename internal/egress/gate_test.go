@@ -3,6 +3,7 @@ package egress_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -348,6 +349,64 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before+2 {
 		buf := make([]byte, 1<<16)
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// Close ends a connection still being set up rather than waiting out
+// its lookup's timeout (DialTimeout, an hour here).
+func TestCloseEndsALookup(t *testing.T) {
+	for _, req := range []string{
+		"CONNECT hang.invalid:443 HTTP/1.1\r\nHost: hang.invalid:443\r\n\r\n",
+		"GET http://hang.invalid/ HTTP/1.1\r\nHost: hang.invalid\r\n\r\n",
+	} {
+		t.Run(strings.Fields(req)[0], func(t *testing.T) {
+			asked := make(chan struct{}, 1)
+			hang := func(ctx context.Context, host string) ([]netip.Addr, error) {
+				asked <- struct{}{}
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			closeWhileBusy(t, []string{"hang.invalid"}, hang, req, asked)
+		})
+	}
+}
+
+// closeWhileBusy sends req through a gate allowing allow, waits until
+// lookup has been asked (it sends on asked), and checks that Close then
+// returns although the gate's DialTimeout is an hour.
+func closeWhileBusy(t *testing.T, allow []string, lookup func(context.Context, string) ([]netip.Addr, error), req string, asked <-chan struct{}) {
+	t.Helper()
+	al, err := egress.ParseAllowlist(allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al, DialTimeout: time.Hour}, LookupIP: lookup})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Serve(ln)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, req)
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		g.Close()
+		t.Fatal("the gate never looked the name up")
+	}
+	closed := make(chan struct{})
+	go func() {
+		g.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits for a connection being set up")
 	}
 }
 

@@ -2,7 +2,6 @@ package egress
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,10 +24,10 @@ func (g *Gate) tunnel(c *countConn, br *bufio.Reader, req *http.Request) {
 		writeRefusal(c, r)
 		return
 	}
-	ctx := context.Background()
-	addrs, r := g.check(ctx, host, port)
+	// From the gate's context: Close ends a lookup or dial under way.
+	addrs, r := g.check(g.ctx, host, port)
 	if r == nil {
-		up, err := g.dial(ctx, addrs, port)
+		up, err := g.dial(g.ctx, addrs, port)
 		if err != nil {
 			r = &refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: could not connect to %s: %v", net.JoinHostPort(host, strconv.Itoa(port)), dialReason(err))}
 		} else {
