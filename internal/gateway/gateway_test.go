@@ -9,23 +9,19 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func TestChoose(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))

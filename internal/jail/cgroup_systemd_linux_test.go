@@ -21,7 +21,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
 
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // systemd is not the init on this machine (nor in the test VM), so most
@@ -43,7 +43,7 @@ func privateBus(t *testing.T) string {
 	if err != nil {
 		t.Skip("needs dbus-daemon (scripts/deps.sh installs it)")
 	}
-	dir := jailtest.ReadableTempDir(t, "sandloop-bus-")
+	dir := testutil.ReadableTempDir(t, "sandloop-bus-")
 	conf := filepath.Join(dir, "bus.conf")
 	if err := os.WriteFile(conf, []byte(`<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -347,7 +347,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	defer dirf.Close()
 	other := shareGroup(t, int(dirf.Fd()))
 
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-scope-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-scope-", "jail.test")
 
 	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
@@ -395,7 +395,7 @@ var scopeCallers = []struct {
 	uid                 uint32
 }{
 	{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
-	{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", jailtest.Nobody},
+	{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", testutil.Nobody},
 }
 
 // cgroup2Mount is where the cgroup v2 hierarchy is mounted, or "".
@@ -473,7 +473,7 @@ func TestRealSystemdScope(t *testing.T) {
 	if systemd == "" {
 		t.Skip("systemd is not installed")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-realsd-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-realsd-", "jail.test")
 	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
 			// base (the user's, as user-UID.slice's subtree is the user's
@@ -531,7 +531,7 @@ func startRealSystemd(t *testing.T, systemd, dir string, uid uint32) string {
 	if !exists("/usr/lib/systemd/user/dbus.socket") {
 		t.Skip("needs the user bus units of systemd (apt-get install dbus-user-session)")
 	}
-	runtime := filepath.Join(jailtest.ReadableTempDir(t, "sandloop-xdg-"), "run")
+	runtime := filepath.Join(testutil.ReadableTempDir(t, "sandloop-xdg-"), "run")
 	if err := os.Mkdir(runtime, 0o700); err != nil {
 		t.Fatal(err)
 	}

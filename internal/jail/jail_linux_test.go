@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -666,7 +666,7 @@ func TestRootless(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
 	subset := "^(TestRootless|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")

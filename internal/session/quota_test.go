@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -146,7 +146,7 @@ func quotaRootless(t *testing.T) string {
 // TestQuotaRootlessHolder is TestQuotaRootless with the workspaces
 // mounted by the holder, as kernels before 6.15 have them, on any kernel.
 func TestQuotaRootlessHolder(t *testing.T) {
-	if jailtest.KernelBefore(6, 15) {
+	if testutil.KernelBefore(6, 15) {
 		t.Skip("TestQuotaRootless uses the holder on this kernel already")
 	}
 	t.Setenv(jail.HolderForceEnv, "1")

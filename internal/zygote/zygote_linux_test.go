@@ -16,15 +16,13 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 // light is what most tests import in the template: they test the fork,
 // not the libraries (TestDataScienceSession does).
