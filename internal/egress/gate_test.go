@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // startGate serves a gate on a host loopback listener (in a session it
@@ -48,20 +49,21 @@ func startGate(t *testing.T, allow []string, names map[string][]string, tweak fu
 // then it is listed as Open).
 func waitLog(t *testing.T, g *egress.Gate, n int) egress.Log {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l := g.Log()
+	var l egress.Log
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		l = g.Log()
 		complete := 0
 		for _, e := range l.Entries {
 			if !e.Open {
 				complete++
 			}
 		}
-		if complete >= n || time.Now().After(deadline) {
-			return l
+		if complete < n {
+			return fmt.Errorf("%d complete log entries, want %d: %+v", complete, n, l.Entries)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return l
 }
 
 // A connection under way is in the log (open, with its bytes so far), not
@@ -342,14 +344,13 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 		t.Error("the listener still accepts after Close")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) { // (the client's idle transport may linger)
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before+2 {
-		buf := make([]byte, 1<<16)
-		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
-	}
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := runtime.NumGoroutine(); n > before+2 { // (the client's idle transport may linger)
+			buf := make([]byte, 1<<16)
+			return fmt.Errorf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+		}
+		return nil
+	})
 }
 
 // Close ends a connection still being set up rather than waiting out

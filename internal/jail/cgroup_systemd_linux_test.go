@@ -569,22 +569,21 @@ func startRealSystemd(t *testing.T, systemd, dir string, uid uint32) string {
 	})
 	// Up when its name is on the bus (seconds, also under emulation; the
 	// first connection starts the bus).
-	var status []byte
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
-		busctl := exec.Command(asUser[0], append(asUser[1:], "busctl", "--user", "status", "org.freedesktop.systemd1")...)
-		busctl.Env = env
-		if status, err = busctl.CombinedOutput(); err == nil {
-			return addr
-		}
+	testutil.WaitFor(t, 2*time.Minute, func() error {
 		select {
 		case err := <-exited:
 			exited <- err
 			t.Fatalf("systemd --user exited (%v):\n%s", err, log.String())
-		case <-time.After(200 * time.Millisecond):
+		default:
 		}
-	}
-	t.Fatalf("systemd --user did not answer on its bus within 2 minutes: busctl: %s\n%s", status, log.String())
-	return ""
+		busctl := exec.Command(asUser[0], append(asUser[1:], "busctl", "--user", "status", "org.freedesktop.systemd1")...)
+		busctl.Env = env
+		if status, err := busctl.CombinedOutput(); err != nil {
+			return fmt.Errorf("systemd --user does not answer on its bus: busctl: %v %s\n%s", err, status, log.String())
+		}
+		return nil
+	})
+	return addr
 }
 
 // syncBuffer is a bytes.Buffer safe to write from one goroutine and read

@@ -58,10 +58,12 @@ func TestQuotaPooledSession(t *testing.T) {
 	skipWithoutQuota(t)
 	m := session.NewManager(session.ManagerOptions{PoolSize: 1, Defaults: jail.Limits{Disk: testDisk, Files: testFiles}})
 	t.Cleanup(func() { m.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if m.Stats().PoolReady == 0 {
+			return errors.New("no pooled kernel is ready")
+		}
+		return nil
+	})
 	ms, err := m.Create(context.Background(), session.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

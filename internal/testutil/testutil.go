@@ -10,7 +10,7 @@ import (
 
 // WaitFor calls try until it returns nil, and fails tb with try's last
 // error if that has not happened within d. Between calls it sleeps a
-// little longer each time (5 ms, doubling up to 200 ms). It must be called
+// little longer each time (5 ms, doubling up to 50 ms). It must be called
 // from the goroutine running the test, as tb.Fatal must.
 func WaitFor(tb testing.TB, d time.Duration, try func() error) {
 	tb.Helper()
@@ -25,6 +25,6 @@ func WaitFor(tb testing.TB, d time.Duration, try func() error) {
 			tb.Fatalf("still waiting after %v: %v", d, err)
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, 200*time.Millisecond)
+		pause = min(2*pause, 50*time.Millisecond)
 	}
 }
