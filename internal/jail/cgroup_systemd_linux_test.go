@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -329,7 +330,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	addr := privateBus(t)
 	// The fake systemd's tree, and a login session's scope in it that
 	// sandloop shares with another process.
-	base := filepath.Join(mount, "sandloop-test-"+randomID())
+	base := filepath.Join(mount, "sandloop-test-"+rand.Text())
 	session := filepath.Join(base, "session-1.scope")
 	fake := &fakeSystemd{base: base, result: "done"}
 	if err := os.Mkdir(base, 0o755); err != nil {
@@ -479,7 +480,7 @@ func TestRealSystemdScope(t *testing.T) {
 			// base (the user's, as user-UID.slice's subtree is the user's
 			// inside a delegated tree): manager/ (user@UID.service) and
 			// session/ (root's, shared with another process).
-			base := filepath.Join(mount, "sandloop-test-"+randomID())
+			base := filepath.Join(mount, "sandloop-test-"+rand.Text())
 			manager, session := filepath.Join(base, "manager"), filepath.Join(base, "session")
 			for _, d := range []string{base, manager, session} {
 				if err := os.Mkdir(d, 0o755); err != nil {

@@ -3,6 +3,7 @@ package jail
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -416,7 +417,7 @@ deep()`, mib)},
 }
 
 func TestDoubleForkedDaemonGone(t *testing.T) {
-	marker := "sandloop-daemon-" + randomID()
+	marker := "sandloop-daemon-" + rand.Text()
 	r := runPy(t, fmt.Sprintf(`import os, time
 if os.fork() == 0:
     os.setsid()
@@ -722,7 +723,7 @@ func delegatedTestGroup(t *testing.T, uid int) (string, int) {
 	if mount == "" || enableV2(mount, false) != nil {
 		return "", -1
 	}
-	g := filepath.Join(mount, "sandloop-test-"+randomID())
+	g := filepath.Join(mount, "sandloop-test-"+rand.Text())
 	if err := os.Mkdir(g, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -962,7 +963,7 @@ func TestSweepStaleGroups(t *testing.T) {
 	old := time.Now().Add(-time.Hour)
 	mk := func() *cgroup {
 		t.Helper()
-		cg, err := newCgroup(h, "sandloop-sweeptest-"+randomID(), Limits{}.WithDefaults())
+		cg, err := newCgroup(h, "sandloop-sweeptest-"+rand.Text(), Limits{}.WithDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}
