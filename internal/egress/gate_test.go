@@ -412,6 +412,7 @@ func closeWhileBusy(t *testing.T, allow []string, lookup func(context.Context, s
 }
 
 func TestParseAllowlist(t *testing.T) {
+	t.Parallel()
 	if _, err := egress.ParseAllowlist([]string{"*.example.org", "a.example.org:8443", "10.0.0.0/8", "[fd00::1]:80", "1.2.3.4", "pypi", "x.org:*"}); err != nil {
 		t.Fatal(err)
 	}
@@ -428,6 +429,7 @@ func TestParseAllowlist(t *testing.T) {
 }
 
 func TestWildcards(t *testing.T) {
+	t.Parallel()
 	names := map[string][]string{}
 	_, proxy := startGate(t, []string{"*.example.org", "exact.test:8443"}, names, nil)
 	for _, c := range []struct {
