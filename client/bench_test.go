@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/sandloop/sandloop/client"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // BenchmarkCreateExecute measures what a caller waits for to get a new
@@ -32,20 +34,16 @@ func BenchmarkCreateExecute(b *testing.B) {
 	cold := newClient(b, newServer(b, session.ManagerOptions{}, server.Options{}), nil)
 
 	waitPool := func() {
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		testutil.WaitFor(b, 60*time.Second, func() error {
 			h, err := warm.Health(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if h.PoolReady >= poolSize {
-				return
+			if h.PoolReady < poolSize {
+				return fmt.Errorf("the pool did not refill: %+v", h)
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("the pool did not refill: %+v", h)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	// one creates a session and runs 1+1, returning the time to the
 	// session and to the answer.

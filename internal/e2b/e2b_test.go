@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -295,18 +297,14 @@ func TestReaper(t *testing.T) {
 	ts := newTestServer(t, Options{ReapInterval: 50 * time.Millisecond})
 	c := ts.create(t, keyA, `{"timeout":0.5}`)
 	ws := ts.h.lookup(c.SandboxID).ms.Workspace()
-	deadline := time.Now().Add(10 * time.Second)
-	gone := func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		_, err := ts.mgr.Get("owner-a", c.SandboxID)
 		_, serr := os.Stat(ws) // the session's Close removes the workspace last
-		return err != nil && ts.h.lookup(c.SandboxID) == nil && os.IsNotExist(serr)
-	}
-	for !gone() && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !gone() {
-		t.Fatal("the sandbox, its session or its workspace outlived its timeout")
-	}
+		if err == nil || ts.h.lookup(c.SandboxID) != nil || !os.IsNotExist(serr) {
+			return errors.New("the sandbox, its session or its workspace outlived its timeout")
+		}
+		return nil
+	})
 }
 
 func TestFilesREST(t *testing.T) {
@@ -545,14 +543,17 @@ func TestProcessRPC(t *testing.T) {
 		done <- msgs
 	}()
 	var bg map[string]any
-	for deadline := time.Now().Add(10 * time.Second); bg == nil && time.Now().Before(deadline); {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		_, m := ts.rpc(t, c, "process.Process/List", map[string]any{})
 		for _, p := range m["processes"].([]any) {
 			bg = p.(map[string]any)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if bg == nil || bg["config"].(map[string]any)["cmd"] != "cat" {
+		if bg == nil {
+			return errors.New("List shows no process")
+		}
+		return nil
+	})
+	if bg["config"].(map[string]any)["cmd"] != "cat" {
 		t.Fatalf("List: %v", bg)
 	}
 	sel := map[string]any{"pid": bg["pid"]}
@@ -573,19 +574,32 @@ func TestProcessRPC(t *testing.T) {
 		msgs, _ := ts.stream(t, c, "process.Process/Start", bash("sleep 60", nil))
 		done <- msgs
 	}()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, m := ts.rpc(t, c, "process.Process/List", map[string]any{}); len(m["processes"].([]any)) == 1 {
-			sel["pid"] = m["processes"].([]any)[0].(map[string]any)["pid"]
-			break
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		_, m := ts.rpc(t, c, "process.Process/List", map[string]any{})
+		if ps := m["processes"].([]any); len(ps) != 1 {
+			return fmt.Errorf("List shows %d processes, want 1", len(ps))
 		}
-	}
+		sel["pid"] = m["processes"].([]any)[0].(map[string]any)["pid"]
+		return nil
+	})
 	// Connect attaches another stream to the running process.
 	attached := make(chan []map[string]any, 1)
 	go func() {
 		msgs, _ := ts.stream(t, c, "process.Process/Connect", map[string]any{"process": sel})
 		attached <- msgs
 	}()
-	time.Sleep(300 * time.Millisecond)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		sb := ts.h.lookup(c.SandboxID)
+		sb.mu.Lock()
+		p := sb.procs[uint32(sel["pid"].(float64))]
+		sb.mu.Unlock()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.subs) != 2 {
+			return fmt.Errorf("%d streams attached to the process, want 2 (Start's and Connect's)", len(p.subs))
+		}
+		return nil
+	})
 	if st, m := ts.rpc(t, c, "process.Process/SendSignal", map[string]any{"process": sel, "signal": "SIGNAL_SIGKILL"}); st != 200 {
 		t.Errorf("SendSignal: %d %v", st, m)
 	}

@@ -3,6 +3,7 @@ package egress_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // startGate serves a gate on a host loopback listener (in a session it
@@ -47,20 +49,21 @@ func startGate(t *testing.T, allow []string, names map[string][]string, tweak fu
 // then it is listed as Open).
 func waitLog(t *testing.T, g *egress.Gate, n int) egress.Log {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l := g.Log()
+	var l egress.Log
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		l = g.Log()
 		complete := 0
 		for _, e := range l.Entries {
 			if !e.Open {
 				complete++
 			}
 		}
-		if complete >= n || time.Now().After(deadline) {
-			return l
+		if complete < n {
+			return fmt.Errorf("%d complete log entries, want %d: %+v", complete, n, l.Entries)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return l
 }
 
 // A connection under way is in the log (open, with its bytes so far), not
@@ -341,17 +344,75 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 		t.Error("the listener still accepts after Close")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) { // (the client's idle transport may linger)
-		time.Sleep(20 * time.Millisecond)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := runtime.NumGoroutine(); n > before+2 { // (the client's idle transport may linger)
+			buf := make([]byte, 1<<16)
+			return fmt.Errorf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+		}
+		return nil
+	})
+}
+
+// Close ends a connection still being set up rather than waiting out
+// its lookup's timeout (DialTimeout, an hour here).
+func TestCloseEndsALookup(t *testing.T) {
+	for _, req := range []string{
+		"CONNECT hang.invalid:443 HTTP/1.1\r\nHost: hang.invalid:443\r\n\r\n",
+		"GET http://hang.invalid/ HTTP/1.1\r\nHost: hang.invalid\r\n\r\n",
+	} {
+		t.Run(strings.Fields(req)[0], func(t *testing.T) {
+			asked := make(chan struct{}, 1)
+			hang := func(ctx context.Context, host string) ([]netip.Addr, error) {
+				asked <- struct{}{}
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			closeWhileBusy(t, []string{"hang.invalid"}, hang, req, asked)
+		})
 	}
-	if n := runtime.NumGoroutine(); n > before+2 {
-		buf := make([]byte, 1<<16)
-		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+}
+
+// closeWhileBusy sends req through a gate allowing allow, waits until
+// lookup has been asked (it sends on asked), and checks that Close then
+// returns although the gate's DialTimeout is an hour.
+func closeWhileBusy(t *testing.T, allow []string, lookup func(context.Context, string) ([]netip.Addr, error), req string, asked <-chan struct{}) {
+	t.Helper()
+	al, err := egress.ParseAllowlist(allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al, DialTimeout: time.Hour}, LookupIP: lookup})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Serve(ln)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, req)
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		g.Close()
+		t.Fatal("the gate never looked the name up")
+	}
+	closed := make(chan struct{})
+	go func() {
+		g.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits for a connection being set up")
 	}
 }
 
 func TestParseAllowlist(t *testing.T) {
+	t.Parallel()
 	if _, err := egress.ParseAllowlist([]string{"*.example.org", "a.example.org:8443", "10.0.0.0/8", "[fd00::1]:80", "1.2.3.4", "pypi", "x.org:*"}); err != nil {
 		t.Fatal(err)
 	}
@@ -368,6 +429,7 @@ func TestParseAllowlist(t *testing.T) {
 }
 
 func TestWildcards(t *testing.T) {
+	t.Parallel()
 	names := map[string][]string{}
 	_, proxy := startGate(t, []string{"*.example.org", "exact.test:8443"}, names, nil)
 	for _, c := range []struct {

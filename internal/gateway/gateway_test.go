@@ -9,23 +9,20 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func TestChoose(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))
@@ -198,17 +195,13 @@ func TestEpochFencing(t *testing.T) {
 	if st != http.StatusGone || !strings.Contains(body, `"host_lost"`) {
 		t.Fatalf("after the restart: %d %s, want 410 host_lost", st, body)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		pl, err := f.pg.GetPlacement(t.Context(), id)
-		if err == nil && pl.Lost {
-			break
+		if err != nil || !pl.Lost {
+			return fmt.Errorf("the table does not mark the session lost: %+v %v", pl, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the table does not mark the session lost: %+v %v", pl, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	// Now even without asking the host: 410 from the table.
 	if st, _ := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != http.StatusGone {
 		t.Errorf("lost session: %d", st)

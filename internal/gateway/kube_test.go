@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,13 +64,12 @@ func TestEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = "[{host-0 http://10.0.0.7:8080 false} {host-2 http://10.0.0.3:8080 false}]"
-	deadline := time.Now().Add(10 * time.Second)
-	for fmt.Sprint(d.Targets()) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("targets = %v, want %s", d.Targets(), want)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := fmt.Sprint(d.Targets()); got != want {
+			return fmt.Errorf("targets = %s, want %s", got, want)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestEndpointSlicesListFails(t *testing.T) {

@@ -1,6 +1,18 @@
 package gateway
 
-import "math/rand/v2"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/store"
+)
 
 // candidate is a host that could take a new session.
 type candidate struct {
@@ -36,4 +48,138 @@ func choose(cands []candidate, rnd *rand.Rand) int {
 		return ib
 	}
 	return ia
+}
+
+// place sends a request that makes a session (or run, or MCP session) to
+// a host chosen by choose, and records where it went. A host that
+// refuses (full: 429, draining: 503) is skipped for the next; the body is
+// kept in memory for that (it is JSON, capped by MaxBodyBytes).
+func (g *Gateway) place(kind string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+		if err != nil {
+			server.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", g.opts.MaxBodyBytes), 0)
+			return
+		}
+		tried := map[string]bool{}
+		var last *http.Response
+		for {
+			cands := g.hosts.candidates(tried)
+			g.rndMu.Lock()
+			i := choose(cands, g.rnd)
+			g.rndMu.Unlock()
+			if i < 0 {
+				break
+			}
+			name := cands[i].name
+			tried[name] = true
+			u, epoch, _, ok := g.hosts.get(name)
+			if !ok {
+				continue
+			}
+			out := r.Clone(r.Context())
+			out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			if len(body) == 0 {
+				out.Body = http.NoBody // else "unknown length": chunked, at odds with the copied Content-Length
+			}
+			out.RequestURI = ""
+			out.URL = &url.URL{Scheme: u.Scheme, Host: u.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+			out.Host = ""
+			out.Header = r.Header.Clone()
+			out.Header.Del("Authorization")
+			out.Header.Del("Content-Length") // the transport writes ContentLength's
+			out.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+			out.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+			out.Header.Set(server.HeaderEpoch, epoch)
+			resp, err := g.opts.Transport.RoundTrip(out)
+			if err != nil {
+				if r.Context().Err() != nil {
+					return
+				}
+				g.log.Warn("place: host unreachable", "host", name, "err", err)
+				continue
+			}
+			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGone {
+				g.hosts.refused(name, resp.StatusCode != http.StatusTooManyRequests)
+				if last != nil {
+					last.Body.Close()
+				}
+				last = resp
+				continue
+			}
+			if last != nil {
+				last.Body.Close()
+			}
+			g.placed(w, r, kind, name, epoch, resp)
+			return
+		}
+		if last != nil {
+			// Every host refused: pass the last refusal on (429: full).
+			defer last.Body.Close()
+			copyResponse(w, last)
+			return
+		}
+		server.WriteError(w, http.StatusServiceUnavailable, "no_capacity", "no host can take a new session now; retry shortly", 1)
+	})
+}
+
+// placed records the new session the host made and passes its answer on.
+func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName, epoch string, resp *http.Response) {
+	defer resp.Body.Close()
+	var id string
+	switch kind {
+	case store.KindMCP:
+		id = resp.Header.Get("Mcp-Session-Id")
+	default:
+		if resp.StatusCode == http.StatusCreated {
+			b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if err != nil {
+				server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host broke off its answer; retry", 1)
+				return
+			}
+			var made struct {
+				ID string `json:"id"`
+			}
+			_ = json.Unmarshal(b, &made)
+			id = made.ID
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+		}
+	}
+	if id != "" {
+		g.hosts.placedOn(hostName)
+		pl := store.Placement{ID: id, Kind: kind, Owner: ownerOf(r.Context()), Host: hostName, Epoch: epoch}
+		if err := g.opts.Cluster.PutPlacement(r.Context(), pl); err != nil {
+			// Without a record nobody could reach it: give it back.
+			g.log.Warn("record placement", "session", id, "err", err)
+			g.undo(r, kind, hostName, id)
+			server.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the sessions table cannot be written; retry shortly", 1)
+			return
+		}
+		g.routes.put(pl)
+	}
+	copyResponse(w, resp)
+}
+
+// undo deletes a session whose placement could not be recorded.
+func (g *Gateway) undo(r *http.Request, kind, hostName, id string) {
+	u, epoch, _, ok := g.hosts.get(hostName)
+	if !ok {
+		return
+	}
+	var req *http.Request
+	switch kind {
+	case store.KindSession:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodDelete, u.JoinPath("/v1/sessions", id).String(), nil)
+	case store.KindRun:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodPost, u.JoinPath("/v1/runs", id, "cancel").String(), nil)
+	case store.KindMCP:
+		req, _ = http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodDelete, u.JoinPath("/mcp").String(), nil)
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+	req.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+	req.Header.Set(server.HeaderEpoch, epoch)
+	if resp, err := g.client.Do(req); err == nil {
+		resp.Body.Close()
+	}
 }

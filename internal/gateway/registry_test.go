@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // TestRegisteredHosts: hosts found by their heartbeats in the real
@@ -122,28 +124,21 @@ func TestRegister(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { Register(ctx, pg, 10*time.Millisecond, self, nil); close(done) }()
-	usedIs := func(n int) bool {
-		regs, err := pg.Registrations(t.Context(), time.Minute)
-		return err == nil && len(regs) == 1 && regs[0].Used == n && regs[0].Ready
+	usedIs := func(n int) func() error {
+		return func() error {
+			regs, err := pg.Registrations(t.Context(), time.Minute)
+			if err != nil || len(regs) != 1 || regs[0].Used != n || !regs[0].Ready {
+				return fmt.Errorf("registrations %+v (%v), want one ready with %d used", regs, err, n)
+			}
+			return nil
+		}
 	}
-	eventually(t, "the first heartbeat", func() bool { return usedIs(0) })
+	testutil.WaitFor(t, 10*time.Second, usedIs(0)) // the first heartbeat
 	used.Store(2)
-	eventually(t, "a renewed heartbeat", func() bool { return usedIs(2) })
+	testutil.WaitFor(t, 10*time.Second, usedIs(2)) // a renewed heartbeat
 	cancel()
 	<-done
 	if regs, err := pg.Registrations(t.Context(), time.Minute); err != nil || len(regs) != 0 {
 		t.Errorf("after the host stopped: %v %v", regs, err)
-	}
-}
-
-// eventually polls ok (bounded): for effects of a background loop.
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +22,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
 
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // systemd is not the init on this machine (nor in the test VM), so most
@@ -43,7 +44,7 @@ func privateBus(t *testing.T) string {
 	if err != nil {
 		t.Skip("needs dbus-daemon (scripts/deps.sh installs it)")
 	}
-	dir := jailtest.ReadableTempDir(t, "sandloop-bus-")
+	dir := testutil.ReadableTempDir(t, "sandloop-bus-")
 	conf := filepath.Join(dir, "bus.conf")
 	if err := os.WriteFile(conf, []byte(`<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -329,7 +330,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	addr := privateBus(t)
 	// The fake systemd's tree, and a login session's scope in it that
 	// sandloop shares with another process.
-	base := filepath.Join(mount, "sandloop-test-"+randomID())
+	base := filepath.Join(mount, "sandloop-test-"+rand.Text())
 	session := filepath.Join(base, "session-1.scope")
 	fake := &fakeSystemd{base: base, result: "done"}
 	if err := os.Mkdir(base, 0o755); err != nil {
@@ -347,7 +348,7 @@ func TestSystemdDelegatedScope(t *testing.T) {
 	defer dirf.Close()
 	other := shareGroup(t, int(dirf.Fd()))
 
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-scope-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-scope-", "jail.test")
 
 	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
@@ -395,7 +396,7 @@ var scopeCallers = []struct {
 	uid                 uint32
 }{
 	{"root", "system.slice", "DBUS_SYSTEM_BUS_ADDRESS", 0},
-	{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", jailtest.Nobody},
+	{"ordinary user", "user.slice", "DBUS_SESSION_BUS_ADDRESS", testutil.Nobody},
 }
 
 // cgroup2Mount is where the cgroup v2 hierarchy is mounted, or "".
@@ -473,13 +474,13 @@ func TestRealSystemdScope(t *testing.T) {
 	if systemd == "" {
 		t.Skip("systemd is not installed")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-realsd-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-realsd-", "jail.test")
 	for _, c := range scopeCallers {
 		t.Run(c.name, func(t *testing.T) {
 			// base (the user's, as user-UID.slice's subtree is the user's
 			// inside a delegated tree): manager/ (user@UID.service) and
 			// session/ (root's, shared with another process).
-			base := filepath.Join(mount, "sandloop-test-"+randomID())
+			base := filepath.Join(mount, "sandloop-test-"+rand.Text())
 			manager, session := filepath.Join(base, "manager"), filepath.Join(base, "session")
 			for _, d := range []string{base, manager, session} {
 				if err := os.Mkdir(d, 0o755); err != nil {
@@ -531,7 +532,7 @@ func startRealSystemd(t *testing.T, systemd, dir string, uid uint32) string {
 	if !exists("/usr/lib/systemd/user/dbus.socket") {
 		t.Skip("needs the user bus units of systemd (apt-get install dbus-user-session)")
 	}
-	runtime := filepath.Join(jailtest.ReadableTempDir(t, "sandloop-xdg-"), "run")
+	runtime := filepath.Join(testutil.ReadableTempDir(t, "sandloop-xdg-"), "run")
 	if err := os.Mkdir(runtime, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -569,22 +570,21 @@ func startRealSystemd(t *testing.T, systemd, dir string, uid uint32) string {
 	})
 	// Up when its name is on the bus (seconds, also under emulation; the
 	// first connection starts the bus).
-	var status []byte
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
-		busctl := exec.Command(asUser[0], append(asUser[1:], "busctl", "--user", "status", "org.freedesktop.systemd1")...)
-		busctl.Env = env
-		if status, err = busctl.CombinedOutput(); err == nil {
-			return addr
-		}
+	testutil.WaitFor(t, 2*time.Minute, func() error {
 		select {
 		case err := <-exited:
 			exited <- err
 			t.Fatalf("systemd --user exited (%v):\n%s", err, log.String())
-		case <-time.After(200 * time.Millisecond):
+		default:
 		}
-	}
-	t.Fatalf("systemd --user did not answer on its bus within 2 minutes: busctl: %s\n%s", status, log.String())
-	return ""
+		busctl := exec.Command(asUser[0], append(asUser[1:], "busctl", "--user", "status", "org.freedesktop.systemd1")...)
+		busctl.Env = env
+		if status, err := busctl.CombinedOutput(); err != nil {
+			return fmt.Errorf("systemd --user does not answer on its bus: busctl: %v %s\n%s", err, status, log.String())
+		}
+		return nil
+	})
+	return addr
 }
 
 // syncBuffer is a bytes.Buffer safe to write from one goroutine and read

@@ -3,6 +3,7 @@ package jail
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -416,7 +417,7 @@ deep()`, mib)},
 }
 
 func TestDoubleForkedDaemonGone(t *testing.T) {
-	marker := "sandloop-daemon-" + randomID()
+	marker := "sandloop-daemon-" + rand.Text()
 	r := runPy(t, fmt.Sprintf(`import os, time
 if os.fork() == 0:
     os.setsid()
@@ -666,7 +667,7 @@ func TestRootless(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
 	subset := "^(TestRootless|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
@@ -722,7 +723,7 @@ func delegatedTestGroup(t *testing.T, uid int) (string, int) {
 	if mount == "" || enableV2(mount, false) != nil {
 		return "", -1
 	}
-	g := filepath.Join(mount, "sandloop-test-"+randomID())
+	g := filepath.Join(mount, "sandloop-test-"+rand.Text())
 	if err := os.Mkdir(g, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -962,7 +963,7 @@ func TestSweepStaleGroups(t *testing.T) {
 	old := time.Now().Add(-time.Hour)
 	mk := func() *cgroup {
 		t.Helper()
-		cg, err := newCgroup(h, "sandloop-sweeptest-"+randomID(), Limits{}.WithDefaults())
+		cg, err := newCgroup(h, "sandloop-sweeptest-"+rand.Text(), Limits{}.WithDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

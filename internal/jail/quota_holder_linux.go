@@ -449,9 +449,7 @@ func newHolderQuotaDir(disk int64, files int) (*QuotaDir, error) {
 		return nil, errors.New("make the workspace's tmpfs: the holder sent no descriptor")
 	}
 	m := os.NewFile(uintptr(fd), "workspace-tmpfs")
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	sub := "sandloop-ws-" + hex.EncodeToString(b[:])
+	sub := "sandloop-ws-" + rand.Text()
 	if err := unix.Mkdirat(int(m.Fd()), sub, 0o755); err != nil {
 		m.Close()
 		_, _, _ = h.request(&holderRequest{Op: "unmount", Name: r.Name}, nil)

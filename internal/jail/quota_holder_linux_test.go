@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +31,7 @@ func TestQuotaHolder(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-holder-", "jail.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-holder-", "jail.test")
 	// With the rootless subset of TestRootless, whose jails the holder
 	// then starts (testWorkspace): the same protections hold.
 	tests := []string{"TestQuotaHolderWorkspace", "TestRlimitsBindTheProgramNotTheInit", "TestAttacksFail", "TestForkBombStoppedByPidsLimit", "TestCPUSpinStoppedAtTimeout", "TestDoubleForkedDaemonGone", "TestNoInheritedDescriptors"}

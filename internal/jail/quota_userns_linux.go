@@ -2,7 +2,6 @@ package jail
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -204,9 +203,7 @@ func newUserNSQuotaDir(disk int64, files int) (*QuotaDir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make the workspace's tmpfs: %w", err)
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	sub := "sandloop-ws-" + hex.EncodeToString(b[:])
+	sub := "sandloop-ws-" + rand.Text()
 	if err := unix.Mkdirat(int(m.Fd()), sub, 0o755); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("make the workspace's directory: %w", err)

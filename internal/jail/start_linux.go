@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -289,7 +288,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	// The group is made while the init starts up (it waits for its
 	// configuration, so nothing runs outside the group).
 	if h.mode != "" {
-		cg, err := newCgroup(h, "sandloop-"+randomID(), initCfg.Limits)
+		cg, err := newCgroup(h, "sandloop-"+rand.Text(), initCfg.Limits)
 		if err != nil {
 			return abort(err)
 		}
@@ -495,12 +494,6 @@ func openWorkspaceTree(path string) (*os.File, bool) {
 		panic(err) // no /dev/null: nothing can work
 	}
 	return f, false
-}
-
-func randomID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 type writerOnly struct{ io.Writer }

@@ -1,6 +1,7 @@
 package jail
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"time"
@@ -61,7 +62,7 @@ func NewGroup(l Limits) (*Group, error) {
 	if err := GroupsSupported(); err != nil {
 		return nil, err
 	}
-	cg, err := newCgroup(detectCgroups(), "sandloop-"+randomID(), l)
+	cg, err := newCgroup(detectCgroups(), "sandloop-"+rand.Text(), l)
 	if err != nil {
 		return nil, err
 	}

@@ -3,14 +3,13 @@ package lessons_test
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/lessons"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
@@ -18,10 +17,7 @@ import (
 	"github.com/sandloop/sandloop/internal/store"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func openStore(t testing.TB) *store.Store {
 	t.Helper()

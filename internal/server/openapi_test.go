@@ -23,6 +23,7 @@ import (
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 func loadSpec(t *testing.T) *openapi3.T {
@@ -309,12 +310,12 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 	a = sc.do("POST", "/v1/runs", `{"task":"write out.txt"}`)
 	a.want(201, "")
 	json.Unmarshal(a.body, &done)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		run, err := rs.Store.GetRun(t.Context(), done.ID)
-		if err != nil || run.Status != "running" || time.Now().After(deadline) {
-			break
+	testutil.WaitFor(t, time.Minute, func() error {
+		if run, err := rs.Store.GetRun(t.Context(), done.ID); err == nil && run.Status == "running" {
+			return errors.New("the first run is still running")
 		}
-	}
+		return nil
+	})
 	a = sc.do("POST", "/v1/runs", `{"task":"wait"}`)
 	a.want(201, "")
 	json.Unmarshal(a.body, &running)

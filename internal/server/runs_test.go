@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testServer {
@@ -192,18 +194,13 @@ func TestRunOwnership(t *testing.T) {
 	if resp := ts.do(t, "POST", "/v1/runs", `{"task":"print 2+2"}`, &run); resp.StatusCode != 201 {
 		t.Fatalf("start: %d", resp.StatusCode)
 	}
-	waitRun := func() {
-		for i := 0; i < 200; i++ {
-			var got store.Run
-			ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got)
-			if got.Status != "running" {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		var got store.Run
+		if ts.do(t, "GET", "/v1/runs/"+run.ID, "", &got); got.Status == "running" {
+			return errors.New("the run has not ended")
 		}
-		t.Fatal("the run did not end in 10 s")
-	}
-	waitRun()
+		return nil
+	})
 
 	ts.token = tokenB
 	for _, p := range []string{"GET /v1/runs/" + run.ID, "GET /v1/runs/" + run.ID + "/events", "POST /v1/runs/" + run.ID + "/cancel", "GET /v1/runs/" + run.ID + "/artifacts"} {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -21,8 +22,8 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
-	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
 
@@ -198,11 +199,12 @@ func TestEgressColdJail(t *testing.T) {
 	}
 	// The proxy logs a connection when it ends, which can be just after
 	// the code has read its answer: wait for it (bounded).
-	for deadline := time.Now().Add(10 * time.Second); len(s.NetworkLog().Entries) <= before; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after restart: no new log entry (%d entries)", len(s.NetworkLog().Entries))
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := len(s.NetworkLog().Entries); n <= before {
+			return fmt.Errorf("after restart: no new log entry (%d entries)", n)
 		}
-	}
+		return nil
+	})
 }
 
 func TestEgressZygoteFork(t *testing.T) {
@@ -243,10 +245,7 @@ func TestEgressPooledManager(t *testing.T) {
 	t.Cleanup(func() { m.Close() })
 	waitPool := func() {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testutil.WaitFor(t, 60*time.Second, poolReady(m))
 	}
 	// A pooled kernel holds the proxy's listener on standby: an
 	// allow-mode session takes one and arms it.
@@ -346,20 +345,28 @@ print(t.recv(100).split(b"\r\n")[0].decode())
 		t.Fatalf("tunnel: %q %q", res.Stdout, res.Stderr)
 	}
 	s.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for count() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := count(); n > before {
-		ents, _ := os.ReadDir("/proc/self/fd")
-		var l []string
-		for _, e := range ents {
-			d, _ := os.Readlink("/proc/self/fd/" + e.Name())
-			l = append(l, e.Name()+"="+d)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if n := count(); n > before {
+			ents, _ := os.ReadDir("/proc/self/fd")
+			var l []string
+			for _, e := range ents {
+				d, _ := os.Readlink("/proc/self/fd/" + e.Name())
+				l = append(l, e.Name()+"="+d)
+			}
+			return fmt.Errorf("%d descriptors open after the session closed, %d before: %v", n, before, l)
 		}
-		t.Errorf("%d descriptors open after the session closed, %d before: %v", n, before, l)
+		return nil
+	})
+}
+
+// poolReady says whether m has a pooled kernel ready, for WaitFor.
+func poolReady(m *Manager) func() error {
+	return func() error {
+		if m.Stats().PoolReady == 0 {
+			return errors.New("no pooled kernel is ready")
+		}
+		return nil
 	}
-	_ = jail.DefaultPython
 }
 
 // cacheEntries returns a session's log entries for package files.
@@ -376,11 +383,14 @@ func cacheEntries(s *Session) []egress.Entry {
 // waitCacheEntries waits (bounded) for n package file entries in s's log.
 func waitCacheEntries(t *testing.T, s *Session, n int) []egress.Entry {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(cacheEntries(s)) < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cacheEntries(s)
+	var got []egress.Entry
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got = cacheEntries(s); len(got) < n {
+			return fmt.Errorf("%d package file entries, want %d: %+v", len(got), n, got)
+		}
+		return nil
+	})
+	return got
 }
 
 func TestWheelCacheServesTheSecondSession(t *testing.T) {
@@ -568,9 +578,8 @@ func BenchmarkCreateAllow(b *testing.B) {
 	b.Cleanup(func() { unpooled.Close() })
 	ctx := context.Background()
 	measure := func(m *Manager, opts CreateOptions, pooled bool) time.Duration {
-		deadline := time.Now().Add(60 * time.Second)
-		for pooled && m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+		if pooled {
+			testutil.WaitFor(b, 60*time.Second, poolReady(m))
 		}
 		start := time.Now()
 		ms, err := m.Create(ctx, opts)

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -58,10 +58,12 @@ func TestQuotaPooledSession(t *testing.T) {
 	skipWithoutQuota(t)
 	m := session.NewManager(session.ManagerOptions{PoolSize: 1, Defaults: jail.Limits{Disk: testDisk, Files: testFiles}})
 	t.Cleanup(func() { m.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for m.Stats().PoolReady == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if m.Stats().PoolReady == 0 {
+			return errors.New("no pooled kernel is ready")
+		}
+		return nil
+	})
 	ms, err := m.Create(context.Background(), session.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +148,7 @@ func quotaRootless(t *testing.T) string {
 // TestQuotaRootlessHolder is TestQuotaRootless with the workspaces
 // mounted by the holder, as kernels before 6.15 have them, on any kernel.
 func TestQuotaRootlessHolder(t *testing.T) {
-	if jailtest.KernelBefore(6, 15) {
+	if testutil.KernelBefore(6, 15) {
 		t.Skip("TestQuotaRootless uses the holder on this kernel already")
 	}
 	t.Setenv(jail.HolderForceEnv, "1")

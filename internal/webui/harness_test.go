@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 	"github.com/sandloop/sandloop/internal/runs"
@@ -20,10 +19,7 @@ import (
 	"github.com/sandloop/sandloop/internal/store"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 // newServer starts the real API server, with the UI mounted as
 // `sandloop serve` mounts it, and a scripted model behind the runs service.

@@ -6,7 +6,6 @@ package workspace
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -286,7 +285,7 @@ func (w *Workspace) write(p, rel, dir string, r io.Reader) (int64, error) {
 	if room := w.opts.MaxTotalBytes - used; room < limit {
 		limit, what = max(room, 0), "workspace"
 	}
-	tmp := path.Join(dir, ".sandloop-upload-"+randomHex())
+	tmp := path.Join(dir, ".sandloop-upload-"+rand.Text())
 	f, err := w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return 0, mapErr(p, err)
@@ -407,12 +406,6 @@ func (w *Workspace) Usage() (int64, error) {
 		return nil
 	})
 	return total, err
-}
-
-func randomHex() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // Walk calls fn for every regular file under directory p, in name order,

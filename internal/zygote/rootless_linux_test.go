@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // rootlessChild is set in a test binary run as an unprivileged user by
@@ -89,7 +89,7 @@ func rootlessZygote(t *testing.T) string {
 // mounted by the holder, as kernels before 6.15 have them, on any kernel
 // (TestForkQuota then forks from a template the holder started).
 func TestRootlessZygoteHolder(t *testing.T) {
-	if jailtest.KernelBefore(6, 15) {
+	if testutil.KernelBefore(6, 15) {
 		t.Skip("TestRootlessZygote uses the holder on this kernel already")
 	}
 	t.Setenv(jail.HolderForceEnv, "1")
@@ -132,10 +132,10 @@ func TestRootlessWorkspaceOutsideTemp(t *testing.T) {
 // place it in cgroups.
 func asUser(t *testing.T, run string, env []string, setup func(*exec.Cmd)) string {
 	t.Helper()
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-zygote-rootless-", "zygote.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-zygote-rootless-", "zygote.test")
 	outside := filepath.Join(filepath.Dir(tmp), "outside")
 	os.Mkdir(outside, 0o700)
-	os.Chown(outside, jailtest.Nobody, jailtest.Nobody)
+	os.Chown(outside, testutil.Nobody, testutil.Nobody)
 	// A mount below the temp dir, as a root sandloop's tmpfs workspaces
 	// are: in the user's namespace it is locked, and the template must
 	// still see the workspaces (a plain bind failed with EINVAL in the VM).

@@ -16,15 +16,14 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/session/sessiontest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 // light is what most tests import in the template: they test the fork,
 // not the libraries (TestDataScienceSession does).
@@ -376,17 +375,12 @@ func TestCloseCleansUp(t *testing.T) {
 	for _, pid := range pids {
 		// A killed process may be a zombie for a moment, until the
 		// template jail's init reaps it: give that a bounded while.
-		gone := false
-		for deadline := time.Now().Add(z.patience(5 * time.Second)); !gone && time.Now().Before(deadline); {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-				gone = true
-			} else {
-				time.Sleep(50 * time.Millisecond)
+		testutil.WaitFor(t, z.patience(5*time.Second), func() error {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				return fmt.Errorf("process %d still exists", pid)
 			}
-		}
-		if !gone {
-			t.Errorf("process %d still exists", pid)
-		}
+			return nil
+		})
 	}
 	for _, dir := range cg {
 		if _, err := os.Stat(dir); err == nil {
@@ -481,13 +475,12 @@ func (z *Zygote) armedSparePids(t testing.TB) []int {
 	z.mu.Lock()
 	inst := z.cur
 	z.mu.Unlock()
-	wait := z.patience(10 * time.Second)
-	for deadline := time.Now().Add(wait); len(inst.spares) < cap(inst.spares); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the template did not refill its spares in %s", wait)
+	testutil.WaitFor(t, z.patience(10*time.Second), func() error {
+		if n := len(inst.spares); n < cap(inst.spares) {
+			return fmt.Errorf("the template has %d of its %d spares", n, cap(inst.spares))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	var pids []int
 	for range cap(inst.spares) {
 		r := <-inst.spares

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -176,7 +176,7 @@ func AsNobody(t *testing.T, env, pattern string) string {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
-	bin, tmp := jailtest.CopyForNobody(t, "sandloop-rootless-", "rootless.test")
+	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "rootless.test")
 	cmd := exec.Command(bin, "-test.run", pattern, "-test.v", "-test.count=1")
 	cmd.Env = []string{env + "=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
 	if v := os.Getenv(jail.HolderForceEnv); v != "" {

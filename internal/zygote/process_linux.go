@@ -1,0 +1,123 @@
+package zygote
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"golang.org/x/sys/unix"
+)
+
+// Process is a forked kernel: the session's PID 1 (the reaper) and the
+// kernel (PID 2), in the session's cgroup.
+type Process struct {
+	group     *jail.Group
+	limits    jail.Limits
+	rep       *net.UnixConn
+	reaperPid int
+	kernelPid int
+	listener  net.Listener // see Listener
+
+	mu       sync.Mutex
+	reaperFD int // pidfds: signals cannot reach a recycled PID
+	kernelFD int
+	closed   bool
+
+	once    sync.Once
+	waitErr error
+}
+
+// Listener is the listener on the session's loopback that Fork's
+// listenPort asked for (nil if none); it is closed when the session ends.
+func (p *Process) Listener() net.Listener { return p.listener }
+
+// HostPids returns the host PIDs of the session's reaper and kernel.
+func (p *Process) HostPids() []int { return []int{p.reaperPid, p.kernelPid} }
+
+// Signal delivers sig to the kernel.
+func (p *Process) Signal(sig os.Signal) error {
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return fmt.Errorf("unsupported signal %v", sig)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.kernelFD < 0 {
+		return os.ErrProcessDone
+	}
+	return unix.PidfdSendSignal(p.kernelFD, s, nil, 0)
+}
+
+// Kill kills every process of the session (the reaper is PID 1 of its
+// PID namespace: when it dies, the kernel kills the rest).
+func (p *Process) Kill() error {
+	p.mu.Lock()
+	if !p.closed && p.reaperFD >= 0 {
+		_ = unix.PidfdSendSignal(p.reaperFD, unix.SIGKILL, nil, 0)
+	}
+	p.mu.Unlock()
+	p.group.Kill()
+	return nil
+}
+
+func (p *Process) closeFDs() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, fd := range []*int{&p.reaperFD, &p.kernelFD} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	if p.rep != nil {
+		p.rep.Close()
+	}
+}
+
+// Wait blocks until the session's reaper has exited (and with it every
+// process of the session), removes the session's cgroup and says why the
+// kernel ended.
+func (p *Process) Wait() error {
+	p.once.Do(func() {
+		var st struct {
+			Exited bool
+			Code   int
+			Signal int
+		}
+		exited := false
+		for {
+			msg, _, err := readMsg(p.rep)
+			if err != nil {
+				break
+			}
+			if json.Unmarshal(msg, &st) == nil && st.Exited {
+				exited = true
+			}
+		}
+		_, _, oom := p.group.Stats()
+		rmErr := p.group.Remove()
+		p.closeFDs()
+		if p.listener != nil {
+			p.listener.Close()
+		}
+		switch {
+		case oom:
+			p.waitErr = fmt.Errorf("killed by the out-of-memory killer: the session's memory limit is %d MiB", p.limits.Memory>>20)
+		case !exited:
+			p.waitErr = errors.New("killed by signal SIGKILL")
+		case st.Signal != 0:
+			p.waitErr = fmt.Errorf("killed by signal %s", unix.SignalName(syscall.Signal(st.Signal)))
+		case st.Code != 0:
+			p.waitErr = fmt.Errorf("exited with status %d", st.Code)
+		default:
+			p.waitErr = rmErr
+		}
+	})
+	return p.waitErr
+}
