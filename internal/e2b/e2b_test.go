@@ -21,15 +21,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 const keyA, keyB = "e2b_aaaa", "e2b_bbbb"
 

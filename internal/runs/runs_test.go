@@ -12,16 +12,14 @@ import (
 
 	"github.com/sandloop/sandloop/internal/agent"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func newService(t *testing.T, script llmtest.Script) (*Service, *store.Store) {
 	t.Helper()

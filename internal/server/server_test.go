@@ -19,15 +19,13 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"gopkg.in/yaml.v3"
 )
 
-func TestMain(m *testing.M) {
-	jail.MaybeInit()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { jailtest.Main(m) }
 
 const tokenA, tokenB = "token-aaaaaaaaaaaaaaaa", "token-bbbbbbbbbbbbbbbb"
 

@@ -2,23 +2,15 @@ package server
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"math"
-	"mime"
 	"net/http"
-	"path"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
-	"github.com/sandloop/sandloop/internal/workspace"
 )
 
 type createRequest struct {
@@ -292,20 +284,6 @@ type executeRequest struct {
 	Env      map[string]string `json:"env"`
 }
 
-// streamKind picks the response format from Accept.
-func streamKind(r *http.Request) string {
-	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
-		mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
-		switch mt {
-		case "application/x-ndjson", "application/jsonl":
-			return "ndjson"
-		case "text/event-stream":
-			return "sse"
-		}
-	}
-	return ""
-}
-
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 	var req executeRequest
@@ -352,86 +330,6 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// stream runs exec, writing each event as it comes (NDJSON lines or SSE
-// data events) and a keepalive event while nothing happens. The response
-// headers are sent with the first event, so an error before any event is
-// still a proper JSON error. Once closed is closed (the session is being
-// killed), a write blocked on a client that does not read fails at once,
-// so the kill never waits on the client.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, closed <-chan struct{}, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
-	flusher, _ := w.(http.Flusher)
-	rc := http.NewResponseController(w)
-	var mu sync.Mutex
-	started := false
-	var killed atomic.Bool
-	write := func(v any) {
-		b, err := json.Marshal(v)
-		if err != nil || killed.Load() {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !started {
-			started = true
-			if kind == "sse" {
-				w.Header().Set("Content-Type", "text/event-stream")
-				w.Header().Set("Cache-Control", "no-cache")
-			} else {
-				w.Header().Set("Content-Type", "application/x-ndjson")
-			}
-			w.Header().Set("X-Accel-Buffering", "no")
-			w.WriteHeader(http.StatusOK)
-		}
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if killed.Load() { // killed since the check above: fail at once
-			_ = rc.SetWriteDeadline(time.Now())
-		}
-		if kind == "sse" {
-			fmt.Fprintf(w, "data: %s\n\n", b)
-		} else {
-			w.Write(b)
-			w.Write([]byte("\n"))
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		select {
-		case <-closed: // (not under mu: a blocked write holds it)
-			killed.Store(true)
-			_ = rc.SetWriteDeadline(time.Now())
-		case <-done:
-		}
-	}()
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(s.opts.Keepalive)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				write(map[string]string{"type": "keepalive"})
-			}
-		}
-	}()
-	res, err := exec(func(e kernel.Event) { write(e) })
-	close(done)
-	<-stopped // a keepalive must not be written once the handler has returned
-	mu.Lock()
-	wasStarted := started
-	mu.Unlock()
-	if err != nil && wasStarted {
-		ae := toAPIError(err)
-		write(map[string]string{"type": "fatal", "code": ae.Code, "message": ae.Message})
-		return nil, nil
-	}
-	return res, err
-}
-
 func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
 	ms, ok := s.lookup(w, r)
 	if !ok {
@@ -454,136 +352,4 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
-}
-
-// files opens the session's workspace for one request.
-func (s *Server) files(w http.ResponseWriter, r *http.Request) (*workspace.Workspace, bool) {
-	ms, ok := s.lookup(w, r)
-	if !ok {
-		return nil, false
-	}
-	ws, err := ms.Files(workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes})
-	if err != nil {
-		writeError(w, err)
-		return nil, false
-	}
-	return ws, true
-}
-
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	ws, ok := s.files(w, r)
-	if !ok {
-		return
-	}
-	defer ws.Close()
-	p := r.URL.Query().Get("path")
-	list, err := ws.List(p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	WriteJSON(w, http.StatusOK, map[string]any{"path": cleanOrDot(p), "files": list})
-}
-
-func cleanOrDot(p string) string {
-	c, err := workspace.Clean(p)
-	if err != nil {
-		return p
-	}
-	return c
-}
-
-func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
-	ws, ok := s.files(w, r)
-	if !ok {
-		return
-	}
-	defer ws.Close()
-	f, e, err := ws.Open(r.PathValue("path"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer f.Close()
-	ct := mime.TypeByExtension(path.Ext(e.Name))
-	if ct == "" {
-		ct = "application/octet-stream"
-	}
-	w.Header().Set("Content-Type", ct)
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	// Served as an attachment: a workspace file is the sandbox's, not ours
-	// to render on the server's origin.
-	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": e.Name}))
-	w.Header().Set("Content-Security-Policy", "sandbox")
-	http.ServeContent(w, r, e.Name, e.ModTime, f)
-}
-
-func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
-	ws, ok := s.files(w, r)
-	if !ok {
-		return
-	}
-	defer ws.Close()
-	if r.ContentLength > s.opts.MaxFileBytes {
-		writeError(w, &workspace.LimitError{What: "file", Limit: s.opts.MaxFileBytes})
-		return
-	}
-	n, err := ws.Write(r.PathValue("path"), r.Body)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	e, _ := ws.Stat(r.PathValue("path"))
-	e.Size = n
-	WriteJSON(w, http.StatusCreated, e)
-}
-
-func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
-	ws, ok := s.files(w, r)
-	if !ok {
-		return
-	}
-	defer ws.Close()
-	if err := ws.Remove(r.PathValue("path")); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) archive(w http.ResponseWriter, r *http.Request) {
-	ws, ok := s.files(w, r)
-	if !ok {
-		return
-	}
-	defer ws.Close()
-	format := r.URL.Query().Get("format")
-	if format == "" {
-		format = workspace.FormatTarGz
-	}
-	if format != workspace.FormatTarGz && format != workspace.FormatZip {
-		writeError(w, badRequest("format %q: use tar.gz or zip", format))
-		return
-	}
-	sub := r.URL.Query().Get("path")
-	if _, err := workspace.Clean(sub); err != nil {
-		writeError(w, err)
-		return
-	}
-	ms, _ := s.opts.Manager.Get(owner(r.Context()), r.PathValue("id"))
-	name := "workspace-" + ms.ID() + "." + format
-	ct := "application/gzip"
-	if format == workspace.FormatZip {
-		ct = "application/zip"
-	}
-	w.Header().Set("Content-Type", ct)
-	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": name}))
-	if err := ws.Archive(r.Context(), w, format, sub); err != nil {
-		// Headers are gone; cut the stream so the client sees a broken archive.
-		s.log.Warn("archive", "session", ms.ID(), "err", err)
-		if errors.Is(err, io.ErrShortWrite) {
-			return
-		}
-		panic(http.ErrAbortHandler)
-	}
 }
