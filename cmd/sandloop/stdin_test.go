@@ -2,19 +2,18 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/e2b/e2btest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // Commands started with `stdin: true` (as Mastra's E2B workspace starts
@@ -33,10 +32,10 @@ func TestE2BStdinCommands(t *testing.T) {
 	if err != nil || !strings.HasSuffix(string(out), "done\n") {
 		t.Fatalf("node e2e.mjs stdin: %v", err)
 	}
-	if pids := processesWithArg(marker + "-k\x00"); len(pids) > 0 {
+	if pids := testutil.PidsWithArg(marker + "-k\x00"); len(pids) > 0 {
 		t.Errorf("killed and timed-out sandboxes left their commands running: pids %v", pids)
 	}
-	if pids := processesWithArg(marker + "-left\x00"); len(pids) == 0 {
+	if pids := testutil.PidsWithArg(marker + "-left\x00"); len(pids) == 0 {
 		t.Fatal("the sandbox left for SIGTERM holds no command (the test checks nothing)")
 	}
 	start := time.Now()
@@ -59,7 +58,7 @@ func TestE2BStdinCommands(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatalf("serve ignored SIGTERM with a stdin command open\n%s", stderr.String())
 	}
-	if pids := processesWithArg(marker); len(pids) > 0 {
+	if pids := testutil.PidsWithArg(marker); len(pids) > 0 {
 		t.Errorf("serve's shutdown left sandboxed commands running: pids %v", pids)
 	}
 }
@@ -106,21 +105,4 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "")
-}
-
-// processesWithArg lists the host processes whose command line contains arg.
-func processesWithArg(arg string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if bytes.Contains(b, []byte(arg)) {
-			out = append(out, pid)
-		}
-	}
-	return out
 }

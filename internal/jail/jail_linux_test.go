@@ -429,25 +429,9 @@ print('parent done')`, marker), nil)
 	if !strings.Contains(r.stdout, "parent done") {
 		t.Fatalf("stdout %q stderr %q", r.stdout, r.stderr)
 	}
-	if pids := hostPidsWithArg(marker); len(pids) > 0 {
+	if pids := testutil.PidsWithArg(marker); len(pids) > 0 {
 		t.Errorf("daemon survived the run: host pids %v", pids)
 	}
-}
-
-func hostPidsWithArg(arg string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if bytes.Contains(b, []byte(arg)) {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 func TestWorkspaceAndLimitsOnFiles(t *testing.T) {
@@ -588,7 +572,7 @@ func TestNothingLeftAfter200Runs(t *testing.T) {
 	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
 		t.Errorf("temp entries left: %v", entries)
 	}
-	if pids := hostPidsWithArg(marker); len(pids) > 0 {
+	if pids := testutil.PidsWithArg(marker); len(pids) > 0 {
 		t.Errorf("a jailed sleep survived: pids %v", pids)
 	}
 }
