@@ -42,6 +42,7 @@ func toAPIError(err error) *apiError {
 	var le *workspace.LimitError
 	var sl *session.LimitError
 	var ja *jail.ArgumentError
+	var wa *workspace.ArgumentError
 	var dm *jail.DiskOverMemoryError
 	var mbe *http.MaxBytesError
 	switch {
@@ -63,7 +64,7 @@ func toAPIError(err error) *apiError {
 		return &apiError{http.StatusBadRequest, "limit_too_high", err.Error(), 0}
 	case errors.As(err, &dm):
 		return &apiError{http.StatusBadRequest, "disk_over_memory", fmt.Sprintf("disk_mb %d is more than memory_mb %d: %s; ask for less disk_mb or more memory_mb", dm.Disk>>20, dm.Memory>>20, jail.DiskOverMemoryWhy), 0}
-	case errors.As(err, &ja):
+	case errors.As(err, &ja), errors.As(err, &wa):
 		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
 	case errors.Is(err, session.ErrCapacity):
 		return &apiError{http.StatusTooManyRequests, "too_many_sessions", "the server holds as many sessions as it may: delete one or retry later", 1}

@@ -85,7 +85,7 @@ func (w *Workspace) Archive(ctx context.Context, out io.Writer, format, sub stri
 		}
 		finish = zw.Close
 	default:
-		return &PathError{sub, fmt.Errorf("unknown archive format %q (use tar.gz or zip)", format)}
+		return &ArgumentError{"format", fmt.Errorf("unknown archive format %q (use tar.gz or zip)", format)}
 	}
 	err = fs.WalkDir(w.root.FS(), rel, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -35,6 +35,16 @@ type PathError struct {
 func (e *PathError) Error() string { return fmt.Sprintf("path %q: %v", e.Path, e.Err) }
 func (e *PathError) Unwrap() error { return e.Err }
 
+// ArgumentError reports a bad argument other than a path (the shape every
+// package's bad-input error has: what is wrong, and why).
+type ArgumentError struct {
+	Name string
+	Err  error
+}
+
+func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
 // LimitError reports a size cap that a write would exceed.
 type LimitError struct {
 	What  string // "file", "workspace", or "quota" (the file system said it is full)
