@@ -165,12 +165,14 @@ func newServeCmd() *cobra.Command {
 			// The page and its assets hold no data; the page sends the token with every API call.
 			public := webui.Mounts()
 			e2bKey := ""
+			var e2bH io.Closer
 			if useE2B {
 				h, key, err := newE2B(mgr, toks, zy, lifetime, log)
 				if err != nil {
 					return err
 				}
-				defer h.Close() // before the manager closes the sessions
+				e2bH = h
+				defer h.Close() // (closed below; again is harmless)
 				for p, m := range h.Mounts() {
 					public[p] = m // authenticated by the E2B handler itself
 				}
@@ -241,12 +243,22 @@ func newServeCmd() *cobra.Command {
 					c.Close()
 				}
 			}
+			// No new connections from here on; the sessions are killed
+			// while Shutdown waits, so the streams of clients waiting on
+			// them (a command's output, a cell's events) end, and nothing
+			// waits on a user process or a client for long (issue 24).
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			shut := make(chan error, 1)
+			go func() { shut <- hs.Shutdown(sctx) }()
+			if e2bH != nil {
+				e2bH.Close() // before the manager closes the sessions
+			}
+			closeErr := mgr.Close()
+			if err := <-shut; err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				log.Warn("shutdown", "err", err)
 			}
-			return mgr.Close()
+			return closeErr
 		},
 	}
 	f := cmd.Flags()

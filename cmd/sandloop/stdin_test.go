@@ -27,10 +27,29 @@ func TestE2BStdinCommands(t *testing.T) {
 	const drain = 2 * time.Second
 	marker := fmt.Sprintf("sandloop-stdin-%d-%d", os.Getpid(), time.Now().UnixNano())
 	cmd, env, stderr := startServeCmd(t, "--token", e2bTestToken, "--pool", "1", "--drain-timeout", drain.String())
-	out, err := e2btest.Run(t, env, 3*time.Minute, "stdin", marker)
-	t.Logf("node e2e.mjs stdin:\n%s", out)
-	if err != nil || !strings.HasSuffix(string(out), "done\n") {
-		t.Fatalf("node e2e.mjs stdin: %v", err)
+	// The script stays attached to the last command's stream, so serve's
+	// SIGTERM below finds a client waiting on a stuck command.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	node := exec.CommandContext(ctx, "node", e2btest.SDK(t), "stdin", marker)
+	node.Dir = e2btest.Dir()
+	node.Env = append(os.Environ(), "E2B_API_URL="+env.URL, "E2B_SANDBOX_URL="+env.URL, "E2B_API_KEY="+env.Key)
+	node.WaitDelay = 5 * time.Second
+	var out syncBuffer
+	pr, pw := io.Pipe()
+	node.Stdout, node.Stderr = io.MultiWriter(&out, pw), &out
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	nodeDone := make(chan error, 1)
+	go func() { err := node.Wait(); pw.Close(); nodeDone <- err }()
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "left ") {
+	}
+	go io.Copy(io.Discard, pr)
+	if !strings.Contains(out.String(), "\nleft ") {
+		<-nodeDone
+		t.Fatalf("node e2e.mjs stdin:\n%s", out.String())
 	}
 	if pids := testutil.PidsWithArg(marker + "-k\x00"); len(pids) > 0 {
 		t.Errorf("killed and timed-out sandboxes left their commands running: pids %v", pids)
@@ -60,6 +79,15 @@ func TestE2BStdinCommands(t *testing.T) {
 	}
 	if pids := testutil.PidsWithArg(marker); len(pids) > 0 {
 		t.Errorf("serve's shutdown left sandboxed commands running: pids %v", pids)
+	}
+	select {
+	case <-nodeDone:
+	case <-time.After(30 * time.Second):
+		t.Error("the SDK's stream of the left command did not end with the server")
+	}
+	t.Logf("node e2e.mjs stdin:\n%s", out.String())
+	if !strings.Contains(out.String(), "left command ended: ") {
+		t.Errorf("the SDK was not told the left command ended")
 	}
 }
 

@@ -5,7 +5,8 @@
 //   node e2e.mjs e2b-2.45      e2b 2.45: lifecycle, files and commands
 //   node e2e.mjs stdin MARKER  commands with `stdin: true` (Mastra's way): ends and kills reported at
 //                              once, kill/timeout of a sandbox holding one bounded; leaves one such
-//                              sandbox running (`sh -c 'cat; : MARKER-left'`) for the caller's SIGTERM
+//                              sandbox running (`sh -c 'cat; : MARKER-left'`), attached to its stream,
+//                              for the caller's SIGTERM
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
@@ -383,8 +384,12 @@ async function stdinCommands(marker) {
   })
   // Left running for the caller: serve's SIGTERM must not wait on it.
   const left = await Sandbox.create({ timeoutMs: 600000, metadata: { run } })
-  await left.commands.run(`sh -c 'cat; : ${marker}-left'`, { background: true, stdin: true })
+  const h = await left.commands.run(`sh -c 'cat; : ${marker}-left'`, { background: true, stdin: true })
+  // Attached to its stream until the server ends it: serve's shutdown must
+  // not wait on a client either.
   console.log(`left ${left.sandboxId}`)
+  const ended = await h.wait().then((r) => `exit ${r.exitCode}`, (e) => `${e?.name}`)
+  console.log(`left command ended: ${ended}`)
 }
 
 switch (mode) {
