@@ -160,6 +160,11 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 	check("DELETE", base+"/files/%2e", "")
 	check("DELETE", base+"/files/in.csv", "")
 	check("POST", base+"/interrupt", "")
+	check("PUT", base+"/notebook", `{"cells":[{"source":"6*7","execution_count":1,"outputs":[{"type":"result","is_main_result":true,"data":{"text/plain":"42"}}]}]}`)
+	check("PUT", base+"/notebook", `{"cells":[],"revision":0}`)
+	check("GET", base+"/notebook", "")
+	check("GET", base+"/notebook.ipynb", "")
+	check("PUT", base+"/notebook.ipynb", `{"nbformat":4,"cells":[]}`, "Content-Type", "application/x-ipynb+json")
 	check("GET", "/v1/sessions/0000000000000000", "")
 	check("DELETE", base, "")
 	if checked := sc.checked; checked < 12 {

@@ -65,6 +65,9 @@ type Options struct {
 	Lessons store.LessonStore
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
 	MaxRunBodyBytes int64
+	// MaxNotebookBytes caps a session's notebook (PUT .../notebook). If
+	// zero, DefaultMaxNotebookBytes.
+	MaxNotebookBytes int64
 	// GatewaySecret, if set, makes this server a host of a cell: every
 	// request but the public routes must carry it in HeaderGatewaySecret
 	// (only the cell's gateways know it), and HeaderOwner names the caller
@@ -125,6 +128,8 @@ type Server struct {
 	front   Front
 	// draining is set by Drain: no new sessions or runs, readiness false.
 	draining atomic.Bool
+	// notebooks are the sessions' notebooks (notebook.go).
+	notebooks notebooks
 }
 
 // route is one documented endpoint.
@@ -216,6 +221,10 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"GET", "/v1/sessions/{id}/notebook", s.getNotebook, false},
+		{"PUT", "/v1/sessions/{id}/notebook", s.putNotebook, false},
+		{"GET", "/v1/sessions/{id}/notebook.ipynb", s.getNotebookIpynb, false},
+		{"PUT", "/v1/sessions/{id}/notebook.ipynb", s.putNotebookIpynb, false},
 		{"POST", "/v1/runs", s.startRun, false},
 		{"GET", "/v1/runs", s.listRuns, false},
 		{"GET", "/v1/runs/{id}", s.getRun, false},

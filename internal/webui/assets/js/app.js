@@ -14,8 +14,16 @@ const dialog = document.getElementById('token-dialog');
 const tokenInput = document.getElementById('token-input');
 const tokenButton = document.getElementById('token-button');
 let page = null;
+let shown = location.hash;
 
 function route() {
+  // A page with input that would be lost asks first (the notebook, when
+  // the server could not save it).
+  if (page?.unsaved?.() && !confirm('This notebook has input the server has not saved. Leave and lose it?')) {
+    history.replaceState(history.state, '', shown || '#/runs');
+    return;
+  }
+  shown = location.hash;
   const [, name = 'runs', id] = (location.hash || '#/runs').split('/').map(decodeURIComponent);
   page?.dispose?.();
   view.replaceChildren();

@@ -8,8 +8,11 @@ import { Output, statusBadge } from './render.js';
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
   const nb = new Notebook(root, sessionID);
-  return { dispose() { nb.dispose(); } };
+  return { dispose() { nb.dispose(); }, unsaved: () => nb.wouldLose() };
 }
+
+// A cell's id, unique in its notebook (nbformat's pattern).
+const newID = () => Math.random().toString(36).slice(2, 10) + Date.now().toString(36).slice(-4);
 
 // chooser lists this token's sessions and starts new ones.
 function chooser(root) {
@@ -49,6 +52,21 @@ class Notebook {
     this.queue = Promise.resolve();
     this.cells = [];
     this.running = null;
+    // The notebook is kept on the server: every change is saved (after a
+    // pause in typing; at once after a run), so a reload, another tab or
+    // another browser shows it as it is.
+    this.rev = null;      // the server's revision these cells are based on
+    this.saveTimer = null;
+    this.saving = null;   // the PUT under way
+    this.dirty = false;   // changed since the last save began
+    this.saveError = null;
+    this.saveState = h('span', { class: 'small muted', id: 'nb-saved', role: 'status', dataset: { state: 'loading' } }, 'Loading…');
+    this.conflict = h('div', { class: 'callout callout-error', id: 'nb-conflict', role: 'alert', hidden: true },
+      'This notebook was saved from another tab or browser since you opened it. ',
+      h('button', { type: 'button', class: 'btn btn-sm', id: 'nb-load-theirs', onclick: () => this.load() }, 'Load that version'), ' ',
+      h('button', { type: 'button', class: 'btn btn-sm btn-ghost', id: 'nb-keep-mine', onclick: () => { this.rev = null; this.conflict.hidden = true; this.save(); } }, 'Keep mine (overwrite)'));
+    this.importInput = h('input', { type: 'file', accept: '.ipynb,application/x-ipynb+json,application/json', id: 'nb-import-file', hidden: true });
+    this.importInput.addEventListener('change', () => this.importFile());
     this.sessionInfo = h('span', { class: 'session-info', id: 'session-info' });
     this.cellsEl = h('div', { class: 'cells', id: 'cells' });
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
@@ -62,11 +80,14 @@ class Notebook {
         h('div', { class: 'nb-toolbar card' },
           h('div', { class: 'nb-title-row' }, h('h2', { id: 'nb-title' }, 'Notebook'), this.sessionInfo),
           h('div', { class: 'actions nb-live' },
-            btn('Run all', 'nb-run-all', () => this.cells.forEach(c => this.run(c))),
+            btn('Run all', 'nb-run-all', () => this.cells.forEach(c => c.type === 'code' && this.run(c))),
             btn('Interrupt', 'nb-interrupt', () => this.interrupt()),
             btn('Restart', 'nb-restart', () => this.restart()),
-            btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost'))),
-        this.goneNote,
+            btn('Export .ipynb', 'nb-export', () => this.exportIpynb(), 'btn btn-ghost'),
+            btn('Import .ipynb', 'nb-import', () => this.importInput.click(), 'btn btn-ghost'), this.importInput,
+            btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost')),
+          this.saveState),
+        this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
@@ -75,16 +96,128 @@ class Notebook {
     this.refreshInfo();
     this.files.load('');
     this.net.load();
-    this.addCell('', false);
-    // A session may end while the tab is elsewhere (idle timeout): look
-    // again when the reader comes back.
-    this.onVisible = () => { if (document.visibilityState === 'visible') this.refreshInfo(); };
+    this.load();
+    // A session may end while the tab is elsewhere (idle timeout), and
+    // another tab may have changed the notebook: look again when the
+    // reader comes back.
+    this.onVisible = () => {
+      if (document.visibilityState !== 'visible') return;
+      this.refreshInfo();
+      if (!this.unsaved() && !this.running) this.load();
+    };
     document.addEventListener('visibilitychange', this.onVisible);
+    // Leaving the page with input the server does not have yet: the
+    // browser asks first.
+    this.onUnload = e => { if (this.unsaved()) { e.preventDefault(); e.returnValue = ''; } };
+    window.addEventListener('beforeunload', this.onUnload);
   }
 
   dispose() {
     document.removeEventListener('visibilitychange', this.onVisible);
+    window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
+    if (this.saveTimer) this.save(); // now, not after the pause
+  }
+
+  // unsaved reports input the server does not have: a change not yet
+  // saved, a save under way, or one that failed.
+  unsaved() { return this.dirty || !!this.saving || this.wouldLose(); }
+
+  // wouldLose reports input that leaving this page within the app would
+  // lose (a pending save is made as the page goes): a save that failed, or
+  // the cells of a session that is gone.
+  wouldLose() {
+    if (this.layout.classList.contains('nb-gone')) return this.cells.some(c => c.input.value.trim());
+    return !!this.saveError;
+  }
+
+  // load shows the notebook the server holds (one empty cell if none).
+  async load() {
+    let nb;
+    try {
+      nb = await getJSON(this.base + '/notebook');
+    } catch (e) {
+      if (e.status === 404) this.gone();
+      else this.setSaveState('error', 'Could not load the notebook: ' + e.message);
+      if (!this.cells.length) this.addCell('', false);
+      return;
+    }
+    if (nb.revision === this.rev && this.cells.length) return;
+    this.show(nb);
+  }
+
+  show(nb) {
+    this.rev = nb.revision;
+    this.conflict.hidden = true;
+    for (const c of this.cells) c.el.remove();
+    this.cells = [];
+    for (const saved of nb.cells || []) this.addCell(saved, false);
+    if (!this.cells.length) this.addCell({ source: '' }, false);
+    this.setSaveState('saved', nb.revision ? 'Saved' : '');
+  }
+
+  setSaveState(state, text) {
+    this.saveState.dataset.state = state;
+    this.saveState.textContent = text;
+    this.saveState.classList.toggle('err', state === 'error');
+  }
+
+  // changed notes an edit: saved after a pause in typing, or at once.
+  changed(now) {
+    this.dirty = true;
+    this.setSaveState('dirty', 'Unsaved changes');
+    clearTimeout(this.saveTimer);
+    this.saveTimer = setTimeout(() => this.save(), now ? 0 : 800);
+  }
+
+  async save() {
+    clearTimeout(this.saveTimer);
+    this.saveTimer = null;
+    if (this.layout.classList.contains('nb-gone')) return;
+    while (this.saving) await this.saving.catch(() => {});
+    if (!this.dirty && !this.saveError) return;
+    this.dirty = false;
+    this.setSaveState('saving', 'Saving…');
+    const body = { cells: this.cells.map(c => c.toJSON()) };
+    if (this.rev != null) body.revision = this.rev;
+    this.saving = api('PUT', this.base + '/notebook', { json: body }).then(r => r.json());
+    try {
+      const nb = await this.saving;
+      this.rev = nb.revision;
+      this.saveError = null;
+      if (!this.dirty) this.setSaveState('saved', 'Saved');
+    } catch (e) {
+      this.saveError = e;
+      if (e.status === 404) this.gone();
+      else if (e.code === 'notebook_changed') { this.conflict.hidden = false; this.setSaveState('error', 'Not saved: changed elsewhere'); }
+      else {
+        this.setSaveState('error', 'Not saved: ' + e.message);
+        if (e.status !== 413 && e.status !== 400 && !this.saveTimer) this.saveTimer = setTimeout(() => this.save(), 5000); // try again
+      }
+    } finally {
+      this.saving = null;
+    }
+  }
+
+  async exportIpynb() {
+    if (this.saveTimer || this.saving) await this.save();
+    try {
+      await download(this.base + '/notebook.ipynb', 'notebook.ipynb');
+    } catch (e) { this.failed('Export', e); }
+  }
+
+  async importFile() {
+    const f = this.importInput.files[0];
+    this.importInput.value = '';
+    if (!f) return;
+    if (this.cells.some(c => c.input.value.trim()) && !confirm(`Replace this notebook's cells with those of ${f.name}?`)) return;
+    try {
+      const resp = await api('PUT', this.base + '/notebook.ipynb', { body: f, headers: { 'Content-Type': 'application/x-ipynb+json' } });
+      this.saveError = null;
+      this.dirty = false;
+      this.show(await resp.json());
+      toast(`Imported ${f.name}: ${this.cells.length} cell${this.cells.length === 1 ? '' : 's'}`);
+    } catch (e) { this.failed('Import', e); }
   }
 
   async refreshInfo() {
@@ -117,6 +250,7 @@ class Notebook {
     this.cellsEl.insertBefore(c.el, next ? next.el : null);
     this.renumber();
     if (focus) c.focus();
+    if (this.rev != null && typeof code === 'string') this.changed();
     return c;
   }
 
@@ -128,13 +262,14 @@ class Notebook {
     if (!this.cells.length) this.addCell('', true);
     else this.cells[Math.min(i, this.cells.length - 1)].focus();
     this.renumber();
+    this.changed();
   }
 
   renumber() { this.cells.forEach((c, i) => c.input.setAttribute('aria-label', `Code cell ${i + 1}`)); }
 
   // run queues a cell: a session runs one execution at a time.
   run(cell) {
-    if (this.layout.classList.contains('nb-gone')) return this.queue;
+    if (this.layout.classList.contains('nb-gone') || cell.type !== 'code') return this.queue;
     cell.queued();
     this.queue = this.queue.then(() => this.execute(cell));
     return this.queue;
@@ -149,7 +284,7 @@ class Notebook {
       for await (const ev of ndjson(resp)) {
         if (ev.type === 'keepalive') continue;
         if (ev.type === 'end') cell.end(ev);
-        else cell.out.event(ev);
+        else cell.output(ev);
       }
     } catch (e) {
       if (e.name !== 'AbortError') cell.fail(e);
@@ -157,6 +292,7 @@ class Notebook {
     } finally {
       this.running = null;
       cell.done();
+      this.changed(true);
       this.files.reload();
       this.net.afterCell();
     }
@@ -173,7 +309,8 @@ class Notebook {
     if (this.running) await this.interrupt();
     try {
       await api('POST', this.base + '/restart');
-      for (const c of this.cells) c.prompt.textContent = '[ ]';
+      for (const c of this.cells) { c.count = null; c.prompt.textContent = '[ ]'; }
+      this.changed(true);
       toast('Kernel restarted: variables are cleared, files are kept');
       this.refreshInfo();
     } catch (e) { this.failed('Restart', e); }
@@ -194,9 +331,17 @@ class Notebook {
 }
 
 class Cell {
-  constructor(nb, code) {
+  // saved is a cell as the server keeps it, or the code of a new one.
+  constructor(nb, saved) {
+    if (typeof saved === 'string') saved = { source: saved };
     this.nb = nb;
-    this.prompt = h('div', { class: 'prompt', 'aria-hidden': 'true' }, '[ ]');
+    this.id = saved.id || newID();
+    this.type = saved.type || 'code';
+    this.count = saved.execution_count ?? null;
+    this.result = null; // the end of the last execution: status, duration, memory
+    this.outputs = [];
+    const code = saved.source || '';
+    this.prompt = h('div', { class: 'prompt', 'aria-hidden': 'true' }, this.type === 'code' ? '[ ]' : this.type);
     this.hl = h('pre', { class: 'editor-hl', 'aria-hidden': 'true' });
     this.input = h('textarea', { class: 'editor-input', spellcheck: 'false', autocapitalize: 'off', autocomplete: 'off', rows: 1, wrap: 'soft' });
     this.input.value = code;
@@ -205,14 +350,43 @@ class Cell {
     this.status = h('div', { class: 'cell-status' });
     const runBtn = h('button', { type: 'button', class: 'btn btn-sm btn-primary cell-run', title: 'Run (Shift+Enter)', onclick: () => nb.run(this) }, 'Run');
     const delBtn = h('button', { type: 'button', class: 'btn btn-sm btn-ghost cell-del', title: 'Delete cell', onclick: () => nb.removeCell(this) }, 'Delete');
-    this.el = h('div', { class: 'cell' }, this.prompt,
+    this.el = h('div', { class: 'cell' + (this.type === 'code' ? '' : ' cell-text'), dataset: { id: this.id } }, this.prompt,
       h('div', { class: 'cell-main' },
         h('div', { class: 'editor' }, this.hl, this.input),
         h('div', { class: 'cell-bar' }, this.status, h('div', { class: 'actions nb-live' }, runBtn, delBtn)),
         this.outEl));
-    this.input.addEventListener('input', () => this.paint());
+    if (this.type !== 'code') runBtn.hidden = true;
+    this.input.addEventListener('input', () => { this.paint(); nb.changed(); });
     this.input.addEventListener('keydown', e => this.key(e));
     this.paint();
+    for (const o of saved.outputs || []) this.output(o);
+    if (saved.status) this.end({ status: saved.status, execution_count: this.count, duration_ms: saved.duration_ms, memory_peak_bytes: saved.memory_peak_bytes });
+    else if (this.count != null) this.prompt.textContent = `[${this.count}]`;
+  }
+
+  // output shows one event of an execution and keeps it for the server;
+  // stream text is joined to the stream before it.
+  output(ev) {
+    this.out.event(ev);
+    const last = this.outputs.at(-1);
+    switch (ev.type) {
+      case 'stdout': case 'stderr':
+        if (last && last.type === ev.type) last.text += ev.text || '';
+        else this.outputs.push({ type: ev.type, text: ev.text || '' });
+        break;
+      case 'result': this.outputs.push({ type: 'result', is_main_result: !!ev.is_main_result, data: ev.data || {} }); break;
+      case 'error': this.outputs.push({ type: 'error', name: ev.name || '', value: ev.value || '', traceback: ev.traceback || '' }); break;
+    }
+  }
+
+  toJSON() {
+    const c = { id: this.id, type: this.type, source: this.input.value, execution_count: this.type === 'code' ? this.count : null, outputs: this.type === 'code' ? this.outputs : [] };
+    if (this.result && this.type === 'code') {
+      c.status = this.result.status;
+      if (this.result.duration_ms) c.duration_ms = this.result.duration_ms;
+      if (this.result.memory_peak_bytes) c.memory_peak_bytes = this.result.memory_peak_bytes;
+    }
+    return c;
   }
 
   // paint redraws the highlighted copy behind the transparent textarea; the
@@ -252,10 +426,14 @@ class Cell {
     this.el.classList.remove('queued', 'has-error');
     this.el.classList.add('running');
     this.out.reset();
+    this.outputs = [];
+    this.result = null;
     this.status.replaceChildren(h('span', { class: 'muted small' }, 'running…'));
   }
 
   end(ev) {
+    this.count = ev.execution_count || null;
+    this.result = { status: ev.status, duration_ms: ev.duration_ms, memory_peak_bytes: ev.memory_peak_bytes };
     this.prompt.textContent = `[${ev.execution_count || ' '}]`;
     const bits = [statusBadge(ev.status)];
     if (ev.duration_ms != null) bits.push(h('span', { class: 'muted small' }, fmtDuration(ev.duration_ms)));

@@ -268,7 +268,8 @@ class RunView {
   renderStats() {
     const u = this.usage, r = this.run || {};
     const tin = Math.max(u.in, r.tokens_in || 0), tout = Math.max(u.out, r.tokens_out || 0);
-    const steps = Math.max(this.steps.size, r.steps || 0);
+    // Lessons recalled before the first step are filed under step 0: not a step.
+    const steps = Math.max([...this.steps.keys()].filter(n => n >= 1).length, r.steps || 0);
     const items = [
       ['Steps', String(steps)],
       ['Tokens', `${fmtTokens(tin)} in · ${fmtTokens(tout)} out`],
@@ -283,7 +284,7 @@ class RunView {
     let s = this.steps.get(n);
     if (!s) {
       const body = h('div', { class: 'step-body' });
-      const li = h('li', { class: 'step', dataset: { step: n } }, h('div', { class: 'step-label' }, 'Step ' + n), body);
+      const li = h('li', { class: 'step', dataset: { step: n } }, h('div', { class: 'step-label' }, n >= 1 ? 'Step ' + n : 'Before the first step'), body);
       this.timeline.append(li);
       s = { li, body, text: null };
       this.steps.set(n, s);
