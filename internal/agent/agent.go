@@ -191,8 +191,11 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
-	// LessonsUsed are the lessons of earlier runs the model was shown;
+	// LessonsShown are the lessons of earlier runs the model was shown;
+	// LessonsUsed those of them that mattered (the run did what they say,
+	// or their error came and did not come back after they were shown);
 	// LessonsLearned those this run taught.
+	LessonsShown   []LessonRef `json:"lessons_shown,omitempty"`
 	LessonsUsed    []LessonRef `json:"lessons_used,omitempty"`
 	LessonsLearned []LessonRef `json:"lessons_learned,omitempty"`
 }
