@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -32,6 +33,7 @@ type agentFlags struct {
 	mode       string
 	model      string
 	out        string
+	force      bool
 	jsonOut    bool
 	confirm    bool
 	maxSteps   int
@@ -70,7 +72,8 @@ the run ends only when the fixed program runs without that failure.`,
 	fl.StringArrayVarP(&f.files, "file", "f", nil, "a file (or directory) to put into the workspace (repeatable)")
 	fl.StringVar(&f.mode, "mode", "generate", "generate, debug, refactor or app")
 	fl.StringVar(&f.model, "model", "", "PROVIDER/MODEL, e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama/qwen2.5-coder (default: SANDLOOP_MODEL, then whatever is configured)")
-	fl.StringVar(&f.out, "out", "", "write the final workspace files to DIR")
+	fl.StringVar(&f.out, "out", "", "write the final workspace files to DIR (never over existing files unless --force)")
+	fl.BoolVar(&f.force, "force", false, "let --out overwrite files that exist in DIR")
 	fl.BoolVar(&f.jsonOut, "json", false, "stream the run's events as NDJSON on stdout")
 	fl.BoolVar(&f.confirm, "confirm", false, "ask before each execution")
 	fl.IntVar(&f.maxSteps, "max-steps", 25, "step limit")
@@ -184,6 +187,9 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := checkOutDir(f.out); err != nil {
+		return err
+	}
 	if mode == agent.ModeDebug && len(files) == 0 {
 		return usagef("debug mode needs the crashing program: -f program.py")
 	}
@@ -249,7 +255,8 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	run, rep, err := svc.Run(ctx, runs.Request{
 		Task: task, Mode: mode, Model: f.model, Files: files, Entry: f.entry, Checks: f.checks, Network: f.lf.network, Allow: pol.AllowEntries(),
 		MaxSteps: f.maxSteps, MaxCost: f.maxCost, MaxTokens: f.maxTokens, Timeout: f.timeout,
-		NoLessons: f.noLessons, Confirm: confirm, OnEvent: view,
+		ExecTimeout: limits.Timeout, // --timeout bounds each execution, as for run, exec and repl
+		NoLessons:   f.noLessons, Confirm: confirm, OnEvent: view,
 	})
 	var nm *llm.NoModelError
 	var ce *llm.ConfigError
@@ -262,10 +269,18 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	}
 	sayFigures(context.WithoutCancel(ctx), errOut, st, run.ID, f.dataDir)
 	if f.out != "" {
-		if err := writeArtifacts(context.WithoutCancel(ctx), st, run.ID, f.out); err != nil {
+		n, err := writeArtifacts(context.WithoutCancel(ctx), st, run.ID, f.out, f.force)
+		var clash *clashError
+		switch {
+		case errors.As(err, &clash):
+			return usagef("--out %s: the run's final files would overwrite %d existing file(s) (%s); nothing was written: rerun with --force to overwrite, or get them with sandloop runs export %s", f.out, len(clash.paths), clash.list(), run.ID)
+		case err != nil:
 			return fmt.Errorf("--out: %w", err)
+		case n == 0:
+			fmt.Fprintf(errOut, "sandloop: no final files changed: nothing written to %s\n", f.out)
+		default:
+			fmt.Fprintf(errOut, "sandloop: %d final file(s) written to %s\n", n, f.out)
 		}
-		fmt.Fprintf(errOut, "sandloop: final files written to %s\n", f.out)
 	}
 	if f.out == "" {
 		fmt.Fprintf(errOut, "sandloop: the run's final files are kept in its history (%s): get them with sandloop runs export %s, or rerun with --out DIR\n", f.dataDir, run.ID)
@@ -280,33 +295,92 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	return &exitError{1}
 }
 
-// writeArtifacts writes a run's final files under dir.
-func writeArtifacts(ctx context.Context, st store.History, id, dir string) error {
+// checkOutDir checks --out before the run, so a run that costs money
+// does not end in an error about where its files go: DIR is a directory,
+// or one that can be made in an existing directory.
+func checkOutDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case err == nil && !fi.IsDir():
+		return usagef("--out %s is not a directory", dir)
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return usagef("--out %s: %v", dir, unwrapPathError(err))
+	}
+	parent := filepath.Dir(filepath.Clean(dir))
+	if pi, err := os.Stat(parent); err != nil || !pi.IsDir() {
+		return usagef("--out %s: %s is not a directory to make it in", dir, parent)
+	}
+	return nil
+}
+
+// clashError lists the files --out would overwrite.
+type clashError struct{ paths []string }
+
+func (e *clashError) Error() string { return "would overwrite " + e.list() }
+
+func (e *clashError) list() string {
+	list := strings.Join(e.paths[:min(len(e.paths), 5)], ", ")
+	if len(e.paths) > 5 {
+		list += fmt.Sprintf(" and %d more", len(e.paths)-5)
+	}
+	return list
+}
+
+// writeArtifacts writes a run's final files under dir and returns how many
+// it wrote. Files already there with the same content (inputs the run did
+// not change) are left alone; others there are overwritten only with
+// force, else nothing is written and a *clashError lists them, as run
+// --out does.
+func writeArtifacts(ctx context.Context, st store.History, id, dir string, force bool) (int, error) {
 	list, err := st.ListArtifacts(ctx, id)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	type file struct {
+		path string
+		data []byte
+		mode os.FileMode
+	}
+	var todo []file
+	var clash []string
 	for _, a := range list {
+		rel := filepath.FromSlash(a.Path)
+		if !filepath.IsLocal(rel) {
+			return 0, fmt.Errorf("artifact path %q leaves %s", a.Path, dir)
+		}
 		full, err := st.Artifact(ctx, id, a.Path)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		p := filepath.Join(dir, filepath.FromSlash(a.Path))
-		if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
-			return fmt.Errorf("artifact path %q leaves %s", a.Path, dir)
-		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
+		p := filepath.Join(dir, rel)
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, full.Data) {
+			continue
+		} else if _, err := os.Lstat(p); err == nil && !force {
+			clash = append(clash, a.Path)
 		}
 		mode := a.Mode.Perm()
 		if mode == 0 {
 			mode = 0o644
 		}
-		if err := os.WriteFile(p, full.Data, mode); err != nil {
-			return err
+		todo = append(todo, file{p, full.Data, mode})
+	}
+	if len(clash) > 0 {
+		return 0, &clashError{clash}
+	}
+	for _, f := range todo {
+		if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+			return 0, err
+		}
+		if err := os.WriteFile(f.path, f.data, f.mode); err != nil {
+			return 0, err
 		}
 	}
-	return nil
+	return len(todo), nil
 }
 
 // isTerminal reports whether w (an io.Writer or io.Reader) is a terminal.

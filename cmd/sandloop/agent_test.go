@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 )
@@ -179,5 +180,71 @@ func TestAgentCLIConfirm(t *testing.T) {
 		if text := res[len(res)-1].Text; !strings.Contains(text, "declined") || strings.Contains(text, "failed the same way") {
 			t.Errorf("request %d tells the model %q", i+1, text)
 		}
+	}
+}
+
+// --timeout bounds each of the agent's executions, as it does run's: the
+// model's 30 s sleep is interrupted after 1 s, and the model is told so.
+func TestAgentCLITimeoutBoundsEachExecution(t *testing.T) {
+	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"import time\ntime.sleep(30)"}`)},
+		{ToolCalls: tc("execute_python", `{"code":"print('quick')"}`)},
+		{ToolCalls: tc("finish", `{"summary":"slept less"}`)},
+	})
+	code, stdout, stderr := sandloop(t, "", "agent", "sleep a while", "--timeout", "1s", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	res := srv.Requests()[1].ToolResults()
+	if len(res) != 1 || !strings.Contains(res[0].Text, "status: timeout") || !strings.Contains(res[0].Text, "timeout of 1s") {
+		t.Errorf("the execution was not bounded by --timeout 1s: %+v", res)
+	}
+}
+
+// --out is checked before the run (no model call for a bad one); "." works;
+// files already there are overwritten only with --force, and input files
+// the run did not change are not rewritten.
+func TestAgentCLIOutRules(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	notDir := writeFile(t, dir, "notes.txt", "mine\n")
+	srv := useModel(t, llmtest.Script{})
+	if code, _, stderr := sandloop(t, "", "agent", "t", "--out", notDir, "--data-dir", t.TempDir()); code != 2 || !strings.Contains(stderr, "not a directory") || len(srv.Requests()) != 0 {
+		t.Fatalf("--out FILE: exit %d, %d model calls, %s", code, len(srv.Requests()), stderr)
+	}
+	if code, _, stderr := sandloop(t, "", "agent", "t", "--out", filepath.Join(dir, "no", "such"), "--data-dir", t.TempDir()); code != 2 || !strings.Contains(stderr, "--out") || len(srv.Requests()) != 0 {
+		t.Fatalf("--out in a missing directory: exit %d, %s", code, stderr)
+	}
+
+	input := writeFile(t, dir, "data.txt", "1 2 3\n")
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(input, old, old); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, "sum.py", "# the user's own sum.py\n")
+	script := llmtest.Script{
+		{ToolCalls: tc("write_file", `{"path":"sum.py","content":"print(sum(map(int, open('data.txt').read().split())))\n"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 sum.py"}`)},
+		{ToolCalls: tc("finish", `{"summary":"sum.py prints 6"}`)},
+	}
+	data := t.TempDir()
+	useModel(t, script)
+	code, _, stderr := sandloop(t, "", "agent", "sum the numbers", "-f", "data.txt", "--out", ".", "--data-dir", data)
+	if code != 2 || !strings.Contains(stderr, "would overwrite 1 existing file(s) (sum.py)") || !strings.Contains(stderr, "--force") {
+		t.Fatalf("--out . over the user's sum.py: exit %d\n%s", code, stderr)
+	}
+	if b, _ := os.ReadFile("sum.py"); string(b) != "# the user's own sum.py\n" {
+		t.Fatalf("sum.py was overwritten without --force: %q", b)
+	}
+	useModel(t, script)
+	code, _, stderr = sandloop(t, "", "agent", "sum the numbers", "-f", "data.txt", "--out", ".", "--force", "--data-dir", data)
+	if code != 0 || !strings.Contains(stderr, "1 final file(s) written to .") {
+		t.Fatalf("--out . --force: exit %d\n%s", code, stderr)
+	}
+	if b, _ := os.ReadFile("sum.py"); !strings.Contains(string(b), "print(sum(") {
+		t.Errorf("--force did not write sum.py: %q", b)
+	}
+	if fi, err := os.Stat(input); err != nil || !fi.ModTime().Equal(old) {
+		t.Errorf("the unchanged input data.txt was rewritten: %v %v", fi.ModTime(), err)
 	}
 }

@@ -243,8 +243,15 @@ func (v *terminalView) showReport(r *agent.Report) {
 	if r.Tests != nil {
 		fmt.Fprintf(v.w, "tests: %s\n", r.Tests.Summary)
 	}
+	used := map[string]bool{}
 	for _, l := range r.LessonsUsed {
+		used[l.ID] = true
 		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson used:"), l.Text, v.paint(cDim, "("+l.ID+")"))
+	}
+	for _, l := range r.LessonsShown {
+		if !used[l.ID] {
+			fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cDim, "lesson shown:"), l.Text, v.paint(cDim, "("+l.ID+")"))
+		}
 	}
 	for _, l := range r.LessonsLearned {
 		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, "lesson learned:"), l.Text, v.paint(cDim, "("+l.ID+")"))

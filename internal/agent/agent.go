@@ -191,8 +191,11 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
-	// LessonsUsed are the lessons of earlier runs the model was shown;
+	// LessonsShown are the lessons of earlier runs the model was shown;
+	// LessonsUsed those of them that mattered (the run did what they say,
+	// or their error came and did not come back after they were shown);
 	// LessonsLearned those this run taught.
+	LessonsShown   []LessonRef `json:"lessons_shown,omitempty"`
 	LessonsUsed    []LessonRef `json:"lessons_used,omitempty"`
 	LessonsLearned []LessonRef `json:"lessons_learned,omitempty"`
 }
@@ -447,17 +450,27 @@ func (r *run) overBudget() string {
 	return ""
 }
 
-// checkStuck counts identical failing actions: the second time it nudges
-// the model to change approach; the third time the run stops.
+// checkStuck counts identical failing actions, refused finish calls
+// included: the second time it nudges the model to change approach; the
+// third time the run stops. A finish call counts with the refusal's text,
+// so one refused again for the same reason is the same action, while one
+// refused after the work changed (another failure shown) is not.
 func (r *run) checkStuck(call llm.ToolCall, o outcome) (string, bool) {
-	if call.Name == ToolFinish || !o.IsError || o.Declined {
+	if !o.IsError || o.Declined {
 		return "", false
 	}
 	key := call.Name + "\x00" + canonicalJSON(call.Arguments)
+	if call.Name == ToolFinish {
+		key += "\x00" + o.Text
+	}
 	r.failures[key]++
+	what := "failing " + call.Name
+	if call.Name == ToolFinish {
+		what = "refused finish"
+	}
 	switch n := r.failures[key]; {
 	case n >= 3:
-		return fmt.Sprintf("the model repeated the same failing %s call %d times", call.Name, n), true
+		return fmt.Sprintf("the model repeated the same %s call %d times", what, n), true
 	case n == 2:
 		return "NOTE: you made exactly this call before and it failed the same way. Repeating it will not help: read the error, change your approach (different code, inspect the data or files, or simplify), then try again.", false
 	}

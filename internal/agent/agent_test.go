@@ -315,6 +315,28 @@ func TestStuckDetection(t *testing.T) {
 	}
 }
 
+// A model that keeps calling finish while finish is refused is stuck after
+// three identical refusals, not after the whole step budget.
+func TestStuckOnRefusedFinish(t *testing.T) {
+	fin := llmtest.Turn{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"done"}`)}}
+	script := llmtest.Script{{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("import nonexistent_module"))}}}
+	for range 10 {
+		script = append(script, fin)
+	}
+	p, srv := newProvider(t, openAI, script)
+	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), MaxSteps: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Status != StatusStuck || rep.Steps != 4 || !strings.Contains(rep.Error, "refused finish") {
+		t.Fatalf("report %+v", rep)
+	}
+	res := srv.Requests()[3].ToolResults()
+	if !strings.Contains(res[len(res)-1].Text, "change your approach") {
+		t.Errorf("no nudge after the second refusal: %q", res[len(res)-1].Text)
+	}
+}
+
 func TestCancellation(t *testing.T) {
 	p, _ := newProvider(t, openAI, llmtest.Script{
 		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("import time\nprint('sleeping', flush=True)\ntime.sleep(600)"))}},

@@ -41,7 +41,8 @@ type Lessons interface {
 	// was made for, it returns the note to append to the tool result and
 	// that lesson.
 	Executed(ctx context.Context, x Execution) (note string, shown []LessonRef)
-	// Learn turns what the run learned into lessons and stores them. p is
+	// Learn turns what the run learned into lessons and stores them, and
+	// sets rep.LessonsUsed to the lessons shown that mattered. p is
 	// the run's model for one small distilling call, or nil to skip it
 	// (the budget is spent): a fallback then writes the lessons. usage is
 	// the call's.
@@ -87,7 +88,7 @@ func (r *run) learnLessons(ctx context.Context, rep *Report) {
 	for _, l := range r.used {
 		if !seen[l.ID] {
 			seen[l.ID] = true
-			rep.LessonsUsed = append(rep.LessonsUsed, l)
+			rep.LessonsShown = append(rep.LessonsShown, l)
 		}
 	}
 	if r.opts.Lessons == nil {

@@ -64,8 +64,12 @@ func distil(ctx context.Context, p llm.Provider, task string, cands []Candidate)
 	texts := map[int]string{}
 	for _, l := range out.Lessons {
 		t := strings.TrimSpace(l.Text)
-		if l.Item >= 1 && l.Item <= len(cands) && t != "" {
+		switch {
+		case l.Item < 1 || l.Item > len(cands):
+		case usable(t):
 			texts[l.Item-1] = clip(t, 300)
+		case t != "":
+			texts[l.Item-1] = "" // unusable: the fallback writes this one
 		}
 	}
 	if len(texts) == 0 && len(out.Lessons) > 0 {
@@ -74,40 +78,108 @@ func distil(ctx context.Context, p llm.Provider, task string, cands []Candidate)
 	return texts, resp.Usage, nil
 }
 
-// fallback writes a lesson without a model: the error's signature and
-// what fixed it, or the fact.
+// fallback writes a lesson without a model, readable on its own: the
+// fact, or the error as Python said it and a compact before/after of the
+// change that fixed it ("KeyError: 'date' (sales.csv): write `d['day']`
+// instead of `d['date']`"), never the signature's placeholders nor code
+// cut in the middle of a call.
 func fallback(c Candidate) string {
 	var b strings.Builder
 	if c.Fact != "" {
 		b.WriteString(c.Fact)
 	} else {
-		fmt.Fprintf(&b, "To avoid %s", c.Sig.Text)
-		if c.Sig.Detail != "" {
-			fmt.Fprintf(&b, " (%s)", c.Sig.Detail)
+		msg := c.Sig.Name
+		if m := firstLine(c.Sig.Message); m != "" {
+			msg += ": " + clip(m, 100)
 		}
+		b.WriteString(msg)
 		if len(c.Files) > 0 {
-			fmt.Fprintf(&b, " with %s", strings.Join(fileNames(c.Files), ", "))
+			fmt.Fprintf(&b, " (%s)", strings.Join(fileNames(c.Files), ", "))
 		}
-		b.WriteString(":")
 	}
-	if c.Fix != "" {
-		var removed, added []string
-		for _, l := range strings.Split(c.Fix, "\n") {
-			switch {
-			case strings.HasPrefix(l, "-") && len(removed) < 2:
-				removed = append(removed, strings.TrimSpace(l[1:]))
-			case strings.HasPrefix(l, "+") && len(added) < 2:
-				added = append(added, strings.TrimSpace(l[1:]))
-			}
-		}
-		if len(removed) > 0 {
-			fmt.Fprintf(&b, " instead of `%s`", clip(strings.Join(removed, "; "), 100))
-		}
-		if len(added) > 0 {
-			fmt.Fprintf(&b, " write `%s`", clip(strings.Join(added, "; "), 120))
-		}
+	before, after := beforeAfter(c.Fix)
+	switch {
+	case after != "" && before != "":
+		fmt.Fprintf(&b, ": write `%s` instead of `%s`", after, before)
+	case after != "":
+		fmt.Fprintf(&b, ": write `%s`", after)
+	case before != "":
+		fmt.Fprintf(&b, ": do not write `%s`", before)
+	case c.Fact == "":
+		b.WriteString(": check this before running the code again")
+	}
+	if c.Fact == "" {
+		b.WriteString(".")
 	}
 	return b.String()
+}
+
+// beforeAfter is the smallest readable change in a fix: of its first
+// removed and added lines, the part that differs, widened to whole
+// expressions (to the spaces, commas and brackets around it). A change
+// too long to read in a line gives "".
+func beforeAfter(fix string) (before, after string) {
+	var removed, added string
+	for _, l := range strings.Split(fix, "\n") {
+		switch {
+		case strings.HasPrefix(l, "-") && removed == "":
+			removed = strings.TrimSpace(l[1:])
+		case strings.HasPrefix(l, "+") && added == "":
+			added = strings.TrimSpace(l[1:])
+		}
+	}
+	if strings.HasSuffix(removed, "...") || strings.HasSuffix(added, "...") {
+		return "", "" // a line fixDiff cut: not code any more
+	}
+	if removed != "" && added != "" {
+		p := 0
+		for p < len(removed) && p < len(added) && removed[p] == added[p] {
+			p++
+		}
+		q := 0
+		for q < len(removed)-p && q < len(added)-p && removed[len(removed)-1-q] == added[len(added)-1-q] {
+			q++
+		}
+		for p > 0 && !strings.ContainsRune(delims, rune(removed[p-1])) {
+			p--
+		}
+		for q > 0 && !strings.ContainsRune(delims, rune(removed[len(removed)-q])) {
+			q--
+		}
+		// A bare literal ('day') says little: widen to the call it is in.
+		if lit := removed[p:]; p > 0 && removed[p-1] == '(' && lit != "" && strings.ContainsRune("'\"0123456789", rune(lit[0])) {
+			for p--; p > 0 && !strings.ContainsRune(delims, rune(removed[p-1])); p-- {
+			}
+			if q > 0 && removed[len(removed)-q] == ')' {
+				q--
+			}
+		}
+		removed, added = removed[p:len(removed)-q], added[p:len(added)-q]
+	}
+	removed, added = strings.TrimSpace(removed), strings.TrimSpace(added)
+	if len(removed) > 80 || len(added) > 80 {
+		return "", ""
+	}
+	return removed, added
+}
+
+// delims end an expression, for widening a change to whole ones.
+const delims = " \t,;()"
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(s)
+}
+
+// usable says whether a lesson text the model wrote can go into prompts:
+// not one that copied the signature's placeholders.
+func usable(t string) bool {
+	for _, p := range []string{"<q>", "<n>", "<path>", "<url>", "<addr>"} {
+		if strings.Contains(t, p) {
+			return false
+		}
+	}
+	return t != ""
 }
 
 func fileNames(keys []string) []string {

@@ -5,8 +5,9 @@
 // result whose error matches ("seen before: ...").
 //
 // Policy. Each run counts, per lesson shown: shown, recurred (its error
-// came back after it was shown) and helped (the run finished without the
-// error coming back). A lesson is demoted — no longer recalled — once it
+// came back after it was shown) and helped (it mattered — the error came
+// and was answered with it, or the run did what it says — and the run
+// finished without the error coming back). A lesson is demoted — no longer recalled — once it
 // recurred at least twice and more often than it helped; a later run that
 // fixes the error again replaces it with a fresh lesson. Lessons never
 // found helpful and not used for PruneAfter (90 days) are deleted.
@@ -65,6 +66,11 @@ type Run struct {
 	shown    map[string]*store.Lesson
 	recurred map[string]bool
 	notes    map[string]int // seen-before notes given, by lesson id
+	// code is what the run executed (cells and commands), and files reads
+	// its workspace's text files: where a lesson shown is looked for, to
+	// tell one that mattered from one merely shown.
+	code  strings.Builder
+	files func() map[string]string
 }
 
 var _ agent.Lessons = (*Run)(nil)
@@ -99,7 +105,7 @@ func Demoted(l *store.Lesson) bool { return l.Recurred >= 2 && l.Recurred > l.He
 // Recall implements agent.Lessons.
 func (r *Run) Recall(ctx context.Context, task string, mode agent.Mode, files map[string][]byte) (string, []agent.LessonRef) {
 	r.task = task
-	r.keyword = strings.Join(keywords(string(mode)+" "+task), " ")
+	r.keyword = strings.Join(taskWords(task), " ")
 	r.cap.inputs = map[string]string{}
 	var keys []string
 	for name, b := range files {
@@ -108,7 +114,7 @@ func (r *Run) Recall(ctx context.Context, task string, mode agent.Mode, files ma
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	picked, err := recall(ctx, r.opts.Store, r.opts.Owner, task, string(mode), keys, r.opts.MaxRecall, r.opts.PromptTokens)
+	picked, err := recall(ctx, r.opts.Store, r.opts.Owner, task, keys, r.opts.MaxRecall, r.opts.PromptTokens)
 	if err != nil {
 		r.log.Warn("recall lessons", "err", err)
 		return "", nil
@@ -136,6 +142,12 @@ func ref(l *store.Lesson) agent.LessonRef {
 func (r *Run) Executed(ctx context.Context, x agent.Execution) (string, []agent.LessonRef) {
 	sig, failed := SignatureOf(x.Tool, x.Result)
 	r.cap.executed(x, sig, failed)
+	if r.code.Len() < 1<<20 {
+		r.code.WriteString(x.Code + "\n")
+	}
+	if x.Files != nil {
+		r.files = x.Files
+	}
 	if !failed {
 		return "", nil
 	}
@@ -227,11 +239,12 @@ func (r *Run) Learn(ctx context.Context, p llm.Provider, rep *agent.Report) ([]a
 		if texts != nil && !ok {
 			continue // the model found nothing reusable in it
 		}
-		if !ok {
-			text = fallback(c)
+		src := source
+		if text == "" {
+			text, src = fallback(c), "fallback"
 		}
 		stored, err := r.opts.Store.PutLesson(ctx, store.Lesson{
-			Owner: r.opts.Owner, Scope: c.Scope, Text: StripSecrets(text), Source: source,
+			Owner: r.opts.Owner, Scope: c.Scope, Text: StripSecrets(text), Source: src,
 			Signature: c.Sig.Text, Detail: c.Sig.Detail, Keywords: r.keyword,
 			Files: strings.Join(c.Files, " "), Packages: strings.Join(c.Packages, " "),
 			Fix: StripSecrets(c.Fix), RunID: r.opts.RunID, Step: c.Step,
@@ -259,24 +272,96 @@ func (r *Run) existing(ctx context.Context, c Candidate) *store.Lesson {
 	return nil
 }
 
-// countUse records what the run did with the lessons it was shown.
+// countUse records what the run did with the lessons it was shown, and
+// names in the report those that mattered (rep.LessonsUsed). A lesson
+// helped only when its error would have come back and did not: it was
+// given as "seen before" after the error and the error did not return, or
+// the run did what it says (its fix is in the code the run ran or wrote,
+// or the identifiers of its error are). Merely shown, it counts as shown.
 func (r *Run) countUse(ctx context.Context, rep *agent.Report) {
 	if len(r.shown) == 0 {
 		return
 	}
 	var uses []store.LessonUse
-	for id := range r.shown {
+	var words map[string]bool
+	corpus := ""
+	for id, l := range r.shown {
 		u := store.LessonUse{ID: id, Shown: 1}
+		if words == nil {
+			corpus = r.corpus()
+			words = tokens(corpus)
+		}
+		mattered := r.notes[id] > 0 || followed(l, corpus, words)
 		switch {
 		case r.recurred[id]:
 			u.Recurred = 1
-		case rep.Status == agent.StatusDone:
+		case mattered && rep.Status == agent.StatusDone:
 			u.Helped = 1
+		}
+		if mattered {
+			rep.LessonsUsed = append(rep.LessonsUsed, ref(l))
 		}
 		uses = append(uses, u)
 	}
 	sort.Slice(uses, func(i, j int) bool { return uses[i].ID < uses[j].ID })
+	sort.Slice(rep.LessonsUsed, func(i, j int) bool { return rep.LessonsUsed[i].ID < rep.LessonsUsed[j].ID })
 	if err := r.opts.Store.CountLessonUse(ctx, r.opts.Owner, uses); err != nil {
 		r.log.Warn("count lesson use", "err", err)
 	}
+}
+
+// corpus is what the run did, to look lessons up in: its task, the code it
+// executed and its workspace's text files at the end.
+func (r *Run) corpus() string {
+	var b strings.Builder
+	b.WriteString(r.task + "\n" + r.code.String())
+	if r.files != nil {
+		names := []string{}
+		files := r.files()
+		for n := range files {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if b.Len() > 4<<20 {
+				break
+			}
+			b.WriteString(files[n] + "\n")
+		}
+	}
+	return b.String()
+}
+
+// followed says whether a run did what lesson l says: a line its fix
+// added is in the corpus, or every identifier of its error is (the run
+// used what the error was about, so it would have hit the error).
+func followed(l *store.Lesson, corpus string, words map[string]bool) bool {
+	flat := squash(corpus)
+	for _, line := range strings.Split(l.Fix, "\n") {
+		if added, ok := strings.CutPrefix(line, "+"); ok {
+			if a := squash(added); len(a) >= 6 && strings.Contains(flat, a) {
+				return true
+			}
+		}
+	}
+	detail := strings.Fields(l.Detail)
+	if len(detail) == 0 {
+		return false
+	}
+	for _, d := range detail {
+		if !words[d] && (reToken.MatchString(d) && reToken.FindString(d) == d || !strings.Contains(corpus, d)) {
+			return false // an identifier must be a whole token; a name such as sales.csv anywhere
+		}
+	}
+	return true
+}
+
+// squash drops whitespace, so code matches however it is spaced.
+func squash(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ' ' || r == '\t' || r == '\n' || r == '\r' {
+			return -1
+		}
+		return r
+	}, s)
 }

@@ -22,6 +22,11 @@ func init() {
 	}
 }
 
+// modeWords are the agent's modes: every run has one, so a mode shared
+// with a lesson (lessons learned before keep it among their keywords) says
+// nothing about relevance.
+var modeWords = map[string]bool{"generate": true, "debug": true, "refactor": true, "app": true}
+
 // keywords are the words of a task worth matching on.
 func keywords(s string) []string {
 	var out []string
@@ -37,13 +42,13 @@ func keywords(s string) []string {
 }
 
 // recall picks the lessons for a run's start: full-text matches of the
-// task, the mode and the input files' names, ranked by BM25, with lessons
-// about these very files (same name and content) first and those about
-// files of the same name next; at most max lessons in budget tokens.
-// A lesson must share at least two words with the query, or be about one
-// of the files, so unrelated lessons stay out.
-func recall(ctx context.Context, st Store, owner, task, mode string, fileKeys []string, max, budget int) ([]store.Lesson, error) {
-	words := keywords(mode + " " + task)
+// task and the input files' names, ranked by BM25, with lessons about
+// these very files (same name and content) first and those about files of
+// the same name next; at most max lessons in budget tokens. A lesson must
+// share at least two words with the query (the mode is not one: every
+// run has one), or be about one of the files, so unrelated lessons stay out.
+func recall(ctx context.Context, st Store, owner, task string, fileKeys []string, max, budget int) ([]store.Lesson, error) {
+	words := taskWords(task)
 	var names []string
 	for _, k := range fileKeys {
 		name, hash, _ := strings.Cut(k, "#")
@@ -87,7 +92,7 @@ func recall(ctx context.Context, st Store, owner, task, mode string, fileKeys []
 		}
 		common := 0
 		for _, w := range keywords(strings.Join([]string{h.Text, h.Keywords, h.Packages, h.Signature, h.Detail}, " ")) {
-			if query[w] {
+			if query[w] && !modeWords[w] {
 				common++
 			}
 		}
@@ -112,4 +117,15 @@ func recall(ctx context.Context, st Store, owner, task, mode string, fileKeys []
 		out = append(out, x.l)
 	}
 	return out, nil
+}
+
+// taskWords are a task's keywords without the mode words.
+func taskWords(task string) []string {
+	var out []string
+	for _, w := range keywords(task) {
+		if !modeWords[w] {
+			out = append(out, w)
+		}
+	}
+	return out
 }

@@ -202,7 +202,9 @@ func TestDistilFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Source != "fallback" || !strings.Contains(l.Text, "KeyError: <q>") || !strings.Contains(l.Text, "d['day']") || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
+	// Readable on its own: the error as Python said it and a compact
+	// before/after, no placeholders of the signature.
+	if l.Source != "fallback" || l.Text != "KeyError: 'date': write `d['day']` instead of `d['date']`." || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
 		t.Errorf("fallback lesson: %+v", l)
 	}
 	if strings.Contains(string(srv.Requests()[3].Body), "sk-live-0123456789abcdefghij") {
@@ -235,5 +237,69 @@ func TestNoDistilWhenBudgetSpent(t *testing.T) {
 	}
 	if l, _ := st.GetLesson(context.Background(), "", rep.LessonsLearned[0].ID); l == nil || l.Source != "fallback" {
 		t.Errorf("lesson %+v", l)
+	}
+}
+
+// Recall needs the task's own words (the mode every run has is not one),
+// and a lesson shown counts as helped, and is reported used, only when the
+// run did what it says; merely shown, it is only shown.
+func TestRecallNeedsRelevanceAndHelpedNeedsUse(t *testing.T) {
+	st := openStore(t)
+	const text = "numpy here is 1.24: np.float is gone, write float or np.float64"
+	stored, err := st.PutLesson(context.Background(), store.Lesson{
+		Scope: "global", Text: text, Source: "model",
+		Signature: "AttributeError: module <q> has no attribute <q>", Detail: "numpy float",
+		// As lessons learned before were stored: the mode among the keywords.
+		Keywords: "generate normalize portfolio weights numpy sum one", Packages: "numpy",
+		Fix: "-w = np.array([2, 3, 5]).astype(np.float)\n+w = np.array([2, 3, 5]).astype(float)",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := func() *store.Lesson {
+		l, err := st.GetLesson(context.Background(), "", stored.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	// An unrelated task sharing one word and the mode: not recalled.
+	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py("ps = [n for n in range(2, 600) if all(n % d for d in range(2, n))][:100]\nsum(ps)")},
+		{ToolCalls: finish("24133")},
+	})
+	rep, ev := run(t, st, "", "sum the first 100 primes", provider(srv))
+	if sys := srv.Requests()[0].System(); strings.Contains(sys, text) || len(ev.lessons("start")) != 0 || len(rep.LessonsShown) != 0 {
+		t.Errorf("an unrelated task was shown the lesson:\n%s", sys)
+	}
+
+	// A related task whose run never touches numpy: shown, not helped, not used.
+	srv = llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py("w = [2, 3, 5]\n[x / sum(w) for x in w]")},
+		{ToolCalls: finish("normalized")},
+	})
+	rep, _ = run(t, st, "", "normalize the portfolio weights in plain lists", provider(srv))
+	if !strings.Contains(srv.Requests()[0].System(), text) || len(rep.LessonsShown) != 1 {
+		t.Fatalf("the related task was not shown the lesson: %+v", rep.LessonsShown)
+	}
+	if len(rep.LessonsUsed) != 0 {
+		t.Errorf("a lesson merely shown is reported used: %+v", rep.LessonsUsed)
+	}
+	if l := counts(); l.Shown != 1 || l.Helped != 0 {
+		t.Errorf("counts after a run that did not need it: shown %d helped %d", l.Shown, l.Helped)
+	}
+
+	// A run that does what it says: used, helped.
+	srv = llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: py("import numpy as np\nw = np.array([2, 3, 5]).astype(float)\nw / w.sum()")},
+		{ToolCalls: finish("normalized")},
+	})
+	rep, _ = run(t, st, "", "normalize the portfolio weights with numpy", provider(srv))
+	if len(rep.LessonsUsed) != 1 || rep.LessonsUsed[0].ID != stored.ID {
+		t.Errorf("a lesson followed is not reported used: %+v", rep.LessonsUsed)
+	}
+	if l := counts(); l.Shown != 2 || l.Helped != 1 {
+		t.Errorf("counts after a run that followed it: shown %d helped %d", l.Shown, l.Helped)
 	}
 }

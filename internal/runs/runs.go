@@ -65,6 +65,9 @@ type Request struct {
 	MaxTokens int64
 	MaxCost   float64
 	Timeout   time.Duration
+	// ExecTimeout bounds each execution of the run: the default and the
+	// most the model may ask for. If zero, the agent's defaults.
+	ExecTimeout time.Duration
 	// NoLessons keeps the run from recalling or learning lessons.
 	NoLessons bool
 	// Confirm and OnEvent are for foreground runs (the CLI).
@@ -230,6 +233,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		Task:    req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
 		Checks: req.Checks, Network: req.Network, Allow: req.Allow,
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
+		ExecTimeout: req.ExecTimeout, MaxExecTimeout: req.ExecTimeout,
 		Confirm: req.Confirm, Logger: s.log,
 		OnEvent: func(e agent.Event) {
 			e.RunID = id

@@ -18,6 +18,7 @@ import (
 func Render(res *kernel.Result, timeout time.Duration, max int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "status: %s (execution %d, %s)\n", res.Status, res.ExecutionCount, formatMS(res.DurationMS))
+	cost(&b, res)
 	if why := statusNote(res.Status, timeout); why != "" {
 		b.WriteString(why + "\n")
 	}
@@ -64,6 +65,7 @@ func RenderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max
 		fmt.Fprintf(&b, "exit code %d (status: %s, %s)\n", *sh.ExitCode, sh.Status, formatMS(sh.DurationMS))
 	default:
 		fmt.Fprintf(&b, "status: %s (%s)\n", sh.Status, formatMS(sh.DurationMS))
+		cost(&b, res)
 		if why := statusNote(kernel.Status(sh.Status), timeout); why != "" {
 			b.WriteString(why + "\n")
 		} else if res.Error != nil {
@@ -71,12 +73,44 @@ func RenderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max
 			b.WriteString(res.Error.Name + ": " + res.Error.Value + "\n")
 		}
 	}
+	if sh.ExitCode != nil {
+		cost(&b, res)
+	}
 	section(&b, "stdout", sh.Stdout, max)
 	section(&b, "stderr", sh.Stderr, max)
 	if sh.Truncated {
 		b.WriteString("(the sandbox kept only the head and tail of a very long output)\n")
 	}
 	return strings.TrimRight(b.String(), "\n")
+}
+
+// cost says what an execution used, as the sandbox's cgroup measured it
+// ("cost: 0.81 s CPU, peak 69 MiB memory"), so a model can reason about
+// speed and memory; nothing where nothing was measured.
+func cost(b *strings.Builder, res *kernel.Result) {
+	if res == nil || res.CPUMS <= 0 && res.MemoryPeakBytes <= 0 {
+		return
+	}
+	var parts []string
+	if res.CPUMS > 0 {
+		parts = append(parts, formatMS(res.CPUMS)+" CPU")
+	}
+	if res.MemoryPeakBytes > 0 {
+		parts = append(parts, "peak "+formatBytes(res.MemoryPeakBytes)+" memory")
+	}
+	b.WriteString("cost: " + strings.Join(parts, ", ") + "\n")
+}
+
+func formatBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 10<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", max(n>>10, 1))
 }
 
 func statusNote(st kernel.Status, timeout time.Duration) string {

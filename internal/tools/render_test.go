@@ -42,11 +42,13 @@ func TestCutMiddle(t *testing.T) {
 func TestRenderExecution(t *testing.T) {
 	png := base64.StdEncoding.EncodeToString([]byte("\x89PNG\r\n\x1a\nfake"))
 	res := &kernel.Result{
-		Status:         kernel.StatusError,
-		Stdout:         strings.Repeat("x", 100) + "END\n",
-		Stderr:         "warn\n",
-		ExecutionCount: 3,
-		DurationMS:     1500,
+		Status:          kernel.StatusError,
+		Stdout:          strings.Repeat("x", 100) + "END\n",
+		Stderr:          "warn\n",
+		ExecutionCount:  3,
+		DurationMS:      1500,
+		CPUMS:           812,
+		MemoryPeakBytes: 69 << 20,
 		Results: []kernel.Output{
 			{Data: map[string]string{"image/png": png, "text/plain": "<Figure size 640x480 with 1 Axes>"}},
 			{Data: map[string]string{"text/plain": "shown", "text/html": "<b>shown</b>"}},
@@ -56,7 +58,7 @@ func TestRenderExecution(t *testing.T) {
 	}
 	got := Render(res, time.Second, 40)
 	for _, want := range []string{
-		"status: error (execution 3, 1.50 s)",
+		"status: error (execution 3, 1.50 s)\ncost: 812.0 ms CPU, peak 69 MiB memory\n",
 		"--- stdout ---\n" + strings.Repeat("x", 20) + "\n[... 64 bytes cut here",
 		"END\n--- stderr ---\nwarn\n",
 		"--- display ---\nshown\n",
@@ -74,6 +76,10 @@ func TestRenderExecution(t *testing.T) {
 	imgs := images(res)
 	if len(imgs) != 1 || imgs[0].MIMEType != "image/png" || string(imgs[0].Data) != "\x89PNG\r\n\x1a\nfake" {
 		t.Errorf("images: %v", imgs)
+	}
+
+	if unmeasured := Render(&kernel.Result{Status: kernel.StatusOK}, time.Second, 40); strings.Contains(unmeasured, "cost:") {
+		t.Errorf("a cost line where nothing was measured:\n%s", unmeasured)
 	}
 
 	timeout := Render(&kernel.Result{Status: kernel.StatusTimeout}, 2*time.Second, 40)

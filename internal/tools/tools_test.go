@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -173,9 +174,10 @@ func mcpText(res *mcp.CallToolResult) string {
 	return strings.Join(parts, "\n")
 }
 
-// sameDuration blanks the duration, the one part of a shell result that
-// differs between two runs.
+// sameDuration blanks the duration and the cost line, the parts of a shell
+// result that differ between two runs.
 func sameDuration(s string) string {
+	s = reCost.ReplaceAllString(s, "cost: ...\n")
 	i := strings.Index(s, "status: ")
 	j := strings.Index(s, ")\n")
 	if i < 0 || j < i {
@@ -183,6 +185,10 @@ func sameDuration(s string) string {
 	}
 	return s[:i] + s[j:]
 }
+
+var reCostLine = regexp.MustCompile(`(?m)^cost: \d+\.\d+ m?s CPU, peak \d+(\.\d)? [KMG]iB memory$`)
+
+var reCost = regexp.MustCompile(`(?m)^cost: .*\n`)
 
 // TestRunShellBothFaces: one run_shell, bash, with the same result through
 // the agent's face and MCP's.
@@ -214,6 +220,11 @@ func TestRunShellBothFaces(t *testing.T) {
 		json.Unmarshal(b, &msh)
 		if msh["exit_code"] != tt.exit || msh["stdout"] != tt.stdout || mres.IsError != llmRes.IsError {
 			t.Errorf("%q over MCP: %s", tt.command, b)
+		}
+		// What the execution cost, measured by the jail's cgroup, is in the
+		// text both faces show.
+		if !reCostLine.MatchString(llmRes.Text) || !reCostLine.MatchString(mcpText(mres)) {
+			t.Errorf("%q: no cost line:\n%s\n---\n%s", tt.command, llmRes.Text, mcpText(mres))
 		}
 		if a, b := sameDuration(llmRes.Text), sameDuration(mcpText(mres)); a != b {
 			t.Errorf("%q: the faces differ:\n%s\n---\n%s", tt.command, a, b)
