@@ -153,7 +153,7 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 			text := stepText(e.Text, 4, full)
 			if e.IsError && !full {
 				// The end of a traceback says what went wrong.
-				text = headTail(e.Text, 2, 4)
+				text = headTail(e.Text, 2, 3)
 			}
 			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, text)
 			for _, p := range figsOf[row] {
