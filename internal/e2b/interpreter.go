@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"path"
-	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/eventstream"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 )
@@ -273,37 +273,29 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, fmt.Sprintf("context %q not found", id))
 		return
 	}
-	rc := http.NewResponseController(w)
-	var mu sync.Mutex
-	write := func(line outputLine) {
+	// Headers first: the SDK waits for them before it streams the cell.
+	out := eventstream.New(w, func(h http.Header) {
+		h.Set("Content-Type", "application/x-ndjson")
+		h.Set("X-Accel-Buffering", "no")
+	})
+	frame := func(line outputLine) []byte {
 		b, err := json.Marshal(line)
 		if err != nil {
-			return
+			return nil
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		w.Write(append(b, '\n'))
-		rc.Flush()
+		return append(b, '\n')
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
-
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		t := time.NewTicker(h.opts.Keepalive)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				write(outputLine{"type": "keepalive"})
-			}
+	write := func(line outputLine) {
+		if b := frame(line); b != nil {
+			out.Write(b)
 		}
-	}()
+	}
+	out.Write(nil)
+	// A killed sandbox fails a write blocked on a client that stopped
+	// reading, so the kill never waits on it.
+	out.AbortOn(c.s.Done())
+	out.Keepalive(h.opts.Keepalive, frame(outputLine{"type": "keepalive"}))
+	defer out.Close()
 	res, err := c.s.Execute(r.Context(), kernel.Request{Code: *req.Code, Env: req.EnvVars}, func(e kernel.Event) {
 		switch e.Type {
 		case kernel.EventStdout, kernel.EventStderr:

@@ -6,10 +6,8 @@ import (
 	"mime"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
+	"github.com/sandloop/sandloop/internal/eventstream"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
@@ -34,72 +32,35 @@ func streamKind(r *http.Request) string {
 // killed), a write blocked on a client that does not read fails at once,
 // so the kill never waits on the client.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, closed <-chan struct{}, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
-	flusher, _ := w.(http.Flusher)
-	rc := http.NewResponseController(w)
-	var mu sync.Mutex
-	started := false
-	var killed atomic.Bool
-	write := func(v any) {
+	out := eventstream.New(w, func(h http.Header) {
+		if kind == "sse" {
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+		} else {
+			h.Set("Content-Type", "application/x-ndjson")
+		}
+		h.Set("X-Accel-Buffering", "no")
+	})
+	frame := func(v any) []byte {
 		b, err := json.Marshal(v)
-		if err != nil || killed.Load() {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !started {
-			started = true
-			if kind == "sse" {
-				w.Header().Set("Content-Type", "text/event-stream")
-				w.Header().Set("Cache-Control", "no-cache")
-			} else {
-				w.Header().Set("Content-Type", "application/x-ndjson")
-			}
-			w.Header().Set("X-Accel-Buffering", "no")
-			w.WriteHeader(http.StatusOK)
-		}
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if killed.Load() { // killed since the check above: fail at once
-			_ = rc.SetWriteDeadline(time.Now())
+		if err != nil {
+			return nil
 		}
 		if kind == "sse" {
-			fmt.Fprintf(w, "data: %s\n\n", b)
-		} else {
-			w.Write(b)
-			w.Write([]byte("\n"))
+			return fmt.Appendf(nil, "data: %s\n\n", b)
 		}
-		if flusher != nil {
-			flusher.Flush()
+		return append(b, '\n')
+	}
+	write := func(v any) {
+		if b := frame(v); b != nil {
+			out.Write(b)
 		}
 	}
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		select {
-		case <-closed: // (not under mu: a blocked write holds it)
-			killed.Store(true)
-			_ = rc.SetWriteDeadline(time.Now())
-		case <-done:
-		}
-	}()
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(s.opts.Keepalive)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				write(map[string]string{"type": "keepalive"})
-			}
-		}
-	}()
+	out.AbortOn(closed)
+	out.Keepalive(s.opts.Keepalive, frame(map[string]string{"type": "keepalive"}))
 	res, err := exec(func(e kernel.Event) { write(e) })
-	close(done)
-	<-stopped // a keepalive must not be written once the handler has returned
-	mu.Lock()
-	wasStarted := started
-	mu.Unlock()
-	if err != nil && wasStarted {
+	out.Close() // no keepalive once the handler has returned
+	if err != nil && out.Started() {
 		ae := toAPIError(err)
 		write(map[string]string{"type": "fatal", "code": ae.Code, "message": ae.Message})
 		return nil, nil
