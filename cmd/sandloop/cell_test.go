@@ -358,10 +358,10 @@ func TestCell(t *testing.T) {
 		if r2, err := http.DefaultClient.Do(req); err != nil || r2.StatusCode >= 300 {
 			t.Fatalf("upload go: %v", err)
 		}
-		rest, _ := io.ReadAll(br)
+		rest, rerr := io.ReadAll(br)
 		resp.Body.Close()
 		if !strings.Contains(string(rest), "done") {
-			t.Errorf("%s: rest of the stream: %s", accept, rest)
+			t.Errorf("%s: rest of the stream (%v, at %s): %s", accept, rerr, time.Now().Format("15:04:05.000"), rest)
 		}
 	}
 

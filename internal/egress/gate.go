@@ -56,10 +56,10 @@ type Gate struct {
 	entries   []Entry
 	// open: the allowed connections under way (one request at a time per
 	// client connection), listed by Log until finish logs them.
-	open map[*countConn]openConn
-	dropped   int
-	wg        sync.WaitGroup
-	client    *http.Client // the mirror's, made on first use
+	open    map[*countConn]openConn
+	dropped int
+	wg      sync.WaitGroup
+	client  *http.Client // the mirror's, made on first use
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
