@@ -31,35 +31,20 @@ type proc struct {
 	args []string
 	addr string
 	cmd  *exec.Cmd
-	log  *logBuffer
+	log  *syncBuffer
 	done chan struct{}
 	err  error
 }
 
-// logBuffer keeps a process's output; tail shows its end on failure.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// tail is the last n lines, with how many came before.
-func (l *logBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lines := strings.SplitAfter(l.b.String(), "\n")
+// tail is the last n lines of a process's log (syncBuffer, e2b_test.go),
+// with how many came before.
+func (s *syncBuffer) tail(n int) string {
+	lines := strings.SplitAfter(s.String(), "\n")
 	if len(lines) <= n {
 		return strings.Join(lines, "")
 	}
 	return fmt.Sprintf("[%d lines before]\n", len(lines)-n) + strings.Join(lines[len(lines)-n:], "")
 }
-
-func (l *logBuffer) String() string { return l.tail(40) }
 
 type cell struct {
 	t *testing.T
@@ -91,7 +76,7 @@ func freeAddr(t *testing.T) string {
 // start runs the sandloop command as a child and waits for its /healthz.
 func (c *cell) start(name, addr string, args ...string) *proc {
 	c.cur.Helper()
-	p := &proc{name: name, addr: addr, args: args, log: &logBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, addr: addr, args: args, log: &syncBuffer{}, done: make(chan struct{})}
 	// This test binary runs as the CLI with SANDLOOP_CLI_CHILD (TestMain).
 	p.cmd = exec.Command(os.Args[0])
 	p.cmd.Env = append(os.Environ(), append(c.env, "SANDLOOP_CLI_CHILD="+strings.Join(append(args, "--addr", addr), "\x1f"))...)
@@ -114,9 +99,9 @@ func (c *cell) start(name, addr string, args ...string) *proc {
 		}
 		select {
 		case <-p.done:
-			c.cur.Fatalf("%s exited: %v\n%s", name, p.err, p.log)
+			c.cur.Fatalf("%s exited: %v\n%s", name, p.err, p.log.tail(40))
 		case <-c.ctx.Done():
-			c.cur.Fatalf("%s did not come up within the phase\n%s", name, p.log)
+			c.cur.Fatalf("%s did not come up within the phase\n%s", name, p.log.tail(40))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -139,7 +124,7 @@ func (p *proc) wait(c *cell) {
 	select {
 	case <-p.done:
 	case <-c.ctx.Done():
-		c.cur.Fatalf("%s did not exit within the phase\n%s", p.name, p.log)
+		c.cur.Fatalf("%s did not exit within the phase\n%s", p.name, p.log.tail(40))
 	}
 }
 
