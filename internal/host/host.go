@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,8 +34,8 @@ import (
 	"github.com/sandloop/sandloop/internal/zygote"
 )
 
-// Config configures a Host. The zero value serves cold sessions on
-// loopback without tokens, run history or E2B.
+// Config configures a Host. The zero value serves cold sessions without
+// tokens, run history, E2B or MCP.
 type Config struct {
 	// Tokens are the accepted bearer tokens. If empty, none is asked
 	// (the caller checks that the listener is loopback: server.CheckBind).
@@ -230,6 +231,9 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 func openStore(ctx context.Context, database, dataDir string) (store.History, error) {
 	if database != "" {
 		return store.OpenHistory(ctx, database, nil)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, &ArgumentError{"data-dir", err}
 	}
 	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
 }
