@@ -27,6 +27,7 @@ run: build
 # cgroup v2, ~2-3 minutes); it skips, saying why, without the VM runner
 # (../shared/vm) or QEMU.
 test: deps gen
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt -l: these files need gofmt -w:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 	./scripts/test-vm.sh --smoke

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/client"
-	"github.com/sandloop/sandloop/internal/server"
-	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
@@ -30,8 +29,8 @@ import (
 func BenchmarkCreateExecute(b *testing.B) {
 	const poolSize = 2
 	ctx := context.Background()
-	warm := newClient(b, newServer(b, session.ManagerOptions{PoolSize: poolSize}, server.Options{}), nil)
-	cold := newClient(b, newServer(b, session.ManagerOptions{}, server.Options{}), nil)
+	warm := newClient(b, newServer(b, &host.Config{PoolSize: poolSize}), nil)
+	cold := newClient(b, newServer(b, &host.Config{}), nil)
 
 	waitPool := func() {
 		testutil.WaitFor(b, 60*time.Second, func() error {

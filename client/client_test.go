@@ -18,8 +18,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/client"
-	"github.com/sandloop/sandloop/internal/server"
-	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/host"
 )
 
 func newClient(t testing.TB, url string, opts *client.Options) *client.Client {
@@ -213,7 +212,7 @@ func (rr *rawRecorder) Write(p []byte) (int, error) {
 
 func TestStreamFiltersKeepalives(t *testing.T) {
 	t.Parallel()
-	url := newServer(t, session.ManagerOptions{}, server.Options{Keepalive: 20 * time.Millisecond})
+	url := newServer(t, &host.Config{Keepalive: 20 * time.Millisecond})
 	rec := &rawRecorder{}
 	c := newClient(t, url, &client.Options{HTTPClient: &http.Client{Transport: rec}})
 	s := newSession(t, c, nil)
@@ -384,7 +383,7 @@ func TestAPIErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const tokenA, tokenB = "client-test-token-aaaa", "client-test-token-bbbb"
-	url := newServer(t, session.ManagerOptions{MaxSessions: 1}, server.Options{Tokens: []string{tokenA, tokenB}, MaxFileBytes: 1024})
+	url := newServer(t, &host.Config{MaxSessions: 1, Tokens: []string{tokenA, tokenB}, MaxFileBytes: 1024})
 	a := newClient(t, url, &client.Options{Token: tokenA})
 	b := newClient(t, url, &client.Options{Token: tokenB})
 	anon := newClient(t, url, nil)

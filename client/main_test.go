@@ -1,14 +1,14 @@
 package client_test
 
 import (
+	"context"
 	"fmt"
-	"net/http/httptest"
+	"net"
 	"os"
 	"testing"
 
+	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
-	"github.com/sandloop/sandloop/internal/server"
-	"github.com/sandloop/sandloop/internal/session"
 )
 
 // serverURL is the address of a real sandloop server (real jails and
@@ -21,39 +21,48 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	mgr := session.NewManager(session.ManagerOptions{PoolSize: 2, MaxSessions: 32})
-	srv, err := server.New(server.Options{Manager: mgr})
+	h, err := startHost(&host.Config{PoolSize: 2, MaxSessions: 32})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	hs := httptest.NewServer(srv)
-	serverURL = hs.URL
+	serverURL = h.URL()
 	code := m.Run()
-	hs.Close()
-	if err := mgr.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "manager close:", err)
+	if err := h.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "host close:", err)
 		return 1
 	}
 	return code
 }
 
-// newServer starts a server of its own for one test, with the given
-// options, and returns its URL.
-func newServer(t testing.TB, mo session.ManagerOptions, so server.Options) string {
+// startHost starts the real host (internal/host, as sandloop serve runs
+// it) on a loopback port.
+func startHost(cfg *host.Config) (*host.Host, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	h, err := host.New(context.Background(), ln, cfg)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	go h.Serve(context.Background()) // until Close
+	return h, nil
+}
+
+// newServer starts a host of its own for one test, with cfg, and returns
+// its URL.
+func newServer(t testing.TB, cfg *host.Config) string {
 	t.Helper()
-	mgr := session.NewManager(mo)
-	so.Manager = mgr
-	srv, err := server.New(so)
+	h, err := startHost(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv)
 	t.Cleanup(func() {
-		hs.Close()
-		if err := mgr.Close(); err != nil {
-			t.Errorf("manager close: %v", err)
+		if err := h.Close(); err != nil {
+			t.Errorf("host close: %v", err)
 		}
 	})
-	return hs.URL
+	return h.URL()
 }

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,8 +19,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/client"
-	"github.com/sandloop/sandloop/internal/server"
-	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/host"
 )
 
 // Config sizes a load run.
@@ -197,25 +196,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}()
 	before := takeSnapshot()
 
-	mgr := session.NewManager(session.ManagerOptions{PoolSize: cfg.PoolSize, MaxSessions: cfg.MaxSessions})
-	srv, err := server.New(server.Options{Manager: mgr})
+	// The real host, as sandloop serve runs it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		mgr.Close()
 		return nil, err
 	}
-	hs := httptest.NewServer(srv)
-	// Count every answered request at the server, 429s included.
+	h, err := host.New(ctx, ln, &host.Config{PoolSize: cfg.PoolSize, MaxSessions: cfg.MaxSessions})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	go h.Serve(context.WithoutCancel(ctx)) // until Close
+	// Count every answered request (429s included) as it comes back.
 	rec := &recorder{byKind: map[string]int{}}
-	hs.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		srv.ServeHTTP(w, r)
-		rec.requests.Add(1)
-	})
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = cfg.Clients + cfg.Creators + 8
-	c, err := client.New(hs.URL, &client.Options{HTTPClient: &http.Client{Transport: tr}})
+	counted := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := tr.RoundTrip(r)
+		if err == nil {
+			rec.requests.Add(1)
+		}
+		return resp, err
+	})
+	c, err := client.New(h.URL(), &client.Options{HTTPClient: &http.Client{Transport: counted}})
 	if err != nil {
-		hs.Close()
-		mgr.Close()
+		h.Close()
 		return nil, err
 	}
 	sampler := startSampler()
@@ -277,10 +282,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rec.fail("the server still holds %d sessions after every one was deleted", h.Sessions)
 	}
 	hcancel()
-	hs.Close()
 	tr.CloseIdleConnections()
-	if err := mgr.Close(); err != nil {
-		rec.fail("manager close: %v", err)
+	if err := h.Close(); err != nil {
+		rec.fail("host close: %v", err)
 	}
 	sampler.stop()
 	logf("load: server shut down; looking for leftovers")
@@ -528,3 +532,8 @@ func cgroupDirs() []string {
 	}
 	return out
 }
+
+// roundTripFunc is an http.RoundTripper in one func.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -391,5 +391,3 @@ func isTerminal(w any) bool {
 	}
 	return term.IsTerminal(int(f.Fd()))
 }
-
-func init() { extraCommands = append(extraCommands, newAgentCmd, newRunsCmd) }

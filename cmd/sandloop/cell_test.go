@@ -31,13 +31,27 @@ type proc struct {
 	args []string
 	addr string
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	log  *syncBuffer
 	done chan struct{}
 	err  error
 }
 
+// tail is the last n lines of a process's log (syncBuffer, e2b_test.go),
+// with how many came before.
+func (s *syncBuffer) tail(n int) string {
+	lines := strings.SplitAfter(s.String(), "\n")
+	if len(lines) <= n {
+		return strings.Join(lines, "")
+	}
+	return fmt.Sprintf("[%d lines before]\n", len(lines)-n) + strings.Join(lines[len(lines)-n:], "")
+}
+
 type cell struct {
-	t       *testing.T
+	t *testing.T
+	// cur and ctx are the running phase's test and deadline (phase):
+	// requests carry ctx, waits end at its deadline.
+	cur     *testing.T
+	ctx     context.Context
 	env     []string
 	mu      sync.Mutex
 	procs   []*proc
@@ -61,22 +75,22 @@ func freeAddr(t *testing.T) string {
 
 // start runs the sandloop command as a child and waits for its /healthz.
 func (c *cell) start(name, addr string, args ...string) *proc {
-	c.t.Helper()
-	p := &proc{name: name, addr: addr, args: args, log: &bytes.Buffer{}, done: make(chan struct{})}
+	c.cur.Helper()
+	p := &proc{name: name, addr: addr, args: args, log: &syncBuffer{}, done: make(chan struct{})}
 	// This test binary runs as the CLI with SANDLOOP_CLI_CHILD (TestMain).
 	p.cmd = exec.Command(os.Args[0])
 	p.cmd.Env = append(os.Environ(), append(c.env, "SANDLOOP_CLI_CHILD="+strings.Join(append(args, "--addr", addr), "\x1f"))...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
-		c.t.Fatal(err)
+		c.cur.Fatal(err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
-	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		req, _ := http.NewRequestWithContext(c.ctx, "GET", "http://"+addr+"/healthz", nil)
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -85,13 +99,11 @@ func (c *cell) start(name, addr string, args ...string) *proc {
 		}
 		select {
 		case <-p.done:
-			c.t.Fatalf("%s exited: %v\n%s", name, p.err, p.log)
-		default:
+			c.cur.Fatalf("%s exited: %v\n%s", name, p.err, p.log.tail(40))
+		case <-c.ctx.Done():
+			c.cur.Fatalf("%s did not come up within the phase\n%s", name, p.log.tail(40))
+		case <-time.After(50 * time.Millisecond):
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s did not come up\n%s", name, p.log)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -107,35 +119,44 @@ func (c *cell) startGateway(i int, addr string) *proc {
 
 func (p *proc) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
 
-func (p *proc) wait(t *testing.T, d time.Duration) {
-	t.Helper()
+func (p *proc) wait(c *cell) {
+	c.cur.Helper()
 	select {
 	case <-p.done:
-	case <-time.After(d):
-		t.Fatalf("%s did not exit\n%s", p.name, p.log)
+	case <-c.ctx.Done():
+		c.cur.Fatalf("%s did not exit within the phase\n%s", p.name, p.log.tail(40))
 	}
 }
 
-// call sends a JSON request through a gateway and decodes the answer.
+// request is a request through gw with the cell's token, bound to the phase.
+func (c *cell) request(gw *proc, method, path string, body io.Reader) *http.Request {
+	req, _ := http.NewRequestWithContext(c.ctx, method, "http://"+gw.addr+path, body)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	return req
+}
+
+// call sends a JSON request through a gateway and decodes the answer;
+// 0 if it could not be sent or decoded (the phase's test says why).
 func (c *cell) call(gw *proc, method, path string, body any, out any) int {
-	c.t.Helper()
+	c.cur.Helper()
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, "http://"+gw.addr+path, rd)
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	req := c.request(gw, method, path, rd)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		c.t.Fatalf("%s %s via %s: %v", method, path, gw.name, err)
+		c.cur.Errorf("%s %s via %s: %v", method, path, gw.name, err)
+		return 0
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
-			c.t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+			c.cur.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
+			return 0
 		}
 	}
 	return resp.StatusCode
@@ -156,36 +177,38 @@ func (c *cell) exec(gw *proc, id, code string) (int, execResult) {
 	return st, r
 }
 
+// create makes a session through gw ("" if it could not: the phase fails).
 func (c *cell) create(gw *proc) string {
-	c.t.Helper()
+	c.cur.Helper()
 	var s struct {
 		ID string `json:"id"`
 	}
 	if st := c.call(gw, "POST", "/v1/sessions", nil, &s); st != http.StatusCreated {
-		c.t.Fatalf("create via %s: %d", gw.name, st)
+		c.cur.Errorf("create via %s: %d", gw.name, st)
+		return ""
 	}
 	return s.ID
 }
 
 // hostOf reads the sessions table: which host holds id.
 func (c *cell) hostOf(id string) string {
-	c.t.Helper()
-	conn, err := pgx.Connect(context.Background(), c.db)
+	c.cur.Helper()
+	conn, err := pgx.Connect(c.ctx, c.db)
 	if err != nil {
-		c.t.Fatal(err)
+		c.cur.Fatal(err)
 	}
 	defer conn.Close(context.Background())
 	var h string
-	if err := conn.QueryRow(context.Background(), `SELECT host FROM sessions WHERE id = $1`, id).Scan(&h); err != nil {
-		c.t.Fatalf("session %s: %v", id, err)
+	if err := conn.QueryRow(c.ctx, `SELECT host FROM sessions WHERE id = $1`, id).Scan(&h); err != nil {
+		c.cur.Fatalf("session %q: %v", id, err)
 	}
 	return h
 }
 
-// newCell returns a cell whose processes are killed in t's cleanup (their
-// logs shown if t failed).
+// newCell returns a cell whose processes are killed in t's cleanup (the
+// tails of their logs shown if t failed).
 func newCell(t *testing.T) *cell {
-	c := &cell{t: t, token: "cell-test-token-0123456789"}
+	c := &cell{t: t, cur: t, ctx: t.Context(), token: "cell-test-token-0123456789"}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -193,11 +216,26 @@ func newCell(t *testing.T) *cell {
 			p.cmd.Process.Kill() // by PID: only what this test started
 			<-p.done
 			if t.Failed() {
-				t.Logf("--- %s log:\n%s", p.name, p.log)
+				t.Logf("--- %s (%s) log, its end:\n%s", p.name, p.addr, p.log.tail(60))
 			}
 		}
 	})
 	return c
+}
+
+// phase runs one step of the cell's story as a subtest with its own
+// deadline; the steps build on each other, so a failed one ends the test.
+func (c *cell) phase(name string, d time.Duration, f func(t *testing.T)) {
+	ok := c.t.Run(name, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		c.cur, c.ctx = t, ctx
+		defer func() { c.cur, c.ctx = c.t, c.t.Context() }()
+		f(t)
+	})
+	if !ok {
+		c.t.FailNow()
+	}
 }
 
 // TestCell runs a cell on this machine: PostgreSQL, 3 hosts and 2
@@ -221,96 +259,290 @@ func TestCell(t *testing.T) {
 	c.secret = filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(c.secret, []byte("a-shared-secret-of-the-cell-0123456789abcdef\n"), 0o600)
 
-	var addrs []string
-	for i := range 3 {
-		addrs = append(addrs, freeAddr(t))
-		c.hosts = append(c.hosts, c.startHost(i, addrs[i]))
-	}
-	c.hostCSV = "http://" + strings.Join(addrs, ",http://")
-	c.gws = []*proc{c.startGateway(0, freeAddr(t)), c.startGateway(1, freeAddr(t))}
-	gwA, gwB := c.gws[0], c.gws[1]
-	waitFor(t, "gateways see 3 ready hosts", func() bool {
-		for _, gw := range c.gws {
-			var h struct {
-				Ready int `json:"hosts_ready"`
-			}
-			c.call(gw, "GET", "/healthz", nil, &h)
-			if h.Ready != 3 {
-				return false
-			}
+	// The phases share what the cell holds.
+	var (
+		addrs    []string
+		gwA, gwB *proc
+		ids      []string
+		perHost  map[string][]int
+		victim   string // the host killed, then restarted
+		drainer  string // the host drained
+		live     string // a session on the third host
+	)
+	const n = 100
+
+	c.phase("start", 3*time.Minute, func(t *testing.T) {
+		for i := range 3 {
+			addrs = append(addrs, freeAddr(t))
+			c.hosts = append(c.hosts, c.startHost(i, addrs[i]))
 		}
-		return true
+		c.hostCSV = "http://" + strings.Join(addrs, ",http://")
+		c.gws = []*proc{c.startGateway(0, freeAddr(t)), c.startGateway(1, freeAddr(t))}
+		gwA, gwB = c.gws[0], c.gws[1]
+		c.waitFor("gateways see 3 ready hosts", func() bool {
+			for _, gw := range c.gws {
+				var h struct {
+					Ready int `json:"hosts_ready"`
+				}
+				c.call(gw, "GET", "/healthz", nil, &h)
+				if h.Ready != 3 {
+					return false
+				}
+			}
+			return true
+		})
+		// Hosts accept only the gateways.
+		if resp, err := http.Post("http://"+addrs[0]+"/v1/sessions", "application/json", nil); err != nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a host answered a client directly: %v %v", resp.StatusCode, err)
+		}
 	})
 
-	// Hosts accept only the gateways.
-	if resp, err := http.Post("http://"+addrs[0]+"/v1/sessions", "application/json", nil); err != nil || resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("a host answered a client directly: %v %v", resp.StatusCode, err)
-	}
-
-	// 100 sessions through both gateways, spread over all hosts.
-	const n = 100
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	for i := range n {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			ids[i] = c.create(c.gws[i%2])
-		})
-	}
-	wg.Wait()
-	perHost := map[string][]int{}
-	for i, id := range ids {
-		h := c.hostOf(id)
-		perHost[h] = append(perHost[h], i)
-	}
-	for h, is := range perHost {
-		t.Logf("host %s holds %d sessions", h, len(is))
-		if len(is) > n/2 {
-			t.Errorf("host %s holds %d of %d sessions", h, len(is), n)
+	c.phase("placement", 4*time.Minute, func(t *testing.T) {
+		// 100 sessions through both gateways, spread over all hosts.
+		ids = make([]string, n)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i := range n {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				ids[i] = c.create(c.gws[i%2])
+			})
 		}
-	}
-	if len(perHost) != 3 {
-		t.Fatalf("sessions on %d hosts, want 3", len(perHost))
-	}
-	// State set through one gateway is read through the other.
-	for i, id := range ids {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			if st, r := c.exec(c.gws[i%2], id, fmt.Sprintf("x = %d", i)); st != 200 || r.Status != "ok" {
-				t.Errorf("set x on %s: %d %+v", id, st, r)
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		perHost = map[string][]int{}
+		for i, id := range ids {
+			h := c.hostOf(id)
+			perHost[h] = append(perHost[h], i)
+		}
+		for h, is := range perHost {
+			t.Logf("host %s holds %d sessions", h, len(is))
+			if len(is) > n/2 {
+				t.Errorf("host %s holds %d of %d sessions", h, len(is), n)
 			}
-			if st, r := c.exec(c.gws[(i+1)%2], id, "print(x)"); st != 200 || r.Stdout != fmt.Sprintf("%d\n", i) {
-				t.Errorf("read x on %s: %d %+v", id, st, r)
+		}
+		if len(perHost) != 3 {
+			t.Fatalf("sessions on %d hosts, want 3", len(perHost))
+		}
+		// State set through one gateway is read through the other.
+		for i, id := range ids {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				if st, r := c.exec(c.gws[i%2], id, fmt.Sprintf("x = %d", i)); st != 200 || r.Status != "ok" {
+					t.Errorf("set x on %s: %d %+v", id, st, r)
+				}
+				if st, r := c.exec(c.gws[(i+1)%2], id, "print(x)"); st != 200 || r.Stdout != fmt.Sprintf("%d\n", i) {
+					t.Errorf("read x on %s: %d %+v", id, st, r)
+				}
+			})
+		}
+		wg.Wait()
+		// Sessions are per token, as on serve.
+		var list struct {
+			Sessions []json.RawMessage `json:"sessions"`
+		}
+		if st := c.call(gwB, "GET", "/v1/sessions", nil, &list); st != 200 || len(list.Sessions) < n {
+			t.Errorf("list via B: %d, %d sessions", st, len(list.Sessions))
+		}
+	})
+
+	c.phase("proxy", 3*time.Minute, func(t *testing.T) {
+		c.checkFiles(t, gwA, gwB, ids[0])
+		c.checkStreams(t, gwA, gwB, ids[1])
+		c.checkMCP(t, gwB)
+		c.checkRun(t, gwA, gwB)
+	})
+
+	var lost []string
+	c.phase("host lost", 2*time.Minute, func(t *testing.T) {
+		// kill -9 of a host mid-stream: its sessions answer 410 within
+		// seconds; the others keep their state; new sessions go elsewhere.
+		victim = c.hostOf(ids[2])
+		vi := indexOf(addrs, victim)
+		streamErr := make(chan error, 1)
+		go func() {
+			b, _ := json.Marshal(map[string]any{"code": "import time\nprint('streaming', flush=True)\ntime.sleep(60)"})
+			req := c.request(gwA, "POST", "/v1/sessions/"+ids[2]+"/execute", bytes.NewReader(b))
+			req.Header.Set("Accept", "application/x-ndjson")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				streamErr <- err
+				return
 			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			br.ReadString('\n')
+			streamErr <- nil
+			_, err = io.ReadAll(br)
+			streamErr <- err
+		}()
+		if err := <-streamErr; err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		c.hosts[vi].signal(syscall.SIGKILL)
+		select {
+		case <-streamErr: // the stream ends (cut), it does not hang
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stream of a killed host hangs")
+		}
+		for _, i := range perHost[victim] {
+			lost = append(lost, ids[i])
+		}
+		c.waitFor("410 for the killed host's sessions", func() bool {
+			st, r := c.exec(gwB, lost[0], "1")
+			return st == http.StatusGone && r.Error != nil && r.Error.Code == "host_lost"
 		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+		t.Logf("sessions of the killed host answer 410 after %v", time.Since(killed).Round(time.Millisecond))
+		for _, id := range lost {
+			if st, _ := c.exec(gwA, id, "1"); st != http.StatusGone {
+				t.Errorf("lost session %s via A: %d, want 410", id, st)
+			}
+		}
+		for h, is := range perHost {
+			if h == victim {
+				continue
+			}
+			for _, i := range is {
+				if st, r := c.exec(c.gws[i%2], ids[i], "print(x)"); st != 200 || r.Stdout != fmt.Sprintf("%d\n", i) {
+					t.Errorf("survivor %s: %d %+v", ids[i], st, r)
+				}
+			}
+		}
+		for range 4 {
+			if h := c.hostOf(c.create(gwA)); h == victim {
+				t.Errorf("a new session went to the killed host")
+			}
+		}
+	})
 
-	// Sessions are per token, as on serve.
-	var list struct {
-		Sessions []json.RawMessage `json:"sessions"`
-	}
-	if st := c.call(gwB, "GET", "/v1/sessions", nil, &list); st != 200 || len(list.Sessions) < n {
-		t.Errorf("list via B: %d, %d sessions", st, len(list.Sessions))
-	}
+	c.phase("rejoin", 2*time.Minute, func(t *testing.T) {
+		// The host restarts on its address: a new epoch, old sessions stay
+		// gone, new ones land on it again.
+		vi := indexOf(addrs, victim)
+		c.hosts[vi] = c.startHost(vi, victim)
+		c.waitFor("the restarted host rejoins", func() bool {
+			for range 3 {
+				if c.hostOf(c.create(gwB)) == victim {
+					return true
+				}
+			}
+			return false
+		})
+		if st, _ := c.exec(gwB, lost[0], "1"); st != http.StatusGone {
+			t.Errorf("a session of the old epoch answers %d after the restart, want 410", st)
+		}
+	})
 
-	// Files: a 3 MiB upload through A, downloaded through B, and an archive.
-	s0 := ids[0]
+	c.phase("drain", 2*time.Minute, func(t *testing.T) {
+		// SIGTERM drains a host: no new sessions there, its open ones keep
+		// working, and it exits once they are gone.
+		for h := range perHost {
+			if h != victim {
+				drainer = h
+				break
+			}
+		}
+		di := indexOf(addrs, drainer)
+		c.hosts[di].signal(syscall.SIGTERM)
+		c.waitFor("the gateways see the host draining", func() bool {
+			var hs struct {
+				Hosts []struct {
+					Name     string
+					Draining bool
+				}
+			}
+			c.call(gwA, "GET", "/v1/hosts", nil, &hs)
+			for _, h := range hs.Hosts {
+				if h.Name == drainer && h.Draining {
+					return true
+				}
+			}
+			return false
+		})
+		for range 4 {
+			if h := c.hostOf(c.create(gwA)); h == drainer {
+				t.Errorf("a new session went to the draining host")
+			}
+		}
+		var draining []string
+		for _, i := range perHost[drainer] {
+			draining = append(draining, ids[i])
+		}
+		// Sessions the test created after the first hundred may be there too.
+		draining = append(draining, c.sessionsOn(drainer)...)
+		if st, r := c.exec(gwB, draining[0], "print(x)"); st != 200 || r.Status != "ok" {
+			t.Errorf("a draining host's session: %d %+v", st, r)
+		}
+		select {
+		case <-c.hosts[di].done:
+			t.Fatal("the draining host exited with sessions open")
+		default:
+		}
+		for _, id := range draining {
+			c.call(gwA, "DELETE", "/v1/sessions/"+id, nil, nil)
+		}
+		c.hosts[di].wait(c)
+	})
+
+	c.phase("gateway restart", time.Minute, func(t *testing.T) {
+		// A gateway killed and restarted loses nothing but its in-flight requests.
+		for h, is := range perHost {
+			if h != victim && h != drainer {
+				live = ids[is[0]]
+			}
+		}
+		c.gws[0].signal(syscall.SIGKILL)
+		c.gws[0].wait(c)
+		gwA = c.startGateway(0, gwA.addr)
+		c.gws[0] = gwA
+		c.waitFor("the restarted gateway routes", func() bool {
+			st, r := c.exec(gwA, live, "print(x)")
+			return st == 200 && r.Status == "ok"
+		})
+	})
+
+	c.phase("postgres restart", 2*time.Minute, func(t *testing.T) {
+		// PostgreSQL restarts: routes cached in B keep working meanwhile, and
+		// both gateways reconnect (placement needs the table again).
+		c.pg.Stop()
+		if st, r := c.exec(gwB, live, "print(x)"); st != 200 || r.Status != "ok" {
+			t.Errorf("a cached route while PostgreSQL is down: %d %+v", st, r)
+		}
+		if err := c.pg.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for _, gw := range c.gws {
+			c.waitFor(gw.name+" reconnects to PostgreSQL", func() bool {
+				var s struct {
+					ID string `json:"id"`
+				}
+				if c.call(gw, "POST", "/v1/sessions", nil, &s) != http.StatusCreated {
+					return false
+				}
+				var h struct {
+					Notifications bool `json:"notifications"`
+				}
+				c.call(gw, "GET", "/healthz", nil, &h)
+				return h.Notifications
+			})
+		}
+	})
+}
+
+// checkFiles: a 3 MiB upload through A, downloaded through B, and an archive.
+func (c *cell) checkFiles(t *testing.T, gwA, gwB *proc, id string) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16)
-	req, _ := http.NewRequest("PUT", "http://"+gwA.addr+"/v1/sessions/"+s0+"/files/data/big.bin", bytes.NewReader(big))
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode >= 300 {
+	if resp, err := http.DefaultClient.Do(c.request(gwA, "PUT", "/v1/sessions/"+id+"/files/data/big.bin", bytes.NewReader(big))); err != nil || resp.StatusCode >= 300 {
 		t.Fatalf("upload: %v %v", resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
 	}
-	req, _ = http.NewRequest("GET", "http://"+gwB.addr+"/v1/sessions/"+s0+"/files/data/big.bin", nil)
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(c.request(gwB, "GET", "/v1/sessions/"+id+"/files/data/big.bin", nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +551,7 @@ func TestCell(t *testing.T) {
 	if !bytes.Equal(got, big) {
 		t.Errorf("download: %d bytes back of %d", len(got), len(big))
 	}
-	req, _ = http.NewRequest("GET", "http://"+gwA.addr+"/v1/sessions/"+s0+"/archive?format=zip&token="+c.token, nil)
+	req, _ := http.NewRequestWithContext(c.ctx, "GET", "http://"+gwA.addr+"/v1/sessions/"+id+"/archive?format=zip&token="+c.token, nil)
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -329,15 +561,16 @@ func TestCell(t *testing.T) {
 	if zr, err := zip.NewReader(bytes.NewReader(zb), int64(len(zb))); err != nil || !zipHas(zr, "data/big.bin") {
 		t.Errorf("archive: %v (%d bytes, status %d)", err, len(zb), resp.StatusCode)
 	}
+}
 
-	// Streams are not buffered: the program waits for a file that is only
-	// uploaded (through the other gateway) once its first line arrived.
+// checkStreams: streams are not buffered. The program waits for a file
+// that is only uploaded (through the other gateway) once its first line
+// arrived.
+func (c *cell) checkStreams(t *testing.T, gwA, gwB *proc, id string) {
 	for _, accept := range []string{"application/x-ndjson", "text/event-stream"} {
-		s := ids[1]
 		code := "import os, time\nprint('ready', flush=True)\nwhile not os.path.exists('go-" + accept[:4] + "'): time.sleep(0.02)\nprint('done')"
 		b, _ := json.Marshal(map[string]any{"code": code, "timeout_s": 30})
-		req, _ := http.NewRequest("POST", "http://"+gwA.addr+"/v1/sessions/"+s+"/execute", bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+c.token)
+		req := c.request(gwA, "POST", "/v1/sessions/"+id+"/execute", bytes.NewReader(b))
 		req.Header.Set("Accept", accept)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -353,50 +586,48 @@ func TestCell(t *testing.T) {
 				break
 			}
 		}
-		req, _ = http.NewRequest("PUT", "http://"+gwB.addr+"/v1/sessions/"+s+"/files/go-"+accept[:4], strings.NewReader("go"))
-		req.Header.Set("Authorization", "Bearer "+c.token)
-		if r2, err := http.DefaultClient.Do(req); err != nil || r2.StatusCode >= 300 {
+		r2, err := http.DefaultClient.Do(c.request(gwB, "PUT", "/v1/sessions/"+id+"/files/go-"+accept[:4], strings.NewReader("go")))
+		if err != nil || r2.StatusCode >= 300 {
 			t.Fatalf("upload go: %v", err)
 		}
-		rest, _ := io.ReadAll(br)
+		r2.Body.Close()
+		rest, err := io.ReadAll(br)
 		resp.Body.Close()
 		if !strings.Contains(string(rest), "done") {
-			t.Errorf("%s: rest of the stream: %s", accept, rest)
+			t.Errorf("%s: rest of the stream (%v): %s", accept, err, rest)
 		}
 	}
+}
 
-	// MCP through gateway B: a stateful session.
-	func() {
-		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-		defer cancel()
-		hc := &http.Client{Transport: bearer{c.token}}
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "cell-test", Version: "1"}, nil).
-			Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + gwB.addr + "/mcp", HTTPClient: hc}, nil)
+// checkMCP: MCP through a gateway, a stateful session.
+func (c *cell) checkMCP(t *testing.T, gw *proc) {
+	hc := &http.Client{Transport: bearer{c.token}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "cell-test", Version: "1"}, nil).
+		Connect(c.ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + gw.addr + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("MCP via gateway: %v", err)
+	}
+	defer cs.Close()
+	for _, code := range []string{"z = 6", "print(z * 7)"} {
+		res, err := cs.CallTool(c.ctx, &mcp.CallToolParams{Name: "execute_python", Arguments: map[string]any{"code": code}})
 		if err != nil {
-			t.Fatalf("MCP via gateway: %v", err)
+			t.Fatal(err)
 		}
-		defer cs.Close()
-		for _, code := range []string{"z = 6", "print(z * 7)"} {
-			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_python", Arguments: map[string]any{"code": code}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if code != "z = 6" && !strings.Contains(mcpText(res), "42") {
-				t.Errorf("MCP state through the gateway: %s", mcpText(res))
-			}
+		if code != "z = 6" && !strings.Contains(mcpText(res), "42") {
+			t.Errorf("MCP state through the gateway: %s", mcpText(res))
 		}
-	}()
+	}
+}
 
-	// A run started through A lists and streams through B.
+// checkRun: a run started through A lists and streams through B.
+func (c *cell) checkRun(t *testing.T, gwA, gwB *proc) {
 	var run struct {
 		ID string `json:"id"`
 	}
 	if st := c.call(gwA, "POST", "/v1/runs", map[string]any{"task": "write a greeting", "mode": "generate"}, &run); st != http.StatusCreated {
 		t.Fatalf("start run: %d", st)
 	}
-	req, _ = http.NewRequest("GET", "http://"+gwB.addr+"/v1/runs/"+run.ID+"/events", nil)
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(c.request(gwB, "GET", "/v1/runs/"+run.ID+"/events", nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,199 +645,33 @@ func TestCell(t *testing.T) {
 	if len(runs.Runs) != 1 || runs.Runs[0].ID != run.ID {
 		t.Errorf("runs via B: %+v", runs)
 	}
-
-	// kill -9 of a host mid-stream: its sessions answer 410 within
-	// seconds; the others keep their state; new sessions go elsewhere.
-	victim := c.hostOf(ids[2])
-	vi := indexOf(addrs, victim)
-	streamErr := make(chan error, 1)
-	go func() {
-		b, _ := json.Marshal(map[string]any{"code": "import time\nprint('streaming', flush=True)\ntime.sleep(60)"})
-		req, _ := http.NewRequest("POST", "http://"+gwA.addr+"/v1/sessions/"+ids[2]+"/execute", bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+c.token)
-		req.Header.Set("Accept", "application/x-ndjson")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			streamErr <- err
-			return
-		}
-		defer resp.Body.Close()
-		br := bufio.NewReader(resp.Body)
-		br.ReadString('\n')
-		streamErr <- nil
-		_, err = io.ReadAll(br)
-		streamErr <- err
-	}()
-	if err := <-streamErr; err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	c.hosts[vi].signal(syscall.SIGKILL)
-	select {
-	case <-streamErr: // the stream ends (cut), it does not hang
-	case <-time.After(30 * time.Second):
-		t.Fatal("the stream of a killed host hangs")
-	}
-	var lost []string
-	for _, i := range perHost[victim] {
-		lost = append(lost, ids[i])
-	}
-	waitFor(t, "410 for the killed host's sessions", func() bool {
-		st, r := c.exec(gwB, lost[0], "1")
-		return st == http.StatusGone && r.Error != nil && r.Error.Code == "host_lost"
-	})
-	t.Logf("sessions of the killed host answer 410 after %v", time.Since(killed).Round(time.Millisecond))
-	for _, id := range lost {
-		if st, _ := c.exec(gwA, id, "1"); st != http.StatusGone {
-			t.Errorf("lost session %s via A: %d, want 410", id, st)
-		}
-	}
-	for h, is := range perHost {
-		if h == victim {
-			continue
-		}
-		for _, i := range is {
-			if st, r := c.exec(c.gws[i%2], ids[i], "print(x)"); st != 200 || r.Stdout != fmt.Sprintf("%d\n", i) {
-				t.Errorf("survivor %s: %d %+v", ids[i], st, r)
-			}
-		}
-	}
-	for range 4 {
-		if h := c.hostOf(c.create(gwA)); h == victim {
-			t.Errorf("a new session went to the killed host")
-		}
-	}
-
-	// The host restarts on its address: a new epoch, old sessions stay
-	// gone, new ones land on it again.
-	c.hosts[vi] = c.startHost(vi, victim)
-	waitFor(t, "the restarted host rejoins", func() bool {
-		for range 3 {
-			if c.hostOf(c.create(gwB)) == victim {
-				return true
-			}
-		}
-		return false
-	})
-	if st, _ := c.exec(gwB, lost[0], "1"); st != http.StatusGone {
-		t.Errorf("a session of the old epoch answers %d after the restart, want 410", st)
-	}
-
-	// SIGTERM drains a host: no new sessions there, its open ones keep
-	// working, and it exits once they are gone.
-	var drainer string
-	for h := range perHost {
-		if h != victim {
-			drainer = h
-			break
-		}
-	}
-	di := indexOf(addrs, drainer)
-	c.hosts[di].signal(syscall.SIGTERM)
-	waitFor(t, "the gateways see the host draining", func() bool {
-		var hs struct {
-			Hosts []struct {
-				Name     string
-				Draining bool
-			}
-		}
-		c.call(gwA, "GET", "/v1/hosts", nil, &hs)
-		for _, h := range hs.Hosts {
-			if h.Name == drainer && h.Draining {
-				return true
-			}
-		}
-		return false
-	})
-	for range 4 {
-		if h := c.hostOf(c.create(gwA)); h == drainer {
-			t.Errorf("a new session went to the draining host")
-		}
-	}
-	var draining []string
-	for _, i := range perHost[drainer] {
-		draining = append(draining, ids[i])
-	}
-	// Sessions the test created after the first hundred may be there too.
-	draining = append(draining, c.sessionsOn(drainer)...)
-	if st, r := c.exec(gwB, draining[0], "print(x)"); st != 200 || r.Status != "ok" {
-		t.Errorf("a draining host's session: %d %+v", st, r)
-	}
-	select {
-	case <-c.hosts[di].done:
-		t.Fatal("the draining host exited with sessions open")
-	default:
-	}
-	for _, id := range draining {
-		c.call(gwA, "DELETE", "/v1/sessions/"+id, nil, nil)
-	}
-	c.hosts[di].wait(t, 30*time.Second)
-
-	// A gateway killed and restarted loses nothing but its in-flight requests.
-	var live string
-	for h, is := range perHost {
-		if h != victim && h != drainer {
-			live = ids[is[0]]
-		}
-	}
-	c.gws[0].signal(syscall.SIGKILL)
-	c.gws[0].wait(t, 10*time.Second)
-	gwA = c.startGateway(0, gwA.addr)
-	c.gws[0] = gwA
-	waitFor(t, "the restarted gateway routes", func() bool {
-		st, r := c.exec(gwA, live, "print(x)")
-		return st == 200 && r.Status == "ok"
-	})
-
-	// PostgreSQL restarts: routes cached in B keep working meanwhile, and
-	// both gateways reconnect (placement needs the table again).
-	c.pg.Stop()
-	if st, r := c.exec(gwB, live, "print(x)"); st != 200 || r.Status != "ok" {
-		t.Errorf("a cached route while PostgreSQL is down: %d %+v", st, r)
-	}
-	if err := c.pg.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for _, gw := range c.gws {
-		waitFor(t, gw.name+" reconnects to PostgreSQL", func() bool {
-			var s struct {
-				ID string `json:"id"`
-			}
-			if c.call(gw, "POST", "/v1/sessions", nil, &s) != http.StatusCreated {
-				return false
-			}
-			var h struct {
-				Notifications bool `json:"notifications"`
-			}
-			c.call(gw, "GET", "/healthz", nil, &h)
-			return h.Notifications
-		})
-	}
 }
 
 // sessionsOn lists the live sessions the table places on host.
 func (c *cell) sessionsOn(host string) []string {
-	conn, err := pgx.Connect(context.Background(), c.db)
+	conn, err := pgx.Connect(c.ctx, c.db)
 	if err != nil {
-		c.t.Fatal(err)
+		c.cur.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	rows, _ := conn.Query(context.Background(), `SELECT id FROM sessions WHERE host = $1 AND kind = 'session' AND NOT lost`, host)
+	rows, _ := conn.Query(c.ctx, `SELECT id FROM sessions WHERE host = $1 AND kind = 'session' AND NOT lost`, host)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		c.t.Fatal(err)
+		c.cur.Fatal(err)
 	}
 	return ids
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+// waitFor polls ok until it holds; at the phase's deadline the phase fails.
+func (c *cell) waitFor(what string, ok func() bool) {
+	c.cur.Helper()
+	start := time.Now()
 	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
+		select {
+		case <-c.ctx.Done():
+			c.cur.Fatalf("timed out waiting (%v): %s", time.Since(start).Round(time.Millisecond), what)
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

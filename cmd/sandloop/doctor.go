@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
@@ -139,7 +140,7 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
 	if err := zygote.Supported(); err == nil {
 		line(jail.Check{OK: true, Detail: "serve, mcp and agent fork sessions from a template with numpy, pandas and matplotlib imported (--zygote=off to start them cold)"}, "zygote")
 	} else {
-		info("zygote", fmt.Sprintf("not used: %s; sessions start cold", unsupportedReason(err)))
+		info("zygote", fmt.Sprintf("not used: %s; sessions start cold", host.UnsupportedReason(err)))
 	}
 	info("jail init", jail.InitInfo())
 	if r.Landlock.OK {

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,8 +17,6 @@ import (
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/webui"
 	"github.com/spf13/cobra"
-	typed "k8s.io/client-go/kubernetes/typed/discovery/v1"
-	"k8s.io/client-go/rest"
 )
 
 func newGatewayCmd() *cobra.Command {
@@ -70,21 +67,20 @@ shows them.`,
 			if n := btoi(hostList != "") + btoi(kubeService != "") + btoi(registered); n != 1 {
 				return usagef("give the hosts by exactly one of --hosts URL,URL,..., --kube-service NAME and --registered-hosts")
 			}
-			var handler slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})
-			if jsonLogs {
-				handler = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
-			}
-			log := slog.New(handler)
+			log := newLogger(cmd.ErrOrStderr(), jsonLogs)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
-			defer cancelRun()
-
 			pg, err := store.OpenPostgres(ctx, database, &store.Options{Logger: log})
 			if err != nil {
 				return err
 			}
 			defer pg.Close()
+			// The loops (discovery, health, notifications) stop and are
+			// waited for before PostgreSQL closes (deferred above, so run after).
+			runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+			var loops sync.WaitGroup
+			defer loops.Wait()
+			defer cancelRun()
 			var disc gateway.Discovery
 			switch {
 			case hostList != "":
@@ -92,15 +88,17 @@ shows them.`,
 					return usagef("%v", err)
 				}
 			case kubeService != "":
-				if disc, err = kubeDiscovery(runCtx, kubeService, kubePort); err != nil {
-					return err
+				if disc, err = gateway.InCluster(runCtx, kubeService, kubePort); errors.Is(err, gateway.ErrNoNamespace) {
+					return usagef("--kube-service %v", err)
+				} else if err != nil {
+					return fmt.Errorf("--kube-service: %w", err)
 				}
 			default:
 				reg := gateway.NewRegistered(pg, heartbeatDeadline, log)
 				if err := reg.Refresh(ctx); err != nil {
 					return err
 				}
-				go reg.Run(runCtx, healthEvery)
+				loops.Go(func() { reg.Run(runCtx, healthEvery) })
 				disc = reg
 			}
 			gw, err := gateway.New(gateway.Options{
@@ -111,7 +109,7 @@ shows them.`,
 			if err != nil {
 				return err
 			}
-			go gw.Run(runCtx)
+			loops.Go(func() { gw.Run(runCtx) })
 			gw.Refresh(ctx)
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
@@ -158,36 +156,9 @@ shows them.`,
 	return cmd
 }
 
-// kubeDiscovery watches a Service's EndpointSlices with the pod's service account.
-func kubeDiscovery(ctx context.Context, service, port string) (gateway.Discovery, error) {
-	ns, name, ok := strings.Cut(service, "/")
-	if !ok {
-		name = service
-		ns = os.Getenv("POD_NAMESPACE")
-		if ns == "" {
-			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-			if err != nil {
-				return nil, usagef("--kube-service %s: no namespace (give NAMESPACE/NAME or set POD_NAMESPACE)", service)
-			}
-			ns = strings.TrimSpace(string(b))
-		}
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("--kube-service needs to run inside Kubernetes: %w", err)
-	}
-	client, err := typed.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return gateway.NewEndpointSlices(ctx, gateway.DiscoveryOnly{DiscoveryV1Client: client}, ns, name, port)
-}
-
 func btoi(b bool) int {
 	if b {
 		return 1
 	}
 	return 0
 }
-
-func init() { extraCommands = append(extraCommands, newGatewayCmd) }

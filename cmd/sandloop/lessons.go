@@ -289,5 +289,3 @@ func exportLessons(cmd *cobra.Command, at where, out string) error {
 	}
 	return nil
 }
-
-func init() { extraCommands = append(extraCommands, newLessonsCmd) }

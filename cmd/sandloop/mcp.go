@@ -18,11 +18,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func init() {
-	extraCommands = append(extraCommands, newMCPCmd)
-	serveMounts = append(serveMounts, mountMCP)
-}
-
 func newMCPCmd() *cobra.Command {
 	var (
 		lf                          limitFlags
@@ -160,16 +155,11 @@ type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
 
-// mountMCP serves the MCP tools at /mcp on `sandloop serve`, each MCP
+// mcpHandler serves the MCP tools at /mcp on `sandloop serve`, each MCP
 // session with its own session from the server's manager.
-func mountMCP(m *session.Manager, mounts map[string]http.Handler) error {
+func mcpHandler(m *session.Manager) (http.Handler, error) {
 	// The server checks Host headers for every path (with --allowed-host).
-	h, err := mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true, Version: version()})
-	if err != nil {
-		return err
-	}
-	mounts["/mcp"] = h
-	return nil
+	return mcpserver.NewHTTPHandler(managerSource{m}, &mcpserver.Options{HostChecked: true, Version: version()})
 }
 
 // managerSource makes MCP sessions in the server's manager, so they count

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
@@ -46,13 +45,13 @@ func TestRegisteredCell(t *testing.T) {
 		err = conn.QueryRow(context.Background(), `SELECT url, ready, slots FROM host_heartbeats WHERE name = $1`, hostAddr).Scan(&r.url, &r.ready, &r.slots)
 		return r, err == nil
 	}
-	waitFor(t, "the host's registration", func() bool { _, ok := registration(); return ok })
+	c.waitFor("the host's registration", func() bool { _, ok := registration(); return ok })
 	if r, _ := registration(); r != (row{"http://" + hostAddr, true, 5}) {
 		t.Fatalf("registration %+v", r)
 	}
 	gw := c.start("gateway", freeAddr(t), "gateway", "--gateway-secret-file", c.secret, "--database", c.db, "--registered-hosts",
 		"--token", c.token, "--health-interval", "100ms", "--heartbeat-deadline", "3s")
-	waitFor(t, "the gateway sees the registered host", func() bool {
+	c.waitFor("the gateway sees the registered host", func() bool {
 		var h struct {
 			Ready int `json:"hosts_ready"`
 		}
@@ -68,7 +67,7 @@ func TestRegisteredCell(t *testing.T) {
 	}
 	// SIGTERM: the host drains (its session keeps it up) and says so.
 	host.signal(syscall.SIGTERM)
-	waitFor(t, "the draining host's row says not ready", func() bool { r, ok := registration(); return ok && !r.ready })
+	c.waitFor("the draining host's row says not ready", func() bool { r, ok := registration(); return ok && !r.ready })
 	if st, r := c.exec(gw, id, "print(2+2)"); st != http.StatusOK || r.Stdout != "4\n" {
 		t.Errorf("the session on the draining host: %d %+v", st, r)
 	}
@@ -79,7 +78,7 @@ func TestRegisteredCell(t *testing.T) {
 	if st := c.call(gw, "DELETE", "/v1/sessions/"+id, nil, nil); st >= 300 {
 		t.Fatalf("delete: %d", st)
 	}
-	host.wait(t, 30*time.Second)
+	host.wait(c)
 	if _, ok := registration(); ok {
 		t.Error("the host's row outlived it")
 	}

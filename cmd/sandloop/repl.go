@@ -19,8 +19,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func init() { extraCommands = append(extraCommands, newReplCmd) }
-
 func newReplCmd() *cobra.Command {
 	var lf limitFlags
 	var images, history string

@@ -36,15 +36,15 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &usageError{err.Error() + " (see '" + c.CommandPath() + " --help')"}
 	})
-	root.AddCommand(newRunCmd(), newExecCmd(), newDoctorCmd(), newVersionCmd())
-	for _, extra := range extraCommands {
-		root.AddCommand(extra())
-	}
+	// Every command, in one list (cobra lists them sorted in --help).
+	root.AddCommand(
+		newRunCmd(), newExecCmd(), newReplCmd(),
+		newAgentCmd(), newRunsCmd(), newLessonsCmd(),
+		newServeCmd(), newGatewayCmd(), newMCPCmd(),
+		newDoctorCmd(), newVersionCmd(),
+	)
 	return root
 }
-
-// extraCommands are registered by other files of this package.
-var extraCommands []func() *cobra.Command
 
 func execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdin, stdout, stderr)

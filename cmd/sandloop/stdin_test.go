@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -54,9 +55,13 @@ func TestE2BStdinCommands(t *testing.T) {
 	if pids := testutil.PidsWithArg(marker + "-k\x00"); len(pids) > 0 {
 		t.Errorf("killed and timed-out sandboxes left their commands running: pids %v", pids)
 	}
-	if pids := testutil.PidsWithArg(marker + "-left\x00"); len(pids) == 0 {
-		t.Fatal("the sandbox left for SIGTERM holds no command (the test checks nothing)")
-	}
+	// (The start event may come a moment before the command has exec'd.)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(testutil.PidsWithArg(marker+"-left\x00")) == 0 {
+			return errors.New("the sandbox left for SIGTERM holds no command (the test would check nothing)")
+		}
+		return nil
+	})
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

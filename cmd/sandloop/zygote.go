@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/pflag"
@@ -45,28 +45,8 @@ func registerZygote(fs *pflag.FlagSet, m *zygoteMode) {
 // start cold, for "off", or for "auto" on a host that cannot run one
 // (logged in one line with the reason); for "on" there, a usage error.
 func startZygote(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygote.Zygote, error) {
-	if m.v == "off" {
-		return nil, nil
-	}
-	err := zygote.Supported()
-	if err == nil {
-		var z *zygote.Zygote
-		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log}); err == nil {
-			return z, nil
-		}
-		err = fmt.Errorf("the zygote did not start: %w", err)
-	}
-	if m.v == "on" {
-		return nil, usagef("--zygote cannot work on this host: %s", unsupportedReason(err))
-	}
-	log.Warn(fmt.Sprintf("sessions start cold: %s (--zygote=off silences this)", unsupportedReason(err)))
-	return nil, nil
-}
-
-// unsupportedReason is err's text without jail.ErrUnsupported's own
-// words, which the reason after them says better.
-func unsupportedReason(err error) string {
-	return strings.Replace(err.Error(), jail.ErrUnsupported.Error()+": ", "", 1)
+	z, err := host.StartZygote(ctx, m.v, log)
+	return z, hostError(err)
 }
 
 // zygoteLater starts the zygote in the background, for commands whose
@@ -82,7 +62,7 @@ type zygoteLater struct {
 func startZygoteLater(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygoteLater, error) {
 	if m.v == "on" {
 		if err := zygote.Supported(); err != nil {
-			return nil, usagef("--zygote cannot work on this host: %s", unsupportedReason(err))
+			return nil, usagef("--zygote cannot work on this host: %s", host.UnsupportedReason(err))
 		}
 	}
 	l := &zygoteLater{done: make(chan struct{})}

@@ -298,7 +298,18 @@ type target struct {
 type targetKey struct{}
 
 // forward proxies r to t.
+//
+// Full duplex: a host may answer (an execution's stream starts) before the
+// transport has finished with the request's body; it reads once more past
+// Content-Length to check the length. Without full duplex the HTTP/1
+// server closes that body as the answer's headers go out, the transport's
+// read fails ("invalid Read on closed Body"), and it closes the
+// connection to the host, cutting the stream after its first line
+// (golang/go#40747; TestCell's NDJSON check on a loaded machine).
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t target) {
+	if r.ProtoMajor == 1 {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+	}
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 

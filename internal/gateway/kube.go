@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"strconv"
+	"strings"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	typed "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	listers "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -110,4 +114,35 @@ func slicePort(s *discoveryv1.EndpointSlice, name string) (int32, bool) {
 		}
 	}
 	return 0, false
+}
+
+// ErrNoNamespace: InCluster was given a service without a namespace and
+// found none in the pod.
+var ErrNoNamespace = errors.New("no namespace (give NAMESPACE/NAME or set POD_NAMESPACE)")
+
+// InCluster watches the EndpointSlices of service (NAME in the pod's
+// namespace: $POD_NAMESPACE, else the service account's; or
+// NAMESPACE/NAME) with the pod's service account.
+func InCluster(ctx context.Context, service, port string) (*EndpointSlices, error) {
+	ns, name, ok := strings.Cut(service, "/")
+	if !ok {
+		name = service
+		ns = os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+			if err != nil {
+				return nil, fmt.Errorf("service %s: %w", service, ErrNoNamespace)
+			}
+			ns = strings.TrimSpace(string(b))
+		}
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("the pod's service account (this must run inside Kubernetes): %w", err)
+	}
+	client, err := typed.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewEndpointSlices(ctx, DiscoveryOnly{DiscoveryV1Client: client}, ns, name, port)
 }

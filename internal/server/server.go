@@ -260,7 +260,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w, status: 200}
 	s.mux.ServeHTTP(sw, r)
-	s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+	// Probes (every 200ms from each gateway of a cell) would drown the
+	// log at INFO.
+	level := slog.LevelInfo
+	if r.URL.Path == "/healthz" {
+		level = slog.LevelDebug
+	}
+	s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
 }
 
 // statusWriter records the status for logs; it passes Flush through so

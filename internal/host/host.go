@@ -1,0 +1,430 @@
+// Package host is one sandloop server: the sessions, their warm pool and
+// zygote, the run history, the E2B and MCP faces and the HTTP API over them.
+package host
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/e2b"
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/gateway"
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/runs"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/webui"
+	"github.com/sandloop/sandloop/internal/zygote"
+)
+
+// Config configures a Host. The zero value serves cold sessions without
+// tokens, run history, E2B or MCP.
+type Config struct {
+	// Tokens are the accepted bearer tokens. If empty, none is asked
+	// (the caller checks that the listener is loopback: server.CheckBind).
+	Tokens []string
+	// AllowedHosts are extra Host header values accepted (DNS rebinding).
+	AllowedHosts []string
+	// GatewaySecret, if set, makes this a cell's host (server.Options).
+	GatewaySecret string
+	// Register, if set, keeps this host's row in the cell's PostgreSQL
+	// (Database) while it serves, renewed every Heartbeat (if zero, 2s).
+	Register  *gateway.Target
+	Heartbeat time.Duration
+
+	// PoolSize, MaxSessions, IdleTimeout, MaxLifetime, ExecTimeout,
+	// Defaults and Max are the session manager's (session.ManagerOptions).
+	PoolSize, MaxSessions                 int
+	IdleTimeout, MaxLifetime, ExecTimeout time.Duration
+	Defaults, Max                         jail.Limits
+	// AllowNetwork lets sessions ask for the host's whole network.
+	AllowNetwork bool
+	// Egress configures allow mode. New adds the listener's address to
+	// Egress.Policy.Deny.
+	Egress server.EgressOptions
+	// WheelCache, if set, is the package cache of allow-mode sessions.
+	// It holds no process or file open, so the caller keeps it.
+	WheelCache *egress.Cache
+	// Zygote is "on" (fail where the host cannot run one), "auto" (cold
+	// sessions there) or "off". If empty, off.
+	Zygote string
+
+	// Database is the run history: a postgres:// URL or a SQLite file.
+	// If empty, runs.db in DataDir; if both are empty, no history: runs
+	// and lessons answer 501.
+	Database, DataDir string
+	// Model is the model of runs that name none (PROVIDER/MODEL; if empty,
+	// llm.Resolve's choice); PricesFile overrides the price table.
+	Model, PricesFile string
+
+	// E2B serves E2B's API too, with a key per token (e2b.KeysForTokens).
+	E2B bool
+	// MCP, if set, builds the handler served at /mcp over the host's
+	// manager; if it is an io.Closer, Close closes it before the HTTP
+	// server shuts down (it holds event streams open).
+	MCP func(*session.Manager) (http.Handler, error)
+
+	// MaxBodyBytes, MaxFileBytes, MaxRunBodyBytes and Keepalive are the
+	// HTTP API's (server.Options).
+	MaxBodyBytes, MaxFileBytes, MaxRunBodyBytes int64
+	Keepalive                                   time.Duration
+	// Logger receives the host's logs. If nil, they are discarded.
+	Logger *slog.Logger
+}
+
+// ArgumentError is a Config the host cannot serve with: Name is the
+// field (as the CLI's flag, without dashes).
+type ArgumentError struct {
+	Name string
+	Err  error
+}
+
+func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
+// Host is a running sandloop server. Its parts are built by New and
+// stopped, in order, by Close.
+type Host struct {
+	cfg    Config
+	log    *slog.Logger
+	ln     net.Listener
+	epoch  string
+	zy     *zygote.Zygote
+	mgr    *session.Manager
+	st     store.History
+	runs   *runs.Service
+	e2b    *e2b.Handler
+	e2bKey string
+	mounts map[string]http.Handler
+	srv    *server.Server
+	hs     *http.Server
+
+	mu        sync.Mutex
+	served    chan struct{} // closed when hs.Serve has returned; nil before Serve
+	serveErr  error
+	stopBeat  func()
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New builds a host that will serve on ln (see Serve). Sandboxes never
+// reach ln through their egress proxy. Close releases what New built,
+// ln included; if New fails, it has released it all but ln.
+func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	h := &Host{cfg: *cfg, log: cfg.Logger, ln: ln, epoch: newEpoch(), mounts: map[string]http.Handler{}}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for _, f := range slices.Backward(undo) {
+				f()
+			}
+		}
+	}()
+
+	// Sandboxes never reach this server through their proxy, even where
+	// an allowlist opens loopback: the listener's address, and its port
+	// on any address, are denied before the first sandbox starts.
+	eg := h.cfg.Egress
+	eg.Policy.Deny = slices.Clone(eg.Policy.Deny)
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		eg.Policy.Deny = append(eg.Policy.Deny, ap, netip.AddrPortFrom(netip.IPv4Unspecified(), ap.Port()))
+	}
+	h.cfg.Egress = eg
+
+	if h.zy, err = StartZygote(ctx, h.cfg.Zygote, h.log); err != nil {
+		return nil, err
+	}
+	var zy session.Zygote
+	if h.zy != nil {
+		zy = h.zy
+		undo = append(undo, func() { h.zy.Close() })
+	}
+	h.mgr = session.NewManager(session.ManagerOptions{
+		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout,
+		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
+		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
+	})
+	undo = append(undo, func() { h.mgr.Close() })
+	if h.cfg.MCP != nil {
+		m, err := h.cfg.MCP(h.mgr)
+		if err != nil {
+			return nil, err
+		}
+		h.mounts["/mcp"] = m
+		undo = append(undo, h.closeMounts)
+	}
+
+	var ls store.LessonStore
+	if h.cfg.Database != "" || h.cfg.DataDir != "" {
+		if h.st, err = openStore(ctx, h.cfg.Database, h.cfg.DataDir); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { h.st.Close() })
+		if ls, _ = h.st.(store.LessonStore); ls == nil {
+			h.log.Info("this run history keeps no lessons: runs go without")
+		}
+		model, prices := h.cfg.Model, h.cfg.PricesFile
+		h.runs = runs.New(runs.Options{
+			Store: h.st, Lessons: ls, Logger: h.log, NewSession: runs.ManagerSessions(h.mgr),
+			Provider: func(ctx context.Context, m string) (llm.Provider, error) {
+				return llm.Resolve(ctx, llm.Config{Model: cmp.Or(m, model), PricesFile: prices})
+			},
+		})
+		undo = append(undo, h.runs.Close)
+	}
+	pg, _ := h.st.(*store.Postgres)
+	if h.cfg.Register != nil && pg == nil {
+		return nil, &ArgumentError{"register", errors.New("needs the cell's PostgreSQL (database postgres://...)")}
+	}
+
+	// The page and its assets hold no data; the page sends the token with every API call.
+	public := webui.Mounts()
+	if h.cfg.E2B {
+		keys, first := e2b.KeysForTokens(h.cfg.Tokens, server.OwnerOf)
+		if h.e2b, err = e2b.New(e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { h.e2b.Close() })
+		h.e2bKey = first
+		for p, m := range h.e2b.Mounts() {
+			public[p] = m // authenticated by the E2B handler itself
+		}
+	}
+	so := server.Options{
+		GatewaySecret: h.cfg.GatewaySecret, Epoch: h.epoch,
+		Manager: h.mgr, Tokens: h.cfg.Tokens, AllowedHosts: h.cfg.AllowedHosts, AllowNetwork: h.cfg.AllowNetwork,
+		Egress: eg, Logger: h.log, Mounts: h.mounts, PublicMounts: public, Runs: h.runs, Store: h.st, Lessons: ls,
+		MaxBodyBytes: h.cfg.MaxBodyBytes, MaxFileBytes: h.cfg.MaxFileBytes, MaxRunBodyBytes: h.cfg.MaxRunBodyBytes,
+		Keepalive: h.cfg.Keepalive,
+	}
+	if h.srv, err = server.New(so); err != nil {
+		return nil, err
+	}
+	h.hs = &http.Server{Handler: h.srv, ReadHeaderTimeout: 10 * time.Second}
+	return h, nil
+}
+
+// openStore opens the run history database names, else runs.db in dataDir.
+func openStore(ctx context.Context, database, dataDir string) (store.History, error) {
+	if database != "" {
+		return store.OpenHistory(ctx, database, nil)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, &ArgumentError{"data-dir", err}
+	}
+	return store.Open(ctx, filepath.Join(dataDir, "runs.db"), nil)
+}
+
+// URL is the host's base URL, http://ADDR.
+func (h *Host) URL() string { return "http://" + h.ln.Addr().String() }
+
+// E2BKey is an API key E2B's SDKs can use ("" without Config.E2B).
+func (h *Host) E2BKey() string { return h.e2bKey }
+
+// Manager is the host's session manager.
+func (h *Host) Manager() *session.Manager { return h.mgr }
+
+// Serve answers requests on the listener until ctx is done, and keeps
+// the host's registration (Config.Register) renewed. It returns nil when
+// ctx is done, with the listener still served (so Drain can let the open
+// sessions finish), or the listener's error. Close stops serving.
+func (h *Host) Serve(ctx context.Context) error {
+	h.mu.Lock()
+	if h.served != nil {
+		h.mu.Unlock()
+		return errors.New("host: Serve called twice")
+	}
+	served := make(chan struct{})
+	h.served = served
+	h.mu.Unlock()
+	go func() {
+		defer close(served)
+		err := h.hs.Serve(h.ln)
+		h.mu.Lock()
+		h.serveErr = err
+		h.mu.Unlock()
+	}()
+	if r := h.cfg.Register; r != nil {
+		h.startHeartbeat(*r)
+	}
+	select {
+	case <-served:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if errors.Is(h.serveErr, http.ErrServerClosed) {
+			return nil
+		}
+		return h.serveErr
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// startHeartbeat renews the registration (not ready once draining) until
+// Close, which removes it.
+func (h *Host) startHeartbeat(self gateway.Target) {
+	pg := h.st.(*store.Postgres) // checked by New
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gateway.Register(ctx, pg, cmp.Or(h.cfg.Heartbeat, 2*time.Second), func() store.Registration {
+			st := h.mgr.Stats()
+			return store.Registration{Name: self.Name, URL: self.URL, Epoch: h.epoch, Ready: !h.srv.Draining(),
+				Slots: st.MaxSessions, Used: st.Sessions}
+		}, h.log)
+	}()
+	h.mu.Lock()
+	h.stopBeat = func() { cancel(); <-done }
+	h.mu.Unlock()
+}
+
+// Drain takes no new sessions (readiness false) and waits until the open
+// ones have ended (deleted, reaped or idle-closed), d has passed or ctx
+// is done.
+func (h *Host) Drain(ctx context.Context, d time.Duration) {
+	h.srv.Drain()
+	h.log.Info("draining: no new sessions", "open", h.mgr.Stats().Sessions, "timeout", d)
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for h.mgr.Stats().Sessions > 0 {
+		select {
+		case <-deadline.C:
+			h.log.Warn("drain timeout: closing the sessions left", "open", h.mgr.Stats().Sessions)
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	h.log.Info("drained")
+}
+
+// Close stops the host in order: the registration first (gateways place
+// nothing more here), the MCP streams, then the HTTP server's listener
+// (in-flight requests get 10s, while E2B's sandboxes, the runs and every
+// session are closed), the history and the zygote. It returns the
+// manager's error.
+func (h *Host) Close() error {
+	h.closeOnce.Do(func() {
+		h.mu.Lock()
+		stopBeat, served := h.stopBeat, h.served
+		h.mu.Unlock()
+		if stopBeat != nil {
+			stopBeat()
+		}
+		h.log.Info("shutting down: closing every session")
+		h.closeMounts()
+		// No new connections from here on, and the sessions are killed
+		// while Shutdown waits for the requests in flight: the streams of
+		// clients waiting on them (a command's output, a cell's events)
+		// end, so nothing waits on a user process or a client for long.
+		shut := make(chan struct{})
+		if served == nil {
+			h.ln.Close()
+			close(shut)
+		} else {
+			go func() {
+				defer close(shut)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := h.hs.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					h.log.Warn("shutdown", "err", err)
+				}
+				h.hs.Close() // what is left after the deadline
+				<-served
+			}()
+		}
+		if h.e2b != nil {
+			h.e2b.Close() // before the manager closes the sessions
+		}
+		if h.runs != nil {
+			h.runs.Close()
+		}
+		h.closeErr = h.mgr.Close()
+		<-shut
+		if h.st != nil {
+			if err := h.st.Close(); err != nil {
+				h.log.Warn("close the run history", "err", err)
+			}
+		}
+		if h.zy != nil {
+			h.zy.Close() // after the manager has closed its sessions
+		}
+	})
+	return h.closeErr
+}
+
+// closeMounts closes the mounted handlers that hold connections open
+// (MCP event streams), so Shutdown does not wait on them.
+func (h *Host) closeMounts() {
+	for _, m := range h.mounts {
+		if c, ok := m.(io.Closer); ok {
+			c.Close()
+		}
+	}
+}
+
+// newEpoch names this process's life as a host.
+func newEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// StartZygote starts the zygote mode asks for ("on", "auto"; "" or "off"
+// for none). It returns nil, and sessions start cold, for none, or for
+// "auto" on a host that cannot run one (logged in one line with the
+// reason); for "on" there, an *ArgumentError.
+func StartZygote(ctx context.Context, mode string, log *slog.Logger) (*zygote.Zygote, error) {
+	if mode == "" || mode == "off" {
+		return nil, nil
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	err := zygote.Supported()
+	if err == nil {
+		var z *zygote.Zygote
+		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log}); err == nil {
+			return z, nil
+		}
+		err = fmt.Errorf("the zygote did not start: %w", err)
+	}
+	if mode == "on" {
+		return nil, &ArgumentError{"zygote", fmt.Errorf("cannot work on this host: %s", UnsupportedReason(err))}
+	}
+	log.Warn(fmt.Sprintf("sessions start cold: %s (--zygote=off silences this)", UnsupportedReason(err)))
+	return nil, nil
+}
+
+// UnsupportedReason is err's text without jail.ErrUnsupported's own
+// words, which the reason after them says better.
+func UnsupportedReason(err error) string {
+	return strings.Replace(err.Error(), jail.ErrUnsupported.Error()+": ", "", 1)
+}
