@@ -1,10 +1,10 @@
 package e2b
 
 import (
-	"fmt"
-	"net"
 	"testing"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // Killing a sandbox never waits on a client that stopped reading a cell's
@@ -13,16 +13,9 @@ import (
 func TestKillNotHeldByStuckExecute(t *testing.T) {
 	ts := newTestServer(t, Options{})
 	c := ts.create(t, keyA, `{}`)
-	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	t.Cleanup(func() { conn.Close() })
-	body := `{"code":"while True: print('x' * 65536, flush=True)"}`
-	fmt.Fprintf(conn, "POST /execute HTTP/1.1\r\nHost: %s\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: %s\r\nE2B-Traffic-Access-Token: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		ts.Listener.Addr(), c.SandboxID, portInterpreter, c.TrafficAccessToken, len(body), body)
-	time.Sleep(time.Second) // the flood fills the socket's buffers; then writes block
+	addr := ts.Listener.Addr().String()
+	testutil.StuckClient(t, addr, testutil.FloodRequest(addr, "/execute", testutil.FloodCode,
+		"E2b-Sandbox-Id: "+c.SandboxID, "E2b-Sandbox-Port: "+portInterpreter, "E2B-Traffic-Access-Token: "+c.TrafficAccessToken))
 	start := time.Now()
 	resp, b := ts.control(t, "DELETE", "/sandboxes/"+c.SandboxID, "", keyA)
 	took := time.Since(start)

@@ -1,11 +1,11 @@
 package gateway
 
 import (
-	"fmt"
-	"net"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // Through the gateway too, deleting a session never waits on a client that
@@ -13,16 +13,9 @@ import (
 func TestDeleteNotHeldByStuckStream(t *testing.T) {
 	f := newFixture(t, 1)
 	id, _ := f.create(tok1)
-	conn, err := net.Dial("tcp", f.ts.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	t.Cleanup(func() { conn.Close() })
-	body := `{"code":"while True: print('x' * 65536, flush=True)"}`
-	fmt.Fprintf(conn, "POST /v1/sessions/%s/execute HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		id, f.ts.Listener.Addr(), tok1, len(body), body)
-	time.Sleep(time.Second) // the flood fills the buffers on the way; then writes block
+	addr := f.ts.Listener.Addr().String()
+	testutil.StuckClient(t, addr, testutil.FloodRequest(addr, "/v1/sessions/"+id+"/execute", testutil.FloodCode,
+		"Authorization: Bearer "+tok1, "Accept: application/x-ndjson"))
 	start := time.Now()
 	st, out := f.do(tok1, "DELETE", "/v1/sessions/"+id, "")
 	took := time.Since(start)

@@ -1,30 +1,20 @@
 package server
 
 import (
-	"fmt"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // stuckStream starts a streaming execution of a print flood on session id
-// from a client that never reads, so the server's writes block, and
-// returns once the server has had time to fill the buffers.
+// from a client that never reads, so the server's writes block.
 func stuckStream(t *testing.T, ts *testServer, id string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	t.Cleanup(func() { conn.Close() })
-	body := `{"code":"while True: print('x' * 65536, flush=True)"}`
-	fmt.Fprintf(conn, "POST /v1/sessions/%s/execute HTTP/1.1\r\nHost: %s\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		id, ts.Listener.Addr(), len(body), body)
-	time.Sleep(time.Second) // the flood fills the socket's buffers; then writes block
+	addr := ts.Listener.Addr().String()
+	testutil.StuckClient(t, addr, testutil.FloodRequest(addr, "/v1/sessions/"+id+"/execute", testutil.FloodCode, "Accept: application/x-ndjson"))
 }
 
 func createSession(t *testing.T, ts *testServer) string {

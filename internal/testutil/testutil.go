@@ -4,6 +4,9 @@
 package testutil
 
 import (
+	"fmt"
+	"io"
+	"net"
 	"testing"
 	"time"
 )
@@ -28,3 +31,35 @@ func WaitFor(tb testing.TB, d time.Duration, try func() error) {
 		pause = min(2*pause, 50*time.Millisecond)
 	}
 }
+
+// StuckClient sends request (a whole raw HTTP/1.1 request) to addr from a
+// client that never reads the answer, with a small receive buffer, and
+// returns once the server has had time to fill the buffers on the way:
+// from then on the server's writes to it block. The connection is closed
+// at the end of the test.
+func StuckClient(tb testing.TB, addr, request string) {
+	tb.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	tb.Cleanup(func() { conn.Close() })
+	if _, err := io.WriteString(conn, request); err != nil {
+		tb.Fatal(err)
+	}
+	time.Sleep(time.Second)
+}
+
+// FloodRequest is a raw POST of body (JSON) to path with the headers given
+// as "Name: value" lines: for StuckClient.
+func FloodRequest(host, path, body string, headers ...string) string {
+	h := ""
+	for _, l := range headers {
+		h += l + "\r\n"
+	}
+	return fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, host, h, len(body), body)
+}
+
+// FloodCode is a cell that prints without end, for a client that stops reading.
+const FloodCode = `{"code":"while True: print('x' * 65536, flush=True)"}`
