@@ -214,7 +214,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		return err
 	}
 	defer zl.Close()
-	svc := runs.New(runs.Options{
+	svc := runs.New(&runs.Options{
 		Store:    st,
 		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: providerResolver(f.pricesFile),
@@ -223,9 +223,10 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 			if err != nil {
 				return nil, err
 			}
-			return session.New(ctx, session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
+			return session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
 		},
 	})
+
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	var view func(agent.Event)
 	if f.jsonOut {

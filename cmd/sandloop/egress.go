@@ -33,7 +33,7 @@ func runJail(ctx context.Context, cfg *jail.Config, pol *egress.Policy) (*jail.R
 	if err != nil {
 		return nil, nil, err
 	}
-	g := egress.New(egress.Options{Policy: *pol})
+	g := egress.New(&egress.Options{Policy: *pol})
 	g.Serve(p.Listener())
 	res, err := p.Wait()
 	g.Close()
@@ -84,7 +84,7 @@ func openWheelCache(dir, dataDir string, size int64, index string, log *slog.Log
 	if size <= 0 {
 		return nil, usagef("--wheel-cache-size must be positive (or --wheel-cache off)")
 	}
-	c, err := egress.OpenCache(egress.CacheOptions{Dir: dir, MaxBytes: size, Index: index, Logger: log})
+	c, err := egress.OpenCache(&egress.CacheOptions{Dir: dir, MaxBytes: size, Index: index, Logger: log})
 	if err != nil {
 		return nil, usagef("--wheel-cache/--pip-index: %v", err)
 	}

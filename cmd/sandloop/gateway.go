@@ -101,11 +101,12 @@ shows them.`,
 				loops.Go(func() { reg.Run(runCtx, healthEvery) })
 				disc = reg
 			}
-			gw, err := gateway.New(gateway.Options{
+			gw, err := gateway.New(&gateway.Options{
 				Discovery: disc, Cluster: pg, Secret: secret, Tokens: toks, AllowedHosts: allowedHosts,
 				PublicMounts: webui.Mounts(), HealthInterval: healthEvery, LostAfter: lostAfter, Logger: log,
 				Retention: retention, MaxLifetime: maxLifetime,
 			})
+
 			if err != nil {
 				return err
 			}

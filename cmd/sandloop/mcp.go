@@ -92,7 +92,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 					return nil, err
 				}
 				opts.Zygote = zy
-				s, err := session.New(ctx, opts)
+				s, err := session.New(ctx, &opts)
 				if err != nil {
 					return nil, err
 				}

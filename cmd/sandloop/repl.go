@@ -94,7 +94,7 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	s, err := session.New(ctx, cfg.Options)
+	s, err := session.New(ctx, &cfg.Options)
 	if err != nil {
 		return err
 	}

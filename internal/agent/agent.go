@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -233,7 +234,8 @@ type run struct {
 // run that could not start (bad options, no workspace); everything that
 // happens after (the model failing, budgets, cancellation) is in the
 // report's status.
-func Run(ctx context.Context, opts Options) (*Report, error) {
+func Run(ctx context.Context, o *Options) (*Report, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.Provider == nil || opts.Session == nil {
 		return nil, errors.New("agent: a provider and a session are required")
 	}

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func newSession(t *testing.T) *session.Session {
 	t.Helper()
-	s, err := session.New(context.Background(), session.Options{})
+	s, err := session.New(context.Background(), &session.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,10 +42,10 @@ func newProvider(t *testing.T, kind providerKind, script llmtest.Script) (llm.Pr
 	retry := llm.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
 	if kind == anthropic {
 		srv := llmtest.NewAnthropicServer(t, script)
-		return llm.NewAnthropic(llm.AnthropicOptions{BaseURL: srv.URL, APIKey: "test", Model: "claude-sonnet-4-5", Retry: retry}), srv
+		return llm.NewAnthropic(&llm.AnthropicOptions{BaseURL: srv.URL, APIKey: "test", Model: "claude-sonnet-4-5", Retry: retry}), srv
 	}
 	srv := llmtest.NewOpenAIServer(t, script)
-	return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: retry}), srv
+	return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: retry}), srv
 }
 
 func call(name, args string) llmtest.ToolCall { return llmtest.ToolCall{Name: name, Arguments: args} }
@@ -86,7 +86,7 @@ func TestGenerateFixesItsError(t *testing.T) {
 			})
 			var ev events
 			s := newSession(t)
-			rep, err := Run(context.Background(), Options{Task: "print the mean of 1,2,3", Provider: p, Session: s, OnEvent: ev.add})
+			rep, err := Run(context.Background(), &Options{Task: "print the mean of 1,2,3", Provider: p, Session: s, OnEvent: ev.add})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,7 +129,7 @@ func TestFinishRefusedAfterFailure(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("print('ok')"))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"done"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t)})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,8 +149,9 @@ func TestDebugModeFixesCrashingScript(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"fixed the key","root_cause":"the JSON used the key 'item' where the code reads 'items'"}`)}},
 	})
 	// The first edit is wrong on purpose? No: it is right; the point is the harness reruns.
-	rep, err := Run(context.Background(), Options{Task: "it crashes", Mode: ModeDebug, Provider: p, Session: newSession(t),
+	rep, err := Run(context.Background(), &Options{Task: "it crashes", Mode: ModeDebug, Provider: p, Session: newSession(t),
 		Files: map[string][]byte{"app.py": []byte(script)}})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +176,9 @@ func TestDebugFinishRefusedWhileStillCrashing(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolWriteFile, `{"path":"crash.py","content":"print(1)\n"}`)}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"fixed","root_cause":"division by zero"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Mode: ModeDebug, Provider: p, Session: newSession(t),
+	rep, err := Run(context.Background(), &Options{Mode: ModeDebug, Provider: p, Session: newSession(t),
 		Files: map[string][]byte{"crash.py": []byte("print(1/0)\n")}})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +212,7 @@ func TestRetryOn429ThenSuccess(t *testing.T) {
 				{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"2"}`)}},
 			})
 			var ev events
-			rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), OnEvent: ev.add})
+			rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t), OnEvent: ev.add})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -249,7 +251,7 @@ func TestRetryOn429ThenSuccess(t *testing.T) {
 
 func TestUnauthorizedFailsClearly(t *testing.T) {
 	p, _ := newProvider(t, openAI, llmtest.Script{{Status: 401}})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t)})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +269,9 @@ func TestMalformedToolCallsGoBackToTheModel(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("print('fine')"))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"ok"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t),
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t),
 		Files: map[string][]byte{"x.py": []byte("a = 1\na = 2\n")}})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +293,7 @@ func TestStepBudget(t *testing.T) {
 		script = append(script, llmtest.Turn{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("x = "+string(rune('1'+i))))}})
 	}
 	p, _ := newProvider(t, openAI, script)
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), MaxSteps: 3})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t), MaxSteps: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +305,7 @@ func TestStepBudget(t *testing.T) {
 func TestStuckDetection(t *testing.T) {
 	same := llmtest.Turn{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("open('missing.csv')"))}}
 	p, srv := newProvider(t, openAI, llmtest.Script{same, same, same, same})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t)})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +327,7 @@ func TestStuckOnRefusedFinish(t *testing.T) {
 		script = append(script, fin)
 	}
 	p, srv := newProvider(t, openAI, script)
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), MaxSteps: 10})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t), MaxSteps: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,11 +346,12 @@ func TestCancellation(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	s := newSession(t)
-	rep, err := Run(ctx, Options{Task: "t", Provider: p, Session: s, OnEvent: func(e Event) {
+	rep, err := Run(ctx, &Options{Task: "t", Provider: p, Session: s, OnEvent: func(e Event) {
 		if e.Type == EventOutput && e.Exec != nil && strings.Contains(e.Exec.Text, "sleeping") {
 			cancel()
 		}
 	}})
+
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,8 +28,9 @@ func TestInstallPackagesThroughTheAllowlist(t *testing.T) {
 	}
 	ws := t.TempDir()
 	os.WriteFile(filepath.Join(ws, "ca.pem"), ca.PEM, 0o644)
-	s, err := session.New(context.Background(), session.Options{Workspace: ws, Env: map[string]string{"PIP_CERT": "/workspace/ca.pem"},
+	s, err := session.New(context.Background(), &session.Options{Workspace: ws, Env: map[string]string{"PIP_CERT": "/workspace/ca.pem"},
 		Egress: &egress.Policy{Allow: al}, EgressLookup: egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}})})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,8 +41,9 @@ func TestInstallPackagesThroughTheAllowlist(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"ok"}`)}},
 	})
 	var events []Event
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: s, Allow: al.Entries(),
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: s, Allow: al.Entries(),
 		PackageIndex: "https://pkgs.test:" + port + "/simple/", OnEvent: func(e Event) { events = append(events, e) }})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func TestInstallPackagesAllowlistWithoutTheIndex(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("print('fallback')"))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"ok"}`)}},
 	})
-	if _, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), Allow: []string{"api.example.org"}}); err != nil {
+	if _, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t), Allow: []string{"api.example.org"}}); err != nil {
 		t.Fatal(err)
 	}
 	res := srv.Requests()[1].ToolResults()[0]

@@ -67,8 +67,9 @@ func TestRefactorCatchesChangedBehaviour(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolWriteFile, args(map[string]any{"path": "stats.py", "content": cleanRight}))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"one function, generator expressions"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Task: "clean this up", Mode: ModeRefactor, Provider: p, Session: newSession(t),
+	rep, err := Run(context.Background(), &Options{Task: "clean this up", Mode: ModeRefactor, Provider: p, Session: newSession(t),
 		Files: map[string][]byte{"stats.py": []byte(slowStats)}})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,10 +105,11 @@ func TestRefactorWithTests(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolWriteFile, args(map[string]any{"path": "mathx.py", "content": "def add(a, b):\n    return a + b\n"}))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"simplified"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Task: "tidy", Mode: ModeRefactor, Provider: p, Session: newSession(t), Files: map[string][]byte{
+	rep, err := Run(context.Background(), &Options{Task: "tidy", Mode: ModeRefactor, Provider: p, Session: newSession(t), Files: map[string][]byte{
 		"mathx.py":      []byte("def add(a, b):\n    result = a\n    result = result + b\n    return result\n"),
 		"test_mathx.py": []byte("from mathx import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
 	}})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +174,7 @@ func appScript() llmtest.Script {
 
 func TestAppModeServerTestsAndChecks(t *testing.T) {
 	p, srv := newProvider(t, openAI, appScript())
-	rep, err := Run(context.Background(), Options{Task: "a Flask REST API for notes, with tests", Mode: ModeApp, Provider: p, Session: newSession(t)})
+	rep, err := Run(context.Background(), &Options{Task: "a Flask REST API for notes, with tests", Mode: ModeApp, Provider: p, Session: newSession(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +210,7 @@ func TestInstallPackagesWithoutNetwork(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolExecutePython, pyArgs("print('fallback')"))}},
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"ok"}`)}},
 	})
-	rep, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t)})
+	rep, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

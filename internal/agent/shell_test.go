@@ -21,7 +21,7 @@ func TestFailedShellShowsTheCommandsErrorNotTheHelper(t *testing.T) {
 		{ToolCalls: []llmtest.ToolCall{call(ToolFinish, `{"summary":"fixed"}`)}},
 	})
 	var ev events
-	if _, err := Run(context.Background(), Options{Task: "t", Provider: p, Session: newSession(t), OnEvent: ev.add}); err != nil {
+	if _, err := Run(context.Background(), &Options{Task: "t", Provider: p, Session: newSession(t), OnEvent: ev.add}); err != nil {
 		t.Fatal(err)
 	}
 	leaks := []string{"__sandloop_shell__", "CalledProcessError", "<cell", "subprocess"}

@@ -24,6 +24,7 @@
 package e2b
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -98,7 +99,8 @@ type Handler struct {
 }
 
 // New returns a Handler and starts its reaper.
-func New(opts Options) (*Handler, error) {
+func New(o *Options) (*Handler, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.Manager == nil {
 		return nil, errors.New("e2b: a session manager is required")
 	}

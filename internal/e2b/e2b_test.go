@@ -38,12 +38,12 @@ type testServer struct {
 
 func newTestServer(t *testing.T, opts Options) *testServer {
 	t.Helper()
-	mgr := session.NewManager(session.ManagerOptions{PoolSize: 0})
+	mgr := session.NewManager(&session.ManagerOptions{PoolSize: 0})
 	opts.Manager = mgr
 	if opts.Keys == nil {
 		opts.Keys = map[string]string{keyA: "owner-a", keyB: "owner-b"}
 	}
-	h, err := New(opts)
+	h, err := New(&opts)
 	if err != nil {
 		t.Fatal(err)
 	}

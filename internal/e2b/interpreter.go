@@ -100,10 +100,11 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 			cwd = path.Join(workspaceDir, cwd)
 		}
 	}
-	s, err := session.New(r.Context(), session.Options{
+	s, err := session.New(r.Context(), &session.Options{
 		Limits: sb.ms.Limits, Network: sb.ms.Network, Env: sb.envVars, Workspace: sb.ms.Workspace(),
 		ExecTimeout: sb.ms.ExecTimeout, Zygote: h.opts.Zygote, Logger: h.log,
 	})
+
 	if err != nil {
 		writeDetail(w, http.StatusInternalServerError, "start a kernel for the context: "+err.Error())
 		return

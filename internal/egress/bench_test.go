@@ -58,7 +58,7 @@ func BenchmarkEgress(b *testing.B) {
 	}()
 	target := up.Addr().String()
 	al, _ := egress.ParseAllowlist([]string{target})
-	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al, MaxBytes: 1 << 50}})
+	g := egress.New(&egress.Options{Policy: egress.Policy{Allow: al, MaxBytes: 1 << 50}})
 	pl, _ := net.Listen("tcp", "127.0.0.1:0")
 	g.Serve(pl)
 	defer g.Close()

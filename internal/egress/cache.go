@@ -76,7 +76,8 @@ type cachedFile struct {
 
 // OpenCache opens (or makes) a cache in opts.Dir and removes the least
 // recently used files above its cap.
-func OpenCache(opts CacheOptions) (*Cache, error) {
+func OpenCache(o *CacheOptions) (*Cache, error) {
+	opts := *cmp.Or(o, &CacheOptions{}) // nil: every default
 	if opts.Dir == "" {
 		return nil, errors.New("wheel cache: no directory given")
 	}

@@ -58,8 +58,9 @@ func newCacheWorld(t *testing.T, maxBytes int64) *cacheWorld {
 	}), "evil.test")
 	w.indexPort, w.evilPort = egresstest.Port(srv), egresstest.Port(evil)
 	var err error
-	w.cache, err = egress.OpenCache(egress.CacheOptions{Dir: t.TempDir(), MaxBytes: maxBytes, RootCAs: w.ca.Pool(),
+	w.cache, err = egress.OpenCache(&egress.CacheOptions{Dir: t.TempDir(), MaxBytes: maxBytes, RootCAs: w.ca.Pool(),
 		Index: fmt.Sprintf("https://pkgs.test:%d/simple/", w.indexPort)})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +74,9 @@ func (w *cacheWorld) gate(t *testing.T, allow ...string) (*egress.Gate, string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al}, Cache: w.cache,
+	g := egress.New(&egress.Options{Policy: egress.Policy{Allow: al}, Cache: w.cache,
 		LookupIP: egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}, "evil.test": {"127.0.0.1"}})})
+
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -236,12 +238,12 @@ func TestCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 	up := ln.Addr().String()
-	c, err := egress.OpenCache(egress.CacheOptions{Dir: dir, MaxBytes: 250 << 10, Index: "http://" + up + "/simple/"})
+	c, err := egress.OpenCache(&egress.CacheOptions{Dir: dir, MaxBytes: 250 << 10, Index: "http://" + up + "/simple/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	al, _ := egress.ParseAllowlist([]string{up})
-	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al}, Cache: c})
+	g := egress.New(&egress.Options{Policy: egress.Policy{Allow: al}, Cache: c})
 	pl, _ := net.Listen("tcp", "127.0.0.1:0")
 	g.Serve(pl)
 	t.Cleanup(func() { g.Close() })
@@ -271,7 +273,7 @@ func TestCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 		t.Errorf("the least recently used file is still there: %v", err)
 	}
 	// A cache opened again on the directory finds what is there.
-	c2, err := egress.OpenCache(egress.CacheOptions{Dir: dir, MaxBytes: 250 << 10})
+	c2, err := egress.OpenCache(&egress.CacheOptions{Dir: dir, MaxBytes: 250 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}

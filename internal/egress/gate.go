@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,7 +106,8 @@ func (l *Log) Sort() {
 }
 
 // New returns a gate enforcing opts.Policy.
-func New(opts Options) *Gate {
+func New(o *Options) *Gate {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	g := &Gate{opts: opts, policy: opts.Policy.withDefaults(), listeners: map[net.Listener]bool{}, conns: map[net.Conn]bool{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.opts.MaxLog == 0 {

@@ -34,7 +34,7 @@ func startGate(t *testing.T, allow []string, names map[string][]string, tweak fu
 	if tweak != nil {
 		tweak(&p)
 	}
-	g := egress.New(egress.Options{Policy: p, LookupIP: egresstest.Resolver(names)})
+	g := egress.New(&egress.Options{Policy: p, LookupIP: egresstest.Resolver(names)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	port := egresstest.Port(srv)
 	before := runtime.NumGoroutine()
 	al, _ := egress.ParseAllowlist([]string{"pkgs.test:" + strconv.Itoa(port), "127.0.0.1"})
-	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al}, LookupIP: egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}})})
+	g := egress.New(&egress.Options{Policy: egress.Policy{Allow: al}, LookupIP: egresstest.Resolver(map[string][]string{"pkgs.test": {"127.0.0.1"}})})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	g.Serve(ln)
 	// One tunnel left open by its client, one finished.
@@ -381,7 +381,7 @@ func closeWhileBusy(t *testing.T, allow []string, lookup func(context.Context, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := egress.New(egress.Options{Policy: egress.Policy{Allow: al, DialTimeout: time.Hour}, LookupIP: lookup})
+	g := egress.New(&egress.Options{Policy: egress.Policy{Allow: al, DialTimeout: time.Hour}, LookupIP: lookup})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -105,7 +106,8 @@ type Gateway struct {
 
 // New returns a gateway; call Run to start its health rounds and its
 // notification listener.
-func New(opts Options) (*Gateway, error) {
+func New(o *Options) (*Gateway, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	switch {
 	case opts.Discovery == nil:
 		return nil, errors.New("gateway: a discovery is required")

@@ -105,9 +105,9 @@ func newHost(t testing.TB) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mgr := session.NewManager(session.ManagerOptions{MaxSessions: sh.maxSessions})
+	mgr := session.NewManager(&session.ManagerOptions{MaxSessions: sh.maxSessions})
 	sh.t.Cleanup(func() { mgr.Close() })
-	srv, err := server.New(server.Options{Manager: mgr, GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)})
+	srv, err := server.New(&server.Options{Manager: mgr, GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)})
 	if err != nil {
 		sh.t.Fatal(err)
 	}
@@ -137,8 +137,9 @@ func newFixture(t testing.TB, hosts int) *fixture {
 		static = append(static, Target{Name: h.ts.Listener.Addr().String(), URL: h.ts.URL})
 	}
 	// Health rounds only when the test asks: a gateway with a stale view.
-	f.gw, err = New(Options{Discovery: static, Cluster: pg, Secret: secret, Tokens: []string{"token-one-0123456789", "token-two-0123456789"},
+	f.gw, err = New(&Options{Discovery: static, Cluster: pg, Secret: secret, Tokens: []string{"token-one-0123456789", "token-two-0123456789"},
 		HealthInterval: time.Hour, LostAfter: time.Hour})
+
 	if err != nil {
 		t.Fatal(err)
 	}

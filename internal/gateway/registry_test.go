@@ -38,7 +38,7 @@ func TestRegisteredHosts(t *testing.T) {
 	const deadline = 10 * time.Second
 	disc := NewRegistered(pg, deadline, nil)
 	f := &fixture{t: t, pg: pg, hosts: []*swapHost{h0, h1}}
-	f.gw, err = New(Options{Discovery: disc, Cluster: pg, Secret: secret, Tokens: []string{tok1}, HealthInterval: time.Hour, LostAfter: time.Hour})
+	f.gw, err = New(&Options{Discovery: disc, Cluster: pg, Secret: secret, Tokens: []string{tok1}, HealthInterval: time.Hour, LostAfter: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

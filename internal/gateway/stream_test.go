@@ -56,8 +56,9 @@ func TestStreamBeforeBodyEnds(t *testing.T) {
 	if err := pg.PutPlacement(t.Context(), store.Placement{ID: "s1", Kind: store.KindSession, Owner: server.OwnerOf(tok1), Host: name, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
-	gw, err := New(Options{Discovery: Static{{Name: name, URL: host.URL}}, Cluster: pg, Secret: secret, Tokens: []string{tok1},
+	gw, err := New(&Options{Discovery: Static{{Name: name, URL: host.URL}}, Cluster: pg, Secret: secret, Tokens: []string{tok1},
 		HealthInterval: time.Hour, LostAfter: time.Hour})
+
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,11 +162,12 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		zy = h.zy
 		undo = append(undo, func() { h.zy.Close() })
 	}
-	h.mgr = session.NewManager(session.ManagerOptions{
+	h.mgr = session.NewManager(&session.ManagerOptions{
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
 	})
+
 	undo = append(undo, func() { h.mgr.Close() })
 	if h.cfg.MCP != nil {
 		m, err := h.cfg.MCP(h.mgr)
@@ -187,12 +188,13 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 			h.log.Info("this run history keeps no lessons: runs go without")
 		}
 		model, prices := h.cfg.Model, h.cfg.PricesFile
-		h.runs = runs.New(runs.Options{
+		h.runs = runs.New(&runs.Options{
 			Store: h.st, Lessons: ls, Logger: h.log, NewSession: runs.ManagerSessions(h.mgr),
 			Provider: func(ctx context.Context, m string) (llm.Provider, error) {
 				return llm.Resolve(ctx, llm.Config{Model: cmp.Or(m, model), PricesFile: prices})
 			},
 		})
+
 		undo = append(undo, h.runs.Close)
 	}
 	pg, _ := h.st.(*store.Postgres)
@@ -204,7 +206,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	public := webui.Mounts()
 	if h.cfg.E2B {
 		keys, first := e2b.KeysForTokens(h.cfg.Tokens, server.OwnerOf)
-		if h.e2b, err = e2b.New(e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}); err != nil {
+		if h.e2b, err = e2b.New(&e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}); err != nil {
 			return nil, err
 		}
 		undo = append(undo, func() { h.e2b.Close() })
@@ -220,7 +222,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		MaxBodyBytes: h.cfg.MaxBodyBytes, MaxFileBytes: h.cfg.MaxFileBytes, MaxRunBodyBytes: h.cfg.MaxRunBodyBytes,
 		Keepalive: h.cfg.Keepalive,
 	}
-	if h.srv, err = server.New(so); err != nil {
+	if h.srv, err = server.New(&so); err != nil {
 		return nil, err
 	}
 	h.hs = &http.Server{Handler: h.srv, ReadHeaderTimeout: 10 * time.Second}

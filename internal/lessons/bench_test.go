@@ -288,9 +288,9 @@ func runPair(t testing.TB, st *store.Store, p pair, rs runScript, withLessons bo
 			}
 		}}
 	if withLessons {
-		opts.Lessons = lessons.NewRun(lessons.Options{Store: st, Owner: "bench"})
+		opts.Lessons = lessons.NewRun(&lessons.Options{Store: st, Owner: "bench"})
 	}
-	rep, err := agent.Run(context.Background(), opts)
+	rep, err := agent.Run(context.Background(), &opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func precision(t testing.TB, st *store.Store, ps []pair) (hits, total int) {
 			files[k] = []byte(v)
 		}
 		for _, task := range append([]string{p.b.task}, p.more...) {
-			_, shown := lessons.NewRun(lessons.Options{Store: st, Owner: "bench"}).Recall(context.Background(), task, agent.ModeGenerate, files)
+			_, shown := lessons.NewRun(&lessons.Options{Store: st, Owner: "bench"}).Recall(context.Background(), task, agent.ModeGenerate, files)
 			total++
 			for _, l := range shown {
 				if strings.Contains(l.Text, p.hint) {

@@ -14,6 +14,7 @@
 package lessons
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -76,7 +77,8 @@ type Run struct {
 var _ agent.Lessons = (*Run)(nil)
 
 // NewRun returns the lessons of one run.
-func NewRun(opts Options) *Run {
+func NewRun(o *Options) *Run {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.PromptTokens == 0 {
 		opts.PromptTokens = 400
 	}

@@ -31,7 +31,7 @@ func openStore(t testing.TB) *store.Store {
 
 func newSession(t testing.TB) *session.Session {
 	t.Helper()
-	s, err := session.New(context.Background(), session.Options{})
+	s, err := session.New(context.Background(), &session.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func newSession(t testing.TB) *session.Session {
 }
 
 func provider(srv *llmtest.Server) llm.Provider {
-	return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: llm.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+	return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: llm.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
 }
 
 func py(code string) []llmtest.ToolCall {
@@ -75,10 +75,11 @@ func (c *collected) lessons(kind string) []agent.LessonRef {
 func run(t *testing.T, st *store.Store, owner, task string, p llm.Provider) (*agent.Report, *collected) {
 	t.Helper()
 	ev := &collected{}
-	rep, err := agent.Run(context.Background(), agent.Options{
+	rep, err := agent.Run(context.Background(), &agent.Options{
 		Task: task, Provider: p, Session: newSession(t), OnEvent: ev.add,
-		Lessons: lessons.NewRun(lessons.Options{Store: st, Owner: owner, RunID: "run-" + owner}),
+		Lessons: lessons.NewRun(&lessons.Options{Store: st, Owner: owner, RunID: "run-" + owner}),
 	})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,10 +226,11 @@ func TestNoDistilWhenBudgetSpent(t *testing.T) {
 		{ToolCalls: py(fixCode)},
 		{ToolCalls: finish("done")},
 	})
-	rep, err := agent.Run(context.Background(), agent.Options{
+	rep, err := agent.Run(context.Background(), &agent.Options{
 		Task: "format cells", Provider: provider(srv), Session: newSession(t), MaxTokens: 250,
-		Lessons: lessons.NewRun(lessons.Options{Store: st}),
+		Lessons: lessons.NewRun(&lessons.Options{Store: st}),
 	})
+
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,7 +56,8 @@ var _ Provider = (*Anthropic)(nil)
 
 // NewAnthropic returns a provider for the Messages API. Invalid options surface as an
 // error from the first Complete.
-func NewAnthropic(opts AnthropicOptions) *Anthropic {
+func NewAnthropic(o *AnthropicOptions) *Anthropic {
+	opts := *cmp.Or(o, &AnthropicOptions{}) // nil: every default
 	base := strings.TrimRight(opts.BaseURL, "/")
 	if base == "" {
 		base = DefaultAnthropicBaseURL

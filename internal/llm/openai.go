@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,7 +68,8 @@ var _ Provider = (*OpenAI)(nil)
 
 // NewOpenAI returns a provider for the Chat Completions API. Invalid options surface
 // as an error from the first Complete, so that the constructor stays a one-liner.
-func NewOpenAI(opts OpenAIOptions) *OpenAI {
+func NewOpenAI(o *OpenAIOptions) *OpenAI {
+	opts := *cmp.Or(o, &OpenAIOptions{}) // nil: every default
 	base := strings.TrimRight(opts.BaseURL, "/")
 	if base == "" {
 		base = DefaultOpenAIBaseURL

@@ -50,14 +50,14 @@ var fixtures = []fixture{
 		name: "openai", envVar: "OPENAI_API_KEY", model: "gpt-4o-mini",
 		server: llmtest.NewOpenAIServer,
 		provider: func(url string, retry RetryPolicy, images *bool, prices Prices) Provider {
-			return NewOpenAI(OpenAIOptions{BaseURL: url, APIKey: "test", Model: "gpt-4o-mini", Retry: retry, Images: images, Prices: prices})
+			return NewOpenAI(&OpenAIOptions{BaseURL: url, APIKey: "test", Model: "gpt-4o-mini", Retry: retry, Images: images, Prices: prices})
 		},
 	},
 	{
 		name: "anthropic", envVar: "ANTHROPIC_API_KEY", model: "claude-sonnet-4-5",
 		server: llmtest.NewAnthropicServer,
 		provider: func(url string, retry RetryPolicy, images *bool, prices Prices) Provider {
-			return NewAnthropic(AnthropicOptions{BaseURL: url, APIKey: "test", Model: "claude-sonnet-4-5", Retry: retry, Images: images, Prices: prices})
+			return NewAnthropic(&AnthropicOptions{BaseURL: url, APIKey: "test", Model: "claude-sonnet-4-5", Retry: retry, Images: images, Prices: prices})
 		},
 	},
 }
@@ -607,10 +607,11 @@ func TestCancelMidStream(t *testing.T) {
 func TestCancelDuringBackoff(t *testing.T) {
 	srv := llmtest.NewOpenAIServer(t, llmtest.Script{{Status: 503}, {Text: "never"}})
 	ctx, cancel := context.WithCancel(t.Context())
-	p := NewOpenAI(OpenAIOptions{BaseURL: srv.URL, Model: "gpt-4o-mini", Retry: RetryPolicy{sleep: func(ctx context.Context, d time.Duration) error {
+	p := NewOpenAI(&OpenAIOptions{BaseURL: srv.URL, Model: "gpt-4o-mini", Retry: RetryPolicy{sleep: func(ctx context.Context, d time.Duration) error {
 		cancel()
 		return sleepCtx(ctx, d)
 	}}})
+
 	_, err := p.Complete(ctx, Request{Messages: userHello})
 	if !errors.Is(err, context.Canceled) || len(srv.Requests()) != 1 {
 		t.Errorf("err = %v after %d requests; want Canceled after 1", err, len(srv.Requests()))
@@ -619,7 +620,7 @@ func TestCancelDuringBackoff(t *testing.T) {
 
 func TestOpenAICompatibleDetails(t *testing.T) {
 	srv := llmtest.NewOpenAIServer(t, llmtest.Script{{Text: "ok"}, {Status: 404}, {Status: 401}})
-	p := NewOpenAI(OpenAIOptions{BaseURL: srv.URL, Model: "qwen2.5-coder", MaxTokens: 100})
+	p := NewOpenAI(&OpenAIOptions{BaseURL: srv.URL, Model: "qwen2.5-coder", MaxTokens: 100})
 	if info := p.Info(); info.Provider != "openai-compatible" || info.Images || info.String() != "openai-compatible/qwen2.5-coder" {
 		t.Errorf("info = %+v", info)
 	}
@@ -668,10 +669,10 @@ func TestInvalidInput(t *testing.T) {
 			})
 		}
 	}
-	if _, err := NewOpenAI(OpenAIOptions{}).Complete(t.Context(), Request{Messages: userHello}); err == nil {
+	if _, err := NewOpenAI(&OpenAIOptions{}).Complete(t.Context(), Request{Messages: userHello}); err == nil {
 		t.Error("OpenAI without a model: no error")
 	}
-	if _, err := NewAnthropic(AnthropicOptions{}).Complete(t.Context(), Request{Messages: userHello}); err == nil {
+	if _, err := NewAnthropic(&AnthropicOptions{}).Complete(t.Context(), Request{Messages: userHello}); err == nil {
 		t.Error("Anthropic without a model: no error")
 	}
 }
@@ -776,11 +777,11 @@ func TestEnvironmentDoesNotLeak(t *testing.T) {
 	t.Setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:1")
 	t.Setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Leak: yes")
 	oa := llmtest.NewOpenAIServer(t, llmtest.Script{{Text: "ok"}})
-	if _, err := NewOpenAI(OpenAIOptions{BaseURL: oa.URL, Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
+	if _, err := NewOpenAI(&OpenAIOptions{BaseURL: oa.URL, Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
 		t.Fatal(err)
 	}
 	an := llmtest.NewAnthropicServer(t, llmtest.Script{{Text: "ok"}})
-	if _, err := NewAnthropic(AnthropicOptions{BaseURL: an.URL, APIKey: "given", Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
+	if _, err := NewAnthropic(&AnthropicOptions{BaseURL: an.URL, APIKey: "given", Model: "m"}).Complete(t.Context(), Request{Messages: userHello}); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range append(oa.Requests(), an.Requests()...) {
@@ -850,8 +851,9 @@ func TestRetryHooks(t *testing.T) {
 func TestRetryOnTimeout(t *testing.T) {
 	srv := llmtest.NewOpenAIServer(t, llmtest.Script{{Delay: time.Minute}, {Text: "in time"}})
 	sl := &sleeps{}
-	p := NewOpenAI(OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: RetryPolicy{sleep: sl.sleep},
+	p := NewOpenAI(&OpenAIOptions{BaseURL: srv.URL, APIKey: "test", Model: "gpt-4o-mini", Retry: RetryPolicy{sleep: sl.sleep},
 		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}})
+
 	var retries []Retry
 	resp, err := p.Complete(t.Context(), Request{Messages: userHello, OnRetry: func(r Retry) { retries = append(retries, r) }})
 	if err != nil {

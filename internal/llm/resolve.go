@@ -258,15 +258,16 @@ func (r *resolver) detect(ctx context.Context) (Provider, error) {
 func (r *resolver) openAI(o OpenAIOptions) Provider {
 	o.Images, o.MaxTokens, o.Prices = r.cfg.Images, r.cfg.MaxTokens, r.prices
 	o.Retry, o.HTTPClient, o.Logger = r.cfg.Retry, r.cfg.HTTPClient, r.cfg.Logger
-	return NewOpenAI(o)
+	return NewOpenAI(&o)
 }
 
 func (r *resolver) anthropic(model, key string) Provider {
-	return NewAnthropic(AnthropicOptions{
+	return NewAnthropic(&AnthropicOptions{
 		Model: model, APIKey: key, BaseURL: r.or(r.cfg.AnthropicBaseURL, "ANTHROPIC_BASE_URL"),
 		Images: r.cfg.Images, MaxTokens: r.cfg.MaxTokens, Prices: r.prices,
 		Retry: r.cfg.Retry, HTTPClient: r.cfg.HTTPClient, Logger: r.cfg.Logger,
 	})
+
 }
 
 // ollamaModels asks Ollama's native API which models are pulled.

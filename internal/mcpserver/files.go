@@ -14,5 +14,5 @@ func (s *Server) workspace(sess Session) (*workspace.Workspace, error) {
 		opts.OwnerSet = true
 		opts.UID, opts.GID = sandboxHostID(), sandboxHostID()
 	}
-	return workspace.Open(sess.Workspace(), opts)
+	return workspace.Open(sess.Workspace(), &opts)
 }

@@ -36,7 +36,7 @@ func newSource(t *testing.T) *source {
 }
 
 func (s *source) NewSession(ctx context.Context) (mcpserver.Session, error) {
-	sess, err := session.New(ctx, session.Options{})
+	sess, err := session.New(ctx, &session.Options{})
 	if err != nil {
 		return nil, err
 	}

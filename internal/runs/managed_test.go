@@ -14,7 +14,7 @@ import (
 // get it reaped as idle. It is given back when the run ends.
 func TestRunSessionNotReapedAsIdle(t *testing.T) {
 	const idle = 300 * time.Millisecond
-	mgr := session.NewManager(session.ManagerOptions{IdleTimeout: idle, ReapInterval: 20 * time.Millisecond})
+	mgr := session.NewManager(&session.ManagerOptions{IdleTimeout: idle, ReapInterval: 20 * time.Millisecond})
 	t.Cleanup(func() { mgr.Close() })
 	ctx := context.Background()
 	s, err := ManagerSessions(mgr)(ctx)

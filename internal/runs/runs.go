@@ -4,6 +4,7 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,7 +95,8 @@ type active struct {
 }
 
 // New returns a service.
-func New(opts Options) *Service {
+func New(o *Options) *Service {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.MaxArtifactBytes == 0 {
 		opts.MaxArtifactBytes = 50 << 20
 	}
@@ -226,9 +228,9 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 	defer sess.Close()
 	var book agent.Lessons
 	if s.opts.Lessons != nil && !req.NoLessons {
-		book = lessons.NewRun(lessons.Options{Store: s.opts.Lessons, Owner: req.Owner, RunID: id, Logger: s.log})
+		book = lessons.NewRun(&lessons.Options{Store: s.opts.Lessons, Owner: req.Owner, RunID: id, Logger: s.log})
 	}
-	rep, err := agent.Run(ctx, agent.Options{
+	rep, err := agent.Run(ctx, &agent.Options{
 		Lessons: book,
 		Task:    req.Task, Mode: req.Mode, Provider: p, Session: sess, Files: req.Files, Entry: req.Entry, Args: req.Args,
 		Checks: req.Checks, Network: req.Network, Allow: req.Allow,
@@ -243,6 +245,7 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 			}
 		},
 	})
+
 	if err != nil {
 		rep = &agent.Report{Status: agent.StatusFailed, Error: err.Error(), Mode: req.Mode, Model: p.Info().String()}
 		rec.event(bg, agent.Event{Type: agent.EventFinished, RunID: id, Time: time.Now(), Report: rep})
@@ -272,7 +275,7 @@ func (s *Service) finish(ctx context.Context, id string, rep *agent.Report, sess
 
 // collect reads the workspace's final files, within the artifact cap.
 func (s *Service) collect(sess Session) ([]store.Artifact, error) {
-	ws, err := workspace.Open(sess.Workspace(), workspace.Options{})
+	ws, err := workspace.Open(sess.Workspace(), &workspace.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -29,15 +29,16 @@ func newService(t *testing.T, script llmtest.Script) (*Service, *store.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	svc := New(Options{
+	svc := New(&Options{
 		Store: st,
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
-			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+			return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: srv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		},
 		NewSession: func(ctx context.Context) (Session, error) {
-			return session.New(ctx, session.Options{})
+			return session.New(ctx, &session.Options{})
 		},
 	})
+
 	t.Cleanup(svc.Close)
 	return svc, st
 }
@@ -131,7 +132,7 @@ func TestWatchReplaysThenFollows(t *testing.T) {
 // A run's session lives in the manager under SessionOwner, out of every
 // API caller's reach, until the run closes it.
 func TestManagerSessions(t *testing.T) {
-	mgr := session.NewManager(session.ManagerOptions{})
+	mgr := session.NewManager(&session.ManagerOptions{})
 	defer mgr.Close()
 	s, err := ManagerSessions(mgr)(t.Context())
 	if err != nil {

@@ -35,9 +35,10 @@ func TestInfo(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		svc := runs.New(runs.Options{Store: st, Provider: func(context.Context, string) (llm.Provider, error) {
+		svc := runs.New(&runs.Options{Store: st, Provider: func(context.Context, string) (llm.Provider, error) {
 			return nil, &llm.NoModelError{}
 		}})
+
 		t.Cleanup(func() { svc.Close() })
 		ts := newTestServer(t, session.ManagerOptions{}, Options{Runs: svc, Store: st})
 		var in Info

@@ -95,7 +95,7 @@ func TestOpenAPISpecLints(t *testing.T) {
 	}
 	// The spec says where ?token= works and what needs no token; the
 	// server does exactly that.
-	srv, err := New(Options{Manager: session.NewManager(session.ManagerOptions{})})
+	srv, err := New(&Options{Manager: session.NewManager(&session.ManagerOptions{})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,8 +294,9 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 	}
 	t.Cleanup(func() { mcpH.Close() })
 	const limit = 64 << 10
-	srv, err := New(Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Lessons: rs.Store.(store.LessonStore), Tokens: []string{tokenA},
+	srv, err := New(&Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Lessons: rs.Store.(store.LessonStore), Tokens: []string{tokenA},
 		Mounts: map[string]http.Handler{"/mcp": mcpH}, MaxBodyBytes: limit, MaxFileBytes: limit, MaxRunBodyBytes: limit})
+
 	if err != nil {
 		t.Fatal(err)
 	}

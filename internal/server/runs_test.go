@@ -21,7 +21,7 @@ import (
 func newRunsServer(t *testing.T, script llmtest.Script, tokens ...string) *testServer {
 	t.Helper()
 	rs := runstest.New(t, script)
-	srv, err := New(Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: 50 * time.Millisecond, Tokens: tokens})
+	srv, err := New(&Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: 50 * time.Millisecond, Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/subtle"
 	_ "embed"
@@ -140,7 +141,8 @@ type route struct {
 }
 
 // New returns the API server.
-func New(opts Options) (*Server, error) {
+func New(o *Options) (*Server, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.Manager == nil {
 		return nil, errors.New("server: a session manager is required")
 	}

@@ -38,9 +38,9 @@ type testServer struct {
 
 func newTestServer(t *testing.T, mo session.ManagerOptions, so Options) *testServer {
 	t.Helper()
-	mgr := session.NewManager(mo)
+	mgr := session.NewManager(&mo)
 	so.Manager = mgr
-	srv, err := New(so)
+	srv, err := New(&so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +488,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	// /mcp is mounted by sandloop serve (cmd/sandloop), which answers its
 	// methods itself.
-	srv, err := New(Options{Manager: session.NewManager(session.ManagerOptions{}), Mounts: map[string]http.Handler{"/mcp": http.NotFoundHandler()}})
+	srv, err := New(&Options{Manager: session.NewManager(&session.ManagerOptions{}), Mounts: map[string]http.Handler{"/mcp": http.NotFoundHandler()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,8 +519,8 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 }
 
 func TestGracefulShutdownLeavesNothing(t *testing.T) {
-	mgr := session.NewManager(session.ManagerOptions{PoolSize: 2})
-	srv, _ := New(Options{Manager: mgr})
+	mgr := session.NewManager(&session.ManagerOptions{PoolSize: 2})
+	srv, _ := New(&Options{Manager: mgr})
 	hs := httptest.NewServer(srv)
 	ts := &testServer{Server: hs, mgr: mgr, srv: srv}
 	var wss []string

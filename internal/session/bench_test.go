@@ -26,7 +26,7 @@ for line in r:
 // ratio (the target is at most 0.5 ms and at most 3x the echo).
 func BenchmarkExecute(b *testing.B) {
 	ctx := context.Background()
-	s, err := New(ctx, Options{})
+	s, err := New(ctx, &Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

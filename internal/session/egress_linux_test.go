@@ -241,7 +241,7 @@ func pyDict(m map[string]string) string {
 
 func TestEgressPooledManager(t *testing.T) {
 	w := newEgressWorld(t)
-	m := NewManager(ManagerOptions{PoolSize: 1, EgressLookup: w.lookup, RefillDelay: time.Millisecond})
+	m := NewManager(&ManagerOptions{PoolSize: 1, EgressLookup: w.lookup, RefillDelay: time.Millisecond})
 	t.Cleanup(func() { m.Close() })
 	waitPool := func() {
 		t.Helper()
@@ -395,7 +395,7 @@ func waitCacheEntries(t *testing.T, s *Session, n int) []egress.Entry {
 
 func TestWheelCacheServesTheSecondSession(t *testing.T) {
 	w := newEgressWorld(t)
-	cache, err := egress.OpenCache(egress.CacheOptions{Dir: t.TempDir(), Index: w.indexURL, RootCAs: w.ca.Pool()})
+	cache, err := egress.OpenCache(&egress.CacheOptions{Dir: t.TempDir(), Index: w.indexURL, RootCAs: w.ca.Pool()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +479,7 @@ func BenchmarkWheelCache(b *testing.B) {
 	}
 	fi, _ := os.Stat(whl)
 	install := func(cache *egress.Cache) time.Duration {
-		s, err := New(context.Background(), Options{Egress: &egress.Policy{Allow: al}, EgressLookup: lookup, EgressCache: cache})
+		s, err := New(context.Background(), &Options{Egress: &egress.Policy{Allow: al}, EgressLookup: lookup, EgressCache: cache})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -497,7 +497,7 @@ print("pip exit", r.returncode, r.stderr[-2000:])`, Timeout: 300 * time.Second},
 	var first, second []time.Duration
 	b.ResetTimer()
 	for range b.N {
-		cache, err := egress.OpenCache(egress.CacheOptions{Dir: b.TempDir(), Index: fmt.Sprintf("https://pkgs.test:%d/simple/", port), RootCAs: ca.Pool()})
+		cache, err := egress.OpenCache(&egress.CacheOptions{Dir: b.TempDir(), Index: fmt.Sprintf("https://pkgs.test:%d/simple/", port), RootCAs: ca.Pool()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -572,9 +572,9 @@ func BenchmarkCreateAllow(b *testing.B) {
 		b.Cleanup(func() { zy.Close() })
 		z = zy
 	}
-	m := NewManager(ManagerOptions{PoolSize: 1, Zygote: z}) // (the refill waits 250ms: it does not compete with the first cell)
+	m := NewManager(&ManagerOptions{PoolSize: 1, Zygote: z}) // (the refill waits 250ms: it does not compete with the first cell)
 	b.Cleanup(func() { m.Close() })
-	unpooled := NewManager(ManagerOptions{Zygote: z})
+	unpooled := NewManager(&ManagerOptions{Zygote: z})
 	b.Cleanup(func() { unpooled.Close() })
 	ctx := context.Background()
 	measure := func(m *Manager, opts CreateOptions, pooled bool) time.Duration {

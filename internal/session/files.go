@@ -14,7 +14,7 @@ func OpenWorkspace(dir string, opts workspace.Options) (*workspace.Workspace, er
 	if os.Geteuid() == 0 {
 		opts.OwnerSet, opts.UID, opts.GID = true, jail.HostID, jail.HostID
 	}
-	return workspace.Open(dir, opts)
+	return workspace.Open(dir, &opts)
 }
 
 // Files opens the session's workspace (see OpenWorkspace). Writes are

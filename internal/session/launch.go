@@ -172,7 +172,7 @@ func (s *Session) ArmEgress(ctx context.Context, policy *egress.Policy, lookup f
 		return errors.New("the session has no egress listener on standby")
 	}
 	s.opts.Egress, s.opts.EgressLookup, s.opts.EgressCache, s.opts.EgressStandby = policy, lookup, cache, false
-	s.gate = egress.New(egress.Options{Policy: *policy, LookupIP: lookup, Cache: cache, Logger: s.log})
+	s.gate = egress.New(&egress.Options{Policy: *policy, LookupIP: lookup, Cache: cache, Logger: s.log})
 	s.gate.Serve(ln)
 	s.launch = s.launcher() // a restarted kernel: served by the gate, with the variables
 	env := map[string]string{}

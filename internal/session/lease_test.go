@@ -12,7 +12,7 @@ import (
 // leaseManager reaps sessions idle for more than idle, looking often.
 func leaseManager(t *testing.T, idle time.Duration) *Manager {
 	t.Helper()
-	m := NewManager(ManagerOptions{IdleTimeout: idle, ReapInterval: 20 * time.Millisecond})
+	m := NewManager(&ManagerOptions{IdleTimeout: idle, ReapInterval: 20 * time.Millisecond})
 	t.Cleanup(func() { m.Close() })
 	return m
 }

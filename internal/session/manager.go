@@ -230,7 +230,8 @@ type Manager struct {
 }
 
 // NewManager starts a manager and, in the background, its pool.
-func NewManager(opts ManagerOptions) *Manager {
+func NewManager(o *ManagerOptions) *Manager {
+	opts := *cmp.Or(o, &ManagerOptions{}) // nil: every default
 	if opts.MaxSessions == 0 {
 		opts.MaxSessions = 64
 	}
@@ -292,8 +293,8 @@ func NewManager(opts ManagerOptions) *Manager {
 	return m
 }
 
-func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) Options {
-	return Options{
+func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) *Options {
+	return &Options{
 		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
 	}

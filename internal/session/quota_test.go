@@ -46,7 +46,7 @@ func TestQuotaColdSession(t *testing.T) {
 	skipWithoutQuota(t)
 	// The default quota, large enough for the check that the host's free
 	// space is unchanged to tell a leaked workspace from other activity.
-	s, err := session.New(context.Background(), session.Options{Limits: jail.Limits{Files: testFiles}})
+	s, err := session.New(context.Background(), &session.Options{Limits: jail.Limits{Files: testFiles}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestQuotaColdSession(t *testing.T) {
 
 func TestQuotaPooledSession(t *testing.T) {
 	skipWithoutQuota(t)
-	m := session.NewManager(session.ManagerOptions{PoolSize: 1, Defaults: jail.Limits{Disk: testDisk, Files: testFiles}})
+	m := session.NewManager(&session.ManagerOptions{PoolSize: 1, Defaults: jail.Limits{Disk: testDisk, Files: testFiles}})
 	t.Cleanup(func() { m.Close() })
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		if m.Stats().PoolReady == 0 {
@@ -82,7 +82,7 @@ func TestQuotaPooledSession(t *testing.T) {
 func TestQuotaFiles(t *testing.T) {
 	skipWithoutQuota(t)
 	ctx := context.Background()
-	s, err := session.New(ctx, session.Options{Limits: jail.Limits{Disk: 8 << 20, Files: 50}})
+	s, err := session.New(ctx, &session.Options{Limits: jail.Limits{Disk: 8 << 20, Files: 50}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -105,7 +106,8 @@ type Session struct {
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
-func New(ctx context.Context, opts Options) (*Session, error) {
+func New(ctx context.Context, o *Options) (*Session, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	s := &Session{id: newID(), opts: opts, turn: make(chan struct{}, 1), done: make(chan struct{})}
 	s.log = opts.Logger
 	if s.log == nil {
@@ -137,7 +139,7 @@ func New(ctx context.Context, opts Options) (*Session, error) {
 			s.removeWorkspace()
 			return nil, errors.New("a session with the host's network has no egress allowlist")
 		}
-		s.gate = egress.New(egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
+		s.gate = egress.New(&egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
 	}
 	if opts.EgressStandby && (opts.Egress != nil || opts.Network == jail.NetworkHost) {
 		s.removeWorkspace()

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 
 func newSession(t *testing.T, opts Options) *Session {
 	t.Helper()
-	s, err := New(context.Background(), opts)
+	s, err := New(context.Background(), &opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ var shared struct {
 func sharedSession(t *testing.T) *Session {
 	t.Helper()
 	shared.once.Do(func() {
-		shared.s, shared.err = New(context.Background(), Options{})
+		shared.s, shared.err = New(context.Background(), &Options{})
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)
@@ -617,7 +617,7 @@ func TestRestartKeepsWorkspace(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	s, err := New(context.Background(), Options{})
+	s, err := New(context.Background(), &Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

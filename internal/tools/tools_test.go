@@ -34,7 +34,7 @@ func (s sandbox) Files(context.Context) (tools.Files, error) {
 
 func newSandbox(t *testing.T) sandbox {
 	t.Helper()
-	s, err := session.New(context.Background(), session.Options{})
+	s, err := session.New(context.Background(), &session.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,8 +37,8 @@ func newServerWithModel(t *testing.T, token string, provider func(ctx context.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := session.NewManager(session.ManagerOptions{})
-	svc := runs.New(runs.Options{Store: st, Provider: provider, NewSession: runs.ManagerSessions(mgr)})
+	mgr := session.NewManager(&session.ManagerOptions{})
+	svc := runs.New(&runs.Options{Store: st, Provider: provider, NewSession: runs.ManagerSessions(mgr)})
 	t.Cleanup(func() {
 		svc.Close()
 		mgr.Close()
@@ -53,7 +53,7 @@ func serve(t *testing.T, token string, mgr *session.Manager, svc *runs.Service, 
 	if token != "" {
 		opts.Tokens = []string{token}
 	}
-	srv, err := server.New(opts)
+	srv, err := server.New(&opts)
 	if err != nil {
 		t.Fatal(err)
 	}

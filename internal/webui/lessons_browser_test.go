@@ -24,9 +24,9 @@ func TestBrowserLessons(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	mgr := session.NewManager(session.ManagerOptions{})
+	mgr := session.NewManager(&session.ManagerOptions{})
 	t.Cleanup(func() { mgr.Close() })
-	srv, err := server.New(server.Options{Manager: mgr, Lessons: st, Tokens: []string{testToken, "other-token-0123456789"}, PublicMounts: Mounts()})
+	srv, err := server.New(&server.Options{Manager: mgr, Lessons: st, Tokens: []string{testToken, "other-token-0123456789"}, PublicMounts: Mounts()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,14 +35,14 @@ func TestBrowserNotebookNetwork(t *testing.T) {
 	t.Cleanup(func() { site.Close() })
 	port := ln.Addr().(*net.TCPAddr).Port
 
-	mgr := session.NewManager(session.ManagerOptions{})
+	mgr := session.NewManager(&session.ManagerOptions{})
 	t.Cleanup(func() { mgr.Close() })
 	// Loopback may be listed (by address) on this server only.
 	max, err := egress.ParseAllowlist([]string{"127.0.0.0/8", "*.invalid"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Options{Manager: mgr, Keepalive: time.Second, PublicMounts: Mounts(), Egress: server.EgressOptions{Max: max}})
+	srv, err := server.New(&server.Options{Manager: mgr, Keepalive: time.Second, PublicMounts: Mounts(), Egress: server.EgressOptions{Max: max}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 // exported .ipynb imports back.
 func TestBrowserNotebookKept(t *testing.T) {
 	rs := runstest.New(t, nil)
-	srv, err := server.New(server.Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: time.Second, PublicMounts: Mounts()})
+	srv, err := server.New(&server.Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: time.Second, PublicMounts: Mounts()})
 	if err != nil {
 		t.Fatal(err)
 	}

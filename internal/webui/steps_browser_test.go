@@ -32,11 +32,12 @@ func TestBrowserStepsWithLessons(t *testing.T) {
 	if _, err := st.PutLesson(context.Background(), store.Lesson{Text: "to sum a range of numbers use the builtin sum over range", Source: "user", Scope: "global"}); err != nil {
 		t.Fatal(err)
 	}
-	mgr := session.NewManager(session.ManagerOptions{})
-	svc := runs.New(runs.Options{Store: st, Lessons: st, NewSession: runs.ManagerSessions(mgr),
+	mgr := session.NewManager(&session.ManagerOptions{})
+	svc := runs.New(&runs.Options{Store: st, Lessons: st, NewSession: runs.ManagerSessions(mgr),
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
-			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+			return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		}})
+
 	t.Cleanup(func() {
 		svc.Close()
 		mgr.Close()

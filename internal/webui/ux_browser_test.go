@@ -340,7 +340,7 @@ func TestBrowserModelWait(t *testing.T) {
 	})
 	g, front := newGate(t, model.URL, 3) // the retry after the 429 waits for the test
 	ts := newServerWithModel(t, "", func(context.Context, string) (llm.Provider, error) {
-		return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: front.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+		return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: front.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 	})
 	p := newPage(t, 1280, 900)
 	p.do("start", chromedp.Navigate(ts.URL+"/#/runs"), chromedp.WaitVisible(chromedp.CSS("#run-task")),

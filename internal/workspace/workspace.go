@@ -5,6 +5,7 @@
 package workspace
 
 import (
+	"cmp"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -78,7 +79,8 @@ type Workspace struct {
 }
 
 // Open opens dir.
-func Open(dir string, opts Options) (*Workspace, error) {
+func Open(dir string, o *Options) (*Workspace, error) {
+	opts := *cmp.Or(o, &Options{}) // nil: every default
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 100 << 20
 	}

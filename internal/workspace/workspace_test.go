@@ -21,7 +21,7 @@ import (
 func newWS(t *testing.T, opts Options) (*Workspace, string) {
 	t.Helper()
 	dir := t.TempDir()
-	w, err := Open(dir, opts)
+	w, err := Open(dir, &opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestWriteOverQuotaStoresNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	w, err := Open(dir, Options{MaxTotalBytes: 100 << 20})
+	w, err := Open(dir, &Options{MaxTotalBytes: 100 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

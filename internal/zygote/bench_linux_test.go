@@ -24,7 +24,7 @@ func BenchmarkCreateImportPandas(b *testing.B) {
 	z := newZygote(b, nil)
 	one := func(zy session.Zygote) time.Duration {
 		start := time.Now()
-		s, err := session.New(context.Background(), session.Options{Zygote: zy})
+		s, err := session.New(context.Background(), &session.Options{Zygote: zy})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -78,7 +78,7 @@ func BenchmarkIdleMemory(b *testing.B) {
 			}
 		}()
 		for i := 0; i < n; i++ {
-			s, err := session.New(context.Background(), session.Options{Zygote: zy})
+			s, err := session.New(context.Background(), &session.Options{Zygote: zy})
 			if err != nil {
 				b.Fatal(err)
 			}

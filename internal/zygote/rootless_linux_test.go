@@ -111,7 +111,7 @@ func TestRootlessWorkspaceOutsideTemp(t *testing.T) {
 		t.Fatalf("a launcher for %s, which the template cannot reach", outside)
 	}
 	forkedFrom := func(ws string) string {
-		s, err := session.New(context.Background(), session.Options{Zygote: z, Workspace: ws})
+		s, err := session.New(context.Background(), &session.Options{Zygote: z, Workspace: ws})
 		if err != nil {
 			t.Fatalf("session in %q: %v", ws, err)
 		}

@@ -85,7 +85,7 @@ func newSession(t testing.TB, z *Zygote, opts session.Options) forked {
 		}
 		return p, err
 	}
-	s, err := session.New(context.Background(), opts)
+	s, err := session.New(context.Background(), &opts)
 	if err != nil {
 		t.Fatalf("session.New: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestForkedSessionIsAJail(t *testing.T) {
 	}
 	z := newZygote(t, light)
 	fork := newSession(t, z, session.Options{})
-	cold, err := session.New(context.Background(), session.Options{Workspace: t.TempDir()})
+	cold, err := session.New(context.Background(), &session.Options{Workspace: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ func TestDataScienceSession(t *testing.T) {
 	// what importing them takes in a cold session here (~1 s on this
 	// machine, minutes on an emulated one, where New's own two minutes
 	// ran out).
-	cold, err := session.New(context.Background(), session.Options{Workspace: t.TempDir()})
+	cold, err := session.New(context.Background(), &session.Options{Workspace: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +545,7 @@ func statusField(status, key string) string {
 // and direct sessions from the template, each in a PID namespace of its own.
 func TestManagerForksSessions(t *testing.T) {
 	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
-	mgr := session.NewManager(session.ManagerOptions{PoolSize: 1, Zygote: z})
+	mgr := session.NewManager(&session.ManagerOptions{PoolSize: 1, Zygote: z})
 	defer mgr.Close()
 	for i := range 3 {
 		ms, err := mgr.Create(context.Background(), session.CreateOptions{Owner: "t"})
@@ -579,12 +579,13 @@ func TestConcurrentForks(t *testing.T) {
 		ws := t.TempDir()
 		go func() {
 			var proc *Process
-			s, err := session.New(context.Background(), session.Options{Workspace: ws,
+			s, err := session.New(context.Background(), &session.Options{Workspace: ws,
 				Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 					p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
 					proc = p
 					return p, err
 				}})
+
 			if err != nil {
 				results <- got{err: err}
 				return
@@ -626,7 +627,7 @@ func TestForkQuota(t *testing.T) {
 	}
 	z := newZygote(t, []string{"colorsys"}) // which nothing else imports
 	const disk, files = 48 << 20, 2000
-	s, err := session.New(context.Background(), session.Options{Zygote: z, Limits: jail.Limits{Disk: disk, Files: files}})
+	s, err := session.New(context.Background(), &session.Options{Zygote: z, Limits: jail.Limits{Disk: disk, Files: files}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,14 +31,15 @@ func New(t *testing.T, script llmtest.Script) *Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := session.NewManager(session.ManagerOptions{})
-	svc := runs.New(runs.Options{
+	mgr := session.NewManager(&session.ManagerOptions{})
+	svc := runs.New(&runs.Options{
 		Store: st,
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
-			return llm.NewOpenAI(llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+			return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		},
 		NewSession: runs.ManagerSessions(mgr),
 	})
+
 	t.Cleanup(func() {
 		svc.Close()
 		mgr.Close()
