@@ -123,6 +123,13 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 			return nil, nil, &agent.ArgumentError{Tool: "files", Msg: err.Error()}
 		}
 	}
+	paths := make([]string, 0, len(req.Files))
+	for p := range req.Files {
+		paths = append(paths, p)
+	}
+	if err := agent.CheckEntry(mode, paths, req.Entry); err != nil {
+		return nil, nil, err // before the run is recorded: a debug run without a program is bad input, not a failed run
+	}
 	p, err := s.opts.Provider(ctx, req.Model)
 	if err != nil {
 		return nil, nil, err
