@@ -248,3 +248,28 @@ func TestAgentCLIOutRules(t *testing.T) {
 		t.Errorf("the unchanged input data.txt was rewritten: %v %v", fi.ModTime(), err)
 	}
 }
+
+// Refactor mode needs no task: it means "refactor these files without
+// changing their behaviour"; agent --help lists all four modes.
+func TestAgentCLIRefactorWithoutTask(t *testing.T) {
+	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("finish", `{"summary":"already clean"}`)},
+	})
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "legacy.py")
+	os.WriteFile(prog, []byte("print(sum(range(10)))\n"), 0o644)
+	code, stdout, stderr := sandloop(t, "", "agent", "--mode", "refactor", "-f", prog, "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	reqs := srv.Requests()
+	if len(reqs) == 0 || !strings.Contains(string(reqs[0].Body), "without changing their behaviour") {
+		t.Errorf("the model was not told to refactor without changing behaviour (%d requests)", len(reqs))
+	}
+	code, stdout, _ = sandloop(t, "", "agent", "--help")
+	for _, m := range []string{"generate", "debug", "refactor", "app"} {
+		if code != 0 || !strings.Contains(stdout, "\n  "+m+" ") {
+			t.Errorf("agent --help does not list mode %s:\n%s", m, stdout)
+		}
+	}
+}

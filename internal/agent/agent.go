@@ -41,6 +41,13 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q (use generate, debug, refactor or app)", s)
 }
 
+// RefactorTask is a refactor run's task when none is given.
+const RefactorTask = "Refactor these files without changing their behaviour."
+
+// NeedsTask says whether a run in mode m needs a task: a debug run's task
+// is its program's crash, a refactor run's is [RefactorTask].
+func NeedsTask(m Mode) bool { return m != ModeDebug && m != ModeRefactor }
+
 // Status is how a run ended.
 type Status string
 
@@ -237,8 +244,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if opts.Provider == nil || opts.Session == nil {
 		return nil, errors.New("agent: a provider and a session are required")
 	}
-	if strings.TrimSpace(opts.Task) == "" && opts.Mode != ModeDebug {
+	if strings.TrimSpace(opts.Task) == "" && NeedsTask(opts.Mode) {
 		return nil, &ArgumentError{"task", "describe the task"}
+	}
+	if strings.TrimSpace(opts.Task) == "" && opts.Mode == ModeRefactor {
+		opts.Task = RefactorTask
 	}
 	if opts.MaxSteps == 0 {
 		opts.MaxSteps = 25

@@ -101,11 +101,12 @@ function newRunForm() {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
   // An empty task is refused here, next to the box, as the server would
-  // refuse it (a debug run may go without: its program is the task).
+  // refuse it (debug and refactor runs may go without: the program's crash,
+  // or refactoring without changing behaviour, is the task).
   const taskError = h('p', { class: 'field-error', id: 'run-task-error', role: 'alert', hidden: true }, 'Say what the agent should do.');
   task.after(taskError);
   const taskValid = () => {
-    const ok = !!task.value.trim() || mode.value === 'debug';
+    const ok = !!task.value.trim() || mode.value === 'debug' || mode.value === 'refactor';
     taskError.hidden = ok;
     if (ok) task.removeAttribute('aria-invalid'); else task.setAttribute('aria-invalid', 'true');
     return ok;
