@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,6 +119,9 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 		return nil, nil, &agent.ArgumentError{Tool: "mode", Msg: err.Error()}
 	}
 	req.Mode = mode
+	if strings.TrimSpace(req.Task) == "" && mode == agent.ModeRefactor {
+		req.Task = agent.RefactorTask // the run's title in lists
+	}
 	for p := range req.Files {
 		if _, err := workspace.Clean(p); err != nil {
 			return nil, nil, &agent.ArgumentError{Tool: "files", Msg: err.Error()}

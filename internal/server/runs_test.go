@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/agent"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/store"
@@ -277,5 +278,19 @@ func TestRunsBadInput(t *testing.T) {
 		if resp := ts.do(t, "GET", "/v1/runs?"+q, "", nil); resp.StatusCode != 200 {
 			t.Errorf("GET /v1/runs?%s: %d", q, resp.StatusCode)
 		}
+	}
+}
+
+// A refactor run needs no task: it gets the refactor task as its title.
+func TestRunRefactorWithoutTask(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"clean already"}`}}}})
+	resp := ts.do(t, "POST", "/v1/runs", `{"mode":"refactor","files":{"legacy.py":"print(1)\n"}}`, nil)
+	if resp.StatusCode != 201 {
+		t.Fatalf("POST /v1/runs refactor without a task: %d, want 201", resp.StatusCode)
+	}
+	var run struct{ Task string }
+	json.NewDecoder(resp.Body).Decode(&run)
+	if run.Task != agent.RefactorTask {
+		t.Errorf("task %q, want %q", run.Task, agent.RefactorTask)
 	}
 }
