@@ -273,3 +273,34 @@ func TestAgentCLIRefactorWithoutTask(t *testing.T) {
 		}
 	}
 }
+
+// --max-cost with a model of unknown price is said at the start not to be
+// enforced, with what to use instead.
+func TestAgentCLIMaxCostUnknownPrice(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	})
+	t.Setenv("SANDLOOP_MODEL", "openai/some-local-model")
+	code, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	out := stdout + stderr
+	i := strings.Index(out, "not enforced")
+	if i < 0 || !strings.Contains(out[i:], "--max-tokens") || !strings.Contains(out[i:], "--prices") {
+		t.Fatalf("no warning that --max-cost is not enforced:\n%s\n%s", stdout, stderr)
+	}
+	if j := strings.Index(stdout, "42"); strings.Contains(stdout, "not enforced") && j < strings.Index(stdout, "not enforced") {
+		t.Errorf("the warning comes after the run's output:\n%s", stdout)
+	}
+	// A priced model gives no such warning.
+	t.Setenv("SANDLOOP_MODEL", "openai/gpt-4o-mini")
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	})
+	if _, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir()); strings.Contains(stdout+stderr, "not enforced") {
+		t.Errorf("warning for a priced model:\n%s\n%s", stdout, stderr)
+	}
+}

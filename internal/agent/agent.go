@@ -309,6 +309,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	r.emit(Event{Type: EventStarted, Text: opts.Task})
+	if pk, ok := opts.Provider.(interface{ PriceKnown() bool }); ok && opts.MaxCost > 0 && !pk.PriceKnown() {
+		// Said at the start: otherwise the budget the user set would silently never end the run.
+		r.emit(Event{Type: EventNotice, Text: fmt.Sprintf("the cost budget ($%.2f) is not enforced: no price is known for %s; bound the run with --max-tokens (max_tokens), or give its price with --prices FILE", opts.MaxCost, opts.Provider.Info())})
+	}
 	rep := r.loop(ctx)
 	r.learnLessons(ctx, rep)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode
