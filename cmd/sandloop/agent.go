@@ -53,12 +53,19 @@ type agentFlags struct {
 func newAgentCmd() *cobra.Command {
 	var f agentFlags
 	cmd := &cobra.Command{
-		Use:   `agent "TASK" [-f FILE]... [--mode generate|debug] [--model PROVIDER/MODEL] [--out DIR]`,
+		Use:   `agent ["TASK"] [-f FILE]... [--mode generate|debug|refactor|app] [--model PROVIDER/MODEL] [--out DIR]`,
 		Short: "Let a model write, run and fix Python in a sandbox until the task is done",
 		Long: `Give a task in plain words. The model writes Python, sandloop runs it in a sandbox,
 shows the model what happened, and the model fixes and reruns until the work is done
-and verified. In debug mode, give the crashing program with -f: it is run first, and
-the run ends only when the fixed program runs without that failure.`,
+and verified.
+
+Modes (--mode):
+  generate  (default) do the TASK: write and run code until it works
+  debug     fix the crashing program given with -f: it is run first, and the run
+            ends only when the fixed program runs without that failure (no TASK needed)
+  refactor  improve the code given with -f without changing its behaviour: outputs,
+            tests (-f test_*.py) and --check commands must stay the same (no TASK needed)
+  app       build a small multi-file project with tests, requirements.txt and a README`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			task := ""
@@ -165,7 +172,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return usagef("--mode: %v", err)
 	}
-	if task == "" && mode != agent.ModeDebug {
+	if task == "" && agent.NeedsTask(mode) {
 		return usagef(`give the task in quotes: sandloop agent "parse data.csv and plot the monthly totals"`)
 	}
 	if f.maxSteps <= 0 || f.maxCost < 0 || f.maxTokens < 0 {

@@ -248,3 +248,59 @@ func TestAgentCLIOutRules(t *testing.T) {
 		t.Errorf("the unchanged input data.txt was rewritten: %v %v", fi.ModTime(), err)
 	}
 }
+
+// Refactor mode needs no task: it means "refactor these files without
+// changing their behaviour"; agent --help lists all four modes.
+func TestAgentCLIRefactorWithoutTask(t *testing.T) {
+	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("finish", `{"summary":"already clean"}`)},
+	})
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "legacy.py")
+	os.WriteFile(prog, []byte("print(sum(range(10)))\n"), 0o644)
+	code, stdout, stderr := sandloop(t, "", "agent", "--mode", "refactor", "-f", prog, "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	reqs := srv.Requests()
+	if len(reqs) == 0 || !strings.Contains(string(reqs[0].Body), "without changing their behaviour") {
+		t.Errorf("the model was not told to refactor without changing behaviour (%d requests)", len(reqs))
+	}
+	code, stdout, _ = sandloop(t, "", "agent", "--help")
+	for _, m := range []string{"generate", "debug", "refactor", "app"} {
+		if code != 0 || !strings.Contains(stdout, "\n  "+m+" ") {
+			t.Errorf("agent --help does not list mode %s:\n%s", m, stdout)
+		}
+	}
+}
+
+// --max-cost with a model of unknown price is said at the start not to be
+// enforced, with what to use instead.
+func TestAgentCLIMaxCostUnknownPrice(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	})
+	t.Setenv("SANDLOOP_MODEL", "openai/some-local-model")
+	code, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	out := stdout + stderr
+	i := strings.Index(out, "not enforced")
+	if i < 0 || !strings.Contains(out[i:], "--max-tokens") || !strings.Contains(out[i:], "--prices") {
+		t.Fatalf("no warning that --max-cost is not enforced:\n%s\n%s", stdout, stderr)
+	}
+	if j := strings.Index(stdout, "42"); strings.Contains(stdout, "not enforced") && j < strings.Index(stdout, "not enforced") {
+		t.Errorf("the warning comes after the run's output:\n%s", stdout)
+	}
+	// A priced model gives no such warning.
+	t.Setenv("SANDLOOP_MODEL", "openai/gpt-4o-mini")
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	})
+	if _, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir()); strings.Contains(stdout+stderr, "not enforced") {
+		t.Errorf("warning for a priced model:\n%s\n%s", stdout, stderr)
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/spf13/cobra"
@@ -116,7 +115,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			err = srv.Run(ctx, &mcp.IOTransport{Reader: readCloser(cmd.InOrStdin()), Writer: nopWriteCloser{cmd.OutOrStdout()}})
+			err = srv.Run(ctx, &mcpserver.LineTransport{Reader: readCloser(cmd.InOrStdin()), Writer: cmd.OutOrStdout()})
 			if cerr := srv.Close(); cerr != nil {
 				log.Warn("close sessions", "err", cerr)
 			}
@@ -149,11 +148,6 @@ func readCloser(r io.Reader) io.ReadCloser {
 	}
 	return io.NopCloser(r)
 }
-
-// nopWriteCloser keeps stdout open: closing it is the process's business.
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }
 
 // mcpHandler serves the MCP tools at /mcp on `sandloop serve`, each MCP
 // session with its own session from the server's manager.

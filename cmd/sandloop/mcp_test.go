@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -154,4 +156,54 @@ func TestTypeScriptClientServe(t *testing.T) {
 		t.Fatalf("no URL in %q", line)
 	}
 	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "http", url+"/mcp"))
+}
+
+// `sandloop mcp` answers a line that is not JSON with a parse error and
+// keeps serving, and answers every request it received before its input
+// ended (`printf ... | sandloop mcp`).
+func TestMCPStdioBadLineAndEOF(t *testing.T) {
+	in := strings.Join([]string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+		`{not json`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`,
+		`{"hello":"world","id":7}`,
+		`{"jsonrpc":"2.0","id":3,"method":"ping"}`,
+	}, "\n") + "\n"
+	code, out, errOut := sandloop(t, in, "mcp")
+	short := out
+	if len(short) > 2000 {
+		short = short[:2000] + "…"
+	}
+	if code != 0 {
+		t.Errorf("exit code %d (stderr %q)", code, errOut)
+	}
+	got := map[string]map[string]any{} // id → response
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("stdout line %q: %v", line, err)
+		}
+		got[fmt.Sprint(m["id"])] = m
+	}
+	errCode := func(id string) float64 {
+		e, _ := got[id]["error"].(map[string]any)
+		c, _ := e["code"].(float64)
+		return c
+	}
+	if errCode("<nil>") != -32700 {
+		t.Errorf("no parse error (-32700, id null) for the line that is not JSON; stdout:\n%s", short)
+	}
+	if errCode("7") != -32600 {
+		t.Errorf("no invalid-request error (-32600, id 7) for the line that is not JSON-RPC; stdout:\n%s", short)
+	}
+	for _, id := range []string{"1", "2", "3"} {
+		if got[id]["result"] == nil {
+			t.Errorf("request %s has no result; stdout:\n%s", id, short)
+		}
+	}
+	res, _ := got["2"]["result"].(map[string]any)
+	if tools, _ := res["tools"].([]any); len(tools) == 0 {
+		t.Errorf("tools/list answered no tools: %v", got["2"])
+	}
 }

@@ -42,6 +42,13 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q (use generate, debug, refactor or app)", s)
 }
 
+// RefactorTask is a refactor run's task when none is given.
+const RefactorTask = "Refactor these files without changing their behaviour."
+
+// NeedsTask says whether a run in mode m needs a task: a debug run's task
+// is its program's crash, a refactor run's is [RefactorTask].
+func NeedsTask(m Mode) bool { return m != ModeDebug && m != ModeRefactor }
+
 // Status is how a run ended.
 type Status string
 
@@ -239,8 +246,11 @@ func Run(ctx context.Context, o *Options) (*Report, error) {
 	if opts.Provider == nil || opts.Session == nil {
 		return nil, errors.New("agent: a provider and a session are required")
 	}
-	if strings.TrimSpace(opts.Task) == "" && opts.Mode != ModeDebug {
+	if strings.TrimSpace(opts.Task) == "" && NeedsTask(opts.Mode) {
 		return nil, &ArgumentError{"task", "describe the task"}
+	}
+	if strings.TrimSpace(opts.Task) == "" && opts.Mode == ModeRefactor {
+		opts.Task = RefactorTask
 	}
 	if opts.MaxSteps == 0 {
 		opts.MaxSteps = 25
@@ -301,6 +311,10 @@ func Run(ctx context.Context, o *Options) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	r.emit(Event{Type: EventStarted, Text: opts.Task})
+	if pk, ok := opts.Provider.(interface{ PriceKnown() bool }); ok && opts.MaxCost > 0 && !pk.PriceKnown() {
+		// Said at the start: otherwise the budget the user set would silently never end the run.
+		r.emit(Event{Type: EventNotice, Text: fmt.Sprintf("the cost budget ($%.2f) is not enforced: no price is known for %s; bound the run with --max-tokens (max_tokens), or give its price with --prices FILE", opts.MaxCost, opts.Provider.Info())})
+	}
 	rep := r.loop(ctx)
 	r.learnLessons(ctx, rep)
 	rep.Steps, rep.Usage, rep.Model, rep.Mode = r.step, r.usage, opts.Provider.Info().String(), opts.Mode

@@ -102,6 +102,17 @@ func (r *run) pickEntry(paths []string) error {
 		r.opts.Entry = p
 		return nil
 	}
+	p, err := onePython(paths)
+	if err != nil {
+		return err
+	}
+	r.opts.Entry = p
+	return nil
+}
+
+// onePython is the only .py file among paths, the program debug mode runs
+// when no entry is named.
+func onePython(paths []string) (string, error) {
 	var py []string
 	for _, p := range paths {
 		if strings.HasSuffix(p, ".py") {
@@ -109,10 +120,32 @@ func (r *run) pickEntry(paths []string) error {
 		}
 	}
 	if len(py) != 1 {
-		return &ArgumentError{"entry", fmt.Sprintf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
+		return "", &ArgumentError{"entry", fmt.Sprintf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
 	}
-	r.opts.Entry = py[0]
-	return nil
+	return py[0], nil
+}
+
+// CheckEntry says, before a run exists, whether a debug run given these
+// files (their workspace paths) and entry has a program to run: the named
+// entry among the files, or the only .py file. Other modes need no entry.
+func CheckEntry(mode Mode, files []string, entry string) error {
+	if mode != ModeDebug {
+		return nil
+	}
+	if entry == "" {
+		_, err := onePython(files)
+		return err
+	}
+	e, err := workspace.Clean(entry)
+	if err != nil {
+		return &ArgumentError{"entry", err.Error()}
+	}
+	for _, f := range files {
+		if c, err := workspace.Clean(f); err == nil && c == e {
+			return nil
+		}
+	}
+	return &ArgumentError{"entry", fmt.Sprintf("%s is not among the files given", entry)}
 }
 
 // runEntry runs the debug program as the user would, in the same sandbox.

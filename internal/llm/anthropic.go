@@ -100,6 +100,13 @@ func NewAnthropic(o *AnthropicOptions) *Anthropic {
 // Info implements Provider.
 func (c *Anthropic) Info() ModelInfo { return c.info }
 
+// PriceKnown reports whether the price table has the model, so that a cost
+// budget can be enforced.
+func (c *Anthropic) PriceKnown() bool {
+	_, ok := c.prices.Lookup(c.info.Provider, c.opts.Model)
+	return ok
+}
+
 // Complete implements Provider.
 func (c *Anthropic) Complete(ctx context.Context, req Request) (*Response, error) {
 	if c.configErr != nil {

@@ -118,6 +118,13 @@ func NewOpenAI(o *OpenAIOptions) *OpenAI {
 // Info implements Provider.
 func (c *OpenAI) Info() ModelInfo { return c.info }
 
+// PriceKnown reports whether the price table has the model, so that a cost
+// budget can be enforced.
+func (c *OpenAI) PriceKnown() bool {
+	_, ok := c.prices.Lookup(c.info.Provider, c.opts.Model)
+	return ok
+}
+
 // Complete implements Provider.
 func (c *OpenAI) Complete(ctx context.Context, req Request) (*Response, error) {
 	if c.configErr != nil {

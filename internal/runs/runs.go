@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -120,10 +121,20 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 		return nil, nil, &agent.ArgumentError{Tool: "mode", Msg: err.Error()}
 	}
 	req.Mode = mode
+	if strings.TrimSpace(req.Task) == "" && mode == agent.ModeRefactor {
+		req.Task = agent.RefactorTask // the run's title in lists
+	}
 	for p := range req.Files {
 		if _, err := workspace.Clean(p); err != nil {
 			return nil, nil, &agent.ArgumentError{Tool: "files", Msg: err.Error()}
 		}
+	}
+	paths := make([]string, 0, len(req.Files))
+	for p := range req.Files {
+		paths = append(paths, p)
+	}
+	if err := agent.CheckEntry(mode, paths, req.Entry); err != nil {
+		return nil, nil, err // before the run is recorded: a debug run without a program is bad input, not a failed run
 	}
 	p, err := s.opts.Provider(ctx, req.Model)
 	if err != nil {

@@ -59,7 +59,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case strings.TrimSpace(req.Task) == "" && req.Mode != string(agent.ModeDebug):
+	case strings.TrimSpace(req.Task) == "" && agent.NeedsTask(agent.Mode(req.Mode)):
 		writeError(w, badRequest(`task is required: say what the agent should do, e.g. {"task": "parse data.csv and plot the monthly totals"}`))
 		return
 	case req.MaxSteps < 0 || req.MaxTokens < 0 || req.MaxCost < 0 || req.TimeoutS < 0:

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/agent"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/store"
@@ -234,6 +235,32 @@ func TestRunsBadInput(t *testing.T) {
 			t.Errorf("POST /v1/runs %s: %d, want 400", body, resp.StatusCode)
 		}
 	}
+	// A debug run needs the program to run: refused before the run exists.
+	for _, body := range []string{
+		`{"mode":"debug"}`,
+		`{"mode":"debug","task":"fix it","files":{"a.py":"1","b.py":"2"}}`,
+		`{"mode":"debug","files":{"a.py":"1/0"},"entry":"main.py"}`,
+	} {
+		resp := ts.do(t, "POST", "/v1/runs", body, nil)
+		if resp.StatusCode != 400 {
+			t.Errorf("POST /v1/runs %s: %d, want 400", body, resp.StatusCode)
+			continue
+		}
+		var e struct{ Error struct{ Message string } }
+		json.NewDecoder(resp.Body).Decode(&e)
+		if !strings.Contains(e.Error.Message, "entry") {
+			t.Errorf("POST /v1/runs %s: the message %q does not name the entry", body, e.Error.Message)
+		}
+	}
+	var list struct{ Runs []json.RawMessage }
+	if resp := ts.do(t, "GET", "/v1/runs", "", nil); resp.StatusCode != 200 {
+		t.Fatalf("GET /v1/runs: %d", resp.StatusCode)
+	} else if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Runs) != 0 {
+		t.Errorf("refused runs were stored: %d runs", len(list.Runs))
+	}
 	for _, q := range []string{"limit=abc", "limit=-1", "limit=1.5", "offset=x", "offset=-3", "status=dnoe", "mode=fast"} {
 		resp := ts.do(t, "GET", "/v1/runs?"+q, "", nil)
 		if resp.StatusCode != 400 {
@@ -251,5 +278,19 @@ func TestRunsBadInput(t *testing.T) {
 		if resp := ts.do(t, "GET", "/v1/runs?"+q, "", nil); resp.StatusCode != 200 {
 			t.Errorf("GET /v1/runs?%s: %d", q, resp.StatusCode)
 		}
+	}
+}
+
+// A refactor run needs no task: it gets the refactor task as its title.
+func TestRunRefactorWithoutTask(t *testing.T) {
+	ts := newRunsServer(t, llmtest.Script{{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"clean already"}`}}}})
+	resp := ts.do(t, "POST", "/v1/runs", `{"mode":"refactor","files":{"legacy.py":"print(1)\n"}}`, nil)
+	if resp.StatusCode != 201 {
+		t.Fatalf("POST /v1/runs refactor without a task: %d, want 201", resp.StatusCode)
+	}
+	var run struct{ Task string }
+	json.NewDecoder(resp.Body).Decode(&run)
+	if run.Task != agent.RefactorTask {
+		t.Errorf("task %q, want %q", run.Task, agent.RefactorTask)
 	}
 }

@@ -101,19 +101,39 @@ function newRunForm() {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
   // An empty task is refused here, next to the box, as the server would
-  // refuse it (a debug run may go without: its program is the task).
+  // refuse it (debug and refactor runs may go without: the program's crash,
+  // or refactoring without changing behaviour, is the task).
   const taskError = h('p', { class: 'field-error', id: 'run-task-error', role: 'alert', hidden: true }, 'Say what the agent should do.');
   task.after(taskError);
   const taskValid = () => {
-    const ok = !!task.value.trim() || mode.value === 'debug';
+    const ok = !!task.value.trim() || mode.value === 'debug' || mode.value === 'refactor';
     taskError.hidden = ok;
     if (ok) task.removeAttribute('aria-invalid'); else task.setAttribute('aria-invalid', 'true');
     return ok;
   };
   task.addEventListener('input', () => { if (!taskError.hidden) taskValid(); });
+  // A debug run needs its program, as the server requires: the named entry
+  // among the files, or the only .py file uploaded.
+  const entryError = h('p', { class: 'field-error', id: 'run-entry-error', role: 'alert', hidden: true });
+  entry.after(entryError);
+  const entryValid = () => {
+    let msg = '';
+    if (mode.value === 'debug') {
+      const names = [...files.files].map(f => f.name);
+      const name = entry.value.trim();
+      if (name && !names.includes(name)) msg = `Upload ${name} under Files: it is the program to debug.`;
+      else if (!name && names.filter(n => n.endsWith('.py')).length !== 1) msg = 'Upload the program to debug (one .py file), or name it here among the files.';
+    }
+    entryError.textContent = msg;
+    entryError.hidden = !msg;
+    if (msg) entry.setAttribute('aria-invalid', 'true'); else entry.removeAttribute('aria-invalid');
+    return !msg;
+  };
+  for (const el of [entry, files, mode]) el.addEventListener(el === entry ? 'input' : 'change', () => { if (!entryError.hidden) entryValid(); });
   form.addEventListener('submit', async e => {
     e.preventDefault();
     if (!taskValid()) { task.focus(); return; }
+    if (!entryValid()) { entry.focus(); return; }
     submit.disabled = true;
     try {
       const body = { task: task.value, mode: mode.value };
