@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/network"
+	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -400,3 +401,22 @@ func TestBrowserNotebook(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// dialog runs the script what, waits for the dialog it opens (confirm,
+// beforeunload...) and answers it: accept is OK or Leave.
+func (p *page) dialog(what string, accept bool) cdppage.EventJavascriptDialogOpening {
+	p.t.Helper()
+	dialogs := chromedp.Events(p.ctx, cdppage.JavascriptDialogOpening)
+	go chromedp.Run(p.ctx, chromedp.Evaluate[any](what))
+	for ev, err := range dialogs {
+		if err != nil {
+			p.t.Fatalf("waiting for a dialog after %s: %v", what, err)
+		}
+		if _, err := chromedp.Call(p.ctx, cdppage.HandleJavaScriptDialog, cdppage.HandleJavaScriptDialogParams{Accept: accept}); err != nil {
+			p.t.Fatal(err)
+		}
+		return ev
+	}
+	p.t.Fatalf("no dialog after %s", what)
+	return cdppage.EventJavascriptDialogOpening{}
+}

@@ -119,22 +119,7 @@ func TestBrowserNotebookKept(t *testing.T) {
 		t.Errorf("save state %q", got)
 	}
 	// dialog does what and answers the dialog it opens with Cancel.
-	dialog := func(what string) cdppage.EventJavascriptDialogOpening {
-		t.Helper()
-		dialogs := chromedp.Events(p.ctx, cdppage.JavascriptDialogOpening)
-		go chromedp.Run(p.ctx, chromedp.Evaluate[any](what))
-		for ev, err := range dialogs {
-			if err != nil {
-				t.Fatalf("waiting for a dialog: %v", err)
-			}
-			if _, err := chromedp.Call(p.ctx, cdppage.HandleJavaScriptDialog, cdppage.HandleJavaScriptDialogParams{Accept: false}); err != nil {
-				t.Fatal(err)
-			}
-			return ev
-		}
-		t.Fatal("no dialog")
-		return cdppage.EventJavascriptDialogOpening{}
-	}
+	dialog := func(what string) cdppage.EventJavascriptDialogOpening { return p.dialog(what, false) }
 	if ev := dialog(`location.hash = '#/runs'`); ev.Type != cdppage.DialogTypeConfirm || !strings.Contains(ev.Message, "not saved") {
 		t.Errorf("switching to Runs asked %s %q", ev.Type, ev.Message)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
@@ -186,8 +187,12 @@ func TestBrowserSessionGone(t *testing.T) {
 	p.do("run a cell", chromedp.SetValue(sel, "1 + 1"), chromedp.Focus(sel),
 		chromedp.KeyEvent("\r", chromedp.KeyModifiers(chromedp.ModifierCtrl)))
 	check("while open")
-	// Opened afterwards (a bookmark, the history).
-	p.do("reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#nb-title")))
+	// Opened afterwards (a bookmark, the history). The page asks first:
+	// leaving drops the cell typed into the ended session. Leave.
+	if ev := p.dialog(`location.reload()`, true); ev.Type != cdppage.DialogTypeBeforeunload {
+		t.Errorf("reloading an ended session with a typed cell asked %s %q, want beforeunload", ev.Type, ev.Message)
+	}
+	p.do("reload", chromedp.WaitVisible(chromedp.CSS("#nb-title")))
 	check("reopened")
 	p.check(ts.URL)
 }
