@@ -237,7 +237,7 @@ func addLessons(cmd *cobra.Command, at where, list []store.Lesson, verb string) 
 	for i := range list {
 		l := list[i]
 		if err := lessons.Check(&l); err != nil {
-			var ie *lessons.InputError
+			var ie *lessons.ArgumentError
 			if errors.As(err, &ie) {
 				return usagef("%v", err)
 			}

@@ -247,7 +247,7 @@ func Run(ctx context.Context, o *Options) (*Report, error) {
 		return nil, errors.New("agent: a provider and a session are required")
 	}
 	if strings.TrimSpace(opts.Task) == "" && NeedsTask(opts.Mode) {
-		return nil, &ArgumentError{"task", "describe the task"}
+		return nil, &ArgumentError{"task", errors.New("describe the task")}
 	}
 	if strings.TrimSpace(opts.Task) == "" && opts.Mode == ModeRefactor {
 		opts.Task = RefactorTask

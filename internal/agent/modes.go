@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -94,10 +95,10 @@ func (r *run) pickEntry(paths []string) error {
 	if r.opts.Entry != "" {
 		p, err := workspace.Clean(r.opts.Entry)
 		if err != nil {
-			return &ArgumentError{"entry", err.Error()}
+			return &ArgumentError{"entry", err}
 		}
 		if _, err := r.ws.Stat(p); err != nil {
-			return &ArgumentError{"entry", fmt.Sprintf("%s is not among the files given", r.opts.Entry)}
+			return &ArgumentError{"entry", fmt.Errorf("%s is not among the files given", r.opts.Entry)}
 		}
 		r.opts.Entry = p
 		return nil
@@ -120,7 +121,7 @@ func onePython(paths []string) (string, error) {
 		}
 	}
 	if len(py) != 1 {
-		return "", &ArgumentError{"entry", fmt.Sprintf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
+		return "", &ArgumentError{"entry", fmt.Errorf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
 	}
 	return py[0], nil
 }
@@ -138,14 +139,14 @@ func CheckEntry(mode Mode, files []string, entry string) error {
 	}
 	e, err := workspace.Clean(entry)
 	if err != nil {
-		return &ArgumentError{"entry", err.Error()}
+		return &ArgumentError{"entry", err}
 	}
 	for _, f := range files {
 		if c, err := workspace.Clean(f); err == nil && c == e {
 			return nil
 		}
 	}
-	return &ArgumentError{"entry", fmt.Sprintf("%s is not among the files given", entry)}
+	return &ArgumentError{"entry", fmt.Errorf("%s is not among the files given", entry)}
 }
 
 // runEntry runs the debug program as the user would, in the same sandbox.
@@ -156,7 +157,7 @@ func (r *run) runEntry(ctx context.Context) (*Check, error) {
 	}
 	code, err := tools.ShellCode(cmd)
 	if err != nil {
-		return nil, &ArgumentError{"entry", err.Error()}
+		return nil, &ArgumentError{"entry", err}
 	}
 	res, err := r.opts.Session.Execute(ctx, kernel.Request{Code: code, Timeout: r.opts.ExecTimeout}, nil)
 	if err != nil {
@@ -187,12 +188,12 @@ func errorSignature(stderr string) string {
 // finish accepts or refuses the model's finish call.
 func (r *run) finish(ctx context.Context, a finishArgs) outcome {
 	if strings.TrimSpace(a.Summary) == "" {
-		return errOutcome(&ArgumentError{ToolFinish, "give a summary"})
+		return errOutcome(&ArgumentError{ToolFinish, errors.New("give a summary")})
 	}
 	switch r.opts.Mode {
 	case ModeDebug:
 		if strings.TrimSpace(a.RootCause) == "" {
-			return errOutcome(&ArgumentError{ToolFinish, "name the root_cause of the crash"})
+			return errOutcome(&ArgumentError{ToolFinish, errors.New("name the root_cause of the crash")})
 		}
 		c, err := r.runEntry(ctx)
 		if err != nil {

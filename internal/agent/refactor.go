@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -151,7 +152,7 @@ func (r *run) baseline(ctx context.Context) (string, error) {
 		fmt.Fprintf(&b, "\ntests before: %s\n", t.Summary)
 	}
 	if len(m.Before) == 0 && m.TestsBefore == nil {
-		return "", &ArgumentError{"refactor", "refactor mode needs a way to check behaviour: tests (test_*.py), a command (--check), or one .py program to run"}
+		return "", &ArgumentError{"refactor", errors.New("refactor mode needs a way to check behaviour: tests (test_*.py), a command (--check), or one .py program to run")}
 	}
 	return b.String(), nil
 }

@@ -98,11 +98,12 @@ type outcome struct {
 
 // ArgumentError is a tool call or option that does not fit.
 type ArgumentError struct {
-	Tool string
-	Msg  string
+	Name string // the tool, option or field that is wrong
+	Err  error
 }
 
-func (e *ArgumentError) Error() string { return e.Tool + ": " + e.Msg }
+func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
 
 // runTool runs one call: finish here, the rest through the shared tools,
 // then the agent's own bookkeeping of executions (the finish rule's state,
@@ -111,13 +112,13 @@ func (r *run) runTool(ctx context.Context, call llm.ToolCall) outcome {
 	if call.Name == ToolFinish {
 		var a finishArgs
 		if err := tools.DecodeArgs(call.Arguments, &a); err != nil {
-			return errOutcome(&ArgumentError{call.Name, err.Error()})
+			return errOutcome(&ArgumentError{call.Name, err})
 		}
 		return r.finish(ctx, a)
 	}
 	if !r.tools.Has(call.Name) {
 		names := append(slices.Clone(r.tools.Names()), ToolFinish)
-		return errOutcome(&ArgumentError{call.Name, fmt.Sprintf("there is no tool %q; the tools are %s and %s", call.Name, strings.Join(names[:len(names)-1], ", "), ToolFinish)})
+		return errOutcome(&ArgumentError{call.Name, fmt.Errorf("there is no tool %q; the tools are %s and %s", call.Name, strings.Join(names[:len(names)-1], ", "), ToolFinish)})
 	}
 	res, err := r.tools.Call(ctx, toolSession{r}, call.Name, call.Arguments, func(e kernel.Event) {
 		r.emit(Event{Type: EventOutput, Exec: &e, ToolCallID: call.ID})
@@ -127,7 +128,7 @@ func (r *run) runTool(ctx context.Context, call llm.ToolCall) outcome {
 			return outcome{Text: "cancelled", IsError: true}
 		}
 		if ae := (*tools.ArgumentError)(nil); errors.As(err, &ae) {
-			return errOutcome(&ArgumentError{call.Name, err.Error()})
+			return errOutcome(&ArgumentError{call.Name, err})
 		}
 		return errOutcome(err)
 	}

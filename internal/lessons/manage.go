@@ -2,6 +2,7 @@ package lessons
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -9,14 +10,15 @@ import (
 	"github.com/sandloop/sandloop/internal/store"
 )
 
-// InputError is a lesson given by a user (added, imported, posted) that
-// cannot be stored; it says what to fix.
-type InputError struct {
-	Field string
-	Msg   string
+// ArgumentError is a lesson given by a user (added, imported, posted)
+// that cannot be stored; it says which field and what to fix.
+type ArgumentError struct {
+	Name string
+	Err  error
 }
 
-func (e *InputError) Error() string { return e.Field + ": " + e.Msg }
+func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
 
 // MaxTextBytes caps a lesson's text: lessons go into every matching
 // prompt, so they must stay short.
@@ -29,11 +31,11 @@ func Check(l *store.Lesson) error {
 	l.Text = strings.TrimSpace(l.Text)
 	switch {
 	case l.Text == "":
-		return &InputError{"text", "a lesson needs a text, e.g. \"seaborn is not installed: plot with matplotlib\""}
+		return &ArgumentError{"text", errors.New("a lesson needs a text, e.g. \"seaborn is not installed: plot with matplotlib\"")}
 	case len(l.Text) > MaxTextBytes:
-		return &InputError{"text", fmt.Sprintf("is %d bytes; keep a lesson under %d (one short imperative sentence)", len(l.Text), MaxTextBytes)}
+		return &ArgumentError{"text", fmt.Errorf("is %d bytes; keep a lesson under %d (one short imperative sentence)", len(l.Text), MaxTextBytes)}
 	case l.Shown < 0 || l.Recurred < 0 || l.Helped < 0:
-		return &InputError{"shown", "counts must not be negative"}
+		return &ArgumentError{"shown", errors.New("counts must not be negative")}
 	}
 	if l.Scope == "" {
 		l.Scope = "global"
@@ -44,10 +46,10 @@ func Check(l *store.Lesson) error {
 	switch l.Scope {
 	case "global", "task", "files":
 	default:
-		return &InputError{"scope", fmt.Sprintf("%q is not global, files or task", l.Scope)}
+		return &ArgumentError{"scope", fmt.Errorf("%q is not global, files or task", l.Scope)}
 	}
 	if l.Scope == "files" && strings.TrimSpace(l.Files) == "" {
-		return &InputError{"files", "a lesson of scope files names the files it is about (\"sales.csv\", or \"sales.csv#hash\" for one version)"}
+		return &ArgumentError{"files", errors.New("a lesson of scope files names the files it is about (\"sales.csv\", or \"sales.csv#hash\" for one version)")}
 	}
 	if l.Source == "" {
 		l.Source = "user"
@@ -84,12 +86,12 @@ func ReadExport(r io.Reader) ([]store.Lesson, error) {
 		err = json.Unmarshal(b, &e)
 	}
 	if err != nil {
-		return nil, &InputError{"lessons", "not a lessons export (JSON {\"lessons\":[...]} or an array): " + err.Error()}
+		return nil, &ArgumentError{"lessons", fmt.Errorf("not a lessons export (JSON {\"lessons\":[...]} or an array): %w", err)}
 	}
 	for i := range e.Lessons {
 		if err := Check(&e.Lessons[i]); err != nil {
-			ie := err.(*InputError)
-			return nil, &InputError{fmt.Sprintf("lessons[%d].%s", i, ie.Field), ie.Msg}
+			ae := err.(*ArgumentError)
+			return nil, &ArgumentError{fmt.Sprintf("lessons[%d].%s", i, ae.Name), ae.Err}
 		}
 	}
 	return e.Lessons, nil

@@ -118,7 +118,7 @@ var ErrNotRunning = errors.New("the run is not running")
 func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *store.Run, error) {
 	mode, err := agent.ParseMode(string(req.Mode))
 	if err != nil {
-		return nil, nil, &agent.ArgumentError{Tool: "mode", Msg: err.Error()}
+		return nil, nil, &agent.ArgumentError{Name: "mode", Err: err}
 	}
 	req.Mode = mode
 	if strings.TrimSpace(req.Task) == "" && mode == agent.ModeRefactor {
@@ -126,7 +126,7 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 	}
 	for p := range req.Files {
 		if _, err := workspace.Clean(p); err != nil {
-			return nil, nil, &agent.ArgumentError{Tool: "files", Msg: err.Error()}
+			return nil, nil, &agent.ArgumentError{Name: "files", Err: err}
 		}
 	}
 	paths := make([]string, 0, len(req.Files))

@@ -20,7 +20,7 @@ func (s *Server) lessonsEnabled(w http.ResponseWriter) bool {
 
 // lessonError maps the lesson store's and the checker's errors.
 func lessonError(err error) error {
-	var ie *lessons.InputError
+	var ie *lessons.ArgumentError
 	switch {
 	case errors.As(err, &ie):
 		return badRequest("%v", err)
