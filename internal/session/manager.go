@@ -119,8 +119,9 @@ type CreateOptions struct {
 // Whether it is in use is decided in one place, here: its Execute,
 // CheckComplete, Restart and Interrupt mark it busy while they run (it
 // is never reaped as idle mid-call, whoever calls), Lease marks it busy
-// for longer work (an HTTP request's stream, an agent run), and Pin for
-// good (a session whose life its owner governs, as E2B's time to live).
+// for longer work spanning several calls, and Pin for good (a session
+// whose life its owner governs: an E2B sandbox's time to live, an agent
+// run).
 // Idle reaping, and the lifecycle built on it, asks only idleSince.
 type Managed struct {
 	*Session
