@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -118,4 +119,37 @@ func TestLeaseRule(t *testing.T) {
 			t.Errorf("second Close: %v", err)
 		}
 	})
+}
+
+// Close waits for every close, including those of sessions a Delete or
+// the reaper forgot just before it: when Close returns, no workspace of
+// any session is left, however the two raced.
+func TestCloseRacingDeletes(t *testing.T) {
+	m := NewManager(&ManagerOptions{})
+	ctx := context.Background()
+	var all []*Managed
+	for range 6 {
+		ms, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ms)
+	}
+	deleted := make(chan struct{})
+	for i, ms := range all {
+		if i%2 == 0 {
+			go func() { m.Delete("a", ms.ID()); deleted <- struct{}{} }()
+		}
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ms := range all {
+		if _, err := os.Stat(ms.Workspace()); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("session %s: its workspace is still there after Close: %v", ms.ID(), err)
+		}
+	}
+	for range len(all) / 2 {
+		<-deleted
+	}
 }

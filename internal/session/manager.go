@@ -449,6 +449,7 @@ func (m *Manager) Delete(owner, id string) error {
 		return ErrNotFound
 	}
 	delete(m.sessions, id)
+	m.closing.Add(1) // under mu: Close's Wait counts it
 	m.mu.Unlock()
 	return m.closeSession(ms, "deleted")
 }
@@ -457,9 +458,11 @@ func (m *Manager) Delete(owner, id string) error {
 // most CloseTimeout: a close that takes longer (a kernel that will not
 // die, a client's stream that will not drain) goes on in the background,
 // so one stuck session never holds up a delete, the reaper or shutdown.
+// The caller has done m.closing.Add(1) under m.mu, in the same critical
+// section that forgot ms: so a Close that races a Delete or a Reap waits
+// for that close too, and never calls Wait while an Add from zero is due.
 func (m *Manager) closeSession(ms *Managed, reason string) error {
 	done := make(chan error, 1)
-	m.closing.Add(1)
 	go func() {
 		defer m.closing.Done()
 		err := ms.Session.Close()
@@ -517,6 +520,7 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.sessions = map[string]*Managed{}
+	m.closing.Add(len(sessions)) // one per closeSession below
 	m.mu.Unlock()
 	close(m.stop)
 	m.wg.Wait() // no pooled kernel is being started after this
@@ -644,6 +648,7 @@ func (m *Manager) Reap(now time.Time) int {
 		}
 		victims = append(victims, ms)
 		delete(m.sessions, id)
+		m.closing.Add(1) // one per closeSession below
 	}
 	m.mu.Unlock()
 	// In parallel: a slow close delays no other (each is bounded anyway).
