@@ -46,6 +46,7 @@ type AnthropicOptions struct {
 type Anthropic struct {
 	svc       anthropic.MessageService
 	opts      AnthropicOptions
+	base      string // the API root, without a trailing slash
 	info      ModelInfo
 	log       *slog.Logger
 	prices    Prices
@@ -65,7 +66,7 @@ func NewAnthropic(o *AnthropicOptions) *Anthropic {
 	if opts.MaxTokens <= 0 {
 		opts.MaxTokens = 8192
 	}
-	c := &Anthropic{opts: opts, log: discardIfNil(opts.Logger), prices: opts.Prices}
+	c := &Anthropic{opts: opts, base: base, log: discardIfNil(opts.Logger), prices: opts.Prices}
 	if c.prices == nil {
 		c.prices = DefaultPrices()
 	}
@@ -439,6 +440,13 @@ func (c *Anthropic) wrap(err error) error {
 		return je
 	}
 	if !errors.As(err, &apiErr) {
+		setting := "ANTHROPIC_BASE_URL"
+		if c.base == DefaultAnthropicBaseURL {
+			setting = ""
+		}
+		if ce := connectError("anthropic", setting, c.base, err); ce != nil {
+			return ce
+		}
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return fmt.Errorf("anthropic: stream cut short: %w", err)
 		}

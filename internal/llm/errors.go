@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -79,7 +81,10 @@ type APIError struct {
 	// RetryAfter is what the server asked for (Retry-After), if it did.
 	RetryAfter    time.Duration
 	hasRetryAfter bool
-	Err           error
+	// Hint says what to check when the status points at the configuration rather
+	// than the server (a 405 or 501 from a compatible server: a wrong base URL).
+	Hint string
+	Err  error
 }
 
 func (e *APIError) Error() string {
@@ -96,6 +101,9 @@ func (e *APIError) Error() string {
 	if e.hasRetryAfter {
 		s += fmt.Sprintf(" (retry after %s)", e.RetryAfter)
 	}
+	if e.Hint != "" {
+		s += "; " + e.Hint
+	}
 	return s
 }
 
@@ -111,7 +119,9 @@ func (e *APIError) Temporary() bool {
 	case e.StatusCode == http.StatusTooManyRequests,
 		e.StatusCode == http.StatusRequestTimeout,
 		e.StatusCode == http.StatusConflict,
-		e.StatusCode >= 500:
+		e.StatusCode >= 500 && e.StatusCode != http.StatusNotImplemented && e.StatusCode != http.StatusHTTPVersionNotSupported:
+		// 501 and 505 say the server does not do this request at all: asking again
+		// gets the same answer.
 		return true
 	}
 	return false
@@ -145,7 +155,53 @@ func classify(provider, model, baseURL, envVar string, se statusError, err error
 		return &ModelNotFoundError{Provider: provider, Model: model, BaseURL: baseURL, Message: se.message, Err: err}
 	}
 	ra, ok := retryAfter(se.header, time.Now())
-	return &APIError{Provider: provider, StatusCode: se.status, Message: se.message, RetryAfter: ra, hasRetryAfter: ok, Err: err}
+	apiErr := &APIError{Provider: provider, StatusCode: se.status, Message: se.message, RetryAfter: ra, hasRetryAfter: ok, Err: err}
+	if baseURL != "" && (se.status == http.StatusMethodNotAllowed || se.status == http.StatusNotImplemented) {
+		apiErr.Hint = "check the base URL " + baseURL
+		if provider != "anthropic" {
+			apiErr.Hint += " (it usually ends in /v1)"
+		}
+	}
+	return apiErr
+}
+
+// ConnectError is a model server that refused the connection: nothing listens at
+// the configured address.
+type ConnectError struct {
+	Provider string
+	// Setting is where the address comes from, e.g. "OPENAI_BASE_URL"; empty for a
+	// provider's own API.
+	Setting string
+	Addr    string // host:port
+	Err     error
+}
+
+func (e *ConnectError) Error() string {
+	s := e.Provider + ": nothing is listening at "
+	if e.Setting != "" {
+		s += e.Setting + " (" + e.Addr + ")"
+	} else {
+		s += e.Addr
+	}
+	if e.Provider == "ollama" {
+		return s + ": is Ollama running (ollama serve)?"
+	}
+	return s + ": is the model server running?"
+}
+
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// connectError describes a refused connection to base, or returns nil if err is
+// not one.
+func connectError(provider, setting, base string, err error) error {
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	addr := base
+	if u, perr := url.Parse(base); perr == nil && u.Host != "" {
+		addr = u.Host
+	}
+	return &ConnectError{Provider: provider, Setting: setting, Addr: addr, Err: err}
 }
 
 // retryAfter reads retry-after-ms (OpenAI, Anthropic) or Retry-After (seconds or an HTTP date).

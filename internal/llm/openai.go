@@ -57,7 +57,8 @@ type OpenAIOptions struct {
 type OpenAI struct {
 	svc       openai.ChatCompletionService
 	opts      OpenAIOptions
-	official  bool // OpenAI's own API, which wants max_completion_tokens
+	official  bool   // OpenAI's own API, which wants max_completion_tokens
+	base      string // the API root, without a trailing slash
 	info      ModelInfo
 	log       *slog.Logger
 	prices    Prices
@@ -84,7 +85,7 @@ func NewOpenAI(o *OpenAIOptions) *OpenAI {
 	if opts.APIKeyEnv == "" {
 		opts.APIKeyEnv = "OPENAI_API_KEY"
 	}
-	c := &OpenAI{opts: opts, official: official, log: discardIfNil(opts.Logger), prices: opts.Prices}
+	c := &OpenAI{opts: opts, official: official, base: base, log: discardIfNil(opts.Logger), prices: opts.Prices}
 	if c.prices == nil {
 		c.prices = DefaultPrices()
 	}
@@ -445,6 +446,9 @@ func (c *OpenAI) wrap(err error) error {
 		return &APIError{Provider: c.info.Provider, InStream: true, Message: errorMessage(streamErr.Message), Err: err}
 	}
 	if !errors.As(err, &apiErr) {
+		if ce := connectError(c.info.Provider, c.baseSetting(), c.base, err); ce != nil {
+			return ce
+		}
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return fmt.Errorf("%s: stream cut short: %w", c.info.Provider, err)
 		}
@@ -463,6 +467,17 @@ func (c *OpenAI) wrap(err error) error {
 		envVar = "" // Ollama has no keys; a 401 there comes from a proxy in front of it.
 	}
 	return classify(c.info.Provider, c.opts.Model, baseURL, envVar, se, err)
+}
+
+// baseSetting names the setting the base URL comes from, for error messages.
+func (c *OpenAI) baseSetting() string {
+	switch {
+	case c.official, c.base == DefaultOpenRouterBaseURL:
+		return ""
+	case c.info.Provider == "ollama":
+		return "OLLAMA_HOST"
+	}
+	return "OPENAI_BASE_URL"
 }
 
 func discardIfNil(l *slog.Logger) *slog.Logger {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -882,5 +883,61 @@ func TestRetrySentence(t *testing.T) {
 		if got := tc.r.String(); got != tc.want {
 			t.Errorf("got  %q\nwant %q", got, tc.want)
 		}
+	}
+}
+
+// A refused connection names the setting and the address, says what to check, and
+// is not retried.
+func TestConnectionRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	base := "http://" + addr
+	for _, tc := range []struct {
+		p    Provider
+		want string
+	}{
+		{NewOpenAI(&OpenAIOptions{BaseURL: base + "/v1", Model: "m"}), "openai-compatible: nothing is listening at OPENAI_BASE_URL (" + addr + "): is the model server running?"},
+		{NewOpenAI(&OpenAIOptions{BaseURL: base + "/v1", Model: "m", Provider: "ollama"}), "ollama: nothing is listening at OLLAMA_HOST (" + addr + "): is Ollama running (ollama serve)?"},
+		{NewAnthropic(&AnthropicOptions{BaseURL: base, APIKey: "k", Model: "m"}), "anthropic: nothing is listening at ANTHROPIC_BASE_URL (" + addr + "): is the model server running?"},
+	} {
+		var attempts int
+		_, err := tc.p.Complete(t.Context(), Request{Messages: userHello, OnAttempt: func(int) { attempts++ }})
+		var ce *ConnectError
+		if !errors.As(err, &ce) || err.Error() != tc.want {
+			t.Errorf("err = %v\nwant %s", err, tc.want)
+		}
+		if attempts != 1 {
+			t.Errorf("%s: %d attempts, want 1 (a refused connection is not retried)", tc.want, attempts)
+		}
+	}
+}
+
+// A 501 or 405 from a compatible server means a wrong path, not an outage: it is not
+// retried, and the message says to check the base URL.
+func TestNotImplementedHintsAtBaseURL(t *testing.T) {
+	for _, status := range []int{501, 405} {
+		forEach(t, func(t *testing.T, f fixture, stream bool) {
+			srv, p, _ := f.setup(t, llmtest.Script{{Status: status}, {Text: "hello"}})
+			var deltas []string
+			_, err := p.Complete(t.Context(), request(userHello, stream, &deltas))
+			var apiErr *APIError
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != status {
+				t.Fatalf("err = %v, want an APIError with HTTP %d", err, status)
+			}
+			if n := len(srv.Requests()); n != 1 {
+				t.Errorf("HTTP %d: %d requests, want 1 (not retried)", status, n)
+			}
+			want := "check the base URL " + srv.URL
+			if f.name == "openai" {
+				want += " (it usually ends in /v1)"
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("message %q lacks %q", err, want)
+			}
+		})
 	}
 }
