@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,6 +35,7 @@ type agentFlags struct {
 	force      bool
 	jsonOut    bool
 	confirm    bool
+	verbose    bool
 	maxSteps   int
 	maxCost    float64
 	maxTokens  int64
@@ -83,6 +83,7 @@ Modes (--mode):
 	fl.BoolVar(&f.force, "force", false, "let --out overwrite files that exist in DIR")
 	fl.BoolVar(&f.jsonOut, "json", false, "stream the run's events as NDJSON on stdout")
 	fl.BoolVar(&f.confirm, "confirm", false, "ask before each execution")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log details, such as the zygote's start, to stderr")
 	fl.IntVar(&f.maxSteps, "max-steps", 25, "step limit")
 	fl.Float64Var(&f.maxCost, "max-cost", 0, "cost budget in US dollars (0 = none)")
 	fl.Int64Var(&f.maxTokens, "max-tokens", 0, "token budget (0 = none)")
@@ -216,7 +217,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		env[k] = v
 	}
 	// The zygote starts while the model thinks about its first step.
-	zl, err := startZygoteLater(ctx, f.zygote, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+	zl, err := startZygoteLater(ctx, f.zygote, cliLogger(cmd.ErrOrStderr(), f.verbose))
 	if err != nil {
 		return err
 	}

@@ -47,6 +47,9 @@ func TestAgentCLIGenerateRunsAndHistory(t *testing.T) {
 	if strings.Contains(stdout, "\x1b[") {
 		t.Error("colors on a non-terminal")
 	}
+	if strings.Contains(stdout+stderr, "level=") {
+		t.Errorf("log lines in the normal output (they belong behind -v):\n%s", stderr)
+	}
 	if b, err := os.ReadFile(filepath.Join(out, "squares.py")); err != nil || !strings.Contains(string(b), "i*i") {
 		t.Errorf("--out: %q %v", b, err)
 	}
