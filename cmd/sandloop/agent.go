@@ -162,12 +162,6 @@ func lessonStore(h store.History, errOut io.Writer, off bool) store.LessonStore 
 // databaseHelp documents --database wherever it is offered.
 const databaseHelp = "run history database: postgres://USER:PASSWORD@HOST/DB or a SQLite file (default: runs.db in --data-dir; also SANDLOOP_DATABASE_URL)"
 
-func providerResolver(pricesFile string) func(ctx context.Context, model string) (llm.Provider, error) {
-	return func(ctx context.Context, model string) (llm.Provider, error) {
-		return llm.Resolve(ctx, llm.Config{Model: model, PricesFile: pricesFile})
-	}
-}
-
 func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	mode, err := agent.ParseMode(f.mode)
 	if err != nil {
@@ -216,6 +210,17 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	// The model is resolved before anything starts, so a configuration error is
+	// said at once rather than after the zygote's start.
+	prov, err := llm.Resolve(ctx, llm.Config{Model: f.model, PricesFile: f.pricesFile})
+	var nm *llm.NoModelError
+	var ce *llm.ConfigError
+	switch {
+	case errors.As(err, &nm), errors.As(err, &ce):
+		return usagef("%v", err)
+	case err != nil:
+		return err
+	}
 	// The zygote starts while the model thinks about its first step.
 	zl, err := startZygoteLater(ctx, f.zygote, cliLogger(cmd.ErrOrStderr(), f.verbose))
 	if err != nil {
@@ -225,7 +230,7 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	svc := runs.New(&runs.Options{
 		Store:    st,
 		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
-		Provider: providerResolver(f.pricesFile),
+		Provider: func(context.Context, string) (llm.Provider, error) { return prov, nil },
 		NewSession: func(ctx context.Context) (runs.Session, error) {
 			zy, err := zl.Get(ctx)
 			if err != nil {
@@ -267,8 +272,6 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		ExecTimeout: limits.Timeout, // --timeout bounds each execution, as for run, exec and repl
 		NoLessons:   f.noLessons, Confirm: confirm, OnEvent: view,
 	})
-	var nm *llm.NoModelError
-	var ce *llm.ConfigError
 	var ae *agent.ArgumentError
 	switch {
 	case errors.As(err, &nm), errors.As(err, &ce), errors.As(err, &ae):

@@ -131,6 +131,11 @@ func TestAgentCLIBadInputAndNoModel(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "no language model configured") || !strings.Contains(stderr, "OPENAI_API_KEY") || !strings.Contains(stderr, "ollama/") {
 		t.Errorf("no model: %d %s", code, stderr)
 	}
+	// The model is checked before the zygote starts: -v would log its start.
+	code, _, stderr = sandloop(t, "", "agent", "do something", "-v", "--model", "nosuch/x", "--data-dir", data)
+	if code != 2 || !strings.Contains(stderr, `unknown model provider "nosuch"`) || strings.Contains(stderr, "zygote") {
+		t.Errorf("unknown provider: %d %s", code, stderr)
+	}
 	for _, args := range [][]string{
 		{"agent"},
 		{"agent", "x", "--mode", "refactorish"},
