@@ -312,3 +312,28 @@ func TestAgentCLIMaxCostUnknownPrice(t *testing.T) {
 		t.Errorf("warning for a priced model:\n%s\n%s", stdout, stderr)
 	}
 }
+
+// A step that prints 200,000 lines shows its head and tail on the terminal and says
+// where the rest is.
+func TestAgentCLIOutputHeadAndTail(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("run_shell", `{"command":"seq 1 200000"}`)},
+		{ToolCalls: tc("finish", `{"summary":"counted"}`)},
+	})
+	code, stdout, stderr := sandloop(t, "", "agent", "count to 200000", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	lines := strings.Split(stdout, "\n")
+	if len(lines) > 120 {
+		t.Errorf("the terminal got %d lines for one step's output, want head and tail only", len(lines))
+	}
+	for _, want := range []string{"\n1\n2\n", "\n40\n", "more lines (sandloop runs show --full has them)", "\n199991\n", "\n200000\n"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "\n41\n") || strings.Contains(stdout, "\n199990\n") {
+		t.Errorf("lines beyond the head and tail shown:\n%s", stdout)
+	}
+}

@@ -23,6 +23,64 @@ type terminalView struct {
 	// retry is the last retry's "attempt 2/4" and its step, said while waiting again.
 	retry     string
 	retryStep int
+	out       clippedOutput
+}
+
+// outHead and outTail are how many lines of a step's output the view prints
+// from its start and its end; the rest is in the run's history.
+const outHead, outTail = 40, 10
+
+// clippedOutput prints the head of a step's output as it comes and holds back
+// the tail, so a program that prints 200,000 lines shows 50 of them.
+type clippedOutput struct {
+	shown   int      // lines printed as they came
+	dropped int      // lines neither printed nor kept
+	tail    []string // the last lines held back, painted
+	partial string   // a held-back line not yet ended
+}
+
+// write prints text as the head allows and holds back the rest.
+func (o *clippedOutput) write(w io.Writer, text string, paint func(string) string) {
+	for _, seg := range strings.SplitAfter(text, "\n") {
+		if seg == "" {
+			continue
+		}
+		if o.shown < outHead && o.partial == "" && len(o.tail) == 0 {
+			fmt.Fprint(w, paint(seg))
+			if strings.HasSuffix(seg, "\n") {
+				o.shown++
+			}
+			continue
+		}
+		o.partial += seg
+		if strings.HasSuffix(seg, "\n") {
+			o.hold(paint(o.partial))
+			o.partial = ""
+		}
+	}
+}
+
+func (o *clippedOutput) hold(line string) {
+	o.tail = append(o.tail, line)
+	if len(o.tail) > outTail {
+		o.tail = o.tail[1:]
+		o.dropped++
+	}
+}
+
+// flush prints what was held back, saying how many lines were left out, and
+// starts over for the next step.
+func (o *clippedOutput) flush(w io.Writer, paint func(string, string) string) {
+	if o.partial != "" {
+		o.hold(o.partial + "\n")
+	}
+	if o.dropped > 0 {
+		fmt.Fprintln(w, paint(cDim, fmt.Sprintf("… %d more lines (sandloop runs show --full has them)", o.dropped)))
+	}
+	for _, l := range o.tail {
+		fmt.Fprint(w, l)
+	}
+	*o = clippedOutput{}
 }
 
 func newTerminalView(w io.Writer, color bool) *terminalView { return &terminalView{w: w, color: color} }
@@ -108,11 +166,12 @@ func (v *terminalView) event(e agent.Event) {
 		}
 		switch e.Exec.Type {
 		case kernel.EventStdout:
-			fmt.Fprint(v.w, e.Exec.Text)
+			v.out.write(v.w, e.Exec.Text, func(s string) string { return s })
 		case kernel.EventStderr:
-			fmt.Fprint(v.w, v.paint(cRed, e.Exec.Text))
+			v.out.write(v.w, e.Exec.Text, func(s string) string { return v.paint(cRed, s) })
 		}
 	case agent.EventToolResult:
+		v.out.flush(v.w, v.paint)
 		v.showResult(e)
 	case agent.EventNotice:
 		v.endText()
