@@ -320,10 +320,19 @@ func TestAgentCLIOutputHeadAndTail(t *testing.T) {
 		{ToolCalls: tc("run_shell", `{"command":"seq 1 200000"}`)},
 		{ToolCalls: tc("finish", `{"summary":"counted"}`)},
 	})
-	code, stdout, stderr := sandloop(t, "", "agent", "count to 200000", "--data-dir", t.TempDir())
+	data := t.TempDir()
+	code, stdout, stderr := sandloop(t, "", "agent", "count to 200000", "--data-dir", data)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
+	defer func() {
+		// The pointer holds: the history has the lines the terminal left out.
+		_, ls, _ := sandloop(t, "", "runs", "ls", "--data-dir", data)
+		id := strings.Fields(strings.Split(ls, "\n")[1])[0]
+		if _, full, _ := sandloop(t, "", "runs", "show", "--full", id, "--data-dir", data); !strings.Contains(full, "199990") {
+			t.Errorf("runs show --full lacks the lines the terminal left out")
+		}
+	}()
 	lines := strings.Split(stdout, "\n")
 	if len(lines) > 120 {
 		t.Errorf("the terminal got %d lines for one step's output, want head and tail only", len(lines))
