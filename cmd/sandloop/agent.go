@@ -210,6 +210,9 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	if err := f.zygote.check(); err != nil {
+		return err
+	}
 	// The model is resolved before anything starts, so a configuration error is
 	// said at once rather than after the zygote's start.
 	prov, err := llm.Resolve(ctx, llm.Config{Model: f.model, PricesFile: f.pricesFile})

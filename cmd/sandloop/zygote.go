@@ -41,6 +41,17 @@ func registerZygote(fs *pflag.FlagSet, m *zygoteMode) {
 	fs.Lookup("zygote").NoOptDefVal = "on"
 }
 
+// check refuses "on" on a host that cannot run the zygote, before anything
+// starts.
+func (m zygoteMode) check() error {
+	if m.v == "on" {
+		if err := zygote.Supported(); err != nil {
+			return usagef("--zygote cannot work on this host: %s", host.UnsupportedReason(err))
+		}
+	}
+	return nil
+}
+
 // startZygote starts the zygote m asks for. It returns nil, and sessions
 // start cold, for "off", or for "auto" on a host that cannot run one
 // (logged in one line with the reason); for "on" there, a usage error.
@@ -60,10 +71,8 @@ type zygoteLater struct {
 // A host that cannot run the zygote the user asked for (on) is an error
 // at once.
 func startZygoteLater(ctx context.Context, m zygoteMode, log *slog.Logger) (*zygoteLater, error) {
-	if m.v == "on" {
-		if err := zygote.Supported(); err != nil {
-			return nil, usagef("--zygote cannot work on this host: %s", host.UnsupportedReason(err))
-		}
+	if err := m.check(); err != nil {
+		return nil, err
 	}
 	l := &zygoteLater{done: make(chan struct{})}
 	go func() {
