@@ -302,13 +302,26 @@ func TestAgentCLIMaxCostUnknownPrice(t *testing.T) {
 	if j := strings.Index(stdout, "42"); strings.Contains(stdout, "not enforced") && j < strings.Index(stdout, "not enforced") {
 		t.Errorf("the warning comes after the run's output:\n%s", stdout)
 	}
-	// A priced model gives no such warning.
+	// The server at OPENAI_BASE_URL is not OpenAI: a model it calls gpt-4o-mini is not
+	// charged OpenAI's list price either.
 	t.Setenv("SANDLOOP_MODEL", "openai/gpt-4o-mini")
 	useModel(t, llmtest.Script{
 		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
 		{ToolCalls: tc("finish", `{"summary":"42"}`)},
 	})
-	if _, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir()); strings.Contains(stdout+stderr, "not enforced") {
+	if _, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--data-dir", t.TempDir()); !strings.Contains(stdout+stderr, "not enforced") || !strings.Contains(stdout, "cost unknown") {
+		t.Errorf("a local server's gpt-4o-mini was priced as OpenAI's:\n%s\n%s", stdout, stderr)
+	}
+	// A model the user priced gives no such warning.
+	prices := filepath.Join(t.TempDir(), "prices.json")
+	if err := os.WriteFile(prices, []byte(`{"openai/gpt-4o-mini": {"input": 0.1, "output": 0.2}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	})
+	if _, stdout, stderr := sandloop(t, "", "agent", "t", "--max-cost", "0.5", "--prices", prices, "--data-dir", t.TempDir()); strings.Contains(stdout+stderr, "not enforced") || strings.Contains(stdout, "cost unknown") {
 		t.Errorf("warning for a priced model:\n%s\n%s", stdout, stderr)
 	}
 }

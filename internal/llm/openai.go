@@ -75,7 +75,7 @@ func NewOpenAI(o *OpenAIOptions) *OpenAI {
 	if base == "" {
 		base = DefaultOpenAIBaseURL
 	}
-	official := strings.HasPrefix(base, "https://api.openai.com/")
+	official := officialOpenAI(base)
 	if opts.Provider == "" {
 		opts.Provider = "openai-compatible"
 		if official {
@@ -114,6 +114,11 @@ func NewOpenAI(o *OpenAIOptions) *OpenAI {
 		}),
 	)
 	return c
+}
+
+// officialOpenAI reports whether base is OpenAI's own API.
+func officialOpenAI(base string) bool {
+	return strings.HasPrefix(strings.TrimRight(base, "/")+"/", "https://api.openai.com/")
 }
 
 // Info implements Provider.

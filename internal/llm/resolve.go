@@ -119,6 +119,7 @@ type resolver struct {
 	log    *slog.Logger
 	hc     *http.Client
 	prices Prices
+	own    Prices // the prices the user gave (Config.Prices, the price file); never nil
 	ollama string
 }
 
@@ -133,16 +134,16 @@ func newResolver(cfg Config) (*resolver, error) {
 	if r.cfg.ProbeTimeout <= 0 {
 		r.cfg.ProbeTimeout = 500 * time.Millisecond
 	}
-	r.prices = cfg.Prices
+	r.prices, r.own = cfg.Prices, cfg.Prices
 	if r.prices == nil {
-		r.prices = DefaultPrices()
+		r.prices, r.own = DefaultPrices(), Prices{}
 	}
 	if f := r.or(cfg.PricesFile, "SANDLOOP_PRICES"); f != "" {
 		over, err := ReadPricesFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("price table: %w", err)
 		}
-		r.prices = r.prices.Merge(over)
+		r.prices, r.own = r.prices.Merge(over), r.own.Merge(over)
 	}
 	r.ollama = ollamaURL(r.or(cfg.OllamaURL, "OLLAMA_HOST"))
 	return r, nil
@@ -257,6 +258,11 @@ func (r *resolver) detect(ctx context.Context) (Provider, error) {
 
 func (r *resolver) openAI(o OpenAIOptions) Provider {
 	o.Images, o.MaxTokens, o.Prices = r.cfg.Images, r.cfg.MaxTokens, r.prices
+	if o.BaseURL != "" && !officialOpenAI(o.BaseURL) && o.Provider != "ollama" && o.Provider != "openrouter" {
+		// A server at OPENAI_BASE_URL that calls its model "gpt-4o" is not OpenAI and
+		// does not charge OpenAI's list price: only the prices the user gave apply.
+		o.Prices = r.own
+	}
 	o.Retry, o.HTTPClient, o.Logger = r.cfg.Retry, r.cfg.HTTPClient, r.cfg.Logger
 	return NewOpenAI(&o)
 }

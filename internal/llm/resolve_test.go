@@ -222,3 +222,35 @@ func TestOllamaURL(t *testing.T) {
 		}
 	}
 }
+
+// A server at OPENAI_BASE_URL is not OpenAI, whatever its model is called: it is not
+// charged OpenAI's list price, only the prices the user gave.
+func TestResolveNoListPriceAtAnotherServer(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "prices.json")
+	if err := os.WriteFile(path, []byte(`{"openai-compatible/local-coder": {"input": 0.5, "output": 1}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	local := "http://127.0.0.1:8799/v1"
+	for _, tc := range []struct {
+		name  string
+		model string
+		env   map[string]string
+		known bool
+	}{
+		{"OpenAI itself", "openai/gpt-4o", map[string]string{"OPENAI_API_KEY": "k"}, true},
+		{"OpenAI's URL given", "openai/gpt-4o", map[string]string{"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "https://api.openai.com/v1/"}, true},
+		{"local server, openai/", "openai/gpt-4o", map[string]string{"OPENAI_BASE_URL": local}, false},
+		{"local server, compatible/", "openai-compatible/gpt-4o-mini", map[string]string{"OPENAI_BASE_URL": local}, false},
+		{"local server, bare name", "gpt-4o", map[string]string{"OPENAI_BASE_URL": local}, false},
+		{"local server, priced by the user", "openai-compatible/local-coder", map[string]string{"OPENAI_BASE_URL": local, "SANDLOOP_PRICES": path}, true},
+	} {
+		p, err := Resolve(t.Context(), Config{Model: tc.model, Getenv: env(tc.env)})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := p.(*OpenAI).PriceKnown(); got != tc.known {
+			t.Errorf("%s: PriceKnown() = %v, want %v", tc.name, got, tc.known)
+		}
+	}
+}
