@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -357,5 +358,72 @@ func TestAgentCLIOutputHeadAndTail(t *testing.T) {
 	}
 	if strings.Contains(stdout, "\n41\n") || strings.Contains(stdout, "\n199990\n") {
 		t.Errorf("lines beyond the head and tail shown:\n%s", stdout)
+	}
+}
+
+// Debug mode prints the crash it reproduced before the model's first step, and
+// the run is titled after its program in runs ls and runs show.
+func TestAgentCLIDebugShowsTheCrashFirst(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("edit_file", `{"path":"crash.py","old_text":"return a / b","new_text":"return a / b if b else 0.0"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 crash.py"}`)},
+		{ToolCalls: tc("finish", `{"summary":"guarded the division","root_cause":"ratio() divides by a zero count"}`)},
+	})
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "crash.py")
+	os.WriteFile(prog, []byte("def ratio(a, b):\n    return a / b\n\nprint(ratio(1, 0))\n"), 0o644)
+	data := t.TempDir()
+	master, tty := openPty(t) // as a person at a terminal sees it
+	cmd := cliCommand(t.Context(), "agent", "--mode", "debug", "-f", prog, "--data-dir", data)
+	cmd.Stdout, cmd.Stderr = tty, tty
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close()
+	out := readPty(master)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	out.drained()
+	stdout := regexp.MustCompile("\x1b\\[[0-9;]*[A-Za-z]").ReplaceAllString(out.String(), "")
+	crash, step1 := strings.Index(stdout, "ZeroDivisionError: division by zero"), strings.Index(stdout, "── step 1")
+	if crash < 0 || step1 < 0 || crash > step1 || !strings.Contains(stdout[:step1], "$ python3 crash.py") || !strings.Contains(stdout[:step1], "the crash to fix") {
+		t.Fatalf("the reproduced crash is not shown before step 1:\n%s", stdout)
+	}
+	_, ls, _ := sandloop(t, "", "runs", "ls", "--data-dir", data)
+	if !strings.Contains(ls, "debug crash.py") {
+		t.Errorf("runs ls has no title for the debug run:\n%s", ls)
+	}
+	id := strings.Fields(strings.Split(ls, "\n")[1])[0]
+	_, show, _ := sandloop(t, "", "runs", "show", id, "--data-dir", data)
+	if !strings.Contains(show, "task: debug crash.py") || !strings.Contains(show, "[reproduce error] $ python3 crash.py") || !strings.Contains(show, "ZeroDivisionError") {
+		t.Errorf("runs show:\n%s", show)
+	}
+}
+
+// runs show --full shows what each tool call did: the code run, the command,
+// the file written, the edit.
+func TestRunsShowFullHasTheCalls(t *testing.T) {
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("write_file", `{"path":"calc.py","content":"TOTAL = sum(range(10))\nprint('total', TOTAL)\n"}`)},
+		{ToolCalls: tc("execute_python", `{"code":"import math\nprint(math.sqrt(1764))"}`)},
+		{ToolCalls: tc("run_shell", `{"command":"python3 calc.py | tr a-z A-Z"}`)},
+		{ToolCalls: tc("finish", `{"summary":"ok"}`)},
+	})
+	data := t.TempDir()
+	if code, stdout, stderr := sandloop(t, "", "agent", "t", "--data-dir", data); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	_, ls, _ := sandloop(t, "", "runs", "ls", "--data-dir", data)
+	id := strings.Fields(strings.Split(ls, "\n")[1])[0]
+	_, full, _ := sandloop(t, "", "runs", "show", id, "--full", "--data-dir", data)
+	for _, want := range []string{"write calc.py (", "| TOTAL = sum(range(10))", "> import math", "> print(math.sqrt(1764))", "$ python3 calc.py | tr a-z A-Z", "TOTAL 45"} {
+		if !strings.Contains(full, want) {
+			t.Errorf("runs show --full lacks %q:\n%s", want, full)
+		}
+	}
+	_, short, _ := sandloop(t, "", "runs", "show", id, "--data-dir", data)
+	if strings.Contains(short, "| TOTAL = sum") {
+		t.Errorf("runs show without --full prints whole files:\n%s", short)
 	}
 }

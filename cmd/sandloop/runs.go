@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/spf13/cobra"
 )
@@ -145,7 +146,20 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 			if t := strings.TrimSpace(e.Text); t != "" {
 				fmt.Fprintf(w, "[model] %s\n", stepText(t, 3, full))
 			}
+		case "reproduce":
+			if c := e.Check; c != nil {
+				text := stepText(c.Output, 4, full)
+				if c.Status != string(kernel.StatusOK) && !full {
+					text = headTail(c.Output, 2, 3) // the crash is at the end
+				}
+				fmt.Fprintf(w, "[reproduce %s] $ %s\n    %s\n", c.Status, c.Command, text)
+			}
 		case "tool":
+			if full && e.Arguments != "" {
+				var call strings.Builder
+				newTerminalView(&call, false).showCall(s.Name, e.Arguments, true)
+				fmt.Fprintf(w, "[%s call]\n    %s\n", s.Name, strings.ReplaceAll(strings.TrimRight(call.String(), "\n"), "\n", "\n    "))
+			}
 			mark := "ok"
 			if e.IsError {
 				mark = "error"

@@ -159,7 +159,7 @@ func (v *terminalView) event(e agent.Event) {
 	case agent.EventToolCall:
 		v.endText()
 		fmt.Fprintf(v.w, "%s\n", v.paint(cCyan+cBold, fmt.Sprintf("── step %d · %s", e.Step, e.Tool)))
-		v.showCall(e.Tool, e.Arguments)
+		v.showCall(e.Tool, e.Arguments, false)
 	case agent.EventOutput:
 		if e.Exec == nil {
 			return
@@ -194,13 +194,38 @@ func (v *terminalView) event(e agent.Event) {
 		for _, l := range e.Lessons {
 			fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cYellow+cBold, head), l.Text, v.paint(cDim, "("+l.ID+")"))
 		}
+	case agent.EventReproduced:
+		v.endText()
+		v.showReproduced(e.Check)
 	case agent.EventFinished:
 		v.endText()
+		v.out.flush(v.w, v.paint) // a run cut short mid-step still shows the output's tail
 		v.showReport(e.Report)
 	}
 }
 
-func (v *terminalView) showCall(tool, args string) {
+// showReproduced prints how the program ended when debug mode ran it before
+// the model's first step, so that the crash the run is about comes first.
+func (v *terminalView) showReproduced(c *agent.Check) {
+	if c == nil {
+		return
+	}
+	fmt.Fprintf(v.w, "%s\n", v.paint(cCyan+cBold, "── reproduce"))
+	fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, "$"), c.Command)
+	if c.Output != "" {
+		v.out.write(v.w, c.Output+"\n", func(s string) string { return s })
+		v.out.flush(v.w, v.paint)
+	}
+	if c.Status == string(kernel.StatusOK) {
+		fmt.Fprintln(v.w, v.paint(cYellow, "✓ ok: it did not crash this time"))
+	} else {
+		fmt.Fprintln(v.w, v.paint(cRed, "✗ "+c.Status+": the crash to fix"))
+	}
+}
+
+// showCall prints a tool call: the code, the command, the edit; with whole,
+// a written file's content too (runs show --full).
+func (v *terminalView) showCall(tool, args string, whole bool) {
 	var a map[string]any
 	_ = json.Unmarshal([]byte(args), &a)
 	str := func(k string) string { s, _ := a[k].(string); return s }
@@ -213,6 +238,11 @@ func (v *terminalView) showCall(tool, args string) {
 		fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, "$"), str("command"))
 	case agent.ToolWriteFile:
 		fmt.Fprintf(v.w, "write %s (%d bytes)\n", str("path"), len(str("content")))
+		if whole {
+			for _, line := range strings.Split(strings.TrimRight(str("content"), "\n"), "\n") {
+				fmt.Fprintf(v.w, "%s %s\n", v.paint(cDim, "|"), line)
+			}
+		}
 	case agent.ToolEditFile:
 		fmt.Fprintf(v.w, "edit %s\n", str("path"))
 		for _, l := range strings.Split(str("old_text"), "\n") {

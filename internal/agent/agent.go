@@ -128,6 +128,9 @@ const (
 	EventNetwork    = "network" // connections through the sandbox's egress proxy
 	EventUsage      = "usage"
 	EventNotice     = "notice" // a note from the harness to the model (nudges, checks)
+	// EventReproduced: debug mode ran the program before the model's first
+	// step; Check is how it ended (the crash, or that it did not crash).
+	EventReproduced = "reproduced"
 	EventFinished   = "run_finished"
 	// EventModelWait: the harness starts waiting for the model's answer for a
 	// step (sent just before each request; Time is when waiting began). The
@@ -173,6 +176,7 @@ type Event struct {
 	Network    []egress.Entry `json:"network,omitempty"` // EventNetwork
 	Lessons    []LessonRef    `json:"lessons,omitempty"`
 	Retry      *RetryInfo     `json:"retry,omitempty"` // EventModelRetry
+	Check      *Check         `json:"check,omitempty"` // EventReproduced
 }
 
 // Report is the outcome of a run.

@@ -78,6 +78,7 @@ func (r *run) firstMessage(ctx context.Context) (string, error) {
 		return "", err
 	}
 	r.repro = c
+	r.emit(Event{Type: EventReproduced, Check: c})
 	fmt.Fprintf(&b, "\nThe harness ran `%s`:\nstatus: %s\n%s\n", c.Command, c.Status, c.Output)
 	if c.Status == string(kernel.StatusOK) {
 		b.WriteString("\nIt did not crash this time. Look for the failure the task describes (inputs, edge cases) before changing code.\n")
@@ -126,27 +127,26 @@ func onePython(paths []string) (string, error) {
 	return py[0], nil
 }
 
-// CheckEntry says, before a run exists, whether a debug run given these
-// files (their workspace paths) and entry has a program to run: the named
-// entry among the files, or the only .py file. Other modes need no entry.
-func CheckEntry(mode Mode, files []string, entry string) error {
+// DebugEntry says, before a run exists, which program a debug run given
+// these files (their workspace paths) and entry runs: the named entry among
+// the files, or the only .py file. Other modes run none ("", nil).
+func DebugEntry(mode Mode, files []string, entry string) (string, error) {
 	if mode != ModeDebug {
-		return nil
+		return "", nil
 	}
 	if entry == "" {
-		_, err := onePython(files)
-		return err
+		return onePython(files)
 	}
 	e, err := workspace.Clean(entry)
 	if err != nil {
-		return &ArgumentError{"entry", err}
+		return "", &ArgumentError{"entry", err}
 	}
 	for _, f := range files {
 		if c, err := workspace.Clean(f); err == nil && c == e {
-			return nil
+			return e, nil
 		}
 	}
-	return &ArgumentError{"entry", fmt.Errorf("%s is not among the files given", entry)}
+	return "", &ArgumentError{"entry", fmt.Errorf("%s is not among the files given", entry)}
 }
 
 // runEntry runs the debug program as the user would, in the same sandbox.

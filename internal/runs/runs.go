@@ -133,14 +133,19 @@ func (s *Service) prepare(ctx context.Context, req *Request) (llm.Provider, *sto
 	for p := range req.Files {
 		paths = append(paths, p)
 	}
-	if err := agent.CheckEntry(mode, paths, req.Entry); err != nil {
+	entry, err := agent.DebugEntry(mode, paths, req.Entry)
+	if err != nil {
 		return nil, nil, err // before the run is recorded: a debug run without a program is bad input, not a failed run
+	}
+	title := req.Task
+	if strings.TrimSpace(title) == "" && entry != "" {
+		title = "debug " + entry // the run's title in lists; the model is given no made-up task
 	}
 	p, err := s.opts.Provider(ctx, req.Model)
 	if err != nil {
 		return nil, nil, err
 	}
-	run, err := s.opts.Store.CreateRun(ctx, store.Run{Owner: req.Owner, Task: req.Task, Mode: string(mode), Model: p.Info().String(), Status: string(agent.StatusRunning)})
+	run, err := s.opts.Store.CreateRun(ctx, store.Run{Owner: req.Owner, Task: title, Mode: string(mode), Model: p.Info().String(), Status: string(agent.StatusRunning)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -324,6 +329,10 @@ type recorder struct {
 	s  *Service
 	id string
 	a  *active
+	// calls are the arguments of tool calls whose result has not come yet: a
+	// stored tool step holds its call and its result.
+	mu    sync.Mutex
+	calls map[string]string
 }
 
 func (r *recorder) event(ctx context.Context, e agent.Event) {
@@ -337,6 +346,13 @@ func (r *recorder) event(ctx context.Context, e agent.Event) {
 		return
 	}
 	switch e.Type {
+	case agent.EventToolCall:
+		r.mu.Lock()
+		if r.calls == nil {
+			r.calls = map[string]string{}
+		}
+		r.calls[e.ToolCallID] = e.Arguments
+		r.mu.Unlock()
 	case agent.EventAssistant:
 		r.step(ctx, store.Step{Kind: "model", Data: data})
 	case agent.EventUsage:
@@ -349,8 +365,18 @@ func (r *recorder) event(ctx context.Context, e agent.Event) {
 				return nil
 			})
 		}
-	case agent.EventToolResult, agent.EventNotice:
-		r.step(ctx, store.Step{Kind: map[string]string{agent.EventToolResult: "tool", agent.EventNotice: "observation"}[e.Type], Name: e.Tool, Data: data})
+	case agent.EventToolResult:
+		r.mu.Lock()
+		e.Arguments = r.calls[e.ToolCallID]
+		delete(r.calls, e.ToolCallID)
+		r.mu.Unlock()
+		if withCall, err := json.Marshal(e); err == nil {
+			r.step(ctx, store.Step{Kind: "tool", Name: e.Tool, Data: withCall})
+		}
+	case agent.EventNotice:
+		r.step(ctx, store.Step{Kind: "observation", Name: e.Tool, Data: data})
+	case agent.EventReproduced:
+		r.step(ctx, store.Step{Kind: "reproduce", Data: data})
 	}
 	r.a.mu.Lock()
 	for w := range r.a.watchers {

@@ -254,6 +254,10 @@ func TestBrowserRuns(t *testing.T) {
 	if tb := p.text("#timeline .traceback .tb-name"); tb != "ZeroDivisionError" {
 		t.Errorf("traceback heading %q", tb)
 	}
+	// The crash the harness reproduced comes first, before the model's first step.
+	if s := p.text(`#timeline li.step[data-step="0"] [data-reproduced="error"]`); !strings.Contains(s, "$ python3 stats.py") || !strings.Contains(s, "ZeroDivisionError") {
+		t.Errorf("the reproduced crash before step 1: %q", s)
+	}
 	if s := p.text("#run-outcome .summary"); !strings.Contains(s, "Guarded mean()") {
 		t.Errorf("summary %q", s)
 	}

@@ -224,7 +224,7 @@ class RunView {
     if (run.report && run.status !== 'running') this.renderOutcome(run.report);
     this.renderStats();
     this.es = events('/v1/runs/' + encodeURIComponent(this.id) + '/events');
-    const types = ['run_started', 'model_wait', 'model_retry', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'network', 'usage', 'notice', 'lessons', 'run_finished'];
+    const types = ['run_started', 'model_wait', 'model_retry', 'text', 'assistant', 'tool_call', 'output', 'tool_result', 'network', 'usage', 'notice', 'reproduced', 'lessons', 'run_finished'];
     for (const t of types) this.es.addEventListener(t, ev => this.onEvent(t, JSON.parse(ev.data)));
     this.es.addEventListener('end', () => { this.es.close(); this.ended = true; this.live.hidden = true; });
     // The browser reconnects by itself after a dropped connection (resuming
@@ -351,9 +351,20 @@ class RunView {
       }
       case 'network': this.step(e.step).body.append(networkTable(e.network || [])); break;
       case 'notice': this.step(e.step).body.append(h('div', { class: 'callout callout-note' }, h('strong', {}, 'Harness: '), e.text || '')); break;
+      case 'reproduced': this.reproduced(e); break;
       case 'lessons': for (const l of e.lessons || []) this.step(e.step).body.append(h('div', { class: 'callout callout-lesson' }, h('strong', {}, e.text === 'seen_before' ? 'Seen before: ' : 'Lesson recalled: '), l.text)); break;
       case 'run_finished': this.finished(e.report || {}); break;
     }
+  }
+
+  // reproduced shows how the program ended when debug mode ran it before
+  // the model's first step: the crash the run is about.
+  reproduced(e) {
+    const c = e.check || {};
+    const crashed = c.status && c.status !== 'ok';
+    this.step(e.step).body.append(h('div', { class: 'callout ' + (crashed ? 'callout-error' : 'callout-note'), dataset: { reproduced: c.status || '' } },
+      h('strong', {}, crashed ? 'Reproduced the crash: ' : 'Ran the program (it did not crash): '), h('span', { class: 'mono' }, '$ ' + (c.command || '')),
+      c.output ? h('pre', { class: 'code' }, c.output) : null));
   }
 
   toolCall(e) {
