@@ -180,11 +180,11 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
-	f.lf.sayNotes(cmd.ErrOrStderr())
 	pol, err := f.lf.egressPolicy()
 	if err != nil {
 		return err
 	}
+	f.lf.sayNotes(cmd.ErrOrStderr())
 	files, err := readInputFiles(f.files)
 	if err != nil {
 		return err

@@ -48,6 +48,45 @@ print(get("http://192.0.2.7/"))
 	}
 }
 
+// --allow localhost:PORT reaches the host's port at host.sandloop.internal
+// (with every client that honours the proxy variables), says so at the start,
+// and leaves localhost inside the sandbox the sandbox's own.
+func TestExecAllowHostLoopback(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "the host's service") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+	code := `
+import urllib.request, urllib.error
+def get(url):
+    try:
+        return urllib.request.urlopen(url, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        return "HTTP %d" % e.code
+    except OSError as e:
+        return type(e).__name__ + ": " + str(getattr(e, "reason", e))
+print("host:", get("http://host.sandloop.internal:` + port + `/"))
+print("own:", get("http://localhost:` + port + `/"))
+print("other:", get("http://host.sandloop.internal:1/"))
+`
+	rc, out, errOut := sandloop(t, "", "exec", "--allow", "localhost:"+port, "-c", code)
+	if rc != 0 {
+		t.Fatalf("exit %d: %s\n%s", rc, out, errOut)
+	}
+	for _, want := range []string{"host: the host's service\n", "own: URLError: [Errno 111] Connection refused", "other: HTTP 403"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "sandloop: note: --allow: inside the sandbox, localhost and 127.0.0.1 are the sandbox's own loopback") || !strings.Contains(errOut, "host.sandloop.internal:"+port) {
+		t.Errorf("no note at the start: %q", errOut)
+	}
+}
+
 func TestOpenWheelCache(t *testing.T) {
 	data := t.TempDir()
 	c, err := openWheelCache("", data, 1<<20, "", nil)

@@ -102,6 +102,9 @@ func (l *limitFlags) egressPolicy() (*egress.Policy, error) {
 	if err != nil {
 		return nil, usagef("--allow: %v", err)
 	}
+	if n := al.HostNote(); n != "" {
+		l.notes = append(l.notes, "--allow: "+n)
+	}
 	return &egress.Policy{Allow: al}, nil
 }
 

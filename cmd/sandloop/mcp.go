@@ -42,11 +42,11 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			if err != nil {
 				return err
 			}
-			lf.sayNotes(cmd.ErrOrStderr())
 			pol, err := lf.egressPolicy()
 			if err != nil {
 				return err
 			}
+			lf.sayNotes(cmd.ErrOrStderr())
 			effMax := maxTimeout
 			if effMax == 0 {
 				effMax = 10 * time.Minute // mcpserver's default

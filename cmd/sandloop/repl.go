@@ -39,11 +39,11 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 			if err != nil {
 				return err
 			}
-			lf.sayNotes(c.ErrOrStderr())
 			pol, err := lf.egressPolicy()
 			if err != nil {
 				return err
 			}
+			lf.sayNotes(c.ErrOrStderr())
 			env := map[string]string{}
 			for _, kv := range lf.env {
 				k, v, _ := strings.Cut(kv, "=")

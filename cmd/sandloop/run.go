@@ -113,11 +113,11 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
-	s.lf.sayNotes(cmd.ErrOrStderr())
 	pol, err := s.lf.egressPolicy()
 	if err != nil {
 		return err
 	}
+	s.lf.sayNotes(cmd.ErrOrStderr())
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
 			return usagef("--out %s is not a directory", s.out)

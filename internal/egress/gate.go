@@ -540,6 +540,17 @@ func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, 
 			return nil, notAllowed(net.JoinHostPort(ad.String(), strconv.Itoa(port)))
 		}
 		addrs = []netip.Addr{ad}
+	} else if host == HostName || host == "localhost" {
+		// The host's loopback (localhost asked of the proxy by a client that
+		// ignores NO_PROXY means the same): only where an entry lists it.
+		for _, ad := range []netip.Addr{hostLoopback, netip.IPv6Loopback()} {
+			if g.policy.Allow.allowsAddrTarget(ad, port) {
+				addrs = append(addrs, ad)
+			}
+		}
+		if len(addrs) == 0 {
+			return nil, notAllowed(net.JoinHostPort(host, strconv.Itoa(port)) + " (the host's loopback)")
+		}
 	} else {
 		if !validName(host) {
 			return nil, &refusal{http.StatusBadRequest, fmt.Sprintf("sandloop: %q is not a host name", host)}

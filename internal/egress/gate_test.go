@@ -523,3 +523,54 @@ func TestByteCapIsExact(t *testing.T) {
 		t.Errorf("the clients saw %d bytes through a cap of %d (%+d)", sum, limit, sum-limit)
 	}
 }
+
+// A listed localhost:PORT (or 127.0.0.1:PORT) is the host's loopback, reached
+// through the proxy at host.sandloop.internal (localhost inside the sandbox is
+// the sandbox's own); other ports stay refused, and a server's clients may
+// list it only where the server allows the address.
+func TestHostLoopbackByName(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	port := strconv.Itoa(echo.Addr().(*net.TCPAddr).Port)
+	_, proxy := startGate(t, []string{"localhost:" + port}, nil, nil)
+	for _, target := range []string{egress.HostName + ":" + port, "localhost:" + port} {
+		if got := connect(t, proxy, target); !strings.Contains(got, " 200 ") {
+			t.Errorf("CONNECT %s: %q", target, got)
+		}
+	}
+	if got := connect(t, proxy, egress.HostName+":1"); !strings.Contains(got, "403 sandloop: egress to "+egress.HostName+":1 (the host's loopback) is not allowed; allowed: localhost:"+port) {
+		t.Errorf("another port: %q", got)
+	}
+	// Without a loopback entry the name reaches nothing.
+	_, other := startGate(t, []string{"pypi"}, nil, nil)
+	if got := connect(t, other, egress.HostName+":"+port); !strings.Contains(got, "403 ") {
+		t.Errorf("no loopback entry: %q", got)
+	}
+
+	al, err := egress.ParseAllowlist([]string{"pypi", "localhost:" + port, "127.0.0.1:9000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	note := al.HostNote()
+	if !strings.Contains(note, egress.HostName+":"+port+", "+egress.HostName+":9000") || !strings.Contains(note, "sandbox's own loopback") {
+		t.Errorf("HostNote: %q", note)
+	}
+	if n := egress.HostNote([]string{"pypi", "example.org:8000"}); n != "" {
+		t.Errorf("HostNote without loopback entries: %q", n)
+	}
+	if err := al.Within(nil); err == nil || !strings.Contains(err.Error(), "localhost:"+port) {
+		t.Errorf("a server without maxima let a client list its loopback: %v", err)
+	}
+}

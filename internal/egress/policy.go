@@ -68,6 +68,17 @@ func PresetNames() []string {
 // Port is the port the proxy listens on inside the sandbox.
 const Port = 3128
 
+// HostName is the name by which sandboxed code reaches the host's own
+// loopback through the proxy, where an entry lists it (localhost:8000,
+// 127.0.0.1:8000). Inside the sandbox, localhost and 127.0.0.1 are the
+// sandbox's own loopback (NO_PROXY keeps them local, so that a server the
+// code starts is tested from inside): the host's port 8000 is
+// http://host.sandloop.internal:8000. ".internal" is reserved for private
+// use and never resolves in public DNS.
+const HostName = "host.sandloop.internal"
+
+var hostLoopback = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
 // defaultPorts are the ports an entry without one allows.
 var defaultPorts = []int{80, 443}
 
@@ -166,6 +177,13 @@ func (a *Allowlist) add(e string) error {
 		return nil
 	}
 	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	if name == "localhost" || name == HostName {
+		// The host's loopback: an address entry, as 127.0.0.1 would be.
+		r.prefix = netip.PrefixFrom(hostLoopback, 32)
+		a.rules = append(a.rules, r)
+		a.entries = append(a.entries, e)
+		return nil
+	}
 	if rest, ok := strings.CutPrefix(name, "*."); ok {
 		r.suffix, name = true, rest
 	}
@@ -220,6 +238,42 @@ func (a *Allowlist) allowsAddrTarget(ad netip.Addr, port int) bool {
 		}
 	}
 	return false
+}
+
+// HostNote says how sandboxed code reaches the host's loopback ports the
+// allowlist lists ("" if it lists none): at HostName, as localhost inside
+// the sandbox is the sandbox's own.
+func (a *Allowlist) HostNote() string {
+	if a == nil {
+		return ""
+	}
+	var at []string
+	for i, r := range a.rules {
+		if r.name != "" || !r.prefix.Contains(hostLoopback) && !r.prefix.Contains(netip.IPv6Loopback()) {
+			continue
+		}
+		if r.ports == nil {
+			at = append(at, HostName+":PORT (any port, from "+a.entries[i]+")")
+			continue
+		}
+		for _, p := range r.ports {
+			at = append(at, HostName+":"+strconv.Itoa(p))
+		}
+	}
+	if len(at) == 0 {
+		return ""
+	}
+	return "inside the sandbox, localhost and 127.0.0.1 are the sandbox's own loopback; the host's listed ports are reached through the proxy at " +
+		strings.Join(slices.Compact(at), ", ") + " (e.g. requests.get(\"http://" + strings.SplitN(at[0], " ", 2)[0] + "/\"))"
+}
+
+// HostNote is Allowlist.HostNote for entries as written ("" if they do not parse).
+func HostNote(entries []string) string {
+	a, err := ParseAllowlist(entries)
+	if err != nil {
+		return ""
+	}
+	return a.HostNote()
 }
 
 // coversAddr reports whether an address or range entry names ad, which

@@ -39,7 +39,10 @@ type sessionJSON struct {
 	Network    bool      `json:"network"` // the host's network
 	Mode       string    `json:"network_mode"`
 	Allow      []string  `json:"allow,omitempty"`
-	FromPool   bool      `json:"from_pool"`
+	// HostNote says how the code reaches the host's loopback ports the
+	// allowlist lists (at egress.HostName; localhost is the sandbox's own).
+	HostNote string `json:"host_note,omitempty"`
+	FromPool bool   `json:"from_pool"`
 	// The workspace's quota, and whether the kernel enforces it on every
 	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
@@ -58,6 +61,9 @@ func toSessionJSON(ms *session.Managed) sessionJSON {
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
 		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
+	}
+	if ms.Egress != nil {
+		j.HostNote = ms.Egress.Allow.HostNote()
 	}
 	if err := ms.Err(); err != nil {
 		j.Status, j.Message = "restart_required", err.Error()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
@@ -386,7 +387,11 @@ func networkSentence(c *Config) string {
 	case c.Network:
 		return "The sandbox can reach the network."
 	case len(c.Allow) > 0:
-		return "The sandbox can reach only these hosts (through a proxy; pip and requests use it on their own): " + strings.Join(c.Allow, ", ") + "."
+		s := "The sandbox can reach only these hosts (through a proxy; pip and requests use it on their own): " + strings.Join(c.Allow, ", ") + "."
+		if n := egress.HostNote(c.Allow); n != "" {
+			s += " Note: " + n + "."
+		}
+		return s
 	}
 	return "The sandbox has no network access (only its own loopback)."
 }

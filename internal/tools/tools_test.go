@@ -300,3 +300,18 @@ func TestFilesLLMFace(t *testing.T) {
 		t.Errorf("list: %q", res.Text)
 	}
 }
+
+// A listed host loopback port is described to the model with the name that
+// reaches it: localhost in the sandbox is the sandbox's own.
+func TestDescriptionsNameTheHostLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		allow []string
+		want  bool
+	}{{[]string{"pypi", "localhost:8000"}, true}, {[]string{"pypi"}, false}} {
+		set := newSet(t, tools.Config{Allow: tc.allow}, tools.ExecutePython)
+		d := set.Tools()[0].Description
+		if got := strings.Contains(d, "host.sandloop.internal:8000") && strings.Contains(d, "sandbox's own loopback"); got != tc.want {
+			t.Errorf("allow %v: mentions the host's loopback = %v:\n%s", tc.allow, got, d)
+		}
+	}
+}
