@@ -120,44 +120,77 @@ var caches = []string{".cache", ".config", ".local", "__pycache__", ".ipython", 
 // copyOut copies the workspace to --out, first checking that it overwrites
 // nothing (unless --force): files that exist with other content are listed
 // and nothing is copied.
-func (s *scriptRun) copyOut(ws string, stderr io.Writer) error {
-	skip := func(d fs.DirEntry) bool { return !s.keepCaches && slices.Contains(caches, d.Name()) }
-	var clash []string
-	if !s.force {
-		err := filepath.WalkDir(ws, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if skip(d) {
-				if d.IsDir() {
-					return fs.SkipDir
-				}
-				return nil
-			}
-			if !d.Type().IsRegular() {
-				return nil
-			}
-			rel, _ := filepath.Rel(ws, p)
-			if same, exists := sameFile(p, filepath.Join(s.out, rel)); exists && !same {
+func (s *scriptRun) copyOut(ws string, _ io.Writer) error {
+	clash, err := copyWorkspace(ws, s.out, s.force, s.keepCaches)
+	if len(clash) > 0 {
+		return usagef("--out %s: the run would overwrite %s; nothing was copied: pass --force to overwrite, or choose another directory", s.out, clashList(clash))
+	}
+	return err
+}
+
+// cacheSkip leaves out the caches (unless keep).
+func cacheSkip(keep bool) func(fs.DirEntry) bool {
+	return func(d fs.DirEntry) bool { return !keep && slices.Contains(caches, d.Name()) }
+}
+
+// copyWorkspace copies the workspace ws to out, caches left out unless
+// keepCaches. Unless force, it first lists the files it would overwrite
+// (that exist in out with other content): if there are any, it copies
+// nothing and returns them.
+func copyWorkspace(ws, out string, force, keepCaches bool) (clash []string, err error) {
+	skip := cacheSkip(keepCaches)
+	if !force {
+		err := walkFiles(ws, skip, func(rel string, _ fs.FileInfo) {
+			if same, exists := sameFile(filepath.Join(ws, rel), filepath.Join(out, rel)); exists && !same {
 				clash = append(clash, rel)
 			}
-			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("copy workspace to %s: %w", s.out, err)
+			return nil, fmt.Errorf("copy workspace to %s: %w", out, err)
 		}
 	}
 	if len(clash) > 0 {
-		list := strings.Join(clash[:min(len(clash), 5)], ", ")
-		if len(clash) > 5 {
-			list += fmt.Sprintf(" and %d more", len(clash)-5)
+		return clash, nil
+	}
+	if err := copyTreeSkip(ws, out, skip); err != nil {
+		return nil, fmt.Errorf("copy workspace to %s: %w", out, err)
+	}
+	return nil, nil
+}
+
+// clashList is "3 existing file(s) (a, b, c)", at most five named.
+func clashList(files []string) string {
+	list := strings.Join(files[:min(len(files), 5)], ", ")
+	if len(files) > 5 {
+		list += fmt.Sprintf(" and %d more", len(files)-5)
+	}
+	return fmt.Sprintf("%d existing file(s) (%s)", len(files), list)
+}
+
+// walkFiles calls fn with each regular file under root (its path relative
+// to root), leaving out what skip names.
+func walkFiles(root string, skip func(fs.DirEntry) bool, fn func(rel string, fi fs.FileInfo)) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		return usagef("--out %s: the run would overwrite %d existing file(s) (%s); nothing was copied: pass --force to overwrite, or choose another directory", s.out, len(clash), list)
-	}
-	if err := copyTreeSkip(ws, s.out, skip); err != nil {
-		return fmt.Errorf("copy workspace to %s: %w", s.out, err)
-	}
-	return nil
+		if p != root && skip(d) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		fn(rel, fi)
+		return nil
+	})
 }
 
 // sameFile reports whether dst exists and holds what src holds.

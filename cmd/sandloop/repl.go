@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -16,12 +17,14 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/workspace"
 	"github.com/spf13/cobra"
 )
 
 func newReplCmd() *cobra.Command {
 	var lf limitFlags
 	var images, history string
+	var keep replKeep
 	cmd := &cobra.Command{
 		Use:   "repl",
 		Short: "Interactive Python session in a sandbox",
@@ -32,7 +35,13 @@ Ctrl-C interrupts the running code without losing state. Ctrl-D, exit(),
 quit() or sys.exit(N) quit (N is the exit status). On a terminal, lines are
 edited with the arrow keys, Ctrl-R searches the history, which is kept in
 --history.
---timeout limits each input's run time.`,
+--timeout limits each input's run time.
+
+--with copies files or directories in (at the same relative path, as for
+run). On exit the workspace is deleted, which is said with what it held;
+--out DIR copies it to DIR first (never over existing files unless --force:
+where they clash, it goes to a new directory beside DIR instead, so that
+nothing is lost).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			limits, err := lf.limits()
@@ -44,6 +53,16 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 				return err
 			}
 			lf.sayNotes(c.ErrOrStderr())
+			if keep.out != "" {
+				if fi, err := os.Stat(keep.out); err == nil && !fi.IsDir() {
+					return usagef("--out %s is not a directory", keep.out)
+				}
+			}
+			for _, p := range keep.with {
+				if _, err := os.Stat(p); err != nil {
+					return usagef("--with %s: %v", p, unwrapPathError(err))
+				}
+			}
 			env := map[string]string{}
 			for _, kv := range lf.env {
 				k, v, _ := strings.Cut(kv, "=")
@@ -61,6 +80,7 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 				Interrupts: sigs,
 				Images:     images,
 				History:    history,
+				Keep:       keep,
 				Options: session.Options{
 					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout,
 				},
@@ -70,7 +90,18 @@ edited with the arrow keys, Ctrl-R searches the history, which is kept in
 	lf.register(cmd.Flags())
 	cmd.Flags().StringVar(&history, "history", filepath.Join(defaultDataDir(), "repl_history"), "file keeping the input history on a terminal (empty: none)")
 	cmd.Flags().StringVar(&images, "images", "", "directory for images the code shows (default: a new temporary directory)")
+	cmd.Flags().StringArrayVar(&keep.with, "with", nil, "copy a file or directory into the workspace at the start, at the same relative path (repeatable)")
+	cmd.Flags().StringVar(&keep.out, "out", "", "copy the workspace to DIR on exit (never over existing files unless --force; without caches unless --keep-caches)")
+	cmd.Flags().BoolVar(&keep.force, "force", false, "let --out overwrite files that exist in DIR")
+	cmd.Flags().BoolVar(&keep.keepCaches, "keep-caches", false, "let --out copy caches too (.cache, .config, __pycache__, ...)")
 	return cmd
+}
+
+// replKeep is what goes into a REPL's workspace and what is kept of it.
+type replKeep struct {
+	with              []string
+	out               string
+	force, keepCaches bool
 }
 
 // replConfig is what runRepl needs; tests drive it through pipes.
@@ -80,6 +111,7 @@ type replConfig struct {
 	Interrupts <-chan os.Signal // Ctrl-C
 	Images     string           // if empty, a temporary directory made on first use
 	History    string           // the history file on a terminal; if empty, none is kept
+	Keep       replKeep
 	Options    session.Options
 }
 
@@ -100,6 +132,12 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 	}
 	defer s.Close()
 	r := &repl{replConfig: cfg, s: s}
+	for _, p := range cfg.Keep.with {
+		if err := r.copyIn(p); err != nil {
+			return usagef("--with %s: %v", p, unwrapPathError(err))
+		}
+	}
+	defer r.leave() // before Close deletes the workspace
 	where := "workspace " + s.Workspace()
 	if strings.HasPrefix(s.Workspace(), "/proc/self/") {
 		// Made in a user namespace: its path is valid in this process only.
@@ -156,6 +194,86 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 		}
 		cell.Reset()
 	}
+}
+
+// copyIn copies the file or directory p into the workspace at the same
+// relative path (as run --with does), owned by the sandbox user.
+func (r *repl) copyIn(p string) error {
+	w, err := r.s.Files(workspace.Options{})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	rel := filepath.Clean(p)
+	if !filepath.IsLocal(rel) {
+		rel = filepath.Base(rel)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return writeInto(w, p, filepath.ToSlash(rel))
+	}
+	return walkFiles(p, func(fs.DirEntry) bool { return false }, func(sub string, _ fs.FileInfo) {
+		if err == nil {
+			err = writeInto(w, filepath.Join(p, sub), filepath.ToSlash(filepath.Join(rel, sub)))
+		}
+	})
+}
+
+func writeInto(w *workspace.Workspace, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = w.Write(dst, f)
+	return err
+}
+
+// leave says what becomes of the workspace as the REPL ends: copied to
+// --out (or beside it, where files would be overwritten), or deleted, with
+// what it held.
+func (r *repl) leave() {
+	ws := r.s.Workspace()
+	var files []string
+	var size int64
+	_ = walkFiles(ws, cacheSkip(r.Keep.keepCaches), func(rel string, fi fs.FileInfo) {
+		files = append(files, rel)
+		size += fi.Size()
+	})
+	if len(files) == 0 {
+		fmt.Fprintln(r.Err, "sandloop: the workspace held no files; it is deleted")
+		return
+	}
+	held := fmt.Sprintf("%d file(s), %s: %s", len(files), formatSize(size), strings.Join(files[:min(len(files), 5)], ", "))
+	if len(files) > 5 {
+		held += fmt.Sprintf(" and %d more", len(files)-5)
+	}
+	out := r.Keep.out
+	if out == "" {
+		fmt.Fprintf(r.Err, "sandloop: deleting the workspace (%s); keep it next time with --out DIR\n", held)
+		return
+	}
+	clash, err := copyWorkspace(ws, out, r.Keep.force, r.Keep.keepCaches)
+	if len(clash) > 0 {
+		// Never lose the session's files to a name clash: keep them beside DIR.
+		beside, merr := os.MkdirTemp(filepath.Dir(filepath.Clean(out)), filepath.Base(filepath.Clean(out))+".repl-")
+		if merr != nil {
+			fmt.Fprintf(r.Err, "sandloop: --out %s would overwrite %s, and no directory could be made beside it (%v): the workspace is lost\n", out, clashList(clash), merr)
+			return
+		}
+		if _, err = copyWorkspace(ws, beside, true, r.Keep.keepCaches); err == nil {
+			fmt.Fprintf(r.Err, "sandloop: --out %s would overwrite %s: the workspace (%s) was copied to %s instead (--force overwrites)\n", out, clashList(clash), held, beside)
+			return
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(r.Err, "sandloop: %v\n", err)
+		return
+	}
+	fmt.Fprintf(r.Err, "sandloop: copied the workspace (%s) to %s\n", held, out)
 }
 
 // exitWith is the command's result for a REPL left with exit status code.

@@ -86,3 +86,55 @@ func TestReplLineEditingAndHistory(t *testing.T) {
 		t.Errorf("Ctrl-R did not find print(x+1) in the history:\n%s", out)
 	}
 }
+
+// repl --with brings files in, --out keeps the workspace on exit (beside
+// DIR where it would overwrite, so nothing is lost), and without --out the
+// exit says what is deleted.
+func TestReplWithAndOut(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	os.MkdirAll(filepath.Join(dir, "data"), 0o755)
+	writeFile(t, dir, "data/sales.csv", "region,amount\nnorth,3\nsouth,4\n")
+	writeFile(t, dir, "notes.txt", "hello\n")
+	out := filepath.Join(dir, "kept")
+	input := "import csv\nrows = list(csv.DictReader(open('data/sales.csv')))\nprint('total', sum(int(r['amount']) for r in rows))\n" +
+		"open('data/sales.csv', 'a').write('east,5\\n')\nopen('report.txt', 'w').write('total 12\\n')\n"
+	code, stdout, stderr := sandloop(t, input, "repl", "--history", "", "--with", "data", "--with", "notes.txt", "--out", out)
+	if code != 0 || !strings.Contains(stdout, "total 7") {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "report.txt")); string(b) != "total 12\n" {
+		t.Errorf("--out lacks report.txt: %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "data", "sales.csv")); !strings.HasSuffix(string(b), "east,5\n") {
+		t.Errorf("--out has the --with file unchanged: %q", b)
+	}
+	if !strings.Contains(stderr, "sandloop: copied the workspace (3 file(s)") || !strings.Contains(stderr, out) {
+		t.Errorf("the exit does not say where the files went: %q", stderr)
+	}
+
+	// Again into the same --out: the files differ, so they go beside it.
+	code, _, stderr = sandloop(t, "open('report.txt', 'w').write('changed\\n')\n", "repl", "--history", "", "--out", out)
+	if code != 0 || !strings.Contains(stderr, "would overwrite 1 existing file(s) (report.txt)") || !strings.Contains(stderr, "copied to "+out+".repl-") {
+		t.Fatalf("clash: exit %d %q", code, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "report.txt")); string(b) != "total 12\n" {
+		t.Errorf("--out was overwritten without --force: %q", b)
+	}
+	beside, _ := filepath.Glob(out + ".repl-*")
+	if len(beside) != 1 {
+		t.Fatalf("beside --out: %v", beside)
+	}
+	if b, _ := os.ReadFile(filepath.Join(beside[0], "report.txt")); string(b) != "changed\n" {
+		t.Errorf("the new files were lost: %q", b)
+	}
+
+	// No --out: the exit says what is deleted.
+	_, _, stderr = sandloop(t, "open('a.py', 'w').write('x = 1\\n')\n", "repl", "--history", "")
+	if !strings.Contains(stderr, "sandloop: deleting the workspace (1 file(s), 6 bytes: a.py); keep it next time with --out DIR") {
+		t.Errorf("no word of what is deleted: %q", stderr)
+	}
+	if code, _, stderr := sandloop(t, "", "repl", "--history", "", "--with", "nosuch"); code != 2 || !strings.Contains(stderr, "--with nosuch") {
+		t.Errorf("--with a missing path: %d %q", code, stderr)
+	}
+}
