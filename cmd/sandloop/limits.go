@@ -15,7 +15,11 @@ import (
 )
 
 // sizeValue is a byte count given as 512M, 1GiB, 1.5g or a plain number.
-type sizeValue struct{ n *int64 }
+// A limit's takes 0 too, to refuse it with the limits' rule (limits).
+type sizeValue struct {
+	n     *int64
+	limit bool
+}
 
 func (s sizeValue) String() string {
 	if s.n == nil || *s.n == 0 {
@@ -25,6 +29,10 @@ func (s sizeValue) String() string {
 }
 func (s sizeValue) Type() string { return "size" }
 func (s sizeValue) Set(v string) error {
+	if s.limit && strings.TrimSpace(v) == "0" {
+		*s.n = 0
+		return nil
+	}
 	n, err := parseSize(v)
 	if err != nil {
 		return err
@@ -74,14 +82,16 @@ type limitFlags struct {
 	fs      *pflag.FlagSet
 	// notes are said to the user before the run (a limit capped).
 	notes []string
-	// maxima: these are a server's --max- flags.
+	// maxima: these are a server's --max- flags; prefix is what their
+	// names start with ("max-").
 	maxima bool
+	prefix string
 }
 
 func (l *limitFlags) register(fs *pflag.FlagSet) {
 	l.fs = fs
 	fs.DurationVar(&l.timeout, "timeout", 0, "wall-clock limit, e.g. 30s or 5m (default: none)")
-	fs.Var(sizeValue{&l.memory}, "memory", "memory limit, swap included, e.g. 512M (default 512M)")
+	fs.Var(sizeValue{n: &l.memory, limit: true}, "memory", "memory limit, swap included, e.g. 512M (default 512M)")
 	fs.Float64Var(&l.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5, at most the host's CPUs (default 1)")
 	fs.IntVar(&l.pids, "pids", 0, "maximum processes and threads of the program, sandloop's own not counted (at least 8; default 256)")
 	l.registerQuota(fs, "", "")
@@ -114,32 +124,52 @@ func (l *limitFlags) limits() (jail.Limits, error) {
 			return jail.Limits{}, usagef("--env %q must be KEY=VALUE", kv)
 		}
 	}
-	switch {
-	case l.timeout < 0:
-		return jail.Limits{}, usagef("--timeout must not be negative")
-	case l.cpus < 0:
-		return jail.Limits{}, usagef("--cpus must not be negative")
-	case l.pids < 0:
-		return jail.Limits{}, usagef("--pids must not be negative")
-	case l.files < 0:
-		return jail.Limits{}, usagef("--files must not be negative")
-	case l.disk != 0 && l.disk < 1<<20:
-		return jail.Limits{}, usagef("--disk must be at least 1M")
-	case l.files != 0 && l.files < 16:
-		return jail.Limits{}, usagef("--files must be at least 16")
-	case l.set("pids") && l.pids == 0:
-		return jail.Limits{}, usagef("--pids 0 is not a limit: give a number of processes, at least 8 (default 256)")
-	case l.set("cpus") && l.cpus == 0:
-		return jail.Limits{}, usagef("--cpus 0 is not a limit: give a number of cores such as 0.5 (default 1)")
+	// One rule for every limit: a negative value, or a 0 given, is refused
+	// ("not a limit"); below the minimum is refused with the minimum; above
+	// what this host has is capped to it, with a note said at the start.
+	f := func(name string) string { return "--" + l.prefix + name }
+	for _, c := range []struct {
+		name     string
+		given    bool
+		v, min   float64
+		unit, df string
+	}{
+		{"timeout", false, l.timeout.Seconds(), 0, "", ""},
+		{"cpus", l.set("cpus"), l.cpus, 0.01, "a number of cores such as 0.5", "1"},
+		{"pids", l.set("pids"), float64(l.pids), 8, "a number of processes and threads", "256"},
+		{"files", l.set("files"), float64(l.files), 16, "a number of files and directories", strconv.Itoa(jail.DefaultFiles)},
+		{"disk", l.set("disk"), float64(l.disk), 1 << 20, "a size such as 256M", formatSize(jail.DefaultDisk)},
+		{"memory", l.set("memory"), float64(l.memory), 16 << 20, "a size such as 512M", "512M"},
+	} {
+		switch {
+		case c.v < 0:
+			return jail.Limits{}, usagef("%s must not be negative", f(c.name))
+		case c.given && c.v == 0:
+			df := " " + c.df
+			if l.prefix != "" {
+				df = ": --" + c.name // a server's maximum defaults to its default
+			}
+			return jail.Limits{}, usagef("%s 0 is not a limit: give %s, at least %s (default%s)", f(c.name), c.unit, minText(c.name, c.min), df)
+		case c.v != 0 && c.v < c.min:
+			return jail.Limits{}, usagef("%s must be at least %s", f(c.name), minText(c.name, c.min))
+		}
 	}
-	if n := float64(runtime.NumCPU()); l.set("cpus") && l.cpus > n {
-		l.notes = append(l.notes, fmt.Sprintf("--cpus %g is more than this host's %g CPUs: using %g", l.cpus, n, n))
+	if n := float64(runtime.NumCPU()); l.cpus > n {
+		l.notes = append(l.notes, fmt.Sprintf("%s %g is more than this host's %g CPUs: using %g", f("cpus"), l.cpus, n, n))
 		l.cpus = n
+	}
+	if n := jail.MaxPids(); l.pids > n {
+		l.notes = append(l.notes, fmt.Sprintf("%s %d is more than this host can run (kernel.pid_max): using %d", f("pids"), l.pids, n))
+		l.pids = n
+	}
+	if n := jail.HostMemory(); n > 0 && l.memory > n {
+		l.notes = append(l.notes, fmt.Sprintf("%s %s is more than this host's memory and swap: using %s", f("memory"), formatSize(l.memory), formatSize(n)))
+		l.memory = n
 	}
 	lim := jail.Limits{Memory: l.memory, CPUs: l.cpus, Pids: l.pids, Timeout: l.timeout, Disk: l.disk, Files: l.files}
 	if !l.maxima {
 		// A server's maxima are checked with its defaults (serve).
-		if err := checkDiskFits("--", lim, jail.Limits{}); err != nil {
+		if err := checkDiskFits("--"+l.prefix, lim, jail.Limits{}); err != nil {
 			return jail.Limits{}, err
 		}
 	}
@@ -162,18 +192,27 @@ func checkDiskFits(prefix string, l, fallback jail.Limits) error {
 // registerQuota adds the workspace quota's flags, named with prefix
 // ("max-" for a server's maxima) and described with what ("largest ...").
 func (l *limitFlags) registerQuota(fs *pflag.FlagSet, prefix, what string) {
+	l.fs, l.prefix = fs, prefix
 	if what == "" {
-		fs.Var(sizeValue{&l.disk}, "disk", fmt.Sprintf("bytes the workspace may hold, enforced on every write (memory-backed: counts toward --memory, so at most --memory) (default %s, at most half of --memory)", formatSize(jail.DefaultDisk)))
+		fs.Var(sizeValue{n: &l.disk, limit: true}, "disk", fmt.Sprintf("bytes the workspace may hold, enforced on every write (memory-backed: counts toward --memory, so at most --memory) (default %s, at most half of --memory)", formatSize(jail.DefaultDisk)))
 		fs.IntVar(&l.files, "files", 0, fmt.Sprintf("files and directories the workspace may hold (default %d)", jail.DefaultFiles))
 		return
 	}
 	l.maxima = true
-	fs.Var(sizeValue{&l.disk}, prefix+"disk", what+" workspace size a session may ask for (default: --disk)")
+	fs.Var(sizeValue{n: &l.disk, limit: true}, prefix+"disk", what+" workspace size a session may ask for (default: --disk)")
 	fs.IntVar(&l.files, prefix+"files", 0, what+" workspace file count a session may ask for (default: --files)")
 }
 
-// set reports whether the user gave flag name.
-func (l *limitFlags) set(name string) bool { return l.fs != nil && l.fs.Changed(name) }
+// set reports whether the user gave flag name (with the flags' prefix).
+func (l *limitFlags) set(name string) bool { return l.fs != nil && l.fs.Changed(l.prefix+name) }
+
+// minText is a limit's minimum as its flag takes it.
+func minText(name string, min float64) string {
+	if name == "disk" || name == "memory" {
+		return formatSize(int64(min))
+	}
+	return strconv.FormatFloat(min, 'g', -1, 64)
+}
 
 // sayNotes prints the notes about the limits to w, once.
 func (l *limitFlags) sayNotes(w io.Writer) {

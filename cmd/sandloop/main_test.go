@@ -206,7 +206,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"run", "--timeout", "soon", script}, "invalid argument"},
 		{[]string{"exec", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"exec", "--env", "NOEQUALS", "-c", "1"}, "must be KEY=VALUE"},
-		{[]string{"exec", "--memory", "1k", "-c", "1"}, "below the 16 MiB minimum"},
+		{[]string{"exec", "--memory", "1k", "-c", "1"}, "--memory must be at least 16M"},
 		{[]string{"run", "--with", filepath.Join(dir, "nodir"), script}, "--with"},
 		{[]string{"exec", "--disk", "1k", "-c", "1"}, "--disk must be at least 1M"},
 		{[]string{"exec", "--files", "3", "-c", "1"}, "--files must be at least 16"},

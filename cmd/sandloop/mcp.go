@@ -130,11 +130,11 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 	registerZygote(f, &zygoteFlag)
 	f.Lookup("timeout").Usage = "default timeout of one tool call when it gives no timeout_s (default 30s)"
 	f.DurationVar(&maxTimeout, "max-timeout", 0, "largest timeout_s a tool call may ask for (default 10m)")
-	f.Var(sizeValue{&maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")
-	f.Var(sizeValue{&maxText}, "max-text", "stdout, stderr and traceback shown to the model per call, each; head and tail kept (default 16K)")
-	f.Var(sizeValue{&maxCode}, "max-code", "largest code execute_python accepts (default 1M)")
-	f.Var(sizeValue{&maxFile}, "max-file", "largest file read_file or write_file handles (default 4M)")
-	f.Var(sizeValue{&maxWorkspace}, "max-workspace", "largest total size of the workspace after write_file (default 1G)")
+	f.Var(sizeValue{n: &maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")
+	f.Var(sizeValue{n: &maxText}, "max-text", "stdout, stderr and traceback shown to the model per call, each; head and tail kept (default 16K)")
+	f.Var(sizeValue{n: &maxCode}, "max-code", "largest code execute_python accepts (default 1M)")
+	f.Var(sizeValue{n: &maxFile}, "max-file", "largest file read_file or write_file handles (default 4M)")
+	f.Var(sizeValue{n: &maxWorkspace}, "max-workspace", "largest total size of the workspace after write_file (default 1G)")
 	f.StringSliceVar(&tools, "tools", nil, "comma-separated tools to offer (default all: "+strings.Join(mcpserver.ToolNames, ",")+")")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log debug details to stderr")
 	return cmd

@@ -35,7 +35,7 @@ func (s *scriptRun) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&s.keepCaches, "keep-caches", false, "let --out copy caches too (.cache, .config, __pycache__, ...)")
 	cmd.Flags().BoolVar(&s.stats, "stats", false, "print duration, CPU time and peak memory to stderr")
 	s.maxOutput = 16 << 20
-	cmd.Flags().Var(sizeValue{&s.maxOutput}, "max-output", "pass on at most this much stdout and stderr together, then only their last 64K each, with a note of what was dropped")
+	cmd.Flags().Var(sizeValue{n: &s.maxOutput}, "max-output", "pass on at most this much stdout and stderr together, then only their last 64K each, with a note of what was dropped")
 }
 
 func newRunCmd() *cobra.Command {

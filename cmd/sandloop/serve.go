@@ -102,7 +102,7 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringSliceVar(&sf.allow, "allow", nil, "allowlist of a session in mode allow that lists nothing (host names, *.domains, :PORTs, addresses, ranges, presets: "+strings.Join(egress.PresetNames(), ", ")+"; repeatable)")
 	f.StringSliceVar(&sf.allowMax, "allow-max", nil, "what sessions may list in mode allow (default: any host names, no addresses or ranges; repeatable)")
 	f.StringVar(&sf.wheelCache, "wheel-cache", "", "directory of the package cache shared by allow-mode sessions whose allowlist covers --pip-index (default DATA-DIR/wheel-cache; off: none)")
-	f.Var(sizeValue{&sf.wheelCacheSize}, "wheel-cache-size", "size cap of the package cache (least recently used files go first)")
+	f.Var(sizeValue{n: &sf.wheelCacheSize}, "wheel-cache-size", "size cap of the package cache (least recently used files go first)")
 	f.StringVar(&sf.pipIndex, "pip-index", egress.DefaultIndex(), "PEP 503 index the package cache mirrors for pip in allow-mode sessions")
 	f.BoolVar(&sf.jsonLogs, "log-json", false, "log as JSON lines")
 	registerZygote(f, &sf.zygote)
@@ -113,14 +113,14 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.DurationVar(&c.Heartbeat, "heartbeat", 2*time.Second, "with --register, how often the registration is renewed")
 	f.DurationVar(&sf.drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
 	f.StringVar(&c.Model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
-	f.Var(sizeValue{&c.MaxBodyBytes}, "max-body", "largest JSON request body (create a session, execute, lessons; default 4M): more is answered 413")
-	f.Var(sizeValue{&c.MaxFileBytes}, "max-upload", "largest file uploaded with PUT /v1/sessions/{id}/files/{path} (default 100M): more is answered 413")
-	f.Var(sizeValue{&c.MaxRunBodyBytes}, "max-run-body", "largest POST /v1/runs body, task and files included (default 32M): more is answered 413")
-	f.Var(sizeValue{&sf.def.memory}, "memory", "default memory limit per session (default 512M)")
+	f.Var(sizeValue{n: &c.MaxBodyBytes}, "max-body", "largest JSON request body (create a session, execute, lessons; default 4M): more is answered 413")
+	f.Var(sizeValue{n: &c.MaxFileBytes}, "max-upload", "largest file uploaded with PUT /v1/sessions/{id}/files/{path} (default 100M): more is answered 413")
+	f.Var(sizeValue{n: &c.MaxRunBodyBytes}, "max-run-body", "largest POST /v1/runs body, task and files included (default 32M): more is answered 413")
+	f.Var(sizeValue{n: &sf.def.memory, limit: true}, "memory", "default memory limit per session (default 512M)")
 	f.Float64Var(&sf.def.cpus, "cpus", 0, "default CPU quota per session (default 1)")
 	f.IntVar(&sf.def.pids, "pids", 0, "default process limit per session (default 256)")
 	sf.def.registerQuota(f, "", "")
-	f.Var(sizeValue{&sf.max.memory}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
+	f.Var(sizeValue{n: &sf.max.memory, limit: true}, "max-memory", "largest memory limit a session may ask for (default: --memory)")
 	f.Float64Var(&sf.max.cpus, "max-cpus", 0, "largest CPU quota a session may ask for (default: --cpus)")
 	f.IntVar(&sf.max.pids, "max-pids", 0, "largest process limit a session may ask for (default: --pids)")
 	sf.max.registerQuota(f, "max-", "largest")
@@ -163,11 +163,16 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	if err := checkDiskFits("--max-", cfg.Max, cfg.Defaults); err != nil {
 		return nil, err
 	}
+	sf.def.sayNotes(logTo)
+	sf.max.sayNotes(logTo)
 	if cfg.Egress, err = egressOptions(sf.defaultNetwork, sf.allow, sf.allowMax); err != nil {
 		return nil, err
 	}
 	if cfg.PoolSize < 0 || cfg.MaxSessions < 0 {
 		return nil, usagef("--pool and --max-sessions must not be negative")
+	}
+	if cfg.MaxSessions == 0 {
+		return nil, usagef("--max-sessions 0 is not a limit: give the number of sessions held at once, at least 1 (default 64)")
 	}
 	if cfg.WheelCache, err = openWheelCache(sf.wheelCache, cfg.DataDir, sf.wheelCacheSize, sf.pipIndex, cfg.Logger); err != nil {
 		return nil, err

@@ -101,16 +101,38 @@ for p in ps: p.kill(); p.wait()`
 	if code, out, errOut := binary(t, "", "", "exec", "--pids", "10", "-c", spawn); code != 0 || out != "9\n" {
 		t.Errorf("--pids 10 did not allow python and 9 more processes: exit %d, %q %q", code, out, errOut)
 	}
+	// And no more: the init's threads are not the program's room.
+	if code, out, errOut := binary(t, "", "", "exec", "--pids", "8", "-c", strings.Replace(spawn, "range(9)", "range(30)", 1)); code != 0 || !strings.HasSuffix(out, "\n7\n") && !strings.HasSuffix(out, "\n6\n") {
+		t.Errorf("--pids 8 let python have other than 7 more processes (6 if the init needed a thread): exit %d, %q %q", code, out, errOut)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"exec", "--pids", "0", "-c", "1"}, "--pids 0 is not a limit"},
 		{[]string{"exec", "--cpus", "0", "-c", "1"}, "--cpus 0 is not a limit"},
+		{[]string{"exec", "--files", "0", "-c", "1"}, "--files 0 is not a limit"},
+		{[]string{"exec", "--disk", "0", "-c", "1"}, "--disk 0 is not a limit"},
+		{[]string{"exec", "--memory", "0", "-c", "1"}, "--memory 0 is not a limit"},
+		{[]string{"exec", "--pids", "3", "-c", "1"}, "--pids must be at least 8"},
+		{[]string{"exec", "--memory", "8M", "-c", "1"}, "--memory must be at least 16M"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-sessions", "0"}, "--max-sessions 0 is not a limit"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-pids", "0"}, "--max-pids 0 is not a limit"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-files", "3"}, "--max-files must be at least 16"},
 		{[]string{"run"}, "give the script: sandloop run FILE"},
 	} {
 		if code, out, errOut := binary(t, "", "", tt.args...); code != 2 || out != "" || !strings.Contains(errOut, tt.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("sandloop %s: exit %d, %q %q; want 2 and one line with %q", strings.Join(tt.args, " "), code, out, errOut, tt.want)
+		}
+	}
+	// Above what the host has: capped, with a note, and the program runs.
+	for _, tt := range []struct{ flag, value, note string }{
+		{"--pids", "100000000", "--pids 100000000 is more than this host can run (kernel.pid_max): using "},
+		{"--memory", "1T", "--memory 1024G is more than this host's memory and swap: using "},
+	} {
+		code, out, errOut := binary(t, "", "", "exec", tt.flag, tt.value, "-c", "print('ran')")
+		if code != 0 || out != "ran\n" || !strings.Contains(errOut, "sandloop: note: "+tt.note) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%s %s: exit %d, %q %q", tt.flag, tt.value, code, out, errOut)
 		}
 	}
 	n := runtime.NumCPU()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,11 @@ type initConfig struct {
 	// RlimitOnly: no cgroup enforces memory/pids, so rlimits must.
 	RlimitMemory bool
 	RlimitPids   bool
+	// ProgramPids, if set, is the program's own share of Limits.Pids (which
+	// has room for the init's threads on top): the program is held to it
+	// exactly by RLIMIT_NPROC, while the cgroup's pids.max, above it,
+	// bounds the jail as a whole.
+	ProgramPids int
 	// NewCgroupNS: unshare the cgroup namespace once the host has moved
 	// the init into its cgroup, so the jail sees its cgroup as "/".
 	NewCgroupNS bool
@@ -188,7 +194,11 @@ func setupAndStart(cfg *initConfig) (int, error) {
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
-	pid, err := forkWithRlimits(programRlimits(cfg), func() (int, error) {
+	forwardSignals()
+	if cfg.ProgramPids > 0 {
+		warmThreads()
+	}
+	pid, err := forkWithRlimits(func() []rlimit { return programRlimits(cfg) }, func() (int, error) {
 		return syscall.ForkExec(cfg.Path, args, attr)
 	})
 	if err != nil {
@@ -211,18 +221,48 @@ func reapAll() {
 	}
 }
 
+// programPid is the program's pid once it is started (0 before), and
+// programStarted is closed then.
+var (
+	programPid     atomic.Int64
+	programStarted = make(chan struct{})
+)
+
+// forwardSignals sends the signals the host sends the init on to the
+// program; those that come before it starts wait for it. It is set up
+// before the program starts, so that the threads it needs exist by then
+// (see warmThreads).
+func forwardSignals() {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	go func() {
+		<-programStarted
+		for s := range sigs {
+			_ = unix.Kill(int(programPid.Load()), s.(unix.Signal))
+		}
+	}()
+}
+
+// warmThreads lets the Go runtime start the threads the init needs while
+// it supervises (one blocked in wait4, one in the signal loop, the one
+// that takes over the processor): blocking a little in a system call, as
+// wait4 will, makes the runtime hand its processor to another thread. The
+// program's NPROC limit counts the init's threads as they are when it
+// starts (programRlimits), so threads started later would come out of the
+// program's share.
+func warmThreads() {
+	for range 3 {
+		_ = unix.Nanosleep(&unix.Timespec{Nsec: 2e6}, nil)
+	}
+}
+
 // superviseChild forwards signals from the host to the program, reaps
 // every process that ends in the jail, and returns the program's exit
 // status. When the init returns, the kernel kills whatever is left in the
 // PID namespace (daemons included).
 func superviseChild(pid int) initStatus {
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	go func() {
-		for s := range sigs {
-			_ = unix.Kill(pid, s.(unix.Signal))
-		}
-	}()
+	programPid.Store(int64(pid))
+	close(programStarted)
 	for {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(-1, &ws, 0, nil)

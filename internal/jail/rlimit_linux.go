@@ -43,16 +43,34 @@ func applyRlimits(set []rlimit) error {
 // ("out of memory allocating heap arena metadata") as soon as its heap
 // grows — while supervising a program that hit the same limit.
 // NPROC is counted per user per user namespace, so it bounds this jail
-// alone.
+// alone. It counts every task of the user there, the init's threads (the
+// same user) included: the program's limit is its own share plus the
+// threads the init has when it starts the program, so that --pids 8 means
+// 8 of the program's processes and threads, not 8 and the init's spare
+// room. (If the init starts more threads later, they come out of the
+// program's share; the init itself is never refused a thread: its own
+// NPROC is not lowered, and the cgroup keeps room for it.)
 func programRlimits(cfg *initConfig) []rlimit {
 	var set []rlimit
 	if cfg.RlimitMemory {
 		set = append(set, rlimit{"DATA", unix.RLIMIT_DATA, uint64(cfg.Limits.Memory)})
 	}
-	if cfg.RlimitPids {
+	switch {
+	case cfg.ProgramPids > 0:
+		set = append(set, rlimit{"NPROC", unix.RLIMIT_NPROC, uint64(cfg.ProgramPids + ownThreads())})
+	case cfg.RlimitPids:
 		set = append(set, rlimit{"NPROC", unix.RLIMIT_NPROC, uint64(cfg.Limits.Pids)})
 	}
 	return set
+}
+
+// ownThreads is how many threads this process has (at least 1).
+func ownThreads() int {
+	des, err := os.ReadDir("/proc/self/task")
+	if err != nil || len(des) == 0 {
+		return initThreads // no /proc: the room the cgroup keeps
+	}
+	return len(des)
 }
 
 // forkWithRlimits starts the program under set without leaving the init
@@ -61,16 +79,19 @@ func programRlimits(cfg *initConfig) []rlimit {
 // program's hard limits too (before it can have run any of the user's
 // code: it is still starting its interpreter) and raises its own soft
 // limits back.
-func forkWithRlimits(set []rlimit, fork func() (int, error)) (int, error) {
-	if len(set) == 0 {
-		return fork()
-	}
+// The set is made (limits(), see programRlimits) just before the fork,
+// once the init's garbage collector has run and started its threads.
+func forkWithRlimits(limits func() []rlimit, fork func() (int, error)) (int, error) {
 	// Room on the heap that is already mapped, for what the fork itself
 	// allocates while the init is under the program's DATA limit.
 	room := make([]byte, 4<<20)
 	room[len(room)-1] = 1
 	room = nil
 	runtime.GC()
+	set := limits()
+	if len(set) == 0 {
+		return fork()
+	}
 	old := make([]unix.Rlimit, len(set))
 	for i, s := range set {
 		if err := unix.Getrlimit(s.res, &old[i]); err != nil {

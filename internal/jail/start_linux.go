@@ -170,6 +170,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	// user, in the same group) gets room for its own threads on top. A
 	// zygote template's forks get their own groups and limits.
 	if !cfg.Zygote {
+		initCfg.ProgramPids = limits.Pids
 		initCfg.Limits.Pids += initThreads
 	}
 	if h.mode != "" {
