@@ -298,7 +298,11 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	if f.out == "" {
-		fmt.Fprintf(errOut, "sandloop: the run's final files are kept in its history (%s): get them with sandloop runs export %s, or rerun with --out DIR\n", f.dataDir, run.ID)
+		if files, err := st.ListArtifacts(context.WithoutCancel(ctx), run.ID); err == nil && len(files) == 0 {
+			fmt.Fprintln(errOut, "sandloop: the run left no files")
+		} else {
+			fmt.Fprintf(errOut, "sandloop: the run's final files are kept in its history (%s): get them with sandloop runs export %s, or rerun with --out DIR\n", f.dataDir, run.ID)
+		}
 	}
 	fmt.Fprintf(errOut, "sandloop: run %s %s (sandloop runs show %s)\n", run.ID, rep.Status, run.ID)
 	switch rep.Status {

@@ -95,13 +95,6 @@ func listRuns(cmd *cobra.Command, dataDir, database string, limit int) error {
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCREATED\tSTATUS\tMODE\tSTEPS\tTOKENS\tCOST\tTASK")
 	for _, r := range list {
-		if r.CostUSD == 0 && r.TokensIn+r.TokensOut > 0 {
-			// A listing leaves reports out: read this one's, to tell
-			// free from unknown.
-			if full, err := st.GetRun(cmd.Context(), r.ID); err == nil {
-				r = *full
-			}
-		}
 		task := strings.ReplaceAll(r.Task, "\n", " ")
 		if len(task) > 50 {
 			task = task[:47] + "..."
@@ -196,10 +189,25 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 // runCost is a run's cost, or "cost unknown" where its model has no price.
 func runCost(r store.Run) string {
 	var rep agent.Report
-	if len(r.Report) > 0 && json.Unmarshal(r.Report, &rep) == nil && rep.Usage.CostUnknown {
+	unknown := r.CostUnknown || len(r.Report) > 0 && json.Unmarshal(r.Report, &rep) == nil && rep.Usage.CostUnknown
+	return formatCost(r.CostUSD, unknown)
+}
+
+// formatCost is a cost as every view shows it (the web UI's fmtCost too):
+// "cost unknown" where a model had no price, "$0" for nothing, then four
+// decimals below a cent and two above.
+func formatCost(usd float64, unknown bool) string {
+	switch {
+	case unknown:
 		return "cost unknown"
+	case usd == 0:
+		return "$0"
+	case usd < 0.0001:
+		return "<$0.0001"
+	case usd < 0.01:
+		return fmt.Sprintf("$%.4f", usd)
 	}
-	return fmt.Sprintf("$%.4f", r.CostUSD)
+	return fmt.Sprintf("$%.2f", usd)
 }
 
 // stepText is a step's text: whole with --full, else its first n lines.

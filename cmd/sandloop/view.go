@@ -312,10 +312,7 @@ func (v *terminalView) showReport(r *agent.Report) {
 	if r.Error != "" {
 		fmt.Fprintf(v.w, "%s %s\n", v.paint(cRed, "why:"), r.Error)
 	}
-	cost := fmt.Sprintf("$%.4f", r.Usage.Cost)
-	if r.Usage.CostUnknown {
-		cost = "cost unknown"
-	}
+	cost := formatCost(r.Usage.Cost, r.Usage.CostUnknown)
 	fmt.Fprintf(v.w, "%s\n", v.paint(cDim, fmt.Sprintf("%s · %d tokens in, %d out · %s · %s", r.Model, r.Usage.InputTokens, r.Usage.OutputTokens, cost, r.Duration.Round(1e6))))
 	if m := r.Refactor; m != nil {
 		fmt.Fprintf(v.w, "lines of code: %d → %d\n", m.LOCBefore, m.LOCAfter)

@@ -41,7 +41,9 @@ type OpenAIOptions struct {
 	Images *bool
 	// MaxTokens caps replies when the Request does not. If zero, the server decides.
 	MaxTokens int
-	// Prices computes the cost. If nil, DefaultPrices.
+	// Prices computes the cost. If nil, DefaultPrices at OpenAI, OpenRouter
+	// and Ollama, and none elsewhere (a compatible server at BaseURL is not
+	// charged OpenAI's list price for a model it calls gpt-4o).
 	Prices Prices
 	// Retry is the retry policy; the zero value is a sensible default.
 	Retry RetryPolicy
@@ -88,6 +90,10 @@ func NewOpenAI(o *OpenAIOptions) *OpenAI {
 	c := &OpenAI{opts: opts, official: official, base: base, log: discardIfNil(opts.Logger), prices: opts.Prices}
 	if c.prices == nil {
 		c.prices = DefaultPrices()
+		if !official && base != DefaultOpenRouterBaseURL && opts.Provider != "ollama" {
+			// Another server's "gpt-4o" is not OpenAI's: no list price applies.
+			c.prices = Prices{}
+		}
 	}
 	if opts.Model == "" {
 		c.configErr = errors.New("llm: OpenAIOptions.Model is empty")

@@ -51,6 +51,9 @@ var fixtures = []fixture{
 		name: "openai", envVar: "OPENAI_API_KEY", model: "gpt-4o-mini",
 		server: llmtest.NewOpenAIServer,
 		provider: func(url string, retry RetryPolicy, images *bool, prices Prices) Provider {
+			if prices == nil {
+				prices = DefaultPrices() // the test server plays OpenAI's API, at its prices
+			}
 			return NewOpenAI(&OpenAIOptions{BaseURL: url, APIKey: "test", Model: "gpt-4o-mini", Retry: retry, Images: images, Prices: prices})
 		},
 	},

@@ -253,4 +253,10 @@ func TestResolveNoListPriceAtAnotherServer(t *testing.T) {
 			t.Errorf("%s: PriceKnown() = %v, want %v", tc.name, got, tc.known)
 		}
 	}
+	// Built directly, without a price table: the same rule.
+	for base, known := range map[string]bool{local: false, "": true, DefaultOpenAIBaseURL: true, DefaultOpenRouterBaseURL: true} {
+		if got := NewOpenAI(&OpenAIOptions{BaseURL: base, Model: "gpt-4o"}).PriceKnown(); got != known {
+			t.Errorf("NewOpenAI at %q: PriceKnown() = %v, want %v", base, got, known)
+		}
+	}
 }

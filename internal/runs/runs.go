@@ -361,6 +361,7 @@ func (r *recorder) event(ctx context.Context, e agent.Event) {
 				run.TokensIn += e.Usage.InputTokens
 				run.TokensOut += e.Usage.OutputTokens
 				run.CostUSD += e.Usage.Cost
+				run.CostUnknown = run.CostUnknown || e.Usage.CostUnknown
 				run.Steps = e.Step
 				return nil
 			})

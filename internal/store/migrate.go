@@ -70,6 +70,8 @@ CREATE INDEX runs_by_owner ON runs (owner, created_at DESC);
 `,
 	// 3: lessons (lessons.go).
 	lessonsSchema,
+	// 4: whether a run's cost leaves out model calls without a price.
+	`ALTER TABLE runs ADD COLUMN cost_unknown INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate brings the schema up to date. It runs in one write transaction, which

@@ -165,6 +165,8 @@ CREATE TABLE host_heartbeats (
 ALTER TABLE sessions ADD COLUMN lost_at BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX sessions_by_lost_at ON sessions (lost_at) WHERE lost;
 `,
+	// 5: whether a run's cost leaves out model calls without a price (SQLite's 4).
+	`ALTER TABLE runs ADD COLUMN cost_unknown INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers

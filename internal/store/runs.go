@@ -26,8 +26,11 @@ type Run struct {
 	TokensIn  int64   `json:"tokens_in"`
 	TokensOut int64   `json:"tokens_out"`
 	CostUSD   float64 `json:"cost_usd"`
-	Summary   string  `json:"summary,omitempty"`
-	Error     string  `json:"error,omitempty"`
+	// CostUnknown: some of the run's model calls had no price, so CostUSD
+	// leaves them out (it is not what the run cost).
+	CostUnknown bool   `json:"cost_unknown,omitempty"`
+	Summary     string `json:"summary,omitempty"`
+	Error       string `json:"error,omitempty"`
 	// Report is the final report, as JSON. ListRuns leaves it out to keep lists light.
 	Report json.RawMessage `json:"report,omitempty"`
 	// Owner is who started the run: the server's name for a token (never
@@ -35,16 +38,17 @@ type Run struct {
 	Owner string `json:"-"`
 }
 
-const runColumns = `id, created_at, updated_at, task, mode, model, status, steps, tokens_in, tokens_out, cost_usd, summary, error, owner`
+const runColumns = `id, created_at, updated_at, task, mode, model, status, steps, tokens_in, tokens_out, cost_usd, summary, error, owner, cost_unknown`
 
 func scanRun(row scanner, withReport bool) (*Run, error) {
 	var (
 		r                Run
 		created, updated int64
+		unknown          int64
 		report           sql.NullString
 	)
 	dest := []any{&r.ID, &created, &updated, &r.Task, &r.Mode, &r.Model, &r.Status, &r.Steps,
-		&r.TokensIn, &r.TokensOut, &r.CostUSD, &r.Summary, &r.Error, &r.Owner}
+		&r.TokensIn, &r.TokensOut, &r.CostUSD, &r.Summary, &r.Error, &r.Owner, &unknown}
 	if withReport {
 		dest = append(dest, &report)
 	}
@@ -52,6 +56,7 @@ func scanRun(row scanner, withReport bool) (*Run, error) {
 		return nil, err
 	}
 	r.CreatedAt, r.UpdatedAt = fromMillis(created), fromMillis(updated)
+	r.CostUnknown = unknown != 0
 	if report.Valid {
 		r.Report = json.RawMessage(report.String)
 	}
@@ -126,9 +131,9 @@ func createRun(ctx context.Context, d db, r Run, now time.Time) (*Run, error) {
 		r.Status = "running"
 	}
 	r.CreatedAt, r.UpdatedAt = now, now
-	_, err := d.exec(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := d.exec(ctx, `INSERT INTO runs (`+runColumns+`, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		r.ID, toMillis(r.CreatedAt), toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
-		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, r.Owner, nullJSON(r.Report))
+		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, r.Owner, flag(r.CostUnknown), nullJSON(r.Report))
 	if err != nil {
 		return nil, fmt.Errorf("create run: %w", err)
 	}
@@ -185,10 +190,18 @@ func updateRunIn(ctx context.Context, tx db, id string, update func(*Run) error,
 	r.ID, r.CreatedAt, r.Owner = id, created, owner
 	r.UpdatedAt = now()
 	_, err = tx.exec(ctx, `UPDATE runs SET updated_at=?, task=?, mode=?, model=?, status=?, steps=?,
-		tokens_in=?, tokens_out=?, cost_usd=?, summary=?, error=?, report=? WHERE id=?`,
+		tokens_in=?, tokens_out=?, cost_usd=?, summary=?, error=?, cost_unknown=?, report=? WHERE id=?`,
 		toMillis(r.UpdatedAt), r.Task, r.Mode, r.Model, r.Status, r.Steps,
-		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, nullJSON(r.Report), id)
+		r.TokensIn, r.TokensOut, r.CostUSD, r.Summary, r.Error, flag(r.CostUnknown), nullJSON(r.Report), id)
 	return r, err
+}
+
+// flag is a bool as both databases' INTEGER columns keep it.
+func flag(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func listRuns(ctx context.Context, d db, opts ListOptions) ([]Run, error) {

@@ -156,6 +156,14 @@ func testRunLifecycle(t *testing.T, b backend) {
 	if _, err := s.UpdateRun(ctx, r.ID, func(r *Run) error { r.Report = json.RawMessage(`{`); return nil }); err == nil {
 		t.Error("invalid report JSON accepted")
 	}
+	// A cost that leaves out unpriced calls says so, in lists too.
+	if _, err := s.UpdateRun(ctx, r.ID, func(r *Run) error { r.CostUnknown = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListRuns(ctx, ListOptions{})
+	if got, _ := s.GetRun(ctx, r.ID); err != nil || len(list) != 1 || !list[0].CostUnknown || !got.CostUnknown {
+		t.Errorf("cost_unknown not kept: list %+v, err %v", list, err)
+	}
 }
 
 func equalRun(a, b Run) bool {

@@ -50,8 +50,9 @@ export function fmtTokens(n) {
   return (n / 1e6).toFixed(1) + 'M';
 }
 
+// fmtCost shows a cost as the CLI does (formatCost in cmd/sandloop).
 export function fmtCost(usd, unknown) {
-  if (unknown) return '—';
+  if (unknown) return 'cost unknown';
   if (!usd) return '$0';
   if (usd < 0.0001) return '<$0.0001';
   if (usd < 0.01) return '$' + usd.toFixed(4);
