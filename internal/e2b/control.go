@@ -34,6 +34,11 @@ type sandbox struct {
 	nextPID  uint32
 	contexts map[string]*codeContext
 	done     bool
+	// samples are getMetrics' (metrics.go); lastCPU is the CPU time at the
+	// last one, to measure the next one's share.
+	samples   []metricJSON
+	lastCPU   time.Duration
+	lastCPUAt time.Time
 }
 
 func (sb *sandbox) deadline() time.Time {
@@ -102,6 +107,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/connect", h.connect},
 		{"POST /v2/sandboxes/{id}/connect", h.connect},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
+		{"GET /sandboxes/{id}/metrics", h.metrics},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
@@ -109,15 +115,15 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	// than a 404 the SDKs would read as "sandbox not found".
 	for _, p := range []string{
 		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
-		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/{id}/metrics", "GET /sandboxes/metrics",
+		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
 		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/network", "/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics and network rules are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill and timeout", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout and metrics", r.Method, r.URL.Path))
 	})
 	return mux
 }

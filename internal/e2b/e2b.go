@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
@@ -66,6 +67,9 @@ type Options struct {
 	// ReapInterval is how often expired sandboxes are looked for. If zero,
 	// 250ms (a look is a walk over a map; a sandbox ends at most this late).
 	ReapInterval time.Duration
+	// SampleInterval is how often getMetrics' samples are taken (and at
+	// most how fresh one asked for is). If zero, 5 seconds.
+	SampleInterval time.Duration
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
 	// If zero, 100 MiB and 1 GiB.
 	MaxFileBytes, MaxWorkspaceBytes int64
@@ -93,9 +97,10 @@ type Handler struct {
 	sandboxes map[string]*sandbox
 	closed    bool
 
-	stop    chan struct{}
-	wg      sync.WaitGroup // the reaper
-	killing sync.WaitGroup // sandboxes being killed
+	stop     chan struct{}
+	wg       sync.WaitGroup // the reaper, and its sampling
+	killing  sync.WaitGroup // sandboxes being killed
+	sampling atomic.Bool    // a sampleAll is under way
 }
 
 // New returns a Handler and starts its reaper.
@@ -115,6 +120,9 @@ func New(o *Options) (*Handler, error) {
 	}
 	if opts.ReapInterval == 0 {
 		opts.ReapInterval = 250 * time.Millisecond
+	}
+	if opts.SampleInterval == 0 {
+		opts.SampleInterval = 5 * time.Second
 	}
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 100 << 20
@@ -250,7 +258,28 @@ func (h *Handler) reapLoop() {
 			return
 		case now := <-t.C:
 			h.reap(now)
+			if h.sampling.CompareAndSwap(false, true) {
+				// Off the reaper's loop: a slow measurement never delays a kill.
+				h.wg.Go(func() {
+					defer h.sampling.Store(false)
+					h.sampleAll(now)
+				})
+			}
 		}
+	}
+}
+
+// sampleAll keeps a metrics sample of every sandbox (at most one each
+// Options.SampleInterval), so that getMetrics has a history.
+func (h *Handler) sampleAll(now time.Time) {
+	h.mu.Lock()
+	all := make([]*sandbox, 0, len(h.sandboxes))
+	for _, sb := range h.sandboxes {
+		all = append(all, sb)
+	}
+	h.mu.Unlock()
+	for _, sb := range all {
+		h.sample(sb, now, h.opts.SampleInterval)
 	}
 }
 

@@ -739,3 +739,78 @@ func TestInterpreter(t *testing.T) {
 		t.Errorf("javascript context: %d", resp.StatusCode)
 	}
 }
+
+// getMetrics: samples kept as the sandbox runs and one taken when asked,
+// with E2B's fields; the CPU a cell burns shows, the window is honoured.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, Options{SampleInterval: 100 * time.Millisecond})
+	c := ts.create(t, keyA, `{}`)
+	type sample struct {
+		Timestamp     string  `json:"timestamp"`
+		TimestampUnix int64   `json:"timestampUnix"`
+		CPUCount      int     `json:"cpuCount"`
+		CPUUsedPct    float64 `json:"cpuUsedPct"`
+		MemUsed       int64   `json:"memUsed"`
+		MemTotal      int64   `json:"memTotal"`
+		MemCache      int64   `json:"memCache"`
+		DiskUsed      int64   `json:"diskUsed"`
+		DiskTotal     int64   `json:"diskTotal"`
+	}
+	get := func(query string) []sample {
+		t.Helper()
+		resp, b := ts.control(t, "GET", "/sandboxes/"+c.SandboxID+"/metrics"+query, "", keyA)
+		if resp.StatusCode == 501 && strings.Contains(string(b), "rlimits") {
+			t.Skipf("no cgroups here: %s", b)
+		}
+		var out []sample
+		if resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil {
+			t.Fatalf("metrics%s: %d %s", query, resp.StatusCode, b)
+		}
+		return out
+	}
+	first := get("")
+	if len(first) == 0 {
+		t.Fatal("no sample, though one is taken when asked")
+	}
+	var info map[string]any
+	_, b := ts.control(t, "GET", "/sandboxes/"+c.SandboxID, "", keyA)
+	json.Unmarshal(b, &info)
+	m := first[len(first)-1]
+	if _, err := time.Parse(time.RFC3339, m.Timestamp); err != nil || m.TimestampUnix == 0 {
+		t.Errorf("timestamp %q (%d): %v", m.Timestamp, m.TimestampUnix, err)
+	}
+	if float64(m.CPUCount) != info["cpuCount"] || float64(m.MemTotal>>20) != info["memoryMB"] || float64(m.DiskTotal>>20) != info["diskSizeMB"] || m.MemUsed <= 0 {
+		t.Errorf("sample %+v does not match getInfo %s", m, b)
+	}
+	// A cell that burns a second of CPU, then writes 3 MiB to the workspace.
+	code := `{"code":"import time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass\nopen('blob', 'wb').write(b'x' * (3 << 20))"}`
+	resp, out := ts.call(t, "POST", "/execute", strings.NewReader(code), "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", portInterpreter,
+		"E2B-Traffic-Access-Token", c.TrafficAccessToken, "Content-Type", "application/json")
+	if resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+		t.Fatalf("execute: %d %s", resp.StatusCode, out)
+	}
+	time.Sleep(150 * time.Millisecond)
+	all := get("")
+	last := all[len(all)-1]
+	busy := false
+	for _, s := range all {
+		busy = busy || s.CPUUsedPct > 20
+	}
+	if !busy || last.DiskUsed < 3<<20 || len(all) < 2 {
+		t.Errorf("after a second of CPU and a 3 MiB file: %+v", all)
+	}
+	// The window: nothing before start, nothing after end.
+	if got := get(fmt.Sprintf("?start=%d", last.TimestampUnix+3600)); len(got) != 0 {
+		t.Errorf("samples after start+1h: %+v", got)
+	}
+	if got := get(fmt.Sprintf("?start=0&end=%d", first[0].TimestampUnix)); len(got) == 0 || got[len(got)-1].TimestampUnix > first[0].TimestampUnix+1 {
+		t.Errorf("samples up to end: %+v", got)
+	}
+	if resp, b := ts.control(t, "GET", "/sandboxes/"+c.SandboxID+"/metrics?start=x", "", keyA); resp.StatusCode != 400 {
+		t.Errorf("start=x: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := ts.control(t, "GET", "/sandboxes/"+c.SandboxID+"/metrics", "", keyB); resp.StatusCode != 404 {
+		t.Errorf("another key: %d %s", resp.StatusCode, b)
+	}
+}

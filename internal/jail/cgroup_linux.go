@@ -528,6 +528,22 @@ func (cg *cgroup) stats() (cpu time.Duration, peak int64, oom bool) {
 	return time.Duration(us) * time.Microsecond, peak, oom
 }
 
+// live reads what the group uses now: CPU time so far, memory charged
+// (page cache included) and the page cache's part of it.
+func (cg *cgroup) live() LiveUsage {
+	if cg.mode == "cgroup v1" {
+		ns, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["cpuacct"], "cpuacct.usage")), 10, 64)
+		mem, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["memory"], "memory.usage_in_bytes")), 10, 64)
+		cache := keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.stat")), "total_cache")
+		return LiveUsage{CPU: time.Duration(ns), Memory: mem, Cache: cache}
+	}
+	d := cg.dirs[0]
+	us := keyedValue(readFileString(filepath.Join(d, "cpu.stat")), "usage_usec")
+	mem, _ := strconv.ParseInt(readFileString(filepath.Join(d, "memory.current")), 10, 64)
+	cache := keyedValue(readFileString(filepath.Join(d, "memory.stat")), "file")
+	return LiveUsage{CPU: time.Duration(us) * time.Microsecond, Memory: mem, Cache: cache}
+}
+
 func keyedValue(text, key string) int64 {
 	for _, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)

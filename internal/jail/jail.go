@@ -55,6 +55,16 @@ const initThreads = 16
 // DefaultPython is the interpreter used inside the jail.
 const DefaultPython = "/usr/bin/python3"
 
+// LiveUsage is what a jail (or a zygote session's group) uses at a moment.
+type LiveUsage struct {
+	CPU    time.Duration // CPU time since it started, every process's
+	Memory int64         // bytes charged to it, page cache included
+	Cache  int64         // the page cache's part of Memory
+}
+
+// ErrNoGroup: no cgroup measures the jail (its limits are rlimits).
+var ErrNoGroup = errors.New("no cgroup measures this sandbox (its limits are rlimits): usage is not known")
+
 // Limits bound what the jailed process tree may use. Zero values mean the
 // documented default; a negative value means "no limit" where that is allowed.
 type Limits struct {

@@ -26,11 +26,14 @@ func (*Process) Signal(os.Signal) error { return ErrUnsupported }
 func (*Process) Kill()                  {}
 func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
 func (*Process) Done() <-chan struct{}  { return nil }
-func Probe() HostReport                 { return HostReport{} }
-func ProbeConfinement() Confinement     { return Confinement{} }
-func SeccompSupported() bool            { return false }
-func RunningInits() []int               { return nil }
-func InitInfo() string                  { return "" }
+func (*Process) Usage() (LiveUsage, error) {
+	return LiveUsage{}, ErrUnsupported
+}
+func Probe() HostReport             { return HostReport{} }
+func ProbeConfinement() Confinement { return Confinement{} }
+func SeccompSupported() bool        { return false }
+func RunningInits() []int           { return nil }
+func InitInfo() string              { return "" }
 
 // NewQuotaDir makes an ordinary directory: quotas need Linux.
 func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {

@@ -354,6 +354,15 @@ func (p *Process) Listener() net.Listener { return p.listener }
 // Pid is the host PID of the jail's init (PID 1 inside).
 func (p *Process) Pid() int { return p.proc.Pid }
 
+// Usage is what the jail uses now (ErrNoGroup where no cgroup measures it:
+// limits are rlimits there).
+func (p *Process) Usage() (LiveUsage, error) {
+	if p.cg == nil {
+		return LiveUsage{}, ErrNoGroup
+	}
+	return p.cg.live(), nil
+}
+
 // Signal delivers sig to the jailed program (the init forwards it).
 func (p *Process) Signal(sig os.Signal) error { return p.proc.Signal(sig) }
 

@@ -89,5 +89,8 @@ func (g *Group) Kill() { g.cg.kill() }
 // killer fired in it.
 func (g *Group) Stats() (cpu time.Duration, peak int64, oom bool) { return g.cg.stats() }
 
+// Usage is what the group uses now.
+func (g *Group) Usage() (LiveUsage, error) { return g.cg.live(), nil }
+
 // Remove kills what is left in the group and deletes it.
 func (g *Group) Remove() error { return g.cg.remove() }

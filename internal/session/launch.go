@@ -92,6 +92,7 @@ func (s *Session) launcher() kernel.Launcher {
 	if launch == nil {
 		launch = s.jailLauncher()
 	}
+	launch = s.remembered(launch)
 	switch {
 	case s.gate != nil:
 		// The session's gate serves the listener of every kernel it starts.
@@ -102,6 +103,20 @@ func (s *Session) launcher() kernel.Launcher {
 		launch = withListener(launch, s.holdListener)
 	}
 	return launch
+}
+
+// remembered wraps launch so the session knows its kernel's process
+// (Resources measures it).
+func (s *Session) remembered(launch kernel.Launcher) kernel.Launcher {
+	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+		p, err := launch(ctx, f)
+		if err == nil {
+			s.mu.Lock()
+			s.proc = p
+			s.mu.Unlock()
+		}
+		return p, err
+	}
 }
 
 // listening is a kernel process with a listener on its loopback.
@@ -252,6 +267,8 @@ type jailProcess struct {
 func (j *jailProcess) Signal(sig os.Signal) error { return j.p.Signal(sig) }
 
 func (j *jailProcess) Listener() net.Listener { return j.p.Listener() }
+
+func (j *jailProcess) Usage() (jail.LiveUsage, error) { return j.p.Usage() }
 
 func (j *jailProcess) Kill() error {
 	j.p.Kill()

@@ -102,6 +102,7 @@ type Session struct {
 
 	mu     sync.Mutex
 	k      *kernel.Kernel
+	proc   kernel.Process // the kernel's process, as the launcher gave it
 	closed bool
 }
 
@@ -369,6 +370,28 @@ type Quota struct {
 	Disk     int64
 	Files    int
 	Enforced bool
+}
+
+// measured is a kernel process that can say what its sandbox uses now.
+type measured interface {
+	Usage() (jail.LiveUsage, error)
+}
+
+// Resources is what the session's sandbox uses now (its kernel and
+// everything the kernel started): CPU time so far, memory. It fails where
+// no cgroup measures the sandbox, and while no kernel runs.
+func (s *Session) Resources() (jail.LiveUsage, error) {
+	s.mu.Lock()
+	p, closed := s.proc, s.closed
+	s.mu.Unlock()
+	if closed {
+		return jail.LiveUsage{}, ErrClosed
+	}
+	m, ok := p.(measured)
+	if !ok {
+		return jail.LiveUsage{}, jail.ErrNoGroup
+	}
+	return m.Usage()
 }
 
 // Quota returns the workspace's caps.

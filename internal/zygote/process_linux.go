@@ -32,6 +32,9 @@ type Process struct {
 	waitErr error
 }
 
+// Usage is what the session's group uses now.
+func (p *Process) Usage() (jail.LiveUsage, error) { return p.group.Usage() }
+
 // Listener is the listener on the session's loopback that Fork's
 // listenPort asked for (nil if none); it is closed when the session ends.
 func (p *Process) Listener() net.Listener { return p.listener }

@@ -152,6 +152,20 @@ async function common(Sandbox, sbx, label) {
     assert.deepEqual(ids, [sbx.sandboxId])
     assert.deepEqual(await listIDs(Sandbox, { run: 'no such run' }), [])
   })
+  await step(`${label} getMetrics`, async () => {
+    const since = new Date()
+    await sbx.commands.run('true')
+    const all = await sbx.getMetrics()
+    assert.ok(all.length >= 1, 'a sample is taken when asked')
+    const m = all[all.length - 1]
+    assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp.getTime()), `timestamp ${m.timestamp}`)
+    const info = await sbx.getInfo()
+    assert.equal(m.cpuCount, info.cpuCount)
+    assert.equal(m.memTotal, info.memoryMB * 1024 * 1024)
+    assert.ok(m.memUsed > 0 && m.diskTotal > 0 && m.cpuUsedPct >= 0, JSON.stringify(m))
+    assert.ok((await sbx.getMetrics({ start: since })).length >= 1, 'the last sample is in a window from now')
+    assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(Date.now() + 3600e3) }), [])
+  })
   await step(`${label} two sandboxes are isolated`, async () => {
     const other = await Sandbox.create({ metadata: { run, other: 'yes' } })
     try {
