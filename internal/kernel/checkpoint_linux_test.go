@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -293,6 +294,23 @@ os.kill(max(dormant), signal.SIGKILL); time.sleep(0.2)`)
 	if got := execOK(t, k, "print('alive')"); got != "alive" {
 		t.Fatalf("the live kernel after a failed restore: %q", got)
 	}
+	mem, err = k.CheckpointMemory(ctx)
+	if _, ok := mem[cp2.ID]; err != nil || ok || len(mem) != 1 {
+		t.Fatalf("memory with checkpoint %d gone: %v %v, want only checkpoint %d", cp2.ID, mem, err, cp.ID)
+	}
+	if _, err := k.Restore(ctx, cp2.ID); !errors.Is(err, ErrCheckpointGone) {
+		t.Fatalf("a second restore of a killed checkpoint: %v, want ErrCheckpointGone", err)
+	}
+	if err := k.DropCheckpoint(ctx, cp2.ID); err != nil {
+		t.Fatalf("drop of a gone checkpoint: %v", err)
+	}
+	if _, err := k.Restore(ctx, cp2.ID); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("restore of a dropped checkpoint: %v, want ErrNoCheckpoint", err)
+	}
+	// The other checkpoint still works.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestCheckpointMemoryGrows(t *testing.T) {
@@ -372,5 +390,53 @@ n = 5`)
 		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "True" {
 			t.Fatalf("%s: after import the count goes on from the export's and random is reseeded: %v %+v", tc.name, err, r)
 		}
+	}
+}
+
+func TestCheckpointRestoredOOM(t *testing.T) {
+	k := startJailed(t, jail.Limits{Memory: 256 << 20})
+	ctx := context.Background()
+	execOK(t, k, "x = bytearray(32 << 20)")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	r, err := k.Execute(ctx, Request{Code: "b = []\nwhile True: b.append(bytearray(16 << 20))"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "out-of-memory") {
+		t.Fatalf("a restored kernel out of memory: status %s error %+v, want killed by the OOM killer", r.Status, r.Error)
+	}
+}
+
+// TestCheckpointHost: checkpoints work without a jail too (the kernel run
+// by the host's Python, in its own process group), and Close ends the
+// dormant copies with the rest.
+func TestCheckpointHost(t *testing.T) {
+	k := startHost(t, nil, nil)
+	ctx := context.Background()
+	execOK(t, k, "x = 1")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "x = 2")
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	pids := execOK(t, k, "import os\nprint(os.getppid(), x)")
+	var anchor, x int
+	if _, err := fmt.Sscan(pids, &anchor, &x); err != nil || x != 1 {
+		t.Fatalf("after restore: %q", pids)
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(anchor, 0); err == nil {
+		t.Errorf("the anchor %d outlived Close", anchor)
 	}
 }

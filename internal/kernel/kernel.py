@@ -928,8 +928,7 @@ def restore(req):
         _reply({"type": "restore", "id": cid, "reason": "no checkpoint %d" % cid})
         return
     if _gone(cp):
-        _forget(cp)
-        _reply({"type": "restore", "id": cid, "gone": True})
+        _reply({"type": "restore", "id": cid, "gone": True})  # kept until dropped
         return
     _ensure_ctl()
     first = os.getpid() == S.first_pid
@@ -953,6 +952,13 @@ def restore(req):
             cp.sock.settimeout(60)
             ack = cp.sock.recv(1 << 16)
             cp.sock.settimeout(None)
+        except socket.timeout:
+            # Stuck: it must never wake later beside us.
+            try:
+                os.kill(cp.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            ack = b""
         except OSError:
             ack = b""
         finally:
@@ -960,7 +966,6 @@ def restore(req):
         if not ack:
             os.close(quiet_w)
             S.lock.release()
-            _forget(cp)
             _reply({"type": "restore", "id": cid, "gone": True})
             return
         ack = json.loads(ack)
