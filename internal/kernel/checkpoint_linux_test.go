@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -350,12 +351,19 @@ offset = 1
 df = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})
 sock = socket.socket()
 n = 5`)
+	// An export abandoned after its first chunk: its rest is skipped, not
+	// taken for the next export's.
+	execOK(t, src, "blob = bytes(range(256)) * (16 << 10)")
+	cctx, cancel := context.WithCancel(ctx)
+	if _, err := src.ExportState(cctx, cancelingWriter{cancel}, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned export: %v", err)
+	}
 	var buf bytes.Buffer
 	m, err := src.ExportState(ctx, &buf, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Serializer != "dill" || m.ExecutionCount != 1 || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "sock" || !strings.Contains(m.NotSaved[0].Reason, "socket") {
+	if m.Serializer != "dill" || m.ExecutionCount != 2 || !slices.Contains(m.Variables, "blob") || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "sock" || !strings.Contains(m.NotSaved[0].Reason, "socket") {
 		t.Fatalf("manifest %+v", m)
 	}
 	// From a checkpoint: its state, not the live one.
@@ -379,7 +387,7 @@ n = 5`)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 1 {
+		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 2 || !slices.Contains(got.Variables, "blob") {
 			t.Fatalf("%s: import manifest %+v", tc.name, got)
 		}
 		out := execOK(t, dst, "print(p.norm(), isinstance(p, Point), f(10), df.b.tolist(), df.a.sum(), n, math.pi > 3, 'sock' in globals())")
@@ -387,7 +395,7 @@ n = 5`)
 			t.Fatalf("%s: after import: %s, want %s", tc.name, out, want)
 		}
 		r, err := dst.Execute(ctx, Request{Code: "import random; random.random() != random.Random(5).random()"}, nil)
-		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "True" {
+		if err != nil || r.ExecutionCount != 4 || r.MainResult()["text/plain"] != "True" {
 			t.Fatalf("%s: after import the count goes on from the export's and random is reseeded: %v %+v", tc.name, err, r)
 		}
 	}
@@ -439,4 +447,12 @@ func TestCheckpointHost(t *testing.T) {
 	if err := syscall.Kill(anchor, 0); err == nil {
 		t.Errorf("the anchor %d outlived Close", anchor)
 	}
+}
+
+// cancelingWriter cancels its context at the first write.
+type cancelingWriter struct{ cancel context.CancelFunc }
+
+func (w cancelingWriter) Write(b []byte) (int, error) {
+	w.cancel()
+	return len(b), nil
 }

@@ -5,7 +5,10 @@ Standard library only. The Go side (internal/kernel) starts this program with:
   fd 4  events, one JSON object per line
   fd 5, fd 6  pipes the Go side reads as the cell's stdout and stderr; the
         kernel moves them to fds 1 and 2
-The first request is a hello with settings and a random token. Output is
+The first request is a hello with settings and a random token. Requests
+between cells (checkpoint, restore, drop_checkpoint, checkpoint_memory,
+export_state, import_state; see "checkpoints" and "state" below) may carry a
+tag, echoed in their replies. Output is
 flushed to the pipes before each batch of events. A batch in the middle of a
 cell (display(), plt.show()) is preceded by a marker on both output pipes
 (see _send), so output written at the descriptor level (C code,
@@ -64,6 +67,7 @@ class _State:
     max_event = 16 << 20
     req = None  # the request reader (_Reader)
     ev_fd = -1
+    tag = 0  # of the request between cells being answered: echoed in its replies
     first_pid = 0  # the process the host signals and waits for (see _become_anchor)
     jailed = False  # started by PID 1 (a jail's init): every process we see is the session's
     clear_refs_fd = -1
@@ -139,6 +143,8 @@ def _send(*events, mark=True):
 
 def _reply(ev):
     """Write a reply to a request that runs no user code."""
+    if S.tag:
+        ev["tag"] = S.tag
     with S.lock:
         _write_all(S.ev_fd, _encode(ev).encode() + b"\n")
 
@@ -850,6 +856,7 @@ def _dormant(ns, sock):
                 gc.enable()
             return
         if op == "export" and len(fds) == 1:
+            S.tag = req.get("tag") or 0
             try:
                 child = os.fork()
             except OSError:
@@ -910,6 +917,7 @@ def _wake(req, fds, sock, child):
         p.register(quiet, select.POLLIN)
         p.poll(5000)
         os.close(quiet)
+    S.tag = req.get("tag") or 0
     S.req.buf = bytearray(base64.b64decode(req.get("pending") or ""))
     S.req.scan = 0
     cp = table.get(me)
@@ -940,7 +948,7 @@ def restore(req):
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     order = list(_CP.table.values())
-    msg = {"op": "wake", "id": cid, "next_id": _CP.next_id, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+    msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
     msg["quiet_pipe"] = True
     quiet_r, quiet_w = os.pipe()
@@ -1181,7 +1189,7 @@ class _StateOut:
 
     def flush(self):
         if self.buf:
-            _write_all(self.fd, b'{"type":"state_data","chunk":"' + base64.b64encode(self.buf) + b'"}\n')
+            _write_all(self.fd, b'{"type":"state_data","tag":%d,"chunk":"' % S.tag + base64.b64encode(self.buf) + b'"}\n')
             self.buf = bytearray()
 
 
@@ -1209,7 +1217,7 @@ def _export_child(ns, fd):
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
     out.record(b"E", _encode(manifest).encode())
     out.flush()
-    _write_all(fd, _encode({"type": "state_end", "manifest": manifest}).encode() + b"\n")
+    _write_all(fd, _encode({"type": "state_end", "tag": S.tag, "manifest": manifest}).encode() + b"\n")
 
 
 def _dumps(name, ser, value):
@@ -1243,11 +1251,11 @@ def export_state(ns, req):
     with S.lock:  # our threads' events wait until the stream has ended
         if cp is not None:
             try:
-                socket.send_fds(cp.sock, [b'{"op":"export"}'], [w])
+                socket.send_fds(cp.sock, [_encode({"op": "export", "tag": S.tag}).encode()], [w])
             except OSError:
                 os.close(r)
                 os.close(w)
-                _write_all(S.ev_fd, b'{"type":"state_end","gone":true}\n')
+                _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "gone": True}).encode() + b"\n")
                 return
             os.close(w)
             ended = _forward(r)
@@ -1264,7 +1272,7 @@ def export_state(ns, req):
             except OSError as e:
                 os.close(r)
                 os.close(w)
-                _write_all(S.ev_fd, _encode({"type": "state_end", "reason": "cannot fork the kernel: %s" % (e.strerror or e)}).encode() + b"\n")
+                _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "reason": "cannot fork the kernel: %s" % (e.strerror or e)}).encode() + b"\n")
                 return
             if pid == 0:
                 try:
@@ -1280,7 +1288,7 @@ def export_state(ns, req):
             why = "the process serializing the variables died"
             if status > 0 and os.WIFSIGNALED(status):
                 why += " (signal %d%s)" % (os.WTERMSIG(status), ", likely the out-of-memory killer" if os.WTERMSIG(status) == 9 else "")
-            _write_all(S.ev_fd, _encode({"type": "state_end", "reason": why}).encode() + b"\n")
+            _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "reason": why}).encode() + b"\n")
 
 
 def _forward(r):
@@ -1459,6 +1467,7 @@ def main():
         except ValueError:
             continue
         op = req.get("op", "execute")
+        S.tag = req.get("tag") or 0
         if op == "execute":
             run_cell(ns, req)
         elif op == "is_complete":
