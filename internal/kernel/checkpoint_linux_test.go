@@ -95,13 +95,16 @@ print(x, s, len(big), hashlib.sha256(arr.tobytes()).hexdigest()[:16], random.ran
 
 func TestCheckpointRestore(t *testing.T) {
 	k := startJailed(t, jail.Limits{Memory: 1 << 30})
+	// A child process's CPU time before the checkpoint: a restored kernel's
+	// own children have used none.
+	execOK(t, k, "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'sum(range(10**7))'])")
 	execOK(t, k, "import random, numpy as np\nrandom.seed(1); np.random.seed(2)\nx = 41\ns = 'before'\nbig = list(range(100000))\narr = np.arange(1000000, dtype='float64')")
 	ctx := context.Background()
 	cp, err := k.Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cp.ID != 1 || cp.ExecutionCount != 1 || len(cp.Threads) != 0 || len(cp.Processes) != 0 {
+	if cp.ID != 1 || cp.ExecutionCount != 2 || len(cp.Threads) != 0 || len(cp.Processes) != 0 {
 		t.Fatalf("checkpoint %+v", cp)
 	}
 	// The fingerprint draws random numbers: take it in a second checkpoint
@@ -113,15 +116,20 @@ func TestCheckpointRestore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("restore %d: %v", i, err)
 		}
-		if info.ID != cp.ID || info.ExecutionCount != 1 {
+		if info.ID != cp.ID || info.ExecutionCount != 2 {
 			t.Fatalf("restore %d: %+v", i, info)
+		}
+		// numpy's BLAS threads work in the restored kernel; the first
+		// cell's usage is its own (no children's time from before).
+		r, err := k.Execute(ctx, Request{Code: "float((np.ones((400, 400)) @ np.ones((400, 400))).sum())"}, nil)
+		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "64000000.0" {
+			t.Fatalf("restore %d: the count after a restore to 2 and a cell should be 3: %v %+v", i, err, r)
+		}
+		if r.CPUMS < 0 || r.MemoryPeakBytes <= 0 || r.MemoryPeakBytes > 400<<20 {
+			t.Fatalf("restore %d: usage cpu %v ms, peak %d bytes", i, r.CPUMS, r.MemoryPeakBytes)
 		}
 		if got := execOK(t, k, fingerprint); got != want {
 			t.Fatalf("restore %d: state\n got %s\nwant %s", i, got, want)
-		}
-		r, err := k.Execute(ctx, Request{Code: "1"}, nil)
-		if err != nil || r.ExecutionCount != 3 {
-			t.Fatalf("restore %d: the count after a restore to 1 and a cell should be 3: %v %+v", i, err, r)
 		}
 		execOK(t, k, "x = -1; arr[:] = 0")
 	}

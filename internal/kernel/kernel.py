@@ -767,6 +767,14 @@ def _gone(cp):
     return False
 
 
+def _rebase_children():
+    """After the kernel itself waited for a process (a dropped checkpoint,
+    an export): what that child used is not the next cell's."""
+    child = _getrusage(_CHILDREN)
+    S.child_cpu = child.ru_utime + child.ru_stime
+    S.child_peak = child.ru_maxrss * 1024
+
+
 def _reap_dropped():
     left = []
     for pid in _CP.reap:
@@ -776,6 +784,7 @@ def _reap_dropped():
         except ChildProcessError:
             pass  # not our child: its parent (or the anchor) reaps it
     _CP.reap = left
+    _rebase_children()
 
 
 def checkpoint(ns):
@@ -918,6 +927,15 @@ def _wake(req, fds, sock, child):
         p.poll(5000)
         os.close(quiet)
     S.tag = req.get("tag") or 0
+    # What belongs to the process, not to its memory: its own peak reset
+    # and its own children's usage.
+    if S.clear_refs_fd >= 0:
+        os.close(S.clear_refs_fd)
+        try:
+            S.clear_refs_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            S.clear_refs_fd = -1
+    _rebase_children()
     S.req.buf = bytearray(base64.b64decode(req.get("pending") or ""))
     S.req.scan = 0
     cp = table.get(me)
@@ -1284,6 +1302,7 @@ def export_state(ns, req):
             os.close(w)
             ended = _forward(r)
             status = os.waitpid(pid, 0)[1]
+            _rebase_children()
         if not ended:
             why = "the process serializing the variables died"
             if status > 0 and os.WIFSIGNALED(status):
