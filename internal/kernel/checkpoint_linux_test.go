@@ -45,6 +45,11 @@ func (j *jailedProcess) Wait() error {
 // is PID 1, the kernel PID 2) with limits.
 func startJailed(t testing.TB, limits jail.Limits) *Kernel {
 	t.Helper()
+	return startJailedWith(t, limits, &Options{InterruptGrace: 5 * time.Second})
+}
+
+func startJailedWith(t testing.TB, limits jail.Limits, opts *Options) *Kernel {
+	t.Helper()
 	if _, err := os.Stat(jail.DefaultPython); err != nil {
 		t.Skip("no " + jail.DefaultPython)
 	}
@@ -67,7 +72,7 @@ func startJailed(t testing.TB, limits jail.Limits) *Kernel {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k, err := Start(ctx, launch, &Options{InterruptGrace: 5 * time.Second})
+	k, err := Start(ctx, launch, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +281,21 @@ func TestCheckpointGoneAndReported(t *testing.T) {
 		t.Errorf("processes not carried: %q, want sleep 600", cp.Processes)
 	}
 	// A restored kernel whose threads were not carried still answers.
-	if _, err := k.Restore(ctx, cp.ID); err != nil {
+	// Restored twice, then a checkpoint at once: the old live kernels
+	// (perhaps still exiting) are not the user's processes.
+	for range 2 {
+		if _, err := k.Restore(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(now.Processes) != 1 || !strings.HasSuffix(now.Processes[0], " sleep 600") {
+		t.Errorf("processes not carried after restores: %q, want sleep 600 only", now.Processes)
+	}
+	if err := k.DropCheckpoint(ctx, now.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The server runs on, not rolled back, and is no child of the
@@ -346,7 +365,8 @@ func TestCheckpointMemoryGrows(t *testing.T) {
 }
 
 func TestExportImportState(t *testing.T) {
-	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	// Small events: the state comes in many chunks, each within the bound.
+	src := startJailedWith(t, jail.Limits{Memory: 1 << 30}, &Options{MaxEventBytes: 256 << 10})
 	ctx := context.Background()
 	execOK(t, src, `import pandas as pd, socket, math
 import numpy as np

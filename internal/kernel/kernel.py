@@ -675,6 +675,7 @@ class _CP:
     ctl_r = -1  # the anchor's control pipe: live kernels write their pid to ctl_w
     ctl_w = -1
     reap = []  # dropped checkpoints that may be our children
+    former = set()  # old live kernels, perhaps still exiting: not the user's processes
 
 
 def _ensure_ctl():
@@ -697,6 +698,8 @@ def _processes_now():
     ours = {1, os.getpid(), S.first_pid}
     ours.update(c.pid for c in _CP.table.values())
     ours.update(_CP.reap)
+    _CP.former = {p for p in _CP.former if os.path.exists("/proc/%d" % p)}
+    ours.update(_CP.former)
     parent = {}
     try:
         names = os.listdir("/proc")
@@ -910,6 +913,7 @@ def _wake(req, fds, sock, child):
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
+    _CP.former = set(req.get("former") or ())
     # The anchor learns the live kernel first, then the old one may go.
     pid = os.getpid()
     if _CP.ctl_w >= 0:
@@ -966,7 +970,7 @@ def restore(req):
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     order = list(_CP.table.values())
-    msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+    msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
     msg["quiet_pipe"] = True
     quiet_r, quiet_w = os.pipe()
@@ -1188,21 +1192,23 @@ class _StateOut:
     def __init__(self, fd):
         self.fd = fd
         self.buf = bytearray()
+        # Lines stay well below the host's bound on one event.
+        self.chunk = max(3 << 10, min(CHUNK, (S.max_event - 1024) // 4 * 3))
 
     def record(self, kind, *parts):
         self.buf += kind + struct.pack(">Q", sum(len(p) for p in parts))
         for p in parts:
-            if len(self.buf) + len(p) < CHUNK:
+            if len(self.buf) + len(p) < self.chunk:
                 self.buf += p
                 continue
             view = memoryview(p)
             while view:
-                room = CHUNK - len(self.buf)
+                room = self.chunk - len(self.buf)
                 self.buf += view[:room]
                 view = view[room:]
-                if len(self.buf) >= CHUNK:
+                if len(self.buf) >= self.chunk:
                     self.flush()
-        if len(self.buf) >= CHUNK:
+        if len(self.buf) >= self.chunk:
             self.flush()
 
     def flush(self):
