@@ -122,8 +122,12 @@ func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint in
 	if err != nil {
 		return nil, err
 	}
-	if err := ev.checkpointErr(fromCheckpoint); err != nil {
-		return nil, fmt.Errorf("export state: %w", err)
+	if fromCheckpoint > 0 {
+		if err := ev.checkpointErr(fromCheckpoint); err != nil {
+			return nil, fmt.Errorf("export state: %w", err)
+		}
+	} else if ev.Reason != "" {
+		return nil, fmt.Errorf("export state: %s", ev.Reason)
 	}
 	if s.err != nil {
 		return nil, fmt.Errorf("export state: write: %w", s.err)
@@ -138,7 +142,8 @@ func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint in
 // then reseeds random and numpy's global generator (a copy must not repeat
 // its source's draws) and sets the execution count to the exported one.
 // Variables that could not be loaded are in the manifest's NotSaved, with
-// those the export could not save.
+// those the export could not save. If the stream itself is broken the
+// error says so; the variables loaded before the break stay.
 func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, error) {
 	send := func(write func([]byte) error) error {
 		br := bufio.NewReaderSize(r, 1<<20)

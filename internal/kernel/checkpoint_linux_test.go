@@ -427,6 +427,16 @@ n = 5`)
 			t.Fatalf("%s: after import the count goes on from the export's and random is reseeded: %v %+v", tc.name, err, r)
 		}
 	}
+	// A broken stream is an error that says so; the kernel goes on.
+	for _, bad := range [][]byte{[]byte("not a state"), buf.Bytes()[:buf.Len()/2]} {
+		if _, err := src.ImportState(ctx, bytes.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "import state: ") {
+			t.Errorf("import of %d broken bytes: %v", len(bad), err)
+		}
+	}
+	// (The half stream had n = 5 before its break: loaded, and kept.)
+	if got := execOK(t, src, "print(n)"); got != "5" {
+		t.Errorf("after broken imports: n = %s, want the 5 of the half stream", got)
+	}
 }
 
 func TestCheckpointRestoredOOM(t *testing.T) {

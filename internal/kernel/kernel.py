@@ -1338,7 +1338,8 @@ def _forward(r):
 
 def import_state(ns):
     """Loads a stream written by export_state, read as request lines
-    {"chunk": base64} up to {"end": true}."""
+    {"chunk": base64} up to {"end": true}. Returns False if the request
+    pipe ended."""
     buf = bytearray()
     ser = None
     loaded, not_saved = [], []
@@ -1347,7 +1348,7 @@ def import_state(ns):
     while True:
         line = S.req.readline()
         if not line:
-            raise EOFError
+            return False  # the host is gone
         try:
             msg = json.loads(line)
         except ValueError:
@@ -1401,7 +1402,7 @@ def import_state(ns):
         error = "the state stream ended early"
     if error is not None:
         _reply({"type": "import_state", "reason": error, "manifest": {"variables": loaded, "not_saved": not_saved}})
-        return
+        return True
     # Random state: a copy must not repeat its source's draws.
     rnd = sys.modules.get("random")
     if rnd is not None:
@@ -1416,6 +1417,7 @@ def import_state(ns):
     manifest = {"serializer": exported.get("serializer"), "variables": loaded,
                 "not_saved": (exported.get("not_saved") or []) + not_saved, "execution_count": S.count}
     _reply({"type": "import_state", "manifest": manifest})
+    return True
 
 
 def _text_stream(fd):
@@ -1513,7 +1515,8 @@ def main():
         elif op == "export_state":
             export_state(ns, req)
         elif op == "import_state":
-            import_state(ns)
+            if not import_state(ns):
+                return
 
 
 if __name__ == "__main__":
