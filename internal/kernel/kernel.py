@@ -852,13 +852,16 @@ def _dormant(ns, sock):
             req = {}
         op = req.get("op")
         if op == "wake":
+            # The anchor learns the new live kernel first, then the old one
+            # may let go, while this one forks its fresh dormant copy.
+            pid = os.getpid()
+            if _CP.ctl_w >= 0:
+                _write_all(_CP.ctl_w, b"%d\n" % pid)
+            sock.send(_encode({"ok": True, "pid": pid}).encode())
             try:
                 child = _fork_keeping_state()
-            except OSError as e:
-                for fd in fds:
-                    os.close(fd)
-                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
-                continue
+            except OSError:
+                child = -1  # not kept: its entry reads as gone once sock is closed
             if child == 0:
                 for fd in fds:
                     os.close(fd)
@@ -909,16 +912,12 @@ def _wake(req, fds, sock, child):
         cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
     me = int(req["id"])
     if me in table:
-        table[me].pid = child
+        table[me].pid = max(child, 0)
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
     _CP.former = set(req.get("former") or ())
-    # The anchor learns the live kernel first, then the old one may go.
     pid = os.getpid()
-    if _CP.ctl_w >= 0:
-        _write_all(_CP.ctl_w, b"%d\n" % pid)
-    sock.send(_encode({"ok": True, "pid": pid}).encode())
     sock.close()
     if quiet >= 0:
         # Answer once the old live kernel can no longer write to the host
