@@ -82,6 +82,21 @@ type Options struct {
 	Zygote Zygote
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
+
+	// Checkpoints is "auto" (a checkpoint before every execution, so
+	// Undo reverts the last one) or "off" (the default: checkpoints are
+	// taken only when asked).
+	Checkpoints string
+	// AutoCheckpoints is how many automatic checkpoints are kept (the
+	// newest). If zero, 3.
+	AutoCheckpoints int
+	// MaxCheckpoints caps the checkpoints taken on request. If zero, 16.
+	MaxCheckpoints int
+	// CheckpointMemory bounds what the session's checkpoints hold: the
+	// private memory of their kernel copies plus the distinct bytes of
+	// their files. Over it the oldest automatic ones are dropped. If
+	// zero, 1 GiB.
+	CheckpointMemory int64
 }
 
 // Session is one sandboxed Python kernel and its workspace. Its methods are
@@ -97,13 +112,15 @@ type Session struct {
 	gate      *egress.Gate // with Options.Egress, or once armed
 	standby   net.Listener // with Options.EgressStandby: the kernel's, unserved (under mu)
 
-	turn chan struct{} // held by Execute, Restart and CheckComplete
+	turn chan struct{} // held by Execute, Restart, CheckComplete and the checkpoint calls
 	done chan struct{} // closed by Close
 
 	mu     sync.Mutex
 	k      *kernel.Kernel
 	proc   kernel.Process // the kernel's process, as the launcher gave it
 	closed bool
+
+	cps checkpoints
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -237,6 +254,7 @@ func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kerne
 	if err != nil {
 		return nil, err
 	}
+	s.autoCheckpoint(ctx)
 	if req.Timeout == 0 {
 		switch {
 		case s.opts.ExecTimeout > 0:
@@ -289,6 +307,7 @@ func (s *Session) Interrupt() error {
 
 // Restart replaces the kernel with a fresh one: all Python state is gone,
 // the workspace stays. A running execution ends with status "killed".
+// Every checkpoint is dropped (their copies of the kernel die with it).
 func (s *Session) Restart(ctx context.Context) error {
 	old, err := s.kernel()
 	if err != nil {
@@ -302,6 +321,9 @@ func (s *Session) Restart(ctx context.Context) error {
 	old.Close()
 	if s.isClosed() {
 		return ErrClosed
+	}
+	if err := s.closeCheckpoints(); err != nil {
+		s.log.Warn("restart: remove the checkpoint store", "err", err)
 	}
 	k, err := s.start(ctx)
 	if err != nil {
@@ -349,7 +371,7 @@ func (s *Session) Close() error {
 		s.gate.Close()
 	}
 	s.closeStandby()
-	return s.removeWorkspace()
+	return errors.Join(s.closeCheckpoints(), s.removeWorkspace())
 }
 
 func (s *Session) removeWorkspace() error {

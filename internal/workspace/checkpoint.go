@@ -58,7 +58,8 @@ type CheckpointStore struct {
 	cps   map[string]*fileCheckpoint
 	blobs map[string]*blob // by hash
 	held  int64
-	seen  map[string]seenFile // by path: what the store last saw there
+	seen  map[string]seenFile // by path: what the store last saw there (never changed in place)
+	home  string              // the directory of the workspace taken (seen describes it)
 }
 
 type blob struct {
@@ -141,7 +142,7 @@ func (s *CheckpointStore) Dir() string { return s.dir }
 func (s *CheckpointStore) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cps, s.blobs, s.seen, s.held = map[string]*fileCheckpoint{}, map[string]*blob{}, map[string]seenFile{}, 0
+	s.cps, s.blobs, s.seen, s.held, s.home = map[string]*fileCheckpoint{}, map[string]*blob{}, map[string]seenFile{}, 0, ""
 	if err := os.RemoveAll(s.dir); err != nil {
 		return fmt.Errorf("remove checkpoint store: %w", err)
 	}
@@ -203,10 +204,38 @@ func (s *CheckpointStore) unref(hash string) error {
 	return nil
 }
 
-// Take copies the workspace's files into a new checkpoint.
+// Dup makes a second handle on checkpoint id, with an id of its own: the
+// files stay held until both are dropped (a fork restores them into other
+// workspaces while the session may drop the original).
+func (s *CheckpointStore) Dup(id string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, ok := s.cps[id]
+	if !ok {
+		return "", fmt.Errorf("checkpoint %q: %w", id, ErrNoCheckpoint)
+	}
+	for _, e := range cp.entries {
+		if e.typ == 'f' {
+			s.blobs[e.hash].refs++
+		}
+	}
+	s.next++
+	dup := &fileCheckpoint{info: cp.info, entries: cp.entries}
+	dup.info.ID = "f" + strconv.Itoa(s.next)
+	s.cps[dup.info.ID] = dup
+	return dup.info.ID, nil
+}
+
+// Take copies the workspace's files into a new checkpoint. A store takes
+// checkpoints of one workspace (the first it is given).
 func (s *CheckpointStore) Take(w *Workspace) (*FileCheckpoint, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.home == "" {
+		s.home = w.root.Name()
+	} else if s.home != w.root.Name() {
+		return nil, fmt.Errorf("checkpoint store of %s: cannot take checkpoints of %s", s.home, w.root.Name())
+	}
 	t := &taking{s: s, w: w, seen: map[string]seenFile{}, fresh: map[string]*blob{}}
 	err := t.dir(w.root, ".")
 	if err != nil {
@@ -433,12 +462,22 @@ func keptMode(m fs.FileMode) fs.FileMode { return m & (fs.ModePerm | fs.ModeStic
 // ones back; files already as they were are not touched. FIFOs, sockets
 // and devices that were there at the checkpoint are left alone. The
 // checkpoint is kept: it can be restored again.
+//
+// A checkpoint may be restored into another workspace too (a fork's):
+// then every file is compared by content. Restores into other workspaces
+// may run at the same time as each other and as the store's other calls;
+// the checkpoint must not be dropped meanwhile (see Dup).
 func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	cp, ok := s.cps[id]
+	home := s.home == w.root.Name()
+	seen := s.seen
+	s.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("checkpoint %q: %w", id, ErrNoCheckpoint)
+	}
+	if !home {
+		seen = nil
 	}
 	want := make(map[string]*cpEntry, len(cp.entries))
 	for i := range cp.entries {
@@ -448,18 +487,17 @@ func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error)
 	for _, p := range cp.info.Skipped {
 		skipped[p] = true
 	}
-	rs := &restoring{s: s, w: w, want: want, skipped: skipped, seen: map[string]seenFile{}}
-	if err := rs.prune(w.root, "."); err != nil {
-		return &rs.res, err
+	rs := &restoring{s: s, w: w, want: want, skipped: skipped, old: seen, seen: map[string]seenFile{}}
+	err := rs.prune(w.root, ".")
+	for i := 0; err == nil && i < len(cp.entries); i++ {
+		err = rs.put(&cp.entries[i])
 	}
-	for i := range cp.entries {
-		if err := rs.put(&cp.entries[i]); err != nil {
-			s.seen = rs.seen
-			return &rs.res, err
-		}
+	if home {
+		s.mu.Lock()
+		s.seen = rs.seen
+		s.mu.Unlock()
 	}
-	s.seen = rs.seen
-	return &rs.res, nil
+	return &rs.res, err
 }
 
 type restoring struct {
@@ -467,6 +505,7 @@ type restoring struct {
 	w       *Workspace
 	want    map[string]*cpEntry
 	skipped map[string]bool
+	old     map[string]seenFile // what the store last saw (nil: another workspace)
 	seen    map[string]seenFile
 	res     FileRestore
 }
@@ -600,7 +639,7 @@ func (rs *restoring) put(e *cpEntry) error {
 // content: known by its identity, or else by its hash.
 func (rs *restoring) sameContent(e *cpEntry, fi fs.FileInfo) (bool, error) {
 	id := idOf(fi)
-	if old, ok := rs.s.seen[e.path]; ok && id.ino != 0 {
+	if old, ok := rs.old[e.path]; ok && id.ino != 0 {
 		switch {
 		case old.id == id && old.trusted:
 			return old.hash == e.hash, nil

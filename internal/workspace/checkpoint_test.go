@@ -502,3 +502,53 @@ func median(d []time.Duration) time.Duration {
 	slices.Sort(d)
 	return d[len(d)/2]
 }
+
+// A fork's workspace: a checkpoint restored into another workspace, held
+// by a Dup while the original is dropped; the store still takes only its
+// own workspace, and its knowledge of it is not disturbed.
+func TestCheckpointRestoreElsewhere(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	s := newStore(t)
+	makeTree(t, dir, 5, 1000)
+	os.Symlink("d0/f000.bin", filepath.Join(dir, "link"))
+	want := treeOf(t, dir)
+	ageFiles()
+	cp, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup, err := s.Dup(cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drop(cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		w2, dir2 := newWS(t, Options{})
+		writeFile(t, dir2, "stale", "x", 0o644)
+		if _, err := s.Restore(w2, dup); err != nil {
+			t.Fatal(err)
+		}
+		if d := diffTrees(want, treeOf(t, dir2)); d != "" {
+			t.Fatalf("restored elsewhere:\n%s", d)
+		}
+		if _, err := s.Take(w2); err == nil {
+			t.Error("a store took checkpoints of a second workspace")
+		}
+	}
+	// The home workspace's files are still known: nothing is copied.
+	cp2, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp2.Copied != 0 {
+		t.Errorf("take after restoring elsewhere copied %d bytes", cp2.Copied)
+	}
+	if err := s.Drop(dup); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.HeldBytes(); got != 5000 {
+		t.Errorf("held %d, want 5000", got)
+	}
+}
