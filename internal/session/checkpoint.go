@@ -351,10 +351,10 @@ func (s *Session) fit(ctx context.Context, kc kernelCheckpoints, added *cpRecord
 		s.drop(ctx, kc, added)
 		what := "an automatic checkpoint"
 		if !added.Auto {
-			what = "checkpoint"
+			what = "the checkpoint"
 		}
 		return &LimitError{Name: "checkpoint memory", Requested: bytesText(held), Max: bytesText(limit),
-			Reason: fmt.Sprintf("%s would hold %s of memory and files with the others, above this server's bound of %s per session: delete checkpoints, or keep less in memory or in the workspace", what, bytesText(held), bytesText(limit))}
+			Reason: fmt.Sprintf("%s was not kept: with it the session's checkpoints would hold %s of memory and files, above this server's bound of %s per session; delete checkpoints, or keep less in memory or in the workspace", what, bytesText(held), bytesText(limit))}
 	}
 }
 

@@ -232,8 +232,12 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
 	res := &Restored{From: src.from, Files: src.files, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
-	for _, ns := range append(append([]notSaved(nil), src.exported.NotSaved...), imported.NotSaved...) {
-		res.NotRestored = append(res.NotRestored, ns.Name+": "+ns.Reason)
+	said := map[string]bool{}
+	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {
+		if !said[ns.Name] { // the import repeats what the export could not save
+			said[ns.Name] = true
+			res.NotRestored = append(res.NotRestored, ns.Name+": "+ns.Reason)
+		}
 	}
 	res.NotRestored = append(res.NotRestored, src.notCarried...)
 	s.setRestored(res)

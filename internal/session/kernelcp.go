@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"errors"
 	"io"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -19,28 +18,15 @@ type kernelCheckpoints interface {
 	ImportState(ctx context.Context, r io.Reader) (*stateManifest, error)
 }
 
-// The kernel's types, as its checkpoint API defines them.
+// The kernel's types.
 type (
-	kernelCheckpointInfo struct {
-		ID             int
-		ExecutionCount int
-		Threads        []string
-		Processes      []string
-	}
-	stateManifest struct {
-		Serializer     string
-		Variables      []string
-		NotSaved       []notSaved
-		ExecutionCount int
-	}
-	notSaved struct{ Name, Reason string }
+	kernelCheckpointInfo = kernel.CheckpointInfo
+	stateManifest        = kernel.StateManifest
+	notSaved             = kernel.NotSaved
 )
 
 // errCheckpointGone: the kernel's copy of a checkpoint died (the OOM killer).
-var errCheckpointGone = errors.New("checkpoint gone")
+var errCheckpointGone = kernel.ErrCheckpointGone
 
-// checkpointsOf returns k's checkpoint API, or nil where the kernel has none.
-func checkpointsOf(k *kernel.Kernel) kernelCheckpoints {
-	c, _ := any(k).(kernelCheckpoints)
-	return c
-}
+// checkpointsOf returns k's checkpoint API.
+func checkpointsOf(k *kernel.Kernel) kernelCheckpoints { return k }
