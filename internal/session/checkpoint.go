@@ -74,9 +74,6 @@ type notFoundError struct{ msg string }
 func (e *notFoundError) Error() string        { return e.msg }
 func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
 
-// ErrCheckpointsUnsupported: the session's kernel cannot checkpoint.
-var ErrCheckpointsUnsupported = errors.New("this session's kernel cannot take checkpoints")
-
 // checkpointMode validates a mode ("" means def).
 func checkpointMode(mode, def string) (string, error) {
 	switch mode {
@@ -245,9 +242,6 @@ func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRe
 		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
 	kc := checkpointsOf(k)
-	if kc == nil {
-		return nil, ErrCheckpointsUnsupported
-	}
 	if !auto {
 		if n := s.countCheckpoints(false); n >= s.maxCheckpoints() {
 			return nil, &LimitError{Name: "checkpoints", Requested: strconv.Itoa(n + 1), Max: strconv.Itoa(s.maxCheckpoints()),
@@ -483,9 +477,7 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 	}
 	k, kerr := s.kernel()
 	if kerr == nil {
-		if kc := checkpointsOf(k); kc != nil {
-			s.drop(ctx, kc, r)
-		}
+		s.drop(ctx, checkpointsOf(k), r)
 	}
 	return res, nil
 }
@@ -501,9 +493,6 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
 	kc := checkpointsOf(k)
-	if kc == nil {
-		return nil, ErrCheckpointsUnsupported
-	}
 	st, ws, err := s.checkpointFiles()
 	if err != nil {
 		return nil, err
@@ -540,9 +529,6 @@ func (s *Session) DeleteCheckpoint(ctx context.Context, id string) error {
 		return err
 	}
 	kc := checkpointsOf(k)
-	if kc == nil {
-		return ErrCheckpointsUnsupported
-	}
 	s.drop(ctx, kc, r)
 	return nil
 }

@@ -84,21 +84,9 @@ func textOf(t *testing.T, s *Session, code string) string {
 	return mainText(r)
 }
 
-func needCheckpoints(t *testing.T, s *Session) {
-	t.Helper()
-	k, err := s.kernel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if checkpointsOf(k) == nil {
-		t.Fatal("the kernel has no checkpoint API (branch k27 not merged)")
-	}
-}
-
 func TestCheckpointRestore(t *testing.T) {
 	ctx := context.Background()
 	s := newSession(t, Options{})
-	needCheckpoints(t, s)
 	mustOK(t, runCode(t, s, `
 import os, random, json
 random.seed(7)
@@ -164,7 +152,6 @@ os.remove("/workspace/link"); os.mkdir("/workspace/link")
 func TestUndo(t *testing.T) {
 	ctx := context.Background()
 	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 2})
-	needCheckpoints(t, s)
 	mustOK(t, runCode(t, s, "v_df = list(range(10))\nopen('/workspace/out.csv', 'w').write('1,2,3')"))
 	files := wsTree(t, s.Workspace())
 	mustOK(t, runCode(t, s, "v_df.clear()\nopen('/workspace/out.csv', 'w').write('')\nopen('/workspace/junk', 'w').write('x')"))
@@ -214,7 +201,6 @@ func TestUndo(t *testing.T) {
 func TestCheckpointLimits(t *testing.T) {
 	ctx := context.Background()
 	s := newSession(t, Options{MaxCheckpoints: 3, CheckpointMemory: 64 << 20})
-	needCheckpoints(t, s)
 	for range 3 {
 		if _, err := s.Checkpoint(ctx, ""); err != nil {
 			t.Fatal(err)
@@ -281,7 +267,6 @@ func TestCheckpointLimits(t *testing.T) {
 // the execution.
 func TestAutoCheckpointsFitTheBound(t *testing.T) {
 	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 5, CheckpointMemory: 64 << 20})
-	needCheckpoints(t, s)
 	for i := range 4 {
 		mustOK(t, runCode(t, s, fmt.Sprintf("import os\nopen('/workspace/f%d', 'wb').write(os.urandom(20 << 20))", i)))
 	}
@@ -297,7 +282,6 @@ func TestAutoCheckpointsFitTheBound(t *testing.T) {
 func TestCheckpointNotCarried(t *testing.T) {
 	ctx := context.Background()
 	s := newSession(t, Options{})
-	needCheckpoints(t, s)
 	mustOK(t, runCode(t, s, `
 import subprocess, threading, time
 v_server = subprocess.Popen(["sleep", "300"])
@@ -323,7 +307,6 @@ v_thread = threading.Thread(target=time.sleep, args=(300,), daemon=True, name="p
 func TestCheckpointsClosedWithTheSession(t *testing.T) {
 	ctx := context.Background()
 	s := newSession(t, Options{})
-	needCheckpoints(t, s)
 	if _, err := s.Checkpoint(ctx, ""); err != nil {
 		t.Fatal(err)
 	}

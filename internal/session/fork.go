@@ -132,9 +132,6 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
 	kc := checkpointsOf(k)
-	if kc == nil {
-		return nil, ErrCheckpointsUnsupported
-	}
 	st, ws, err := s.checkpointFiles()
 	if err != nil {
 		return nil, err
@@ -210,9 +207,6 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 		return nil, err
 	}
 	kc := checkpointsOf(k)
-	if kc == nil {
-		return nil, ErrCheckpointsUnsupported
-	}
 	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
 	if err != nil {
 		return nil, err

@@ -31,7 +31,6 @@ func testFork(t *testing.T, m *Manager) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	needCheckpoints(t, parent.Session)
 	mustOK(t, runCode(t, parent.Session, `
 import os, json, random
 v_x = {"k": [1, 2, 3]}
@@ -133,7 +132,6 @@ func TestForkLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	needCheckpoints(t, parent.Session)
 	if _, _, err := m.Fork(ctx, "mallory", parent.ID(), ForkOptions{}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("fork of another owner's session: %v, want ErrNotFound", err)
 	}

@@ -1,5 +1,62 @@
 // Package session runs stateful Python sessions: each is one kernel in its
 // own jail with its own workspace, executing one cell at a time.
+//
+// # Checkpoints, undo and fork
+//
+// A checkpoint ([Session.Checkpoint]) is the session's exact state, in
+// two halves taken one after the other under the session's turn (no cell
+// runs between them):
+//
+//   - The kernel's memory: a dormant fork of the kernel process inside the
+//     session's own jail and cgroup (package kernel). It holds the
+//     parent's pages copy-on-write, so taking it costs a fork, and what it
+//     holds grows only as the live kernel changes memory it still shares.
+//     Restoring wakes it (it forks a fresh dormant copy of itself, so the
+//     checkpoint can be restored again) and the old live kernel exits.
+//     It carries everything the process holds: variables, imports, random
+//     generators' state, the execution count. Not carried, and named in
+//     [Checkpoint.NotCarried] and [Restored.NotRestored]: threads other
+//     than the main one (a fork copies one), child processes (a server
+//     started by a cell keeps running after a restore; it is not rolled
+//     back), and sockets to outside the process, which are shared, not
+//     copied.
+//   - The workspace's files: a content-addressed, deduplicated copy in a
+//     directory beside the workspace, which the sandbox cannot see
+//     ([workspace.CheckpointStore]): a file unchanged since the last
+//     checkpoint is not copied again. Restoring rewrites what changed,
+//     removes what was added and brings back what was deleted. FIFOs and
+//     devices are not kept.
+//
+// What checkpoints hold is bounded per session (Options.CheckpointMemory:
+// the private memory of their kernel copies, which is charged to the
+// session's memory limit too, plus the distinct bytes of their files): over
+// it the oldest automatic checkpoints are dropped, and a named one that
+// still does not fit is refused with a [*LimitError]. A copy killed by the
+// out-of-memory killer is forgotten and reported as gone.
+//
+// A session created with Checkpoints "auto" takes one before every
+// execution and keeps the newest AutoCheckpoints (3 by default), so
+// [Session.Undo] reverts the last cell at once (files included); each undo
+// uses one. [Session.Restart] drops every checkpoint (their copies die
+// with the old kernel), and Close removes them all.
+//
+// A fork ([Manager.Fork]) cannot copy a live process into new namespaces
+// without CRIU (the kernel has no capabilities and seccomp forbids
+// creating namespaces, by design), so its children are new sessions, made
+// as [Manager.Create] makes any (pooled, zygote-forked or cold; the
+// parent's limits, environment, network and owner), each as isolated as
+// any other. The parent's files are checkpointed into its store and
+// restored into each child's workspace; its variables are serialized once
+// (dill where installed, else pickle; modules by name) by a dormant copy
+// of its kernel, and loaded into each child. The parent's kernel stalls
+// only for that fork, but its next cell waits until the file checkpoint and
+// the export are done (the bytes stream through the kernel's pipe); the
+// children are made and loaded after that, while the parent runs. Names that do not serialize
+// (generators, open files, locks...) are listed in the [Restored] report
+// with the reason. Each child reseeds random and numpy's global generator,
+// so forks do not repeat each other's draws (generator objects held in
+// variables are copied as they are, and so repeat); uuid4 draws from the
+// OS and differs in each.
 package session
 
 import (
