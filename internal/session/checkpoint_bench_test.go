@@ -88,7 +88,7 @@ func BenchmarkCheckpointSession(b *testing.B) {
 	b.ReportMetric(float64(mr.Microseconds())/1e3, "restore-ms")
 	b.ReportMetric(float64(mb.Microseconds())/1e3, "rebuild-ms")
 	b.ReportMetric(float64(mb)/float64(mr), "rebuild/restore")
-	b.Logf("100 MB DataFrame + 50 MB of files: checkpoint p50 %v, restore p50 %v (n=%d); re-running the cells p50 %v (n=%d); restore is %.0fx faster",
+	b.Logf("100 MB DataFrame + 50 MB of files: checkpoint p50 %v, restore p50 %v (n=%d); re-running the cells p50 %v (n=%d); ratio rebuild/restore %.0f",
 		mt, mr, len(takeT), mb, len(rebuildT), float64(mb)/float64(mr))
 }
 
@@ -171,6 +171,6 @@ func BenchmarkFork(b *testing.B) {
 	b.ReportMetric(float64(ms.Microseconds())/1e3, "parent-stall-ms")
 	b.ReportMetric(float64(mn.Microseconds())/1e3, "new+rebuild-ms")
 	b.ReportMetric(float64(mn)/float64(mf), "new+rebuild/fork")
-	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; new session + re-running the cells p50 %v (n=%d); fork is %.1fx faster",
+	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; new session + re-running the cells p50 %v (n=%d); ratio (new+rebuild)/fork %.2f",
 		how, mf, len(forkT), ten, ms, mn, len(newT), float64(mn)/float64(mf))
 }

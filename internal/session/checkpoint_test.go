@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 // wsTree describes every entry of a workspace byte for byte: type,
@@ -84,9 +85,26 @@ func textOf(t *testing.T, s *Session, code string) string {
 	return mainText(r)
 }
 
-func TestCheckpointRestore(t *testing.T) {
+func TestCheckpointRestore(t *testing.T) { testCheckpointRestore(t, Options{}) }
+
+// TestCheckpointZygote: checkpoints and undo of a kernel forked from the
+// zygote (not PID 2 of a jail of its own).
+func TestCheckpointZygote(t *testing.T) {
+	if err := zygote.Supported(); err != nil {
+		t.Skipf("no zygote here: %v", err)
+	}
+	z, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"json"}, Env: KernelEnv()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { z.Close() })
+	t.Run("restore", func(t *testing.T) { testCheckpointRestore(t, Options{Zygote: z}) })
+	t.Run("undo", func(t *testing.T) { testUndo(t, Options{Zygote: z}) })
+}
+
+func testCheckpointRestore(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := newSession(t, Options{})
+	s := newSession(t, o)
 	mustOK(t, runCode(t, s, `
 import os, random, json
 random.seed(7)
@@ -149,9 +167,12 @@ os.remove("/workspace/link"); os.mkdir("/workspace/link")
 	}
 }
 
-func TestUndo(t *testing.T) {
+func TestUndo(t *testing.T) { testUndo(t, Options{}) }
+
+func testUndo(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 2})
+	o.Checkpoints, o.AutoCheckpoints = CheckpointsAuto, 2
+	s := newSession(t, o)
 	mustOK(t, runCode(t, s, "v_df = list(range(10))\nopen('/workspace/out.csv', 'w').write('1,2,3')"))
 	files := wsTree(t, s.Workspace())
 	mustOK(t, runCode(t, s, "v_df.clear()\nopen('/workspace/out.csv', 'w').write('')\nopen('/workspace/junk', 'w').write('x')"))

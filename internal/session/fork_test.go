@@ -27,7 +27,7 @@ func managedText(t *testing.T, ms *Managed, code string) string {
 
 func testFork(t *testing.T, m *Manager) {
 	ctx := context.Background()
-	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Env: map[string]string{"V_ENV": "kept"}})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Env: map[string]string{"V_ENV": "kept"}, Checkpoints: CheckpointsAuto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +86,16 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 	if _, err := os.Stat(filepath.Join(children[1].Workspace(), "only-child")); err == nil {
 		t.Error("the sibling has the child's file")
 	}
+	// A child has its parent's checkpoint mode: its last cell can be undone.
+	if children[0].CheckpointMode() != CheckpointsAuto {
+		t.Errorf("child's checkpoint mode %q", children[0].CheckpointMode())
+	}
+	if _, err := children[0].Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, children[0], "v_x, open('/workspace/f.txt').read()"); got != "({'k': [1, 2, 3]}, 'parent')" {
+		t.Errorf("child after undo: %s", got)
+	}
 	// The parent goes on.
 	if got := managedText(t, parent, "v_x['k'].append(9); len(v_x['k'])"); got != "4" {
 		t.Errorf("parent after the fork: %s", got)
@@ -143,6 +153,9 @@ func TestForkLimits(t *testing.T) {
 		t.Errorf("17 forks: %v, want a LimitError", err)
 	}
 	var ae *ArgumentError
+	if _, err := m.Create(ctx, CreateOptions{Owner: "alice", Checkpoints: "always"}); !errors.As(err, &ae) {
+		t.Errorf("create with checkpoints \"always\": %v, want an ArgumentError", err)
+	}
 	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: -1}); !errors.As(err, &ae) {
 		t.Errorf("-1 forks: %v, want an ArgumentError", err)
 	}
