@@ -50,7 +50,14 @@ func startSpinner(t *testing.T) *spinJail {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.Kill(); p.Thaw(); p.Wait(); inW.Close(); outW.Close(); outR.Close() })
+	t.Cleanup(func() {
+		p.Kill()
+		p.Thaw()
+		p.Wait()
+		inW.Close()
+		outW.Close()
+		outR.Close()
+	})
 	j := &spinJail{p: p, in: inW, out: bufio.NewReader(outR)}
 	if line, err := j.out.ReadString('\n'); line != "ready\n" {
 		t.Fatalf("the spinner said %q, %v; stderr: %s", line, err, errb.String())
