@@ -55,8 +55,8 @@ type Config struct {
 	IdleTimeout, MaxLifetime, ExecTimeout time.Duration
 	// IdleAction is what becomes of a session idle past IdleTimeout:
 	// "close" (also "") or "pause" (session.ManagerOptions.IdleAction).
-	IdleAction string
-	Defaults, Max                         jail.Limits
+	IdleAction    string
+	Defaults, Max jail.Limits
 	// AllowNetwork lets sessions ask for the host's whole network.
 	AllowNetwork bool
 	// Egress configures allow mode. New adds the listener's address to

@@ -140,4 +140,3 @@ func BenchmarkPauseResume(b *testing.B) {
 			c.name, jail.FreezeMethod(), len(pause), ms(pm), ms(rm), ms(em), float64(pm)/float64(em), float64(rm)/float64(em))
 	}
 }
-
