@@ -131,6 +131,8 @@ type Server struct {
 	draining atomic.Bool
 	// notebooks are the sessions' notebooks (notebook.go).
 	notebooks notebooks
+	// restored is what came back at each session's last restore or fork (lifecycle.go).
+	restored restoredRecords
 }
 
 // route is one documented endpoint.
@@ -218,6 +220,14 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
 		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
 		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
+		{"POST", "/v1/sessions/{id}/pause", s.pauseSession, false},
+		{"POST", "/v1/sessions/{id}/resume", s.resumeSession, false},
+		{"POST", "/v1/sessions/{id}/undo", s.undo, false},
+		{"GET", "/v1/sessions/{id}/checkpoints", s.listCheckpoints, false},
+		{"POST", "/v1/sessions/{id}/checkpoints", s.takeCheckpoint, false},
+		{"DELETE", "/v1/sessions/{id}/checkpoints/{cid}", s.deleteCheckpoint, false},
+		{"POST", "/v1/sessions/{id}/checkpoints/{cid}/restore", s.restoreCheckpoint, false},
+		{"POST", "/v1/sessions/{id}/fork", s.forkSession, false},
 		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
 		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
