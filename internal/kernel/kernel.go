@@ -111,6 +111,16 @@ type wireEvent struct {
 	Seq    int64  `json:"seq"` // of the marker before it, in the middle of a cell
 	Pid    int    `json:"pid"`
 	Python string `json:"python"`
+
+	// Replies about checkpoints and state (checkpoint.go).
+	ID        int              `json:"id"`
+	Reason    string           `json:"reason"` // why the request failed
+	Gone      bool             `json:"gone"`   // the checkpoint's process has died
+	Threads   []string         `json:"threads"`
+	Processes []string         `json:"processes"`
+	Memory    map[string]int64 `json:"memory"`
+	Chunk     string           `json:"chunk"` // base64 state bytes
+	Manifest  *StateManifest   `json:"manifest"`
 }
 
 // Start launches a kernel and waits until it is ready. ctx bounds only the
@@ -582,7 +592,7 @@ func (x *execution) event(w *wireEvent) bool {
 		}
 		x.finish(ev)
 		return true
-	case "ready", "is_complete":
+	case "ready", "is_complete", "setenv", "checkpoint", "restore", "drop_checkpoint", "checkpoint_memory", "state_data", "state_end", "import_state":
 		// A late reply to an abandoned request.
 	default:
 		x.k.log.Debug("unknown kernel event", "type", ev.Type)

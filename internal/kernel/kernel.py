@@ -17,12 +17,15 @@ import ast
 import base64
 import builtins
 import fcntl
+import gc
 import io
 import json
 import linecache
 import os
 import resource
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -59,8 +62,10 @@ class _State:
     main_ident = threading.get_ident()
     count = 0
     max_event = 16 << 20
-    req = None
+    req = None  # the request reader (_Reader)
     ev_fd = -1
+    first_pid = 0  # the process the host signals and waits for (see _become_anchor)
+    jailed = False  # started by PID 1 (a jail's init): every process we see is the session's
     clear_refs_fd = -1
     child_cpu = 0.0
     child_peak = 0
@@ -599,6 +604,782 @@ def is_complete(code):
     return "complete"
 
 
+# ---------------------------------------------------------------- requests
+
+
+class _Reader:
+    """Reads request lines from a descriptor. What it has read past the
+    current line (buf) is explicit, so a restore can hand it on to the
+    kernel that takes over (see _restore)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = bytearray()
+        self.scan = 0  # buf[:scan] has no newline
+
+    def readline(self):
+        buf = self.buf
+        while True:
+            i = buf.find(b"\n", self.scan)
+            if i >= 0:
+                line = bytes(buf[: i + 1])
+                del buf[: i + 1]
+                self.scan = 0
+                return line
+            self.scan = len(buf)
+            chunk = os.read(self.fd, 1 << 16 if len(buf) < 1 << 16 else 1 << 20)
+            if not chunk:
+                line = bytes(buf)
+                buf.clear()
+                self.scan = 0
+                return line
+            buf += chunk
+
+
+# ---------------------------------------------------------------- checkpoints
+#
+# A checkpoint is a dormant fork of this process (see the Go package's doc).
+# It waits on its own socket (a socketpair: one end in the checkpoint, the
+# other in the live kernel) and never reads the request pipe. Messages to it:
+#   {"op": "wake", ...} + descriptors: become the live kernel. The message
+#       carries the live kernel's checkpoint table, with the live kernel's
+#       ends of every checkpoint's socket, so the woken one can restore any
+#       of them, including checkpoints taken after itself.
+#   {"op": "export"} + a pipe: write the checkpoint's variables to it.
+#   {"op": "drop"}: exit.
+# A checkpoint whose process died (the OOM killer may pick it: it is in the
+# session's cgroup) shows as a hang-up on the live kernel's end: it is gone.
+
+MAX_CHECKPOINTS = 200  # each wake message carries one descriptor per checkpoint (SCM_MAX_FD is 253)
+PR_SET_CHILD_SUBREAPER = 36
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class _Checkpoint:
+    __slots__ = ("id", "pid", "sock", "count", "threads", "processes")
+
+    def info(self, typ):
+        return {"type": typ, "id": self.id, "pid": self.pid, "execution_count": self.count,
+                "threads": self.threads, "processes": self.processes}
+
+
+class _CP:
+    table = {}  # id -> _Checkpoint, oldest first
+    next_id = 1
+    ctl_r = -1  # the anchor's control pipe: live kernels write their pid to ctl_w
+    ctl_w = -1
+    reap = []  # dropped checkpoints that may be our children
+
+
+def _ensure_ctl():
+    if _CP.ctl_w < 0:
+        _CP.ctl_r, _CP.ctl_w = os.pipe()  # both close on exec
+
+
+def _threads_now():
+    main = threading.main_thread()
+    return ["%s (%s)" % (t.name, "daemon" if t.daemon else "thread") for t in threading.enumerate() if t is not main]
+
+
+def _processes_now():
+    """The processes of the session other than the kernel's own (the init,
+    the anchor, the live kernel, the checkpoints), as "PID COMMAND": child
+    processes and background servers, which a checkpoint does not carry.
+
+    Inside a jail (the kernel started by PID 1 of its PID namespace) that
+    is every process; on a host, the kernel's descendants."""
+    ours = {1, os.getpid(), S.first_pid}
+    ours.update(c.pid for c in _CP.table.values())
+    ours.update(_CP.reap)
+    parent = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            if fields[0] == b"Z":
+                continue  # ended, not yet reaped
+            parent[int(name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    if S.jailed:
+        pids = [p for p in parent if p not in ours]
+    else:
+        pids = []
+        for p in parent:
+            q, seen = p, 0
+            while q in parent and q != S.first_pid and seen < 64:
+                q, seen = parent[q], seen + 1
+            if q == S.first_pid and p not in ours:
+                pids.append(p)
+    out = []
+    for p in sorted(pids):
+        try:
+            with open("/proc/%d/cmdline" % p, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").strip().decode("utf-8", "replace")
+            if not cmd:
+                with open("/proc/%d/comm" % p, "rb") as f:
+                    cmd = "[%s]" % f.read().strip().decode("utf-8", "replace")
+        except OSError:
+            continue  # it ended meanwhile
+        if len(cmd) > 120:
+            cmd = cmd[:117] + "..."
+        out.append("%d %s" % (p, cmd))
+    return out
+
+
+def _fork_keeping_state():
+    """os.fork, keeping in the child what fork changes: the random module
+    reseeds itself in a forked child (an at-fork hook), and locks held by
+    other threads at the fork stay held in the child forever."""
+    rnd = sys.modules.get("random")
+    state = rnd.getstate() if rnd is not None else None
+    _flush_stdio()  # else the output buffered now would come out twice
+    pid = os.fork()
+    if pid == 0:
+        if state is not None:
+            rnd.setstate(state)
+        S.lock = threading.Lock()
+    return pid
+
+
+def _gone(cp):
+    """Whether the checkpoint's process has died (its end of the socket is closed)."""
+    import select
+
+    p = select.poll()
+    p.register(cp.sock, select.POLLIN)
+    for _, ev in p.poll(0):
+        if ev & (select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)):
+            return True
+    return False
+
+
+def _reap_dropped():
+    left = []
+    for pid in _CP.reap:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                left.append(pid)
+        except ChildProcessError:
+            pass  # not our child: its parent (or the anchor) reaps it
+    _CP.reap = left
+
+
+def checkpoint(ns):
+    """Takes a checkpoint: forks a dormant copy of this process. In the copy
+    this returns when the checkpoint is restored, as the live kernel."""
+    _reap_dropped()
+    if len(_CP.table) >= MAX_CHECKPOINTS:
+        _reply({"type": "checkpoint", "reason": "too many checkpoints (at most %d): drop some first" % MAX_CHECKPOINTS})
+        return
+    threads, procs = _threads_now(), _processes_now()
+    _ensure_ctl()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with S.lock:  # no thread is in the middle of an event while we fork
+        try:
+            pid = _fork_keeping_state()
+        except OSError as e:
+            pid = -1
+            err = e
+        if pid == 0:
+            ours.close()
+            if threads:
+                _fresh_streams()
+            _dormant(ns, theirs)  # returns when restored
+            return
+    theirs.close()
+    if pid < 0:
+        ours.close()
+        _reply({"type": "checkpoint", "reason": "cannot fork the kernel: %s" % (err.strerror or err)})
+        return
+    cp = _Checkpoint()
+    cp.id, cp.pid, cp.sock, cp.count, cp.threads, cp.processes = _CP.next_id, pid, ours, S.count, threads, procs
+    _CP.next_id += 1
+    _CP.table[cp.id] = cp
+    _reply(cp.info("checkpoint"))
+
+
+def _fresh_streams():
+    """New stdout and stderr objects in a forked child: another thread may
+    have held the old ones' locks at the fork (left alone if user code
+    replaced them)."""
+    if sys.stdout is sys.__stdout__:
+        sys.stdout = sys.__stdout__ = _text_stream(1)
+    if sys.stderr is sys.__stderr__:
+        sys.stderr = sys.__stderr__ = _text_stream(2)
+
+
+def _dormant(ns, sock):
+    """The checkpoint's life: wait on sock; return as the live kernel when woken."""
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection would write to (and so copy) every page it walks
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, MAX_CHECKPOINTS + 8, flags)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)  # nobody can wake it any more
+        try:
+            req = json.loads(msg)
+        except ValueError:
+            req = {}
+        op = req.get("op")
+        if op == "wake":
+            try:
+                child = _fork_keeping_state()
+            except OSError as e:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
+                continue
+            if child == 0:
+                for fd in fds:
+                    os.close(fd)
+                continue  # the fresh dormant copy: the checkpoint stays restorable
+            _wake(req, fds, sock, child)
+            if gc_was:
+                gc.enable()
+            return
+        if op == "export" and len(fds) == 1:
+            try:
+                child = os.fork()
+            except OSError:
+                child = -1
+            if child == 0:
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    _export_child(ns, fds[0])
+                finally:
+                    os._exit(0)
+            os.close(fds[0])
+            status = 0
+            if child > 0:
+                status = os.waitpid(child, 0)[1]
+            sock.send(_encode({"ok": child > 0, "status": status}).encode())
+            continue
+        for fd in fds:
+            os.close(fd)
+        if op == "drop":
+            os._exit(0)
+
+
+def _wake(req, fds, sock, child):
+    """This checkpoint becomes the live kernel; child is its fresh dormant copy."""
+    old = _CP.table
+    table = {}
+    for entry, fd in zip(req.get("table") or (), fds):
+        cp = _Checkpoint()
+        cp.id, cp.pid, cp.count = int(entry["id"]), int(entry["pid"]), int(entry["execution_count"])
+        cp.threads, cp.processes = entry.get("threads") or [], entry.get("processes") or []
+        cp.sock = socket.socket(fileno=fd)
+        table[cp.id] = cp
+    quiet = fds[-1] if req.get("quiet_pipe") and len(fds) > len(table) else -1
+    for fd in fds[len(table) :]:
+        if fd != quiet:
+            os.close(fd)
+    for cp in old.values():
+        cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
+    me = int(req["id"])
+    if me in table:
+        table[me].pid = child
+    _CP.table = table
+    _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
+    _CP.reap = []
+    # The anchor learns the live kernel first, then the old one may go.
+    pid = os.getpid()
+    if _CP.ctl_w >= 0:
+        _write_all(_CP.ctl_w, b"%d\n" % pid)
+    sock.send(_encode({"ok": True, "pid": pid}).encode())
+    sock.close()
+    if quiet >= 0:
+        # Answer once the old live kernel can no longer write to the host
+        # (its threads may still run until it exits): it closes its end of
+        # this pipe when it has let go of the pipes (_let_go).
+        import select
+
+        p = select.poll()
+        p.register(quiet, select.POLLIN)
+        p.poll(5000)
+        os.close(quiet)
+    S.req.buf = bytearray(base64.b64decode(req.get("pending") or ""))
+    S.req.scan = 0
+    cp = table.get(me)
+    ev = cp.info("restore") if cp is not None else {"type": "restore", "id": me, "execution_count": S.count}
+    ev["execution_count"] = S.count
+    ev["pid"] = pid
+    _reply(ev)
+
+
+def restore(req):
+    """Hands the session over to checkpoint req["id"]; on success this
+    process never returns (it exits, or becomes the anchor)."""
+    cid = int(req.get("id") or 0)
+    cp = _CP.table.get(cid)
+    if cp is None:
+        _reply({"type": "restore", "id": cid, "reason": "no checkpoint %d" % cid})
+        return
+    if _gone(cp):
+        _forget(cp)
+        _reply({"type": "restore", "id": cid, "gone": True})
+        return
+    _ensure_ctl()
+    first = os.getpid() == S.first_pid
+    if first:
+        # Orphans (the old live kernels' checkpoints, the new live kernel
+        # once its parent exits) must come to the anchor, whose exit ends
+        # the session: it waits for the live kernel. Kept across exec.
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    order = list(_CP.table.values())
+    msg = {"op": "wake", "id": cid, "next_id": _CP.next_id, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+           "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
+    msg["quiet_pipe"] = True
+    quiet_r, quiet_w = os.pipe()
+    S.lock.acquire()  # kept to the end on success: our threads send no more events
+    try:
+        _flush_stdio()
+        try:
+            socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order] + [quiet_r])
+            cp.sock.settimeout(60)
+            ack = cp.sock.recv(1 << 16)
+            cp.sock.settimeout(None)
+        except OSError:
+            ack = b""
+        finally:
+            os.close(quiet_r)
+        if not ack:
+            os.close(quiet_w)
+            S.lock.release()
+            _forget(cp)
+            _reply({"type": "restore", "id": cid, "gone": True})
+            return
+        ack = json.loads(ack)
+        if not ack.get("ok"):
+            os.close(quiet_w)
+            S.lock.release()
+            _reply({"type": "restore", "id": cid, "reason": ack.get("reason") or "the checkpoint refused"})
+            return
+    except BaseException:
+        if S.lock.locked():
+            S.lock.release()
+        raise
+    # The checkpoint is the live kernel now.
+    _let_go(quiet_w)
+    if first:
+        _become_anchor(int(ack["pid"]))
+    os._exit(0)
+
+
+def _let_go(quiet_w):
+    """Makes sure nothing this process's threads still do reaches the host
+    (the pipes become /dev/null: not closed, so that a thread's write
+    cannot reach a reused descriptor), then tells the new live kernel so by
+    closing quiet_w."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for fd in (S.ev_fd, S.out_fd, S.err_fd, S.req.fd):
+        try:
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            pass
+    os.close(null)
+    os.close(quiet_w)
+
+
+def _forget(cp):
+    _CP.table.pop(cp.id, None)
+    cp.sock.close()
+    _CP.reap.append(cp.pid)
+
+
+def drop_checkpoint(req):
+    cid = int(req.get("id") or 0)
+    cp = _CP.table.get(cid)
+    if cp is None:
+        _reply({"type": "drop_checkpoint", "id": cid, "reason": "no checkpoint %d" % cid})
+        return
+    try:
+        cp.sock.send(b'{"op":"drop"}')
+    except OSError:
+        pass  # gone already
+    _forget(cp)
+    _reap_dropped()
+    _reply({"type": "drop_checkpoint", "id": cid})
+
+
+def checkpoint_memory():
+    """Private memory of each checkpoint's process (gone ones left out)."""
+    mem = {}
+    for cp in list(_CP.table.values()):
+        if _gone(cp):
+            continue
+        total = 0
+        try:
+            with open("/proc/%d/smaps_rollup" % cp.pid, "rb") as f:
+                for line in f:
+                    if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+                        total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+        mem[str(cp.id)] = total
+    _reply({"type": "checkpoint_memory", "memory": mem})
+
+
+# The anchor: what the process the host signals (the kernel's first
+# process) becomes when it stops being the live kernel. Its exit ends the
+# session, so it lives as long as the live kernel: it forwards the host's
+# signals to the live kernel (whose pid each new live kernel writes to the
+# control pipe), reaps orphans (it is a child subreaper) and exits as the
+# live kernel did (a signal death as the same signal).
+_ANCHOR = r"""
+import os, signal, sys, time
+ctl, live = int(sys.argv[1]), int(sys.argv[2])
+os.closerange(3, ctl)
+os.closerange(ctl + 1, 1 << 20)
+os.set_blocking(ctl, False)
+pend = b""
+def update():
+    global live, pend
+    while True:
+        try:
+            b = os.read(ctl, 4096)
+        except BlockingIOError:
+            break
+        if not b:
+            break
+        pend += b
+    *lines, pend = pend.split(b"\n")
+    for l in lines:
+        if l:
+            live = int(l)
+def forward(sig, frame):
+    update()
+    try:
+        os.kill(live, sig)
+    except OSError:
+        pass
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+for s in FORWARDED:
+    signal.signal(s, forward)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+while True:
+    try:
+        pid, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        update()
+        try:
+            os.kill(live, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        time.sleep(0.05)
+        continue
+    update()
+    if pid != live:
+        continue
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 1)
+"""
+
+
+def _become_anchor(live):
+    # Signals wait (blocked, kept pending across exec) until the anchor's
+    # handlers are in place; until then SIGINT would end the session.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    os.set_inheritable(_CP.ctl_r, True)
+    exe = sys.executable or "/usr/bin/python3"
+    args = [exe, "-I", "-S", "-c", _ANCHOR, str(_CP.ctl_r), str(live)]
+    try:
+        os.execv(exe, args)
+    except OSError:
+        pass
+    # exec failed: be the anchor in this process (it keeps the old kernel's memory).
+    sys.argv = args[4:]
+    sys.argv[0] = "-c"
+    exec(compile(_ANCHOR, "<anchor>", "exec"), {"__name__": "__anchor__"})
+    os._exit(1)
+
+
+# ---------------------------------------------------------------- state
+#
+# The user's variables as a byte stream of records, each a kind byte, a
+# big-endian 8-byte length and the payload:
+#   H  header, JSON {"version": 1, "serializer": "dill" | "pickle"}
+#   M  a module, JSON {"name": ..., "module": ...}: imported again by name
+#   V  a variable: 2-byte name length, name (UTF-8), serialized value
+#   E  the end, JSON: the manifest (variables, not_saved, execution_count)
+# Each variable is serialized on its own: one that fails does not stop the
+# others, and the stream holds one value at a time; two names for one
+# object come back as two copies.
+
+CHUNK = 3 << 18  # raw bytes per state_data event (768 KiB)
+
+
+def _serializer():
+    try:
+        import dill
+
+        if hasattr(dill, "_dill") and hasattr(dill._dill, "_main_module"):
+            dill._dill._main_module = sys.modules["__main__"]
+        return "dill", dill
+    except Exception:
+        import pickle
+
+        return "pickle", pickle
+
+
+def _reason(e):
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _StateOut:
+    """Writes records as state_data event lines to fd."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = bytearray()
+
+    def record(self, kind, *parts):
+        self.buf += kind + struct.pack(">Q", sum(len(p) for p in parts))
+        for p in parts:
+            if len(self.buf) + len(p) < CHUNK:
+                self.buf += p
+                continue
+            view = memoryview(p)
+            while view:
+                room = CHUNK - len(self.buf)
+                self.buf += view[:room]
+                view = view[room:]
+                if len(self.buf) >= CHUNK:
+                    self.flush()
+        if len(self.buf) >= CHUNK:
+            self.flush()
+
+    def flush(self):
+        if self.buf:
+            _write_all(self.fd, b'{"type":"state_data","chunk":"' + base64.b64encode(self.buf) + b'"}\n')
+            self.buf = bytearray()
+
+
+def _export_child(ns, fd):
+    """In a forked copy: write ns's variables to fd as events, then the end."""
+    name, ser = _serializer()
+    out = _StateOut(fd)
+    out.record(b"H", _encode({"version": 1, "serializer": name}).encode())
+    saved, not_saved = [], []
+    for key, value in list(ns.items()):
+        if key.startswith("__") and key.endswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            out.record(b"M", _encode({"name": key, "module": value.__name__}).encode())
+            saved.append(key)
+            continue
+        try:
+            data = _dumps(name, ser, value)
+        except BaseException as e:
+            not_saved.append({"name": key, "reason": _reason(e)})
+            continue
+        kb = key.encode("utf-8", "surrogatepass")
+        out.record(b"V", struct.pack(">H", len(kb)), kb, data)
+        saved.append(key)
+    manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
+    out.record(b"E", _encode(manifest).encode())
+    out.flush()
+    _write_all(fd, _encode({"type": "state_end", "manifest": manifest}).encode() + b"\n")
+
+
+def _dumps(name, ser, value):
+    if name != "dill":
+        return ser.dumps(value, protocol=5)
+    if isinstance(value, type) and getattr(value, "__module__", None) == "__main__":
+        return ser.dumps(value, protocol=5, byref=False)
+    # Instances of classes defined in cells refer to the class by name
+    # (saved on its own, loaded before them), so they are instances of it
+    # after a load; by value when the name does not lead to the class.
+    try:
+        return ser.dumps(value, protocol=5, byref=True)
+    except Exception:
+        return ser.dumps(value, protocol=5, byref=False)
+
+
+def export_state(ns, req):
+    """Streams the variables of the live kernel or of a checkpoint as
+    state_data events and a state_end, serialized by a forked copy."""
+    cid = int(req.get("checkpoint") or 0)
+    cp = None
+    if cid:
+        cp = _CP.table.get(cid)
+        if cp is None:
+            _reply({"type": "state_end", "reason": "no checkpoint %d" % cid})
+            return
+        if _gone(cp):
+            _reply({"type": "state_end", "gone": True})
+            return
+    r, w = os.pipe()
+    with S.lock:  # our threads' events wait until the stream has ended
+        if cp is not None:
+            try:
+                socket.send_fds(cp.sock, [b'{"op":"export"}'], [w])
+            except OSError:
+                os.close(r)
+                os.close(w)
+                _write_all(S.ev_fd, b'{"type":"state_end","gone":true}\n')
+                return
+            os.close(w)
+            ended = _forward(r)
+            try:
+                cp.sock.settimeout(60)
+                ack = cp.sock.recv(1 << 16)
+                cp.sock.settimeout(None)
+            except OSError:
+                ack = b""
+            status = json.loads(ack).get("status", 0) if ack else -1
+        else:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                os.close(r)
+                os.close(w)
+                _write_all(S.ev_fd, _encode({"type": "state_end", "reason": "cannot fork the kernel: %s" % (e.strerror or e)}).encode() + b"\n")
+                return
+            if pid == 0:
+                try:
+                    os.close(r)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    _export_child(ns, w)
+                finally:
+                    os._exit(0)
+            os.close(w)
+            ended = _forward(r)
+            status = os.waitpid(pid, 0)[1]
+        if not ended:
+            why = "the process serializing the variables died"
+            if status > 0 and os.WIFSIGNALED(status):
+                why += " (signal %d%s)" % (os.WTERMSIG(status), ", likely the out-of-memory killer" if os.WTERMSIG(status) == 9 else "")
+            _write_all(S.ev_fd, _encode({"type": "state_end", "reason": why}).encode() + b"\n")
+
+
+def _forward(r):
+    """Copies the complete event lines read from r to the event pipe;
+    reports whether the last was the state_end."""
+    pend = b""
+    last = b""
+    while True:
+        b = os.read(r, 1 << 20)
+        if not b:
+            break
+        pend += b
+        i = pend.rfind(b"\n")
+        if i >= 0:
+            out, pend = pend[: i + 1], pend[i + 1 :]
+            _write_all(S.ev_fd, out)
+            j = out.rfind(b"\n", 0, len(out) - 1)
+            last = out[j + 1 : j + 40]
+    os.close(r)
+    return last.startswith(b'{"type":"state_end"')
+
+
+def import_state(ns):
+    """Loads a stream written by export_state, read as request lines
+    {"chunk": base64} up to {"end": true}."""
+    buf = bytearray()
+    ser = None
+    loaded, not_saved = [], []
+    exported = None
+    error = None
+    while True:
+        line = S.req.readline()
+        if not line:
+            raise EOFError
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            msg = {}
+        if msg.get("end"):
+            if msg.get("abort") and error is None:
+                error = "the state stream was cut short: " + str(msg.get("abort"))
+            break
+        if error is not None:
+            continue
+        try:
+            buf += base64.b64decode(msg.get("chunk") or "")
+            while len(buf) >= 9:
+                n = struct.unpack(">Q", buf[1:9])[0]
+                if len(buf) < 9 + n:
+                    break
+                kind, payload = buf[0:1], bytes(buf[9 : 9 + n])
+                del buf[: 9 + n]
+                if kind == b"H":
+                    head = json.loads(payload)
+                    want = head.get("serializer")
+                    name, ser = _serializer()
+                    if want == "dill" and name != "dill":
+                        raise ValueError("the state was saved with dill, which this kernel cannot import")
+                    if want == "pickle":
+                        import pickle as ser
+                elif ser is None:
+                    raise ValueError("not a state stream (no header)")
+                elif kind == b"M":
+                    m = json.loads(payload)
+                    try:
+                        import importlib
+
+                        ns[m["name"]] = importlib.import_module(m["module"])
+                        loaded.append(m["name"])
+                    except BaseException as e:
+                        not_saved.append({"name": m["name"], "reason": "import %s: %s" % (m["module"], _reason(e))})
+                elif kind == b"V":
+                    k = struct.unpack(">H", payload[:2])[0]
+                    key = payload[2 : 2 + k].decode("utf-8", "surrogatepass")
+                    try:
+                        ns[key] = ser.loads(payload[2 + k :])
+                        loaded.append(key)
+                    except BaseException as e:
+                        not_saved.append({"name": key, "reason": _reason(e)})
+                elif kind == b"E":
+                    exported = json.loads(payload)
+        except Exception as e:
+            error = "cannot load the state: %s" % _reason(e)
+    if error is None and exported is None:
+        error = "the state stream ended early"
+    if error is not None:
+        _reply({"type": "import_state", "reason": error, "manifest": {"variables": loaded, "not_saved": not_saved}})
+        return
+    # Random state: a copy must not repeat its source's draws.
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        rnd.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    S.count = int(exported.get("execution_count") or 0)
+    manifest = {"serializer": exported.get("serializer"), "variables": loaded,
+                "not_saved": (exported.get("not_saved") or []) + not_saved, "execution_count": S.count}
+    _reply({"type": "import_state", "manifest": manifest})
+
+
 def _text_stream(fd):
     # Line buffered: one write per line keeps print() fast and streaming.
     raw = io.FileIO(fd, "w", closefd=False)
@@ -618,7 +1399,7 @@ def _setup():
     # redirects or closes fds 1 and 2.
     S.out_fd = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 100)
     S.err_fd = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 100)
-    S.req = os.fdopen(fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100), "rb", buffering=1 << 16)
+    S.req = _Reader(fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100))
     S.ev_fd = fcntl.fcntl(4, fcntl.F_DUPFD_CLOEXEC, 100)
     os.close(3)
     os.close(4)
@@ -654,6 +1435,8 @@ def _setup():
 
 
 def main():
+    S.first_pid = os.getpid()
+    S.jailed = os.getppid() == 1
     ns = _setup()
     hello = json.loads(S.req.readline() or b"{}")
     S.max_event = int(hello.get("max_event_bytes") or S.max_event)
@@ -680,6 +1463,18 @@ def main():
             # gets the session's variables (the egress proxy's).
             os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
             _reply({"type": "setenv"})
+        elif op == "checkpoint":
+            checkpoint(ns)
+        elif op == "restore":
+            restore(req)
+        elif op == "drop_checkpoint":
+            drop_checkpoint(req)
+        elif op == "checkpoint_memory":
+            checkpoint_memory()
+        elif op == "export_state":
+            export_state(ns, req)
+        elif op == "import_state":
+            import_state(ns)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,15 @@ type LimitError struct {
 	Name      string
 	Requested string
 	Max       string
+	// Reason, if set, is the whole message (what is over which bound,
+	// and what to do).
+	Reason string
 }
 
 func (e *LimitError) Error() string {
+	if e.Reason != "" {
+		return e.Reason
+	}
 	return fmt.Sprintf("%s %s is above this server's maximum of %s", e.Name, e.Requested, e.Max)
 }
 
@@ -90,6 +96,20 @@ type ManagerOptions struct {
 	// OnClose, if set, is called after a managed session is closed, with
 	// the reason ("deleted", "idle", "expired", "shutdown").
 	OnClose func(id, reason string)
+
+	// Checkpoints is the checkpoint mode of sessions created without one:
+	// "auto" or "off". If empty, "off".
+	Checkpoints string
+	// AutoCheckpoints is how many automatic checkpoints a session keeps.
+	// If zero, 3.
+	AutoCheckpoints int
+	// CheckpointMemory bounds the bytes a session's checkpoints hold
+	// (their kernel copies' private memory and their files). If zero,
+	// 1 GiB.
+	CheckpointMemory int64
+	// MaxCheckpoints caps the checkpoints a session takes on request. If
+	// zero, 16.
+	MaxCheckpoints int
 }
 
 // CreateOptions are what a caller may choose for one session.
@@ -112,12 +132,16 @@ type CreateOptions struct {
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
 	ExecTimeout time.Duration
+	// Checkpoints: "auto" (one before every execution, for Undo), "off",
+	// or "" (the manager's default).
+	Checkpoints string
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
 //
 // Whether it is in use is decided in one place, here: its Execute,
-// CheckComplete, Restart and Interrupt mark it busy while they run (it
+// CheckComplete, Restart, Interrupt, the checkpoint calls and a Fork of it
+// mark it busy while they run (it
 // is never reaped as idle mid-call, whoever calls), Lease marks it busy
 // for longer work spanning several calls, and Pin for good (a session
 // whose life its owner governs: an E2B sandbox's time to live, an agent
@@ -193,6 +217,38 @@ func (m *Managed) CheckComplete(ctx context.Context, code string) (string, error
 func (m *Managed) Restart(ctx context.Context) error {
 	defer m.Lease()()
 	return m.Session.Restart(ctx)
+}
+
+// Checkpoint is Session.Checkpoint, with the session in use meanwhile.
+func (m *Managed) Checkpoint(ctx context.Context, name string) (*Checkpoint, error) {
+	defer m.Lease()()
+	return m.Session.Checkpoint(ctx, name)
+}
+
+// Checkpoints is Session.Checkpoints; it counts as a use.
+func (m *Managed) Checkpoints() []Checkpoint {
+	m.Touch()
+	return m.Session.Checkpoints()
+}
+
+// RestoreCheckpoint is Session.RestoreCheckpoint, with the session in use
+// meanwhile.
+func (m *Managed) RestoreCheckpoint(ctx context.Context, id string) (*Restored, error) {
+	defer m.Lease()()
+	return m.Session.RestoreCheckpoint(ctx, id)
+}
+
+// DeleteCheckpoint is Session.DeleteCheckpoint, with the session in use
+// meanwhile.
+func (m *Managed) DeleteCheckpoint(ctx context.Context, id string) error {
+	defer m.Lease()()
+	return m.Session.DeleteCheckpoint(ctx, id)
+}
+
+// Undo is Session.Undo, with the session in use meanwhile.
+func (m *Managed) Undo(ctx context.Context) (*Restored, error) {
+	defer m.Lease()()
+	return m.Session.Undo(ctx)
 }
 
 // Interrupt is Session.Interrupt; it counts as a use.
@@ -298,6 +354,7 @@ func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network j
 	return &Options{
 		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
+		AutoCheckpoints: m.opts.AutoCheckpoints, MaxCheckpoints: m.opts.MaxCheckpoints, CheckpointMemory: m.opts.CheckpointMemory,
 	}
 }
 
@@ -317,17 +374,17 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 	l.Timeout = 0
 	switch {
 	case l.Memory > m.max.Memory:
-		return l, &LimitError{"memory", fmt.Sprintf("%d MiB", l.Memory>>20), fmt.Sprintf("%d MiB", m.max.Memory>>20)}
+		return l, &LimitError{Name: "memory", Requested: fmt.Sprintf("%d MiB", l.Memory>>20), Max: fmt.Sprintf("%d MiB", m.max.Memory>>20)}
 	case l.CPUs > m.max.CPUs:
-		return l, &LimitError{"cpus", fmt.Sprint(l.CPUs), fmt.Sprint(m.max.CPUs)}
+		return l, &LimitError{Name: "cpus", Requested: fmt.Sprint(l.CPUs), Max: fmt.Sprint(m.max.CPUs)}
 	case l.Pids > m.max.Pids:
-		return l, &LimitError{"pids", fmt.Sprint(l.Pids), fmt.Sprint(m.max.Pids)}
+		return l, &LimitError{Name: "pids", Requested: fmt.Sprint(l.Pids), Max: fmt.Sprint(m.max.Pids)}
 	case l.TmpSize > m.max.TmpSize:
-		return l, &LimitError{"tmp size", fmt.Sprint(l.TmpSize), fmt.Sprint(m.max.TmpSize)}
+		return l, &LimitError{Name: "tmp size", Requested: fmt.Sprint(l.TmpSize), Max: fmt.Sprint(m.max.TmpSize)}
 	case l.Disk > m.max.Disk:
-		return l, &LimitError{"disk", fmt.Sprintf("%d MiB", l.Disk>>20), fmt.Sprintf("%d MiB", m.max.Disk>>20)}
+		return l, &LimitError{Name: "disk", Requested: fmt.Sprintf("%d MiB", l.Disk>>20), Max: fmt.Sprintf("%d MiB", m.max.Disk>>20)}
 	case l.Files > m.max.Files:
-		return l, &LimitError{"files", fmt.Sprint(l.Files), fmt.Sprint(m.max.Files)}
+		return l, &LimitError{Name: "files", Requested: fmt.Sprint(l.Files), Max: fmt.Sprint(m.max.Files)}
 	}
 	return l, l.DiskFits()
 }
@@ -336,6 +393,10 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 // request asks for nothing the pool's kernels lack, a cold one otherwise.
 func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, error) {
 	limits, err := m.resolve(opts.Limits)
+	if err != nil {
+		return nil, err
+	}
+	mode, err := checkpointMode(opts.Checkpoints, m.opts.Checkpoints)
 	if err != nil {
 		return nil, err
 	}
@@ -379,6 +440,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 			s = nil
 		} else {
 			s.opts.ExecTimeout = execTimeout
+			s.opts.Checkpoints = mode
 		}
 	}
 	if s != nil {
@@ -393,7 +455,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		}
 	}
 	if s == nil {
-		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout))
+		o := m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout)
+		o.Checkpoints = mode
+		s, err = New(ctx, o)
 	}
 	m.mu.Lock()
 	delete(m.sessions, key)

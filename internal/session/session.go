@@ -1,5 +1,62 @@
 // Package session runs stateful Python sessions: each is one kernel in its
 // own jail with its own workspace, executing one cell at a time.
+//
+// # Checkpoints, undo and fork
+//
+// A checkpoint ([Session.Checkpoint]) is the session's exact state, in
+// two halves taken one after the other under the session's turn (no cell
+// runs between them):
+//
+//   - The kernel's memory: a dormant fork of the kernel process inside the
+//     session's own jail and cgroup (package kernel). It holds the
+//     parent's pages copy-on-write, so taking it costs a fork, and what it
+//     holds grows only as the live kernel changes memory it still shares.
+//     Restoring wakes it (it forks a fresh dormant copy of itself, so the
+//     checkpoint can be restored again) and the old live kernel exits.
+//     It carries everything the process holds: variables, imports, random
+//     generators' state, the execution count. Not carried, and named in
+//     [Checkpoint.NotCarried] and [Restored.NotRestored]: threads other
+//     than the main one (a fork copies one), child processes (a server
+//     started by a cell keeps running after a restore; it is not rolled
+//     back), and sockets to outside the process, which are shared, not
+//     copied.
+//   - The workspace's files: a content-addressed, deduplicated copy in a
+//     directory beside the workspace, which the sandbox cannot see
+//     ([workspace.CheckpointStore]): a file unchanged since the last
+//     checkpoint is not copied again. Restoring rewrites what changed,
+//     removes what was added and brings back what was deleted. FIFOs and
+//     devices are not kept.
+//
+// What checkpoints hold is bounded per session (Options.CheckpointMemory:
+// the private memory of their kernel copies, which is charged to the
+// session's memory limit too, plus the distinct bytes of their files): over
+// it the oldest automatic checkpoints are dropped, and a named one that
+// still does not fit is refused with a [*LimitError]. A copy killed by the
+// out-of-memory killer is forgotten and reported as gone.
+//
+// A session created with Checkpoints "auto" takes one before every
+// execution and keeps the newest AutoCheckpoints (3 by default), so
+// [Session.Undo] reverts the last cell at once (files included); each undo
+// uses one. [Session.Restart] drops every checkpoint (their copies die
+// with the old kernel), and Close removes them all.
+//
+// A fork ([Manager.Fork]) cannot copy a live process into new namespaces
+// without CRIU (the kernel has no capabilities and seccomp forbids
+// creating namespaces, by design), so its children are new sessions, made
+// as [Manager.Create] makes any (pooled, zygote-forked or cold; the
+// parent's limits, environment, network and owner), each as isolated as
+// any other. The parent's files are checkpointed into its store and
+// restored into each child's workspace; its variables are serialized once
+// (dill where installed, else pickle; modules by name) by a dormant copy
+// of its kernel, and loaded into each child. The parent's kernel stalls
+// only for that fork, but its next cell waits until the file checkpoint and
+// the export are done (the bytes stream through the kernel's pipe); the
+// children are made and loaded after that, while the parent runs. Names that do not serialize
+// (generators, open files, locks...) are listed in the [Restored] report
+// with the reason. Each child reseeds random and numpy's global generator,
+// so forks do not repeat each other's draws (generator objects held in
+// variables are copied as they are, and so repeat); uuid4 draws from the
+// OS and differs in each.
 package session
 
 import (
@@ -82,6 +139,21 @@ type Options struct {
 	Zygote Zygote
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
+
+	// Checkpoints is "auto" (a checkpoint before every execution, so
+	// Undo reverts the last one) or "off" (the default: checkpoints are
+	// taken only when asked).
+	Checkpoints string
+	// AutoCheckpoints is how many automatic checkpoints are kept (the
+	// newest). If zero, 3.
+	AutoCheckpoints int
+	// MaxCheckpoints caps the checkpoints taken on request. If zero, 16.
+	MaxCheckpoints int
+	// CheckpointMemory bounds what the session's checkpoints hold: the
+	// private memory of their kernel copies plus the distinct bytes of
+	// their files. Over it the oldest automatic ones are dropped. If
+	// zero, 1 GiB.
+	CheckpointMemory int64
 }
 
 // Session is one sandboxed Python kernel and its workspace. Its methods are
@@ -97,13 +169,15 @@ type Session struct {
 	gate      *egress.Gate // with Options.Egress, or once armed
 	standby   net.Listener // with Options.EgressStandby: the kernel's, unserved (under mu)
 
-	turn chan struct{} // held by Execute, Restart and CheckComplete
+	turn chan struct{} // held by Execute, Restart, CheckComplete and the checkpoint calls
 	done chan struct{} // closed by Close
 
 	mu     sync.Mutex
 	k      *kernel.Kernel
 	proc   kernel.Process // the kernel's process, as the launcher gave it
 	closed bool
+
+	cps checkpoints
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -237,6 +311,7 @@ func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kerne
 	if err != nil {
 		return nil, err
 	}
+	s.autoCheckpoint(ctx)
 	if req.Timeout == 0 {
 		switch {
 		case s.opts.ExecTimeout > 0:
@@ -289,6 +364,7 @@ func (s *Session) Interrupt() error {
 
 // Restart replaces the kernel with a fresh one: all Python state is gone,
 // the workspace stays. A running execution ends with status "killed".
+// Every checkpoint is dropped (their copies of the kernel die with it).
 func (s *Session) Restart(ctx context.Context) error {
 	old, err := s.kernel()
 	if err != nil {
@@ -302,6 +378,9 @@ func (s *Session) Restart(ctx context.Context) error {
 	old.Close()
 	if s.isClosed() {
 		return ErrClosed
+	}
+	if err := s.closeCheckpoints(); err != nil {
+		s.log.Warn("restart: remove the checkpoint store", "err", err)
 	}
 	k, err := s.start(ctx)
 	if err != nil {
@@ -349,7 +428,7 @@ func (s *Session) Close() error {
 		s.gate.Close()
 	}
 	s.closeStandby()
-	return s.removeWorkspace()
+	return errors.Join(s.closeCheckpoints(), s.removeWorkspace())
 }
 
 func (s *Session) removeWorkspace() error {

@@ -1,7 +1,8 @@
 // Package workspace gives the server safe access to a sandbox's files: every
 // path is resolved inside the workspace (os.Root), so a symlink or ".."
 // planted by sandboxed code never leads out of it, and nothing blocks on a
-// FIFO or a device.
+// FIFO or a device. A [CheckpointStore] keeps deduplicated copies of a
+// workspace's files outside it and puts them back (session checkpoints).
 package workspace
 
 import (

@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-func newWS(t *testing.T, opts Options) (*Workspace, string) {
+func newWS(t testing.TB, opts Options) (*Workspace, string) {
 	t.Helper()
 	dir := t.TempDir()
 	w, err := Open(dir, &opts)

@@ -1,0 +1,376 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/jail/jailtest"
+)
+
+func TestMain(m *testing.M) { jailtest.Main(m) }
+
+// jailKernelPath is where the tests put kernel.py in the jail, as the session does.
+const jailKernelPath = "/opt/sandloop/kernel.py"
+
+// jailedProcess adapts a jail.Process, as internal/session does.
+type jailedProcess struct{ p *jail.Process }
+
+func (j *jailedProcess) Signal(sig os.Signal) error { return j.p.Signal(sig) }
+func (j *jailedProcess) Kill() error                { j.p.Kill(); return nil }
+func (j *jailedProcess) Wait() error {
+	r, err := j.p.Wait()
+	switch {
+	case err != nil:
+		return err
+	case r.OOMKilled:
+		return errors.New("killed by the out-of-memory killer")
+	case r.Signal != "":
+		return fmt.Errorf("killed by signal %s", r.Signal)
+	case r.ExitCode != 0:
+		return fmt.Errorf("exited with status %d", r.ExitCode)
+	}
+	return nil
+}
+
+// startJailed starts kernel.py in a real jail (a cold one: the jail's init
+// is PID 1, the kernel PID 2) with limits.
+func startJailed(t testing.TB, limits jail.Limits) *Kernel {
+	t.Helper()
+	if _, err := os.Stat(jail.DefaultPython); err != nil {
+		t.Skip("no " + jail.DefaultPython)
+	}
+	ws := t.TempDir()
+	launch := func(ctx context.Context, f Files) (Process, error) {
+		p, err := jail.Start(ctx, &jail.Config{
+			Path:       jail.DefaultPython,
+			Args:       []string{"python3", jailKernelPath},
+			Env:        []string{"MPLBACKEND=module://sandloop_backend", "MPLCONFIGDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
+			Workspace:  ws,
+			Limits:     limits,
+			Files:      []jail.File{{Path: jailKernelPath, Data: Source, Mode: 0o444}},
+			Stderr:     os.Stderr,
+			ExtraFiles: f.List(),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &jailedProcess{p}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k, err := Start(ctx, launch, &Options{InterruptGrace: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// exec runs code that must succeed and returns its stdout, trimmed.
+func execOK(t testing.TB, k *Kernel, code string) string {
+	t.Helper()
+	r, err := k.Execute(context.Background(), Request{Code: code, Timeout: 2 * time.Minute}, nil)
+	if err != nil {
+		t.Fatalf("Execute: %v", err)
+	}
+	if r.Status != StatusOK {
+		t.Fatalf("status %s: %+v\nstdout: %s\nstderr: %s", r.Status, r.Error, r.Stdout, r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
+
+// fingerprint prints what the tests compare across a restore: variables,
+// a numpy array's digest, the random module's and numpy's next draws.
+const fingerprint = `import hashlib
+print(x, s, len(big), hashlib.sha256(arr.tobytes()).hexdigest()[:16], random.random(), np.random.rand(), sorted(k for k in globals() if not k.startswith('_')))`
+
+func TestCheckpointRestore(t *testing.T) {
+	k := startJailed(t, jail.Limits{Memory: 1 << 30})
+	execOK(t, k, "import random, numpy as np\nrandom.seed(1); np.random.seed(2)\nx = 41\ns = 'before'\nbig = list(range(100000))\narr = np.arange(1000000, dtype='float64')")
+	ctx := context.Background()
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.ID != 1 || cp.ExecutionCount != 1 || len(cp.Threads) != 0 || len(cp.Processes) != 0 {
+		t.Fatalf("checkpoint %+v", cp)
+	}
+	// The fingerprint draws random numbers: take it in a second checkpoint
+	// of the same state... no: take it now, then restore, then again.
+	want := execOK(t, k, fingerprint)
+	execOK(t, k, "x = 0\ns = 'after'\nbig.clear()\narr *= 3\nnew_name = 1\nrandom.random(); np.random.rand()")
+	for i := range 2 {
+		info, err := k.Restore(ctx, cp.ID)
+		if err != nil {
+			t.Fatalf("restore %d: %v", i, err)
+		}
+		if info.ID != cp.ID || info.ExecutionCount != 1 {
+			t.Fatalf("restore %d: %+v", i, info)
+		}
+		if got := execOK(t, k, fingerprint); got != want {
+			t.Fatalf("restore %d: state\n got %s\nwant %s", i, got, want)
+		}
+		r, err := k.Execute(ctx, Request{Code: "1"}, nil)
+		if err != nil || r.ExecutionCount != 3 {
+			t.Fatalf("restore %d: the count after a restore to 1 and a cell should be 3: %v %+v", i, err, r)
+		}
+		execOK(t, k, "x = -1; arr[:] = 0")
+	}
+	// A checkpoint taken by a restored kernel, restored from it, and the
+	// first one again: every kernel can restore every checkpoint.
+	execOK(t, k, "x = 7")
+	cp2, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp2.ID != 2 {
+		t.Fatalf("second checkpoint id %d, want 2", cp2.ID)
+	}
+	execOK(t, k, "x = 8")
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOK(t, k, "print(x)"); got != "41" {
+		t.Fatalf("x = %s after restoring 1, want 41", got)
+	}
+	if _, err := k.Restore(ctx, cp2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOK(t, k, "print(x)"); got != "7" {
+		t.Fatalf("x = %s after restoring 2, want 7", got)
+	}
+	// The processes: PID 1 the init, the anchor (the live kernel's parent),
+	// the live kernel and one dormant process per checkpoint; nothing
+	// else (no leftovers of the old live kernels).
+	got := execOK(t, k, `import os, time
+for _ in range(50):
+    procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and open('/proc/%s/stat' % p).read().split(') ')[1][0] != 'Z')
+    if len(procs) == 5:
+        break
+    time.sleep(0.1)  # the old live kernel exits after the new one answers
+anchor = os.getppid()
+print(len(procs), 1 in procs, anchor in procs, open('/proc/%d/cmdline' % anchor).read().split('\0')[1:3])`)
+	if got != "5 True True ['-I', '-S']" {
+		t.Errorf("processes: %s, want the init, the anchor, the live kernel and two checkpoints", got)
+	}
+	// The anchor idles.
+	got = execOK(t, k, `import os, time
+def cpu(): return sum(int(v) for v in open('/proc/%d/stat' % os.getppid()).read().split(') ')[1].split()[11:13])
+c0 = cpu(); time.sleep(0.5); print(cpu() - c0)`)
+	if got != "0" {
+		t.Errorf("the anchor used %s ticks of CPU in 0.5 s idle", got)
+	}
+
+	if err := k.DropCheckpoint(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Restore(ctx, cp.ID); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("restore of a dropped checkpoint: %v, want ErrNoCheckpoint", err)
+	}
+	if err := k.DropCheckpoint(ctx, 99); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("drop of an unknown checkpoint: %v, want ErrNoCheckpoint", err)
+	}
+	mem, err := k.CheckpointMemory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := mem[cp.ID]; ok || len(mem) != 1 {
+		t.Fatalf("memory after the drop: %v, want only checkpoint %d", mem, cp2.ID)
+	}
+}
+
+func TestCheckpointInterruptAndCrash(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	execOK(t, k, "x = 1")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := k.Restore(ctx, cp.ID); err != nil {
+			t.Fatalf("restore %d: %v", i, err)
+		}
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			k.Interrupt()
+		}()
+		r, err := k.Execute(ctx, Request{Code: "import time\nfor _ in range(600): time.sleep(0.1)"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != StatusInterrupted || r.Error == nil || r.Error.Name != "KeyboardInterrupt" {
+			t.Fatalf("after restore %d: status %s error %+v, want interrupted", i, r.Status, r.Error)
+		}
+		if got := execOK(t, k, "print(x)"); got != "1" {
+			t.Fatalf("x = %s", got)
+		}
+	}
+	// The timeout still interrupts a restored kernel.
+	r, err := k.Execute(ctx, Request{Code: "import time; time.sleep(60)", Timeout: 300 * time.Millisecond}, nil)
+	if err != nil || r.Status != StatusTimeout {
+		t.Fatalf("timeout after restores: %v %+v", err, r)
+	}
+	// A restored kernel that crashes ends the session with its signal.
+	r, err = k.Execute(ctx, Request{Code: "import os; os.kill(os.getpid(), 11)"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
+		t.Fatalf("segfault of a restored kernel: status %s error %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+	if !errors.Is(k.Err(), ErrDead) {
+		t.Fatalf("Err() = %v", k.Err())
+	}
+}
+
+func TestCheckpointTimeoutKill(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	k.opts.InterruptGrace = 300 * time.Millisecond
+	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 300 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "timeout") {
+		t.Fatalf("a restored kernel ignoring its interrupt: status %s error %+v, want killed after the timeout", r.Status, r.Error)
+	}
+}
+
+func TestCheckpointGoneAndReported(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	execOK(t, k, "import threading, subprocess, time\nev = threading.Event()\nth = threading.Thread(target=ev.wait, name='waiter', daemon=True); th.start()\nsrv = subprocess.Popen(['sleep', '600'])\nimport os")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Threads) != 1 || !strings.HasPrefix(cp.Threads[0], "waiter") {
+		t.Errorf("threads not carried: %q, want the waiter", cp.Threads)
+	}
+	if len(cp.Processes) != 1 || !strings.HasSuffix(cp.Processes[0], " sleep 600") {
+		t.Errorf("processes not carried: %q, want sleep 600", cp.Processes)
+	}
+	// A restored kernel whose threads were not carried still answers.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The server runs on, not rolled back, and is no child of the
+	// restored kernel (Popen.poll sees no child: 0).
+	if got := execOK(t, k, "print(th.is_alive(), srv.poll(), os.path.exists('/proc/%d' % srv.pid))"); got != "False 0 True" {
+		t.Errorf("after restore: thread alive, server poll, server running = %s", got)
+	}
+	// A checkpoint killed (as the OOM killer would) is gone, not half restored.
+	cp2, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := k.CheckpointMemory(ctx)
+	if err != nil || len(mem) != 2 {
+		t.Fatalf("memory %v %v", mem, err)
+	}
+	// The dormant copies run kernel.py; the newest is checkpoint 2's.
+	execOK(t, k, `import os, signal, time
+dormant = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and 'kernel.py' in open('/proc/%s/cmdline' % p).read()]
+os.kill(max(dormant), signal.SIGKILL); time.sleep(0.2)`)
+	if _, err := k.Restore(ctx, cp2.ID); !errors.Is(err, ErrCheckpointGone) {
+		t.Fatalf("restore of a killed checkpoint: %v, want ErrCheckpointGone", err)
+	}
+	if got := execOK(t, k, "print('alive')"); got != "alive" {
+		t.Fatalf("the live kernel after a failed restore: %q", got)
+	}
+}
+
+func TestCheckpointMemoryGrows(t *testing.T) {
+	k := startJailed(t, jail.Limits{Memory: 1 << 30})
+	ctx := context.Background()
+	execOK(t, k, "import numpy as np\na = np.ones(50 << 20, dtype='uint8')")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := k.CheckpointMemory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "a[:] = 2")
+	after, err := k.CheckpointMemory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint private memory: %d KiB before the rewrite, %d KiB after", before[cp.ID]>>10, after[cp.ID]>>10)
+	if before[cp.ID] > 20<<20 || after[cp.ID]-before[cp.ID] < 45<<20 {
+		t.Fatalf("checkpoint memory %d -> %d: want it small, then grown by the 50 MB rewritten", before[cp.ID], after[cp.ID])
+	}
+}
+
+func TestExportImportState(t *testing.T) {
+	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	ctx := context.Background()
+	execOK(t, src, `import pandas as pd, socket, math
+import numpy as np
+class Point:
+    def __init__(self, x, y): self.x, self.y = x, y
+    def norm(self): return math.hypot(self.x, self.y)
+p = Point(3, 4)
+f = lambda v: v * 2 + offset
+offset = 1
+df = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})
+sock = socket.socket()
+n = 5`)
+	var buf bytes.Buffer
+	m, err := src.ExportState(ctx, &buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Serializer != "dill" || m.ExecutionCount != 1 || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "sock" || !strings.Contains(m.NotSaved[0].Reason, "socket") {
+		t.Fatalf("manifest %+v", m)
+	}
+	// From a checkpoint: its state, not the live one.
+	cp, err := src.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, src, "n = 6")
+	var fromCP bytes.Buffer
+	if _, err := src.ExportState(ctx, &fromCP, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		state []byte
+	}{{"live", buf.Bytes()}, {"checkpoint", fromCP.Bytes()}} {
+		dst := startJailed(t, jail.Limits{Memory: 1 << 30})
+		execOK(t, dst, "import random\nrandom.seed(5)")
+		got, err := dst.ImportState(ctx, bytes.NewReader(tc.state))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 1 {
+			t.Fatalf("%s: import manifest %+v", tc.name, got)
+		}
+		out := execOK(t, dst, "print(p.norm(), isinstance(p, Point), f(10), df.b.tolist(), df.a.sum(), n, math.pi > 3, 'sock' in globals())")
+		if want := "5.0 True 21 ['v', 'w', 'x', 'y', 'z'] 10 5 True False"; out != want {
+			t.Fatalf("%s: after import: %s, want %s", tc.name, out, want)
+		}
+		r, err := dst.Execute(ctx, Request{Code: "import random; random.random() != random.Random(5).random()"}, nil)
+		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "True" {
+			t.Fatalf("%s: after import the count goes on from the export's and random is reseeded: %v %+v", tc.name, err, r)
+		}
+	}
+}

@@ -1,0 +1,546 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// Checkpoint modes (Options.Checkpoints).
+const (
+	CheckpointsOff  = "off"
+	CheckpointsAuto = "auto" // one before every execution: Undo reverts the last cell
+)
+
+// Defaults of the checkpoint options.
+const (
+	DefaultAutoCheckpoints  = 3
+	DefaultMaxCheckpoints   = 16
+	DefaultCheckpointMemory = 1 << 30
+	// MaxForks bounds the sessions one Fork makes.
+	MaxForks = 16
+)
+
+// Checkpoint describes one checkpoint of a session.
+type Checkpoint struct {
+	ID             string    `json:"id"` // "cp1", "cp2", ... unique within the session
+	Name           string    `json:"name,omitempty"`
+	Auto           bool      `json:"auto"` // taken before an execution (checkpoints "auto")
+	CreatedAt      time.Time `json:"created_at"`
+	ExecutionCount int       `json:"execution_count"`
+	// MemoryBytes is the private memory its kernel copy held when last
+	// measured (at the session's latest checkpoint): it grows as the
+	// live kernel changes memory the copy still shares.
+	MemoryBytes int64 `json:"memory_bytes"`
+	FileBytes   int64 `json:"file_bytes"` // bytes of its files
+	Files       int   `json:"files"`
+	// NotCarried names what the checkpoint does not hold: threads other
+	// than the main one, child processes ("PID COMMAND": they keep
+	// running, not rolled back), FIFOs and devices in the workspace.
+	NotCarried []string `json:"not_carried,omitempty"`
+}
+
+// Restored says what came back after a restore, an undo or a fork: the
+// API and the model are told, never left to guess.
+type Restored struct {
+	From           string   `json:"from"` // "checkpoint cp2", "fork of s-abc", "undo"
+	Files          int      `json:"files"`
+	Variables      []string `json:"variables,omitempty"`
+	NotRestored    []string `json:"not_restored,omitempty"`
+	ExecutionCount int      `json:"execution_count"`
+}
+
+// ArgumentError reports bad input to a session call: what is wrong, and
+// how to fix it.
+type ArgumentError struct {
+	Name string
+	Err  error
+}
+
+func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
+// notFoundError is an ErrNotFound with its own words (a checkpoint, not
+// the session, is missing).
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string        { return e.msg }
+func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// checkpointMode validates a mode ("" means def).
+func checkpointMode(mode, def string) (string, error) {
+	switch mode {
+	case "":
+		if def == "" {
+			return CheckpointsOff, nil
+		}
+		return checkpointMode(def, "")
+	case CheckpointsOff, CheckpointsAuto:
+		return mode, nil
+	}
+	return "", &ArgumentError{"checkpoints", fmt.Errorf("%q is not a mode: use \"auto\" (one before every execution, for undo) or \"off\"", mode)}
+}
+
+// cpRecord is one checkpoint: the kernel's copy and the files' copy.
+type cpRecord struct {
+	Checkpoint
+	kernelID int
+	fileID   string
+}
+
+// checkpoints is a session's checkpoint state. Changed under the
+// session's turn; mu guards it for readers that do not take the turn.
+type checkpoints struct {
+	mu       sync.Mutex
+	list     []*cpRecord // oldest first
+	seq      int
+	store    *workspace.CheckpointStore // made at the first checkpoint
+	ws       *workspace.Workspace
+	restored *Restored
+}
+
+// files opens the session's checkpoint store and workspace handle if not
+// yet open. Called under the turn.
+func (s *Session) checkpointFiles() (*workspace.CheckpointStore, *workspace.Workspace, error) {
+	c := &s.cps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.store != nil {
+		return c.store, c.ws, nil
+	}
+	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Beside the workspace, never inside it: the sandbox must not see or
+	// change the copies. Named so a sandloop killed before its cleanup
+	// has it swept by the next one.
+	dir, err := jail.OwnedTempDir("checkpoints")
+	if err != nil {
+		ws.Close()
+		return nil, nil, fmt.Errorf("session %s: checkpoint store: %w", s.id, err)
+	}
+	st, err := workspace.OpenCheckpointStore(dir)
+	if err != nil {
+		ws.Close()
+		return nil, nil, err
+	}
+	c.store, c.ws = st, ws
+	return st, ws, nil
+}
+
+// closeCheckpoints forgets every checkpoint and removes the store (its
+// kernel copies die with the kernel).
+func (s *Session) closeCheckpoints() error {
+	c := &s.cps
+	c.mu.Lock()
+	st, ws := c.store, c.ws
+	c.store, c.ws, c.list = nil, nil, nil
+	c.mu.Unlock()
+	var err error
+	if st != nil {
+		err = st.Close()
+	}
+	if ws != nil {
+		ws.Close()
+	}
+	return err
+}
+
+// Checkpoints lists the session's checkpoints, oldest first.
+func (s *Session) Checkpoints() []Checkpoint {
+	c := &s.cps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Checkpoint, len(c.list))
+	for i, r := range c.list {
+		out[i] = r.Checkpoint
+		out[i].NotCarried = append([]string(nil), r.NotCarried...)
+	}
+	return out
+}
+
+// Restored is what came back at the session's latest restore, undo or
+// fork (nil if none).
+func (s *Session) Restored() *Restored {
+	s.cps.mu.Lock()
+	defer s.cps.mu.Unlock()
+	if s.cps.restored == nil {
+		return nil
+	}
+	r := *s.cps.restored
+	return &r
+}
+
+func (s *Session) setRestored(r *Restored) {
+	s.cps.mu.Lock()
+	s.cps.restored = r
+	s.cps.mu.Unlock()
+}
+
+// CheckpointMode is the session's mode: "auto" or "off".
+func (s *Session) CheckpointMode() string {
+	m, _ := checkpointMode(s.opts.Checkpoints, "")
+	return m
+}
+
+// Checkpoint captures the session's exact state now: its kernel's memory
+// (variables, imports, random state, execution count) and its workspace's
+// files. It waits for a running execution to end. More than
+// MaxCheckpoints named ones, or one that does not fit in CheckpointMemory
+// once the automatic ones are dropped, is a *LimitError.
+func (s *Session) Checkpoint(ctx context.Context, name string) (*Checkpoint, error) {
+	if len(name) > 200 || strings.ContainsAny(name, "\x00\n") {
+		return nil, &ArgumentError{"name", errors.New("at most 200 characters on one line")}
+	}
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	r, err := s.checkpoint(ctx, name, false)
+	if err != nil {
+		return nil, err
+	}
+	cp := r.Checkpoint
+	return &cp, nil
+}
+
+func (s *Session) maxCheckpoints() int {
+	return cmpOr(s.opts.MaxCheckpoints, DefaultMaxCheckpoints)
+}
+
+func (s *Session) autoCheckpoints() int {
+	return cmpOr(s.opts.AutoCheckpoints, DefaultAutoCheckpoints)
+}
+
+func (s *Session) checkpointMemory() int64 {
+	return cmpOr(s.opts.CheckpointMemory, DefaultCheckpointMemory)
+}
+
+func cmpOr[T int | int64](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// checkpoint takes one, under the turn: the kernel's copy, then the
+// files', then the bound on what checkpoints hold.
+func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRecord, error) {
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	kc := checkpointsOf(k)
+	if !auto {
+		if n := s.countCheckpoints(false); n >= s.maxCheckpoints() {
+			return nil, &LimitError{Name: "checkpoints", Requested: strconv.Itoa(n + 1), Max: strconv.Itoa(s.maxCheckpoints()),
+				Reason: fmt.Sprintf("the session holds %d checkpoints, its maximum: delete one first", n)}
+		}
+	}
+	st, ws, err := s.checkpointFiles()
+	if err != nil {
+		return nil, err
+	}
+	ki, err := kc.Checkpoint(ctx)
+	if err != nil {
+		return nil, s.kernelErr("checkpoint", err)
+	}
+	fc, err := st.Take(ws)
+	if err != nil {
+		_ = kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
+		return nil, fmt.Errorf("session %s: checkpoint the workspace: %w", s.id, err)
+	}
+	c := &s.cps
+	c.mu.Lock()
+	c.seq++
+	r := &cpRecord{Checkpoint: Checkpoint{
+		ID: "cp" + strconv.Itoa(c.seq), Name: name, Auto: auto, CreatedAt: time.Now().UTC(),
+		ExecutionCount: ki.ExecutionCount, FileBytes: fc.Bytes, Files: fc.Files,
+	}, kernelID: ki.ID, fileID: fc.ID}
+	for _, t := range ki.Threads {
+		r.NotCarried = append(r.NotCarried, "thread "+t)
+	}
+	for _, p := range ki.Processes {
+		r.NotCarried = append(r.NotCarried, "process "+p+" (keeps running; not rolled back)")
+	}
+	for _, p := range fc.Skipped {
+		r.NotCarried = append(r.NotCarried, "file "+p+" (not a regular file)")
+	}
+	c.list = append(c.list, r)
+	c.mu.Unlock()
+	if auto {
+		s.trimAuto(ctx, kc, s.autoCheckpoints())
+	}
+	if err := s.fit(ctx, kc, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (s *Session) countCheckpoints(auto bool) int {
+	c := &s.cps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, r := range c.list {
+		if r.Auto == auto {
+			n++
+		}
+	}
+	return n
+}
+
+// trimAuto drops the oldest automatic checkpoints beyond keep.
+func (s *Session) trimAuto(ctx context.Context, kc kernelCheckpoints, keep int) {
+	for s.countCheckpoints(true) > keep {
+		if r := s.oldestAuto(nil); r != nil {
+			s.drop(ctx, kc, r)
+		}
+	}
+}
+
+// oldestAuto is the oldest automatic checkpoint other than except.
+func (s *Session) oldestAuto(except *cpRecord) *cpRecord {
+	c := &s.cps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.list {
+		if r.Auto && r != except {
+			return r
+		}
+	}
+	return nil
+}
+
+// fit keeps what the checkpoints hold (their kernel copies' private memory
+// and their files' distinct bytes) within CheckpointMemory: the oldest
+// automatic ones go first; if the new one still does not fit it goes too,
+// and a named one is then a *LimitError.
+func (s *Session) fit(ctx context.Context, kc kernelCheckpoints, added *cpRecord) error {
+	limit := s.checkpointMemory()
+	for {
+		held, err := s.measure(ctx, kc)
+		if err != nil {
+			return err
+		}
+		if held <= limit {
+			return nil
+		}
+		if old := s.oldestAuto(added); old != nil {
+			s.log.Info("checkpoint memory over its bound: dropping the oldest automatic checkpoint", "checkpoint", old.ID, "held", held, "limit", limit)
+			s.drop(ctx, kc, old)
+			continue
+		}
+		s.drop(ctx, kc, added)
+		what := "an automatic checkpoint"
+		if !added.Auto {
+			what = "the checkpoint"
+		}
+		return &LimitError{Name: "checkpoint memory", Requested: bytesText(held), Max: bytesText(limit),
+			Reason: fmt.Sprintf("%s was not kept: with it the session's checkpoints would hold %s of memory and files, above this server's bound of %s per session; delete checkpoints, or keep less in memory or in the workspace", what, bytesText(held), bytesText(limit))}
+	}
+}
+
+// measure updates each checkpoint's MemoryBytes and returns what all of
+// them hold. A checkpoint whose copy is gone (the OOM killer) is dropped.
+func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, error) {
+	mem, err := kc.CheckpointMemory(ctx)
+	if err != nil {
+		return 0, s.kernelErr("measure checkpoints", err)
+	}
+	c := &s.cps
+	c.mu.Lock()
+	var held int64
+	var gone []*cpRecord
+	for _, r := range c.list {
+		m, ok := mem[r.kernelID]
+		if !ok {
+			gone = append(gone, r)
+			continue
+		}
+		r.MemoryBytes = m
+		held += m
+	}
+	if c.store != nil {
+		held += c.store.HeldBytes()
+	}
+	c.mu.Unlock()
+	for _, r := range gone {
+		s.log.Warn("a checkpoint's kernel copy is gone: forgetting it", "checkpoint", r.ID)
+		s.drop(ctx, kc, r)
+	}
+	return held, nil
+}
+
+// drop forgets r, freeing its kernel copy and its files.
+func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
+	c := &s.cps
+	c.mu.Lock()
+	for i, x := range c.list {
+		if x == r {
+			c.list = append(c.list[:i], c.list[i+1:]...)
+			break
+		}
+	}
+	st := c.store
+	c.mu.Unlock()
+	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
+		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
+	}
+	if st != nil {
+		if err := st.Drop(r.fileID); err != nil {
+			s.log.Warn("drop a checkpoint's files", "checkpoint", r.ID, "err", err)
+		}
+	}
+}
+
+// find returns checkpoint id.
+func (s *Session) find(id string) (*cpRecord, error) {
+	c := &s.cps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.list {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return nil, &notFoundError{fmt.Sprintf("checkpoint %q not found in session %s (GET its checkpoints to list them)", id, s.id)}
+}
+
+// kernelErr words a kernel's failure during a checkpoint call.
+func (s *Session) kernelErr(what string, err error) error {
+	if k, kerr := s.kernel(); kerr == nil && k.Err() != nil {
+		if s.isClosed() {
+			return ErrClosed
+		}
+		return fmt.Errorf("%w: %w", ErrRestartRequired, k.Err())
+	}
+	return fmt.Errorf("session %s: %s: %w", s.id, what, err)
+}
+
+// RestoreCheckpoint puts the session back exactly at checkpoint id: its
+// kernel's memory and its workspace's files (files written since are
+// gone, deleted ones back). The checkpoint is kept (it can be restored
+// again), and so are the ones taken after it. It waits for a running
+// execution to end.
+func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	r, err := s.find(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.restore(ctx, r, "checkpoint "+r.ID)
+}
+
+// Undo reverts the last execution: the session goes back to its newest
+// automatic checkpoint (taken just before that execution), which is then
+// dropped, so a second Undo reverts the execution before.
+func (s *Session) Undo(ctx context.Context) (*Restored, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	c := &s.cps
+	c.mu.Lock()
+	var r *cpRecord
+	for i := len(c.list) - 1; i >= 0; i-- {
+		if c.list[i].Auto {
+			r = c.list[i]
+			break
+		}
+	}
+	c.mu.Unlock()
+	if r == nil {
+		why := "the session takes none (create it with checkpoints \"auto\")"
+		if s.CheckpointMode() == CheckpointsAuto {
+			why = "none is left (each undo uses one; a restart drops them all)"
+		}
+		return nil, &notFoundError{"nothing to undo: undo goes back to the automatic checkpoint taken before the last execution, and " + why}
+	}
+	res, err := s.restore(ctx, r, "undo")
+	if err != nil {
+		return nil, err
+	}
+	k, kerr := s.kernel()
+	if kerr == nil {
+		s.drop(ctx, checkpointsOf(k), r)
+	}
+	return res, nil
+}
+
+// restore puts the session back at r, under the turn: the kernel first
+// (a copy that is gone leaves the files untouched), then the files.
+func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Restored, error) {
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	kc := checkpointsOf(k)
+	st, ws, err := s.checkpointFiles()
+	if err != nil {
+		return nil, err
+	}
+	ki, err := kc.Restore(ctx, r.kernelID)
+	if errors.Is(err, errCheckpointGone) {
+		s.drop(ctx, kc, r)
+		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel was killed (most likely by the out-of-memory killer: the session's memory limit counts what checkpoints hold)", r.ID)}
+	}
+	if err != nil {
+		return nil, s.kernelErr("restore "+r.ID, err)
+	}
+	if _, err := st.Restore(ws, r.fileID); err != nil {
+		return nil, fmt.Errorf("session %s: restore the workspace of %s (the kernel's state was restored): %w", s.id, r.ID, err)
+	}
+	res := &Restored{From: from, Files: r.Files, ExecutionCount: ki.ExecutionCount, NotRestored: append([]string(nil), r.NotCarried...)}
+	s.setRestored(res)
+	out := *res
+	return &out, nil
+}
+
+// DeleteCheckpoint frees checkpoint id.
+func (s *Session) DeleteCheckpoint(ctx context.Context, id string) error {
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	r, err := s.find(id)
+	if err != nil {
+		return err
+	}
+	k, err := s.kernel()
+	if err != nil {
+		return err
+	}
+	kc := checkpointsOf(k)
+	s.drop(ctx, kc, r)
+	return nil
+}
+
+// autoCheckpoint takes the checkpoint before an execution in "auto" mode,
+// under Execute's turn. Failing to take it does not stop the execution
+// (its undo will not be there; the log says why).
+func (s *Session) autoCheckpoint(ctx context.Context) {
+	if s.CheckpointMode() != CheckpointsAuto {
+		return
+	}
+	if _, err := s.checkpoint(ctx, "", true); err != nil {
+		s.log.Warn("no automatic checkpoint before this execution: it cannot be undone", "err", err)
+	}
+}

@@ -1,0 +1,324 @@
+package session
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// wsTree describes every entry of a workspace byte for byte: type,
+// permission bits, a file's SHA-256, a symlink's target.
+func wsTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		switch m := fi.Mode(); {
+		case m.IsDir():
+			out[rel] = fmt.Sprintf("dir %v", m.Perm())
+		case m&fs.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			out[rel] = "link " + l
+		case m.IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h := sha256.Sum256(b)
+			out[rel] = fmt.Sprintf("file %v %s", m.Perm(), hex.EncodeToString(h[:]))
+		default:
+			out[rel] = "other"
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func treeDiff(want, have map[string]string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if want[k] != have[k] {
+			out = append(out, fmt.Sprintf("%s: want %q, have %q", k, want[k], have[k]))
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("%s: extra %q", k, have[k]))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// stateOf is the user's variables as text, and the next number of the
+// random generator (which the checkpoint must bring back too).
+const stateOf = `sorted((k, repr(v)) for k, v in globals().items() if k.startswith("v_")), random.random()`
+
+func textOf(t *testing.T, s *Session, code string) string {
+	t.Helper()
+	r := runCode(t, s, code)
+	mustOK(t, r)
+	return mainText(r)
+}
+
+func TestCheckpointRestore(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{})
+	mustOK(t, runCode(t, s, `
+import os, random, json
+random.seed(7)
+v_list = [1, 2, 3]
+v_dict = {"a": {"b": [1.5, None]}}
+os.makedirs("/workspace/d/e", exist_ok=True)
+open("/workspace/a.txt", "w").write("alpha")
+open("/workspace/d/e/data.bin", "wb").write(os.urandom(300000))
+os.chmod("/workspace/a.txt", 0o600)
+os.symlink("a.txt", "/workspace/link")
+`))
+	wantFiles := wsTree(t, s.Workspace())
+	cp, err := s.Checkpoint(ctx, "before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.ID != "cp1" || cp.Name != "before" || cp.Auto || cp.Files != 2 || cp.FileBytes != 300005 || cp.ExecutionCount != 1 {
+		t.Errorf("checkpoint %+v", cp)
+	}
+	wantState := textOf(t, s, stateOf) // also draws from the generator
+
+	mustOK(t, runCode(t, s, `
+v_list.append(4); v_dict["a"]["b"].clear(); v_new = "made since"
+random.random(); random.random()
+os.remove("/workspace/a.txt")
+open("/workspace/d/e/data.bin", "r+b").write(b"corrupted")
+open("/workspace/new.txt", "w").write("added since")
+os.makedirs("/workspace/newdir", exist_ok=True)
+os.remove("/workspace/link"); os.mkdir("/workspace/link")
+`))
+	if treeDiff(wantFiles, wsTree(t, s.Workspace())) == "" {
+		t.Fatal("the cell changed no file")
+	}
+	for i := range 2 { // restore twice: the checkpoint is kept
+		res, err := s.RestoreCheckpoint(ctx, cp.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.From != "checkpoint cp1" || res.Files != 2 || res.ExecutionCount != cp.ExecutionCount {
+			t.Errorf("restore %d: %+v", i+1, res)
+		}
+		if d := treeDiff(wantFiles, wsTree(t, s.Workspace())); d != "" {
+			t.Fatalf("restore %d: the workspace differs from the checkpoint:\n%s", i+1, d)
+		}
+		if got := textOf(t, s, stateOf); got != wantState {
+			t.Fatalf("restore %d: state %s, want %s", i+1, got, wantState)
+		}
+		if r := s.Restored(); r == nil || r.From != "checkpoint cp1" {
+			t.Errorf("Restored() = %+v", r)
+		}
+	}
+	if err := s.DeleteCheckpoint(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RestoreCheckpoint(ctx, cp.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("restore of a deleted checkpoint: %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteCheckpoint(ctx, "cp99"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("delete unknown: %v", err)
+	}
+}
+
+func TestUndo(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 2})
+	mustOK(t, runCode(t, s, "v_df = list(range(10))\nopen('/workspace/out.csv', 'w').write('1,2,3')"))
+	files := wsTree(t, s.Workspace())
+	mustOK(t, runCode(t, s, "v_df.clear()\nopen('/workspace/out.csv', 'w').write('')\nopen('/workspace/junk', 'w').write('x')"))
+	res, err := s.Undo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.From != "undo" || res.ExecutionCount != 1 {
+		t.Errorf("undo: %+v", res)
+	}
+	if got := textOf(t, s, "len(v_df)"); got != "10" {
+		t.Fatalf("after undo len(v_df) = %s, want 10", got)
+	}
+	if d := treeDiff(files, wsTree(t, s.Workspace())); d != "" {
+		t.Fatalf("after undo:\n%s", d)
+	}
+	// The "len" cell took a checkpoint too: undo it, then the first cell.
+	for range 2 {
+		if _, err := s.Undo(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := runCode(t, s, "v_df")
+	if r.Status != kernel.StatusError || !strings.Contains(fmt.Sprint(r.Error), "NameError") {
+		t.Fatalf("after undoing the first cell: %+v, want a NameError", r)
+	}
+	if _, err := os.Stat(filepath.Join(s.Workspace(), "out.csv")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after undoing the first cell, its file is still there: %v", err)
+	}
+	// Only AutoCheckpoints are kept.
+	for range 4 {
+		mustOK(t, runCode(t, s, "1"))
+	}
+	if cps := s.Checkpoints(); len(cps) != 2 || !cps[0].Auto || !cps[1].Auto {
+		t.Errorf("checkpoints %+v: want the 2 newest automatic ones", cps)
+	}
+	for range 2 {
+		if _, err := s.Undo(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Undo(ctx); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "nothing to undo") {
+		t.Errorf("undo with none left: %v", err)
+	}
+}
+
+func TestCheckpointLimits(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{MaxCheckpoints: 3, CheckpointMemory: 64 << 20})
+	for range 3 {
+		if _, err := s.Checkpoint(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var le *LimitError
+	if _, err := s.Checkpoint(ctx, ""); !errors.As(err, &le) || !strings.Contains(err.Error(), "delete one") {
+		t.Fatalf("a fourth checkpoint over MaxCheckpoints 3: %v", err)
+	}
+	for _, c := range s.Checkpoints() {
+		if err := s.DeleteCheckpoint(ctx, c.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Files: 40 MiB fit in 64, 80 do not; the refused one is not kept.
+	mustOK(t, runCode(t, s, "import os\nopen('/workspace/a', 'wb').write(os.urandom(40 << 20))"))
+	if _, err := s.Checkpoint(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s, "open('/workspace/b', 'wb').write(os.urandom(40 << 20))"))
+	if _, err := s.Checkpoint(ctx, "b"); !errors.As(err, &le) || !strings.Contains(err.Error(), "was not kept") {
+		t.Fatalf("checkpoint over the memory bound: %v", err)
+	}
+	if cps := s.Checkpoints(); len(cps) != 1 || cps[0].Name != "a" {
+		t.Fatalf("after the refused checkpoint: %+v", cps)
+	}
+	mustOK(t, runCode(t, s, "os.remove('/workspace/b')"))
+
+	// Memory: a checkpoint holds what the live kernel changed since.
+	mustOK(t, runCode(t, s, "v_big = bytearray(b'y' * (30 << 20))")) // touched: not zero pages
+	if _, err := s.Checkpoint(ctx, "mem"); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s, "v_big[:] = b'x' * len(v_big)")) // the copy keeps its 30 MiB
+	_, err := s.Checkpoint(ctx, "over")
+	if !errors.As(err, &le) {
+		t.Fatalf("checkpoint with 40 MiB of files and 30 MiB held by a copy, bound 64 MiB: %v", err)
+	}
+	var mem int64
+	for _, c := range s.Checkpoints() {
+		if c.Name == "mem" {
+			mem = c.MemoryBytes
+		}
+	}
+	if mem < 25<<20 {
+		t.Errorf("checkpoint 'mem' holds %d bytes of memory, want about 30 MiB", mem)
+	}
+
+	// A restart drops them all, and their store.
+	dir := s.cps.store.Dir()
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cps := s.Checkpoints(); len(cps) != 0 {
+		t.Errorf("after a restart: %+v", cps)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the checkpoint store outlived the restart: %v", err)
+	}
+}
+
+// In auto mode the bound drops the oldest automatic checkpoints, never
+// the execution.
+func TestAutoCheckpointsFitTheBound(t *testing.T) {
+	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 5, CheckpointMemory: 64 << 20})
+	for i := range 4 {
+		mustOK(t, runCode(t, s, fmt.Sprintf("import os\nopen('/workspace/f%d', 'wb').write(os.urandom(20 << 20))", i)))
+	}
+	cps := s.Checkpoints()
+	if len(cps) == 0 || len(cps) >= 5 {
+		t.Fatalf("%d automatic checkpoints: want fewer than 5 (80 MiB written, bound 64 MiB)", len(cps))
+	}
+	if s.cps.store.HeldBytes() > 64<<20 {
+		t.Errorf("the store holds %d bytes, over the bound", s.cps.store.HeldBytes())
+	}
+}
+
+func TestCheckpointNotCarried(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{})
+	mustOK(t, runCode(t, s, `
+import subprocess, threading, time
+v_server = subprocess.Popen(["sleep", "300"])
+v_thread = threading.Thread(target=time.sleep, args=(300,), daemon=True, name="poller"); v_thread.start()
+`))
+	cp, err := s.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(cp.NotCarried, "\n")
+	if !strings.Contains(text, "sleep") || !strings.Contains(text, "poller") {
+		t.Errorf("not carried: %q, want the sleep process and the poller thread", cp.NotCarried)
+	}
+	res, err := s.RestoreCheckpoint(ctx, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.NotRestored, cp.NotCarried) {
+		t.Errorf("restore says not restored %q, want %q", res.NotRestored, cp.NotCarried)
+	}
+}
+
+func TestCheckpointsClosedWithTheSession(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{})
+	if _, err := s.Checkpoint(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	dir := s.cps.store.Dir()
+	if strings.HasPrefix(dir, s.Workspace()+"/") {
+		t.Errorf("the store %s is inside the workspace", dir)
+	}
+	s.Close()
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the checkpoint store outlived Close: %v", err)
+	}
+	if _, err := s.Checkpoint(ctx, ""); !errors.Is(err, ErrClosed) {
+		t.Errorf("checkpoint after close: %v", err)
+	}
+}

@@ -1,0 +1,240 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// ForkOptions choose what a Fork copies.
+type ForkOptions struct {
+	// Count is how many sessions to make, 1 to MaxForks. If zero, 1.
+	Count int
+	// Checkpoint, if set, is the parent's checkpoint to fork from
+	// instead of its state now.
+	Checkpoint string
+}
+
+// forkSource is what a fork copies from its parent: its variables,
+// serialized once, and its files, as a checkpoint in the parent's store.
+type forkSource struct {
+	parent     string
+	from       string
+	stateFile  string // the serialized variables
+	exported   *stateManifest
+	store      *workspace.CheckpointStore
+	fileID     string // a handle of the parent's store, dropped after the fork
+	files      int
+	notCarried []string
+}
+
+func (f *forkSource) close() {
+	os.Remove(f.stateFile)
+	if f.fileID != "" {
+		f.store.Drop(f.fileID)
+	}
+}
+
+// Fork makes o.Count new sessions for owner, each with the variables and
+// the files of owner's session id (or of its checkpoint o.Checkpoint).
+// Each is created as Create makes any session (pooled, zygote-forked or
+// cold, with the parent's limits, environment, network and checkpoint
+// mode) and is as isolated as any: its own jail, workspace and cgroup;
+// what one writes, the parent and the others never see.
+//
+// The variables cross by serialization in the kernel (dill where
+// installed, else pickle; modules by name), taken once from a dormant
+// copy of the parent's kernel: the parent stalls only while its kernel
+// forks that copy, and while its files are checkpointed. What did not
+// cross (a name that does not serialize, the parent's threads and child
+// processes) is listed in the Restored report, which each child also
+// keeps (Session.Restored).
+func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]*Managed, *Restored, error) {
+	n := o.Count
+	switch {
+	case n == 0:
+		n = 1
+	case n < 0:
+		return nil, nil, &ArgumentError{"count", fmt.Errorf("%d: a fork makes 1 to %d sessions", n, MaxForks)}
+	case n > MaxForks:
+		return nil, nil, &LimitError{Name: "fork count", Requested: fmt.Sprint(n), Max: fmt.Sprint(MaxForks),
+			Reason: fmt.Sprintf("a fork makes at most %d sessions; %d were asked for", MaxForks, n)}
+	}
+	parent, err := m.Get(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer parent.Lease()()
+	m.mu.Lock()
+	room := m.opts.MaxSessions - len(m.sessions)
+	m.mu.Unlock()
+	if room < n {
+		return nil, nil, fmt.Errorf("%w: a fork into %d sessions needs %d free, %d are", ErrCapacity, n, n, max(room, 0))
+	}
+	src, err := parent.Session.forkSource(ctx, o.Checkpoint)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer src.close()
+
+	children := make([]*Managed, n)
+	reports := make([]*Restored, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, min(n, 4)) // starting jails is CPU work: a few at once
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			child, err := m.Create(ctx, CreateOptions{
+				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
+				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
+			})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			children[i] = child
+			release := child.Lease()
+			defer release()
+			reports[i], errs[i] = child.Session.adopt(ctx, src)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range children {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, nil, err
+	}
+	m.log.Info("session forked", "session", id, "children", n, "from", src.from)
+	return children, reports[0], nil
+}
+
+// forkSource serializes the session's variables and checkpoints its files
+// (or takes both from checkpoint cp), under its turn.
+func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	kc := checkpointsOf(k)
+	st, ws, err := s.checkpointFiles()
+	if err != nil {
+		return nil, err
+	}
+	src := &forkSource{parent: s.id, store: st, from: "fork of " + s.id}
+	ok := false
+	defer func() {
+		if !ok {
+			src.close()
+		}
+	}()
+	from := 0 // the live kernel
+	if cp != "" {
+		r, err := s.find(cp)
+		if err != nil {
+			return nil, err
+		}
+		src.from = "checkpoint " + r.ID + " of " + s.id
+		from = r.kernelID
+		if src.fileID, err = st.Dup(r.fileID); err != nil {
+			return nil, err
+		}
+		src.files, src.notCarried = r.Files, append([]string(nil), r.NotCarried...)
+	} else {
+		// A checkpoint of the kernel (a fork) pairs the variables with
+		// the files taken now, and says which threads and processes
+		// cannot follow.
+		ki, err := kc.Checkpoint(ctx)
+		if err != nil {
+			return nil, s.kernelErr("fork", err)
+		}
+		defer kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
+		from = ki.ID
+		for _, t := range ki.Threads {
+			src.notCarried = append(src.notCarried, "thread "+t)
+		}
+		for _, p := range ki.Processes {
+			src.notCarried = append(src.notCarried, "process "+p+" (stays with the parent)")
+		}
+		fc, err := st.Take(ws)
+		if err != nil {
+			return nil, fmt.Errorf("session %s: copy the workspace for a fork: %w", s.id, err)
+		}
+		src.fileID, src.files = fc.ID, fc.Files
+		for _, p := range fc.Skipped {
+			src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+		}
+	}
+	f, err := os.CreateTemp(st.Dir(), "state-*")
+	if err != nil {
+		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
+	}
+	src.stateFile = f.Name()
+	src.exported, err = kc.ExportState(ctx, f, from)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("session %s: fork: %w", s.id, cerr)
+	}
+	if err != nil {
+		return nil, s.kernelErr("export its variables", err)
+	}
+	ok = true
+	return src, nil
+}
+
+// adopt gives a new session src's files and variables, under its turn.
+func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	kc := checkpointsOf(k)
+	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
+	if err != nil {
+		return nil, err
+	}
+	_, err = src.store.Restore(ws, src.fileID)
+	ws.Close()
+	if err != nil {
+		return nil, fmt.Errorf("session %s: copy the files of %s: %w", s.id, src.parent, err)
+	}
+	f, err := os.Open(src.stateFile)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
+	}
+	imported, err := kc.ImportState(ctx, f)
+	f.Close()
+	if err != nil {
+		return nil, s.kernelErr("import the variables of "+src.parent, err)
+	}
+	res := &Restored{From: src.from, Files: src.files, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
+	said := map[string]bool{}
+	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {
+		if !said[ns.Name] { // the import repeats what the export could not save
+			said[ns.Name] = true
+			res.NotRestored = append(res.NotRestored, ns.Name+": "+ns.Reason)
+		}
+	}
+	res.NotRestored = append(res.NotRestored, src.notCarried...)
+	s.setRestored(res)
+	out := *res
+	return &out, nil
+}

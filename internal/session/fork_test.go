@@ -1,0 +1,165 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/zygote"
+)
+
+func forkManager(t *testing.T, o ManagerOptions) *Manager {
+	t.Helper()
+	m := NewManager(&o)
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func managedText(t *testing.T, ms *Managed, code string) string {
+	t.Helper()
+	return textOf(t, ms.Session, code)
+}
+
+func testFork(t *testing.T, m *Manager) {
+	ctx := context.Background()
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Env: map[string]string{"V_ENV": "kept"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, `
+import os, json, random
+v_x = {"k": [1, 2, 3]}
+v_gen = (i for i in range(3))
+def v_f(a): return a * 2
+os.makedirs("/workspace/sub", exist_ok=True)
+open("/workspace/f.txt", "w").write("parent")
+open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
+`))
+	parentFiles := wsTree(t, parent.Workspace())
+	children, res, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(children) != 2 {
+		t.Fatalf("%d children", len(children))
+	}
+	if res.From != "fork of "+parent.ID() || res.Files != 2 || !slices.Contains(res.Variables, "v_x") || !slices.Contains(res.Variables, "json") {
+		t.Errorf("restored %+v: want v_x and json among the variables, 2 files", res)
+	}
+	if !strings.Contains(strings.Join(res.NotRestored, "\n"), "v_gen") {
+		t.Errorf("not restored %q: want the generator v_gen (it does not serialize)", res.NotRestored)
+	}
+	for i, c := range children {
+		if c.ID() == parent.ID() || c.Workspace() == parent.Workspace() || c.Owner != "alice" {
+			t.Fatalf("child %d: %s at %s owned by %q", i, c.ID(), c.Workspace(), c.Owner)
+		}
+		if d := treeDiff(parentFiles, wsTree(t, c.Workspace())); d != "" {
+			t.Fatalf("child %d's files differ from the parent's:\n%s", i, d)
+		}
+		if got := managedText(t, c, "v_x, v_f(21), json.dumps(1), os.environ['V_ENV']"); got != "({'k': [1, 2, 3]}, 42, '1', 'kept')" {
+			t.Errorf("child %d: %s", i, got)
+		}
+		if r := c.Restored(); r == nil || r.From != res.From {
+			t.Errorf("child %d keeps no report: %+v", i, r)
+		}
+		// The parent's workspace is nowhere in the child's jail.
+		if got := managedText(t, c, fmt.Sprintf("os.path.exists(%q)", filepath.Join(parent.Workspace(), "f.txt"))); got != "False" {
+			t.Errorf("child %d sees its parent's workspace path", i)
+		}
+	}
+	// Writes in one child: the parent and the sibling see none of them.
+	mustOK(t, runCode(t, children[0].Session, "v_x['k'].append(4)\nopen('/workspace/f.txt', 'w').write('child')\nopen('/workspace/only-child', 'w').write('x')"))
+	if got := managedText(t, parent, "v_x"); got != "{'k': [1, 2, 3]}" {
+		t.Errorf("the parent sees the child's change: %s", got)
+	}
+	if got := managedText(t, children[1], "v_x, open('/workspace/f.txt').read()"); got != "({'k': [1, 2, 3]}, 'parent')" {
+		t.Errorf("the sibling sees the child's change: %s", got)
+	}
+	if d := treeDiff(parentFiles, wsTree(t, parent.Workspace())); d != "" {
+		t.Errorf("the parent's files changed:\n%s", d)
+	}
+	if _, err := os.Stat(filepath.Join(children[1].Workspace(), "only-child")); err == nil {
+		t.Error("the sibling has the child's file")
+	}
+	// The parent goes on.
+	if got := managedText(t, parent, "v_x['k'].append(9); len(v_x['k'])"); got != "4" {
+		t.Errorf("parent after the fork: %s", got)
+	}
+
+	// From a checkpoint: the state then, not now.
+	cp, err := parent.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, "v_x = 'later'\nopen('/workspace/f.txt', 'w').write('later')"))
+	kids, res, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Checkpoint: cp.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kids) != 1 || res.From != "checkpoint "+cp.ID+" of "+parent.ID() {
+		t.Errorf("fork of a checkpoint: %d children, %+v", len(kids), res)
+	}
+	if got := managedText(t, kids[0], "v_x, open('/workspace/f.txt').read()"); got != "({'k': [1, 2, 3, 9]}, 'parent')" {
+		t.Errorf("fork of %s: %s", cp.ID, got)
+	}
+}
+
+func TestFork(t *testing.T) {
+	testFork(t, forkManager(t, ManagerOptions{}))
+}
+
+func TestForkZygote(t *testing.T) {
+	if err := zygote.Supported(); err != nil {
+		t.Skipf("no zygote here: %v", err)
+	}
+	z, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"json"}, Env: KernelEnv()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { z.Close() })
+	testFork(t, forkManager(t, ManagerOptions{Zygote: z}))
+}
+
+func TestForkLimits(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{MaxSessions: 3})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Fork(ctx, "mallory", parent.ID(), ForkOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("fork of another owner's session: %v, want ErrNotFound", err)
+	}
+	if _, _, err := m.Fork(ctx, "alice", "nosuch", ForkOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("fork of no session: %v", err)
+	}
+	var le *LimitError
+	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 17}); !errors.As(err, &le) {
+		t.Errorf("17 forks: %v, want a LimitError", err)
+	}
+	var ae *ArgumentError
+	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: -1}); !errors.As(err, &ae) {
+		t.Errorf("-1 forks: %v, want an ArgumentError", err)
+	}
+	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Checkpoint: "cp7"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("fork of an unknown checkpoint: %v", err)
+	}
+	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 3}); !errors.Is(err, ErrCapacity) {
+		t.Errorf("3 forks with 2 slots free: %v, want ErrCapacity", err)
+	}
+	if n := m.Stats().Sessions; n != 1 {
+		t.Errorf("%d sessions after refused forks, want 1", n)
+	}
+	kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("2 forks with 2 slots free: %v", err)
+	}
+	if got := m.List("mallory"); len(got) != 0 {
+		t.Errorf("mallory sees %d sessions", len(got))
+	}
+}

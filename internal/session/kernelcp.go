@@ -1,0 +1,32 @@
+package session
+
+import (
+	"context"
+	"io"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// kernelCheckpoints is what checkpoints and forks need of a kernel: the
+// checkpoint API of package kernel (issue 27).
+type kernelCheckpoints interface {
+	Checkpoint(ctx context.Context) (*kernelCheckpointInfo, error)
+	Restore(ctx context.Context, id int) (*kernelCheckpointInfo, error)
+	DropCheckpoint(ctx context.Context, id int) error
+	CheckpointMemory(ctx context.Context) (map[int]int64, error)
+	ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*stateManifest, error)
+	ImportState(ctx context.Context, r io.Reader) (*stateManifest, error)
+}
+
+// The kernel's types.
+type (
+	kernelCheckpointInfo = kernel.CheckpointInfo
+	stateManifest        = kernel.StateManifest
+	notSaved             = kernel.NotSaved
+)
+
+// errCheckpointGone: the kernel's copy of a checkpoint died (the OOM killer).
+var errCheckpointGone = kernel.ErrCheckpointGone
+
+// checkpointsOf returns k's checkpoint API.
+func checkpointsOf(k *kernel.Kernel) kernelCheckpoints { return k }

@@ -1,0 +1,782 @@
+package workspace
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A CheckpointStore keeps copies of a workspace's files, taken at chosen
+// moments (Take), and puts the workspace back as it was at one of them
+// (Restore). It lives in a host directory outside the workspace, which
+// sandboxed code cannot see.
+//
+// The store is content addressed: each distinct file content is one blob,
+// named by its SHA-256, however many checkpoints or paths hold it. A file
+// unchanged since the store last saw it (same device and inode, size,
+// mtime and ctime, to the nanosecond) is not read again: its checkpoint
+// entry points at the blob it already has. Changed and new files are
+// copied. Workspace files are never hard linked into the store nor blobs
+// into the workspace: code in the sandbox writing to a file it owns would
+// change the store's copy too.
+//
+// A file whose ctime is within racyWindow of the moment it was looked at
+// may still change without its ctime moving (timestamps come from a
+// coarse clock); it is trusted only after its content is hashed again
+// (as git treats "racily clean" entries).
+//
+// What is kept: regular files (content, permission bits, mtime),
+// directories (permission bits), symlinks (as links, never followed).
+// Not kept: FIFOs, sockets and devices (listed in FileCheckpoint.Skipped
+// and left alone by Restore), hard links between workspace files (each
+// path comes back as a file of its own), owners (restored files belong to
+// the workspace's owner: Options.UID and GID), setuid and setgid bits,
+// and the times of directories.
+//
+// Every access to the workspace goes through its os.Root: a symlink or a
+// rename planted by sandboxed code while a checkpoint is taken or restored
+// never makes the store read or write outside the workspace.
+//
+// Its methods are safe for concurrent use; they run one at a time.
+type CheckpointStore struct {
+	dir string
+
+	mu    sync.Mutex
+	next  int
+	cps   map[string]*fileCheckpoint
+	blobs map[string]*blob // by hash
+	held  int64
+	seen  map[string]seenFile // by path: what the store last saw there (never changed in place)
+	home  string              // the directory of the workspace taken (seen describes it)
+}
+
+type blob struct {
+	size int64
+	refs int
+}
+
+// seenFile is a workspace file as the store last saw it, and its content.
+type seenFile struct {
+	id      fileID
+	hash    string
+	trusted bool // its ctime was older than racyWindow when it was seen
+}
+
+// fileID is what identifies a file's version without reading it.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // ns
+	mode         fs.FileMode
+}
+
+// racyWindow: file timestamps come from the kernel's coarse clock (a tick
+// of up to 10 ms), so a write in the same tick as a stat may leave mtime and
+// ctime as they were. Files changed this recently are hashed again.
+const racyWindow = 50 * time.Millisecond
+
+type fileCheckpoint struct {
+	info    FileCheckpoint
+	entries []cpEntry // parents before children
+}
+
+type cpEntry struct {
+	path  string
+	typ   byte // 'f' file, 'd' directory, 'l' symlink
+	mode  fs.FileMode
+	size  int64
+	hash  string // file
+	link  string // symlink
+	mtime int64  // file, ns
+}
+
+// FileCheckpoint describes a checkpoint of a workspace's files.
+type FileCheckpoint struct {
+	ID     string
+	Files  int   // regular files
+	Bytes  int64 // their total size
+	Copied int64 // bytes this Take added to the store (what was not there yet)
+	// Skipped lists the FIFOs, sockets and devices not kept.
+	Skipped []string
+}
+
+// FileRestore says what a Restore did to the workspace.
+type FileRestore struct {
+	Written   int // files, symlinks and directories created or rewritten
+	Removed   int // entries removed (a directory with what it held counts once)
+	Unchanged int // files and symlinks already as they were at the checkpoint
+}
+
+// ErrNoCheckpoint: the store holds no checkpoint by that id.
+var ErrNoCheckpoint = errors.New("no such checkpoint")
+
+// OpenCheckpointStore makes (or empties) dir and keeps checkpoints there.
+// dir must be outside every workspace the store is used with, and
+// readable by the server only.
+func OpenCheckpointStore(dir string) (*CheckpointStore, error) {
+	if err := os.RemoveAll(filepath.Join(dir, "blobs")); err != nil {
+		return nil, fmt.Errorf("checkpoint store: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "blobs"), 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint store: %w", err)
+	}
+	return &CheckpointStore{dir: dir, cps: map[string]*fileCheckpoint{}, blobs: map[string]*blob{}, seen: map[string]seenFile{}}, nil
+}
+
+// Dir is the store's directory.
+func (s *CheckpointStore) Dir() string { return s.dir }
+
+// Close removes the store's directory and everything in it.
+func (s *CheckpointStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cps, s.blobs, s.seen, s.held, s.home = map[string]*fileCheckpoint{}, map[string]*blob{}, map[string]seenFile{}, 0, ""
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("remove checkpoint store: %w", err)
+	}
+	return nil
+}
+
+// HeldBytes is the size of the distinct file contents the store holds.
+func (s *CheckpointStore) HeldBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held
+}
+
+// Has reports whether checkpoint id is held.
+func (s *CheckpointStore) Has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.cps[id]
+	return ok
+}
+
+func (s *CheckpointStore) blobPath(hash string) string {
+	return filepath.Join(s.dir, "blobs", hash)
+}
+
+// Drop forgets checkpoint id, removing the blobs no other checkpoint holds.
+func (s *CheckpointStore) Drop(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, ok := s.cps[id]
+	if !ok {
+		return fmt.Errorf("checkpoint %q: %w", id, ErrNoCheckpoint)
+	}
+	delete(s.cps, id)
+	var errs []error
+	for _, e := range cp.entries {
+		if e.typ == 'f' {
+			if err := s.unref(e.hash); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *CheckpointStore) unref(hash string) error {
+	b := s.blobs[hash]
+	if b == nil {
+		return nil
+	}
+	if b.refs--; b.refs > 0 {
+		return nil
+	}
+	delete(s.blobs, hash)
+	s.held -= b.size
+	if err := os.Remove(s.blobPath(hash)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint store: %w", err)
+	}
+	return nil
+}
+
+// Dup makes a second handle on checkpoint id, with an id of its own: the
+// files stay held until both are dropped (a fork restores them into other
+// workspaces while the session may drop the original).
+func (s *CheckpointStore) Dup(id string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, ok := s.cps[id]
+	if !ok {
+		return "", fmt.Errorf("checkpoint %q: %w", id, ErrNoCheckpoint)
+	}
+	for _, e := range cp.entries {
+		if e.typ == 'f' {
+			s.blobs[e.hash].refs++
+		}
+	}
+	s.next++
+	dup := &fileCheckpoint{info: cp.info, entries: cp.entries}
+	dup.info.ID = "f" + strconv.Itoa(s.next)
+	s.cps[dup.info.ID] = dup
+	return dup.info.ID, nil
+}
+
+// Take copies the workspace's files into a new checkpoint. A store takes
+// checkpoints of one workspace (the first it is given).
+func (s *CheckpointStore) Take(w *Workspace) (*FileCheckpoint, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.home == "" {
+		s.home = w.root.Name()
+	} else if s.home != w.root.Name() {
+		return nil, fmt.Errorf("checkpoint store of %s: cannot take checkpoints of %s", s.home, w.root.Name())
+	}
+	t := &taking{s: s, w: w, seen: map[string]seenFile{}, fresh: map[string]*blob{}}
+	err := t.dir(w.root, ".")
+	if err != nil {
+		t.abort()
+		return nil, err
+	}
+	// Commit: the new blobs join the store, every entry holds a reference.
+	for h, b := range t.fresh {
+		s.blobs[h] = b
+		s.held += b.size
+	}
+	cp := &fileCheckpoint{entries: t.entries}
+	for _, e := range t.entries {
+		if e.typ == 'f' {
+			s.blobs[e.hash].refs++
+			cp.info.Files++
+			cp.info.Bytes += e.size
+		}
+	}
+	for _, b := range t.fresh {
+		b.refs-- // the reference taking held
+	}
+	s.seen = t.seen
+	s.next++
+	cp.info.ID = "f" + strconv.Itoa(s.next)
+	cp.info.Copied = t.copied
+	cp.info.Skipped = t.skipped
+	s.cps[cp.info.ID] = cp
+	info := cp.info
+	return &info, nil
+}
+
+// taking is one Take in progress.
+type taking struct {
+	s       *CheckpointStore
+	w       *Workspace
+	entries []cpEntry
+	skipped []string
+	seen    map[string]seenFile
+	fresh   map[string]*blob // blobs written by this Take (refs 1 until committed)
+	copied  int64
+}
+
+// abort removes the blobs this Take wrote.
+func (t *taking) abort() {
+	for h := range t.fresh {
+		os.Remove(t.s.blobPath(h))
+	}
+}
+
+// dir records directory rel (r is it, opened inside the workspace's root)
+// and what it holds, in name order.
+func (t *taking) dir(r *os.Root, rel string) error {
+	f, err := r.Open(".")
+	if err != nil {
+		return mapErr(rel, err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return mapErr(rel, err)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		p := path.Join(rel, name)
+		if err := t.entry(r, name, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *taking) entry(r *os.Root, name, p string) error {
+	for range 3 {
+		fi, err := r.Lstat(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed meanwhile
+		}
+		if err != nil {
+			return mapErr(p, err)
+		}
+		switch mode := fi.Mode(); {
+		case mode.IsDir():
+			sub, err := r.OpenRoot(name)
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP) {
+					continue // replaced meanwhile: look again
+				}
+				return mapErr(p, err)
+			}
+			t.entries = append(t.entries, cpEntry{path: p, typ: 'd', mode: keptMode(mode)})
+			err = t.dir(sub, p)
+			sub.Close()
+			return err
+		case mode&fs.ModeSymlink != 0:
+			link, err := r.Readlink(name)
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EINVAL) {
+					continue
+				}
+				return mapErr(p, err)
+			}
+			t.entries = append(t.entries, cpEntry{path: p, typ: 'l', link: link})
+			return nil
+		case mode.IsRegular():
+			done, err := t.file(r, name, p, fi)
+			if err != nil || done {
+				return err
+			}
+			// changed while read: look again
+		default:
+			t.skipped = append(t.skipped, p)
+			return nil
+		}
+	}
+	return &PathError{p, errors.New("keeps changing while the checkpoint is taken")}
+}
+
+// file records regular file p (name in r) whose lstat is fi. It returns
+// false if the file changed between that lstat and reading it.
+func (t *taking) file(r *os.Root, name, p string, fi fs.FileInfo) (bool, error) {
+	now := time.Now()
+	id := idOf(fi)
+	e := cpEntry{path: p, typ: 'f', mode: keptMode(fi.Mode()), size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	old, known := t.s.seen[p]
+	known = known && id.ino != 0 && old.id == id && t.s.has(old.hash, t.fresh)
+	if known && old.trusted {
+		e.hash = old.hash
+		t.entries = append(t.entries, e)
+		t.seen[p] = seenFile{id: id, hash: old.hash, trusted: true}
+		return true, nil
+	}
+	f, err := r.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ELOOP) {
+			return false, nil
+		}
+		return false, mapErr(p, err)
+	}
+	defer f.Close()
+	if ffi, err := f.Stat(); err != nil || idOf(ffi) != id {
+		return false, nil
+	}
+	var hash string
+	if known {
+		// Racily clean: the content may have changed under the same
+		// identity. Hash it; copy it only if the store lacks it.
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return false, mapErr(p, err)
+		}
+		hash = hex.EncodeToString(h.Sum(nil))
+		if !t.s.has(hash, t.fresh) {
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return false, mapErr(p, err)
+			}
+			if hash, err = t.copy(f, p); err != nil {
+				return false, err
+			}
+		}
+	} else if hash, err = t.copy(f, p); err != nil {
+		return false, err
+	}
+	// Changed while read (a write keeps the inode): read it again.
+	if after, err := r.Lstat(name); err != nil || idOf(after) != id {
+		return false, nil
+	}
+	e.hash = hash
+	t.entries = append(t.entries, e)
+	t.seen[p] = seenFile{id: id, hash: hash, trusted: now.UnixNano()-id.ctime > int64(racyWindow)}
+	return true, nil
+}
+
+// has reports whether the store (or this Take) holds blob hash.
+func (s *CheckpointStore) has(hash string, fresh map[string]*blob) bool {
+	if s.blobs[hash] != nil {
+		return true
+	}
+	_, ok := fresh[hash]
+	return ok
+}
+
+// copy writes f's content to the store (unless a blob has it already) and
+// returns its hash.
+func (t *taking) copy(f *os.File, p string) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Join(t.s.dir, "blobs"), "tmp-")
+	if err != nil {
+		return "", fmt.Errorf("checkpoint store: %w", err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), f)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("checkpoint %s: %w", p, err)
+	}
+	hash := hex.EncodeToString(h.Sum(nil))
+	if t.s.has(hash, t.fresh) {
+		os.Remove(tmp.Name())
+		return hash, nil
+	}
+	if err := os.Chmod(tmp.Name(), 0o400); err == nil {
+		err = os.Rename(tmp.Name(), t.s.blobPath(hash))
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("checkpoint store: %w", err)
+	}
+	t.fresh[hash] = &blob{size: n, refs: 1}
+	t.copied += n
+	return hash, nil
+}
+
+// keptMode is the part of a mode a checkpoint keeps: permission bits and
+// the sticky bit. Setuid and setgid are dropped: restored files are
+// written by the server, which must not hand out privileges.
+func keptMode(m fs.FileMode) fs.FileMode { return m & (fs.ModePerm | fs.ModeSticky) }
+
+// Restore makes the workspace what it was at checkpoint id: files and
+// directories made since are removed, changed files rewritten (each
+// appears at once: written under a temporary name, then renamed), deleted
+// ones back; files already as they were are not touched. FIFOs, sockets
+// and devices that were there at the checkpoint are left alone. The
+// checkpoint is kept: it can be restored again.
+//
+// A checkpoint may be restored into another workspace too (a fork's):
+// then every file is compared by content. Restores into other workspaces
+// may run at the same time as each other and as the store's other calls;
+// the checkpoint must not be dropped meanwhile (see Dup).
+func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error) {
+	s.mu.Lock()
+	cp, ok := s.cps[id]
+	home := s.home == w.root.Name()
+	seen := s.seen
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("checkpoint %q: %w", id, ErrNoCheckpoint)
+	}
+	if !home {
+		seen = nil
+	}
+	want := make(map[string]*cpEntry, len(cp.entries))
+	for i := range cp.entries {
+		want[cp.entries[i].path] = &cp.entries[i]
+	}
+	skipped := map[string]bool{}
+	for _, p := range cp.info.Skipped {
+		skipped[p] = true
+	}
+	rs := &restoring{s: s, w: w, want: want, skipped: skipped, old: seen, seen: map[string]seenFile{}}
+	err := rs.prune(w.root, ".")
+	for i := 0; err == nil && i < len(cp.entries); i++ {
+		err = rs.put(&cp.entries[i])
+	}
+	if home {
+		s.mu.Lock()
+		s.seen = rs.seen
+		s.mu.Unlock()
+	}
+	return &rs.res, err
+}
+
+type restoring struct {
+	s       *CheckpointStore
+	w       *Workspace
+	want    map[string]*cpEntry
+	skipped map[string]bool
+	old     map[string]seenFile // what the store last saw (nil: another workspace)
+	seen    map[string]seenFile
+	res     FileRestore
+}
+
+// prune removes what directory rel (r) holds that the checkpoint does not
+// have, or has as another kind of entry.
+func (rs *restoring) prune(r *os.Root, rel string) error {
+	f, err := r.Open(".")
+	if err != nil {
+		return mapErr(rel, err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return mapErr(rel, err)
+	}
+	for _, name := range names {
+		p := path.Join(rel, name)
+		fi, err := r.Lstat(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return mapErr(p, err)
+		}
+		e := rs.want[p]
+		mode := fi.Mode()
+		keep := false
+		switch {
+		case e == nil:
+			keep = rs.skipped[p] && !mode.IsRegular() && !mode.IsDir() && mode&fs.ModeSymlink == 0
+		case e.typ == 'd':
+			keep = mode.IsDir()
+		case e.typ == 'f':
+			keep = mode.IsRegular()
+		case e.typ == 'l':
+			keep = mode&fs.ModeSymlink != 0
+		}
+		if !keep {
+			if err := r.RemoveAll(name); err != nil {
+				return mapErr(p, err)
+			}
+			rs.res.Removed++
+			continue
+		}
+		if mode.IsDir() {
+			sub, err := r.OpenRoot(name)
+			if err != nil {
+				return mapErr(p, err)
+			}
+			err = rs.prune(sub, p)
+			sub.Close()
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// put makes entry e as the checkpoint has it.
+func (rs *restoring) put(e *cpEntry) error {
+	root := rs.w.root
+	fi, err := root.Lstat(e.path)
+	exists := err == nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return mapErr(e.path, err)
+	}
+	switch e.typ {
+	case 'd':
+		if exists && !fi.IsDir() {
+			if err := root.RemoveAll(e.path); err != nil {
+				return mapErr(e.path, err)
+			}
+			rs.res.Removed++
+			exists = false
+		}
+		if !exists {
+			if err := root.Mkdir(e.path, 0o700); err != nil {
+				return mapErr(e.path, err)
+			}
+			if err := rs.w.chown(e.path); err != nil {
+				return err
+			}
+			rs.res.Written++
+		} else if keptMode(fi.Mode()) == e.mode {
+			return nil
+		}
+		return mapErr(e.path, root.Chmod(e.path, e.mode))
+	case 'l':
+		if exists && fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err := root.Readlink(e.path); err == nil && link == e.link {
+				rs.res.Unchanged++
+				return nil
+			}
+		}
+		tmp := tempName(e.path)
+		if err := root.Symlink(e.link, tmp); err != nil {
+			return mapErr(e.path, err)
+		}
+		if err := rs.w.chown(tmp); err != nil {
+			root.Remove(tmp)
+			return err
+		}
+		return rs.replace(tmp, e.path, exists && fi.IsDir())
+	}
+	// A regular file.
+	if exists && fi.Mode().IsRegular() && fi.Size() == e.size {
+		same, err := rs.sameContent(e, fi)
+		if err != nil {
+			return err
+		}
+		if same {
+			if keptMode(fi.Mode()) != e.mode {
+				if err := root.Chmod(e.path, e.mode); err != nil {
+					return mapErr(e.path, err)
+				}
+				rs.res.Written++
+				fi, _ = root.Lstat(e.path)
+			} else {
+				rs.res.Unchanged++
+			}
+			rs.see(e, fi)
+			return nil
+		}
+	}
+	return rs.write(e, exists && fi.IsDir())
+}
+
+// sameContent reports whether the file at e.path (lstat fi) holds e's
+// content: known by its identity, or else by its hash.
+func (rs *restoring) sameContent(e *cpEntry, fi fs.FileInfo) (bool, error) {
+	id := idOf(fi)
+	if old, ok := rs.old[e.path]; ok && id.ino != 0 {
+		switch {
+		case old.id == id && old.trusted:
+			return old.hash == e.hash, nil
+		case old.id != id && old.trusted && old.hash != e.hash:
+			// Written since the store saw it; rewrite it without reading
+			// it (its new content is unlikely to be the checkpoint's).
+			return false, nil
+		}
+	}
+	f, err := rs.w.root.OpenFile(e.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return false, nil // rewritten below
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return false, nil
+	}
+	return hex.EncodeToString(h.Sum(nil)) == e.hash, nil
+}
+
+// see remembers the file now at e.path as holding e's content.
+func (rs *restoring) see(e *cpEntry, fi fs.FileInfo) {
+	if fi == nil {
+		return
+	}
+	id := idOf(fi)
+	rs.seen[e.path] = seenFile{id: id, hash: e.hash, trusted: time.Now().UnixNano()-id.ctime > int64(racyWindow)}
+}
+
+// write writes file e from its blob under a temporary name, then renames
+// it into place (over a directory there, if isDir).
+func (rs *restoring) write(e *cpEntry, isDir bool) error {
+	root := rs.w.root
+	src, err := os.Open(rs.s.blobPath(e.hash))
+	if err != nil {
+		return fmt.Errorf("checkpoint store: %w", err)
+	}
+	defer src.Close()
+	tmp := tempName(e.path)
+	dst, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return mapErr(e.path, err)
+	}
+	_, err = io.Copy(dst, src)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) && !isDir {
+		// The quota holds the old and the new copy at once: free the
+		// old one first (the file then appears written, not atomically).
+		root.Remove(tmp)
+		if rerr := root.Remove(e.path); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
+			return rs.writeInPlace(e, src)
+		}
+	}
+	if err == nil {
+		err = rs.w.chown(tmp)
+	}
+	if err == nil {
+		err = root.Chmod(tmp, e.mode)
+	}
+	if err == nil {
+		mt := time.Unix(0, e.mtime)
+		err = root.Chtimes(tmp, mt, mt)
+	}
+	if err != nil {
+		root.Remove(tmp)
+		var pe *PathError
+		if errors.As(err, &pe) {
+			return err
+		}
+		return mapErr(e.path, err)
+	}
+	return rs.replace(tmp, e.path, isDir, e)
+}
+
+// writeInPlace writes e at its path directly (nothing is there).
+func (rs *restoring) writeInPlace(e *cpEntry, src *os.File) error {
+	root := rs.w.root
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("checkpoint store: %w", err)
+	}
+	dst, err := root.OpenFile(e.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return mapErr(e.path, err)
+	}
+	_, err = io.Copy(dst, src)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = rs.w.chown(e.path)
+	}
+	if err == nil {
+		err = root.Chmod(e.path, e.mode)
+	}
+	if err == nil {
+		mt := time.Unix(0, e.mtime)
+		err = root.Chtimes(e.path, mt, mt)
+	}
+	if err != nil {
+		var pe *PathError
+		if errors.As(err, &pe) {
+			return err
+		}
+		return mapErr(e.path, err)
+	}
+	rs.res.Written++
+	fi, _ := root.Lstat(e.path)
+	rs.see(e, fi)
+	return nil
+}
+
+// replace renames tmp to p, removing a directory at p first (rename
+// cannot replace a directory with a file or a link).
+func (rs *restoring) replace(tmp, p string, isDir bool, file ...*cpEntry) error {
+	root := rs.w.root
+	if isDir {
+		if err := root.RemoveAll(p); err != nil {
+			root.Remove(tmp)
+			return mapErr(p, err)
+		}
+		rs.res.Removed++
+	}
+	if err := root.Rename(tmp, p); err != nil {
+		root.Remove(tmp)
+		return mapErr(p, err)
+	}
+	rs.res.Written++
+	if len(file) > 0 {
+		fi, _ := root.Lstat(p)
+		rs.see(file[0], fi)
+	}
+	return nil
+}
+
+func tempName(p string) string {
+	return path.Join(path.Dir(p), ".sandloop-restore-"+rand.Text())
+}
