@@ -134,6 +134,7 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
 	line(r.Namespaces, "namespaces")
 	line(r.Seccomp, "seccomp")
 	line(r.Cgroups, "cgroups")
+	line(r.Pause, "pause")
 	quota := jail.QuotaSupport()
 	quota.Detail = fmt.Sprintf("%s and %d files per workspace by default (--disk, --files): %s", formatSize(jail.DefaultDisk), jail.DefaultFiles, quota.Detail)
 	line(quota, "workspace quota")

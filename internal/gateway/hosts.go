@@ -222,7 +222,7 @@ func (hs *hosts) check(ctx context.Context, h *host) {
 	changed := h.epoch != health.Epoch
 	wasFenced := h.fenced
 	h.epoch, h.reachable, h.draining = health.Epoch, true, health.Draining || health.Status != "ok"
-	h.slots, h.used, h.placed = health.MaxSessions, health.Sessions, 0
+	h.slots, h.used, h.placed = health.MaxSessions, health.Sessions-health.Paused, 0 // paused sessions take no slot
 	h.lastOK, h.firstBad, h.fenced = now, time.Time{}, false
 	rec := store.HostRecord{Name: h.name, URL: u.String(), Epoch: h.epoch, Ready: h.ready(), Slots: h.slots, Used: h.used, SeenAt: now}
 	hs.mu.Unlock()

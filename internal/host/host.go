@@ -296,7 +296,7 @@ func (h *Host) startHeartbeat(self gateway.Target) {
 		gateway.Register(ctx, pg, cmp.Or(h.cfg.Heartbeat, 2*time.Second), func() store.Registration {
 			st := h.mgr.Stats()
 			return store.Registration{Name: self.Name, URL: self.URL, Epoch: h.epoch, Ready: !h.srv.Draining(),
-				Slots: st.MaxSessions, Used: st.Sessions}
+				Slots: st.MaxSessions, Used: st.Busy()}
 		}, h.log)
 	}()
 	h.mu.Lock()

@@ -22,6 +22,11 @@ type cgroupHost struct {
 	v1 map[string]string
 	// v2: the directory under which sandbox groups are created.
 	v2 string
+	// freezer, with v1: the directory under which sandbox groups of the
+	// v1 freezer hierarchy are made, "" where it is missing or not
+	// writable (pausing then stops each process with SIGSTOP). Optional:
+	// limits do not need it.
+	freezer string
 	// why cgroups cannot be used, when mode is "".
 	reason string
 }
@@ -57,9 +62,13 @@ func sweepStaleGroups(h cgroupHost, minAge time.Duration) (removed int) {
 				parents = append(parents, h.v1[c])
 			}
 		}
+		if h.freezer != "" {
+			parents = append(parents, h.freezer)
+		}
 	case "cgroup v2":
 		parents = []string{h.v2}
 	}
+	thawDyingGroups(parents, minAge)
 	for _, parent := range parents {
 		dirs, _ := filepath.Glob(filepath.Join(parent, "sandloop-*"))
 		for _, d := range dirs {
@@ -171,7 +180,7 @@ func probeCgroups() cgroupHost {
 		}
 	}
 	if len(missing)+len(readOnly) == 0 {
-		return cgroupHost{mode: "cgroup v1", v1: v1}
+		return cgroupHost{mode: "cgroup v1", v1: v1, freezer: v1Freezer(mounts, self)}
 	}
 	if len(missing) > 0 && len(v1) > 0 {
 		reasons = append(reasons, "cgroup v1: missing "+strings.Join(missing, ", "))
@@ -183,6 +192,25 @@ func probeCgroups() cgroupHost {
 		reasons = append(reasons, "no cgroup file system mounted")
 	}
 	return cgroupHost{reason: strings.Join(reasons, "; ")}
+}
+
+// v1Freezer is the directory of this process's group in the v1 freezer
+// hierarchy, if there is one it may write.
+func v1Freezer(mounts []mountEntry, self map[string]string) string {
+	p, ok := self["freezer"]
+	if !ok {
+		return ""
+	}
+	for _, m := range mounts {
+		if m.fstype == "cgroup" && contains(m.super, "freezer") {
+			d := filepath.Join(m.point, strings.TrimPrefix(p, m.root))
+			if unix.Access(d, unix.W_OK) == nil && exists(filepath.Join(d, "cgroup.procs")) {
+				return d
+			}
+			return ""
+		}
+	}
+	return ""
 }
 
 // probeV2 finds the group under which sandloop creates sandbox groups in
@@ -440,6 +468,15 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 				liveGroups.Store(d, true)
 			}
 		}
+		if h.freezer != "" {
+			d := filepath.Join(h.freezer, name)
+			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fail(fmt.Errorf("create cgroup: %w", err))
+			}
+			cg.byC["freezer"] = d
+			cg.dirs = append(cg.dirs, d)
+			liveGroups.Store(d, true)
+		}
 	case "cgroup v2":
 		d := filepath.Join(h.v2, name)
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -555,8 +592,12 @@ func keyedValue(text, key string) int64 {
 	return 0
 }
 
-// kill sends SIGKILL to every process in the group.
+// kill sends SIGKILL to every process in the group, and thaws it if it
+// was frozen: a task frozen by the v1 freezer does not die of SIGKILL
+// until it is thawed (the signal waits, pending), so a paused sandbox
+// would otherwise never end.
 func (cg *cgroup) kill() {
+	defer cg.thawForKill()
 	if cg.mode == "cgroup v2" {
 		if os.WriteFile(filepath.Join(cg.dirs[0], "cgroup.kill"), []byte("1"), 0) == nil {
 			return

@@ -26,6 +26,10 @@ func (*Process) Signal(os.Signal) error { return ErrUnsupported }
 func (*Process) Kill()                  {}
 func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
 func (*Process) Done() <-chan struct{}  { return nil }
+func (*Process) Freeze() error          { return ErrUnsupported }
+func (*Process) Thaw() error            { return ErrUnsupported }
+func FreezeMethod() string              { return "" }
+func FreezeSupport() Check              { return Check{Detail: "needs Linux"} }
 func (*Process) Usage() (LiveUsage, error) {
 	return LiveUsage{}, ErrUnsupported
 }

@@ -7,9 +7,11 @@ type HostReport struct {
 	Seccomp        Check
 	Landlock       Check
 	Cgroups        Check
-	Root           bool
-	HostID         int    // host uid the sandbox user maps to
-	Container      string // the container runtime this runs in ("podman", "docker", "container"), or ""
+	// Pause is how a paused session is stopped (FreezeMethod).
+	Pause     Check
+	Root      bool
+	HostID    int    // host uid the sandbox user maps to
+	Container string // the container runtime this runs in ("podman", "docker", "container"), or ""
 }
 
 // Check is one capability of the host.

@@ -60,6 +60,7 @@ func Probe() HostReport {
 		r.Cgroups = Check{Fallback: true, Detail: h.reason + "; limits fall back to rlimits (memory: RLIMIT_DATA, processes: RLIMIT_NPROC, CPU: not limited)",
 			Fix: cgroupFix(r.Root, r.Container)}
 	}
+	r.Pause = FreezeSupport()
 	return r
 }
 

@@ -28,11 +28,13 @@ func newMetrics(reg *prometheus.Registry, m *session.Manager) *metrics {
 	reg.MustRegister(x.created, x.executions, x.latency, x.ooms,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_sessions", Help: "Sessions held."},
 			func() float64 { return float64(m.Stats().Sessions) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_sessions_paused", Help: "Sessions held paused (no CPU, no slot)."},
+			func() float64 { return float64(m.Stats().Paused) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_pool_ready", Help: "Kernels started ahead, waiting in the pool."},
 			func() float64 { return float64(m.Stats().PoolReady) }),
 		// The autoscaler's signal (deploy/helm: HPA on this per-pod metric).
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_session_slots_used_ratio", Help: "Sessions held over --max-sessions."},
-			func() float64 { st := m.Stats(); return float64(st.Sessions) / float64(max(st.MaxSessions, 1)) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_session_slots_used_ratio", Help: "Running sessions (paused ones take no slot) over --max-sessions."},
+			func() float64 { st := m.Stats(); return float64(st.Busy()) / float64(max(st.MaxSessions, 1)) }),
 	)
 	return x
 }

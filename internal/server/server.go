@@ -329,14 +329,16 @@ func OwnerOf(token string) string {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	WriteJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, PoolReady: st.PoolReady,
+	WriteJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
 		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()})
 }
 
 // Health is what /healthz answers; a cell's gateways place sessions by it.
 type Health struct {
-	Status      string `json:"status"`
-	Sessions    int    `json:"sessions"`
+	Status   string `json:"status"`
+	Sessions int    `json:"sessions"`
+	// Paused of them take no slot: free slots are MaxSessions - (Sessions - Paused).
+	Paused      int    `json:"paused"`
 	PoolReady   int    `json:"pool_ready"`
 	MaxSessions int    `json:"max_sessions"`
 	Epoch       string `json:"epoch,omitempty"`

@@ -270,6 +270,10 @@ func (j *jailProcess) Listener() net.Listener { return j.p.Listener() }
 
 func (j *jailProcess) Usage() (jail.LiveUsage, error) { return j.p.Usage() }
 
+func (j *jailProcess) Freeze() error { return j.p.Freeze() }
+
+func (j *jailProcess) Thaw() error { return j.p.Thaw() }
+
 func (j *jailProcess) Kill() error {
 	j.p.Kill()
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/workspace"
 )
 
 // Manager errors callers may branch on.
@@ -47,12 +48,27 @@ type ManagerOptions struct {
 	// session with the default limits does not wait for a jail and an
 	// interpreter. If zero, none: every session starts cold.
 	PoolSize int
-	// MaxSessions caps the sessions held at once (pooled ones not
-	// counted). If zero, 64.
+	// MaxSessions caps the running sessions held at once (pooled and
+	// paused ones not counted: see MaxPaused). If zero, 64.
 	MaxSessions int
-	// IdleTimeout closes a session not used for this long. If zero, 30
-	// minutes; if negative, never.
+	// IdleTimeout closes (or, with IdleAction "pause", pauses) a session
+	// not used for this long. If zero, 30 minutes; if negative, never.
 	IdleTimeout time.Duration
+	// IdleAction is what becomes of a session idle past IdleTimeout:
+	// "close" (the default, also for "") or "pause" (Session.Pause: it
+	// keeps its state and memory, uses no CPU, takes no slot of
+	// MaxSessions, and the next call resumes it). Where MaxPaused
+	// sessions are paused already, or pausing fails, it is closed.
+	IdleAction string
+	// MaxPaused caps the paused sessions held besides MaxSessions running
+	// ones: past it a Managed.Pause fails with ErrCapacity and an idle
+	// session is closed instead of paused. If zero, MaxSessions.
+	MaxPaused int
+	// PausedTimeout closes a session paused and unused for this long
+	// (pinned ones excepted: their owner governs them). If zero, 24
+	// hours; negative, never. MaxLifetime still applies to paused
+	// sessions (and, at 12 hours by default, usually comes first).
+	PausedTimeout time.Duration
 	// MaxLifetime closes a session this long after its creation. If zero,
 	// 12 hours; if negative, never.
 	MaxLifetime time.Duration
@@ -112,6 +128,21 @@ type ManagerOptions struct {
 	MaxCheckpoints int
 }
 
+// What ManagerOptions.IdleAction may be.
+const (
+	IdleActionClose = "close"
+	IdleActionPause = "pause"
+)
+
+// CheckIdleAction says what is wrong with an IdleAction ("" is "close").
+func CheckIdleAction(a string) error {
+	switch a {
+	case "", IdleActionClose, IdleActionPause:
+		return nil
+	}
+	return fmt.Errorf("idle action %q: must be %q or %q", a, IdleActionClose, IdleActionPause)
+}
+
 // CreateOptions are what a caller may choose for one session.
 type CreateOptions struct {
 	// Owner is who the session belongs to (for example a token's hash);
@@ -147,6 +178,10 @@ type CreateOptions struct {
 // whose life its owner governs: an E2B sandbox's time to live, an agent
 // run).
 // Idle reaping, and the lifecycle built on it, asks only idleSince.
+//
+// A paused session (Pause, or the reaper with IdleAction "pause") is
+// resumed by every call on it but Close (and the manager's Delete), which
+// kill it as they would a running one.
 type Managed struct {
 	*Session
 	Owner       string
@@ -171,11 +206,17 @@ func (m *Managed) Touch() { m.mu.Lock(); m.lastUsed = time.Now(); m.mu.Unlock() 
 // Lease marks the session in use until release is called (once; later
 // calls do nothing): it is not idle meanwhile, and its idle time starts
 // at the release.
+//
+// A paused session is resumed (Lease is how longer work on a session
+// starts: it needs the session running).
 func (m *Managed) Lease() (release func()) {
 	m.mu.Lock()
 	m.busy++
 	m.lastUsed = time.Now()
 	m.mu.Unlock()
+	if err := m.Session.Resume(); err != nil && !errors.Is(err, ErrClosed) {
+		m.Session.log.Warn("resume a paused session", "err", err)
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -257,6 +298,37 @@ func (m *Managed) Interrupt() error {
 	return m.Session.Interrupt()
 }
 
+// Files is Session.Files, resuming a paused session first (a request to
+// the session wakes it, whatever it asks).
+func (m *Managed) Files(opts workspace.Options) (*workspace.Workspace, error) {
+	if err := m.Resume(); err != nil {
+		return nil, err
+	}
+	return m.Session.Files(opts)
+}
+
+// Pause is Session.Pause, within the manager's cap on paused sessions
+// (ManagerOptions.MaxPaused: ErrCapacity past it). It is not a use: the
+// session's idle time goes on.
+func (m *Managed) Pause() error {
+	mg := m.mgr
+	mg.pauseMu.Lock()
+	defer mg.pauseMu.Unlock()
+	if m.Session.paused.Load() {
+		return nil
+	}
+	if mg.Stats().Paused >= mg.opts.MaxPaused {
+		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
+	}
+	return m.Session.Pause()
+}
+
+// Resume is Session.Resume; it counts as a use.
+func (m *Managed) Resume() error {
+	m.Touch()
+	return m.Session.Resume()
+}
+
 // Close gives the session back to its manager, which closes and forgets
 // it. Closing it again, or after the manager reaped it, is not an error.
 func (m *Managed) Close() error {
@@ -273,6 +345,8 @@ type Manager struct {
 	log      *slog.Logger
 	defaults jail.Limits
 	max      jail.Limits
+
+	pauseMu sync.Mutex // one Managed.Pause at a time, within MaxPaused
 
 	mu       sync.Mutex
 	sessions map[string]*Managed
@@ -294,6 +368,12 @@ func NewManager(o *ManagerOptions) *Manager {
 	}
 	if opts.IdleTimeout == 0 {
 		opts.IdleTimeout = 30 * time.Minute
+	}
+	if opts.MaxPaused == 0 {
+		opts.MaxPaused = opts.MaxSessions
+	}
+	if opts.PausedTimeout == 0 {
+		opts.PausedTimeout = 24 * time.Hour
 	}
 	if opts.MaxLifetime == 0 {
 		opts.MaxLifetime = 12 * time.Hour
@@ -415,7 +495,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if len(m.sessions) >= m.opts.MaxSessions {
+	if paused := m.pausedLocked(); len(m.sessions)-paused >= m.opts.MaxSessions {
 		m.mu.Unlock()
 		return nil, ErrCapacity
 	}
@@ -549,13 +629,21 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 
 // Stats are the manager's gauges.
 type Stats struct {
-	Sessions  int
+	// Sessions are the sessions held, paused ones included.
+	Sessions int
+	// Paused are the paused ones among them: they use no CPU and take
+	// no slot (MaxSessions caps Sessions - Paused).
+	Paused    int
 	PoolReady int
-	// MaxSessions is the cap on Sessions (ManagerOptions.MaxSessions).
+	// MaxSessions is the cap on running sessions (ManagerOptions.MaxSessions).
 	MaxSessions int
 }
 
-// Stats reports how many sessions are held and how many kernels wait in the pool.
+// Busy is the sessions that take a slot: those held and not paused.
+func (st Stats) Busy() int { return st.Sessions - st.Paused }
+
+// Stats reports how many sessions are held (and paused) and how many
+// kernels wait in the pool.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -565,7 +653,18 @@ func (m *Manager) Stats() Stats {
 			n++
 		}
 	}
-	return Stats{Sessions: n, PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
+	return Stats{Sessions: n, Paused: m.pausedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
+}
+
+// pausedLocked counts the paused sessions held (m.mu held).
+func (m *Manager) pausedLocked() int {
+	n := 0
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.Session.paused.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // Close closes every session and pooled kernel and stops the background
@@ -691,21 +790,35 @@ func (m *Manager) reapLoop() {
 	}
 }
 
-// Reap closes sessions idle past IdleTimeout or older than MaxLifetime at
-// time now, and returns how many it closed.
+// Reap closes sessions older than MaxLifetime, paused and unused past
+// PausedTimeout, or idle past IdleTimeout at time now (with IdleAction
+// "pause", it pauses the idle ones instead, as long as fewer than
+// MaxPaused are paused), and returns how many it closed.
 func (m *Manager) Reap(now time.Time) int {
-	var victims []*Managed
+	var victims, toPause []*Managed
 	var reasons []string
 	m.mu.Lock()
+	paused := m.pausedLocked()
 	for id, ms := range m.sessions {
 		if ms.Session == nil {
 			continue
 		}
 		last, idle := ms.idleSince()
+		isPaused := ms.Session.paused.Load()
 		switch {
 		case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
 			reasons = append(reasons, "expired")
+		case isPaused:
+			if !(m.opts.PausedTimeout > 0 && idle && now.Sub(last) > m.opts.PausedTimeout) {
+				continue
+			}
+			reasons = append(reasons, "idle")
 		case m.opts.IdleTimeout > 0 && idle && now.Sub(last) > m.opts.IdleTimeout:
+			if m.opts.IdleAction == IdleActionPause && paused < m.opts.MaxPaused {
+				toPause = append(toPause, ms)
+				paused++
+				continue
+			}
 			reasons = append(reasons, "idle")
 		default:
 			continue
@@ -715,6 +828,25 @@ func (m *Manager) Reap(now time.Time) int {
 		m.closing.Add(1) // one per closeSession below
 	}
 	m.mu.Unlock()
+	for _, ms := range toPause {
+		err := ms.Session.Pause()
+		switch {
+		case err == nil:
+			m.log.Info("session paused", "session", ms.ID(), "reason", "idle")
+		case errors.Is(err, ErrBusy), errors.Is(err, ErrClosed):
+			// In use again since, or gone: nothing to do.
+		default:
+			m.log.Warn("pausing an idle session failed: closing it", "session", ms.ID(), "err", err)
+			m.mu.Lock()
+			if m.sessions[ms.ID()] == ms {
+				delete(m.sessions, ms.ID())
+				m.closing.Add(1)
+				victims = append(victims, ms)
+				reasons = append(reasons, "idle")
+			}
+			m.mu.Unlock()
+		}
+	}
 	// In parallel: a slow close delays no other (each is bounded anyway).
 	var wg sync.WaitGroup
 	for i, ms := range victims {

@@ -71,6 +71,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
@@ -85,6 +86,10 @@ var (
 	ErrRestartRequired = errors.New("session must be restarted")
 	// ErrClosed means the session was closed.
 	ErrClosed = errors.New("session closed")
+	// ErrBusy means the session is running an execution (or another
+	// call holds it), so it cannot be paused now: interrupt it, or pause
+	// it once the execution has ended.
+	ErrBusy = errors.New("the session is running an execution: it can be paused once the execution has ended (or after an interrupt)")
 )
 
 // Options configure a session. The zero value is ready to use.
@@ -176,6 +181,7 @@ type Session struct {
 	k      *kernel.Kernel
 	proc   kernel.Process // the kernel's process, as the launcher gave it
 	closed bool
+	paused atomic.Bool // written under mu; read without it (State)
 
 	cps checkpoints
 }
@@ -307,6 +313,9 @@ func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kerne
 		return nil, err
 	}
 	defer s.release()
+	if err := s.Resume(); err != nil {
+		return nil, err
+	}
 	k, err := s.kernel()
 	if err != nil {
 		return nil, err
@@ -338,6 +347,9 @@ func (s *Session) CheckComplete(ctx context.Context, code string) (string, error
 		return "", err
 	}
 	defer s.release()
+	if err := s.Resume(); err != nil {
+		return "", err
+	}
 	k, err := s.kernel()
 	if err != nil {
 		return "", err
@@ -354,6 +366,9 @@ func (s *Session) CheckComplete(ctx context.Context, code string) (string, error
 // the code ignores the interrupt past the grace period: then the kernel is
 // killed).
 func (s *Session) Interrupt() error {
+	if err := s.Resume(); err != nil {
+		return err
+	}
 	k, err := s.kernel()
 	if err != nil {
 		return err
@@ -375,6 +390,11 @@ func (s *Session) Restart(ctx context.Context) error {
 		return err
 	}
 	defer s.release()
+	// A paused kernel dies of its SIGKILL once thawed (the kill thaws it;
+	// this also marks the session running).
+	if err := s.Resume(); err != nil {
+		return err
+	}
 	old.Close()
 	if s.isClosed() {
 		return ErrClosed

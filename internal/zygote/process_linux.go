@@ -35,6 +35,13 @@ type Process struct {
 // Usage is what the session's group uses now.
 func (p *Process) Usage() (jail.LiveUsage, error) { return p.group.Usage() }
 
+// Freeze stops every process of the session (its cgroup: the reaper, the
+// kernel and what the kernel started) until Thaw; see jail.FreezeMethod.
+func (p *Process) Freeze() error { return p.group.Freeze() }
+
+// Thaw lets a frozen session run again.
+func (p *Process) Thaw() error { return p.group.Thaw() }
+
 // Listener is the listener on the session's loopback that Fork's
 // listenPort asked for (nil if none); it is closed when the session ends.
 func (p *Process) Listener() net.Listener { return p.listener }
