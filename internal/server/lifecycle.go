@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/sandloop/sandloop/internal/session"
@@ -14,91 +13,9 @@ import (
 // check ownership (lookup: another token's session is 404) and say what
 // came back.
 
-// checkpointer is what the checkpoint routes ask of a session
-// (*session.Managed, which takes its lease and resumes a paused session).
-type checkpointer interface {
-	Checkpoint(ctx context.Context, name string) (*checkpoint, error)
-	Checkpoints() []checkpoint
-	RestoreCheckpoint(ctx context.Context, id string) (*restored, error)
-	DeleteCheckpoint(ctx context.Context, id string) error
-	Undo(ctx context.Context) (*restored, error)
-}
-
-// pauser is what pause and resume ask of a session.
-type pauser interface {
-	Pause() error
-	Resume() error
-	State() string
-}
-
-// maxCheckpointName caps a checkpoint's name, in characters.
-const maxCheckpointName = 100
-
-// stateOf is the session's state: running, or paused.
-func stateOf(ms *session.Managed) string {
-	if p, ok := any(ms).(pauser); ok {
-		return p.State()
-	}
-	return "running"
-}
-
-func checkpointsOf(ms *session.Managed) (checkpointer, error) {
-	c, ok := any(ms).(checkpointer)
-	if !ok {
-		return nil, errNotBuilt
-	}
-	return c, nil
-}
-
-func pauserOf(ms *session.Managed) (pauser, error) {
-	p, ok := any(ms).(pauser)
-	if !ok {
-		return nil, errNotBuilt
-	}
-	return p, nil
-}
-
-// restoredRecords keeps, by session id, what came back at the session's
-// last restore, undo or fork, for GET /v1/sessions/{id}: a client or a
-// model that comes later is not misled about what survived.
-type restoredRecords struct {
-	mu sync.Mutex
-	m  map[string]restoredRecord
-}
-
-type restoredRecord struct {
-	owner string
-	r     restored
-}
-
-// setRestored records r as session id's last restore, forgetting those of
-// sessions that have ended.
-func (s *Server) setRestored(owner, id string, r *restored) {
-	if r == nil {
-		return
-	}
-	s.restored.mu.Lock()
-	defer s.restored.mu.Unlock()
-	if s.restored.m == nil {
-		s.restored.m = map[string]restoredRecord{}
-	}
-	for sid, e := range s.restored.m {
-		if _, err := s.opts.Manager.Get(e.owner, sid); err != nil {
-			delete(s.restored.m, sid)
-		}
-	}
-	s.restored.m[id] = restoredRecord{owner, *r}
-}
-
-func (s *Server) restoredOf(id string) *restored {
-	s.restored.mu.Lock()
-	defer s.restored.mu.Unlock()
-	if e, ok := s.restored.m[id]; ok {
-		r := e.r
-		return &r
-	}
-	return nil
-}
+// maxCheckpointName caps a checkpoint's name, in characters (the
+// session's own bound).
+const maxCheckpointName = 200
 
 // sessionView is a session as GET /v1/sessions/{id} shows it: with its
 // state, what came back at its last restore, and its workspace's usage.
@@ -117,11 +34,7 @@ func (s *Server) pauseSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := pauserOf(ms)
-	if err == nil {
-		err = p.Pause()
-	}
-	if err != nil {
+	if err := ms.Pause(); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -133,11 +46,7 @@ func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := pauserOf(ms)
-	if err == nil {
-		err = p.Resume()
-	}
-	if err != nil {
+	if err := ms.Resume(); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -165,12 +74,7 @@ func (s *Server) takeCheckpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c, err := checkpointsOf(ms)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	cp, err := c.Checkpoint(r.Context(), req.Name)
+	cp, err := ms.Checkpoint(r.Context(), req.Name)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -180,7 +84,7 @@ func (s *Server) takeCheckpoint(w http.ResponseWriter, r *http.Request) {
 
 // checkpointList is GET /v1/sessions/{id}/checkpoints.
 type checkpointList struct {
-	Checkpoints []checkpoint `json:"checkpoints"`
+	Checkpoints []session.Checkpoint `json:"checkpoints"`
 	// HeldBytes is what they hold together (memory and files), charged to
 	// the session.
 	HeldBytes int64 `json:"held_bytes"`
@@ -191,14 +95,9 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c, err := checkpointsOf(ms)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	out := checkpointList{Checkpoints: c.Checkpoints()}
+	out := checkpointList{Checkpoints: ms.Checkpoints()}
 	if out.Checkpoints == nil {
-		out.Checkpoints = []checkpoint{}
+		out.Checkpoints = []session.Checkpoint{}
 	}
 	for _, cp := range out.Checkpoints {
 		out.HeldBytes += cp.MemoryBytes + cp.FileBytes
@@ -207,35 +106,28 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) restoreCheckpoint(w http.ResponseWriter, r *http.Request) {
-	s.restoreWith(w, r, func(ctx context.Context, c checkpointer) (*restored, error) {
-		return c.RestoreCheckpoint(ctx, r.PathValue("cid"))
+	s.restoreWith(w, r, func(ctx context.Context, ms *session.Managed) (*session.Restored, error) {
+		return ms.RestoreCheckpoint(ctx, r.PathValue("cid"))
 	})
 }
 
 func (s *Server) undo(w http.ResponseWriter, r *http.Request) {
-	s.restoreWith(w, r, func(ctx context.Context, c checkpointer) (*restored, error) {
-		return c.Undo(ctx)
+	s.restoreWith(w, r, func(ctx context.Context, ms *session.Managed) (*session.Restored, error) {
+		return ms.Undo(ctx)
 	})
 }
 
 // restoreWith puts the session back as restore says and answers the
 // session, with what came back.
-func (s *Server) restoreWith(w http.ResponseWriter, r *http.Request, restore func(context.Context, checkpointer) (*restored, error)) {
+func (s *Server) restoreWith(w http.ResponseWriter, r *http.Request, restore func(context.Context, *session.Managed) (*session.Restored, error)) {
 	ms, ok := s.lookup(w, r)
 	if !ok {
 		return
 	}
-	c, err := checkpointsOf(ms)
-	if err != nil {
+	if _, err := restore(r.Context(), ms); err != nil {
 		writeError(w, err)
 		return
 	}
-	res, err := restore(r.Context(), c)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	s.setRestored(ms.Owner, ms.ID(), res)
 	j, err := s.sessionView(ms)
 	if err != nil {
 		writeError(w, err)
@@ -249,11 +141,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c, err := checkpointsOf(ms)
-	if err == nil {
-		err = c.DeleteCheckpoint(r.Context(), r.PathValue("cid"))
-	}
-	if err != nil {
+	if err := ms.DeleteCheckpoint(r.Context(), r.PathValue("cid")); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -269,8 +157,8 @@ type forkRequest struct {
 
 // forkResponse is POST /v1/sessions/{id}/fork's answer.
 type forkResponse struct {
-	Sessions []sessionJSON `json:"sessions"`
-	Restored *restored     `json:"restored"`
+	Sessions []sessionJSON     `json:"sessions"`
+	Restored *session.Restored `json:"restored"`
 }
 
 func (s *Server) forkSession(w http.ResponseWriter, r *http.Request) {
@@ -286,15 +174,11 @@ func (s *Server) forkSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.Count < 0 {
-		writeError(w, badRequest("count must be at least 1 (or left out for 1), not %d", req.Count))
-		return
-	}
 	parent, ok := s.lookup(w, r)
 	if !ok {
 		return
 	}
-	kids, res, err := forkSessions(r.Context(), s.opts.Manager, parent.Owner, parent.ID(), forkOptions{Count: req.Count, Checkpoint: req.Checkpoint})
+	kids, res, err := s.opts.Manager.Fork(r.Context(), parent.Owner, parent.ID(), session.ForkOptions{Count: req.Count, Checkpoint: req.Checkpoint})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -303,7 +187,6 @@ func (s *Server) forkSession(w http.ResponseWriter, r *http.Request) {
 	out := forkResponse{Sessions: make([]sessionJSON, 0, len(kids)), Restored: res}
 	for _, k := range kids {
 		s.metrics.created.Inc()
-		s.setRestored(k.Owner, k.ID(), res)
 		// The child's notebook starts as its parent's: the cells that made
 		// the state it has.
 		if len(nb.Cells) > 0 {

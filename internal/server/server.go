@@ -131,8 +131,6 @@ type Server struct {
 	draining atomic.Bool
 	// notebooks are the sessions' notebooks (notebook.go).
 	notebooks notebooks
-	// restored is what came back at each session's last restore or fork (lifecycle.go).
-	restored restoredRecords
 }
 
 // route is one documented endpoint.

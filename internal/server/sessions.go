@@ -32,6 +32,8 @@ type createRequest struct {
 type sessionJSON struct {
 	ID     string `json:"id"`
 	Status string `json:"status"` // ready | restart_required
+	// Checkpoints is the session's checkpoint mode: auto or off.
+	Checkpoints string `json:"checkpoints"`
 	// State is running or paused.
 	State      string    `json:"state"`
 	Message    string    `json:"message,omitempty"`
@@ -58,13 +60,13 @@ type sessionJSON struct {
 	FilesUsed     *int64 `json:"files_used,omitempty"`
 	// Restored says what came back at the session's last restore, undo
 	// or fork (a fork's child: from its parent).
-	Restored *restored `json:"restored,omitempty"`
+	Restored *session.Restored `json:"restored,omitempty"`
 }
 
 func (s *Server) toSessionJSON(ms *session.Managed) sessionJSON {
 	q := ms.Quota()
 	j := sessionJSON{
-		ID: ms.ID(), Status: "ready", State: stateOf(ms), Restored: s.restoredOf(ms.ID()), CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
+		ID: ms.ID(), Status: "ready", State: ms.State(), Restored: ms.Restored(), Checkpoints: ms.CheckpointMode(), CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
@@ -152,16 +154,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	switch req.Checkpoints {
-	case "", "auto", "off":
-		if err := setCheckpointMode(&opts, req.Checkpoints); err != nil {
-			writeError(w, err)
-			return
-		}
-	default:
-		writeError(w, badRequest(`checkpoints must be "auto" (one before every execution, for undo) or "off", not %q`, req.Checkpoints))
-		return
-	}
+	opts.Checkpoints = req.Checkpoints // the session says what is wrong with it
 	ms, err := s.opts.Manager.Create(r.Context(), opts)
 	if err != nil {
 		writeError(w, err)
