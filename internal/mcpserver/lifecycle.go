@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/tools"
 )
 
@@ -14,9 +15,9 @@ import (
 // checkpointSession is a Session with checkpoints (*session.Session and
 // *session.Managed have them).
 type checkpointSession interface {
-	Checkpoint(ctx context.Context, name string) (*sessCheckpoint, error)
-	RestoreCheckpoint(ctx context.Context, id string) (*sessRestored, error)
-	Undo(ctx context.Context) (*sessRestored, error)
+	Checkpoint(ctx context.Context, name string) (*session.Checkpoint, error)
+	RestoreCheckpoint(ctx context.Context, id string) (*session.Restored, error)
+	Undo(ctx context.Context) (*session.Restored, error)
 }
 
 // Forker is a SessionSource that can copy a session, for fork_session: a
@@ -36,7 +37,7 @@ func sessionID(s Session) string {
 	return fmt.Sprintf("%p", s)
 }
 
-func toolsRestored(r *sessRestored) *tools.Restored {
+func toolsRestored(r *session.Restored) *tools.Restored {
 	if r == nil {
 		return &tools.Restored{From: "unknown"}
 	}
@@ -72,7 +73,7 @@ func (c *callSession) Restore(ctx context.Context, id string) (*tools.Restored, 
 	if !ok {
 		return nil, errors.New("this server's sessions have no checkpoints")
 	}
-	var r *sessRestored
+	var r *session.Restored
 	var err error
 	if id == "" {
 		r, err = cs.Undo(ctx)
