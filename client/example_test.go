@@ -183,3 +183,53 @@ func ExampleAPIError() {
 	// Output:
 	// 404 not_found
 }
+
+func ExampleClient_Fork() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Checkpoints "auto": one before every execution, so Undo reverts a cell.
+	s, err := c.CreateSession(ctx, &client.CreateOptions{Checkpoints: "auto"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+	if _, err := c.Execute(ctx, s.ID, "prices = [10, 12, 9]", nil); err != nil {
+		log.Fatal(err)
+	}
+	// A cell that corrupts the data, then undone.
+	if _, err := c.Execute(ctx, s.ID, "prices = None", nil); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.Undo(ctx, s.ID); err != nil {
+		log.Fatal(err)
+	}
+	r, err := c.Execute(ctx, s.ID, "prices", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after undo:", r.Text())
+
+	// Two forks try two ideas from the same state; the parent is untouched.
+	kids, restored, err := c.Fork(ctx, s.ID, 2, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// (_ is the last cell's result, as in IPython.)
+	fmt.Println("forks:", len(kids), "variables:", restored.Variables)
+	for i, code := range []string{"sorted(prices)", "max(prices)"} {
+		defer c.DeleteSession(ctx, kids[i].ID)
+		r, err := c.Execute(ctx, kids[i].ID, code, nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(code, "=", r.Text())
+	}
+	// Output:
+	// after undo: [10, 12, 9]
+	// forks: 2 variables: [prices _]
+	// sorted(prices) = [9, 10, 12]
+	// max(prices) = 12
+}

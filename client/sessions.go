@@ -24,6 +24,10 @@ type CreateOptions struct {
 	// Network gives the session the host's network; only servers started
 	// with --allow-network accept it.
 	Network bool `json:"network,omitempty"`
+	// Checkpoints "auto" takes a checkpoint before every execution (the
+	// last few are kept), so Undo reverts the last one; "off" takes none
+	// unless asked. If empty, the server's default.
+	Checkpoints string `json:"checkpoints,omitempty"`
 }
 
 // Session describes a session.
@@ -42,6 +46,11 @@ type Session struct {
 	Network    bool      `json:"network"`
 	// FromPool reports that the session took a kernel from the warm pool.
 	FromPool bool `json:"from_pool"`
+	// State is "running" or "paused" (see Pause).
+	State string `json:"state"`
+	// Restored says what came back at the session's last restore, undo
+	// or fork (a fork's child: from its parent); nil if none.
+	Restored *Restored `json:"restored,omitempty"`
 }
 
 // CreateSession starts a session. When the server is full it returns an

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/tools"
 	"github.com/spf13/cobra"
 )
 
@@ -72,6 +74,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			sessOpts := session.Options{
+				Checkpoints:    session.CheckpointsAuto, // for the undo tool
 				Limits:         limits,
 				Network:        lf.networkMode(),
 				Egress:         pol,
@@ -168,5 +171,24 @@ const mcpOwner = "mcp"
 // back (the manager marks it in use around every call, so it is reaped
 // only when idle).
 func (s managerSource) NewSession(ctx context.Context) (mcpserver.Session, error) {
-	return s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner})
+	// Automatic checkpoints, for the undo tool.
+	return s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner, Checkpoints: session.CheckpointsAuto})
+}
+
+// Fork copies an MCP session into a new one of the manager, for
+// fork_session.
+func (s managerSource) Fork(ctx context.Context, parent mcpserver.Session) (mcpserver.Session, *tools.Restored, error) {
+	ms, ok := parent.(*session.Managed)
+	if !ok {
+		return nil, nil, fmt.Errorf("fork: not a session of this server")
+	}
+	kids, r, err := s.m.Fork(ctx, ms.Owner, ms.ID(), session.ForkOptions{Count: 1})
+	if err != nil {
+		return nil, nil, err
+	}
+	tr := &tools.Restored{From: "fork of " + ms.ID()}
+	if r != nil {
+		tr = &tools.Restored{From: r.From, Files: r.Files, Variables: r.Variables, NotRestored: r.NotRestored, ExecutionCount: r.ExecutionCount}
+	}
+	return kids[0], tr, nil
 }

@@ -45,7 +45,8 @@ func (f SessionSourceFunc) NewSession(ctx context.Context) (Session, error) { re
 
 // ToolNames lists every tool the server can offer (internal/tools defines
 // them).
-var ToolNames = []string{tools.ExecutePython, tools.RunShell, tools.WriteFile, tools.ReadFile, tools.ListFiles, tools.ResetSession}
+var ToolNames = []string{tools.ExecutePython, tools.RunShell, tools.WriteFile, tools.ReadFile, tools.ListFiles, tools.ResetSession,
+	tools.CheckpointName, tools.Undo, tools.ForkSession}
 
 // Options configure a Server. The zero value is ready to use.
 type Options struct {
@@ -150,6 +151,8 @@ type Server struct {
 type conn struct {
 	mu   sync.Mutex // held while the session is made or replaced
 	sess Session
+	// kept are the sessions fork_session left, for switch_to.
+	kept []Session
 	gone bool // the connection ended: no more sessions
 }
 
@@ -270,12 +273,16 @@ func (c *conn) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gone = true
-	if c.sess == nil {
-		return nil
+	var errs []error
+	for _, k := range c.kept {
+		errs = append(errs, k.Close())
 	}
-	err := c.sess.Close()
-	c.sess = nil
-	return err
+	c.kept = nil
+	if c.sess != nil {
+		errs = append(errs, c.sess.Close())
+		c.sess = nil
+	}
+	return errors.Join(errs...)
 }
 
 // session returns the connection's session, making it on first use.

@@ -19,7 +19,11 @@ import (
 func (s *Server) addTools() error {
 	o := s.opts
 	var names []string
+	_, canFork := s.src.(Forker)
 	for _, n := range ToolNames {
+		if n == tools.ForkSession && !canFork {
+			continue // a source of sessions that cannot copy them (sandloop mcp's own)
+		}
 		if slices.Contains(o.Tools, n) {
 			names = append(names, n)
 		}

@@ -41,6 +41,7 @@ func toAPIError(err error) *apiError {
 	var pe *workspace.PathError
 	var le *workspace.LimitError
 	var sl *session.LimitError
+	var sa *session.ArgumentError
 	var ja *jail.ArgumentError
 	var wa *workspace.ArgumentError
 	var dm *jail.DiskOverMemoryError
@@ -60,14 +61,27 @@ func toAPIError(err error) *apiError {
 		return &apiError{http.StatusBadRequest, "not_a_file", err.Error(), 0}
 	case errors.As(err, &pe):
 		return &apiError{http.StatusBadRequest, "bad_path", err.Error(), 0}
+	// A session's checkpoints at their bounds: waiting does not help,
+	// deleting one does.
+	case errors.As(err, &sl) && sl.Name == "checkpoints":
+		return &apiError{http.StatusConflict, "too_many_checkpoints", err.Error(), 0}
+	case errors.As(err, &sl) && sl.Name == "checkpoint memory":
+		return &apiError{http.StatusConflict, "checkpoint_memory", err.Error(), 0}
 	case errors.As(err, &sl):
 		return &apiError{http.StatusBadRequest, "limit_too_high", err.Error(), 0}
+	case errors.As(err, &sa):
+		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
 	case errors.As(err, &dm):
 		return &apiError{http.StatusBadRequest, "disk_over_memory", fmt.Sprintf("disk_mb %d is more than memory_mb %d: %s; ask for less disk_mb or more memory_mb", dm.Disk>>20, dm.Memory>>20, jail.DiskOverMemoryWhy), 0}
 	case errors.As(err, &ja), errors.As(err, &wa):
 		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
+	case errors.Is(err, session.ErrCapacity) && err != session.ErrCapacity:
+		// Said how (a fork needing more room, the cap of paused sessions).
+		return &apiError{http.StatusTooManyRequests, "too_many_sessions", err.Error() + "; or retry later", 1}
 	case errors.Is(err, session.ErrCapacity):
 		return &apiError{http.StatusTooManyRequests, "too_many_sessions", "the server holds as many sessions as it may: delete one or retry later", 1}
+	case errors.Is(err, session.ErrBusy):
+		return &apiError{http.StatusConflict, "busy", err.Error(), 0}
 	case errors.Is(err, session.ErrRestartRequired):
 		return &apiError{http.StatusConflict, "restart_required", err.Error() + ": POST /v1/sessions/{id}/restart", 0}
 	case errors.Is(err, session.ErrClosed):

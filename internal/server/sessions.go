@@ -24,11 +24,18 @@ type createRequest struct {
 	// Network is false/true (none/host, as before) or "none", "allow" or "host".
 	Network json.RawMessage `json:"network"`
 	Allow   []string        `json:"allow"`
+	// Checkpoints is "auto" (one before every execution, for undo) or
+	// "off"; if empty, the server's default.
+	Checkpoints string `json:"checkpoints"`
 }
 
 type sessionJSON struct {
-	ID         string    `json:"id"`
-	Status     string    `json:"status"` // ready | restart_required
+	ID     string `json:"id"`
+	Status string `json:"status"` // ready | restart_required
+	// Checkpoints is the session's checkpoint mode: auto or off.
+	Checkpoints string `json:"checkpoints"`
+	// State is running or paused.
+	State      string    `json:"state"`
 	Message    string    `json:"message,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	LastUsedAt time.Time `json:"last_used_at"`
@@ -51,12 +58,15 @@ type sessionJSON struct {
 	// What the workspace holds (GET /v1/sessions/{id} only).
 	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
 	FilesUsed     *int64 `json:"files_used,omitempty"`
+	// Restored says what came back at the session's last restore, undo
+	// or fork (a fork's child: from its parent).
+	Restored *session.Restored `json:"restored,omitempty"`
 }
 
-func toSessionJSON(ms *session.Managed) sessionJSON {
+func (s *Server) toSessionJSON(ms *session.Managed) sessionJSON {
 	q := ms.Quota()
 	j := sessionJSON{
-		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
+		ID: ms.ID(), Status: "ready", State: ms.State(), Restored: ms.Restored(), Checkpoints: ms.CheckpointMode(), CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
@@ -144,13 +154,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	opts.Checkpoints = req.Checkpoints // the session says what is wrong with it
 	ms, err := s.opts.Manager.Create(r.Context(), opts)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	s.metrics.created.Inc()
-	WriteJSON(w, http.StatusCreated, toSessionJSON(ms))
+	WriteJSON(w, http.StatusCreated, s.toSessionJSON(ms))
 }
 
 func sessionMode(ms *session.Managed) egress.Mode {
@@ -256,7 +267,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	list := s.opts.Manager.List(owner(r.Context()))
 	out := make([]sessionJSON, 0, len(list))
 	for _, ms := range list {
-		out = append(out, toSessionJSON(ms))
+		out = append(out, s.toSessionJSON(ms))
 	}
 	WriteJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
@@ -266,13 +277,11 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	j := toSessionJSON(ms)
-	u, err := ms.Usage()
+	j, err := s.sessionView(ms)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	j.DiskUsedBytes, j.FilesUsed = &u.Bytes, &u.Files
 	WriteJSON(w, http.StatusOK, j)
 }
 
@@ -357,5 +366,5 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, s.toSessionJSON(ms))
 }

@@ -36,6 +36,9 @@ const (
 	StopProcess     = "stop_process"
 	InstallPackages = "install_packages"
 	ResetSession    = "reset_session"
+	CheckpointName  = "checkpoint"
+	Undo            = "undo"
+	ForkSession     = "fork_session"
 )
 
 // Executor runs cells: the part of a Session that KernelCall needs.
@@ -295,6 +298,7 @@ func decode(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
 var registry = []func(cfg *Config) *Tool{
 	executePython, runShell, writeFile, readFile, editFile, listFiles,
 	startProcess, processOutput, stopProcess, installPackages, resetSession,
+	checkpointTool, undoTool, forkSession,
 }
 
 // Names lists every tool this package defines.

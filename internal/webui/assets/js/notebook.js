@@ -4,6 +4,7 @@ import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
 import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './api.js';
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
+import { CheckpointStrip } from './checkpoints.js';
 
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
@@ -72,6 +73,7 @@ class Notebook {
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
     this.files = new FileBrowser(this.base, () => this.gone());
     this.net = new NetworkPanel(this.base);
+    this.ck = new CheckpointStrip(this);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -87,6 +89,7 @@ class Notebook {
             btn('Import .ipynb', 'nb-import', () => this.importInput.click(), 'btn btn-ghost'), this.importInput,
             btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost')),
           this.saveState),
+        this.ck.el,
         this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
@@ -96,6 +99,7 @@ class Notebook {
     this.refreshInfo();
     this.files.load('');
     this.net.load();
+    this.ck.load();
     this.load();
     // A session may end while the tab is elsewhere (idle timeout), and
     // another tab may have changed the notebook: look again when the
@@ -103,6 +107,7 @@ class Notebook {
     this.onVisible = () => {
       if (document.visibilityState !== 'visible') return;
       this.refreshInfo();
+      this.ck.load();
       if (!this.unsaved() && !this.running) this.load();
     };
     document.addEventListener('visibilitychange', this.onVisible);
@@ -276,6 +281,7 @@ class Notebook {
   }
 
   async execute(cell) {
+    cell.el.classList.remove('cell-undone');
     const ctl = new AbortController();
     this.running = { cell, ctl };
     cell.start();
@@ -295,6 +301,7 @@ class Notebook {
       this.changed(true);
       this.files.reload();
       this.net.afterCell();
+      this.ck.load();
     }
   }
 

@@ -1,0 +1,136 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// A session's lifecycle: pause and resume, checkpoints and undo, fork.
+
+// Checkpoint is a session's exact state at one moment, kept in memory on
+// the server: the kernel's memory (variables, imports, random state,
+// execution count) and the workspace's files. Restoring it puts the
+// session back there.
+type Checkpoint struct {
+	// ID is "cp1", "cp2", ... unique within the session.
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// Auto: taken before an execution (a session with Checkpoints "auto");
+	// the oldest automatic ones are dropped first.
+	Auto           bool      `json:"auto"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExecutionCount int       `json:"execution_count"`
+	// MemoryBytes is the private memory its copy of the kernel holds now
+	// (copy-on-write: it grows as the live session changes); FileBytes the
+	// bytes of its files. Both are charged to the session.
+	MemoryBytes int64 `json:"memory_bytes"`
+	FileBytes   int64 `json:"file_bytes"`
+	Files       int   `json:"files"`
+	// NotCarried lists what the session held that a restore does not
+	// bring back (threads, child processes).
+	NotCarried []string `json:"not_carried,omitempty"`
+}
+
+// Restored says what came back at a restore, an undo or a fork.
+type Restored struct {
+	// From is "checkpoint cp2", "undo" or "fork of ID".
+	From  string `json:"from"`
+	Files int    `json:"files"`
+	// Variables are those carried (a fork: those that serialized).
+	Variables []string `json:"variables,omitempty"`
+	// NotRestored lists what did not come back, each with the reason.
+	NotRestored    []string `json:"not_restored,omitempty"`
+	ExecutionCount int      `json:"execution_count"`
+}
+
+// Pause freezes session id: it uses no CPU and keeps its memory. Any
+// request to it (Execute, files, Resume) resumes it.
+func (c *Client) Pause(ctx context.Context, id string) (*Session, error) {
+	return c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/pause"), nil)
+}
+
+// Resume thaws a paused session; a running one is left as it is.
+func (c *Client) Resume(ctx context.Context, id string) (*Session, error) {
+	return c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/resume"), nil)
+}
+
+// Undo reverts session id's last execution, to its newest automatic
+// checkpoint (a session created with Checkpoints "auto"), which is then
+// dropped. With nothing to undo it returns an *APIError with status 409.
+func (c *Client) Undo(ctx context.Context, id string) (*Restored, error) {
+	s, err := c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/undo"), nil)
+	if err != nil {
+		return nil, err
+	}
+	return s.Restored, nil
+}
+
+// Checkpoint takes a checkpoint of session id, named name (which may be
+// empty).
+func (c *Client) Checkpoint(ctx context.Context, id, name string) (*Checkpoint, error) {
+	in := struct {
+		Name string `json:"name,omitempty"`
+	}{name}
+	var cp Checkpoint
+	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/checkpoints"), nil, in, &cp); err != nil {
+		return nil, err
+	}
+	return &cp, nil
+}
+
+// Checkpoints lists session id's checkpoints, oldest first.
+func (c *Client) Checkpoints(ctx context.Context, id string) ([]Checkpoint, error) {
+	var out struct {
+		Checkpoints []Checkpoint `json:"checkpoints"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, "/checkpoints"), nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Checkpoints, nil
+}
+
+// RestoreCheckpoint puts session id back exactly at checkpoint cid: its
+// variables and its files (those written since are removed, those deleted
+// come back). The checkpoint is kept, so it can be restored again.
+func (c *Client) RestoreCheckpoint(ctx context.Context, id, cid string) (*Restored, error) {
+	s, err := c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/checkpoints/"+url.PathEscape(cid)+"/restore"), nil)
+	if err != nil {
+		return nil, err
+	}
+	return s.Restored, nil
+}
+
+// DeleteCheckpoint drops checkpoint cid of session id.
+func (c *Client) DeleteCheckpoint(ctx context.Context, id, cid string) error {
+	return c.doJSON(ctx, http.MethodDelete, sessionPath(id, "/checkpoints/"+url.PathEscape(cid)), nil, nil, nil)
+}
+
+// Fork makes count new sessions (0 means 1), each with session id's
+// variables and files, or those of its checkpoint if checkpoint is not
+// empty. Each is a session of its own, as isolated as any; the parent
+// keeps running. Restored says what came across: variables that do not
+// serialize are listed in NotRestored.
+func (c *Client) Fork(ctx context.Context, id string, count int, checkpoint string) ([]Session, *Restored, error) {
+	in := struct {
+		Count      int    `json:"count,omitempty"`
+		Checkpoint string `json:"checkpoint,omitempty"`
+	}{count, checkpoint}
+	var out struct {
+		Sessions []Session `json:"sessions"`
+		Restored *Restored `json:"restored"`
+	}
+	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/fork"), nil, in, &out); err != nil {
+		return nil, nil, err
+	}
+	return out.Sessions, out.Restored, nil
+}
+
+func (c *Client) sessionCall(ctx context.Context, method, path string, in any) (*Session, error) {
+	var s Session
+	if err := c.doJSON(ctx, method, path, nil, in, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandloop/sandloop/client"
+	"github.com/spf13/cobra"
+)
+
+// sessionsFlags are how the sessions verbs reach a running server.
+type sessionsFlags struct {
+	url, token string
+	json       bool
+}
+
+func newSessionsCmd() *cobra.Command {
+	var f sessionsFlags
+	cmd := &cobra.Command{
+		Use:   "sessions [ls|checkpoint|checkpoints|restore|undo|fork|pause|resume] ID ...",
+		Short: "The sessions of a running server: checkpoints, undo, fork, pause and resume",
+		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
+The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
+--token (or SANDLOOP_TOKEN), the same token the sessions were created with: another
+token's sessions are not found.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return listSessions(cmd, &f) },
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.url, "url", cmp.Or(os.Getenv("SANDLOOP_URL"), "http://127.0.0.1:8080"), "the server's address (SANDLOOP_URL)")
+	pf.StringVar(&f.token, "token", "", "the API token (default SANDLOOP_TOKEN)")
+	pf.BoolVar(&f.json, "json", false, "print the server's answer as JSON")
+
+	ls := &cobra.Command{
+		Use: "ls", Short: "List the token's sessions and their state", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return listSessions(cmd, &f) },
+	}
+	var name string
+	checkpoint := &cobra.Command{
+		Use: "checkpoint ID", Short: "Take a checkpoint of a session's exact state (variables and files)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				cp, err := c.Checkpoint(ctx, args[0], name)
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s taken at execution %d: %s of memory, %d files (%s)\n",
+						cp.ID, cp.ExecutionCount, sizeText(cp.MemoryBytes), cp.Files, sizeText(cp.FileBytes))
+					printNotCarried(cmd.OutOrStdout(), cp.NotCarried)
+				}
+				return cp, err
+			})
+		},
+	}
+	checkpoint.Flags().StringVar(&name, "name", "", "a name for it")
+	checkpoints := &cobra.Command{
+		Use: "checkpoints ID", Short: "List a session's checkpoints", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				list, err := c.Checkpoints(ctx, args[0])
+				if err == nil && !f.json {
+					printCheckpoints(cmd.OutOrStdout(), list)
+				}
+				return map[string]any{"checkpoints": list}, err
+			})
+		},
+	}
+	restore := &cobra.Command{
+		Use: "restore ID CHECKPOINT", Short: "Put a session back exactly at a checkpoint (files written since are removed)", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				r, err := c.RestoreCheckpoint(ctx, args[0], args[1])
+				if err == nil && !f.json {
+					printRestored(cmd.OutOrStdout(), args[0], r)
+				}
+				return r, err
+			})
+		},
+	}
+	undo := &cobra.Command{
+		Use: "undo ID", Short: "Revert a session's last execution (a session created with checkpoints auto)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				r, err := c.Undo(ctx, args[0])
+				if err == nil && !f.json {
+					printRestored(cmd.OutOrStdout(), args[0], r)
+				}
+				return r, err
+			})
+		},
+	}
+	var count int
+	var from string
+	fork := &cobra.Command{
+		Use: "fork ID", Short: "Make new sessions with a session's variables and files", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 {
+				return usagef("--count must be at least 1, not %d", count)
+			}
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				kids, r, err := c.Fork(ctx, args[0], count, from)
+				if err == nil && !f.json {
+					w := cmd.OutOrStdout()
+					for _, k := range kids {
+						fmt.Fprintln(w, k.ID)
+					}
+					printRestored(cmd.ErrOrStderr(), "each", r)
+				}
+				return map[string]any{"sessions": kids, "restored": r}, err
+			})
+		},
+	}
+	fork.Flags().IntVarP(&count, "count", "n", 1, "how many sessions to make (at most 16)")
+	fork.Flags().StringVar(&from, "checkpoint", "", "fork from this checkpoint instead of the live state")
+	pause := &cobra.Command{
+		Use: "pause ID", Short: "Freeze a session: no CPU, memory kept; any request resumes it", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				s, err := c.Pause(ctx, args[0])
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID, s.State)
+				}
+				return s, err
+			})
+		},
+	}
+	resume := &cobra.Command{
+		Use: "resume ID", Short: "Thaw a paused session", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				s, err := c.Resume(ctx, args[0])
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID, s.State)
+				}
+				return s, err
+			})
+		},
+	}
+	cmd.AddCommand(ls, checkpoint, checkpoints, restore, undo, fork, pause, resume)
+	return cmd
+}
+
+// withClient runs call against the server and prints its answer as JSON
+// with --json (call prints the human form itself). The server's refusals
+// of bad input (400, 404) exit 2, as usage errors do.
+func withClient(cmd *cobra.Command, f *sessionsFlags, call func(context.Context, *client.Client) (any, error)) error {
+	token := f.token
+	if token == "" {
+		token = strings.TrimSpace(os.Getenv("SANDLOOP_TOKEN"))
+	}
+	c, err := client.New(f.url, &client.Options{Token: token})
+	if err != nil {
+		return usagef("--url: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+	defer cancel()
+	out, err := call(ctx, c)
+	if err != nil {
+		return serverError(f.url, err)
+	}
+	if f.json {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	return nil
+}
+
+// serverError says what the server answered, or that it could not be
+// reached and how to point at it.
+func serverError(server string, err error) error {
+	var ae *client.APIError
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // the method and URL are known to the user
+	}
+	if !errors.As(err, &ae) {
+		return fmt.Errorf("cannot reach the server at %s (is `sandloop serve` running? --url or SANDLOOP_URL name another): %v", server, err)
+	}
+	msg := ae.Message
+	if ae.StatusCode == http.StatusUnauthorized {
+		msg += " (--token or SANDLOOP_TOKEN)"
+	}
+	switch ae.StatusCode {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusUnauthorized:
+		return usagef("%s", msg)
+	}
+	return errors.New(msg)
+}
+
+func listSessions(cmd *cobra.Command, f *sessionsFlags) error {
+	return withClient(cmd, f, func(ctx context.Context, c *client.Client) (any, error) {
+		list, err := c.ListSessions(ctx)
+		if err != nil || f.json {
+			return map[string]any{"sessions": list}, err
+		}
+		if len(list) == 0 {
+			fmt.Fprintln(cmd.ErrOrStderr(), "no sessions (for this token)")
+			return nil, nil
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATE\tSTATUS\tCREATED\tLAST USED\tMEMORY")
+		for _, s := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d MiB\n", s.ID, cmp.Or(s.State, "running"), s.Status,
+				s.CreatedAt.Local().Format("2006-01-02 15:04:05"), ago(s.LastUsedAt), s.MemoryMB)
+		}
+		return nil, tw.Flush()
+	})
+}
+
+func printCheckpoints(w io.Writer, list []client.Checkpoint) {
+	if len(list) == 0 {
+		fmt.Fprintln(w, "no checkpoints (take one with `sandloop sessions checkpoint ID`)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tTAKEN\tEXECUTION\tMEMORY\tFILES")
+	for _, cp := range list {
+		name := cp.Name
+		if cp.Auto && name == "" {
+			name = "(auto)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d (%s)\n", cp.ID, name, cp.CreatedAt.Local().Format("15:04:05"),
+			cp.ExecutionCount, sizeText(cp.MemoryBytes), cp.Files, sizeText(cp.FileBytes))
+	}
+	tw.Flush()
+}
+
+// printRestored says what came back, and above all what did not.
+func printRestored(w io.Writer, who string, r *client.Restored) {
+	if r == nil {
+		return
+	}
+	fmt.Fprintf(w, "%s: restored from %s: %d files, %d variables, execution count %d\n", who, r.From, r.Files, len(r.Variables), r.ExecutionCount)
+	for _, n := range r.NotRestored {
+		fmt.Fprintf(w, "  not restored: %s\n", n)
+	}
+}
+
+func printNotCarried(w io.Writer, list []string) {
+	for _, n := range list {
+		fmt.Fprintf(w, "  not carried: %s\n", n)
+	}
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/client"
+	"github.com/sandloop/sandloop/internal/host"
+)
+
+// sandloop sessions against a real server (internal/host, as serve runs
+// it): checkpoint, list, undo, restore, fork, pause and resume, in human
+// form and --json, with the exit codes of bad input.
+func TestSessionsCLI(t *testing.T) {
+	const token = "cli-token-aaaaaaaaaaaa"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := host.New(context.Background(), ln, &host.Config{Tokens: []string{token}, MaxSessions: 8})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	go h.Serve(context.Background())
+	t.Cleanup(func() { h.Close() })
+	url := h.URL()
+	ctx := context.Background()
+	c, _ := client.New(url, &client.Options{Token: token})
+	s, err := c.CreateSession(ctx, &client.CreateOptions{Checkpoints: "auto"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(id, code string) string {
+		t.Helper()
+		r, err := c.Execute(ctx, id, code, nil)
+		if err != nil || r.Status != "ok" {
+			t.Fatalf("%s: %+v %v", code, r, err)
+		}
+		return r.Text()
+	}
+	cli := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := sandloop(t, "", append([]string{"sessions", "--url", url}, args...)...)
+		if code != want {
+			t.Fatalf("sessions %v: exit %d, want %d\nstdout %s\nstderr %s", args, code, want, out, errOut)
+		}
+		return out + errOut
+	}
+	t.Setenv("SANDLOOP_TOKEN", token)
+
+	exec(s.ID, "x = 1")
+	if out := cli(0, "checkpoint", s.ID, "--name", "first"); !strings.Contains(out, "taken at execution 1") {
+		t.Errorf("checkpoint: %s", out)
+	}
+	var cps struct{ Checkpoints []client.Checkpoint }
+	if err := json.Unmarshal([]byte(cli(0, "checkpoints", s.ID, "--json")), &cps); err != nil || len(cps.Checkpoints) < 2 {
+		t.Fatalf("checkpoints --json: %+v %v", cps, err)
+	}
+	named := ""
+	for _, cp := range cps.Checkpoints {
+		if cp.Name == "first" {
+			named = cp.ID
+		}
+	}
+	if out := cli(0, "checkpoints", s.ID); !strings.Contains(out, "first") || !strings.Contains(out, "(auto)") || !strings.Contains(out, named) {
+		t.Errorf("checkpoints: %s", out)
+	}
+	exec(s.ID, "x = 2")
+	if out := cli(0, "undo", s.ID); !strings.Contains(out, "restored from undo") {
+		t.Errorf("undo: %s", out)
+	}
+	if got := exec(s.ID, "x"); got != "1" {
+		t.Errorf("after undo x = %s", got)
+	}
+	exec(s.ID, "x = 3")
+	cli(0, "restore", s.ID, named)
+	if got := exec(s.ID, "x"); got != "1" {
+		t.Errorf("after restore x = %s", got)
+	}
+	out := cli(0, "fork", s.ID, "-n", "2")
+	kids := strings.Fields(strings.SplitN(out, s.ID+":", 2)[0])
+	if len(kids) < 2 || !strings.Contains(out, "restored from fork of "+s.ID) {
+		t.Fatalf("fork: %s", out)
+	}
+	if got := exec(kids[0], "x"); got != "1" {
+		t.Errorf("the fork's x = %s", got)
+	}
+	if out := cli(0, "pause", s.ID); out != s.ID+" paused\n" {
+		t.Errorf("pause: %q", out)
+	}
+	if out := cli(0, "ls"); !strings.Contains(out, s.ID) || !strings.Contains(out, "paused") || !strings.Contains(out, kids[1]) {
+		t.Errorf("ls: %s", out)
+	}
+	if out := cli(0, "resume", s.ID, "--json"); !strings.Contains(out, `"state": "running"`) {
+		t.Errorf("resume --json: %s", out)
+	}
+
+	// Bad input exits 2 with the server's reason; another token finds nothing.
+	if out := cli(2, "restore", s.ID, "cp999"); !strings.Contains(out, "cp999") {
+		t.Errorf("restore of an unknown checkpoint: %s", out)
+	}
+	cli(2, "fork", s.ID, "-n", "0")
+	if out := cli(2, "fork", s.ID, "-n", "17"); !strings.Contains(out, "at most 16") {
+		t.Errorf("fork -n 17: %s", out)
+	}
+	cli(2, "undo")
+	if out := cli(2, "pause", s.ID, "--token", "cli-token-bbbbbbbbbbbb"); !strings.Contains(out, "--token") {
+		t.Errorf("a wrong token: %s", out)
+	}
+	if out := cli(1, "ls", "--url", "http://127.0.0.1:1"); !strings.Contains(out, "cannot reach the server at http://127.0.0.1:1") {
+		t.Errorf("no server: %s", out)
+	}
+}
