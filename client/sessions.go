@@ -24,6 +24,13 @@ type CreateOptions struct {
 	// Network gives the session the host's network; only servers started
 	// with --allow-network accept it.
 	Network bool `json:"network,omitempty"`
+	// NetworkMode, if set, is "none", "allow" or "host" (it overrides
+	// Network): see docs/network.md.
+	NetworkMode string `json:"-"`
+	// Allow is the allowlist of allow mode (a list alone asks for allow
+	// mode). Nil: the server's default list; empty (not nil) with
+	// NetworkMode "allow": nothing, until UpdateNetwork opens it.
+	Allow []string `json:"-"`
 }
 
 // Session describes a session.
@@ -40,6 +47,10 @@ type Session struct {
 	CPUs       float64   `json:"cpus"`
 	Pids       int       `json:"pids"`
 	Network    bool      `json:"network"`
+	// NetworkMode is "none", "allow" or "host"; Allow is the allowlist in
+	// force in allow mode (presets expanded; empty when it lists nothing).
+	NetworkMode string   `json:"network_mode"`
+	Allow       []string `json:"allow,omitempty"`
 	// FromPool reports that the session took a kernel from the warm pool.
 	FromPool bool `json:"from_pool"`
 }

@@ -218,6 +218,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
 		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
 		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
+		{"PATCH", "/v1/sessions/{id}/network", s.updateNetwork, false},
 		{"GET", "/v1/sessions/{id}/files", s.listFiles, false},
 		{"GET", "/v1/sessions/{id}/files/{path...}", s.getFile, false},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
