@@ -27,6 +27,7 @@ type sandbox struct {
 	metadata              map[string]string
 	envVars               map[string]string
 	started               time.Time
+	network               networkState // under mu (network.go)
 
 	mu       sync.Mutex
 	endAt    time.Time
@@ -108,6 +109,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /v2/sandboxes/{id}/connect", h.connect},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
+		{"PUT /sandboxes/{id}/network", h.updateNetwork},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
@@ -116,7 +118,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	for _, p := range []string{
 		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
 		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
-		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/network", "/snapshots", "/snapshots/",
+		"/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
 			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
@@ -157,10 +159,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 type createRequest struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *float64          `json:"timeout"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
+	TemplateID     string            `json:"templateID"`
+	Timeout        *float64          `json:"timeout"`
+	Metadata       map[string]string `json:"metadata"`
+	EnvVars        map[string]string `json:"envVars"`
+	networkRequest                   // network, allow_internet_access (network.go)
 }
 
 // created is the answer to create and connect.
@@ -222,7 +225,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.TemplateID == "" {
 		req.TemplateID = "base"
 	}
-	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
+	egressPolicy, network, err := h.createEgress(req.networkRequest)
+	if err != nil {
+		writeNetworkError(w, err)
+		return
+	}
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return
@@ -233,7 +241,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
 		envdToken: randomHex(16), trafficToken: randomHex(16),
-		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl),
+		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), network: network,
 		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
 	}
 	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: ms.Session}
@@ -287,6 +295,9 @@ type infoJSON struct {
 	State       string            `json:"state"`
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
+	// What the sandbox may reach (network.go).
+	Network             *networkJSON `json:"network"`
+	AllowInternetAccess bool         `json:"allowInternetAccess"`
 }
 
 func (h *Handler) infoOf(sb *sandbox) infoJSON {
@@ -294,7 +305,9 @@ func (h *Handler) infoOf(sb *sandbox) infoJSON {
 	if md == nil {
 		md = map[string]string{}
 	}
+	network, access := sb.networkInfo()
 	return infoJSON{
+		Network: network, AllowInternetAccess: access,
 		TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID,
 		StartedAt: sb.started.UTC(), EndAt: sb.deadline().UTC(),
 		CPUCount: max(1, int(math.Ceil(sb.ms.Limits.CPUs))), MemoryMB: sb.ms.Limits.Memory >> 20,
