@@ -34,6 +34,7 @@ type sandbox struct {
 	procs    map[uint32]*process
 	nextPID  uint32
 	contexts map[string]*codeContext
+	watches  map[string]*watch // watch.go
 	done     bool
 	// samples are getMetrics' (metrics.go); lastCPU is the CPU time at the
 	// last one, to measure the next one's share.
@@ -75,6 +76,7 @@ func (sb *sandbox) shutdown() {
 	procs, ctxs := sb.procs, sb.contexts
 	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
 	sb.mu.Unlock()
+	sb.closeWatches()
 	var wg sync.WaitGroup
 	for _, p := range procs {
 		p.kill()
