@@ -123,11 +123,11 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		"/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots and metrics of many sandboxes at once are not implemented", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout and metrics", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, metrics and network", r.Method, r.URL.Path))
 	})
 	return mux
 }
