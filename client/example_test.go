@@ -233,3 +233,27 @@ func ExampleClient_Fork() {
 	// sorted(prices) = [9, 10, 12]
 	// max(prices) = 12
 }
+
+// A session that starts with nothing allowed and is let out to the Python
+// package index later, while it runs.
+func ExampleClient_UpdateNetwork() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, &client.CreateOptions{NetworkMode: "allow", Allow: []string{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+	fmt.Println(s.NetworkMode, s.Allow)
+	s, err = c.UpdateNetwork(ctx, s.ID, []string{"pypi"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(s.NetworkMode, s.Allow)
+	// Output:
+	// allow []
+	// allow [pypi.org files.pythonhosted.org]
+}

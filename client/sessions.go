@@ -28,6 +28,13 @@ type CreateOptions struct {
 	// last few are kept), so Undo reverts the last one; "off" takes none
 	// unless asked. If empty, the server's default.
 	Checkpoints string `json:"checkpoints,omitempty"`
+	// NetworkMode, if set, is "none", "allow" or "host" (it overrides
+	// Network): see docs/network.md.
+	NetworkMode string `json:"-"`
+	// Allow is the allowlist of allow mode (a list alone asks for allow
+	// mode). Nil: the server's default list; empty (not nil) with
+	// NetworkMode "allow": nothing, until UpdateNetwork opens it.
+	Allow []string `json:"-"`
 }
 
 // Session describes a session.
@@ -44,6 +51,10 @@ type Session struct {
 	CPUs       float64   `json:"cpus"`
 	Pids       int       `json:"pids"`
 	Network    bool      `json:"network"`
+	// NetworkMode is "none", "allow" or "host"; Allow is the allowlist in
+	// force in allow mode (presets expanded; empty when it lists nothing).
+	NetworkMode string   `json:"network_mode"`
+	Allow       []string `json:"allow,omitempty"`
 	// FromPool reports that the session took a kernel from the warm pool.
 	FromPool bool `json:"from_pool"`
 	// State is "running" or "paused" (see Pause).

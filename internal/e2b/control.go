@@ -33,13 +33,15 @@ type sandbox struct {
 
 	// transition: one pause or resume at a time (pause.go).
 	transition sync.Mutex
-	pausing    atomic.Bool // a timeout's pause is under way
+	pausing    atomic.Bool  // a timeout's pause is under way
+	network    networkState // under mu (network.go)
 
 	mu       sync.Mutex
 	endAt    time.Time
 	procs    map[uint32]*process
 	nextPID  uint32
 	contexts map[string]*codeContext
+	watches  map[string]*watch // watch.go
 	done     bool
 	paused   bool
 	// coldResume: paused with memory: false; the next resume restarts
@@ -85,6 +87,7 @@ func (sb *sandbox) shutdown() {
 	procs, ctxs := sb.procs, sb.contexts
 	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
 	sb.mu.Unlock()
+	sb.closeWatches()
 	var wg sync.WaitGroup
 	for _, p := range procs {
 		p.kill()
@@ -122,6 +125,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/pause", h.pauseHandler},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
+		{"PUT /sandboxes/{id}/network", h.updateNetwork},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
@@ -130,14 +134,14 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	for _, p := range []string{
 		"POST /sandboxes/{id}/fork",
 		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
-		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/network", "/snapshots", "/snapshots/",
+		"/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: forks, snapshots and metrics of many sandboxes at once are not implemented", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause and metrics", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause, metrics and network", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -181,6 +185,7 @@ type createRequest struct {
 	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
+	networkRequest // network, allow_internet_access (network.go)
 }
 
 // created is the answer to create and connect.
@@ -248,7 +253,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeControlError(w, http.StatusBadRequest, "autoResume needs onTimeout 'pause' (autoPause): a sandbox killed at its timeout cannot be resumed")
 		return
 	}
-	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
+	egressPolicy, network, err := h.createEgress(req.networkRequest)
+	if err != nil {
+		writeNetworkError(w, err)
+		return
+	}
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return
@@ -259,7 +269,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
 		envdToken: randomHex(16), trafficToken: randomHex(16),
-		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), lc: lc, ttl: ttl,
+		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), lc: lc, ttl: ttl, network: network,
 		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
 	}
 	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: ms.Session}
@@ -314,6 +324,9 @@ type infoJSON struct {
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
 	Lifecycle   lifecycleJSON     `json:"lifecycle"`
+	// What the sandbox may reach (network.go).
+	Network             *networkJSON `json:"network"`
+	AllowInternetAccess bool         `json:"allowInternetAccess"`
 }
 
 type lifecycleJSON struct {
@@ -333,7 +346,9 @@ func (h *Handler) infoOf(sb *sandbox) infoJSON {
 	if sb.lc.autoPause {
 		onTimeout = "pause"
 	}
+	network, access := sb.networkInfo()
 	return infoJSON{
+		Network: network, AllowInternetAccess: access,
 		TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID,
 		StartedAt: sb.started.UTC(), EndAt: sb.deadline().UTC(),
 		CPUCount: max(1, int(math.Ceil(sb.ms.Limits.CPUs))), MemoryMB: sb.ms.Limits.Memory >> 20,

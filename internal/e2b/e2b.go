@@ -78,6 +78,10 @@ type Options struct {
 	// sandbox's limits, which the manager's session cap does not count.
 	// If zero, 8 and 32.
 	MaxContexts, MaxProcesses int
+	// Network is what sandboxes may reach and how much (network.go). The
+	// zero value: nothing until a sandbox's network says so, host names
+	// only, default caps.
+	Network NetworkOptions
 	// Keepalive is the interval of keepalive lines in /execute. If zero, 5 seconds.
 	Keepalive time.Duration
 	// Logger receives diagnostics. If nil, they are discarded.

@@ -150,6 +150,11 @@ func (h *Handler) filesystemHandlers() []rpcHandler {
 		unary("/filesystem.Filesystem/Move", h.move),
 		unary("/filesystem.Filesystem/ListDir", h.listDir),
 		unary("/filesystem.Filesystem/Remove", h.remove),
+		// watch.go
+		{"/filesystem.Filesystem/WatchDir", connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", h.watchDirStream, connectOptions...)},
+		unary("/filesystem.Filesystem/CreateWatcher", h.createWatcher),
+		unary("/filesystem.Filesystem/GetWatcherEvents", h.getWatcherEvents),
+		unary("/filesystem.Filesystem/RemoveWatcher", h.removeWatcher),
 	}
 }
 

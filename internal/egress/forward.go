@@ -43,7 +43,7 @@ func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
 	}
 	ctx, cancel := context.WithCancel(g.ctx) // Close ends a lookup or dial under way
 	defer cancel()
-	addrs, r := g.check(ctx, host, port)
+	addrs, al, r := g.check(ctx, host, port)
 	if r != nil {
 		return refuse(r)
 	}
@@ -52,9 +52,11 @@ func (g *Gate) forward(c *countConn, req *http.Request, h head) bool {
 		return refuse(&refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: could not connect to %s: %v", net.JoinHostPort(host, strconv.Itoa(port)), dialReason(err))})
 	}
 	defer up.Close()
-	e.Allowed = true
 	e.Addr = up.RemoteAddr().String()
-	g.opened(e, c, start)
+	if r := g.opened(e, c, start, al); r != nil {
+		return refuse(r)
+	}
+	e.Allowed = true
 	out := req.Clone(ctx)
 	out.RequestURI = ""
 	out.Host = req.URL.Host

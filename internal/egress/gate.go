@@ -41,8 +41,12 @@ type Options struct {
 // per kernel the session starts) under one policy, one byte and
 // connection budget and one log. Its methods are safe for concurrent use.
 type Gate struct {
-	opts   Options
+	opts Options
+	// policy holds the caps and timeouts, fixed for the gate's life; its
+	// Allow is nil: the allowlist in force is allow, which SetAllow
+	// replaces while connections are served.
 	policy Policy
+	allow  atomic.Pointer[Allowlist]
 	log    *slog.Logger
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 
@@ -109,6 +113,8 @@ func (l *Log) Sort() {
 func New(o *Options) *Gate {
 	opts := *cmp.Or(o, &Options{}) // nil: every default
 	g := &Gate{opts: opts, policy: opts.Policy.withDefaults(), listeners: map[net.Listener]bool{}, conns: map[net.Conn]bool{}}
+	g.allow.Store(g.policy.Allow)
+	g.policy.Allow = nil
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.opts.MaxLog == 0 {
 		g.opts.MaxLog = 1000
@@ -213,15 +219,83 @@ type openConn struct {
 	start time.Time
 }
 
-// opened lists the connection c, allowed and under way, in the log (Open)
-// until finish logs its entry.
-func (g *Gate) opened(e Entry, c *countConn, start time.Time) {
+// opened lists the connection c, allowed under al and now connected, in
+// the log (Open) until finish logs its entry. If SetAllow replaced al
+// meanwhile, the target is judged again by the list in force (under the
+// lock SetAllow sweeps under, so no connection slips between the two) and
+// a refusal is returned if it no longer may be reached.
+func (g *Gate) opened(e Entry, c *countConn, start time.Time, al *Allowlist) *refusal {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if now := g.allow.Load(); now != al {
+		if why := g.disallowed(now, e); why != "" {
+			return &refusal{http.StatusForbidden, "sandloop: " + why}
+		}
+	}
 	if g.open == nil {
 		g.open = map[*countConn]openConn{}
 	}
+	e.Allowed = true
 	g.open[c] = openConn{e, start}
+	return nil
+}
+
+// Allowlist returns the allowlist in force.
+func (g *Gate) Allowlist() *Allowlist { return g.allow.Load() }
+
+// SetAllow replaces the allowlist in force (nil allows nothing). Every
+// connection and request from now on is judged by al. Connections under
+// way that al no longer allows (their name, or the address dialled, is
+// not covered) are cut at once, each logged with why: taking a host off
+// the list ends the session's access to it, as a user removing it
+// expects. Those al still allows go on undisturbed.
+func (g *Gate) SetAllow(al *Allowlist) {
+	g.mu.Lock()
+	g.allow.Store(al)
+	var cut []*countConn
+	for c, o := range g.open {
+		if why := g.disallowed(al, o.e); why != "" {
+			c.cut.Store(&why)
+			cut = append(cut, c)
+		}
+	}
+	client := g.client
+	g.mu.Unlock()
+	for _, c := range cut {
+		c.Conn.Close() // the tunnel's or request's copy fails, and it ends
+	}
+	if client != nil {
+		// The mirror's idle upstream connections were checked under the
+		// old list.
+		client.CloseIdleConnections()
+	}
+}
+
+// disallowed says why al does not let the connection of entry e go on
+// ("" if it does): its target as asked, then the address dialled.
+func (g *Gate) disallowed(al *Allowlist, e Entry) string {
+	target := net.JoinHostPort(e.Host, strconv.Itoa(e.Port))
+	ad, err := netip.ParseAddr(e.Host)
+	switch {
+	case err == nil:
+		if !al.allowsAddrTarget(ad.Unmap(), e.Port) {
+			return "the session's allowlist no longer allows " + target
+		}
+	case e.Host == HostName || e.Host == "localhost":
+		if !al.allowsAddrTarget(hostLoopback, e.Port) && !al.allowsAddrTarget(netip.IPv6Loopback(), e.Port) {
+			return "the session's allowlist no longer allows " + target
+		}
+	default:
+		if !al.allowsName(e.Host, e.Port) {
+			return "the session's allowlist no longer allows " + target
+		}
+	}
+	if ap, err := netip.ParseAddrPort(e.Addr); err == nil {
+		if why := g.policy.forbidden(al, ap.Addr(), e.Port); why != "" {
+			return fmt.Sprintf("%s is %s, which the session's allowlist no longer covers", ap.Addr().Unmap(), why)
+		}
+	}
+	return ""
 }
 
 // Log returns the gate's counters and its connection log in the order the
@@ -230,7 +304,7 @@ func (g *Gate) opened(e Entry, c *countConn, start time.Time) {
 func (g *Gate) Log() Log {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	l := Log{Allow: g.policy.Allow.Entries(), Bytes: g.total.Load(), MaxBytes: g.policy.MaxBytes,
+	l := Log{Allow: g.allow.Load().Entries(), Bytes: g.total.Load(), MaxBytes: g.policy.MaxBytes,
 		Active: int(g.active.Load()), MaxConns: g.policy.MaxConns, Entries: append([]Entry(nil), g.entries...), Dropped: g.dropped}
 	var open []Entry
 	for c, o := range g.open {
@@ -274,6 +348,9 @@ func (g *Gate) finish(e *Entry, c *countConn, start time.Time) {
 	if c.capError.Load() && e.Reason == "" {
 		e.Reason = fmt.Sprintf("cut: the session's cap of %d bytes through the proxy was reached", g.policy.MaxBytes)
 	}
+	if why := c.cut.Load(); why != nil {
+		e.Reason = "cut: " + *why
+	}
 	// (One step: a snapshot sees the connection under way or logged.)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -312,6 +389,7 @@ type countConn struct {
 	out, in  atomic.Int64 // of the current entry
 	last     *atomic.Int64
 	capError atomic.Bool
+	cut      atomic.Pointer[string] // why SetAllow cut the connection
 }
 
 // take charges up to n bytes against the session's cap and returns how
@@ -519,10 +597,17 @@ func splitTarget(req *http.Request) (string, int) {
 	return strings.ToLower(strings.TrimSuffix(host, ".")), port
 }
 
-// check decides whether host:port may be reached and returns the
-// addresses to dial.
-func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, *refusal) {
-	allowed := g.policy.Allow.Entries()
+// check decides whether host:port may be reached under the allowlist in
+// force and returns the addresses to dial and the allowlist it judged by
+// (opened checks it is still the one in force).
+func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, *Allowlist, *refusal) {
+	al := g.allow.Load()
+	addrs, r := g.checkUnder(ctx, al, host, port)
+	return addrs, al, r
+}
+
+func (g *Gate) checkUnder(ctx context.Context, al *Allowlist, host string, port int) ([]netip.Addr, *refusal) {
+	allowed := al.Entries()
 	list := strings.Join(allowed, ", ")
 	if list == "" {
 		list = "nothing"
@@ -536,7 +621,7 @@ func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, 
 	var addrs []netip.Addr
 	if ad, err := netip.ParseAddr(host); err == nil {
 		ad = ad.Unmap()
-		if !g.policy.Allow.allowsAddrTarget(ad, port) {
+		if !al.allowsAddrTarget(ad, port) {
 			return nil, notAllowed(net.JoinHostPort(ad.String(), strconv.Itoa(port)))
 		}
 		addrs = []netip.Addr{ad}
@@ -544,7 +629,7 @@ func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, 
 		// The host's loopback (localhost asked of the proxy by a client that
 		// ignores NO_PROXY means the same): only where an entry lists it.
 		for _, ad := range []netip.Addr{hostLoopback, netip.IPv6Loopback()} {
-			if g.policy.Allow.allowsAddrTarget(ad, port) {
+			if al.allowsAddrTarget(ad, port) {
 				addrs = append(addrs, ad)
 			}
 		}
@@ -555,7 +640,7 @@ func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, 
 		if !validName(host) {
 			return nil, &refusal{http.StatusBadRequest, fmt.Sprintf("sandloop: %q is not a host name", host)}
 		}
-		if !g.policy.Allow.allowsName(host, port) {
+		if !al.allowsName(host, port) {
 			what := host
 			if port != 80 && port != 443 {
 				what = net.JoinHostPort(host, strconv.Itoa(port))
@@ -573,7 +658,7 @@ func (g *Gate) check(ctx context.Context, host string, port int) ([]netip.Addr, 
 	var ok []netip.Addr
 	var why string
 	for _, ad := range addrs {
-		if w := g.policy.forbidden(ad, port); w != "" {
+		if w := g.policy.forbidden(al, ad, port); w != "" {
 			if why == "" {
 				why = fmt.Sprintf("%s is %s", ad.Unmap(), w)
 			}

@@ -41,9 +41,9 @@ func (g *Gate) PipEnv(port int) []string {
 func (g *Gate) allowsURLHost(u *url.URL) bool {
 	host, port := urlHostPort(u)
 	if ad, err := netip.ParseAddr(host); err == nil {
-		return g.policy.Allow.allowsAddrTarget(ad.Unmap(), port)
+		return g.allow.Load().allowsAddrTarget(ad.Unmap(), port)
 	}
-	return g.policy.Allow.allowsName(host, port)
+	return g.allow.Load().allowsName(host, port)
 }
 
 func urlHostPort(u *url.URL) (string, int) {
@@ -72,7 +72,7 @@ func (g *Gate) upstream() *http.Client {
 				}
 				port, _ := strconv.Atoi(portText)
 				host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
-				addrs, r := g.check(ctx, host, port)
+				addrs, _, r := g.check(ctx, host, port)
 				if r != nil {
 					return nil, r
 				}
@@ -161,7 +161,7 @@ func asRefusal(err error, what string) *refusal {
 func (g *Gate) fetch(req *http.Request, e *Entry, u *url.URL, accept string) (*http.Response, *refusal) {
 	e.Host, e.Port = urlHostPort(u)
 	if !g.allowsURLHost(u) { // (checked again on every connection, redirects too)
-		_, r := g.check(g.ctx, e.Host, e.Port)
+		_, _, r := g.check(g.ctx, e.Host, e.Port)
 		return nil, r
 	}
 	trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) { e.Addr = ci.Conn.RemoteAddr().String() }}
@@ -258,7 +258,7 @@ func (g *Gate) mirrorFile(c *countConn, req *http.Request, e *Entry, rest string
 		e.Cache = "hit"
 		if !g.allowsURLHost(u) { // the file is served only where it may be fetched
 			f.Close()
-			_, r := g.check(g.ctx, e.Host, e.Port)
+			_, _, r := g.check(g.ctx, e.Host, e.Port)
 			if r == nil {
 				r = &refusal{http.StatusForbidden, "sandloop: egress to " + e.Host + " is not allowed"}
 			}

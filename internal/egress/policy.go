@@ -219,6 +219,9 @@ func (r rule) portOK(port int) bool { return r.ports == nil || slices.Contains(r
 
 // allowsName reports whether the name (lower case) on port may be asked for.
 func (a *Allowlist) allowsName(name string, port int) bool {
+	if a == nil {
+		return false
+	}
 	for _, r := range a.rules {
 		if r.name == "" || !r.portOK(port) {
 			continue
@@ -232,6 +235,9 @@ func (a *Allowlist) allowsName(name string, port int) bool {
 
 // allowsAddrTarget reports whether an address literal on port may be asked for.
 func (a *Allowlist) allowsAddrTarget(ad netip.Addr, port int) bool {
+	if a == nil {
+		return false
+	}
 	for _, r := range a.rules {
 		if r.name == "" && r.portOK(port) && r.prefix.Contains(ad) {
 			return true
@@ -279,6 +285,9 @@ func HostNote(entries []string) string {
 // coversAddr reports whether an address or range entry names ad, which
 // makes it dialable even if it is not public.
 func (a *Allowlist) coversAddr(ad netip.Addr) bool {
+	if a == nil {
+		return false
+	}
 	for _, r := range a.rules {
 		if r.name == "" && r.prefix.Contains(ad) {
 			return true
@@ -423,8 +432,8 @@ func embeddedV4(ad netip.Addr) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// forbidden says why ad must not be dialled under a ("" if it may be).
-func (p *Policy) forbidden(ad netip.Addr, port int) string {
+// forbidden says why ad must not be dialled under al ("" if it may be).
+func (p *Policy) forbidden(al *Allowlist, ad netip.Addr, port int) string {
 	ad = ad.Unmap()
 	for _, d := range p.Deny {
 		if d.Addr().Unmap() == ad && (d.Port() == 0 || int(d.Port()) == port) {
@@ -434,7 +443,7 @@ func (p *Policy) forbidden(ad netip.Addr, port int) string {
 			return "sandloop's own service"
 		}
 	}
-	if p.Allow.coversAddr(ad) {
+	if al.coversAddr(ad) {
 		return ""
 	}
 	check := ad

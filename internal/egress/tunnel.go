@@ -25,16 +25,20 @@ func (g *Gate) tunnel(c *countConn, br *bufio.Reader, req *http.Request) {
 		return
 	}
 	// From the gate's context: Close ends a lookup or dial under way.
-	addrs, r := g.check(g.ctx, host, port)
+	addrs, al, r := g.check(g.ctx, host, port)
 	if r == nil {
 		up, err := g.dial(g.ctx, addrs, port)
 		if err != nil {
 			r = &refusal{http.StatusBadGateway, fmt.Sprintf("sandloop: could not connect to %s: %v", net.JoinHostPort(host, strconv.Itoa(port)), dialReason(err))}
 		} else {
-			e.Allowed = true
-			e.Addr = up.RemoteAddr().String()
-			g.opened(e, c, start)
 			defer up.Close()
+			e.Addr = up.RemoteAddr().String()
+			if r := g.opened(e, c, start, al); r != nil {
+				e.Reason = r.msg
+				writeRefusal(c, r)
+				return
+			}
+			e.Allowed = true
 			if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 				return
 			}

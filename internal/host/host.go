@@ -212,7 +212,13 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	public := webui.Mounts()
 	if h.cfg.E2B {
 		keys, first := e2b.KeysForTokens(h.cfg.Tokens, server.OwnerOf)
-		if h.e2b, err = e2b.New(&e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}); err != nil {
+		// E2B's sandboxes are open unless told otherwise: here, open is
+		// what a session that asks for nothing may reach.
+		network := e2b.NetworkOptions{Policy: eg.Policy, Max: eg.Max}
+		if eg.DefaultMode == egress.ModeAllow {
+			network.Default = eg.Default
+		}
+		if h.e2b, err = e2b.New(&e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}); err != nil {
 			return nil, err
 		}
 		undo = append(undo, func() { h.e2b.Close() })

@@ -218,6 +218,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/interrupt", s.interrupt, false},
 		{"POST", "/v1/sessions/{id}/restart", s.restart, false},
 		{"GET", "/v1/sessions/{id}/network", s.sessionNetwork, false},
+		{"PATCH", "/v1/sessions/{id}/network", s.updateNetwork, false},
 		{"POST", "/v1/sessions/{id}/pause", s.pauseSession, false},
 		{"POST", "/v1/sessions/{id}/resume", s.resumeSession, false},
 		{"POST", "/v1/sessions/{id}/undo", s.undo, false},

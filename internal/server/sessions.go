@@ -69,11 +69,11 @@ func (s *Server) toSessionJSON(ms *session.Managed) sessionJSON {
 		ID: ms.ID(), Status: "ready", State: ms.State(), Restored: ms.Restored(), Checkpoints: ms.CheckpointMode(), CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
-		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
+		Mode: string(sessionMode(ms)), Allow: ms.Allowlist().Entries(), // in force: PATCH .../network changes it
 		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
 	}
 	if ms.Egress != nil {
-		j.HostNote = ms.Egress.Allow.HostNote()
+		j.HostNote = ms.Allowlist().HostNote()
 	}
 	if err := ms.Err(); err != nil {
 		j.Status, j.Message = "restart_required", err.Error()
@@ -216,18 +216,17 @@ func (s *Server) networkOptions(req *createRequest, opts *session.CreateOptions)
 		opts.Network = jail.NetworkHost
 	case egress.ModeAllow:
 		list := req.Allow
-		if len(list) == 0 {
+		if len(list) == 0 && (req.Allow == nil || len(req.Network) == 0) {
 			list = s.opts.Egress.Default
 		}
-		if len(list) == 0 {
+		// (An explicit empty list with network "allow" starts with nothing
+		// allowed, for PATCH .../network to open later.)
+		if len(list) == 0 && req.Allow == nil {
 			return badRequest(`network "allow" needs "allow": a list of hosts (e.g. ["pypi", "api.example.org"]); this server has no default list`)
 		}
-		al, err := egress.ParseAllowlist(list)
+		al, err := s.allowlist(list)
 		if err != nil {
-			return badRequest("allow: %v", err)
-		}
-		if err := al.Within(s.opts.Egress.Max); err != nil {
-			return &apiError{http.StatusForbidden, "network_not_allowed", "allow: " + err.Error(), 0}
+			return err
 		}
 		p := s.opts.Egress.Policy
 		p.Allow = al

@@ -1,0 +1,164 @@
+// Drives updateNetwork and files.watchDir of a running sandloop server with
+// E2B's official SDKs, unchanged (E2B_API_URL, E2B_SANDBOX_URL and
+// E2B_API_KEY point them at it); run by package e2b's TestSDKNetworkAndWatch.
+//
+//   node live.mjs network SITE CA_FILE  a cell fetches https://SITE/ (a test site the server resolves to
+//                                       loopback): refused, allowed by updateNetwork, refused again;
+//                                       getInfo reports the network; E2B's validation errors
+//   node live.mjs watch                 watchDir sees what runCode and the files API write, recursive
+//                                       and not; stop() drops the watcher; errors
+//
+// Each step prints "ok <step>"; a failure prints the error and exits 1.
+import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
+import { Sandbox } from '@e2b/code-interpreter'
+import { ALL_TRAFFIC, FilesystemEventType } from 'e2b'
+
+const mode = process.argv[2]
+
+async function step(name, fn) {
+  try {
+    await fn()
+    console.log(`ok ${name}`)
+  } catch (e) {
+    console.log(`FAIL ${name}: ${e?.name}: ${e?.message}`)
+    console.log(e?.stack)
+    process.exit(1)
+  }
+}
+
+async function throws(fn, check) {
+  let err
+  try {
+    await fn()
+  } catch (e) {
+    err = e
+  }
+  assert.ok(err, 'expected an error')
+  if (check) check(err)
+  return err
+}
+
+async function until(what, cond, ms = 10000) {
+  const end = Date.now() + ms
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
+}
+
+async function network(site, caFile) {
+  const sbx = await Sandbox.create({ timeoutMs: 120000 })
+  try {
+    await sbx.files.write('ca.pem', readFileSync(caFile, 'utf8'))
+    const fetchSite = async () => {
+      const e = await sbx.runCode(
+        `import urllib.request\ntry:\n    print(urllib.request.urlopen("https://${site}/", timeout=20).read().decode())\nexcept Exception as e:\n    print(e)`,
+        { envs: { SSL_CERT_FILE: '/workspace/ca.pem' } },
+      )
+      return e.logs.stdout.join('').trim()
+    }
+    await step('network: a new sandbox reaches nothing here', async () => {
+      const got = await fetchSite()
+      assert.match(got, /403 sandloop: egress to .* is not allowed; allowed: nothing/)
+      const info = await sbx.getInfo()
+      assert.equal(info.allowInternetAccess, true)
+    })
+    await step('network: updateNetwork lets the running kernel reach the site', async () => {
+      await sbx.updateNetwork({ allowOut: [site, '127.0.0.1'], denyOut: [ALL_TRAFFIC] })
+      assert.equal(await fetchSite(), 'hello from the site')
+      const info = await Sandbox.getInfo(sbx.sandboxId)
+      assert.deepEqual(info.network.allowOut, [site, '127.0.0.1'])
+      assert.deepEqual(info.network.denyOut, [ALL_TRAFFIC])
+      assert.equal(info.allowInternetAccess, false)
+    })
+    await step('network: an update replaces the rules (static form, allowInternetAccess)', async () => {
+      await Sandbox.updateNetwork(sbx.sandboxId, { allowOut: ['127.0.0.1'], allowInternetAccess: false })
+      assert.match(await fetchSite(), /403 sandloop: egress to .* is not allowed; allowed: 127\.0\.0\.1/)
+      await sbx.updateNetwork({})
+      assert.match(await fetchSite(), /allowed: nothing/)
+    })
+    await step("network: E2B's validation errors", async () => {
+      await throws(() => sbx.updateNetwork({ denyOut: ['example.com'] }), (e) => {
+        assert.equal(e.name, 'SandboxError')
+        assert.match(e.message, /400: invalid denied CIDR "example.com"/)
+      })
+      await throws(() => sbx.updateNetwork({ allowOut: ['site.invalid'] }), (e) => assert.match(e.message, /400: allowOut lists domains/))
+      await throws(() => Sandbox.updateNetwork('nope', {}), (e) => assert.equal(e.name, 'SandboxNotFoundError'))
+    })
+    await step('network: create with a network', async () => {
+      const b = await Sandbox.create({ timeoutMs: 60000, network: { allowOut: [site, '127.0.0.1'], denyOut: [ALL_TRAFFIC] } })
+      try {
+        await b.files.write('ca.pem', readFileSync(caFile, 'utf8'))
+        const e = await b.runCode(`import urllib.request\nprint(urllib.request.urlopen("https://${site}/", timeout=20).read().decode())`, { envs: { SSL_CERT_FILE: '/workspace/ca.pem' } })
+        assert.equal(e.logs.stdout.join('').trim(), 'hello from the site')
+      } finally {
+        await b.kill()
+      }
+    })
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+}
+
+async function watch() {
+  const sbx = await Sandbox.create({ timeoutMs: 120000 })
+  try {
+    await step('watch: runCode writes are reported, recursive', async () => {
+      const events = []
+      const h = await sbx.files.watchDir('/workspace', (e) => events.push(`${e.type} ${e.name}`), { recursive: true })
+      await sbx.runCode("import os\nos.makedirs('out', exist_ok=True)\nopen('out/result.csv', 'w').write('a,b\\n1,2\\n')")
+      await until('the file runCode wrote', () => events.includes(`${FilesystemEventType.CREATE} out/result.csv`) || events.includes(`${FilesystemEventType.WRITE} out/result.csv`))
+      assert.ok(events.includes(`${FilesystemEventType.CREATE} out`), events.join(', '))
+      await sbx.files.write('out/from-api.txt', 'x')
+      await until('the files API write', () => events.includes(`${FilesystemEventType.WRITE} out/from-api.txt`) || events.includes(`${FilesystemEventType.CREATE} out/from-api.txt`))
+      await sbx.runCode("os.rename('out/result.csv', 'out/final.csv')\nos.chmod('out/final.csv', 0o600)\nos.remove('out/from-api.txt')")
+      await until('rename, chmod, remove', () =>
+        [`${FilesystemEventType.RENAME} out/result.csv`, `${FilesystemEventType.CREATE} out/final.csv`, `${FilesystemEventType.CHMOD} out/final.csv`, `${FilesystemEventType.REMOVE} out/from-api.txt`].every((x) => events.includes(x)),
+      )
+      await h.stop()
+      const n = events.length
+      await sbx.runCode("open('after-stop.txt', 'w').write('x')")
+      await new Promise((r) => setTimeout(r, 500))
+      assert.equal(events.length, n, `events after stop(): ${events.slice(n).join(', ')}`)
+    })
+    await step('watch: not recursive sees only the directory itself', async () => {
+      const events = []
+      const h = await sbx.files.watchDir('out', (e) => events.push(`${e.type} ${e.name}`))
+      await sbx.runCode("os.makedirs('out/deep', exist_ok=True)\nopen('out/deep/x.txt', 'w').write('x')\nopen('out/top.txt', 'w').write('x')")
+      await until('out/top.txt', () => events.includes(`${FilesystemEventType.WRITE} top.txt`))
+      assert.ok(events.includes(`${FilesystemEventType.CREATE} deep`), events.join(', '))
+      assert.ok(!events.some((e) => e.includes('x.txt')), events.join(', '))
+      await h.stop()
+    })
+    await step('watch: errors', async () => {
+      await throws(() => sbx.files.watchDir('nope', () => {}), (e) => assert.equal(e.name, 'FileNotFoundError'))
+      await sbx.files.write('plain.txt', 'x')
+      await throws(() => sbx.files.watchDir('plain.txt', () => {}), (e) => assert.equal(e.name, 'InvalidArgumentError'))
+      // includeEntry needs envd 0.6.3: the SDK refuses it before sending.
+      await throws(() => sbx.files.watchDir('.', () => {}, { includeEntry: true }), (e) => assert.equal(e.name, 'TemplateError'))
+    })
+    await step('watch: the timeout ends the watch through onExit', async () => {
+      let exit
+      await sbx.files.watchDir('.', () => {}, { timeoutMs: 1000, onExit: (err) => (exit = err ?? 'none') })
+      await until('onExit', () => exit !== undefined, 10000)
+      assert.equal(exit?.name, 'TimeoutError', String(exit))
+    })
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+}
+
+switch (mode) {
+  case 'network':
+    await network(process.argv[3], process.argv[4])
+    break
+  case 'watch':
+    await watch()
+    break
+  default:
+    console.error('usage: node live.mjs network SITE CA_FILE | watch')
+    process.exit(2)
+}
+console.log('done')
+process.exit(0)
