@@ -24,6 +24,9 @@ type createRequest struct {
 	// Network is false/true (none/host, as before) or "none", "allow" or "host".
 	Network json.RawMessage `json:"network"`
 	Allow   []string        `json:"allow"`
+	// PublicPorts lets anyone who reaches the server reach the session's
+	// ports (no token or signed URL needed).
+	PublicPorts bool `json:"public_ports"`
 }
 
 type sessionJSON struct {
@@ -43,6 +46,8 @@ type sessionJSON struct {
 	// allowlist lists (at egress.HostName; localhost is the sandbox's own).
 	HostNote string `json:"host_note,omitempty"`
 	FromPool bool   `json:"from_pool"`
+	// PublicPorts: see createRequest.
+	PublicPorts bool `json:"public_ports"`
 	// The workspace's quota, and whether the kernel enforces it on every
 	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
@@ -60,7 +65,7 @@ func toSessionJSON(ms *session.Managed) sessionJSON {
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
-		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced, PublicPorts: ms.PortAccess.Public,
 	}
 	if ms.Egress != nil {
 		j.HostNote = ms.Egress.Allow.HostNote()
@@ -91,7 +96,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}}
 	if req.TimeoutS != nil {
 		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
 			writeError(w, err)

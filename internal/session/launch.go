@@ -270,6 +270,12 @@ func (j *jailProcess) Listener() net.Listener { return j.p.Listener() }
 
 func (j *jailProcess) Usage() (jail.LiveUsage, error) { return j.p.Usage() }
 
+func (j *jailProcess) DialLoopback(ctx context.Context, port int) (net.Conn, error) {
+	return j.p.DialLoopback(ctx, port)
+}
+
+func (j *jailProcess) ListeningPorts() ([]int, error) { return j.p.ListeningPorts() }
+
 func (j *jailProcess) Kill() error {
 	j.p.Kill()
 	return nil
