@@ -37,8 +37,9 @@ type portJSON struct {
 	PathURL string `json:"path_url"`
 }
 
-// portURLRequest asks for a signed URL.
+// portURLRequest asks for a signed URL of a port.
 type portURLRequest struct {
+	Port       int      `json:"port"`
 	ExpiresInS *float64 `json:"expires_in_s"`
 }
 
@@ -110,18 +111,16 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	port, err := portOf(r)
-	if err != nil {
+	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+	var req portURLRequest
+	if err := decodeJSON(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
-	var req portURLRequest
-	if r.ContentLength != 0 {
-		if err := decodeJSON(r, &req); err != nil {
-			writeError(w, err)
-			return
-		}
+	port := req.Port
+	if port < 1 || port > 65535 {
+		writeError(w, badRequest("port: must be 1-65535 (the port the app listens on inside the sandbox)"))
+		return
 	}
 	life := DefaultPortURLLifetime
 	if req.ExpiresInS != nil {
@@ -186,7 +185,7 @@ func (s *Server) portAccess(w http.ResponseWriter, r *http.Request, ms *session.
 		}
 	}
 	writeError(w, &apiError{http.StatusForbidden, "port_forbidden", fmt.Sprintf(
-		"port %d of session %s needs the session's token (Authorization: Bearer), a signed URL (POST /v1/sessions/%s/ports/%d/url) or a session created with public_ports",
+		"port %d of session %s needs the session's token (Authorization: Bearer), a signed URL (POST /v1/sessions/%s/previews {\"port\": %d}) or a session created with public_ports",
 		t.Port, t.ID, t.ID, t.Port), 0})
 	return false, false
 }

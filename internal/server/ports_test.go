@@ -134,7 +134,7 @@ func TestPortsReachAnAppInTheSandbox(t *testing.T) {
 	// A signed URL: a browser's first visit sets a cookie and drops the
 	// parameter; later requests need nothing else; the app sees neither.
 	var signed portURLJSON
-	if resp := ts.do(t, "POST", "/v1/sessions/"+id+"/ports/8000/url", `{"expires_in_s": 60}`, &signed); resp.StatusCode != 201 {
+	if resp := ts.do(t, "POST", "/v1/sessions/"+id+"/previews", `{"port": 8000, "expires_in_s": 60}`, &signed); resp.StatusCode != 201 {
 		t.Fatalf("signed url: %d", resp.StatusCode)
 	}
 	if !strings.HasPrefix(signed.URL, wantHost+"?sandloop_sig=") || time.Until(signed.ExpiresAt) > time.Minute+time.Second {
