@@ -161,6 +161,12 @@ type createRequest struct {
 	Timeout    *float64          `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
+	Network    *createNetwork    `json:"network"`
+}
+
+// createNetwork is the part of a create's network that sandloop reads.
+type createNetwork struct {
+	AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 }
 
 // created is the answer to create and connect.
@@ -176,9 +182,16 @@ type created struct {
 
 const clientID = "sandloop"
 
-func (sb *sandbox) created() created {
-	return created{TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID, EnvdVersion: EnvdVersion,
+// created answers create and connect for a request r. Its domain is the
+// server's own address, so the SDK's getHost(port) is
+// PORT-ID.localhost:N, which this server routes to the sandbox's port.
+func (sb *sandbox) created(r *http.Request) created {
+	c := created{TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: sb.envdToken, TrafficAccessToken: sb.trafficToken}
+	if d := domainOf(r); d != "" {
+		c.Domain = &d
+	}
+	return c
 }
 
 // readJSON decodes an optional JSON body (the SDKs send it chunked, so
@@ -222,7 +235,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.TemplateID == "" {
 		req.TemplateID = "base"
 	}
-	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
+	// E2B's sandboxes take traffic to their ports from anyone unless
+	// created with allowPublicTraffic: false; then the traffic token is
+	// needed (e2b-traffic-access-token), as E2B's own proxy does.
+	trafficToken := randomHex(16)
+	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars,
+		PortAccess: session.PortAccess{Public: public, Token: trafficToken}})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return
@@ -232,7 +251,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	now := time.Now()
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
-		envdToken: randomHex(16), trafficToken: randomHex(16),
+		envdToken: randomHex(16), trafficToken: trafficToken,
 		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl),
 		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
 	}
@@ -247,7 +266,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	h.sandboxes[sb.id] = sb
 	h.mu.Unlock()
 	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
-	writeJSON(w, http.StatusCreated, sb.created())
+	writeJSON(w, http.StatusCreated, sb.created(r))
 }
 
 func (h *Handler) writeCreateError(w http.ResponseWriter, err error) {
@@ -347,7 +366,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 			sb.setDeadline(t)
 		}
 	}
-	writeJSON(w, http.StatusOK, sb.created())
+	writeJSON(w, http.StatusOK, sb.created(r))
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {

@@ -186,6 +186,8 @@ type Options struct {
 	// DropAuthorization removes the Authorization header (it carried
 	// sandloop's token, not the app's).
 	DropAuthorization bool
+	// DropHeaders are more headers of the face's own credentials, removed.
+	DropHeaders []string
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -225,6 +227,9 @@ func Serve(w http.ResponseWriter, r *http.Request, d Dialer, port int, o *Option
 				out.Header.Del("Authorization")
 			}
 			out.Header.Del(TokenHeader)
+			for _, h := range opts.DropHeaders {
+				out.Header.Del(h)
+			}
 			out.Header.Del("E2b-Traffic-Access-Token")
 			dropCookie(out.Header, Cookie)
 		},

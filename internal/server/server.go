@@ -76,6 +76,11 @@ type Options struct {
 	// the gateway authenticated. Tokens are then not accepted: clients
 	// reach hosts only through a gateway.
 	GatewaySecret string
+	// Dispatch, if set, takes requests that a face routes by their headers
+	// rather than their paths (E2B's E2b-Sandbox-Port for a sandbox's own
+	// ports, whose paths are the app's), before the path routes; it returns
+	// nil for requests that are not its own. The face checks access itself.
+	Dispatch func(*http.Request) http.Handler
 	// PortDomains are wildcard domains besides localhost under which
 	// PORT-ID.DOMAIN reaches a session's port (an operator's DNS points
 	// *.DOMAIN at the server). The first names the URLs handed out.
@@ -270,6 +275,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t, ok := portproxy.ParseHost(r.Host, s.opts.PortDomains); ok {
 		s.serveHostPort(w, r, t)
 		return
+	}
+	if s.opts.Dispatch != nil {
+		// A browser page cannot send such headers without a CORS preflight,
+		// which is never granted: no DNS-rebinding or CSRF way in.
+		if h := s.opts.Dispatch(r); h != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
 	}
 	if !s.front.Admit(w, r) {
 		return
