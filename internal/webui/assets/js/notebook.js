@@ -4,6 +4,7 @@ import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
 import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './api.js';
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
+import { PortsPanel } from './ports.js';
 
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
@@ -72,6 +73,7 @@ class Notebook {
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
     this.files = new FileBrowser(this.base, () => this.gone());
     this.net = new NetworkPanel(this.base);
+    this.ports = new PortsPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -91,11 +93,12 @@ class Notebook {
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
-      h('div', { class: 'nb-side' }, this.files.el, this.net.el));
+      h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
     this.net.load();
+    this.ports.load();
     this.load();
     // A session may end while the tab is elsewhere (idle timeout), and
     // another tab may have changed the notebook: look again when the
@@ -116,6 +119,7 @@ class Notebook {
     document.removeEventListener('visibilitychange', this.onVisible);
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
+    clearTimeout(this.ports.again);
     if (this.saveTimer) this.save(); // now, not after the pause
   }
 
@@ -295,6 +299,7 @@ class Notebook {
       this.changed(true);
       this.files.reload();
       this.net.afterCell();
+      this.ports.afterCell();
     }
   }
 
