@@ -24,6 +24,9 @@ type CreateOptions struct {
 	// Network gives the session the host's network; only servers started
 	// with --allow-network accept it.
 	Network bool `json:"network,omitempty"`
+	// PublicPorts lets anyone who reaches the server reach the servers the
+	// session's code starts (see Client.Ports), with no token.
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // Session describes a session.
@@ -42,6 +45,8 @@ type Session struct {
 	Network    bool      `json:"network"`
 	// FromPool reports that the session took a kernel from the warm pool.
 	FromPool bool `json:"from_pool"`
+	// PublicPorts: see CreateOptions.
+	PublicPorts bool `json:"public_ports"`
 }
 
 // CreateSession starts a session. When the server is full it returns an
