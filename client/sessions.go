@@ -35,6 +35,9 @@ type CreateOptions struct {
 	// mode). Nil: the server's default list; empty (not nil) with
 	// NetworkMode "allow": nothing, until UpdateNetwork opens it.
 	Allow []string `json:"-"`
+	// PublicPorts lets anyone who reaches the server reach the servers the
+	// session's code starts (see Client.Ports), with no token.
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // Session describes a session.
@@ -62,6 +65,8 @@ type Session struct {
 	// Restored says what came back at the session's last restore, undo
 	// or fork (a fork's child: from its parent); nil if none.
 	Restored *Restored `json:"restored,omitempty"`
+	// PublicPorts: see CreateOptions.
+	PublicPorts bool `json:"public_ports"`
 }
 
 // CreateSession starts a session. When the server is full it returns an

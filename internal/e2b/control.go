@@ -201,9 +201,16 @@ type created struct {
 
 const clientID = "sandloop"
 
-func (sb *sandbox) created() created {
-	return created{TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID, EnvdVersion: EnvdVersion,
+// created answers create and connect for a request r. Its domain is the
+// server's own address, so the SDK's getHost(port) is
+// PORT-ID.localhost:N, which this server routes to the sandbox's port.
+func (sb *sandbox) created(r *http.Request) created {
+	c := created{TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: sb.envdToken, TrafficAccessToken: sb.trafficToken}
+	if d := domainOf(r); d != "" {
+		c.Domain = &d
+	}
+	return c
 }
 
 // readJSON decodes an optional JSON body (the SDKs send it chunked, so
@@ -258,7 +265,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeNetworkError(w, err)
 		return
 	}
-	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy})
+	// E2B's sandboxes take traffic to their ports from anyone unless
+	// created with allowPublicTraffic: false; then the traffic token is
+	// needed (e2b-traffic-access-token), as E2B's own proxy does.
+	trafficToken := randomHex(16)
+	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy,
+		PortAccess: session.PortAccess{Public: public, Token: trafficToken}})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return
@@ -268,7 +281,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	now := time.Now()
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
-		envdToken: randomHex(16), trafficToken: randomHex(16),
+		envdToken: randomHex(16), trafficToken: trafficToken,
 		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), lc: lc, ttl: ttl, network: network,
 		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
 	}
@@ -283,7 +296,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	h.sandboxes[sb.id] = sb
 	h.mu.Unlock()
 	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
-	writeJSON(w, http.StatusCreated, sb.created())
+	writeJSON(w, http.StatusCreated, sb.created(r))
 }
 
 func (h *Handler) writeCreateError(w http.ResponseWriter, err error) {
@@ -405,7 +418,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 	}
 	if resumed {
 		h.log.Info("e2b: sandbox resumed", "sandbox", sb.id)
-		writeJSON(w, http.StatusCreated, sb.created())
+		writeJSON(w, http.StatusCreated, sb.created(r))
 		return
 	}
 	// Connecting to a running one never shortens its life.
@@ -414,7 +427,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 			sb.setDeadline(t)
 		}
 	}
-	writeJSON(w, http.StatusOK, sb.created())
+	writeJSON(w, http.StatusOK, sb.created(r))
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner string) {

@@ -198,6 +198,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb))
+	if port := r.Header.Get("E2b-Sandbox-Port"); port != "" && port != portInterpreter && port != portEnvd {
+		h.servePort(w, r, sb, port)
+		return
+	}
 	if r.Header.Get("E2b-Sandbox-Port") == portInterpreter {
 		if !sb.trafficTokenOK(r) {
 			writeControlError(w, http.StatusUnauthorized, "missing or wrong E2B-Traffic-Access-Token for sandbox "+id)

@@ -234,6 +234,9 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		MaxBodyBytes: h.cfg.MaxBodyBytes, MaxFileBytes: h.cfg.MaxFileBytes, MaxRunBodyBytes: h.cfg.MaxRunBodyBytes,
 		Keepalive: h.cfg.Keepalive,
 	}
+	if h.e2b != nil {
+		so.Dispatch = h.e2b.Dispatch
+	}
 	if h.srv, err = server.New(&so); err != nil {
 		return nil, err
 	}

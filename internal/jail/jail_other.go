@@ -4,6 +4,7 @@ package jail
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 )
@@ -55,3 +56,12 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 func QuotaSupport() Check                 { return Check{Detail: "needs Linux"} }
 func (q *QuotaDir) Usage() (Usage, error) { return walkUsage(q.Path) }
 func (q *QuotaDir) Remove() error         { return removeDir(q.Path) }
+
+func (*Process) DialLoopback(context.Context, int) (net.Conn, error) { return nil, ErrUnsupported }
+func (*Process) ListeningPorts() ([]int, error)                      { return nil, ErrUnsupported }
+
+// ErrPortsNeedRoot and ErrNoOwnNetwork: see the Linux build.
+var (
+	ErrPortsNeedRoot = errors.New("reaching a port inside a sandbox needs a server running as root")
+	ErrNoOwnNetwork  = errors.New("the sandbox shares the host's network, so it has no ports of its own")
+)

@@ -35,6 +35,10 @@ type Process struct {
 	// listener: Config.ListenPort's, closed when the jail has ended.
 	listener net.Listener
 	enforce  string
+	// network and netns (the inode of the init's network namespace, 0 if
+	// unknown) let DialLoopback check it enters this jail's namespace.
+	network Network
+	netns   uint64
 	// stdin is our end of the pipe Config.Stdin is copied into (nil if
 	// none): closed when the jail has ended, so the end is never held up
 	// by a caller's reader that has nothing more to say.
@@ -276,6 +280,10 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
 	p.start = time.Now()
+	// The init is waiting for its configuration: certainly alive, and in
+	// the jail's network namespace from its birth (DialLoopback checks it).
+	p.network = cfg.Network
+	p.netns, _ = netnsInode(p.proc.Pid)
 	cfgR.Close()
 	stW.Close()
 	p.statusF = stR

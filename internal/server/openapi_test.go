@@ -379,8 +379,8 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 
 	// A method a path does not take: 405, Allow listing those it does, the JSON error.
 	for path, item := range sc.doc.Paths.Map() {
-		if path == "/mcp" || item.Get != nil && item.Get.Extensions["x-gateway-only"] == true {
-			continue // the MCP handler answers for itself; the gateway's own route
+		if path == "/mcp" || item.Get != nil && (item.Get.Extensions["x-gateway-only"] == true || item.Get.Extensions["x-proxy"] == true) {
+			continue // the MCP handler answers for itself; the gateway's own route; an app's own methods
 		}
 		var allow []string
 		for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"} {

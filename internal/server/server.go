@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/portproxy"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
@@ -75,6 +76,15 @@ type Options struct {
 	// the gateway authenticated. Tokens are then not accepted: clients
 	// reach hosts only through a gateway.
 	GatewaySecret string
+	// Dispatch, if set, takes requests that a face routes by their headers
+	// rather than their paths (E2B's E2b-Sandbox-Port for a sandbox's own
+	// ports, whose paths are the app's), before the path routes; it returns
+	// nil for requests that are not its own. The face checks access itself.
+	Dispatch func(*http.Request) http.Handler
+	// PortDomains are wildcard domains besides localhost under which
+	// PORT-ID.DOMAIN reaches a session's port (an operator's DNS points
+	// *.DOMAIN at the server). The first names the URLs handed out.
+	PortDomains []string
 	// Epoch names this process's life as a host (a new one per start). A
 	// request carrying HeaderEpoch of another life gets 410 Gone: its
 	// session belonged to a previous process. If empty, not checked.
@@ -131,6 +141,8 @@ type Server struct {
 	draining atomic.Bool
 	// notebooks are the sessions' notebooks (notebook.go).
 	notebooks notebooks
+	// signer signs the URLs of sessions' ports (ports.go).
+	signer *portproxy.Signer
 }
 
 // route is one documented endpoint.
@@ -161,7 +173,7 @@ func New(o *Options) (*Server, error) {
 	if opts.Keepalive == 0 {
 		opts.Keepalive = 5 * time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	s := &Server{opts: opts, log: opts.Logger, mux: http.NewServeMux(), signer: portproxy.NewSigner()}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -232,6 +244,14 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"GET", "/v1/sessions/{id}/ports", s.listPorts, false},
+		{"POST", "/v1/sessions/{id}/previews", s.portURL, false},
+		// The app's own methods; its access is checked by proxyPort.
+		{"GET", "/v1/sessions/{id}/ports/{port}/{path...}", s.proxyPort, true},
+		{"POST", "/v1/sessions/{id}/ports/{port}/{path...}", s.proxyPort, true},
+		{"PUT", "/v1/sessions/{id}/ports/{port}/{path...}", s.proxyPort, true},
+		{"PATCH", "/v1/sessions/{id}/ports/{port}/{path...}", s.proxyPort, true},
+		{"DELETE", "/v1/sessions/{id}/ports/{port}/{path...}", s.proxyPort, true},
 		{"GET", "/v1/sessions/{id}/notebook", s.getNotebook, false},
 		{"PUT", "/v1/sessions/{id}/notebook", s.putNotebook, false},
 		{"GET", "/v1/sessions/{id}/notebook.ipynb", s.getNotebookIpynb, false},
@@ -261,6 +281,18 @@ func (s *Server) Routes() []string {
 // ServeHTTP applies the browser defences, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if t, ok := portproxy.ParseHost(r.Host, s.opts.PortDomains); ok {
+		s.serveHostPort(w, r, t)
+		return
+	}
+	if s.opts.Dispatch != nil {
+		// A browser page cannot send such headers without a CORS preflight,
+		// which is never granted: no DNS-rebinding or CSRF way in.
+		if h := s.opts.Dispatch(r); h != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+	}
 	if !s.front.Admit(w, r) {
 		return
 	}

@@ -27,6 +27,9 @@ type createRequest struct {
 	// Checkpoints is "auto" (one before every execution, for undo) or
 	// "off"; if empty, the server's default.
 	Checkpoints string `json:"checkpoints"`
+	// PublicPorts lets anyone who reaches the server reach the session's
+	// ports (no token or signed URL needed).
+	PublicPorts bool `json:"public_ports"`
 }
 
 type sessionJSON struct {
@@ -50,6 +53,8 @@ type sessionJSON struct {
 	// allowlist lists (at egress.HostName; localhost is the sandbox's own).
 	HostNote string `json:"host_note,omitempty"`
 	FromPool bool   `json:"from_pool"`
+	// PublicPorts: see createRequest.
+	PublicPorts bool `json:"public_ports"`
 	// The workspace's quota, and whether the kernel enforces it on every
 	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
@@ -70,7 +75,7 @@ func (s *Server) toSessionJSON(ms *session.Managed) sessionJSON {
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Allowlist().Entries(), // in force: PATCH .../network changes it
-		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced, PublicPorts: ms.PortAccess.Public,
 	}
 	if ms.Egress != nil {
 		j.HostNote = ms.Allowlist().HostNote()
@@ -101,7 +106,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}}
 	if req.TimeoutS != nil {
 		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
 			writeError(w, err)

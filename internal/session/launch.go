@@ -274,6 +274,12 @@ func (j *jailProcess) Freeze() error { return j.p.Freeze() }
 
 func (j *jailProcess) Thaw() error { return j.p.Thaw() }
 
+func (j *jailProcess) DialLoopback(ctx context.Context, port int) (net.Conn, error) {
+	return j.p.DialLoopback(ctx, port)
+}
+
+func (j *jailProcess) ListeningPorts() ([]int, error) { return j.p.ListeningPorts() }
+
 func (j *jailProcess) Kill() error {
 	j.p.Kill()
 	return nil

@@ -166,6 +166,9 @@ type CreateOptions struct {
 	// Checkpoints: "auto" (one before every execution, for Undo), "off",
 	// or "" (the manager's default).
 	Checkpoints string
+	// Ports says who may reach servers inside the session besides its
+	// owner (see PortAccess).
+	PortAccess PortAccess
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
@@ -191,6 +194,7 @@ type Managed struct {
 	Egress      *egress.Policy // nil: no allowlist
 	ExecTimeout time.Duration
 	FromPool    bool
+	PortAccess  PortAccess
 
 	mgr *Manager
 
@@ -552,7 +556,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	}
 	now := time.Now()
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
-		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, mgr: m, lastUsed: now}
+		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
@@ -565,6 +569,19 @@ func (m *Manager) Get(owner, id string) (*Managed, error) {
 	defer m.mu.Unlock()
 	ms, ok := m.sessions[id]
 	if !ok || ms.Session == nil || ms.Owner != owner {
+		return nil, ErrNotFound
+	}
+	return ms, nil
+}
+
+// Lookup returns session id whoever owns it: for a face that checked a
+// credential of the session's own (a port route's signed URL or port
+// token), never for one that should check the owner (Get).
+func (m *Manager) Lookup(id string) (*Managed, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ms, ok := m.sessions[id]
+	if !ok || ms.Session == nil {
 		return nil, ErrNotFound
 	}
 	return ms, nil

@@ -1,6 +1,7 @@
 package zygote
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,4 +131,35 @@ func (p *Process) Wait() error {
 		}
 	})
 	return p.waitErr
+}
+
+// reaperFD returns a duplicate of the reaper's pidfd (the caller closes
+// it), or an error once the session has ended.
+func (p *Process) dupReaper() (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.reaperFD < 0 {
+		return -1, os.ErrProcessDone
+	}
+	return unix.FcntlInt(uintptr(p.reaperFD), unix.F_DUPFD_CLOEXEC, 0)
+}
+
+// DialLoopback connects to port on the session's own loopback.
+func (p *Process) DialLoopback(ctx context.Context, port int) (net.Conn, error) {
+	fd, err := p.dupReaper()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return jail.DialLoopback(ctx, fd, port)
+}
+
+// ListeningPorts lists the TCP ports listening on the session's loopback.
+func (p *Process) ListeningPorts() ([]int, error) {
+	fd, err := p.dupReaper()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return jail.PortsOf(fd, p.reaperPid)
 }

@@ -5,6 +5,7 @@ import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
+import { PortsPanel } from './ports.js';
 
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
@@ -74,6 +75,7 @@ class Notebook {
     this.files = new FileBrowser(this.base, () => this.gone());
     this.net = new NetworkPanel(this.base);
     this.ck = new CheckpointStrip(this);
+    this.ports = new PortsPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -94,12 +96,13 @@ class Notebook {
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
-      h('div', { class: 'nb-side' }, this.files.el, this.net.el));
+      h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
     this.net.load();
     this.ck.load();
+    this.ports.load();
     this.load();
     // A session may end while the tab is elsewhere (idle timeout), and
     // another tab may have changed the notebook: look again when the
@@ -121,6 +124,7 @@ class Notebook {
     document.removeEventListener('visibilitychange', this.onVisible);
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
+    clearTimeout(this.ports.again);
     if (this.saveTimer) this.save(); // now, not after the pause
   }
 
@@ -302,6 +306,7 @@ class Notebook {
       this.files.reload();
       this.net.afterCell();
       this.ck.load();
+      this.ports.afterCell();
     }
   }
 

@@ -1,0 +1,99 @@
+// Ports of an E2B sandbox through sandloop, with E2B's own SDK, unchanged:
+// a server the sandbox's code starts is reached at sbx.getHost(port) (the
+// host name PORT-ID.localhost:N; Node cannot resolve *.localhost, so it
+// dials the server with that Host, as the docs say) and by E2B's header
+// routing; a sandbox created with allowPublicTraffic: false needs its
+// traffic token; a port nothing listens on answers 502.
+//
+//   node ports.mjs
+//
+// Each step prints "ok <step>"; a failure prints the error and exits 1.
+import assert from 'node:assert/strict'
+import http from 'node:http'
+import { Sandbox } from '@e2b/code-interpreter'
+
+async function step(name, fn) {
+  try {
+    await fn()
+    console.log(`ok ${name}`)
+  } catch (e) {
+    console.log(`FAIL ${name}: ${e?.name}: ${e?.message}`)
+    console.log(e?.stack)
+    process.exit(1)
+  }
+}
+
+const api = new URL(process.env.E2B_API_URL)
+
+// get sends GET path to the server with the given Host and headers.
+function get(host, path, headers = {}) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: api.hostname, port: api.port, path, headers: { Host: host, ...headers } }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c) => (body += c))
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+const app = (port) => `
+import threading, http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("app on ${'$'}{port} saw " + self.path).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", ${'$'}{port}), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+`.replaceAll('${port}', String(port))
+
+const sbx = await Sandbox.create()
+await step('a server started by runCode', async () => {
+  const ex = await sbx.runCode(app(3000))
+  assert.equal(ex.error, undefined)
+})
+await step('getHost names the port under the server', async () => {
+  assert.equal(sbx.getHost(3000), `3000-${sbx.sandboxId}.localhost:${api.port}`)
+})
+await step('the host name reaches the app, with its own path', async () => {
+  const r = await get(sbx.getHost(3000), '/hello?x=1')
+  assert.equal(r.status, 200, r.body)
+  assert.equal(r.body, 'app on 3000 saw /hello?x=1')
+})
+await step('header routing reaches the app', async () => {
+  const r = await get(api.host, '/page.txt', { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '3000' })
+  assert.equal(r.status, 200, r.body)
+  assert.equal(r.body, 'app on 3000 saw /page.txt')
+})
+await step('a port nothing listens on is 502', async () => {
+  const r = await get(sbx.getHost(3001), '/')
+  assert.equal(r.status, 502, r.body)
+})
+const priv = await Sandbox.create({ network: { allowPublicTraffic: false } })
+await step('a private sandbox needs its traffic token', async () => {
+  await priv.runCode(app(8080))
+  const without = await get(priv.getHost(8080), '/')
+  assert.equal(without.status, 403, without.body)
+  const wrong = await get(priv.getHost(8080), '/', { 'e2b-traffic-access-token': 'nope' })
+  assert.equal(wrong.status, 403, wrong.body)
+  assert.ok(priv.trafficAccessToken, 'the SDK has the traffic token')
+  const ok = await get(priv.getHost(8080), '/x', { 'e2b-traffic-access-token': priv.trafficAccessToken })
+  assert.equal(ok.status, 200, ok.body)
+  assert.equal(ok.body, 'app on 8080 saw /x')
+})
+await step('one sandbox cannot be reached under another\'s id', async () => {
+  // the public sandbox's port 8080 is not the private one's
+  const r = await get(sbx.getHost(8080), '/')
+  assert.equal(r.status, 502, r.body)
+})
+await sbx.kill()
+await priv.kill()
+await step('a killed sandbox\'s port is gone', async () => {
+  const r = await get(`3000-${sbx.sandboxId}.localhost:${api.port}`, '/')
+  assert.equal(r.status, 404, r.body)
+})
+console.log('done')
+process.exit(0)
