@@ -494,3 +494,47 @@ func (w cancelingWriter) Write(b []byte) (int, error) {
 	w.cancel()
 	return len(b), nil
 }
+
+// TestCheckpointManyRestores goes back and forth between two checkpoints,
+// taking and dropping others on the way: the session keeps exactly its
+// init, the anchor, the live kernel and one process per checkpoint, with
+// no zombies, and each restore lands on its checkpoint's state.
+func TestCheckpointManyRestores(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	var ids [2]int
+	for i := range ids {
+		execOK(t, k, fmt.Sprintf("x = %d", i))
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = cp.ID
+	}
+	for round := range 20 {
+		i := round % 2
+		if _, err := k.Restore(ctx, ids[i]); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if got := execOK(t, k, "print(x)"); got != fmt.Sprint(i) {
+			t.Fatalf("round %d: x = %s, want %d", round, got, i)
+		}
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.DropCheckpoint(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := execOK(t, k, `import os, time
+for _ in range(50):
+    states = [open('/proc/%s/stat' % p).read().split(') ')[1][0] for p in os.listdir('/proc') if p.isdigit()]
+    if len(states) == 5 and 'Z' not in states:
+        break
+    time.sleep(0.1)
+print(len(states), states.count('Z'))`)
+	if got != "5 0" {
+		t.Fatalf("processes, zombies: %s; want 5 (init, anchor, live kernel, two checkpoints), 0", got)
+	}
+}
