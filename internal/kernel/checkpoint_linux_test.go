@@ -233,13 +233,20 @@ func TestCheckpointInterruptAndCrash(t *testing.T) {
 	if err != nil || r.Status != StatusTimeout {
 		t.Fatalf("timeout after restores: %v %+v", err, r)
 	}
-	// A restored kernel that crashes ends the session with its signal.
+	// A restored kernel that crashes ends the session with its signal; its
+	// cell is numbered from the checkpoint's count.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
 	r, err = k.Execute(ctx, Request{Code: "import os; os.kill(os.getpid(), 11)"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
 		t.Fatalf("segfault of a restored kernel: status %s error %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+	if r.ExecutionCount != cp.ExecutionCount+1 {
+		t.Errorf("the crashed cell is number %d, want %d (the checkpoint's count + 1)", r.ExecutionCount, cp.ExecutionCount+1)
 	}
 	if !errors.Is(k.Err(), ErrDead) {
 		t.Fatalf("Err() = %v", k.Err())
