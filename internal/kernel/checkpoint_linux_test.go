@@ -264,7 +264,9 @@ func TestCheckpointTimeoutKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.opts.InterruptGrace = 300 * time.Millisecond
-	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 300 * time.Millisecond}, nil)
+	// (A timeout long enough for the cell to ignore SIGINT first, even on
+	// a loaded machine.)
+	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 3 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
