@@ -233,13 +233,20 @@ func TestCheckpointInterruptAndCrash(t *testing.T) {
 	if err != nil || r.Status != StatusTimeout {
 		t.Fatalf("timeout after restores: %v %+v", err, r)
 	}
-	// A restored kernel that crashes ends the session with its signal.
+	// A restored kernel that crashes ends the session with its signal; its
+	// cell is numbered from the checkpoint's count.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
 	r, err = k.Execute(ctx, Request{Code: "import os; os.kill(os.getpid(), 11)"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
 		t.Fatalf("segfault of a restored kernel: status %s error %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+	if r.ExecutionCount != cp.ExecutionCount+1 {
+		t.Errorf("the crashed cell is number %d, want %d (the checkpoint's count + 1)", r.ExecutionCount, cp.ExecutionCount+1)
 	}
 	if !errors.Is(k.Err(), ErrDead) {
 		t.Fatalf("Err() = %v", k.Err())
@@ -257,7 +264,9 @@ func TestCheckpointTimeoutKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.opts.InterruptGrace = 300 * time.Millisecond
-	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 300 * time.Millisecond}, nil)
+	// (A timeout long enough for the cell to ignore SIGINT first, even on
+	// a loaded machine.)
+	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 3 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +387,13 @@ f = lambda v: v * 2 + offset
 offset = 1
 df = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})
 sock = socket.socket()
-n = 5`)
+n = 5
+class Noisy:  # loading it prints more than a pipe holds
+    def __setstate__(self, state):
+        print('x' * 300000)
+        self.__dict__.update(state)
+noisy = Noisy()
+noisy.a = 1`)
 	// An export abandoned after its first chunk: its rest is skipped, not
 	// taken for the next export's.
 	execOK(t, src, "blob = bytes(range(256)) * (16 << 10)")
@@ -493,4 +508,48 @@ type cancelingWriter struct{ cancel context.CancelFunc }
 func (w cancelingWriter) Write(b []byte) (int, error) {
 	w.cancel()
 	return len(b), nil
+}
+
+// TestCheckpointManyRestores goes back and forth between two checkpoints,
+// taking and dropping others on the way: the session keeps exactly its
+// init, the anchor, the live kernel and one process per checkpoint, with
+// no zombies, and each restore lands on its checkpoint's state.
+func TestCheckpointManyRestores(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	var ids [2]int
+	for i := range ids {
+		execOK(t, k, fmt.Sprintf("x = %d", i))
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = cp.ID
+	}
+	for round := range 20 {
+		i := round % 2
+		if _, err := k.Restore(ctx, ids[i]); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if got := execOK(t, k, "print(x)"); got != fmt.Sprint(i) {
+			t.Fatalf("round %d: x = %s, want %d", round, got, i)
+		}
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.DropCheckpoint(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := execOK(t, k, `import os, time
+for _ in range(50):
+    states = [open('/proc/%s/stat' % p).read().split(') ')[1][0] for p in os.listdir('/proc') if p.isdigit()]
+    if len(states) == 5 and 'Z' not in states:
+        break
+    time.sleep(0.1)
+print(len(states), states.count('Z'))`)
+	if got != "5 0" {
+		t.Fatalf("processes, zombies: %s; want 5 (init, anchor, live kernel, two checkpoints), 0", got)
+	}
 }

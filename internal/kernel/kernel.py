@@ -856,7 +856,10 @@ def _dormant(ns, sock):
             # may let go, while this one forks its fresh dormant copy.
             pid = os.getpid()
             if _CP.ctl_w >= 0:
-                _write_all(_CP.ctl_w, b"%d\n" % pid)
+                try:
+                    _write_all(_CP.ctl_w, b"%d\n" % pid)
+                except OSError:
+                    pass  # user code closed it: signals then reach the old live kernel's pid
             sock.send(_encode({"ok": True, "pid": pid}).encode())
             try:
                 child = _fork_keeping_state()
@@ -1048,7 +1051,14 @@ def drop_checkpoint(req):
     except OSError:
         pass  # gone already
     _forget(cp)
-    _reap_dropped()
+    # It exits at once (freeing its pages takes a moment): reap it if it
+    # is our child, else the next requests will.
+    deadline = time.monotonic() + 0.05
+    while True:
+        _reap_dropped()
+        if cp.pid not in _CP.reap or time.monotonic() > deadline:
+            break
+        time.sleep(0.001)
     _reply({"type": "drop_checkpoint", "id": cid})
 
 
@@ -1218,6 +1228,9 @@ class _StateOut:
 
 def _export_child(ns, fd):
     """In a forked copy: write ns's variables to fd as events, then the end."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
     name, ser = _serializer()
     out = _StateOut(fd)
     out.record(b"H", _encode({"version": 1, "serializer": name}).encode())
@@ -1494,6 +1507,8 @@ def main():
             continue
         op = req.get("op", "execute")
         S.tag = req.get("tag") or 0
+        if _CP.reap:
+            _reap_dropped()
         if op == "execute":
             run_cell(ns, req)
         elif op == "is_complete":

@@ -343,3 +343,59 @@ func TestCheckpointsClosedWithTheSession(t *testing.T) {
 		t.Errorf("checkpoint after close: %v", err)
 	}
 }
+
+// A checkpoint whose kernel copy was killed (as the OOM killer would) is
+// reported gone and forgotten; the files and the live kernel are untouched.
+func TestCheckpointGone(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{})
+	mustOK(t, runCode(t, s, "v_a = 1"))
+	cp, err := s.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s, `import os, signal, time
+v_a = 2
+open('/workspace/after.txt', 'w').write('kept')
+dormant = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and 'kernel.py' in open('/proc/%s/cmdline' % p).read()]
+assert len(dormant) == 1, dormant
+os.kill(dormant[0], signal.SIGKILL)
+def dead(pid):
+    try:
+        return open('/proc/%d/stat' % pid).read().rsplit(')', 1)[1].split()[0] in 'ZX'
+    except OSError:
+        return True
+end = time.time() + 10
+while not dead(dormant[0]) and time.time() < end:
+    time.sleep(0.01)
+assert dead(dormant[0])
+`))
+	_, err = s.RestoreCheckpoint(ctx, cp.ID)
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "is gone") {
+		t.Fatalf("restore of a killed checkpoint: %v", err)
+	}
+	if cps := s.Checkpoints(); len(cps) != 0 {
+		t.Errorf("the gone checkpoint is still listed: %+v", cps)
+	}
+	if got := textOf(t, s, "v_a, open('/workspace/after.txt').read()"); got != "(2, 'kept')" {
+		t.Errorf("after the failed restore: %s", got)
+	}
+}
+
+// A workspace larger than the bound is not copied before every cell only
+// to be dropped: the automatic checkpoint is skipped, the older ones stay.
+func TestAutoCheckpointSkippedOverTheBound(t *testing.T) {
+	s := newSession(t, Options{Checkpoints: CheckpointsAuto, CheckpointMemory: 16 << 20})
+	if !s.Quota().Enforced {
+		t.Skip("the workspace has no quota mount here to measure it cheaply")
+	}
+	mustOK(t, runCode(t, s, "import os\nopen('/workspace/big', 'wb').write(os.urandom(20 << 20))"))
+	mustOK(t, runCode(t, s, "1"))
+	cps := s.Checkpoints()
+	if len(cps) != 1 || cps[0].ExecutionCount != 0 {
+		t.Fatalf("checkpoints %+v: want only the one before the first cell", cps)
+	}
+	if held := s.cps.store.HeldBytes(); held != 0 {
+		t.Errorf("the store holds %d bytes: the big file was copied", held)
+	}
+}

@@ -58,6 +58,9 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 		if c.ID() == parent.ID() || c.Workspace() == parent.Workspace() || c.Owner != "alice" {
 			t.Fatalf("child %d: %s at %s owned by %q", i, c.ID(), c.Workspace(), c.Owner)
 		}
+		if c.Limits != parent.Limits || c.Network != parent.Network || c.Egress != parent.Egress || c.ExecTimeout != parent.ExecTimeout {
+			t.Errorf("child %d: limits %+v network %q egress %v timeout %v; the parent's: %+v %q %v %v", i, c.Limits, c.Network, c.Egress, c.ExecTimeout, parent.Limits, parent.Network, parent.Egress, parent.ExecTimeout)
+		}
 		if d := treeDiff(parentFiles, wsTree(t, c.Workspace())); d != "" {
 			t.Fatalf("child %d's files differ from the parent's:\n%s", i, d)
 		}
