@@ -143,6 +143,16 @@ func (sb *sandbox) resume(ctx context.Context, ttl time.Duration) (bool, error) 
 	return true, errors.Join(errs...)
 }
 
+// rebootOnResume makes the next resume of a paused sandbox start its
+// kernels afresh (connect's memory: false).
+func (sb *sandbox) rebootOnResume() {
+	sb.mu.Lock()
+	if sb.paused {
+		sb.coldResume = true
+	}
+	sb.mu.Unlock()
+}
+
 func sessionsOf(ctxs []*codeContext) []*session.Session {
 	out := make([]*session.Session, len(ctxs))
 	for i, c := range ctxs {
