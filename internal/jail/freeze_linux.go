@@ -43,12 +43,23 @@ const freezeWait = 5 * time.Second
 func FreezeMethod() string {
 	h := detectCgroups()
 	switch {
-	case h.mode == "cgroup v2" && exists(filepath.Join(h.v2, "cgroup.freeze")):
+	case h.mode == "cgroup v2" && v2Freezer(h.v2):
 		return "cgroup v2 freezer"
 	case h.mode == "cgroup v1" && h.freezer != "":
 		return "cgroup v1 freezer"
 	}
 	return "SIGSTOP"
+}
+
+// v2Freezer says whether the groups made under dir have cgroup.freeze
+// (kernel 5.2 and later). The root of a cgroup namespace (a container's
+// own group) has none of its own: its children tell.
+func v2Freezer(dir string) bool {
+	if exists(filepath.Join(dir, "cgroup.freeze")) {
+		return true
+	}
+	kids, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.freeze"))
+	return len(kids) > 0
 }
 
 // FreezeSupport reports FreezeMethod as a doctor's check: SIGSTOP is a
@@ -185,9 +196,7 @@ func stopPids(list func() []int) error {
 		pids := list()
 		running := 0
 		for _, pid := range pids {
-			switch procState(pid) {
-			case 'T', 't', 'Z', 'X', 0: // stopped, traced, dead or gone
-			default:
+			if !stopped(pid) {
 				running++
 				_ = unix.Kill(pid, unix.SIGSTOP)
 			}
@@ -207,6 +216,33 @@ func contPids(pids []int) {
 	for _, pid := range pids {
 		_ = unix.Kill(pid, unix.SIGCONT)
 	}
+}
+
+// stopped says whether every thread of process pid is stopped (a group
+// stop reaches each thread on its own way back to user mode), dead or
+// gone.
+func stopped(pid int) bool {
+	tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		switch taskState(pid, tid) {
+		case 'T', 't', 'Z', 'X', 0: // stopped, traced, dead or gone
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func taskState(pid, tid int) byte {
+	stat := readFileString("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/stat")
+	if i := strings.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2]
+	}
+	return 0
 }
 
 // procState is the state letter of /proc/pid/stat (0: gone).
