@@ -208,7 +208,7 @@ func (s *Session) Checkpoint(ctx context.Context, name string) (*Checkpoint, err
 	if len(name) > 200 || strings.ContainsAny(name, "\x00\n") {
 		return nil, &ArgumentError{"name", errors.New("at most 200 characters on one line")}
 	}
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
 	defer s.release()
@@ -452,7 +452,7 @@ func (s *Session) kernelErr(what string, err error) error {
 // again), and so are the ones taken after it. It waits for a running
 // execution to end.
 func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, error) {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
 	defer s.release()
@@ -467,7 +467,7 @@ func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, 
 // automatic checkpoint (taken just before that execution), which is then
 // dropped, so a second Undo reverts the execution before.
 func (s *Session) Undo(ctx context.Context) (*Restored, error) {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
 	defer s.release()
@@ -533,7 +533,7 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 
 // DeleteCheckpoint frees checkpoint id.
 func (s *Session) DeleteCheckpoint(ctx context.Context, id string) error {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return err
 	}
 	defer s.release()

@@ -128,7 +128,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 // forkSource serializes the session's variables and checkpoints its files
 // (or takes both from checkpoint cp), under its turn.
 func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error) {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
 	defer s.release()
@@ -206,7 +206,7 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 
 // adopt gives a new session src's files and variables, under its turn.
 func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error) {
-	if err := s.acquire(ctx); err != nil {
+	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
 	defer s.release()

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -109,4 +110,18 @@ func (s *Session) State() string {
 		return StatePaused
 	}
 	return StateRunning
+}
+
+// acquireRunning takes the session's turn and resumes it if paused, as a
+// call that talks to the kernel needs (a frozen kernel would never answer).
+// The caller releases the turn.
+func (s *Session) acquireRunning(ctx context.Context) error {
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	if err := s.Resume(); err != nil {
+		s.release()
+		return err
+	}
+	return nil
 }
