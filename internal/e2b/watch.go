@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -27,7 +28,16 @@ const (
 	// maxQueuedEvents caps the events a sync watcher holds between two
 	// GetWatcherEvents.
 	maxQueuedEvents = 4096
+	// maxHostWatchers caps the watchers of all sandboxes: each is an
+	// inotify instance, of which a user has 128 by default
+	// (fs.inotify.max_user_instances), shared with the host's other
+	// programs.
+	maxHostWatchers = 64
 )
+
+// hostWatchers counts the watchers of this process (inotify instances are
+// counted per user, not per handler).
+var hostWatchers atomic.Int32
 
 type eventType string
 
@@ -113,6 +123,9 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 		err = connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
 	case len(sb.watches) >= maxWatchers:
 		err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("a sandbox has at most %d watchers: stop one first", maxWatchers))
+	case hostWatchers.Add(1) > maxHostWatchers:
+		hostWatchers.Add(-1)
+		err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("this server watches %d directories for its sandboxes, as many as it may: stop a watcher, or retry later", maxHostWatchers))
 	default:
 		if sb.watches == nil {
 			sb.watches = map[string]*watch{}
@@ -172,7 +185,10 @@ func joinRel(dir, name string) string {
 func (wt *watch) close() {
 	wt.stop.Do(func() {
 		wt.sb.mu.Lock()
-		delete(wt.sb.watches, wt.id)
+		if wt.sb.watches[wt.id] == wt {
+			delete(wt.sb.watches, wt.id)
+			hostWatchers.Add(-1)
+		}
 		wt.sb.mu.Unlock()
 		if wt.w != nil {
 			// A stream's pending event is dropped, so the reader can end.
