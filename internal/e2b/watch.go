@@ -127,15 +127,22 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 		hostWatchers.Add(-1)
 		err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("this server watches %d directories for its sandboxes, as many as it may: stop a watcher, or retry later", maxHostWatchers))
 	default:
+		// Reserved (counted, not yet usable) until the watch is set up.
 		if sb.watches == nil {
 			sb.watches = map[string]*watch{}
 		}
-		sb.watches[wt.id] = wt
+		sb.watches[wt.id] = nil
 	}
 	sb.mu.Unlock()
 	if err != nil {
 		ws.Close()
 		return nil, err
+	}
+	release := func() {
+		sb.mu.Lock()
+		delete(sb.watches, wt.id)
+		sb.mu.Unlock()
+		hostWatchers.Add(-1)
 	}
 	entry := func(name string) *entryInfo {
 		if !req.IncludeEntry {
@@ -167,8 +174,20 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 	}
 	wt.w, err = watchDir(ws, rel, req.Recursive, maxWatchDirs, deliver)
 	if err != nil {
-		wt.close()
+		release()
+		ws.Close()
 		return nil, rpcError(err)
+	}
+	sb.mu.Lock()
+	_, reserved := sb.watches[wt.id]
+	if reserved && !sb.done {
+		sb.watches[wt.id] = wt
+	}
+	sb.mu.Unlock()
+	if !reserved || sb.killedError() != nil {
+		// The sandbox was killed meanwhile.
+		wt.close()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
 	}
 	return wt, nil
 }
@@ -185,7 +204,7 @@ func joinRel(dir, name string) string {
 func (wt *watch) close() {
 	wt.stop.Do(func() {
 		wt.sb.mu.Lock()
-		if wt.sb.watches[wt.id] == wt {
+		if cur, ok := wt.sb.watches[wt.id]; ok && (cur == wt || cur == nil) {
 			delete(wt.sb.watches, wt.id)
 			hostWatchers.Add(-1)
 		}
@@ -212,7 +231,9 @@ func (sb *sandbox) closeWatches() {
 	sb.mu.Lock()
 	var all []*watch
 	for _, wt := range sb.watches {
-		all = append(all, wt)
+		if wt != nil { // (a watch being set up sees the sandbox is done)
+			all = append(all, wt)
+		}
 	}
 	sb.mu.Unlock()
 	for _, wt := range all {
