@@ -200,6 +200,13 @@ func (w *dirWatcher) run() {
 				return
 			}
 		}
+		// The arrival of a moved directory comes with its departure (the
+		// kernel queues both in the rename): without it, the directory
+		// left the tree.
+		if p := w.movedFrom; p != nil {
+			w.movedFrom = nil
+			w.forget(p.name)
+		}
 	}
 }
 
