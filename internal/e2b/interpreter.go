@@ -103,6 +103,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	s, err := session.New(r.Context(), &session.Options{
 		Limits: sb.ms.Limits, Network: sb.ms.Network, Env: sb.envVars, Workspace: sb.ms.Workspace(),
 		ExecTimeout: sb.ms.ExecTimeout, Zygote: h.opts.Zygote, Logger: h.log,
+		Egress: h.contextEgress(sb), EgressLookup: h.opts.Network.Lookup, // network.go
 	})
 
 	if err != nil {
@@ -132,6 +133,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.contexts[c.id] = c
 	sb.mu.Unlock()
+	sb.followNetwork(c)
 	writeJSON(w, http.StatusOK, c.json())
 }
 

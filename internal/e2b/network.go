@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -33,6 +34,10 @@ type NetworkOptions struct {
 	// server's --allow list when its default network is allow). If
 	// empty, nothing.
 	Default []string
+	// Lookup resolves names for the proxies of extra code contexts (the
+	// manager's EgressLookup does for the sandboxes' own kernels). If
+	// nil, the host's resolver.
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // allTraffic is E2B's ALL_TRAFFIC.
@@ -198,7 +203,7 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request, owner st
 	sb.mu.Lock()
 	st.cfg.AllowPublicTraffic, st.cfg.MaskRequestHost, st.cfg.HTTPSPorts = sb.network.cfg.AllowPublicTraffic, sb.network.cfg.MaskRequestHost, sb.network.cfg.HTTPSPorts
 	sb.mu.Unlock()
-	if err := sb.ms.SetAllowlist(al); err != nil {
+	if err := sb.setAllowlist(al); err != nil {
 		if errors.Is(err, session.ErrNoEgress) {
 			writeControlError(w, http.StatusConflict, fmt.Sprintf("sandbox %s has no egress proxy whose rules could change", sb.id))
 			return
@@ -219,4 +224,45 @@ func (sb *sandbox) networkInfo() (*networkJSON, bool) {
 	defer sb.mu.Unlock()
 	cfg := sb.network.cfg
 	return &cfg, sb.network.access
+}
+
+// setAllowlist puts al in force for the sandbox's kernel, then for its
+// extra code contexts' (a context being made meanwhile takes it up in
+// followNetwork: the sandbox's list is stored first).
+func (sb *sandbox) setAllowlist(al *egress.Allowlist) error {
+	if err := sb.ms.SetAllowlist(al); err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	var own []*codeContext
+	for _, c := range sb.contexts {
+		if c.own {
+			own = append(own, c)
+		}
+	}
+	sb.mu.Unlock()
+	for _, c := range own {
+		c.s.SetAllowlist(al) // (a context without a proxy has nothing to change)
+	}
+	return nil
+}
+
+// contextEgress is the egress policy of an extra code context: the
+// sandbox's list in force (nil if the sandbox has no proxy).
+func (h *Handler) contextEgress(sb *sandbox) *egress.Policy {
+	al := sb.ms.Allowlist()
+	if al == nil {
+		return nil
+	}
+	p := h.opts.Network.Policy
+	p.Allow = al
+	return &p
+}
+
+// followNetwork gives a context just registered the sandbox's list in
+// force, which an update may have changed while its kernel started.
+func (sb *sandbox) followNetwork(c *codeContext) {
+	if al := sb.ms.Allowlist(); al != nil {
+		c.s.SetAllowlist(al)
+	}
 }

@@ -8,10 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // netWorld is an HTTPS site under a .invalid name on this machine and a
@@ -30,9 +32,9 @@ func newNetWorld(t *testing.T, pool int) *netWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := session.NewManager(&session.ManagerOptions{PoolSize: pool,
-		EgressLookup: egresstest.Resolver(map[string][]string{"site.invalid": {"127.0.0.1"}})})
-	h, err := New(&Options{Manager: mgr, Keys: map[string]string{keyA: "owner-a", keyB: "owner-b"}, Network: NetworkOptions{Max: max}})
+	lookup := egresstest.Resolver(map[string][]string{"site.invalid": {"127.0.0.1"}})
+	mgr := session.NewManager(&session.ManagerOptions{PoolSize: pool, EgressLookup: lookup})
+	h, err := New(&Options{Manager: mgr, Keys: map[string]string{keyA: "owner-a", keyB: "owner-b"}, Network: NetworkOptions{Max: max, Lookup: lookup}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,17 +49,21 @@ func newNetWorld(t *testing.T, pool int) *netWorld {
 	return &netWorld{ts: &testServer{Server: hs, h: h, mgr: mgr}, ca: ca, site: "site.invalid:" + strconv.Itoa(egresstest.Port(srv))}
 }
 
-// fetch runs a cell in c's kernel that fetches the site and returns what
-// it printed.
-func (nw *netWorld) fetch(t *testing.T, c created) string {
+// fetch runs a cell in c's kernel (or that of code context ctxID) that
+// fetches the site and returns what it printed.
+func (nw *netWorld) fetch(t *testing.T, c created, ctxID ...string) string {
 	t.Helper()
+	inContext := ""
+	if len(ctxID) > 0 {
+		inContext = `,"context_id":"` + ctxID[0] + `"`
+	}
 	code, _ := json.Marshal(fmt.Sprintf(`
 import urllib.request
 try:
     print(urllib.request.urlopen("https://%s/", timeout=20).read().decode())
 except Exception as e:
     print(e)`, nw.site))
-	resp, b := nw.ts.call(t, "POST", "/execute", strings.NewReader(`{"code":`+string(code)+`,"env_vars":{"SSL_CERT_FILE":"/workspace/ca.pem"}}`),
+	resp, b := nw.ts.call(t, "POST", "/execute", strings.NewReader(`{"code":`+string(code)+inContext+`,"env_vars":{"SSL_CERT_FILE":"/workspace/ca.pem"}}`),
 		"E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", portInterpreter, "E2B-Traffic-Access-Token", c.TrafficAccessToken, "Content-Type", "application/json")
 	if resp.StatusCode != 200 {
 		t.Fatalf("execute: %d %s", resp.StatusCode, b)
@@ -96,7 +102,18 @@ func (nw *netWorld) info(t *testing.T, c created) map[string]any {
 func TestUpdateNetwork(t *testing.T) {
 	t.Parallel()
 	nw := newNetWorld(t, 1)
+	// The pooled kernel, its proxy's listener on standby, is armed as the
+	// sandbox takes it.
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if n := nw.ts.mgr.Stats().PoolReady; n != 1 {
+			return fmt.Errorf("%d pooled kernels", n)
+		}
+		return nil
+	})
 	c := nw.create(t, `{}`)
+	if !nw.ts.h.lookup(c.SandboxID).ms.FromPool {
+		t.Error("the sandbox did not take the pooled kernel")
+	}
 	refused := "403 sandloop: egress to " + nw.site + " is not allowed"
 	if got := nw.fetch(t, c); !strings.Contains(got, refused) || !strings.Contains(got, "allowed: nothing") {
 		t.Fatalf("before the update: %q", got)
@@ -119,12 +136,25 @@ func TestUpdateNetwork(t *testing.T) {
 	if n, _ := json.Marshal(info["network"]); string(n) != `{"allowOut":["`+nw.site+`","127.0.0.1"],"denyOut":["0.0.0.0/0"]}` || info["allowInternetAccess"] != false {
 		t.Errorf("getInfo after the update: network %s, allowInternetAccess %v", n, info["allowInternetAccess"])
 	}
+	// An extra code context follows the sandbox's list.
+	resp, b := nw.ts.call(t, "POST", "/contexts", strings.NewReader(`{}`), "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", portInterpreter,
+		"E2B-Traffic-Access-Token", c.TrafficAccessToken, "Content-Type", "application/json")
+	var cc struct{ ID string }
+	if json.Unmarshal(b, &cc); resp.StatusCode != 200 || cc.ID == "" {
+		t.Fatalf("create context: %d %s", resp.StatusCode, b)
+	}
+	if got := nw.fetch(t, c, cc.ID); got != "hello from the site" {
+		t.Fatalf("a context made after the update: %q", got)
+	}
 	// Replace, not merge: {} clears it (open traffic: here, nothing).
 	if st, b := put(`{}`); st != 204 {
 		t.Fatalf("update {}: %d %s", st, b)
 	}
 	if got := nw.fetch(t, c); !strings.Contains(got, refused) {
 		t.Fatalf("after clearing: %q", got)
+	}
+	if got := nw.fetch(t, c, cc.ID); !strings.Contains(got, refused) {
+		t.Fatalf("the context after clearing: %q", got)
 	}
 	// allow_internet_access false closes traffic as ALL_TRAFFIC denied does.
 	if st, b := put(`{"allowOut": ["` + nw.site + `", "127.0.0.1"], "allow_internet_access": false}`); st != 204 {
@@ -175,7 +205,7 @@ func TestUpdateNetwork(t *testing.T) {
 	if info := nw.info(t, c2); info["allowInternetAccess"] != false || info["network"].(map[string]any)["allowPublicTraffic"] != false {
 		t.Errorf("getInfo of a sandbox created with a network: %v", info)
 	}
-	resp, b := nw.ts.control(t, "POST", "/v2/sandboxes", `{"network": {"denyOut": ["nope.invalid"]}}`, keyA)
+	resp, b = nw.ts.control(t, "POST", "/v2/sandboxes", `{"network": {"denyOut": ["nope.invalid"]}}`, keyA)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "invalid denied CIDR") {
 		t.Errorf("create with a domain denied: %d %s", resp.StatusCode, b)
 	}

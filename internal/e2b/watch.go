@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -27,7 +28,16 @@ const (
 	// maxQueuedEvents caps the events a sync watcher holds between two
 	// GetWatcherEvents.
 	maxQueuedEvents = 4096
+	// maxHostWatchers caps the watchers of all sandboxes: each is an
+	// inotify instance, of which a user has 128 by default
+	// (fs.inotify.max_user_instances), shared with the host's other
+	// programs.
+	maxHostWatchers = 64
 )
+
+// hostWatchers counts the watchers of this process (inotify instances are
+// counted per user, not per handler).
+var hostWatchers atomic.Int32
 
 type eventType string
 
@@ -113,16 +123,26 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 		err = connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
 	case len(sb.watches) >= maxWatchers:
 		err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("a sandbox has at most %d watchers: stop one first", maxWatchers))
+	case hostWatchers.Add(1) > maxHostWatchers:
+		hostWatchers.Add(-1)
+		err = connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("this server watches %d directories for its sandboxes, as many as it may: stop a watcher, or retry later", maxHostWatchers))
 	default:
+		// Reserved (counted, not yet usable) until the watch is set up.
 		if sb.watches == nil {
 			sb.watches = map[string]*watch{}
 		}
-		sb.watches[wt.id] = wt
+		sb.watches[wt.id] = nil
 	}
 	sb.mu.Unlock()
 	if err != nil {
 		ws.Close()
 		return nil, err
+	}
+	release := func() {
+		sb.mu.Lock()
+		delete(sb.watches, wt.id)
+		sb.mu.Unlock()
+		hostWatchers.Add(-1)
 	}
 	entry := func(name string) *entryInfo {
 		if !req.IncludeEntry {
@@ -154,8 +174,20 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 	}
 	wt.w, err = watchDir(ws, rel, req.Recursive, maxWatchDirs, deliver)
 	if err != nil {
-		wt.close()
+		release()
+		ws.Close()
 		return nil, rpcError(err)
+	}
+	sb.mu.Lock()
+	_, reserved := sb.watches[wt.id]
+	if reserved && !sb.done {
+		sb.watches[wt.id] = wt
+	}
+	sb.mu.Unlock()
+	if !reserved || sb.killedError() != nil {
+		// The sandbox was killed meanwhile.
+		wt.close()
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
 	}
 	return wt, nil
 }
@@ -172,7 +204,10 @@ func joinRel(dir, name string) string {
 func (wt *watch) close() {
 	wt.stop.Do(func() {
 		wt.sb.mu.Lock()
-		delete(wt.sb.watches, wt.id)
+		if cur, ok := wt.sb.watches[wt.id]; ok && (cur == wt || cur == nil) {
+			delete(wt.sb.watches, wt.id)
+			hostWatchers.Add(-1)
+		}
 		wt.sb.mu.Unlock()
 		if wt.w != nil {
 			// A stream's pending event is dropped, so the reader can end.
@@ -196,7 +231,9 @@ func (sb *sandbox) closeWatches() {
 	sb.mu.Lock()
 	var all []*watch
 	for _, wt := range sb.watches {
-		all = append(all, wt)
+		if wt != nil { // (a watch being set up sees the sandbox is done)
+			all = append(all, wt)
+		}
 	}
 	sb.mu.Unlock()
 	for _, wt := range all {

@@ -68,6 +68,9 @@ const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOV
 // the watcher's goroutine and returns false to stop it.
 func watchDir(ws *workspace.Workspace, rel string, recursive bool, maxDirs int, deliver func(fsEvent) bool) (*dirWatcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		return nil, connect.NewError(connect.CodeResourceExhausted, errors.New("this host has as many directory watchers as it may (fs.inotify.max_user_instances): stop one, or retry later"))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
@@ -196,6 +199,13 @@ func (w *dirWatcher) run() {
 				w.end(err)
 				return
 			}
+		}
+		// The arrival of a moved directory comes with its departure (the
+		// kernel queues both in the rename): without it, the directory
+		// left the tree.
+		if p := w.movedFrom; p != nil {
+			w.movedFrom = nil
+			w.forget(p.name)
 		}
 	}
 }

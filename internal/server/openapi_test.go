@@ -388,7 +388,14 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 				allow = append(allow, m)
 			}
 		}
-		req, _ := http.NewRequest("PATCH", hs.URL+urlOf(path), nil)
+		probe := "PATCH" // a method the path does not take
+		for _, m := range []string{"PATCH", "PUT", "DELETE", "POST"} {
+			if !slices.Contains(allow, m) {
+				probe = m
+				break
+			}
+		}
+		req, _ := http.NewRequest(probe, hs.URL+urlOf(path), nil)
 		req.Header.Set("Authorization", "Bearer "+tokenA)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -398,11 +405,11 @@ func TestAuthMethodsLimitsMatchOpenAPI(t *testing.T) {
 		resp.Body.Close()
 		var e any
 		if resp.StatusCode != 405 || resp.Header.Get("Allow") != strings.Join(allow, ", ") || json.Unmarshal(b, &e) != nil {
-			t.Errorf("PATCH %s → %d Allow %q %s; want 405 Allow %q", path, resp.StatusCode, resp.Header.Get("Allow"), b, strings.Join(allow, ", "))
+			t.Errorf("%s %s → %d Allow %q %s; want 405 Allow %q", probe, path, resp.StatusCode, resp.Header.Get("Allow"), b, strings.Join(allow, ", "))
 			continue
 		}
 		if err := sc.doc.Components.Schemas["Error"].Value.VisitJSON(e); err != nil || !strings.Contains(string(b), "method_not_allowed") {
-			t.Errorf("PATCH %s: %s is not the JSON error: %v", path, b, err)
+			t.Errorf("%s %s: %s is not the JSON error: %v", probe, path, b, err)
 		}
 	}
 	if sc.checked+anon.checked < 60 {
