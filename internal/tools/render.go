@@ -25,7 +25,7 @@ func Render(res *kernel.Result, timeout time.Duration, max int) string {
 	section(&b, "stdout", res.Stdout, max)
 	section(&b, "stderr", res.Stderr, max)
 	if res.Truncated {
-		b.WriteString(truncatedNote)
+		b.WriteString(truncatedNote + "\n")
 	}
 	nimg := 0
 	for _, o := range res.Results {
@@ -79,7 +79,7 @@ func RenderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max
 	section(&b, "stdout", sh.Stdout, max)
 	section(&b, "stderr", sh.Stderr, max)
 	if sh.Truncated {
-		b.WriteString(truncatedNote)
+		b.WriteString(truncatedNote + "\n")
 	}
 	return strings.TrimRight(b.String(), "\n")
 }
@@ -143,8 +143,8 @@ func CutMiddle(s string, max int) string {
 }
 
 const (
-	truncatedNote = "(the sandbox kept only the head and tail of a very long output)\n"
-	cutNote       = " bytes cut here ...]\n" // the end of CutMiddle's mark
+	truncatedNote = "(the sandbox kept only the head and tail of a very long output)"
+	cutNote       = " bytes cut here ...]" // the end of CutMiddle's mark
 )
 
 // LeavesOut reports whether a rendered result (Render, RenderShell) leaves
