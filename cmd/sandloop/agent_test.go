@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -425,5 +426,59 @@ func TestRunsShowFullHasTheCalls(t *testing.T) {
 	_, short, _ := sandloop(t, "", "runs", "show", id, "--data-dir", data)
 	if strings.Contains(short, "| TOTAL = sum") {
 		t.Errorf("runs show without --full prints whole files:\n%s", short)
+	}
+}
+
+// The footers say what happened (issue 31.19): a run that wrote nothing
+// says nothing was written to --out, and its cost is said in the same
+// words by the run's report, runs ls and runs show. The model reads what
+// each execution cost (31.21).
+func TestAgentCLIFootersSayWhatHappened(t *testing.T) {
+	script := llmtest.Script{ // 2 turns: 200 tokens in, 40 out
+		{ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"42"}`)},
+	}
+	prices := func(in, out float64) string {
+		p := filepath.Join(t.TempDir(), "prices.json")
+		writeFile(t, filepath.Dir(p), "prices.json", fmt.Sprintf(`{"openai/gpt-4o-mini": {"input": %g, "output": %g}}`, in, out))
+		return p
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		cost string
+	}{
+		{"no price", nil, "cost unknown"},
+		{"free", []string{"--prices", prices(0, 0)}, "$0"},
+		{"priced", []string{"--prices", prices(100, 200)}, "$0.03"},
+	} {
+		srv := useModel(t, script)
+		data, out := t.TempDir(), filepath.Join(t.TempDir(), "notes")
+		code, stdout, stderr := sandloop(t, "", append([]string{"agent", "t", "--out", out, "--data-dir", data}, tt.args...)...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s\n%s", tt.name, code, stdout, stderr)
+		}
+		if !strings.Contains(stderr, "nothing written to "+out) || strings.Contains(stderr, "file(s) written") {
+			t.Errorf("%s: the footer does not say that nothing was written:\n%s", tt.name, stderr)
+		}
+		if entries, _ := os.ReadDir(out); len(entries) != 0 {
+			t.Errorf("%s: --out holds %d entries", tt.name, len(entries))
+		}
+		// The model is told what its execution cost (issue 31.21).
+		if res := srv.Requests()[1].ToolResults(); len(res) != 1 || !regexp.MustCompile(`(?m)^cost: [\d.]+ m?s CPU, peak [\d.]+ [KMG]iB memory$`).MatchString(res[0].Text) {
+			t.Errorf("%s: the model was not told what the execution cost: %+v", tt.name, res)
+		}
+		if !strings.Contains(stdout, " · "+tt.cost+" · ") {
+			t.Errorf("%s: the report does not say %q:\n%s", tt.name, tt.cost, stdout)
+		}
+		_, ls, _ := sandloop(t, "", "runs", "ls", "--data-dir", data)
+		row := strings.Split(ls, "\n")[1]
+		if !strings.Contains(row, "  "+tt.cost+"  ") {
+			t.Errorf("%s: runs ls does not say %q:\n%s", tt.name, tt.cost, ls)
+		}
+		_, show, _ := sandloop(t, "", "runs", "show", strings.Fields(row)[0], "--data-dir", data)
+		if strings.Count(show, " · "+tt.cost+" · ") != 2 { // the run's line and its report
+			t.Errorf("%s: runs show does not say %q twice:\n%s", tt.name, tt.cost, show)
+		}
 	}
 }

@@ -74,6 +74,26 @@ func TestLessonsCLI(t *testing.T) {
 		t.Errorf("a secret of the code reached the lesson:\n%s", stdout)
 	}
 
+	// Run C, a related task that does without numpy: the lesson is shown,
+	// and the footer says so, not that it was used. Run D, an unrelated task
+	// sharing a word: no lesson at all (issue 31.4).
+	useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"xs = [1.5, 2.5]\nsum(xs)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"summed"}`)},
+	})
+	code, stdout, stderr = sandloop(t, "", "agent", "sum an array of floats in plain Python", "--data-dir", data)
+	if code != 0 || !strings.Contains(stdout, "lessons recalled: "+lesson) || !strings.Contains(stdout, "lesson shown: "+lesson) || strings.Contains(stdout, "lesson used:") {
+		t.Errorf("run C: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	srvD := useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"ps = [n for n in range(2, 600) if all(n % d for d in range(2, n))][:100]\nsum(ps)"}`)},
+		{ToolCalls: tc("finish", `{"summary":"24133"}`)},
+	})
+	code, stdout, stderr = sandloop(t, "", "agent", "sum the first 100 primes", "--data-dir", data)
+	if code != 0 || strings.Contains(stdout, "lesson") || strings.Contains(srvD.Requests()[0].System(), "np.float") {
+		t.Errorf("run D, unrelated: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+
 	code, stdout, stderr = sandloop(t, "", "lessons", "add", "sales.csv's date column is day", "--file", "sales.csv", "--error", "KeyError: 'date'", "--data-dir", data)
 	if code != 0 {
 		t.Fatalf("add: %d %s", code, stderr)

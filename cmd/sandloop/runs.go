@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/sandloop/sandloop/internal/agent"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/tools"
 	"github.com/spf13/cobra"
 )
 
@@ -130,6 +132,12 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 	for _, f := range figs {
 		figsOf[f.Row] = append(figsOf[f.Row], f.Path)
 	}
+	var outputs map[string]string
+	if full {
+		if outputs, err = stepOutputs(cmd.Context(), st, id); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w)
 	for row, s := range steps {
 		var e agent.Event
@@ -163,6 +171,10 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 				text = headTail(e.Text, 2, 3)
 			}
 			fmt.Fprintf(w, "[%s %s] %s\n", s.Name, mark, text)
+			if out := outputs[e.ToolCallID]; out != "" && tools.LeavesOut(e.Text) {
+				// The model read a cut of the output; the run's history has it as it came.
+				fmt.Fprintf(w, "    --- the whole output, as it came (%d lines) ---\n    %s\n", strings.Count(out, "\n"), stepText(out, 0, true))
+			}
 			for _, p := range figsOf[row] {
 				fmt.Fprintf(w, "    figure: %s\n", p)
 			}
@@ -184,6 +196,39 @@ func showRun(cmd *cobra.Command, dataDir, database, prefix string, full bool) er
 		}
 	}
 	return nil
+}
+
+// stepOutputs is the output of each of the run's tool calls, stdout and
+// stderr as they came, by call id.
+func stepOutputs(ctx context.Context, st store.History, id string) (map[string]string, error) {
+	events, err := st.ListEvents(ctx, id, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	outs := map[string]*strings.Builder{}
+	for _, ev := range events {
+		if ev.Type != agent.EventOutput {
+			continue
+		}
+		var e agent.Event
+		if json.Unmarshal(ev.Data, &e) != nil || e.Exec == nil || e.ToolCallID == "" {
+			continue
+		}
+		if e.Exec.Type != kernel.EventStdout && e.Exec.Type != kernel.EventStderr {
+			continue
+		}
+		b := outs[e.ToolCallID]
+		if b == nil {
+			b = new(strings.Builder)
+			outs[e.ToolCallID] = b
+		}
+		b.WriteString(e.Exec.Text)
+	}
+	m := make(map[string]string, len(outs))
+	for k, b := range outs {
+		m[k] = b.String()
+	}
+	return m, nil
 }
 
 // runCost is a run's cost, or "cost unknown" where its model has no price.

@@ -121,8 +121,12 @@ func onePython(paths []string) (string, error) {
 			py = append(py, p)
 		}
 	}
-	if len(py) != 1 {
-		return "", &ArgumentError{"entry", fmt.Errorf("debug mode needs the program to run: give one .py file, or name the entry among %d .py files", len(py))}
+	switch {
+	case len(py) == 0:
+		return "", &ArgumentError{"entry", errors.New("debug mode needs the program to run: give its .py file")}
+	case len(py) > 1:
+		sort.Strings(py)
+		return "", &ArgumentError{"entry", fmt.Errorf("debug mode needs the program to run: name it as the entry among the %d .py files given (%s)", len(py), strings.Join(py[:min(len(py), 5)], ", "))}
 	}
 	return py[0], nil
 }

@@ -180,40 +180,46 @@ func TestLearnRecallAndSeenBefore(t *testing.T) {
 	}
 }
 
-// When the distilling call fails, the lesson is written without the model:
-// the error's signature and the fix, and no secret of the code gets in.
+// When the distilling call fails, or its answer is unusable (the
+// signature's placeholders, issue 31.5), the lesson is written without the
+// model: the error's signature and the fix, and no secret of the code gets in.
 func TestDistilFallback(t *testing.T) {
-	st := openStore(t)
 	bad := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['date'])"
 	good := "d = {'day': 1}\nprint('sk-live-0123456789abcdefghij', d['day'])"
-	srv := llmtest.NewOpenAIServer(t, llmtest.Script{
-		{ToolCalls: py(bad)},
-		{ToolCalls: py(good)},
-		{ToolCalls: finish("read the day")},
-		{Status: 400, Error: "context too long"},
-	})
-	rep, _ := run(t, st, "", "read the day field", provider(srv))
-	if len(srv.Requests()) != 4 {
-		t.Fatalf("no distilling call was made: %d requests", len(srv.Requests()))
-	}
-	if len(rep.LessonsLearned) != 1 {
-		t.Fatalf("learned %+v", rep.LessonsLearned)
-	}
-	l, err := st.GetLesson(context.Background(), "", rep.LessonsLearned[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Readable on its own: the error as Python said it and a compact
-	// before/after, no placeholders of the signature.
-	if l.Source != "fallback" || l.Text != "KeyError: 'date': write `d['day']` instead of `d['date']`." || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
-		t.Errorf("fallback lesson: %+v", l)
-	}
-	if strings.Contains(string(srv.Requests()[3].Body), "sk-live-0123456789abcdefghij") {
-		t.Error("the distilling call carried the secret")
-	}
-	all, _ := json.Marshal(l)
-	if strings.Contains(string(all), "sk-live-0123456789abcdefghij") {
-		t.Errorf("a secret got into the lesson: %s", all)
+	for name, answer := range map[string]llmtest.Turn{
+		"failed":      {Status: 400, Error: "context too long"},
+		"placeholder": {Text: `{"lessons":[{"item":1,"text":"To avoid KeyError: <q>, use <q>"}]}`},
+	} {
+		st := openStore(t)
+		srv := llmtest.NewOpenAIServer(t, llmtest.Script{
+			{ToolCalls: py(bad)},
+			{ToolCalls: py(good)},
+			{ToolCalls: finish("read the day")},
+			answer,
+		})
+		rep, _ := run(t, st, "", "read the day field", provider(srv))
+		if len(srv.Requests()) != 4 {
+			t.Fatalf("%s: no distilling call was made: %d requests", name, len(srv.Requests()))
+		}
+		if len(rep.LessonsLearned) != 1 {
+			t.Fatalf("%s: learned %+v", name, rep.LessonsLearned)
+		}
+		l, err := st.GetLesson(context.Background(), "", rep.LessonsLearned[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Readable on its own: the error as Python said it and a compact
+		// before/after, no placeholders of the signature.
+		if l.Source != "fallback" || l.Text != "KeyError: 'date': write `d['day']` instead of `d['date']`." || !strings.Contains(l.Fix, "+print('<redacted>', d['day'])") {
+			t.Errorf("%s: fallback lesson: %+v", name, l)
+		}
+		if strings.Contains(string(srv.Requests()[3].Body), "sk-live-0123456789abcdefghij") {
+			t.Errorf("%s: the distilling call carried the secret", name)
+		}
+		all, _ := json.Marshal(l)
+		if strings.Contains(string(all), "sk-live-0123456789abcdefghij") {
+			t.Errorf("%s: a secret got into the lesson: %s", name, all)
+		}
 	}
 }
 

@@ -236,10 +236,10 @@ func TestRunsBadInput(t *testing.T) {
 		}
 	}
 	// A debug run needs the program to run: refused before the run exists.
-	for _, body := range []string{
-		`{"mode":"debug"}`,
-		`{"mode":"debug","task":"fix it","files":{"a.py":"1","b.py":"2"}}`,
-		`{"mode":"debug","files":{"a.py":"1/0"},"entry":"main.py"}`,
+	for body, want := range map[string]string{
+		`{"mode":"debug"}`: "give its .py file",
+		`{"mode":"debug","task":"fix it","files":{"a.py":"1","b.py":"2"}}`: "name it as the entry among the 2 .py files given (a.py, b.py)",
+		`{"mode":"debug","files":{"a.py":"1/0"},"entry":"main.py"}`:        "main.py is not among the files given",
 	} {
 		resp := ts.do(t, "POST", "/v1/runs", body, nil)
 		if resp.StatusCode != 400 {
@@ -248,8 +248,8 @@ func TestRunsBadInput(t *testing.T) {
 		}
 		var e struct{ Error struct{ Message string } }
 		json.NewDecoder(resp.Body).Decode(&e)
-		if !strings.Contains(e.Error.Message, "entry") {
-			t.Errorf("POST /v1/runs %s: the message %q does not name the entry", body, e.Error.Message)
+		if !strings.Contains(e.Error.Message, "entry") || !strings.Contains(e.Error.Message, want) {
+			t.Errorf("POST /v1/runs %s: the message %q does not name the entry or lacks %q", body, e.Error.Message, want)
 		}
 	}
 	var list struct{ Runs []json.RawMessage }

@@ -25,7 +25,7 @@ func Render(res *kernel.Result, timeout time.Duration, max int) string {
 	section(&b, "stdout", res.Stdout, max)
 	section(&b, "stderr", res.Stderr, max)
 	if res.Truncated {
-		b.WriteString("(the sandbox kept only the head and tail of a very long output)\n")
+		b.WriteString(truncatedNote + "\n")
 	}
 	nimg := 0
 	for _, o := range res.Results {
@@ -79,7 +79,7 @@ func RenderShell(sh *ShellOutput, res *kernel.Result, timeout time.Duration, max
 	section(&b, "stdout", sh.Stdout, max)
 	section(&b, "stderr", sh.Stderr, max)
 	if sh.Truncated {
-		b.WriteString("(the sandbox kept only the head and tail of a very long output)\n")
+		b.WriteString(truncatedNote + "\n")
 	}
 	return strings.TrimRight(b.String(), "\n")
 }
@@ -140,6 +140,19 @@ func section(b *strings.Builder, name, text string, max int) {
 // boundaries) and says how many bytes it cut between them.
 func CutMiddle(s string, max int) string {
 	return kernel.CutMiddle(s, max, "\n[... %d bytes cut here ...]\n")
+}
+
+const (
+	truncatedNote = "(the sandbox kept only the head and tail of a very long output)"
+	cutNote       = " bytes cut here ...]" // the end of CutMiddle's mark
+)
+
+// LeavesOut reports whether a rendered result (Render, RenderShell) leaves
+// out part of the execution's output, cut in the middle to the model's
+// share or by the sandbox's capture limit: whoever shows it then says
+// where the rest is.
+func LeavesOut(text string) bool {
+	return strings.Contains(text, cutNote) || strings.Contains(text, truncatedNote)
 }
 
 func formatMS(ms float64) string {

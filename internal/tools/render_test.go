@@ -82,6 +82,13 @@ func TestRenderExecution(t *testing.T) {
 		t.Errorf("a cost line where nothing was measured:\n%s", unmeasured)
 	}
 
+	// Whoever shows a rendering knows when it leaves output out.
+	whole := Render(&kernel.Result{Status: kernel.StatusOK, Stdout: "short\n"}, time.Second, 40)
+	capped := Render(&kernel.Result{Status: kernel.StatusOK, Stdout: "short\n", Truncated: true}, time.Second, 40)
+	if !LeavesOut(got) || !LeavesOut(capped) || LeavesOut(whole) {
+		t.Errorf("LeavesOut: cut %v, capped by the sandbox %v, whole %v", LeavesOut(got), LeavesOut(capped), LeavesOut(whole))
+	}
+
 	timeout := Render(&kernel.Result{Status: kernel.StatusTimeout}, 2*time.Second, 40)
 	if !strings.Contains(timeout, "timeout of 2s") || !strings.Contains(timeout, "variables are kept") {
 		t.Errorf("timeout rendering: %s", timeout)
