@@ -852,8 +852,22 @@ def _dormant(ns, sock):
             req = {}
         op = req.get("op")
         if op == "wake":
+            # The fresh dormant copy first (forking while the old live
+            # kernel tears itself down would be slower), so that the
+            # checkpoint stays restorable.
+            try:
+                child = _fork_keeping_state()
+            except OSError as e:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
+                continue
+            if child == 0:
+                for fd in fds:
+                    os.close(fd)
+                continue  # the fresh dormant copy
             # The anchor learns the new live kernel first, then the old one
-            # may let go, while this one forks its fresh dormant copy.
+            # may go.
             pid = os.getpid()
             if _CP.ctl_w >= 0:
                 try:
@@ -861,14 +875,6 @@ def _dormant(ns, sock):
                 except OSError:
                     pass  # user code closed it: signals then reach the old live kernel's pid
             sock.send(_encode({"ok": True, "pid": pid}).encode())
-            try:
-                child = _fork_keeping_state()
-            except OSError:
-                child = -1  # not kept: its entry reads as gone once sock is closed
-            if child == 0:
-                for fd in fds:
-                    os.close(fd)
-                continue  # the fresh dormant copy: the checkpoint stays restorable
             _wake(req, fds, sock, child)
             if gc_was:
                 gc.enable()
@@ -907,31 +913,19 @@ def _wake(req, fds, sock, child):
         cp.threads, cp.processes = entry.get("threads") or [], entry.get("processes") or []
         cp.sock = socket.socket(fileno=fd)
         table[cp.id] = cp
-    quiet = fds[-1] if req.get("quiet_pipe") and len(fds) > len(table) else -1
     for fd in fds[len(table) :]:
-        if fd != quiet:
-            os.close(fd)
+        os.close(fd)
     for cp in old.values():
         cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
     me = int(req["id"])
     if me in table:
-        table[me].pid = max(child, 0)
+        table[me].pid = child
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
     _CP.former = set(req.get("former") or ())
     pid = os.getpid()
     sock.close()
-    if quiet >= 0:
-        # Answer once the old live kernel can no longer write to the host
-        # (its threads may still run until it exits): it closes its end of
-        # this pipe when it has let go of the pipes (_let_go).
-        import select
-
-        p = select.poll()
-        p.register(quiet, select.POLLIN)
-        p.poll(5000)
-        os.close(quiet)
     S.tag = req.get("tag") or 0
     # What belongs to the process, not to its memory: its own peak reset
     # and its own children's usage.
@@ -974,13 +968,14 @@ def restore(req):
     order = list(_CP.table.values())
     msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
-    msg["quiet_pipe"] = True
-    quiet_r, quiet_w = os.pipe()
     S.lock.acquire()  # kept to the end on success: our threads send no more events
     try:
         _flush_stdio()
+        # From the wake on, the woken kernel answers the host: nothing our
+        # threads still write (until we exit) may reach it.
+        saved = _let_go()
         try:
-            socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order] + [quiet_r])
+            socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order])
             cp.sock.settimeout(60)
             ack = cp.sock.recv(1 << 16)
             cp.sock.settimeout(None)
@@ -993,45 +988,48 @@ def restore(req):
             ack = b""
         except OSError:
             ack = b""
-        finally:
-            os.close(quiet_r)
-        if not ack:
-            os.close(quiet_w)
+        ok = False
+        if ack:
+            ack = json.loads(ack)
+            ok = ack.get("ok")
+        if not ok:
+            _take_back(saved)
             S.lock.release()
-            _reply({"type": "restore", "id": cid, "gone": True})
-            return
-        ack = json.loads(ack)
-        if not ack.get("ok"):
-            os.close(quiet_w)
-            S.lock.release()
-            _reply({"type": "restore", "id": cid, "reason": ack.get("reason") or "the checkpoint refused"})
+            if not ack:
+                _reply({"type": "restore", "id": cid, "gone": True})
+            else:
+                _reply({"type": "restore", "id": cid, "reason": ack.get("reason") or "the checkpoint refused"})
             return
     except BaseException:
         if S.lock.locked():
             S.lock.release()
         raise
     # The checkpoint is the live kernel now.
-    _let_go(quiet_w)
     if first:
         _become_anchor(int(ack["pid"]))
     os._exit(0)
 
 
-def _let_go(quiet_w):
-    """Makes sure nothing this process's threads still do reaches the host
-    (the pipes become /dev/null: not closed, so that a thread's write
-    cannot reach a reused descriptor), then tells the new live kernel so by
-    closing quiet_w."""
+def _let_go():
+    """Points this process's pipes to the host at /dev/null (not closed, so
+    that a thread's write cannot reach a reused descriptor); returns what
+    _take_back needs to undo it."""
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    for fd in (S.ev_fd, S.out_fd, S.err_fd, S.req.fd):
+    saved = []
+    for fd in (1, 2, S.ev_fd, S.out_fd, S.err_fd):
         try:
-            os.dup2(null, fd, inheritable=False)
+            saved.append((fd, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100), fd > 2))
+            os.dup2(null, fd, inheritable=fd <= 2)
         except OSError:
             pass
     os.close(null)
-    os.close(quiet_w)
+    return saved
+
+
+def _take_back(saved):
+    for fd, copy, cloexec in saved:
+        os.dup2(copy, fd, inheritable=not cloexec)
+        os.close(copy)
 
 
 def _forget(cp):
