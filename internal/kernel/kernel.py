@@ -976,7 +976,7 @@ def restore(req):
         saved = _let_go()
         try:
             socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order])
-            cp.sock.settimeout(60)
+            cp.sock.settimeout(30)  # within the host's bound on the request (60 s)
             ack = cp.sock.recv(1 << 16)
             cp.sock.settimeout(None)
         except socket.timeout:
@@ -1166,11 +1166,15 @@ def _become_anchor(live):
 # big-endian 8-byte length and the payload:
 #   H  header, JSON {"version": 1, "serializer": "dill" | "pickle"}
 #   M  a module, JSON {"name": ..., "module": ...}: imported again by name
-#   V  a variable: 2-byte name length, name (UTF-8), serialized value
+#   V  a variable starts: its name (UTF-8)
+#   D  a piece of its serialized value (as the pickler writes it)
+#   F  the variable is complete: load it
+#   X  the variable failed: forget its pieces
 #   E  the end, JSON: the manifest (variables, not_saved, execution_count)
 # Each variable is serialized on its own: one that fails does not stop the
-# others, and the stream holds one value at a time; two names for one
-# object come back as two copies.
+# others. Values stream out as the pickler makes them (the exporter holds
+# no serialized copy; the importer holds one value's bytes at a time). Two
+# names for one object come back as two copies.
 
 CHUNK = 3 << 18  # raw bytes per state_data event (768 KiB)
 
@@ -1224,11 +1228,27 @@ class _StateOut:
             self.buf = bytearray()
 
 
+class _Pieces:
+    """The file a pickler writes to: each write becomes a D record."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, b):
+        # bytes, or a buffer (a PickleBuffer of a large array): as bytes
+        view = memoryview(b)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self.out.record(b"D", view)
+        return view.nbytes
+
+
 def _export_child(ns, fd):
     """In a forked copy: write ns's variables to fd as events, then the end."""
     import warnings
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
+    gc.disable()  # a collection would copy every page of objects it walks
     name, ser = _serializer()
     out = _StateOut(fd)
     out.record(b"H", _encode({"version": 1, "serializer": name}).encode())
@@ -1240,32 +1260,38 @@ def _export_child(ns, fd):
             out.record(b"M", _encode({"name": key, "module": value.__name__}).encode())
             saved.append(key)
             continue
-        try:
-            data = _dumps(name, ser, value)
-        except BaseException as e:
-            not_saved.append({"name": key, "reason": _reason(e)})
-            continue
         kb = key.encode("utf-8", "surrogatepass")
-        out.record(b"V", struct.pack(">H", len(kb)), kb, data)
-        saved.append(key)
+        err = None
+        for kw in _pickler_options(name, value):
+            out.record(b"V", kb)
+            try:
+                ser.Pickler(_Pieces(out), protocol=5, **kw).dump(value)
+            except BaseException as e:
+                out.record(b"X")
+                err = e
+                continue
+            out.record(b"F")
+            err = None
+            break
+        if err is None:
+            saved.append(key)
+        else:
+            not_saved.append({"name": key, "reason": _reason(err)})
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
     out.record(b"E", _encode(manifest).encode())
     out.flush()
     _write_all(fd, _encode({"type": "state_end", "tag": S.tag, "manifest": manifest}).encode() + b"\n")
 
 
-def _dumps(name, ser, value):
+def _pickler_options(name, value):
     if name != "dill":
-        return ser.dumps(value, protocol=5)
+        return ({},)
     if isinstance(value, type) and getattr(value, "__module__", None) == "__main__":
-        return ser.dumps(value, protocol=5, byref=False)
+        return ({"byref": False},)
     # Instances of classes defined in cells refer to the class by name
     # (saved on its own, loaded before them), so they are instances of it
     # after a load; by value when the name does not lead to the class.
-    try:
-        return ser.dumps(value, protocol=5, byref=True)
-    except Exception:
-        return ser.dumps(value, protocol=5, byref=False)
+    return ({"byref": True}, {"byref": False})
 
 
 def export_state(ns, req):
@@ -1352,6 +1378,7 @@ def import_state(ns):
     pipe ended."""
     buf = bytearray()
     ser = None
+    key, value = None, None  # the variable being received
     loaded, not_saved = [], []
     exported = None
     error = None
@@ -1397,13 +1424,19 @@ def import_state(ns):
                     except BaseException as e:
                         not_saved.append({"name": m["name"], "reason": "import %s: %s" % (m["module"], _reason(e))})
                 elif kind == b"V":
-                    k = struct.unpack(">H", payload[:2])[0]
-                    key = payload[2 : 2 + k].decode("utf-8", "surrogatepass")
+                    key = payload.decode("utf-8", "surrogatepass")
+                    value = bytearray()
+                elif kind == b"D":
+                    value += payload
+                elif kind == b"X":
+                    key, value = None, None
+                elif kind == b"F":
                     try:
-                        ns[key] = ser.loads(payload[2 + k :])
+                        ns[key] = ser.loads(value)
                         loaded.append(key)
                     except BaseException as e:
                         not_saved.append({"name": key, "reason": _reason(e)})
+                    key, value = None, None
                 elif kind == b"E":
                     exported = json.loads(payload)
         except Exception as e:
