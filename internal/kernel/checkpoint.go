@@ -113,7 +113,9 @@ func (k *Kernel) CheckpointMemory(ctx context.Context) (map[int]int64, error) {
 // fromCheckpoint > 0 exports a checkpoint's state instead of the live one.
 // A forked copy of the kernel (or of the checkpoint) serializes them, so
 // the live kernel stalls only for a fork; the bytes stream through the
-// event pipe as they are made (memory here is bounded by one chunk).
+// event pipe as they are made (memory here is bounded by one chunk). The
+// kernel answers nothing else until the stream has ended; a ctx done
+// abandons the export here, and the rest of the stream is skipped.
 // Variables that cannot be serialized are listed in the manifest's
 // NotSaved, with the reason.
 func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*StateManifest, error) {

@@ -84,8 +84,10 @@
 // ExportState streams the user's variables (the __main__ namespace) for a
 // new session: a forked copy of the live kernel (or of a checkpoint's
 // process) serializes them, so the live kernel stalls only for the fork,
-// and the bytes come back as base64 chunks on the event pipe, written to
-// the caller's io.Writer as they arrive (bounded memory here). Each
+// and the bytes come back as base64 chunks on the event pipe as the
+// pickler makes them, written to the caller's io.Writer as they arrive
+// (the copy holds no serialized value; here one chunk at a time; the
+// importing kernel holds one value's bytes while it loads it). Each
 // variable is serialized on its own, with dill where it is installed
 // (Debian's python3-dill: lambdas, classes and functions defined in cells)
 // and pickle otherwise; modules are saved by name and imported again. A
