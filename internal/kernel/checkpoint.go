@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -208,6 +209,42 @@ func (ev *wireEvent) checkpointErr(id int) error {
 	return nil
 }
 
+// stateDataPrefix starts the state_data lines kernel.py writes
+// (_StateOut.flush), which parseStateData reads without a JSON decoder: a
+// state is mostly these lines, megabytes each, and base64 has nothing to
+// unescape.
+var stateDataPrefix = []byte(`{"type":"state_data","tag":`)
+
+// parseStateData fills ev from a state_data line of the exact form
+// {"type":"state_data","tag":N,"chunk":"BASE64"} and reports whether it was one.
+func parseStateData(line []byte, ev *wireEvent) bool {
+	if !bytes.HasPrefix(line, stateDataPrefix) {
+		return false
+	}
+	rest := line[len(stateDataPrefix):]
+	i := bytes.IndexByte(rest, ',')
+	if i < 0 {
+		return false
+	}
+	tag, err := strconv.ParseInt(string(rest[:i]), 10, 64)
+	if err != nil {
+		return false
+	}
+	rest = rest[i:]
+	const mid, end = `,"chunk":"`, `"}`
+	if !bytes.HasPrefix(rest, []byte(mid)) || !bytes.HasSuffix(rest, []byte(end)) {
+		return false
+	}
+	chunk := rest[len(mid) : len(rest)-len(end)]
+	if bytes.ContainsAny(chunk, "\\\"") {
+		return false // not plain base64: let the JSON decoder judge it
+	}
+	ev.Type = "state_data"
+	ev.Tag = tag
+	ev.chunk = chunk
+	return true
+}
+
 // exportSink writes the state_data chunks to w and stops at the state_end.
 type exportSink struct {
 	w   io.Writer
@@ -227,7 +264,13 @@ func (s *exportSink) event(ev *wireEvent) bool {
 		if s.err != nil {
 			return false
 		}
-		b, err := base64.StdEncoding.DecodeString(ev.Chunk)
+		chunk := ev.chunk
+		if chunk == nil {
+			chunk = []byte(ev.Chunk)
+		}
+		b := make([]byte, base64.StdEncoding.DecodedLen(len(chunk)))
+		n, err := base64.StdEncoding.Decode(b, chunk)
+		b = b[:n]
 		if err != nil {
 			s.err = fmt.Errorf("bad chunk from the kernel: %w", err)
 			return false

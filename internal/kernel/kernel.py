@@ -1224,7 +1224,12 @@ class _StateOut:
 
     def flush(self):
         if self.buf:
-            _write_all(self.fd, b'{"type":"state_data","tag":%d,"chunk":"' % S.tag + base64.b64encode(self.buf) + b'"}\n')
+            # The host reads these lines without a JSON decoder: keep the
+            # exact form (Go's stateDataPrefix).
+            parts = [b'{"type":"state_data","tag":%d,"chunk":"' % S.tag, base64.b64encode(self.buf), b'"}\n']
+            n = os.writev(self.fd, parts)
+            if n < sum(len(p) for p in parts):
+                _write_all(self.fd, b"".join(parts)[n:])
             self.buf = bytearray()
 
 
@@ -1402,7 +1407,13 @@ def import_state(ns):
                 n = struct.unpack(">Q", buf[1:9])[0]
                 if len(buf) < 9 + n:
                     break
-                kind, payload = buf[0:1], bytes(buf[9 : 9 + n])
+                kind = bytes(buf[0:1])
+                payload = bytes(buf[9 : 9 + n]) if kind != b"D" else memoryview(buf)[9 : 9 + n]
+                if kind == b"D":
+                    value += payload  # no copy of its own: a piece can be the whole value
+                    payload.release()
+                    del buf[: 9 + n]
+                    continue
                 del buf[: 9 + n]
                 if kind == b"H":
                     head = json.loads(payload)
@@ -1426,8 +1437,6 @@ def import_state(ns):
                 elif kind == b"V":
                     key = payload.decode("utf-8", "surrogatepass")
                     value = bytearray()
-                elif kind == b"D":
-                    value += payload
                 elif kind == b"X":
                     key, value = None, None
                 elif kind == b"F":
