@@ -622,6 +622,7 @@ class _Reader:
         self.fd = fd
         self.buf = bytearray()
         self.scan = 0  # buf[:scan] has no newline
+        self.big = False  # the last line was long: so may the next (an import's)
 
     def readline(self):
         buf = self.buf
@@ -631,9 +632,10 @@ class _Reader:
                 line = bytes(buf[: i + 1])
                 del buf[: i + 1]
                 self.scan = 0
+                self.big = i >= 1 << 16
                 return line
             self.scan = len(buf)
-            chunk = os.read(self.fd, 1 << 16 if len(buf) < 1 << 16 else 1 << 20)
+            chunk = os.read(self.fd, 1 << 20 if self.big or len(buf) >= 1 << 16 else 1 << 16)
             if not chunk:
                 line = bytes(buf)
                 buf.clear()
@@ -1391,10 +1393,13 @@ def import_state(ns):
         line = S.req.readline()
         if not line:
             return False  # the host is gone
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            msg = {}
+        if line.startswith(b'{"chunk":"') and line.endswith(b'"}\n'):
+            msg = {"chunk": line[10:-3]}  # as the host writes it: no JSON decoder for megabytes of base64
+        else:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = {}
         if msg.get("end"):
             if msg.get("abort") and error is None:
                 error = "the state stream was cut short: " + str(msg.get("abort"))
