@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -113,7 +114,9 @@ func (k *Kernel) CheckpointMemory(ctx context.Context) (map[int]int64, error) {
 // fromCheckpoint > 0 exports a checkpoint's state instead of the live one.
 // A forked copy of the kernel (or of the checkpoint) serializes them, so
 // the live kernel stalls only for a fork; the bytes stream through the
-// event pipe as they are made (memory here is bounded by one chunk).
+// event pipe as they are made (memory here is bounded by one chunk). The
+// kernel answers nothing else until the stream has ended; a ctx done
+// abandons the export here, and the rest of the stream is skipped.
 // Variables that cannot be serialized are listed in the manifest's
 // NotSaved, with the reason.
 func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*StateManifest, error) {
@@ -206,6 +209,42 @@ func (ev *wireEvent) checkpointErr(id int) error {
 	return nil
 }
 
+// stateDataPrefix starts the state_data lines kernel.py writes
+// (_StateOut.flush), which parseStateData reads without a JSON decoder: a
+// state is mostly these lines, megabytes each, and base64 has nothing to
+// unescape.
+var stateDataPrefix = []byte(`{"type":"state_data","tag":`)
+
+// parseStateData fills ev from a state_data line of the exact form
+// {"type":"state_data","tag":N,"chunk":"BASE64"} and reports whether it was one.
+func parseStateData(line []byte, ev *wireEvent) bool {
+	if !bytes.HasPrefix(line, stateDataPrefix) {
+		return false
+	}
+	rest := line[len(stateDataPrefix):]
+	i := bytes.IndexByte(rest, ',')
+	if i < 0 {
+		return false
+	}
+	tag, err := strconv.ParseInt(string(rest[:i]), 10, 64)
+	if err != nil {
+		return false
+	}
+	rest = rest[i:]
+	const mid, end = `,"chunk":"`, `"}`
+	if !bytes.HasPrefix(rest, []byte(mid)) || !bytes.HasSuffix(rest, []byte(end)) {
+		return false
+	}
+	chunk := rest[len(mid) : len(rest)-len(end)]
+	if bytes.ContainsAny(chunk, "\\\"") {
+		return false // not plain base64: let the JSON decoder judge it
+	}
+	ev.Type = "state_data"
+	ev.Tag = tag
+	ev.chunk = chunk
+	return true
+}
+
 // exportSink writes the state_data chunks to w and stops at the state_end.
 type exportSink struct {
 	w   io.Writer
@@ -225,7 +264,13 @@ func (s *exportSink) event(ev *wireEvent) bool {
 		if s.err != nil {
 			return false
 		}
-		b, err := base64.StdEncoding.DecodeString(ev.Chunk)
+		chunk := ev.chunk
+		if chunk == nil {
+			chunk = []byte(ev.Chunk)
+		}
+		b := make([]byte, base64.StdEncoding.DecodedLen(len(chunk)))
+		n, err := base64.StdEncoding.Decode(b, chunk)
+		b = b[:n]
 		if err != nil {
 			s.err = fmt.Errorf("bad chunk from the kernel: %w", err)
 			return false

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -64,4 +65,42 @@ func BenchmarkCheckpointDataFrame(b *testing.B) {
 	b.Logf("100 MB DataFrame: checkpoint p50 %v, restore p50 %v; rebuilding by re-running the cell p50 %v: checkpoint %.0fx, restore %.0fx faster than rebuilding; a checkpoint holds %d MiB after a cell rewrote one column",
 		c, r, base, float64(base)/float64(c), float64(base)/float64(r), held[len(held)/2]>>20)
 	fmt.Printf("checkpoint/rebuild ratio %.3f, restore/rebuild ratio %.3f\n", float64(c)/float64(base), float64(r)/float64(base))
+}
+
+// BenchmarkExportImportDataFrame measures moving a 100 MB DataFrame's
+// session state into another kernel (what a fork into a new session does),
+// beside rebuilding it there by re-running the cell.
+func BenchmarkExportImportDataFrame(b *testing.B) {
+	src := startJailed(b, jail.Limits{Memory: 2 << 30})
+	dst := startJailed(b, jail.Limits{Memory: 2 << 30})
+	ctx := context.Background()
+	build := "import numpy as np, pandas as pd\nnp.random.seed(0)\ndf = pd.DataFrame(np.random.rand(1_250_000, 10))"
+	execOK(b, src, build)
+	execOK(b, dst, "import numpy as np, pandas as pd")
+	var exports, imports, rebuilds []time.Duration
+	var state bytes.Buffer
+	for b.Loop() {
+		state.Reset()
+		t0 := time.Now()
+		if _, err := src.ExportState(ctx, &state, 0); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := dst.ImportState(ctx, &state); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		execOK(b, dst, "del df")
+		t3 := time.Now()
+		execOK(b, dst, build)
+		rebuilds = append(rebuilds, time.Since(t3))
+		exports = append(exports, t1.Sub(t0))
+		imports = append(imports, t2.Sub(t1))
+	}
+	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	e, i, base := p50(exports), p50(imports), p50(rebuilds)
+	b.ReportMetric(float64(e.Microseconds())/1e3, "export-p50-ms")
+	b.ReportMetric(float64(i.Microseconds())/1e3, "import-p50-ms")
+	b.ReportMetric(float64(base.Microseconds())/1e3, "rebuild-p50-ms")
+	fmt.Printf("100 MB DataFrame: export p50 %v + import p50 %v = %.2f of rebuilding it (p50 %v)\n", e, i, float64(e+i)/float64(base), base)
 }

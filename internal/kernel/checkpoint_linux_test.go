@@ -393,7 +393,8 @@ class Noisy:  # loading it prints more than a pipe holds
         print('x' * 300000)
         self.__dict__.update(state)
 noisy = Noisy()
-noisy.a = 1`)
+noisy.a = 1
+arr = np.arange(1 << 18, dtype='float64').reshape(512, 512)  # 2 MiB: written by the pickler as a buffer`)
 	// An export abandoned after its first chunk: its rest is skipped, not
 	// taken for the next export's.
 	execOK(t, src, "blob = bytes(range(256)) * (16 << 10)")
@@ -433,8 +434,8 @@ noisy.a = 1`)
 		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 2 || !slices.Contains(got.Variables, "blob") {
 			t.Fatalf("%s: import manifest %+v", tc.name, got)
 		}
-		out := execOK(t, dst, "print(p.norm(), isinstance(p, Point), f(10), df.b.tolist(), df.a.sum(), n, math.pi > 3, 'sock' in globals())")
-		if want := "5.0 True 21 ['v', 'w', 'x', 'y', 'z'] 10 5 True False"; out != want {
+		out := execOK(t, dst, "print(p.norm(), isinstance(p, Point), f(10), df.b.tolist(), df.a.sum(), n, math.pi > 3, 'sock' in globals(), arr.shape, arr[511, 511])")
+		if want := "5.0 True 21 ['v', 'w', 'x', 'y', 'z'] 10 5 True False (512, 512) 262143.0"; out != want {
 			t.Fatalf("%s: after import: %s, want %s", tc.name, out, want)
 		}
 		r, err := dst.Execute(ctx, Request{Code: "import random; random.random() != random.Random(5).random()"}, nil)
@@ -551,5 +552,45 @@ for _ in range(50):
 print(len(states), states.count('Z'))`)
 	if got != "5 0" {
 		t.Fatalf("processes, zombies: %s; want 5 (init, anchor, live kernel, two checkpoints), 0", got)
+	}
+}
+
+// TestExportImportPickle: without dill the state is pickled; what pickle
+// cannot carry (a lambda, a class defined in a cell and its instances) is
+// listed, the rest (a large numpy array among it) arrives.
+func TestExportImportPickle(t *testing.T) {
+	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	ctx := context.Background()
+	execOK(t, src, `import sys
+sys.modules['dill'] = None  # as where python3-dill is not installed
+import numpy as np
+arr = np.arange(1 << 18, dtype='float64').reshape(512, 512)
+f = lambda v: v
+class C: pass
+c = C()
+n = 3`)
+	var buf bytes.Buffer
+	m, err := src.ExportState(ctx, &buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Serializer != "pickle" || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "f" {
+		t.Fatalf("manifest %+v, want pickle with the lambda not saved", m)
+	}
+	dst := startJailed(t, jail.Limits{Memory: 1 << 30})
+	got, err := dst.ImportState(ctx, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, ns := range got.NotSaved {
+		names = append(names, ns.Name)
+	}
+	slices.Sort(names)
+	if strings.Join(names, " ") != "C c f" || !slices.Contains(got.Variables, "arr") {
+		t.Fatalf("import manifest %+v, want C, c and f not restored, arr restored", got)
+	}
+	if out := execOK(t, dst, "print(arr.shape, arr[511, 511], n, np.__name__)"); out != "(512, 512) 262143.0 3 numpy" {
+		t.Fatalf("after import: %s", out)
 	}
 }

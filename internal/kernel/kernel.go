@@ -120,6 +120,7 @@ type wireEvent struct {
 	Processes []string         `json:"processes"`
 	Memory    map[string]int64 `json:"memory"`
 	Chunk     string           `json:"chunk"` // base64 state bytes
+	chunk     []byte           // the same, read without the JSON decoder (parseStateData); valid until the next read
 	Manifest  *StateManifest   `json:"manifest"`
 }
 

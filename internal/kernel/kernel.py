@@ -622,6 +622,7 @@ class _Reader:
         self.fd = fd
         self.buf = bytearray()
         self.scan = 0  # buf[:scan] has no newline
+        self.big = False  # the last line was long: so may the next (an import's)
 
     def readline(self):
         buf = self.buf
@@ -631,9 +632,10 @@ class _Reader:
                 line = bytes(buf[: i + 1])
                 del buf[: i + 1]
                 self.scan = 0
+                self.big = i >= 1 << 16
                 return line
             self.scan = len(buf)
-            chunk = os.read(self.fd, 1 << 16 if len(buf) < 1 << 16 else 1 << 20)
+            chunk = os.read(self.fd, 1 << 20 if self.big or len(buf) >= 1 << 16 else 1 << 16)
             if not chunk:
                 line = bytes(buf)
                 buf.clear()
@@ -852,8 +854,22 @@ def _dormant(ns, sock):
             req = {}
         op = req.get("op")
         if op == "wake":
+            # The fresh dormant copy first (forking while the old live
+            # kernel tears itself down would be slower), so that the
+            # checkpoint stays restorable.
+            try:
+                child = _fork_keeping_state()
+            except OSError as e:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
+                continue
+            if child == 0:
+                for fd in fds:
+                    os.close(fd)
+                continue  # the fresh dormant copy
             # The anchor learns the new live kernel first, then the old one
-            # may let go, while this one forks its fresh dormant copy.
+            # may go.
             pid = os.getpid()
             if _CP.ctl_w >= 0:
                 try:
@@ -861,14 +877,6 @@ def _dormant(ns, sock):
                 except OSError:
                     pass  # user code closed it: signals then reach the old live kernel's pid
             sock.send(_encode({"ok": True, "pid": pid}).encode())
-            try:
-                child = _fork_keeping_state()
-            except OSError:
-                child = -1  # not kept: its entry reads as gone once sock is closed
-            if child == 0:
-                for fd in fds:
-                    os.close(fd)
-                continue  # the fresh dormant copy: the checkpoint stays restorable
             _wake(req, fds, sock, child)
             if gc_was:
                 gc.enable()
@@ -907,31 +915,19 @@ def _wake(req, fds, sock, child):
         cp.threads, cp.processes = entry.get("threads") or [], entry.get("processes") or []
         cp.sock = socket.socket(fileno=fd)
         table[cp.id] = cp
-    quiet = fds[-1] if req.get("quiet_pipe") and len(fds) > len(table) else -1
     for fd in fds[len(table) :]:
-        if fd != quiet:
-            os.close(fd)
+        os.close(fd)
     for cp in old.values():
         cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
     me = int(req["id"])
     if me in table:
-        table[me].pid = max(child, 0)
+        table[me].pid = child
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
     _CP.former = set(req.get("former") or ())
     pid = os.getpid()
     sock.close()
-    if quiet >= 0:
-        # Answer once the old live kernel can no longer write to the host
-        # (its threads may still run until it exits): it closes its end of
-        # this pipe when it has let go of the pipes (_let_go).
-        import select
-
-        p = select.poll()
-        p.register(quiet, select.POLLIN)
-        p.poll(5000)
-        os.close(quiet)
     S.tag = req.get("tag") or 0
     # What belongs to the process, not to its memory: its own peak reset
     # and its own children's usage.
@@ -974,14 +970,15 @@ def restore(req):
     order = list(_CP.table.values())
     msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
-    msg["quiet_pipe"] = True
-    quiet_r, quiet_w = os.pipe()
     S.lock.acquire()  # kept to the end on success: our threads send no more events
     try:
         _flush_stdio()
+        # From the wake on, the woken kernel answers the host: nothing our
+        # threads still write (until we exit) may reach it.
+        saved = _let_go()
         try:
-            socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order] + [quiet_r])
-            cp.sock.settimeout(60)
+            socket.send_fds(cp.sock, [_encode(msg).encode()], [c.sock.fileno() for c in order])
+            cp.sock.settimeout(30)  # within the host's bound on the request (60 s)
             ack = cp.sock.recv(1 << 16)
             cp.sock.settimeout(None)
         except socket.timeout:
@@ -993,45 +990,48 @@ def restore(req):
             ack = b""
         except OSError:
             ack = b""
-        finally:
-            os.close(quiet_r)
-        if not ack:
-            os.close(quiet_w)
+        ok = False
+        if ack:
+            ack = json.loads(ack)
+            ok = ack.get("ok")
+        if not ok:
+            _take_back(saved)
             S.lock.release()
-            _reply({"type": "restore", "id": cid, "gone": True})
-            return
-        ack = json.loads(ack)
-        if not ack.get("ok"):
-            os.close(quiet_w)
-            S.lock.release()
-            _reply({"type": "restore", "id": cid, "reason": ack.get("reason") or "the checkpoint refused"})
+            if not ack:
+                _reply({"type": "restore", "id": cid, "gone": True})
+            else:
+                _reply({"type": "restore", "id": cid, "reason": ack.get("reason") or "the checkpoint refused"})
             return
     except BaseException:
         if S.lock.locked():
             S.lock.release()
         raise
     # The checkpoint is the live kernel now.
-    _let_go(quiet_w)
     if first:
         _become_anchor(int(ack["pid"]))
     os._exit(0)
 
 
-def _let_go(quiet_w):
-    """Makes sure nothing this process's threads still do reaches the host
-    (the pipes become /dev/null: not closed, so that a thread's write
-    cannot reach a reused descriptor), then tells the new live kernel so by
-    closing quiet_w."""
+def _let_go():
+    """Points this process's pipes to the host at /dev/null (not closed, so
+    that a thread's write cannot reach a reused descriptor); returns what
+    _take_back needs to undo it."""
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    for fd in (S.ev_fd, S.out_fd, S.err_fd, S.req.fd):
+    saved = []
+    for fd in (1, 2, S.ev_fd, S.out_fd, S.err_fd):
         try:
-            os.dup2(null, fd, inheritable=False)
+            saved.append((fd, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100), fd > 2))
+            os.dup2(null, fd, inheritable=fd <= 2)
         except OSError:
             pass
     os.close(null)
-    os.close(quiet_w)
+    return saved
+
+
+def _take_back(saved):
+    for fd, copy, cloexec in saved:
+        os.dup2(copy, fd, inheritable=not cloexec)
+        os.close(copy)
 
 
 def _forget(cp):
@@ -1168,11 +1168,15 @@ def _become_anchor(live):
 # big-endian 8-byte length and the payload:
 #   H  header, JSON {"version": 1, "serializer": "dill" | "pickle"}
 #   M  a module, JSON {"name": ..., "module": ...}: imported again by name
-#   V  a variable: 2-byte name length, name (UTF-8), serialized value
+#   V  a variable starts: its name (UTF-8)
+#   D  a piece of its serialized value (as the pickler writes it)
+#   F  the variable is complete: load it
+#   X  the variable failed: forget its pieces
 #   E  the end, JSON: the manifest (variables, not_saved, execution_count)
 # Each variable is serialized on its own: one that fails does not stop the
-# others, and the stream holds one value at a time; two names for one
-# object come back as two copies.
+# others. Values stream out as the pickler makes them (the exporter holds
+# no serialized copy; the importer holds one value's bytes at a time). Two
+# names for one object come back as two copies.
 
 CHUNK = 3 << 18  # raw bytes per state_data event (768 KiB)
 
@@ -1222,8 +1226,28 @@ class _StateOut:
 
     def flush(self):
         if self.buf:
-            _write_all(self.fd, b'{"type":"state_data","tag":%d,"chunk":"' % S.tag + base64.b64encode(self.buf) + b'"}\n')
+            # The host reads these lines without a JSON decoder: keep the
+            # exact form (Go's stateDataPrefix).
+            parts = [b'{"type":"state_data","tag":%d,"chunk":"' % S.tag, base64.b64encode(self.buf), b'"}\n']
+            n = os.writev(self.fd, parts)
+            if n < sum(len(p) for p in parts):
+                _write_all(self.fd, b"".join(parts)[n:])
             self.buf = bytearray()
+
+
+class _Pieces:
+    """The file a pickler writes to: each write becomes a D record."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, b):
+        # bytes, or a buffer (a PickleBuffer of a large array): as bytes
+        view = memoryview(b)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self.out.record(b"D", view)
+        return view.nbytes
 
 
 def _export_child(ns, fd):
@@ -1231,6 +1255,7 @@ def _export_child(ns, fd):
     import warnings
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
+    gc.disable()  # a collection would copy every page of objects it walks
     name, ser = _serializer()
     out = _StateOut(fd)
     out.record(b"H", _encode({"version": 1, "serializer": name}).encode())
@@ -1242,32 +1267,38 @@ def _export_child(ns, fd):
             out.record(b"M", _encode({"name": key, "module": value.__name__}).encode())
             saved.append(key)
             continue
-        try:
-            data = _dumps(name, ser, value)
-        except BaseException as e:
-            not_saved.append({"name": key, "reason": _reason(e)})
-            continue
         kb = key.encode("utf-8", "surrogatepass")
-        out.record(b"V", struct.pack(">H", len(kb)), kb, data)
-        saved.append(key)
+        err = None
+        for kw in _pickler_options(name, value):
+            out.record(b"V", kb)
+            try:
+                ser.Pickler(_Pieces(out), protocol=5, **kw).dump(value)
+            except BaseException as e:
+                out.record(b"X")
+                err = e
+                continue
+            out.record(b"F")
+            err = None
+            break
+        if err is None:
+            saved.append(key)
+        else:
+            not_saved.append({"name": key, "reason": _reason(err)})
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
     out.record(b"E", _encode(manifest).encode())
     out.flush()
     _write_all(fd, _encode({"type": "state_end", "tag": S.tag, "manifest": manifest}).encode() + b"\n")
 
 
-def _dumps(name, ser, value):
+def _pickler_options(name, value):
     if name != "dill":
-        return ser.dumps(value, protocol=5)
+        return ({},)
     if isinstance(value, type) and getattr(value, "__module__", None) == "__main__":
-        return ser.dumps(value, protocol=5, byref=False)
+        return ({"byref": False},)
     # Instances of classes defined in cells refer to the class by name
     # (saved on its own, loaded before them), so they are instances of it
     # after a load; by value when the name does not lead to the class.
-    try:
-        return ser.dumps(value, protocol=5, byref=True)
-    except Exception:
-        return ser.dumps(value, protocol=5, byref=False)
+    return ({"byref": True}, {"byref": False})
 
 
 def export_state(ns, req):
@@ -1354,6 +1385,7 @@ def import_state(ns):
     pipe ended."""
     buf = bytearray()
     ser = None
+    key, value = None, None  # the variable being received
     loaded, not_saved = [], []
     exported = None
     error = None
@@ -1361,10 +1393,13 @@ def import_state(ns):
         line = S.req.readline()
         if not line:
             return False  # the host is gone
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            msg = {}
+        if line.startswith(b'{"chunk":"') and line.endswith(b'"}\n'):
+            msg = {"chunk": line[10:-3]}  # as the host writes it: no JSON decoder for megabytes of base64
+        else:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = {}
         if msg.get("end"):
             if msg.get("abort") and error is None:
                 error = "the state stream was cut short: " + str(msg.get("abort"))
@@ -1377,7 +1412,13 @@ def import_state(ns):
                 n = struct.unpack(">Q", buf[1:9])[0]
                 if len(buf) < 9 + n:
                     break
-                kind, payload = buf[0:1], bytes(buf[9 : 9 + n])
+                kind = bytes(buf[0:1])
+                payload = bytes(buf[9 : 9 + n]) if kind != b"D" else memoryview(buf)[9 : 9 + n]
+                if kind == b"D":
+                    value += payload  # no copy of its own: a piece can be the whole value
+                    payload.release()
+                    del buf[: 9 + n]
+                    continue
                 del buf[: 9 + n]
                 if kind == b"H":
                     head = json.loads(payload)
@@ -1399,13 +1440,17 @@ def import_state(ns):
                     except BaseException as e:
                         not_saved.append({"name": m["name"], "reason": "import %s: %s" % (m["module"], _reason(e))})
                 elif kind == b"V":
-                    k = struct.unpack(">H", payload[:2])[0]
-                    key = payload[2 : 2 + k].decode("utf-8", "surrogatepass")
+                    key = payload.decode("utf-8", "surrogatepass")
+                    value = bytearray()
+                elif kind == b"X":
+                    key, value = None, None
+                elif kind == b"F":
                     try:
-                        ns[key] = ser.loads(payload[2 + k :])
+                        ns[key] = ser.loads(value)
                         loaded.append(key)
                     except BaseException as e:
                         not_saved.append({"name": key, "reason": _reason(e)})
+                    key, value = None, None
                 elif kind == b"E":
                     exported = json.loads(payload)
         except Exception as e:

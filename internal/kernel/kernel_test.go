@@ -191,3 +191,26 @@ func TestPumpMarkers(t *testing.T) {
 		}
 	}
 }
+
+func TestParseStateData(t *testing.T) {
+	tests := []struct {
+		line  string
+		ok    bool
+		tag   int64
+		chunk string
+	}{
+		{`{"type":"state_data","tag":7,"chunk":"QUJD"}`, true, 7, "QUJD"},
+		{`{"type":"state_data","tag":0,"chunk":""}`, true, 0, ""},
+		{`{"type":"state_data","tag":x,"chunk":"QUJD"}`, false, 0, ""},
+		{`{"type":"state_data","tag":7,"chunk":"QU\"JD"}`, false, 0, ""},
+		{`{"type":"state_data","tag":7,"chunk":"QUJD","x":1}`, false, 0, ""},
+		{`{"type":"state_end","tag":7}`, false, 0, ""},
+	}
+	for _, tc := range tests {
+		var ev wireEvent
+		ok := parseStateData([]byte(tc.line), &ev)
+		if ok != tc.ok || ok && (ev.Type != "state_data" || ev.Tag != tc.tag || string(ev.chunk) != tc.chunk) {
+			t.Errorf("parseStateData(%s) = %v %+v", tc.line, ok, ev)
+		}
+	}
+}

@@ -300,8 +300,10 @@ func (p *pipes) handleLines(s sink) (bool, error) {
 			continue
 		}
 		var ev wireEvent
-		if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
-			return false, fmt.Errorf("not an event: %.80q", line)
+		if ok := parseStateData(line, &ev); !ok {
+			if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
+				return false, fmt.Errorf("not an event: %.80q", line)
+			}
 		}
 		if ev.Seq > 0 {
 			// A batch in the middle of a cell: the output before its
