@@ -59,7 +59,14 @@ type Env struct {
 // Run runs `node e2e.mjs args...` against env and returns its output.
 func Run(tb testing.TB, env Env, timeout time.Duration, args ...string) ([]byte, error) {
 	tb.Helper()
-	script := SDK(tb)
+	return RunScript(tb, env, timeout, "e2e.mjs", args...)
+}
+
+// RunScript runs `node name args...`, name being a script of Dir(),
+// against env and returns its output.
+func RunScript(tb testing.TB, env Env, timeout time.Duration, name string, args ...string) ([]byte, error) {
+	tb.Helper()
+	script := filepath.Join(filepath.Dir(SDK(tb)), name)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
