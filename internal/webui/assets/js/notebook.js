@@ -4,6 +4,7 @@ import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
 import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './api.js';
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
+import { TerminalPanel } from './terminal.js';
 
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
@@ -72,6 +73,7 @@ class Notebook {
     const btn = (label, id, fn, cls = 'btn') => h('button', { type: 'button', class: cls, id, onclick: fn }, label);
     this.files = new FileBrowser(this.base, () => this.gone());
     this.net = new NetworkPanel(this.base);
+    this.term = new TerminalPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -90,7 +92,8 @@ class Notebook {
         this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
-        h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
+        h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost')),
+        this.term.el),
       h('div', { class: 'nb-side' }, this.files.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
@@ -116,6 +119,7 @@ class Notebook {
     document.removeEventListener('visibilitychange', this.onVisible);
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
+    this.term.dispose();
     if (this.saveTimer) this.save(); // now, not after the pause
   }
 
