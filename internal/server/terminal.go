@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
 )
 
 // The terminal of a session: GET /v1/sessions/{id}/terminal?cols=&rows=,
@@ -67,7 +68,9 @@ func (s *Server) terminal(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{http.StatusUpgradeRequired, "upgrade_required", "the terminal is a WebSocket: connect with Upgrade: websocket (see /openapi.yaml)", 0})
 		return
 	}
-	if err := ms.Err(); err != nil {
+	// (A session whose kernel died still has its files: a terminal may
+	// look at them.)
+	if err := ms.Err(); errors.Is(err, session.ErrClosed) {
 		writeError(w, err)
 		return
 	}
