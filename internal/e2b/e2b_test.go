@@ -612,9 +612,11 @@ func TestProcessRPC(t *testing.T) {
 			t.Errorf("%s of an unknown pid: %d %v", method, st, m)
 		}
 	}
-	msgs, last = ts.stream(t, c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "sh"}, "pty": map[string]any{"size": map[string]any{"cols": 80, "rows": 24}}})
-	if e, _ := last["error"].(map[string]any); len(msgs) != 0 || e["code"] != "unimplemented" {
-		t.Errorf("PTY: %v %v", msgs, last)
+	for _, pty := range []map[string]any{{}, {"size": map[string]any{"cols": 0, "rows": 24}}, {"size": map[string]any{"cols": 80, "rows": 5000}}} {
+		msgs, last = ts.stream(t, c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "sh"}, "pty": pty})
+		if e, _ := last["error"].(map[string]any); len(msgs) != 0 || e["code"] != "invalid_argument" {
+			t.Errorf("PTY %v: %v %v", pty, msgs, last)
+		}
 	}
 }
 

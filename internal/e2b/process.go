@@ -29,9 +29,35 @@ type processConfig struct {
 
 type startRequest struct {
 	Process *processConfig `json:"process"`
-	PTY     *struct{}      `json:"pty,omitempty"`
+	PTY     *ptyConfig     `json:"pty,omitempty"`
 	Tag     *string        `json:"tag,omitempty"`
 	Stdin   *bool          `json:"stdin,omitempty"`
+}
+
+// ptyConfig is envd's PTY: the process runs on a pseudo-terminal of this
+// size; its output comes as data.pty, its input goes as input.pty.
+type ptyConfig struct {
+	Size *struct {
+		Cols uint32 `json:"cols"`
+		Rows uint32 `json:"rows"`
+	} `json:"size"`
+}
+
+// windowSize is the size a PTY asks for.
+func (c *ptyConfig) windowSize() (jail.WindowSize, error) {
+	if c.Size == nil {
+		return jail.WindowSize{}, connect.NewError(connect.CodeInvalidArgument, errors.New("pty.size is required: {cols, rows}"))
+	}
+	ws := jail.WindowSize{Cols: int(min(c.Size.Cols, 1<<20)), Rows: int(min(c.Size.Rows, 1<<20))}
+	if ws.Cols < 1 || ws.Rows < 1 || ws.Cols > jail.MaxWindowSide || ws.Rows > jail.MaxWindowSide {
+		return ws, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("pty.size: %d columns by %d rows: each must be 1-%d", c.Size.Cols, c.Size.Rows, jail.MaxWindowSide))
+	}
+	return ws, nil
+}
+
+type updateRequest struct {
+	Process *processSelector `json:"process"`
+	PTY     *ptyConfig       `json:"pty"`
 }
 
 type processSelector struct {
@@ -73,6 +99,7 @@ type startEvent struct {
 type dataEvent struct {
 	Stdout []byte `json:"stdout,omitempty"`
 	Stderr []byte `json:"stderr,omitempty"`
+	PTY    []byte `json:"pty,omitempty"`
 }
 
 type endEvent struct {
@@ -102,7 +129,8 @@ type process struct {
 	tag   *string
 	cfg   processConfig
 	jp    *jail.Process
-	stdin *io.PipeWriter // nil: started without stdin
+	stdin *io.PipeWriter // nil: started without stdin; with pty, the terminal's input
+	pty   bool           // on a pseudo-terminal: input and output are input.pty and data.pty
 	ended chan struct{}
 
 	mu   sync.Mutex
@@ -168,9 +196,13 @@ type outWriter struct {
 
 func (w outWriter) Write(b []byte) (int, error) {
 	d := &dataEvent{}
-	if w.stderr {
+	switch {
+	case w.p.pty:
+		// Only this case reaches the SDK's onData of a PTY.
+		d.PTY = append([]byte(nil), b...)
+	case w.stderr:
 		d.Stderr = append([]byte(nil), b...)
-	} else {
+	default:
 		d.Stdout = append([]byte(nil), b...)
 	}
 	w.p.publish(processEvent{Data: d})
@@ -191,6 +223,7 @@ func (h *Handler) processHandlers() []rpcHandler {
 		unary("/process.Process/SendSignal", h.sendSignal),
 		unary("/process.Process/SendInput", h.sendInput),
 		unary("/process.Process/CloseStdin", h.closeStdin),
+		unary("/process.Process/Update", h.updateProcess),
 	}
 }
 
@@ -239,8 +272,13 @@ func program(cmd string) string {
 func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[eventResponse]) error {
 	sb := sandboxOf(ctx)
 	m := req.Msg
+	var terminal *jail.WindowSize
 	if m.PTY != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("PTY sessions are not supported by sandloop yet: run commands without a terminal"))
+		ws, err := m.PTY.windowSize()
+		if err != nil {
+			return err
+		}
+		terminal = &ws
 	}
 	if m.Process == nil || m.Process.Cmd == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
@@ -288,9 +326,10 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		p.cfg.Envs = map[string]string{}
 	}
 	var stdinR *io.PipeReader
-	if m.Stdin != nil && *m.Stdin {
+	if m.Stdin != nil && *m.Stdin || terminal != nil {
 		stdinR, p.stdin = io.Pipe()
 	}
+	p.pty = terminal != nil
 	sub := p.subscribe()
 	// The process belongs to the sandbox, not to this request: a client
 	// that goes away leaves it running (background commands).
@@ -305,6 +344,7 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		Stdin:     readerOrNil(stdinR),
 		Stdout:    outWriter{p, false},
 		Stderr:    outWriter{p, true},
+		Terminal:  terminal,
 	})
 	if err != nil {
 		var ae *jail.ArgumentError
@@ -471,14 +511,46 @@ func (h *Handler) sendInput(ctx context.Context, req *sendInputRequest) (*empty,
 	if err != nil {
 		return nil, err
 	}
-	if req.Input == nil || req.Input.PTY != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("input.stdin is required (PTY input is not supported)"))
+	switch {
+	case req.Input == nil || req.Input.PTY == nil && req.Input.Stdin == nil:
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("input.stdin or input.pty is required"))
+	case p.pty && req.Input.PTY == nil:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d runs on a PTY: send input.pty", p.pid))
+	case !p.pty && req.Input.PTY != nil:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY: send input.stdin", p.pid))
+	case p.pty:
+		if _, err := p.stdin.Write(req.Input.PTY); err != nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: its terminal is closed", p.pid))
+		}
+		return &empty{}, nil
 	}
 	if p.stdin == nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started without stdin: start it with stdin: true", p.pid))
 	}
 	if _, err := p.stdin.Write(req.Input.Stdin); err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: stdin is closed", p.pid))
+	}
+	return &empty{}, nil
+}
+
+// updateProcess resizes a PTY (the program gets SIGWINCH).
+func (h *Handler) updateProcess(ctx context.Context, req *updateRequest) (*empty, error) {
+	p, err := sandboxOf(ctx).find(req.Process)
+	if err != nil {
+		return nil, err
+	}
+	if req.PTY == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pty is required: {size: {cols, rows}}"))
+	}
+	if !p.pty {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
+	}
+	ws, err := req.PTY.windowSize()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.jp.Resize(ws); err != nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d: %v", p.pid, err))
 	}
 	return &empty{}, nil
 }

@@ -63,6 +63,9 @@ type initConfig struct {
 	// ListenPort: see Config.ListenPort. The listener goes to the host
 	// over the descriptor after the program's extra files.
 	ListenPort int
+	// Terminal: descriptors 0-2 are a pseudo-terminal (Config.Terminal),
+	// to be made the program's controlling terminal.
+	Terminal bool
 }
 
 // initStatus is one of the init's reports, one JSON object per line: first
@@ -192,6 +195,11 @@ func setupAndStart(cfg *initConfig) (int, error) {
 		Sys: &syscall.SysProcAttr{
 			Setsid:    true,
 			Pdeathsig: syscall.SIGKILL,
+			// In its new session, the terminal on its stdin becomes the
+			// program's controlling terminal (TIOCSCTTY): job control,
+			// ^C as SIGINT, SIGWINCH on a resize, /dev/tty.
+			Setctty: cfg.Terminal,
+			Ctty:    0,
 		},
 	}
 	forwardSignals()

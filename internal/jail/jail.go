@@ -174,6 +174,15 @@ type Config struct {
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// Terminal, if set, runs the program on a pseudo-terminal of this
+	// size instead (an interactive shell, a REPL): its controlling
+	// terminal, standard input, output and error. Stdin is typed into it
+	// and Stdout gets what it displays (echo, stdout and stderr as one
+	// stream); Stderr is not used. The host makes a new pair for each jail,
+	// so no terminal of the host's reaches it, and the filter still
+	// refuses the ioctls that inject input (TIOCSTI, TIOCLINUX) or change
+	// the line discipline (TIOCSETD). Process.Resize changes the size.
+	Terminal *WindowSize
 	// ExtraFiles are handed to the program as descriptors 3, 4, ... and are
 	// the only descriptors of the server it receives.
 	ExtraFiles []*os.File
@@ -195,6 +204,21 @@ type Config struct {
 	// namespace); the template, which holds it over its own, clones the
 	// workspace from this view instead.
 	ZygoteWorkspaces string
+}
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize struct {
+	Cols, Rows int
+}
+
+// MaxWindowSide is the largest number of columns or rows a terminal may have.
+const MaxWindowSide = 4096
+
+func (ws WindowSize) validate() error {
+	if ws.Cols < 1 || ws.Rows < 1 || ws.Cols > MaxWindowSide || ws.Rows > MaxWindowSide {
+		return &ArgumentError{"terminal size", fmt.Errorf("%d columns by %d rows: each must be 1-%d", ws.Cols, ws.Rows, MaxWindowSide)}
+	}
+	return nil
 }
 
 // Result describes how a jailed process ended and what it used.

@@ -655,7 +655,7 @@ func TestRootless(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
-	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
+	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled|TestTerminalInteractivePython|TestTerminalIoctlsRefused)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
 		cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
@@ -668,8 +668,10 @@ func TestRootless(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rootless subset failed: %v\n%s", err, out)
 		}
-		if !bytes.Contains(out, []byte("--- PASS: TestAttacksFail")) {
-			t.Errorf("attack tests did not pass rootless:\n%s", out)
+		for _, test := range []string{"TestAttacksFail", "TestTerminalInteractivePython", "TestTerminalIoctlsRefused"} {
+			if !bytes.Contains(out, []byte("--- PASS: "+test)) {
+				t.Errorf("%s did not pass rootless:\n%s", test, out)
+			}
 		}
 		if !bytes.Contains(out, []byte("--- PASS: TestFreezeAnyHost")) {
 			t.Errorf("pausing a jail did not work rootless:\n%s", out)

@@ -31,6 +31,7 @@ func (*Process) Freeze() error          { return ErrUnsupported }
 func (*Process) Thaw() error            { return ErrUnsupported }
 func FreezeMethod() string              { return "" }
 func FreezeSupport() Check              { return Check{Detail: "needs Linux"} }
+func (*Process) Resize(WindowSize) error { return ErrUnsupported }
 func (*Process) Usage() (LiveUsage, error) {
 	return LiveUsage{}, ErrUnsupported
 }

@@ -246,7 +246,13 @@ func makeDev(cfg *initConfig) error {
 	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"); err != nil {
 		return err
 	}
-	for _, n := range devNodes {
+	nodes := devNodes
+	if cfg.Terminal {
+		// Opens the caller's controlling terminal (ENXIO without one):
+		// the jail's own, never the host's.
+		nodes = append(nodes[:len(nodes):len(nodes)], "tty")
+	}
+	for _, n := range nodes {
 		dst := dev + "/" + n
 		if err := os.WriteFile(dst, nil, 0o666); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package jail
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"syscall"
@@ -38,8 +39,9 @@ const namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC 
 // seccompPolicy is the jail's filter: allow by default, refuse the list
 // above, namespace-creating clone flags, clone3 (its flags are behind a
 // pointer the filter cannot read; libc falls back to clone on ENOSYS),
-// socket families other than unix, inet, inet6 and netlink (route only), and the TIOCSTI and
-// TIOCLINUX ioctls that push input into a terminal.
+// and socket families other than unix, inet, inet6 and netlink (route
+// only). The ioctls it refuses (refusedIoctls) are checked ahead of it, by
+// assembleSeccomp.
 func seccompPolicy() seccomp.Policy {
 	eperm := seccomp.ActionErrno | seccomp.Action(unix.EPERM)
 	return seccomp.Policy{
@@ -49,8 +51,6 @@ func seccompPolicy() seccomp.Policy {
 			{Action: seccomp.ActionErrno | seccomp.Action(unix.ENOSYS), Names: []string{"clone3"}},
 			{Action: eperm, NamesWithCondtions: []seccomp.NameWithConditions{
 				{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: namespaceFlags}}},
-				{Name: "ioctl", Conditions: seccomp.ArgumentConditions{{Argument: 1, Operation: seccomp.Equal, Value: unix.TIOCSTI}}},
-				{Name: "ioctl", Conditions: seccomp.ArgumentConditions{{Argument: 1, Operation: seccomp.Equal, Value: unix.TIOCLINUX}}},
 			}},
 			{Action: seccomp.ActionErrno | seccomp.Action(unix.EAFNOSUPPORT), NamesWithCondtions: []seccomp.NameWithConditions{
 				{Name: "socket", Conditions: seccomp.ArgumentConditions{
@@ -117,11 +117,45 @@ func assembleSeccomp() ([]bpf.RawInstruction, error) {
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(native.ID), SkipTrue: 1},
 		bpf.RetConstant{Val: uint32(seccomp.ActionKillProcess)},
 	}
+	guard = append(guard, ioctlFilter()...)
 	raw, err := bpf.Assemble(append(guard, prog...))
 	if err != nil {
 		return nil, fmt.Errorf("assemble seccomp filter: %w", err)
 	}
 	return raw, nil
+}
+
+// refusedIoctls are the ioctls the filter refuses with EPERM: TIOCSTI and
+// TIOCLINUX push input into a terminal, TIOCSETD would attach another line
+// discipline (n_gsm, n_hdlc: a history of kernel CVEs) to a jail's own
+// terminal (Config.Terminal).
+var refusedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX, unix.TIOCSETD}
+
+// ioctlFilter refuses refusedIoctls, comparing the low 32 bits of the
+// request only: the kernel reads it as an unsigned int, so a request with
+// high bits set is the same ioctl to it, and a 64-bit comparison (the
+// policy library's Equal) would let it through (CVE-2019-10063). It
+// leaves other calls to the instructions after it.
+func ioctlFilter() []bpf.Instruction {
+	// seccomp_data: nr at 0, args[] at 16; the low half of args[1]
+	// is its first word on a little-endian machine.
+	lo := uint32(24)
+	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
+		lo = 28
+	}
+	n := len(refusedIoctls)
+	out := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: 0, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(unix.SYS_IOCTL), SkipTrue: uint8(n + 3)},
+		bpf.LoadAbsolute{Off: lo, Size: 4},
+	}
+	for i, req := range refusedIoctls {
+		out = append(out, bpf.JumpIf{Cond: bpf.JumpEqual, Val: req, SkipTrue: uint8(n - i)})
+	}
+	return append(out,
+		bpf.Jump{Skip: 1},
+		bpf.RetConstant{Val: uint32(seccomp.ActionErrno) | uint32(unix.EPERM)},
+	)
 }
 
 // SeccompSupported reports whether the kernel can filter system calls.

@@ -43,6 +43,10 @@ type Process struct {
 	// none): closed when the jail has ended, so the end is never held up
 	// by a caller's reader that has nothing more to say.
 	stdin *os.File
+	// tty is the host's end of Config.Terminal's pseudo-terminal (nil if
+	// none); ttyDone is closed when its output has been copied.
+	tty     *os.File
+	ttyDone chan struct{}
 
 	mu       sync.Mutex
 	timedOut bool
@@ -74,6 +78,11 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 	}
 	if cfg.ListenPort != 0 && (cfg.Network == NetworkHost || cfg.ListenPort < 1 || cfg.ListenPort > 65535) {
 		return nil, &ArgumentError{"listen port", fmt.Errorf("%d: must be 1-65535, and only with a network of the jail's own", cfg.ListenPort)}
+	}
+	if cfg.Terminal != nil {
+		if err := cfg.Terminal.validate(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Workspace == "" {
 		// Never the current directory: the jail would own it.
@@ -168,7 +177,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir,
 		Limits: limits, Network: cfg.Network, Files: cfg.Files, ExtraFiles: len(cfg.ExtraFiles),
 		Workspace: wsPath, WorkspaceTree: ws.tree, WorkspaceSub: ws.sub, Zygote: cfg.Zygote, ZygoteWorkspaces: ws.zygote, ListenPort: cfg.ListenPort,
-		ReceiveMounts: ws.holder && ws.zygote != "",
+		ReceiveMounts: ws.holder && ws.zygote != "", Terminal: cfg.Terminal != nil,
 	}
 	// Pids counts the program's processes and threads: the init (the same
 	// user, in the same group) gets room for its own threads on top. A
@@ -188,18 +197,30 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	}
 	fail := func(err error) (*Process, error) {
 		p.closeStdin()
+		if p.tty != nil {
+			p.tty.Close()
+		}
 		if p.cg != nil {
 			_ = p.cg.remove()
 		}
 		return nil, err
 	}
 
-	stdin, err := p.stdinPipe(cfg.Stdin)
-	if err != nil {
-		return fail(err)
-	}
-	if p.stdin != nil {
-		defer stdin.Close() // our copy of the child's end
+	var stdin, ttySlave *os.File
+	var err error
+	if cfg.Terminal != nil {
+		if p.tty, ttySlave, err = openTerminal(*cfg.Terminal); err != nil {
+			return fail(err)
+		}
+		defer ttySlave.Close() // the jail's copies keep it open
+		p.ttyDone = make(chan struct{})
+	} else {
+		if stdin, err = p.stdinPipe(cfg.Stdin); err != nil {
+			return fail(err)
+		}
+		if p.stdin != nil {
+			defer stdin.Close() // our copy of the child's end
+		}
 	}
 
 	cfgR, cfgW, err := os.Pipe()
@@ -231,7 +252,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		flags |= unix.CLONE_NEWNET
 	}
 	initCmd := func(path string) *exec.Cmd {
-		return &exec.Cmd{
+		c := &exec.Cmd{
 			Path: path,
 			Args: []string{initArg0},
 			Env:  []string{}, // never the server's environment
@@ -255,6 +276,11 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			},
 			WaitDelay: 2 * time.Second,
 		}
+		if ttySlave != nil {
+			// The terminal is the host's own new pair (see Config.Terminal).
+			c.Stdin, c.Stdout, c.Stderr = ttySlave, ttySlave, ttySlave
+		}
+		return c
 	}
 	if ws.holder {
 		var h *quotaHolder
@@ -284,6 +310,10 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	// the jail's network namespace from its birth (DialLoopback checks it).
 	p.network = cfg.Network
 	p.netns, _ = netnsInode(p.proc.Pid)
+	if p.tty != nil {
+		ttySlave.Close()
+		p.serveTerminal(cfg.Stdin, cfg.Stdout)
+	}
 	cfgR.Close()
 	stW.Close()
 	p.statusF = stR
@@ -405,6 +435,7 @@ func (p *Process) wait() (*Result, error) {
 	ps, waitErr := p.waitProc()
 	end := time.Now()
 	p.closeStdin()
+	p.closeTerminal()
 	if p.timer != nil {
 		p.timer.Stop()
 	}

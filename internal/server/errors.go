@@ -32,7 +32,7 @@ var errUnauthorized = &apiError{http.StatusUnauthorized, "unauthorized", "missin
 
 // errQueryToken refuses ?token= where a header can be sent: a token in a
 // URL ends up in logs, browser history and Referer headers.
-var errQueryToken = &apiError{http.StatusUnauthorized, "unauthorized", "?token= is accepted only by downloads and event streams (see /openapi.yaml): send Authorization: Bearer <token>", 0}
+var errQueryToken = &apiError{http.StatusUnauthorized, "unauthorized", "?token= is accepted only by downloads, event streams and the terminal (see /openapi.yaml): send Authorization: Bearer <token>", 0}
 
 // toAPIError maps every error the handlers can meet to a status, in this
 // one place.

@@ -164,14 +164,16 @@ func (ts Tokens) Owner(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 // QueryTokenRoutes are the routes that take the token as ?token=: downloads
-// (a plain link, curl -O) and the run event stream (EventSource cannot send
-// headers). Nowhere else, as a token in a URL ends up in logs, browser
-// history and Referer headers.
+// (a plain link, curl -O), the run event stream (EventSource cannot send
+// headers) and the terminal's WebSocket (nor can a browser's WebSocket).
+// Nowhere else, as a token in a URL ends up in logs, browser history and
+// Referer headers.
 var QueryTokenRoutes = []string{
 	"GET /v1/sessions/{id}/files/{path...}",
 	"GET /v1/sessions/{id}/archive",
 	"GET /v1/runs/{id}/events",
 	"GET /v1/runs/{id}/artifacts",
+	"GET /v1/sessions/{id}/terminal",
 }
 
 var queryTokenMux = func() *http.ServeMux {

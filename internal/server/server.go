@@ -256,6 +256,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/notebook", s.putNotebook, false},
 		{"GET", "/v1/sessions/{id}/notebook.ipynb", s.getNotebookIpynb, false},
 		{"PUT", "/v1/sessions/{id}/notebook.ipynb", s.putNotebookIpynb, false},
+		{"GET", "/v1/sessions/{id}/terminal", s.terminal, false},
 		{"POST", "/v1/runs", s.startRun, false},
 		{"GET", "/v1/runs", s.listRuns, false},
 		{"GET", "/v1/runs/{id}", s.getRun, false},

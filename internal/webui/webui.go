@@ -1,6 +1,12 @@
 // Package webui serves sandloop's browser interface: hand-written HTML, CSS
-// and JavaScript modules embedded in the binary, with no build step.
+// and JavaScript modules embedded in the binary, with no build step. The
+// one library, the terminal emulator xterm.js, is a copy from npm kept in
+// assets/vendor (xterm/vendor.sh makes it: go generate ./internal/webui),
+// served from the binary like the rest: the page loads nothing from
+// elsewhere.
 package webui
+
+//go:generate sh xterm/vendor.sh
 
 import (
 	"crypto/sha256"
@@ -28,6 +34,8 @@ const csp = "default-src 'self'; img-src 'self' data: blob:; script-src 'self'; 
 var types = map[string]string{
 	".html": "text/html; charset=utf-8",
 	".js":   "text/javascript; charset=utf-8",
+	".mjs":  "text/javascript; charset=utf-8",
+	".txt":  "text/plain; charset=utf-8",
 	".css":  "text/css; charset=utf-8",
 	".svg":  "image/svg+xml",
 	".png":  "image/png",

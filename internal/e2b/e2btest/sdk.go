@@ -59,24 +59,17 @@ type Env struct {
 // Run runs `node e2e.mjs args...` against env and returns its output.
 func Run(tb testing.TB, env Env, timeout time.Duration, args ...string) ([]byte, error) {
 	tb.Helper()
-	script := SDK(tb)
+	return RunScript(tb, env, timeout, "e2e.mjs", args...)
+}
+
+// RunScript runs `node name args...`, name being a script of Dir(),
+// against env and returns its output.
+func RunScript(tb testing.TB, env Env, timeout time.Duration, name string, args ...string) ([]byte, error) {
+	tb.Helper()
+	script := filepath.Join(filepath.Dir(SDK(tb)), name)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
-	cmd.Dir = Dir()
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+env.URL, "E2B_SANDBOX_URL="+env.URL, "E2B_API_KEY="+env.Key)
-	cmd.WaitDelay = 5 * time.Second
-	return cmd.CombinedOutput()
-}
-
-// RunScript runs `node NAME args...` (a script of testdata/sdk) against env
-// and returns its output.
-func RunScript(tb testing.TB, env Env, timeout time.Duration, name string, args ...string) ([]byte, error) {
-	tb.Helper()
-	SDK(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", append([]string{filepath.Join(Dir(), name)}, args...)...)
 	cmd.Dir = Dir()
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+env.URL, "E2B_SANDBOX_URL="+env.URL, "E2B_API_KEY="+env.Key)
 	cmd.WaitDelay = 5 * time.Second

@@ -6,6 +6,7 @@ import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
 import { PortsPanel } from './ports.js';
+import { TerminalPanel } from './terminal.js';
 
 export function mountNotebook(root, sessionID) {
   if (!sessionID) return chooser(root);
@@ -76,6 +77,7 @@ class Notebook {
     this.net = new NetworkPanel(this.base);
     this.ck = new CheckpointStrip(this);
     this.ports = new PortsPanel(this.base);
+    this.term = new TerminalPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
@@ -95,7 +97,8 @@ class Notebook {
         this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
-        h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost'))),
+        h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost')),
+        this.term.el),
       h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
@@ -125,6 +128,7 @@ class Notebook {
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
     clearTimeout(this.ports.again);
+    this.term.dispose();
     if (this.saveTimer) this.save(); // now, not after the pause
   }
 
