@@ -21,16 +21,16 @@ func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsuppor
 // Run fails: the jail needs Linux namespaces.
 func Run(context.Context, *Config) (*Result, error) { return nil, ErrUnsupported }
 
-func (*Process) Pid() int               { return 0 }
-func (*Process) Listener() net.Listener { return nil }
-func (*Process) Signal(os.Signal) error { return ErrUnsupported }
-func (*Process) Kill()                  {}
-func (*Process) Wait() (*Result, error) { return nil, ErrUnsupported }
-func (*Process) Done() <-chan struct{}  { return nil }
-func (*Process) Freeze() error          { return ErrUnsupported }
-func (*Process) Thaw() error            { return ErrUnsupported }
-func FreezeMethod() string              { return "" }
-func FreezeSupport() Check              { return Check{Detail: "needs Linux"} }
+func (*Process) Pid() int                { return 0 }
+func (*Process) Listener() net.Listener  { return nil }
+func (*Process) Signal(os.Signal) error  { return ErrUnsupported }
+func (*Process) Kill()                   {}
+func (*Process) Wait() (*Result, error)  { return nil, ErrUnsupported }
+func (*Process) Done() <-chan struct{}   { return nil }
+func (*Process) Freeze() error           { return ErrUnsupported }
+func (*Process) Thaw() error             { return ErrUnsupported }
+func FreezeMethod() string               { return "" }
+func FreezeSupport() Check               { return Check{Detail: "needs Linux"} }
 func (*Process) Resize(WindowSize) error { return ErrUnsupported }
 func (*Process) Usage() (LiveUsage, error) {
 	return LiveUsage{}, ErrUnsupported
