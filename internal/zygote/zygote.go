@@ -27,9 +27,12 @@
 // package's holder mounted the workspace on kernels before 6.15), hands the kernel its pipes, sets the
 // rlimits and drops its own capabilities and loads the filter; the kernel
 // sets its rlimits and environment and runs kernel.py. The fork returns
-// when both have said so, before any user code is sent. The template forks
-// the next spare RefillDelay later, so that the fork does not compete with
-// the new session for the CPU.
+// when both have said so, before any user code is sent. While forks wait
+// for spares the template is asked at once for as many as wait (at most
+// Options.Parallel in the making: the children prepare themselves in
+// parallel); when nobody waits, RefillDelay later, so that the fork does
+// not compete with the new session for the CPU. How many spares are kept
+// ready follows the arrival rate (refill).
 //
 // What forked sessions share, and what they do not:
 //   - Memory pages of the template (the interpreter, the imported modules)
@@ -119,11 +122,22 @@ type Options struct {
 	// armed ahead of requests (each holds a reaper and an idle kernel,
 	// ~5 MiB of private memory). If zero, 1.
 	Spares int
-	// RefillDelay is how long after a spare is taken the template is asked
-	// for the next one, so that forking it does not compete with the new
-	// session's first moments for the CPU. A fork that finds no spare asks
-	// at once. If zero, 200 ms; negative: at once.
+	// RefillDelay is how long after a spare is taken, while no fork waits,
+	// the template is asked for the next one, so that forking it does not
+	// compete with the new session's first moments for the CPU. While forks
+	// wait there is no delay. If zero, 200 ms; negative: at once.
 	RefillDelay time.Duration
+	// MaxSpares bounds the spares kept ready when the arrival rate is high
+	// (the target grows with it, and falls back to Spares when idle; each
+	// spare holds ~5 MiB). If zero, 16 (at least Spares).
+	MaxSpares int
+	// Parallel is how many spares may be in the making at once while forks
+	// wait. If zero, twice the CPUs, between 2 and 8.
+	Parallel int
+	// Fixed selects the pipeline before issue 26, for comparison: a taken
+	// spare is replaced RefillDelay later even while forks wait, and the
+	// spares never grow past Spares.
+	Fixed bool
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }

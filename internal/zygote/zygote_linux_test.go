@@ -486,13 +486,13 @@ func (z *Zygote) armedSparePids(t testing.TB) []int {
 	inst := z.cur
 	z.mu.Unlock()
 	testutil.WaitFor(t, z.patience(10*time.Second), func() error {
-		if n := len(inst.spares); n < cap(inst.spares) {
-			return fmt.Errorf("the template has %d of its %d spares", n, cap(inst.spares))
+		if n := len(inst.spares); n < z.opts.Spares {
+			return fmt.Errorf("the template has %d of its %d spares", n, z.opts.Spares)
 		}
 		return nil
 	})
 	var pids []int
-	for range cap(inst.spares) {
+	for range z.opts.Spares {
 		r := <-inst.spares
 		if r.sp != nil {
 			pids = append(pids, r.sp.reaperPid, r.sp.kernelPid)
