@@ -42,6 +42,7 @@ type poolWaiter struct {
 // fairPool is the manager's pool state beyond m.pool; m.mu guards it.
 type fairPool struct {
 	waiters   []*poolWaiter
+	arrivals  int // creates that asked the pool, ever
 	takes     []time.Time
 	lastTake  time.Time
 	startTime time.Duration // moving average of one pooled kernel's start
@@ -109,6 +110,7 @@ func (m *Manager) deliverLocked(s *Session) {
 // tookLocked records a take from the pool (ready or waited for); m.mu is
 // held.
 func (m *Manager) tookLocked(now time.Time) {
+	m.fair.arrivals++
 	m.fair.lastTake = now
 	m.fair.takes = append(m.fair.takes, now)
 	for len(m.fair.takes) > 0 && now.Sub(m.fair.takes[0]) > poolRateWindow {
