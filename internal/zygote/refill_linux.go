@@ -6,9 +6,9 @@ import (
 )
 
 // refill decides when the template is asked for spares (Options.Fixed
-// off). While forks wait it asks at once, for as many as wait plus the
-// target, with at most Options.Parallel spares in the making; the idle
-// RefillDelay applies only when nobody waits. The target (how many spares
+// off). While forks wait it asks at once for as many as wait, with at most
+// Options.Parallel spares in the making; the rest of the target follows
+// RefillDelay later (the delay applies only to what nobody waits for). The target (how many spares
 // are kept ready) follows the recent arrival rate: enough to cover the
 // arrivals during one spare's making, between Options.Spares and
 // Options.MaxSpares; it falls back to Options.Spares after IdleShrink
@@ -105,7 +105,12 @@ func (r *refill) kick() {
 	now := time.Now()
 	target := r.targetLocked(now)
 	missing := r.waiters + target - len(r.inst.spares) - r.making
-	if n := min(missing, r.opts.Parallel-r.making); n > 0 && (r.waiters > 0 || r.opts.RefillDelay < 0) {
+	// For the forks that wait, at once; for the target, once idle.
+	urgent := r.waiters - len(r.inst.spares) - r.making
+	if r.opts.RefillDelay < 0 {
+		urgent = missing
+	}
+	if n := min(urgent, r.opts.Parallel-r.making); n > 0 {
 		r.askLocked(n, now)
 		return
 	}

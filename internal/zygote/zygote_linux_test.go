@@ -361,6 +361,7 @@ func TestZygoteRestarts(t *testing.T) {
 	inst := z.cur
 	z.mu.Unlock()
 	inst.proc.Kill()
+	<-inst.ended // (a spare it left ready dies with it, not at once)
 	third := newSession(t, z, session.Options{})
 	if got := out(t, third.Session, `print("forked")`); got != "forked" {
 		t.Fatalf("after the template's jail was killed: %q", got)
