@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,10 +83,12 @@ func BenchmarkBurst100(b *testing.B) {
 				lat = append(lat, d)
 			})
 		}
+		stopProfile := profileBurst(b, old)
 		t0 := time.Now()
 		close(start)
 		wg.Wait()
 		total := time.Since(t0)
+		stopProfile()
 		for _, id := range ids {
 			if err := c.DeleteSession(ctx, id); err != nil {
 				b.Errorf("delete %s: %v", id, err)
@@ -129,4 +135,41 @@ func firstErr(a, b error) error {
 		return a
 	}
 	return b
+}
+
+// profileBurst, when BURST_PROFILE names a path prefix, records where the
+// time goes during one burst: the whole machine with perf (PREFIX.old.perf
+// or PREFIX.new.perf; needs perf) and this process, the host, with Go's
+// CPU profiler (PREFIX.old.pprof, PREFIX.new.pprof). It returns what stops
+// them.
+func profileBurst(b *testing.B, old bool) (stop func()) {
+	prefix := os.Getenv("BURST_PROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	name := prefix + ".new"
+	if old {
+		name = prefix + ".old"
+	}
+	f, err := os.Create(name + ".pprof")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	perf := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", name+".perf")
+	if err := perf.Start(); err != nil {
+		b.Logf("no system-wide profile: %v", err)
+		perf = nil
+	}
+	time.Sleep(300 * time.Millisecond) // perf is recording
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if perf != nil {
+			_ = perf.Process.Signal(syscall.SIGINT)
+			_ = perf.Wait()
+		}
+	}
 }
