@@ -233,8 +233,9 @@ type Manager struct {
 	sessions map[string]*Managed
 	pool     []*Session
 	starting int // pooled kernels being started
-	fair     fairPool // without FixedPool (pool.go)
 	closed   bool
+
+	fair fairPool // without FixedPool (pool.go)
 
 	refill  chan struct{}
 	stop    chan struct{}
