@@ -108,6 +108,7 @@
 //     saves little;
 //   - ~3%: the namespaces (unshare, a network namespace's setup_net) and
 //     ~3%: the mounts (/proc with its masks, /tmp, /dev/shm).
+//
 // So a spare costs little more than its two forks and their faults; what
 // would cut it further is fewer page tables to copy (one fork per spare: a
 // small reaper made with CLONE_VM, or the template's heap in huge pages,
