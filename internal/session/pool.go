@@ -86,12 +86,13 @@ func (m *Manager) awaitPooled(ctx context.Context, w *poolWaiter) (*Session, tim
 // the pool.
 func (m *Manager) giveBack(s *Session) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
-		go s.Close()
+		m.mu.Unlock()
+		s.Close() // (Close may be waiting already: not in the background)
 		return
 	}
 	m.deliverLocked(s)
+	m.mu.Unlock()
 }
 
 // deliverLocked hands s to the first waiter or puts it in the pool; m.mu
@@ -209,7 +210,8 @@ func (m *Manager) poolLoopFair() {
 				backoff = 0
 				m.fair.startTime = (m.fair.startTime*3 + r.d) / 4
 				if m.closed {
-					go r.s.Close()
+					m.closing.Add(1)
+					go func() { defer m.closing.Done(); r.s.Close() }()
 				} else {
 					m.deliverLocked(r.s)
 				}
@@ -228,13 +230,13 @@ func (m *Manager) poolLoopFair() {
 		if waiting == 0 && len(m.pool) > m.opts.PoolSize && now.Sub(m.fair.lastTake) >= poolIdleShrink {
 			shrink = append(shrink, m.pool[m.opts.PoolSize:]...)
 			m.pool = m.pool[:m.opts.PoolSize]
+			m.closing.Add(len(shrink)) // under mu, as closeSession's callers
 			missing = 0
 		}
 		closed := m.closed
 		sinceTake := now.Sub(m.fair.lastTake)
 		m.mu.Unlock()
 		for _, s := range shrink {
-			m.closing.Add(1)
 			go func() { defer m.closing.Done(); s.Close() }()
 		}
 		if closed {
