@@ -62,3 +62,17 @@ func TestBurstDoesNotWaitForRefillDelay(t *testing.T) {
 		t.Errorf("target after the burst %d, want 1-3 (Spares to MaxSpares)", target)
 	}
 }
+
+// What a first plot imports (kernel.py's backend, Pillow's plugins) is
+// imported by the template, not by every fork: after a plot, the fork
+// holds no module object of its own but __main__ (objects made before the
+// fork are frozen: gc.get_objects does not list them).
+func TestFirstPlotImportsNothing(t *testing.T) {
+	z := newZygote(t, nil)
+	s := newSession(t, z, session.Options{})
+	code := "import gc, types\nimport matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n" +
+		"print(sorted(m.__name__ for m in gc.get_objects() if isinstance(m, types.ModuleType)))"
+	if got := out(t, s.Session, code); got != "['__main__']" {
+		t.Errorf("modules imported after the fork: %s", got)
+	}
+}
