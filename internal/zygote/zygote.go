@@ -80,41 +80,51 @@
 // and sessions start cold with rlimits (the jail's one-line warning).
 //
 // Where the time goes (issue 26). BenchmarkBurst100 (client) sends 100
-// creates + `1+1` at once to a real host with the zygote and a pool of 2;
-// on the 2-core development machine, shared with five other builds (load
-// ~10), the pipeline before issue 26 (Options.Fixed,
-// session.ManagerOptions.FixedPool) answered at p50 11.2 s, p95 21.6-23.2 s,
-// last 22.5-24.2 s (4.1-4.4 sessions/s), with the CPUs mostly idle for the
-// burst: each waiting fork waited for a "more" sent RefillDelay after the
-// previous take. The current pipeline, in the same runs: p50 0.8-2.0 s,
-// p95 2.1-4.0 s, last 2.2-4.2 s (24-46 sessions/s), 100/100 each time;
-// BenchmarkSparesPerSecond (40 forks at once from the pandas template):
-// 3.9 sessions/s before, 16.7 now. A system-wide perf profile of the new
-// burst (BURST_PROFILE=prefix) puts ~20 ms of CPU per session in the
-// spares' python3 processes and ~3.5 ms in the Go host (pprof: a third of
-// it in system calls, the rest HTTP and JSON). Of the python3 time:
+// creates + `1+1` at once to a real host with the zygote and a pool of 2.
+// On the 2-core development machine, shared with five other engineers'
+// builds (load 10-15), in four runs: the pipeline before issue 26
+// (Options.Fixed, session.ManagerOptions.FixedPool) answered at p50
+// 11.2-12.1 s, p95 21.6-24.0 s, last 22.5-25.1 s (4.0-4.4 sessions/s),
+// the CPUs mostly idle for it: each waiting fork waited for a "more" sent
+// RefillDelay after the previous take. The current pipeline, in the same
+// runs: p50 0.8-2.2 s, p95 2.1-4.4 s, last 2.2-4.5 s (22-46 sessions/s),
+// 100/100 each time. BenchmarkSparesPerSecond (40 forks at once from the
+// pandas template): 3.9-4.2 sessions/s before, 17-56 now. A system-wide
+// perf profile of the new burst (BURST_PROFILE=prefix) puts ~20 ms of CPU
+// per session in the spares' python3 processes and ~3.5 ms in the Go
+// host (pprof: a third of it system calls, the rest HTTP, JSON and the
+// collector). Of the python3 time:
 //   - 37%: fork itself (copy_process → dup_mmap → copy_page_range),
-//     copying the page tables of the pandas template's ~60 MiB of
-//     anonymous memory, twice per spare (template → reaper, reaper →
-//     kernel); a fork+exit of that template alone costs 10-20 ms of wall
-//     time on this loaded machine (/usr/bin/python3, 100 forks);
+//     copying the page tables and 634 mappings of the pandas template
+//     (~60 MiB anonymous), twice per spare (template → reaper, reaper →
+//     kernel); a fork+exit of that template alone takes 10-20 ms here;
 //   - 21%: copy-on-write faults (do_wp_page), mostly reference-count
 //     writes of the Python objects the reaper and the kernel touch after
 //     the fork (gc.freeze already keeps the collector from walking them);
 //   - 7.5%: the interpreter (_PyEval_EvalFrameDefault): zygote.py's
-//     _prepare/_spare and kernel.py's _setup, which build little; the
-//     modules, kernel.py itself and the lockdown's objects are all made
-//     in the template already, so moving more Python work before the fork
-//     saves little;
+//     _prepare/_spare and kernel.py's _setup, which build little. The
+//     modules, kernel.py, the lockdown's objects and (now) what a first
+//     plot imports (kernel.py's backend, Pillow's plugins) are all made in
+//     the template: after the fork a session imports no module for `1+1`
+//     or for a plot (TestFirstPlotImportsNothing), so moving more Python
+//     work before the fork saves little;
 //   - ~3%: the namespaces (unshare, a network namespace's setup_net) and
 //     ~3%: the mounts (/proc with its masks, /tmp, /dev/shm).
 //
 // So a spare costs little more than its two forks and their faults; what
-// would cut it further is fewer page tables to copy (one fork per spare: a
-// small reaper made with CLONE_VM, or the template's heap in huge pages,
-// MADV_COLLAPSE, which cut a fork+exit by ~20% in a trial) and fewer
+// would cut it further is fewer page tables to copy (one fork per spare:
+// a reaper made with CLONE_VM that execs a small program, or the
+// template's heap in huge pages: MADV_COLLAPSE cut a fork+exit by ~20% in
+// a trial, not adopted, since it populates whole 2 MiB ranges) and fewer
 // written pages. With ~25 ms of CPU per session and the CPUs shared, a
 // burst of 100 cannot answer at p50 ≤ 150 ms on this machine.
+//
+// Memory (BenchmarkIdleMemory, 40 idle sessions with numpy and pandas
+// imported): a forked session costs 5.1 MiB of private memory (USS, the
+// reaper's and the kernel's copied pages) and 0.51 MiB of page tables
+// (two processes mapping the whole template); MemAvailable fell 5.5 MiB
+// per session (noisy: the host's other work counts). A cold one: 42.8
+// MiB USS, 40.9 MiB of MemAvailable.
 //
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
