@@ -50,6 +50,8 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench ServeDefault -benchtime 8x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
+	$(GO) test -run '^$$' -bench Burst100 -benchtime 1x ./client
+	$(GO) test -run '^$$' -bench SparesPerSecond -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench PauseResume -benchtime 50x ./internal/zygote

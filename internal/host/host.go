@@ -68,6 +68,10 @@ type Config struct {
 	// Zygote is "on" (fail where the host cannot run one), "auto" (cold
 	// sessions there) or "off". If empty, off.
 	Zygote string
+	// OldPipeline selects the session pipeline before issue 26 (a fixed
+	// refill delay, one spare, one pooled kernel started at a time), so a
+	// benchmark can print its figures beside the current ones.
+	OldPipeline bool
 
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
@@ -160,7 +164,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	h.cfg.Egress = eg
 
-	if h.zy, err = StartZygote(ctx, h.cfg.Zygote, h.log); err != nil {
+	if h.zy, err = startZygote(ctx, h.cfg.Zygote, h.log, h.cfg.OldPipeline); err != nil {
 		return nil, err
 	}
 	var zy session.Zygote
@@ -172,6 +176,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
+		FixedPool: h.cfg.OldPipeline,
 	})
 
 	undo = append(undo, func() { h.mgr.Close() })
@@ -419,6 +424,11 @@ func newEpoch() string {
 // "auto" on a host that cannot run one (logged in one line with the
 // reason); for "on" there, an *ArgumentError.
 func StartZygote(ctx context.Context, mode string, log *slog.Logger) (*zygote.Zygote, error) {
+	return startZygote(ctx, mode, log, false)
+}
+
+// startZygote is StartZygote, with the pipeline before issue 26 if old.
+func startZygote(ctx context.Context, mode string, log *slog.Logger, old bool) (*zygote.Zygote, error) {
 	if mode == "" || mode == "off" {
 		return nil, nil
 	}
@@ -428,7 +438,7 @@ func StartZygote(ctx context.Context, mode string, log *slog.Logger) (*zygote.Zy
 	err := zygote.Supported()
 	if err == nil {
 		var z *zygote.Zygote
-		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log}); err == nil {
+		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log, Fixed: old}); err == nil {
 			return z, nil
 		}
 		err = fmt.Errorf("the zygote did not start: %w", err)

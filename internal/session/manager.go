@@ -78,6 +78,17 @@ type ManagerOptions struct {
 	// before starting its replacement, so the start does not compete for
 	// CPU with the new session's first execution. If zero, 250ms.
 	RefillDelay time.Duration
+	// FixedPool selects the pool before issue 26, for comparison: one
+	// kernel started at a time, RefillDelay after each take even while
+	// creates wait, which start cold meanwhile; the pool never grows past
+	// PoolSize.
+	FixedPool bool
+	// MaxPool bounds the pool when the arrival rate grows it (pool.go). If
+	// zero, min(32, MaxSessions), at least PoolSize.
+	MaxPool int
+	// PoolParallel is how many pooled kernels may start at once while
+	// creates wait for one. If zero, twice the CPUs, between 2 and 8.
+	PoolParallel int
 	// ReapInterval is how often idle and expired sessions are looked for.
 	// If zero, 10 seconds.
 	ReapInterval time.Duration
@@ -360,6 +371,8 @@ type Manager struct {
 	starting int // pooled kernels being started
 	closed   bool
 
+	fair fairPool // without FixedPool (pool.go)
+
 	refill  chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -396,6 +409,13 @@ func NewManager(o *ManagerOptions) *Manager {
 	if opts.RefillDelay == 0 {
 		opts.RefillDelay = 250 * time.Millisecond
 	}
+	if opts.MaxPool == 0 {
+		opts.MaxPool = min(32, opts.MaxSessions)
+	}
+	opts.MaxPool = max(opts.MaxPool, opts.PoolSize)
+	if opts.PoolParallel <= 0 {
+		opts.PoolParallel = defaultPoolParallel()
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -430,7 +450,11 @@ func NewManager(o *ManagerOptions) *Manager {
 		stop:     make(chan struct{}),
 	}
 	m.wg.Add(2)
-	go m.poolLoop()
+	if opts.FixedPool {
+		go m.poolLoop()
+	} else {
+		go m.poolLoopFair()
+	}
 	go m.reapLoop()
 	m.kick()
 	return m
@@ -510,13 +534,32 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
+	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && m.opts.PoolSize > 0
+	if poolable && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
+	var waiter *poolWaiter
+	if !m.opts.FixedPool && poolable {
+		m.tookLocked(time.Now())
+		if pooled == nil {
+			waiter = m.enqueueLocked() // in line for the next pooled kernel
+		}
+	}
 	m.mu.Unlock()
-	if pooled != nil {
+	var servedAt time.Time
+	switch {
+	case waiter != nil:
+		if pooled, servedAt, err = m.awaitPooled(ctx, waiter); err != nil {
+			m.mu.Lock()
+			delete(m.sessions, key)
+			m.mu.Unlock()
+			return nil, err
+		}
+	case pooled != nil && m.opts.FixedPool:
 		time.AfterFunc(m.opts.RefillDelay, m.kick)
+	case pooled != nil:
+		m.kick()
 	}
 
 	s := pooled
@@ -556,7 +599,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		s.Close()
 		return nil, ErrClosed
 	}
-	now := time.Now()
+	// A create that waited in line is created when it was served, so
+	// Created orders them as they were served.
+	now := cmp.Or(servedAt, time.Now())
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
@@ -695,6 +740,10 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	for _, w := range m.fair.waiters {
+		w.ch <- nil // they find the manager closed
+	}
+	m.fair.waiters = nil
 	sessions := make([]*Managed, 0, len(m.sessions))
 	for _, ms := range m.sessions {
 		if ms.Session != nil {

@@ -77,6 +77,7 @@ func BenchmarkIdleMemory(b *testing.B) {
 				s.Close()
 			}
 		}()
+		availBefore := memAvailable(b)
 		for i := 0; i < n; i++ {
 			s, err := session.New(context.Background(), &session.Options{Zygote: zy})
 			if err != nil {
@@ -88,7 +89,8 @@ func BenchmarkIdleMemory(b *testing.B) {
 				b.Fatalf("import: %v %+v", err, res)
 			}
 		}
-		var u, p int64
+		lost := availBefore - memAvailable(b)
+		var u, p, pte int64
 		zcg := memoryCgroup(zPid)
 		spares := z.armedSparePids(b)
 		for _, pid := range descendants(os.Getpid()) {
@@ -98,7 +100,15 @@ func BenchmarkIdleMemory(b *testing.B) {
 			pu, pp := smaps(pid)
 			u += pu
 			p += pp
+			pte += statusKB(pid, "VmPTE:") << 10
 		}
+		mib := func(v int64) float64 { return float64(v) / float64(n) / (1 << 20) }
+		how := "cold"
+		if zy != nil {
+			how = "forked"
+		}
+		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.1f MiB, page tables %.2f MiB per session",
+			n, how, mib(lost), mib(u), mib(pte))
 		return float64(u) / float64(n) / (1 << 20), float64(p) / float64(n) / (1 << 20)
 	}
 	for i := 0; i < b.N; i++ {
@@ -113,6 +123,34 @@ func BenchmarkIdleMemory(b *testing.B) {
 		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.1f MiB PSS %.1f MiB; cold USS %.1f MiB PSS %.1f MiB; USS %.1fx smaller; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
 			n, zu, zp, cu, cp, cu/zu, float64(tu)/(1<<20), float64(tp)/(1<<20))
 	}
+}
+
+// memAvailable is the host's MemAvailable in bytes.
+func memAvailable(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	b.Fatal("no MemAvailable in /proc/meminfo")
+	return 0
+}
+
+// statusKB returns a field of /proc/PID/status in kB (0 if absent).
+func statusKB(pid int, field string) int64 {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
 }
 
 // descendants returns every process below pid.

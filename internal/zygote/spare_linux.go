@@ -209,20 +209,18 @@ func (z *Zygote) take(ctx context.Context) (*spare, error) {
 			return nil, err
 		}
 		var r spareOrErr
-		select {
-		case r = <-inst.spares:
-		default:
-			inst.moreNow() // none ready: nobody should wait for the delay
-			select {
-			case r = <-inst.spares:
-			case <-inst.dead:
-				lastErr = errDead // current retires it and starts another
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
+		if inst.fill != nil {
+			r, err = inst.takeFair(ctx)
+		} else {
+			r, err = inst.takeFixed(ctx, z.opts.RefillDelay)
 		}
-		inst.moreLater(z.opts.RefillDelay)
+		if errors.Is(err, errDead) {
+			lastErr = err // current retires it and starts another
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
 		if r.err != nil {
 			lastErr = r.err
 			continue
@@ -235,6 +233,49 @@ func (z *Zygote) take(ctx context.Context) (*spare, error) {
 		return r.sp, nil
 	}
 	return nil, lastErr
+}
+
+// takeFixed is take's wait with Options.Fixed: the pipeline before
+// issue 26 (one "more" per take, RefillDelay later unless a fork finds no
+// spare when it arrives).
+func (inst *instance) takeFixed(ctx context.Context, delay time.Duration) (spareOrErr, error) {
+	var r spareOrErr
+	select {
+	case r = <-inst.spares:
+	default:
+		inst.moreNow() // none ready: nobody should wait for the delay
+		select {
+		case r = <-inst.spares:
+		case <-inst.dead:
+			return r, errDead
+		case <-ctx.Done():
+			return r, ctx.Err()
+		}
+	}
+	inst.moreLater(delay)
+	return r, nil
+}
+
+// takeFair is take's wait: a fork that finds no spare waits in line (a
+// channel's receivers are served in the order they came) while the
+// template is asked at once for what is missing.
+func (inst *instance) takeFair(ctx context.Context) (spareOrErr, error) {
+	var r spareOrErr
+	select {
+	case r = <-inst.spares:
+	default:
+		inst.fill.wait()
+		defer inst.fill.unwait()
+		select {
+		case r = <-inst.spares:
+		case <-inst.dead:
+			return r, errDead
+		case <-ctx.Done():
+			return r, ctx.Err()
+		}
+	}
+	inst.fill.took()
+	return r, nil
 }
 
 // current returns the running template, starting one if none runs (or

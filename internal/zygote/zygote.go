@@ -27,9 +27,12 @@
 // package's holder mounted the workspace on kernels before 6.15), hands the kernel its pipes, sets the
 // rlimits and drops its own capabilities and loads the filter; the kernel
 // sets its rlimits and environment and runs kernel.py. The fork returns
-// when both have said so, before any user code is sent. The template forks
-// the next spare RefillDelay later, so that the fork does not compete with
-// the new session for the CPU.
+// when both have said so, before any user code is sent. While forks wait
+// for spares the template is asked at once for as many as wait (at most
+// Options.Parallel in the making: the children prepare themselves in
+// parallel); when nobody waits, RefillDelay later, so that the fork does
+// not compete with the new session for the CPU. How many spares are kept
+// ready follows the arrival rate (refill).
 //
 // What forked sessions share, and what they do not:
 //   - Memory pages of the template (the interpreter, the imported modules)
@@ -76,6 +79,53 @@
 // service, a Delegate=yes scope); where there is none, Supported says so
 // and sessions start cold with rlimits (the jail's one-line warning).
 //
+// Where the time goes (issue 26). BenchmarkBurst100 (client) sends 100
+// creates + `1+1` at once to a real host with the zygote and a pool of 2.
+// On the 2-core development machine, shared with five other engineers'
+// builds (load 10-15), in four runs: the pipeline before issue 26
+// (Options.Fixed, session.ManagerOptions.FixedPool) answered at p50
+// 11.2-12.1 s, p95 21.6-24.0 s, last 22.5-25.1 s (4.0-4.4 sessions/s),
+// the CPUs mostly idle for it: each waiting fork waited for a "more" sent
+// RefillDelay after the previous take. The current pipeline, in the same
+// runs: p50 0.8-2.2 s, p95 2.1-4.4 s, last 2.2-4.5 s (22-46 sessions/s),
+// 100/100 each time. BenchmarkSparesPerSecond (40 forks at once from the
+// pandas template): 3.9-4.2 sessions/s before, 17-56 now. A system-wide
+// perf profile of the new burst (BURST_PROFILE=prefix) puts ~20 ms of CPU
+// per session in the spares' python3 processes and ~3.5 ms in the Go
+// host (pprof: a third of it system calls, the rest HTTP, JSON and the
+// collector). Of the python3 time:
+//   - 37%: fork itself (copy_process → dup_mmap → copy_page_range),
+//     copying the page tables and 634 mappings of the pandas template
+//     (~60 MiB anonymous), twice per spare (template → reaper, reaper →
+//     kernel); a fork+exit of that template alone takes 10-20 ms here;
+//   - 21%: copy-on-write faults (do_wp_page), mostly reference-count
+//     writes of the Python objects the reaper and the kernel touch after
+//     the fork (gc.freeze already keeps the collector from walking them);
+//   - 7.5%: the interpreter (_PyEval_EvalFrameDefault): zygote.py's
+//     _prepare/_spare and kernel.py's _setup, which build little. The
+//     modules, kernel.py, the lockdown's objects and (now) what a first
+//     plot imports (kernel.py's backend, Pillow's plugins) are all made in
+//     the template: after the fork a session imports no module for `1+1`
+//     or for a plot (TestFirstPlotImportsNothing), so moving more Python
+//     work before the fork saves little;
+//   - ~3%: the namespaces (unshare, a network namespace's setup_net) and
+//     ~3%: the mounts (/proc with its masks, /tmp, /dev/shm).
+//
+// So a spare costs little more than its two forks and their faults; what
+// would cut it further is fewer page tables to copy (one fork per spare:
+// a reaper made with CLONE_VM that execs a small program, or the
+// template's heap in huge pages: MADV_COLLAPSE cut a fork+exit by ~20% in
+// a trial, not adopted, since it populates whole 2 MiB ranges) and fewer
+// written pages. With ~25 ms of CPU per session and the CPUs shared, a
+// burst of 100 cannot answer at p50 ≤ 150 ms on this machine.
+//
+// Memory (BenchmarkIdleMemory, 40 idle sessions with numpy and pandas
+// imported): a forked session costs 5.1 MiB of private memory (USS, the
+// reaper's and the kernel's copied pages) and 0.51 MiB of page tables
+// (two processes mapping the whole template); MemAvailable fell 5.5 MiB
+// per session (noisy: the host's other work counts). A cold one: 42.8
+// MiB USS, 40.9 MiB of MemAvailable.
+//
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
 // kills every session it forked.
@@ -119,11 +169,22 @@ type Options struct {
 	// armed ahead of requests (each holds a reaper and an idle kernel,
 	// ~5 MiB of private memory). If zero, 1.
 	Spares int
-	// RefillDelay is how long after a spare is taken the template is asked
-	// for the next one, so that forking it does not compete with the new
-	// session's first moments for the CPU. A fork that finds no spare asks
-	// at once. If zero, 200 ms; negative: at once.
+	// RefillDelay is how long after a spare is taken, while no fork waits,
+	// the template is asked for the next one, so that forking it does not
+	// compete with the new session's first moments for the CPU. While forks
+	// wait there is no delay. If zero, 200 ms; negative: at once.
 	RefillDelay time.Duration
+	// MaxSpares bounds the spares kept ready when the arrival rate is high
+	// (the target grows with it, and falls back to Spares when idle; each
+	// spare holds ~5 MiB). If zero, 16 (at least Spares).
+	MaxSpares int
+	// Parallel is how many spares may be in the making at once while forks
+	// wait. If zero, twice the CPUs, between 2 and 8.
+	Parallel int
+	// Fixed selects the pipeline before issue 26, for comparison: a taken
+	// spare is replaced RefillDelay later even while forks wait, and the
+	// spares never grow past Spares.
+	Fixed bool
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }

@@ -440,6 +440,24 @@ def _spare(sock, kmod):
 # ---------------------------------------------------------------- the template
 
 
+def _warm_first_plot(kmod):
+    """What a session's first plot imports, once here rather than in every
+    fork: kernel.py's backend module and the image plugins Pillow loads when
+    it first writes an image. Best effort: a fork imports what is missing."""
+    sys.meta_path.append(kmod._BackendFinder)
+    try:
+        importlib.import_module("sandloop_backend")
+        from PIL import Image
+
+        Image.preinit()
+        for name in ("PIL.TiffImagePlugin", "PIL.ImageOps", "fractions"):
+            importlib.import_module(name)
+    except Exception:
+        pass
+    finally:
+        sys.meta_path.remove(kmod._BackendFinder)
+
+
 def _threads():
     return len(os.listdir("/proc/self/task"))
 
@@ -464,6 +482,8 @@ def main():
             importlib.import_module(name)
         except BaseException as e:
             errors.append("import %s: %s: %s" % (name, type(e).__name__, e))
+    if "matplotlib" in sys.modules:
+        _warm_first_plot(kmod)
     if _threads() != 1 or threading.active_count() != 1:
         errors.append("%d threads after the imports: fork would copy a process whose other threads are gone" % _threads())
     # Objects that exist now are never collected: the collector does not

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -61,7 +62,8 @@ type instance struct {
 	retired chan struct{}   // closed by retireLocked
 
 	moreMu  sync.Mutex    // writes of "more" on ctl, and pending
-	pending []*time.Timer // "more"s delayed by RefillDelay
+	pending []*time.Timer // "more"s delayed by RefillDelay (Options.Fixed)
+	fill    *refill       // nil with Options.Fixed
 }
 
 type spareOrErr struct {
@@ -89,6 +91,13 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	}
 	if z.opts.RefillDelay == 0 {
 		z.opts.RefillDelay = 200 * time.Millisecond
+	}
+	if z.opts.MaxSpares == 0 {
+		z.opts.MaxSpares = 16
+	}
+	z.opts.MaxSpares = max(z.opts.MaxSpares, z.opts.Spares)
+	if z.opts.Parallel <= 0 {
+		z.opts.Parallel = min(max(2*runtime.NumCPU(), 2), 8)
 	}
 	z.log = z.opts.Logger
 	if z.log == nil {
@@ -170,8 +179,15 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	theirs.Close()
-	inst := &instance{proc: p, ws: ws, ctl: ctl, spares: make(chan spareOrErr, z.opts.Spares),
+	capacity := z.opts.Spares
+	if !z.opts.Fixed {
+		capacity = z.opts.MaxSpares + z.opts.Parallel // an offer never waits for a take
+	}
+	inst := &instance{proc: p, ws: ws, ctl: ctl, spares: make(chan spareOrErr, capacity),
 		dead: make(chan struct{}), ended: make(chan struct{}), retired: make(chan struct{})}
+	if !z.opts.Fixed {
+		inst.fill = newRefill(inst, &z.opts)
+	}
 	go func() {
 		_, _ = p.Wait()
 		os.RemoveAll(ws)
@@ -264,6 +280,9 @@ func (inst *instance) offer(r spareOrErr) {
 			r.sp.destroy()
 		}
 	}
+	if inst.fill != nil {
+		inst.fill.offered()
+	}
 }
 
 // moreLater asks the template for one more spare after delay (at once if
@@ -342,6 +361,9 @@ func (z *Zygote) retireLocked(inst *instance) {
 	case <-inst.retired:
 	default:
 		close(inst.retired)
+		if inst.fill != nil {
+			inst.fill.stop()
+		}
 		go inst.drain()
 	}
 	inst.ctl.Close()

@@ -361,6 +361,7 @@ func TestZygoteRestarts(t *testing.T) {
 	inst := z.cur
 	z.mu.Unlock()
 	inst.proc.Kill()
+	<-inst.ended // (a spare it left ready dies with it, not at once)
 	third := newSession(t, z, session.Options{})
 	if got := out(t, third.Session, `print("forked")`); got != "forked" {
 		t.Fatalf("after the template's jail was killed: %q", got)
@@ -486,13 +487,13 @@ func (z *Zygote) armedSparePids(t testing.TB) []int {
 	inst := z.cur
 	z.mu.Unlock()
 	testutil.WaitFor(t, z.patience(10*time.Second), func() error {
-		if n := len(inst.spares); n < cap(inst.spares) {
-			return fmt.Errorf("the template has %d of its %d spares", n, cap(inst.spares))
+		if n := len(inst.spares); n < z.opts.Spares {
+			return fmt.Errorf("the template has %d of its %d spares", n, z.opts.Spares)
 		}
 		return nil
 	})
 	var pids []int
-	for range cap(inst.spares) {
+	for range len(inst.spares) { // (more than Options.Spares after a burst)
 		r := <-inst.spares
 		if r.sp != nil {
 			pids = append(pids, r.sp.reaperPid, r.sp.kernelPid)

@@ -1,0 +1,117 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/testutil"
+	"github.com/sandloop/sandloop/internal/zygote"
+)
+
+// newForkingManager is a manager whose kernels (pooled ones too) are
+// forked from a real zygote importing only json.
+func newForkingManager(t *testing.T, o ManagerOptions) *Manager {
+	t.Helper()
+	if err := zygote.Supported(); err != nil {
+		t.Skipf("no zygote here: %v", err)
+	}
+	z, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"json"}, Env: KernelEnv()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { z.Close() })
+	o.Zygote = z
+	m := NewManager(&o)
+	t.Cleanup(func() { m.Close() })
+	testutil.WaitFor(t, 60*time.Second, poolReady(m))
+	return m
+}
+
+// arrived waits until n creates have asked the pool (in line or served).
+func (m *Manager) arrived(t *testing.T, n int) {
+	t.Helper()
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.fair.arrivals < n {
+			return errors.New("the create has not reached the pool yet")
+		}
+		return nil
+	})
+}
+
+// A burst larger than the pool is served in arrival order: each create
+// arrives after the one before it is in line, and the sessions are served
+// (Created, set under the manager's lock when a kernel is handed over) in
+// that order; all are served from the pool, none starves.
+func TestPoolServesBurstInArrivalOrder(t *testing.T) {
+	const pool, burst = 2, 12
+	m := newForkingManager(t, ManagerOptions{PoolSize: pool, MaxSessions: burst + 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	got := make([]*Managed, burst)
+	errs := make([]error, burst)
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Go(func() { got[i], errs[i] = m.Create(ctx, CreateOptions{Owner: "o"}) })
+		m.arrived(t, i+1)
+	}
+	wg.Wait()
+	for i := range burst {
+		if errs[i] != nil {
+			t.Fatalf("create %d: %v", i, errs[i])
+		}
+		t.Cleanup(func() { got[i].Close() })
+		if !got[i].FromPool {
+			t.Errorf("create %d did not get a pooled kernel", i)
+		}
+		if i > 0 && !got[i].Created.After(got[i-1].Created) {
+			t.Errorf("create %d (arrived after %d) was served at %v, not after %v", i, i-1,
+				got[i].Created.Format("15:04:05.000000"), got[i-1].Created.Format("15:04:05.000000"))
+		}
+	}
+	// Each session works.
+	for _, ms := range []*Managed{got[0], got[burst-1]} {
+		if out := mainText(runCode(t, ms.Session, "6*7")); out != "42" {
+			t.Errorf("session %s answered %q", ms.ID(), out)
+		}
+	}
+}
+
+// A create waiting in line leaves it when its context ends; the one
+// behind it is served.
+func TestPoolWaitEndsWithContext(t *testing.T) {
+	m := newForkingManager(t, ManagerOptions{PoolSize: 1, MaxSessions: 8, PoolParallel: 1})
+	first, err := m.Create(context.Background(), CreateOptions{Owner: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close() })
+	// Empty the pool (no refill is asked until the next create).
+	m.mu.Lock()
+	pooled := m.pool
+	m.pool = nil
+	m.mu.Unlock()
+	for _, s := range pooled {
+		s.Close()
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // it gives up at once, in line or not
+	if _, err := m.Create(gone, CreateOptions{Owner: "o"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("create with an ended context: %v", err)
+	}
+	ms, err := m.Create(context.Background(), CreateOptions{Owner: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	if !ms.FromPool {
+		t.Error("the kernel started for the abandoned create was not kept for the next one")
+	}
+	if st := m.Stats(); st.Sessions != 2 {
+		t.Errorf("stats %+v: the abandoned create holds a slot", st)
+	}
+}
