@@ -649,6 +649,7 @@ func (w *writer) store(j job) error {
 	case errors.Is(err, fs.ErrNotExist):
 		fresh = w.s.enc.EncodeAll(j.data, make([]byte, 0, len(j.data)/2))
 		stored = int64(len(fresh))
+		err = nil
 	default:
 		return err
 	}
