@@ -195,7 +195,7 @@ func TestRoundTrip(t *testing.T) {
 		s := newStore(t, b, nil)
 		w, dir := newWorkspace(t)
 		mustWrite(t, filepath.Join(dir, "data/big.bin"), randBytes(1, 9<<20+12345), 0o644) // several chunks
-		mustWrite(t, filepath.Join(dir, "data/zeros.bin"), make([]byte, 5<<20), 0o600)    // compresses
+		mustWrite(t, filepath.Join(dir, "data/zeros.bin"), make([]byte, 5<<20), 0o600)     // compresses
 		mustWrite(t, filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\necho hi\n"), 0o755)
 		mustWrite(t, filepath.Join(dir, "empty.txt"), nil, 0o640)
 		mustWrite(t, filepath.Join(dir, "a/b/c/deep.py"), []byte("print(1)\n"), 0o644)
