@@ -31,6 +31,10 @@ type Backend interface {
 	List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
 }
 
+// A Backend that also has Sync(ctx) error may leave blobs ("blobs/…"
+// keys) not yet durable after Put; the Store calls Sync before it puts a
+// manifest.
+
 // ObjectInfo describes a stored object.
 type ObjectInfo struct {
 	Key     string
@@ -63,9 +67,12 @@ func (d *Dir) path(key string) (string, error) {
 	return filepath.Join(d.dir, filepath.FromSlash(key)), nil
 }
 
-// Put writes a temporary file, syncs it, renames it over key and syncs
-// the directory: a crash leaves the old object or the new one, and the
-// temporary file (in tmp/, removed by Collect).
+// Put writes a temporary file and renames it over key: a crash leaves the
+// old object or the new one, and the temporary file (in tmp/, removed by
+// Collect). Manifests and locks are synced (file and directory) before
+// Put returns; blobs are not, one by one: Sync flushes them all at once
+// before a Write puts its manifest (700 small blobs synced one by one
+// took seconds).
 func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 	p, err := d.path(key)
 	if err != nil {
@@ -79,8 +86,9 @@ func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("snapshot storage: %w", err)
 	}
+	blob := strings.HasPrefix(key, "blobs/")
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && !blob {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -96,9 +104,19 @@ func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 		os.Remove(tmp)
 		return fmt.Errorf("snapshot storage: put %s: %w", key, err)
 	}
-	if df, err := os.Open(filepath.Dir(p)); err == nil {
-		df.Sync()
-		df.Close()
+	if !blob {
+		if df, err := os.Open(filepath.Dir(p)); err == nil {
+			df.Sync()
+			df.Close()
+		}
+	}
+	return nil
+}
+
+// Sync makes every object put so far durable (the blobs Put left to it).
+func (d *Dir) Sync(ctx context.Context) error {
+	if err := syncFS(d.dir); err != nil {
+		return fmt.Errorf("snapshot storage: sync %s: %w", d.dir, err)
 	}
 	return nil
 }

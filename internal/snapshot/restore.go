@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/workspace"
 )
 
 // readBlob returns chunk c's bytes, verified: decompressed, of the
@@ -190,6 +192,13 @@ func (s *Store) Restore(ctx context.Context, owner, id string, dst Dest) (*Manif
 		if err := checkPath(f.Path); err != nil {
 			return nil, nil, &CorruptError{Snapshot: id, Object: manifestKey(owner, id), Of: "manifest", Reason: err.Error()}
 		}
+	}
+	if ws, ok := dst.(*workspace.Workspace); ok {
+		b, err := ws.Bulk() // counts usage instead of walking the workspace per file
+		if err != nil {
+			return nil, nil, fmt.Errorf("restore %s: %w", id, err)
+		}
+		dst = b
 	}
 	stage := ".sandloop-restore-" + strings.ToLower(rand.Text()[:12])
 	if err := dst.Mkdir(stage); err != nil {

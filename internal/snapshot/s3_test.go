@@ -96,7 +96,7 @@ func startWeed() {
 		return
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	diesWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		weed.err = err
 		return

@@ -415,6 +415,7 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	w := &writer{s: s, ctx: ctx, cancel: cancel, seen: map[string]int64{}}
+	w.chunkers.New = func() any { return newChunker(nil) }
 	if s.opts.Quota > 0 {
 		if err := w.loadUsage(owner); err != nil {
 			return nil, err
@@ -520,6 +521,12 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	if err != nil {
 		return nil, err
 	}
+	// The blobs are durable before the manifest that names them exists.
+	if sy, ok := s.b.(interface{ Sync(context.Context) error }); ok {
+		if err := sy.Sync(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.b.Put(ctx, manifestKey(owner, m.ID), data); err != nil {
 		return nil, err
 	}
@@ -534,6 +541,8 @@ type writer struct {
 	cancel context.CancelCauseFunc
 	jobs   chan job
 	wg     sync.WaitGroup
+	// chunkers: the files' and the state's streams run at once.
+	chunkers sync.Pool
 
 	mu       sync.Mutex
 	seen     map[string]int64 // blobs this snapshot references: their stored bytes
@@ -603,7 +612,10 @@ func (w *writer) wait() error {
 // stream chunks r and queues the chunks for the workers. The entries'
 // Hash is filled in by a worker before wait returns.
 func (w *writer) stream(r io.Reader, what string) (int64, []*Chunk, error) {
-	c := newChunker(r)
+	c := w.chunkers.Get().(*chunker)
+	defer w.chunkers.Put(c)
+	c.reset(r)
+	defer c.reset(nil)
 	var n int64
 	var outs []*Chunk
 	for {

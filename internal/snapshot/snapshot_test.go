@@ -263,6 +263,37 @@ func TestRoundTrip(t *testing.T) {
 	})
 }
 
+// Thousands of small files: restore counts the workspace's usage instead
+// of walking it before each file.
+func TestManySmallFiles(t *testing.T) {
+	eachBackend(t, func(t *testing.T, bc backendCase) {
+		ctx := context.Background()
+		b, _ := bc.open(t)
+		s := newStore(t, b, nil)
+		w, dir := newWorkspace(t)
+		for i := range 1500 {
+			mustWrite(t, filepath.Join(dir, fmt.Sprintf("pkg%d/mod%d.py", i%30, i)), []byte(fmt.Sprintf("x = %d\n", i%700)), 0o644)
+		}
+		want := tree(t, dir)
+		t0 := time.Now()
+		m, err := s.Write(ctx, "o", WorkspaceSource(w), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("1500 files: snapshot %v", time.Since(t0))
+		if m.Blobs != 700 {
+			t.Errorf("%d blobs for 700 distinct contents", m.Blobs)
+		}
+		w2, dir2 := newWorkspace(t)
+		t0 = time.Now()
+		if _, _, err := s.Restore(ctx, "o", m.ID, w2); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("restore %v", time.Since(t0))
+		diffTrees(t, want, tree(t, dir2))
+	})
+}
+
 // files50 writes 50 MB of random (incompressible) files.
 func files50(t *testing.T, dir string) {
 	for i := range 25 {

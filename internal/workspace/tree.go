@@ -2,7 +2,9 @@ package workspace
 
 import (
 	"errors"
+	"io"
 	"io/fs"
+	"path"
 	"time"
 )
 
@@ -118,4 +120,58 @@ func parentOf(rel string) string {
 		}
 	}
 	return "."
+}
+
+// Bulk writes many files in a row (a snapshot's restore): the workspace's
+// usage is measured once and then counted as files are written, where
+// Write walks the whole workspace before each file (quadratic over
+// thousands of files). The same caps apply; nothing else may write to the
+// workspace meanwhile, or the count is wrong. Its other methods are the
+// Workspace's.
+type Bulk struct {
+	*Workspace
+	used int64
+}
+
+// Bulk starts a run of writes.
+func (w *Workspace) Bulk() (*Bulk, error) {
+	used, err := w.Usage()
+	if err != nil {
+		return nil, err
+	}
+	return &Bulk{Workspace: w, used: used}, nil
+}
+
+// Write is Workspace.Write, counting the usage.
+func (b *Bulk) Write(p string, r io.Reader) (int64, error) {
+	rel, err := Clean(p)
+	if err != nil {
+		return 0, err
+	}
+	if rel == "." {
+		return 0, &PathError{p, errors.New("is the workspace itself")}
+	}
+	var old int64
+	if fi, err := b.root.Lstat(rel); err == nil {
+		if fi.IsDir() {
+			return 0, &PathError{p, errors.New("is a directory")}
+		}
+		if fi.Mode().IsRegular() {
+			old = fi.Size()
+		}
+	}
+	dir := path.Dir(rel)
+	made := b.firstMissing(dir)
+	if err := b.mkdirAll(dir); err != nil {
+		return 0, err
+	}
+	n, err := b.writeUsed(p, rel, dir, r, b.used)
+	if err != nil {
+		if made != "" {
+			_ = b.root.RemoveAll(made)
+		}
+		return 0, err
+	}
+	b.used += n - old
+	return n, nil
 }
