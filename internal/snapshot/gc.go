@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,21 +20,67 @@ import (
 // a POSIX directory, S3 since 2020, SeaweedFS). The collection then gives
 // up its turn, or the Write waits for the sweep to end.
 
-func (s *Store) putLock(ctx context.Context, kind string) (string, error) {
-	host, _ := os.Hostname()
-	key := "locks/" + kind + "-" + strings.ToLower(rand.Text()[:16])
-	body := fmt.Sprintf(`{"host":%q,"pid":%d,"at":%q}`, host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))
-	if err := s.b.Put(ctx, key, []byte(body)); err != nil {
-		return "", err
-	}
-	return key, nil
+// heldLock is a lock object, put again every LockTTL/4 while it is held
+// so that others see it fresh; a lock not refreshed for LockTTL belongs to
+// a process that died and is ignored.
+type heldLock struct {
+	s    *Store
+	key  string
+	stop chan struct{}
+	done chan struct{}
+	last atomic.Int64 // unix nanoseconds of the last successful put
 }
 
-// fresh reports whether a lock of kind other than key exists and is not stale.
-func (s *Store) fresh(ctx context.Context, kind, self string) (bool, error) {
+func (s *Store) putLock(ctx context.Context, kind string) (*heldLock, error) {
+	host, _ := os.Hostname()
+	l := &heldLock{s: s, key: "locks/" + kind + "-" + strings.ToLower(rand.Text()[:16]), stop: make(chan struct{}), done: make(chan struct{})}
+	put := func(ctx context.Context) error {
+		body := fmt.Sprintf(`{"host":%q,"pid":%d,"at":%q}`, host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))
+		t := time.Now()
+		if err := s.b.Put(ctx, l.key, []byte(body)); err != nil {
+			return err
+		}
+		l.last.Store(t.UnixNano())
+		return nil
+	}
+	if err := put(ctx); err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(s.opts.LockTTL / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-t.C:
+				if err := put(context.WithoutCancel(ctx)); err != nil {
+					s.log.Warn("snapshot storage lock not refreshed", "key", l.key, "err", err)
+				}
+			}
+		}
+	}()
+	return l, nil
+}
+
+// held reports whether others still see the lock fresh (it was refreshed
+// within half its lifetime).
+func (l *heldLock) held() bool {
+	return time.Since(time.Unix(0, l.last.Load())) < l.s.opts.LockTTL/2
+}
+
+func (l *heldLock) release() {
+	close(l.stop)
+	<-l.done
+	_ = l.s.b.Delete(context.Background(), l.key)
+}
+
+// fresh reports whether a lock of kind exists and is not stale.
+func (s *Store) fresh(ctx context.Context, kind string) (bool, error) {
 	found := false
 	err := s.b.List(ctx, "locks/"+kind+"-", func(o ObjectInfo) error {
-		if o.Key != self && time.Since(o.ModTime) < s.opts.LockTTL {
+		if time.Since(o.ModTime) < s.opts.LockTTL {
 			found = true
 		}
 		return nil
@@ -42,24 +89,23 @@ func (s *Store) fresh(ctx context.Context, kind, self string) (bool, error) {
 }
 
 // lockWrite takes a write lock, waiting while a collection sweeps.
-func (s *Store) lockWrite(ctx context.Context) (func(), error) {
-	key, err := s.putLock(ctx, "write")
+func (s *Store) lockWrite(ctx context.Context) (*heldLock, error) {
+	l, err := s.putLock(ctx, "write")
 	if err != nil {
 		return nil, err
 	}
-	unlock := func() { _ = s.b.Delete(context.WithoutCancel(ctx), key) }
 	for {
-		busy, err := s.fresh(ctx, "gc", "")
+		busy, err := s.fresh(ctx, "gc")
 		if err != nil {
-			unlock()
+			l.release()
 			return nil, err
 		}
 		if !busy {
-			return unlock, nil
+			return l, nil
 		}
 		select {
 		case <-ctx.Done():
-			unlock()
+			l.release()
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -83,12 +129,12 @@ type Collected struct {
 func (s *Store) Collect(ctx context.Context) (*Collected, error) {
 	res := &Collected{}
 	start := time.Now()
-	key, err := s.putLock(ctx, "gc")
+	lock, err := s.putLock(ctx, "gc")
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = s.b.Delete(context.WithoutCancel(ctx), key) }()
-	busy, err := s.fresh(ctx, "write", "")
+	defer lock.release()
+	busy, err := s.fresh(ctx, "write")
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +181,10 @@ func (s *Store) Collect(ctx context.Context) (*Collected, error) {
 		return nil, err
 	}
 	for _, o := range dead {
+		if !lock.held() {
+			// Writers may no longer see this collection: stop sweeping.
+			return res, fmt.Errorf("garbage collection stopped after %d blobs: its lock could not be refreshed", res.Deleted)
+		}
 		if err := s.b.Delete(ctx, o.Key); err != nil {
 			return res, err
 		}

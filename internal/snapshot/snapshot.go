@@ -50,7 +50,8 @@
 //     taking its own (a collection that finds a Write gives up its turn;
 //     a Write that finds a collection waits for it), so a Write never
 //     commits a manifest that references a blob a collection just swept.
-//     Locks older than Options.LockTTL are stale (their owner crashed).
+//     Locks are refreshed while held; one not refreshed for
+//     Options.LockTTL is stale (its owner died).
 //
 // Not kept: FIFOs, sockets and devices, hard links between files (each
 // path is a file of its own), owners (restored files belong to the
@@ -222,8 +223,10 @@ type Options struct {
 	// MaxPerSession: Maintain keeps the newest this many snapshots of each
 	// source session and deletes the older ones. If zero, no cap.
 	MaxPerSession int
-	// LockTTL: a lock object older than this belongs to a crashed process
-	// and is ignored (a Write taking longer fails). If zero, 30 minutes.
+	// LockTTL: a lock is put again every LockTTL/4 while it is held; one
+	// not refreshed for LockTTL belongs to a process that died and is
+	// ignored (a crashed Write holds off garbage collection that long, a
+	// crashed collection holds off Writes). If zero, 2 minutes.
 	LockTTL time.Duration
 	// Workers writing or reading blobs at once. If zero, 4.
 	Workers int
@@ -245,7 +248,7 @@ type Store struct {
 func New(b Backend, o *Options) (*Store, error) {
 	opts := *cmp.Or(o, &Options{})
 	if opts.LockTTL == 0 {
-		opts.LockTTL = 30 * time.Minute
+		opts.LockTTL = 2 * time.Minute
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 4
@@ -405,12 +408,11 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	if owner == "" {
 		return nil, &ArgumentError{"owner", errors.New("is empty")}
 	}
-	unlock, err := s.lockWrite(ctx)
+	lock, err := s.lockWrite(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	start := time.Now()
+	defer lock.release()
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -514,8 +516,8 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	for _, n := range w.seen {
 		m.StoredBytes += n
 	}
-	if took := time.Since(start); took > s.opts.LockTTL {
-		return nil, fmt.Errorf("snapshot took %v, longer than the storage lock's lifetime %v: not committed (a garbage collection may have run meanwhile)", took.Round(time.Second), s.opts.LockTTL)
+	if !lock.held() {
+		return nil, errors.New("snapshot not committed: its storage lock could not be refreshed, so a garbage collection may have run meanwhile (is the storage reachable?)")
 	}
 	data, err := encodeManifest(m)
 	if err != nil {

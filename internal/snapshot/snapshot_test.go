@@ -494,6 +494,9 @@ func TestCrashMidWrite(t *testing.T) {
 		if c.Skipped || c.Deleted < 5 || c.Blobs != blobs {
 			t.Fatalf("collection: %+v (of %d blobs)", c, blobs)
 		}
+		if n := countBlobs(b); n != m1.Blobs {
+			t.Fatalf("%d blobs left, the snapshot has %d", n, m1.Blobs)
+		}
 		if _, err := s.Verify(ctx, "o", m1.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -809,7 +812,7 @@ func TestGCKeepsShared(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		gcKey, err := s.putLock(ctx, "gc")
+		gcLock, err := s.putLock(ctx, "gc")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -822,9 +825,26 @@ func TestGCKeepsShared(t *testing.T) {
 			t.Fatalf("a write ended while a collection held its lock: %v", err)
 		case <-time.After(300 * time.Millisecond):
 		}
-		b.Delete(ctx, gcKey)
+		gcLock.release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
+		}
+
+		// A collection that died: its lock, no longer refreshed, holds off
+		// writes only until it is stale.
+		if err := b.Put(ctx, "locks/gc-dead", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if _, err := s.Write(short, "o", WorkspaceSource(w), nil); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a write while a fresh collection lock exists: %v", err)
+		}
+		s3 := newStore(t, b, &Options{LockTTL: 500 * time.Millisecond})
+		long, cancel2 := context.WithTimeout(ctx, time.Minute)
+		defer cancel2()
+		if _, err := s3.Write(long, "o", WorkspaceSource(w), nil); err != nil {
+			t.Fatalf("a write after the dead collection's lock went stale: %v", err)
 		}
 	})
 }
