@@ -24,6 +24,7 @@
 //     mid-write leaves no manifest, so the new snapshot does not exist and
 //     every earlier one is untouched (blobs are never changed in place:
 //     same address, same bytes). The blobs it left are garbage collected.
+//
 //   - Checksummed: every blob is verified on read (decompressed and
 //     hashed against its address), and the manifest against its header
 //     line. A corrupted or missing blob or manifest is refused with a
@@ -34,14 +35,17 @@
 //     handed out chunk by chunk, each verified before any of its bytes is
 //     (a consumer that fails on a corrupt stream must discard what it
 //     loaded; the session layer loads it into a new kernel).
+//
 //   - Isolated: a snapshot belongs to its owner; another owner's id is
 //     ErrNotFound, never "forbidden" (ids are not confirmed to exist).
 //     Owner names are not in storage keys (a hash is).
+//
 //   - Bounded: Options.Quota caps the bytes (compressed) of the distinct
 //     blobs that one owner's snapshots reference; a Write over it fails
 //     with a *QuotaError before its manifest is written. Retention
 //     (Options.MaxAge, Options.MaxPerSession) is enforced by Maintain,
 //     which the host calls periodically.
+//
 //   - Garbage collection is mark and sweep (Collect): blobs that no
 //     manifest references, and that are older than the collection's start,
 //     are deleted. It is safe against concurrent Writes from any host
@@ -53,9 +57,21 @@
 //     Locks are refreshed while held; one not refreshed for
 //     Options.LockTTL is stale (its owner died).
 //
+//   - Durable: in a directory, blobs are flushed together (syncfs) and
+//     the manifest file and its directory synced before Write returns; in
+//     S3, a PUT is durable when it is answered.
+//
 // Not kept: FIFOs, sockets and devices, hard links between files (each
 // path is a file of its own), owners (restored files belong to the
-// destination's owner), setuid and setgid bits.
+// destination's owner), setuid and setgid bits. A file removed while the
+// snapshot is taken is left out; one changed meanwhile is kept as read.
+//
+// Limits: a blob already stored is trusted by its presence (a new
+// snapshot does not re-read it: bit rot in it is found on reading, by
+// Restore or Verify). A manifest that fails its checksum stops garbage
+// collection (its blobs might otherwise be swept) until it is deleted.
+// Delete and Maintain run a collection, which reads every manifest of the
+// storage: fine for thousands of snapshots, not for millions.
 package snapshot
 
 import (
