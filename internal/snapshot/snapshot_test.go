@@ -599,6 +599,21 @@ func TestCorruption(t *testing.T) {
 		if _, err := s.Get(ctx, "o", m.ID); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("after delete: %v", err)
 		}
+
+		// A manifest written by someone else, with a consistent checksum but
+		// a path leading out: refused before anything is written.
+		evil := *m
+		evil.ID = "snap-evil0000"
+		evil.Files = []File{{Path: "../../escaped", Type: "symlink", Target: "/"}}
+		data, _ := encodeManifest(&evil)
+		b.Put(ctx, manifestKey("o", evil.ID), data)
+		w3, dir3 := newWorkspace(t)
+		if _, _, err := s.Restore(ctx, "o", evil.ID, w3); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "bad path") {
+			t.Fatalf("a manifest with ../: %v", err)
+		}
+		if _, err := os.Lstat(filepath.Join(dir3, "../../escaped")); len(tree(t, dir3)) != 0 || !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal("a manifest with ../ wrote something")
+		}
 	})
 }
 
