@@ -70,10 +70,10 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
 	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Lessons -benchtime 1x ./internal/lessons
+	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x ./internal/snapshot
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
 	$(GO) test -run '^$$' -bench WheelCache -benchtime 3x ./internal/session
 	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
-	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x ./internal/snapshot
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen
