@@ -290,6 +290,12 @@ func (w *Workspace) write(p, rel, dir string, r io.Reader) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return w.writeUsed(p, rel, dir, r, used)
+}
+
+// writeUsed writes with used the workspace's usage now (Bulk counts it
+// instead of walking the workspace before each file).
+func (w *Workspace) writeUsed(p, rel, dir string, r io.Reader, used int64) (int64, error) {
 	if old, err := w.root.Lstat(rel); err == nil && old.Mode().IsRegular() {
 		used -= old.Size()
 	}
