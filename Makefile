@@ -59,6 +59,9 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
 	$(GO) test -run '^$$' -bench WheelCache -benchtime 3x ./internal/session
 	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
+	$(GO) test -run '^$$' -bench Checkpoint -benchtime 20x ./internal/workspace
+	$(GO) test -run '^$$' -bench CheckpointSession -benchtime 20x ./internal/session
+	$(GO) test -run '^$$' -bench '^BenchmarkFork$$' -benchtime 5x ./internal/session
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

@@ -122,8 +122,12 @@ func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint in
 	if err != nil {
 		return nil, err
 	}
-	if err := ev.checkpointErr(fromCheckpoint); err != nil {
-		return nil, fmt.Errorf("export state: %w", err)
+	if fromCheckpoint > 0 {
+		if err := ev.checkpointErr(fromCheckpoint); err != nil {
+			return nil, fmt.Errorf("export state: %w", err)
+		}
+	} else if ev.Reason != "" {
+		return nil, fmt.Errorf("export state: %s", ev.Reason)
 	}
 	if s.err != nil {
 		return nil, fmt.Errorf("export state: write: %w", s.err)
@@ -138,7 +142,8 @@ func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint in
 // then reseeds random and numpy's global generator (a copy must not repeat
 // its source's draws) and sets the execution count to the exported one.
 // Variables that could not be loaded are in the manifest's NotSaved, with
-// those the export could not save.
+// those the export could not save. If the stream itself is broken the
+// error says so; the variables loaded before the break stay.
 func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, error) {
 	send := func(write func([]byte) error) error {
 		br := bufio.NewReaderSize(r, 1<<20)
@@ -167,7 +172,7 @@ func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, 
 			}
 		}
 	}
-	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "import_state"}, sink: &replySink{typ: "import_state"}, what: "an import of state", send: send,
+	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "import_state"}, sink: &replySink{typ: "import_state", tagged: true}, what: "an import of state", send: send,
 		onReply: func(ev *wireEvent) {
 			if ev.Reason == "" && ev.Manifest != nil {
 				k.count = ev.Manifest.ExecutionCount
@@ -204,12 +209,17 @@ func (ev *wireEvent) checkpointErr(id int) error {
 // exportSink writes the state_data chunks to w and stops at the state_end.
 type exportSink struct {
 	w   io.Writer
+	tag int64
 	err error // the first write error; the stream is read to its end anyway
 }
 
 func (s *exportSink) text(int, string) {}
+func (s *exportSink) setTag(t int64)   { s.tag = t }
 
 func (s *exportSink) event(ev *wireEvent) bool {
+	if ev.Tag != s.tag {
+		return false // from an abandoned export
+	}
 	switch ev.Type {
 	case "state_data":
 		if s.err != nil {
@@ -246,7 +256,7 @@ func (l *lastEvent) event(ev *wireEvent) bool {
 // type typ; a kernel that does not answer within d is killed. onReply, if
 // not nil, sees the reply while the caller still holds the pipes.
 func (k *Kernel) call(ctx context.Context, req map[string]any, typ, what string, d time.Duration, onReply func(*wireEvent)) (*wireEvent, error) {
-	return k.converse(ctx, conversation{req: req, sink: &replySink{typ: typ}, what: what, deadline: time.Now().Add(d), onReply: onReply})
+	return k.converse(ctx, conversation{req: req, sink: &replySink{typ: typ, tagged: true}, what: what, deadline: time.Now().Add(d), onReply: onReply})
 }
 
 // conversation is a request between cells and how to take its reply.
@@ -272,6 +282,13 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 	defer func() { <-k.sem }()
 	if err := k.Err(); err != nil {
 		return nil, err
+	}
+	// The tag tells this conversation's replies from those of one abandoned
+	// earlier, which may still come.
+	k.tag++
+	c.req["tag"] = k.tag
+	if t, ok := c.sink.(interface{ setTag(int64) }); ok {
+		t.setTag(k.tag)
 	}
 	b, _ := json.Marshal(c.req)
 	if err := k.p.writeRequest(append(b, '\n'), time.Now().Add(10*time.Second)); err != nil {

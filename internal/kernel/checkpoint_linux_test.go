@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +45,11 @@ func (j *jailedProcess) Wait() error {
 // is PID 1, the kernel PID 2) with limits.
 func startJailed(t testing.TB, limits jail.Limits) *Kernel {
 	t.Helper()
+	return startJailedWith(t, limits, &Options{InterruptGrace: 5 * time.Second})
+}
+
+func startJailedWith(t testing.TB, limits jail.Limits, opts *Options) *Kernel {
+	t.Helper()
 	if _, err := os.Stat(jail.DefaultPython); err != nil {
 		t.Skip("no " + jail.DefaultPython)
 	}
@@ -65,7 +72,7 @@ func startJailed(t testing.TB, limits jail.Limits) *Kernel {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k, err := Start(ctx, launch, &Options{InterruptGrace: 5 * time.Second})
+	k, err := Start(ctx, launch, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,13 +100,16 @@ print(x, s, len(big), hashlib.sha256(arr.tobytes()).hexdigest()[:16], random.ran
 
 func TestCheckpointRestore(t *testing.T) {
 	k := startJailed(t, jail.Limits{Memory: 1 << 30})
+	// A child process's CPU time before the checkpoint: a restored kernel's
+	// own children have used none.
+	execOK(t, k, "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'sum(range(10**7))'])")
 	execOK(t, k, "import random, numpy as np\nrandom.seed(1); np.random.seed(2)\nx = 41\ns = 'before'\nbig = list(range(100000))\narr = np.arange(1000000, dtype='float64')")
 	ctx := context.Background()
 	cp, err := k.Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cp.ID != 1 || cp.ExecutionCount != 1 || len(cp.Threads) != 0 || len(cp.Processes) != 0 {
+	if cp.ID != 1 || cp.ExecutionCount != 2 || len(cp.Threads) != 0 || len(cp.Processes) != 0 {
 		t.Fatalf("checkpoint %+v", cp)
 	}
 	// The fingerprint draws random numbers: take it in a second checkpoint
@@ -111,15 +121,20 @@ func TestCheckpointRestore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("restore %d: %v", i, err)
 		}
-		if info.ID != cp.ID || info.ExecutionCount != 1 {
+		if info.ID != cp.ID || info.ExecutionCount != 2 {
 			t.Fatalf("restore %d: %+v", i, info)
+		}
+		// numpy's BLAS threads work in the restored kernel; the first
+		// cell's usage is its own (no children's time from before).
+		r, err := k.Execute(ctx, Request{Code: "float((np.ones((400, 400)) @ np.ones((400, 400))).sum())"}, nil)
+		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "64000000.0" {
+			t.Fatalf("restore %d: the count after a restore to 2 and a cell should be 3: %v %+v", i, err, r)
+		}
+		if r.CPUMS < 0 || r.MemoryPeakBytes <= 0 || r.MemoryPeakBytes > 400<<20 {
+			t.Fatalf("restore %d: usage cpu %v ms, peak %d bytes", i, r.CPUMS, r.MemoryPeakBytes)
 		}
 		if got := execOK(t, k, fingerprint); got != want {
 			t.Fatalf("restore %d: state\n got %s\nwant %s", i, got, want)
-		}
-		r, err := k.Execute(ctx, Request{Code: "1"}, nil)
-		if err != nil || r.ExecutionCount != 3 {
-			t.Fatalf("restore %d: the count after a restore to 1 and a cell should be 3: %v %+v", i, err, r)
 		}
 		execOK(t, k, "x = -1; arr[:] = 0")
 	}
@@ -266,7 +281,21 @@ func TestCheckpointGoneAndReported(t *testing.T) {
 		t.Errorf("processes not carried: %q, want sleep 600", cp.Processes)
 	}
 	// A restored kernel whose threads were not carried still answers.
-	if _, err := k.Restore(ctx, cp.ID); err != nil {
+	// Restored twice, then a checkpoint at once: the old live kernels
+	// (perhaps still exiting) are not the user's processes.
+	for range 2 {
+		if _, err := k.Restore(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(now.Processes) != 1 || !strings.HasSuffix(now.Processes[0], " sleep 600") {
+		t.Errorf("processes not carried after restores: %q, want sleep 600 only", now.Processes)
+	}
+	if err := k.DropCheckpoint(ctx, now.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The server runs on, not rolled back, and is no child of the
@@ -292,6 +321,23 @@ os.kill(max(dormant), signal.SIGKILL); time.sleep(0.2)`)
 	}
 	if got := execOK(t, k, "print('alive')"); got != "alive" {
 		t.Fatalf("the live kernel after a failed restore: %q", got)
+	}
+	mem, err = k.CheckpointMemory(ctx)
+	if _, ok := mem[cp2.ID]; err != nil || ok || len(mem) != 1 {
+		t.Fatalf("memory with checkpoint %d gone: %v %v, want only checkpoint %d", cp2.ID, mem, err, cp.ID)
+	}
+	if _, err := k.Restore(ctx, cp2.ID); !errors.Is(err, ErrCheckpointGone) {
+		t.Fatalf("a second restore of a killed checkpoint: %v, want ErrCheckpointGone", err)
+	}
+	if err := k.DropCheckpoint(ctx, cp2.ID); err != nil {
+		t.Fatalf("drop of a gone checkpoint: %v", err)
+	}
+	if _, err := k.Restore(ctx, cp2.ID); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("restore of a dropped checkpoint: %v, want ErrNoCheckpoint", err)
+	}
+	// The other checkpoint still works.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -319,7 +365,8 @@ func TestCheckpointMemoryGrows(t *testing.T) {
 }
 
 func TestExportImportState(t *testing.T) {
-	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	// Small events: the state comes in many chunks, each within the bound.
+	src := startJailedWith(t, jail.Limits{Memory: 1 << 30}, &Options{MaxEventBytes: 256 << 10})
 	ctx := context.Background()
 	execOK(t, src, `import pandas as pd, socket, math
 import numpy as np
@@ -332,12 +379,19 @@ offset = 1
 df = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})
 sock = socket.socket()
 n = 5`)
+	// An export abandoned after its first chunk: its rest is skipped, not
+	// taken for the next export's.
+	execOK(t, src, "blob = bytes(range(256)) * (16 << 10)")
+	cctx, cancel := context.WithCancel(ctx)
+	if _, err := src.ExportState(cctx, cancelingWriter{cancel}, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned export: %v", err)
+	}
 	var buf bytes.Buffer
 	m, err := src.ExportState(ctx, &buf, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Serializer != "dill" || m.ExecutionCount != 1 || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "sock" || !strings.Contains(m.NotSaved[0].Reason, "socket") {
+	if m.Serializer != "dill" || m.ExecutionCount != 2 || !slices.Contains(m.Variables, "blob") || len(m.NotSaved) != 1 || m.NotSaved[0].Name != "sock" || !strings.Contains(m.NotSaved[0].Reason, "socket") {
 		t.Fatalf("manifest %+v", m)
 	}
 	// From a checkpoint: its state, not the live one.
@@ -361,7 +415,7 @@ n = 5`)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 1 {
+		if len(got.NotSaved) != 1 || got.NotSaved[0].Name != "sock" || got.ExecutionCount != 2 || !slices.Contains(got.Variables, "blob") {
 			t.Fatalf("%s: import manifest %+v", tc.name, got)
 		}
 		out := execOK(t, dst, "print(p.norm(), isinstance(p, Point), f(10), df.b.tolist(), df.a.sum(), n, math.pi > 3, 'sock' in globals())")
@@ -369,8 +423,118 @@ n = 5`)
 			t.Fatalf("%s: after import: %s, want %s", tc.name, out, want)
 		}
 		r, err := dst.Execute(ctx, Request{Code: "import random; random.random() != random.Random(5).random()"}, nil)
-		if err != nil || r.ExecutionCount != 3 || r.MainResult()["text/plain"] != "True" {
+		if err != nil || r.ExecutionCount != 4 || r.MainResult()["text/plain"] != "True" {
 			t.Fatalf("%s: after import the count goes on from the export's and random is reseeded: %v %+v", tc.name, err, r)
 		}
+	}
+	// A broken stream is an error that says so; the kernel goes on.
+	for _, bad := range [][]byte{[]byte("not a state"), buf.Bytes()[:buf.Len()/2]} {
+		if _, err := src.ImportState(ctx, bytes.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "import state: ") {
+			t.Errorf("import of %d broken bytes: %v", len(bad), err)
+		}
+	}
+	// (The half stream had n = 5 before its break: loaded, and kept.)
+	if got := execOK(t, src, "print(n)"); got != "5" {
+		t.Errorf("after broken imports: n = %s, want the 5 of the half stream", got)
+	}
+}
+
+func TestCheckpointRestoredOOM(t *testing.T) {
+	k := startJailed(t, jail.Limits{Memory: 256 << 20})
+	ctx := context.Background()
+	execOK(t, k, "x = bytearray(32 << 20)")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	r, err := k.Execute(ctx, Request{Code: "b = []\nwhile True: b.append(bytearray(16 << 20))"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "out-of-memory") {
+		t.Fatalf("a restored kernel out of memory: status %s error %+v, want killed by the OOM killer", r.Status, r.Error)
+	}
+}
+
+// TestCheckpointHost: checkpoints work without a jail too (the kernel run
+// by the host's Python, in its own process group), and Close ends the
+// dormant copies with the rest.
+func TestCheckpointHost(t *testing.T) {
+	k := startHost(t, nil, nil)
+	ctx := context.Background()
+	execOK(t, k, "x = 1")
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "x = 2")
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	pids := execOK(t, k, "import os\nprint(os.getppid(), x)")
+	var anchor, x int
+	if _, err := fmt.Sscan(pids, &anchor, &x); err != nil || x != 1 {
+		t.Fatalf("after restore: %q", pids)
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(anchor, 0); err == nil {
+		t.Errorf("the anchor %d outlived Close", anchor)
+	}
+}
+
+// cancelingWriter cancels its context at the first write.
+type cancelingWriter struct{ cancel context.CancelFunc }
+
+func (w cancelingWriter) Write(b []byte) (int, error) {
+	w.cancel()
+	return len(b), nil
+}
+
+// TestCheckpointManyRestores goes back and forth between two checkpoints,
+// taking and dropping others on the way: the session keeps exactly its
+// init, the anchor, the live kernel and one process per checkpoint, with
+// no zombies, and each restore lands on its checkpoint's state.
+func TestCheckpointManyRestores(t *testing.T) {
+	k := startJailed(t, jail.Limits{})
+	ctx := context.Background()
+	var ids [2]int
+	for i := range ids {
+		execOK(t, k, fmt.Sprintf("x = %d", i))
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = cp.ID
+	}
+	for round := range 20 {
+		i := round % 2
+		if _, err := k.Restore(ctx, ids[i]); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if got := execOK(t, k, "print(x)"); got != fmt.Sprint(i) {
+			t.Fatalf("round %d: x = %s, want %d", round, got, i)
+		}
+		cp, err := k.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.DropCheckpoint(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := execOK(t, k, `import os, time
+for _ in range(50):
+    states = [open('/proc/%s/stat' % p).read().split(') ')[1][0] for p in os.listdir('/proc') if p.isdigit()]
+    if len(states) == 5 and 'Z' not in states:
+        break
+    time.sleep(0.1)
+print(len(states), states.count('Z'))`)
+	if got != "5 0" {
+		t.Fatalf("processes, zombies: %s; want 5 (init, anchor, live kernel, two checkpoints), 0", got)
 	}
 }

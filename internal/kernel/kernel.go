@@ -1,5 +1,3 @@
-// Package kernel runs Python cells like a notebook: kernel.py (embedded)
-// and the Go side of its protocol — execute, interrupt, events.
 package kernel
 
 import (
@@ -102,7 +100,8 @@ type Kernel struct {
 	exitErr    error
 	killReason string
 
-	count int // owned by the holder of sem
+	count int   // owned by the holder of sem
+	tag   int64 // of the last request between cells; owned by the holder of sem
 }
 
 // wireEvent is an Event as the kernel sends it.
@@ -113,6 +112,7 @@ type wireEvent struct {
 	Python string `json:"python"`
 
 	// Replies about checkpoints and state (checkpoint.go).
+	Tag       int64            `json:"tag"` // the request's, echoed
 	ID        int              `json:"id"`
 	Reason    string           `json:"reason"` // why the request failed
 	Gone      bool             `json:"gone"`   // the checkpoint's process has died
@@ -347,15 +347,23 @@ func (k *Kernel) Close() error {
 	return nil
 }
 
-// replySink waits for the reply of type typ to a request between cells.
+// replySink waits for the reply of type typ to a request between cells
+// (if tagged, the reply with its tag).
 type replySink struct {
 	typ    string
 	status string
+	tagged bool
+	tag    int64
 }
 
 func (c *replySink) text(int, string) {}
+func (c *replySink) setTag(t int64) {
+	if c.tagged {
+		c.tag = t
+	}
+}
 func (c *replySink) event(ev *wireEvent) bool {
-	if ev.Type == c.typ {
+	if ev.Type == c.typ && ev.Tag == c.tag {
 		c.status = string(ev.Status)
 		return true
 	}

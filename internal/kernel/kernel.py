@@ -5,7 +5,10 @@ Standard library only. The Go side (internal/kernel) starts this program with:
   fd 4  events, one JSON object per line
   fd 5, fd 6  pipes the Go side reads as the cell's stdout and stderr; the
         kernel moves them to fds 1 and 2
-The first request is a hello with settings and a random token. Output is
+The first request is a hello with settings and a random token. Requests
+between cells (checkpoint, restore, drop_checkpoint, checkpoint_memory,
+export_state, import_state; see "checkpoints" and "state" below) may carry a
+tag, echoed in their replies. Output is
 flushed to the pipes before each batch of events. A batch in the middle of a
 cell (display(), plt.show()) is preceded by a marker on both output pipes
 (see _send), so output written at the descriptor level (C code,
@@ -64,6 +67,7 @@ class _State:
     max_event = 16 << 20
     req = None  # the request reader (_Reader)
     ev_fd = -1
+    tag = 0  # of the request between cells being answered: echoed in its replies
     first_pid = 0  # the process the host signals and waits for (see _become_anchor)
     jailed = False  # started by PID 1 (a jail's init): every process we see is the session's
     clear_refs_fd = -1
@@ -139,6 +143,8 @@ def _send(*events, mark=True):
 
 def _reply(ev):
     """Write a reply to a request that runs no user code."""
+    if S.tag:
+        ev["tag"] = S.tag
     with S.lock:
         _write_all(S.ev_fd, _encode(ev).encode() + b"\n")
 
@@ -669,6 +675,7 @@ class _CP:
     ctl_r = -1  # the anchor's control pipe: live kernels write their pid to ctl_w
     ctl_w = -1
     reap = []  # dropped checkpoints that may be our children
+    former = set()  # old live kernels, perhaps still exiting: not the user's processes
 
 
 def _ensure_ctl():
@@ -691,6 +698,8 @@ def _processes_now():
     ours = {1, os.getpid(), S.first_pid}
     ours.update(c.pid for c in _CP.table.values())
     ours.update(_CP.reap)
+    _CP.former = {p for p in _CP.former if os.path.exists("/proc/%d" % p)}
+    ours.update(_CP.former)
     parent = {}
     try:
         names = os.listdir("/proc")
@@ -761,6 +770,14 @@ def _gone(cp):
     return False
 
 
+def _rebase_children():
+    """After the kernel itself waited for a process (a dropped checkpoint,
+    an export): what that child used is not the next cell's."""
+    child = _getrusage(_CHILDREN)
+    S.child_cpu = child.ru_utime + child.ru_stime
+    S.child_peak = child.ru_maxrss * 1024
+
+
 def _reap_dropped():
     left = []
     for pid in _CP.reap:
@@ -770,6 +787,7 @@ def _reap_dropped():
         except ChildProcessError:
             pass  # not our child: its parent (or the anchor) reaps it
     _CP.reap = left
+    _rebase_children()
 
 
 def checkpoint(ns):
@@ -834,13 +852,19 @@ def _dormant(ns, sock):
             req = {}
         op = req.get("op")
         if op == "wake":
+            # The anchor learns the new live kernel first, then the old one
+            # may let go, while this one forks its fresh dormant copy.
+            pid = os.getpid()
+            if _CP.ctl_w >= 0:
+                try:
+                    _write_all(_CP.ctl_w, b"%d\n" % pid)
+                except OSError:
+                    pass  # user code closed it: signals then reach the old live kernel's pid
+            sock.send(_encode({"ok": True, "pid": pid}).encode())
             try:
                 child = _fork_keeping_state()
-            except OSError as e:
-                for fd in fds:
-                    os.close(fd)
-                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
-                continue
+            except OSError:
+                child = -1  # not kept: its entry reads as gone once sock is closed
             if child == 0:
                 for fd in fds:
                     os.close(fd)
@@ -850,6 +874,7 @@ def _dormant(ns, sock):
                 gc.enable()
             return
         if op == "export" and len(fds) == 1:
+            S.tag = req.get("tag") or 0
             try:
                 child = os.fork()
             except OSError:
@@ -890,15 +915,12 @@ def _wake(req, fds, sock, child):
         cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
     me = int(req["id"])
     if me in table:
-        table[me].pid = child
+        table[me].pid = max(child, 0)
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
-    # The anchor learns the live kernel first, then the old one may go.
+    _CP.former = set(req.get("former") or ())
     pid = os.getpid()
-    if _CP.ctl_w >= 0:
-        _write_all(_CP.ctl_w, b"%d\n" % pid)
-    sock.send(_encode({"ok": True, "pid": pid}).encode())
     sock.close()
     if quiet >= 0:
         # Answer once the old live kernel can no longer write to the host
@@ -910,6 +932,16 @@ def _wake(req, fds, sock, child):
         p.register(quiet, select.POLLIN)
         p.poll(5000)
         os.close(quiet)
+    S.tag = req.get("tag") or 0
+    # What belongs to the process, not to its memory: its own peak reset
+    # and its own children's usage.
+    if S.clear_refs_fd >= 0:
+        os.close(S.clear_refs_fd)
+        try:
+            S.clear_refs_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            S.clear_refs_fd = -1
+    _rebase_children()
     S.req.buf = bytearray(base64.b64decode(req.get("pending") or ""))
     S.req.scan = 0
     cp = table.get(me)
@@ -928,8 +960,7 @@ def restore(req):
         _reply({"type": "restore", "id": cid, "reason": "no checkpoint %d" % cid})
         return
     if _gone(cp):
-        _forget(cp)
-        _reply({"type": "restore", "id": cid, "gone": True})
+        _reply({"type": "restore", "id": cid, "gone": True})  # kept until dropped
         return
     _ensure_ctl()
     first = os.getpid() == S.first_pid
@@ -941,7 +972,7 @@ def restore(req):
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     order = list(_CP.table.values())
-    msg = {"op": "wake", "id": cid, "next_id": _CP.next_id, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+    msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
     msg["quiet_pipe"] = True
     quiet_r, quiet_w = os.pipe()
@@ -953,6 +984,13 @@ def restore(req):
             cp.sock.settimeout(60)
             ack = cp.sock.recv(1 << 16)
             cp.sock.settimeout(None)
+        except socket.timeout:
+            # Stuck: it must never wake later beside us.
+            try:
+                os.kill(cp.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            ack = b""
         except OSError:
             ack = b""
         finally:
@@ -960,7 +998,6 @@ def restore(req):
         if not ack:
             os.close(quiet_w)
             S.lock.release()
-            _forget(cp)
             _reply({"type": "restore", "id": cid, "gone": True})
             return
         ack = json.loads(ack)
@@ -1014,7 +1051,14 @@ def drop_checkpoint(req):
     except OSError:
         pass  # gone already
     _forget(cp)
-    _reap_dropped()
+    # It exits at once (freeing its pages takes a moment): reap it if it
+    # is our child, else the next requests will.
+    deadline = time.monotonic() + 0.05
+    while True:
+        _reap_dropped()
+        if cp.pid not in _CP.reap or time.monotonic() > deadline:
+            break
+        time.sleep(0.001)
     _reply({"type": "drop_checkpoint", "id": cid})
 
 
@@ -1157,26 +1201,28 @@ class _StateOut:
     def __init__(self, fd):
         self.fd = fd
         self.buf = bytearray()
+        # Lines stay well below the host's bound on one event.
+        self.chunk = max(3 << 10, min(CHUNK, (S.max_event - 1024) // 4 * 3))
 
     def record(self, kind, *parts):
         self.buf += kind + struct.pack(">Q", sum(len(p) for p in parts))
         for p in parts:
-            if len(self.buf) + len(p) < CHUNK:
+            if len(self.buf) + len(p) < self.chunk:
                 self.buf += p
                 continue
             view = memoryview(p)
             while view:
-                room = CHUNK - len(self.buf)
+                room = self.chunk - len(self.buf)
                 self.buf += view[:room]
                 view = view[room:]
-                if len(self.buf) >= CHUNK:
+                if len(self.buf) >= self.chunk:
                     self.flush()
-        if len(self.buf) >= CHUNK:
+        if len(self.buf) >= self.chunk:
             self.flush()
 
     def flush(self):
         if self.buf:
-            _write_all(self.fd, b'{"type":"state_data","chunk":"' + base64.b64encode(self.buf) + b'"}\n')
+            _write_all(self.fd, b'{"type":"state_data","tag":%d,"chunk":"' % S.tag + base64.b64encode(self.buf) + b'"}\n')
             self.buf = bytearray()
 
 
@@ -1204,7 +1250,7 @@ def _export_child(ns, fd):
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
     out.record(b"E", _encode(manifest).encode())
     out.flush()
-    _write_all(fd, _encode({"type": "state_end", "manifest": manifest}).encode() + b"\n")
+    _write_all(fd, _encode({"type": "state_end", "tag": S.tag, "manifest": manifest}).encode() + b"\n")
 
 
 def _dumps(name, ser, value):
@@ -1238,11 +1284,11 @@ def export_state(ns, req):
     with S.lock:  # our threads' events wait until the stream has ended
         if cp is not None:
             try:
-                socket.send_fds(cp.sock, [b'{"op":"export"}'], [w])
+                socket.send_fds(cp.sock, [_encode({"op": "export", "tag": S.tag}).encode()], [w])
             except OSError:
                 os.close(r)
                 os.close(w)
-                _write_all(S.ev_fd, b'{"type":"state_end","gone":true}\n')
+                _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "gone": True}).encode() + b"\n")
                 return
             os.close(w)
             ended = _forward(r)
@@ -1259,7 +1305,7 @@ def export_state(ns, req):
             except OSError as e:
                 os.close(r)
                 os.close(w)
-                _write_all(S.ev_fd, _encode({"type": "state_end", "reason": "cannot fork the kernel: %s" % (e.strerror or e)}).encode() + b"\n")
+                _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "reason": "cannot fork the kernel: %s" % (e.strerror or e)}).encode() + b"\n")
                 return
             if pid == 0:
                 try:
@@ -1271,11 +1317,12 @@ def export_state(ns, req):
             os.close(w)
             ended = _forward(r)
             status = os.waitpid(pid, 0)[1]
+            _rebase_children()
         if not ended:
             why = "the process serializing the variables died"
             if status > 0 and os.WIFSIGNALED(status):
                 why += " (signal %d%s)" % (os.WTERMSIG(status), ", likely the out-of-memory killer" if os.WTERMSIG(status) == 9 else "")
-            _write_all(S.ev_fd, _encode({"type": "state_end", "reason": why}).encode() + b"\n")
+            _write_all(S.ev_fd, _encode({"type": "state_end", "tag": S.tag, "reason": why}).encode() + b"\n")
 
 
 def _forward(r):
@@ -1300,7 +1347,8 @@ def _forward(r):
 
 def import_state(ns):
     """Loads a stream written by export_state, read as request lines
-    {"chunk": base64} up to {"end": true}."""
+    {"chunk": base64} up to {"end": true}. Returns False if the request
+    pipe ended."""
     buf = bytearray()
     ser = None
     loaded, not_saved = [], []
@@ -1309,7 +1357,7 @@ def import_state(ns):
     while True:
         line = S.req.readline()
         if not line:
-            raise EOFError
+            return False  # the host is gone
         try:
             msg = json.loads(line)
         except ValueError:
@@ -1363,7 +1411,7 @@ def import_state(ns):
         error = "the state stream ended early"
     if error is not None:
         _reply({"type": "import_state", "reason": error, "manifest": {"variables": loaded, "not_saved": not_saved}})
-        return
+        return True
     # Random state: a copy must not repeat its source's draws.
     rnd = sys.modules.get("random")
     if rnd is not None:
@@ -1378,6 +1426,7 @@ def import_state(ns):
     manifest = {"serializer": exported.get("serializer"), "variables": loaded,
                 "not_saved": (exported.get("not_saved") or []) + not_saved, "execution_count": S.count}
     _reply({"type": "import_state", "manifest": manifest})
+    return True
 
 
 def _text_stream(fd):
@@ -1454,6 +1503,9 @@ def main():
         except ValueError:
             continue
         op = req.get("op", "execute")
+        S.tag = req.get("tag") or 0
+        if _CP.reap:
+            _reap_dropped()
         if op == "execute":
             run_cell(ns, req)
         elif op == "is_complete":
@@ -1474,7 +1526,8 @@ def main():
         elif op == "export_state":
             export_state(ns, req)
         elif op == "import_state":
-            import_state(ns)
+            if not import_state(ns):
+                return
 
 
 if __name__ == "__main__":

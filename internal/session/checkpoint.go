@@ -36,8 +36,9 @@ type Checkpoint struct {
 	CreatedAt      time.Time `json:"created_at"`
 	ExecutionCount int       `json:"execution_count"`
 	// MemoryBytes is the private memory its kernel copy held when last
-	// measured (at the session's latest checkpoint): it grows as the
-	// live kernel changes memory the copy still shares.
+	// measured (at a checkpoint, at most once a second while far from the
+	// bound): it grows as the live kernel changes memory the copy still
+	// shares.
 	MemoryBytes int64 `json:"memory_bytes"`
 	FileBytes   int64 `json:"file_bytes"` // bytes of its files
 	Files       int   `json:"files"`
@@ -104,7 +105,14 @@ type checkpoints struct {
 	store    *workspace.CheckpointStore // made at the first checkpoint
 	ws       *workspace.Workspace
 	restored *Restored
+	measured time.Time // when the kernel copies' memory was last measured
+	memory   int64     // what they held then
 }
+
+// measureEvery: measuring the copies' memory walks their page tables
+// (milliseconds for a large kernel), so it is done at most this often
+// while what checkpoints hold is far from the bound.
+const measureEvery = time.Second
 
 // files opens the session's checkpoint store and workspace handle if not
 // yet open. Called under the turn.
@@ -329,6 +337,14 @@ func (s *Session) oldestAuto(except *cpRecord) *cpRecord {
 // and a named one is then a *LimitError.
 func (s *Session) fit(ctx context.Context, kc kernelCheckpoints, added *cpRecord) error {
 	limit := s.checkpointMemory()
+	c := &s.cps
+	c.mu.Lock()
+	estimate := c.memory + c.store.HeldBytes()
+	recent := time.Since(c.measured) < measureEvery
+	c.mu.Unlock()
+	if recent && estimate <= limit/2 {
+		return nil
+	}
 	for {
 		held, err := s.measure(ctx, kc)
 		if err != nil {
@@ -372,6 +388,7 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 		r.MemoryBytes = m
 		held += m
 	}
+	c.measured, c.memory = time.Now(), held
 	if c.store != nil {
 		held += c.store.HeldBytes()
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 // wsTree describes every entry of a workspace byte for byte: type,
@@ -84,9 +85,26 @@ func textOf(t *testing.T, s *Session, code string) string {
 	return mainText(r)
 }
 
-func TestCheckpointRestore(t *testing.T) {
+func TestCheckpointRestore(t *testing.T) { testCheckpointRestore(t, Options{}) }
+
+// TestCheckpointZygote: checkpoints and undo of a kernel forked from the
+// zygote (not PID 2 of a jail of its own).
+func TestCheckpointZygote(t *testing.T) {
+	if err := zygote.Supported(); err != nil {
+		t.Skipf("no zygote here: %v", err)
+	}
+	z, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"json"}, Env: KernelEnv()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { z.Close() })
+	t.Run("restore", func(t *testing.T) { testCheckpointRestore(t, Options{Zygote: z}) })
+	t.Run("undo", func(t *testing.T) { testUndo(t, Options{Zygote: z}) })
+}
+
+func testCheckpointRestore(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := newSession(t, Options{})
+	s := newSession(t, o)
 	mustOK(t, runCode(t, s, `
 import os, random, json
 random.seed(7)
@@ -149,9 +167,12 @@ os.remove("/workspace/link"); os.mkdir("/workspace/link")
 	}
 }
 
-func TestUndo(t *testing.T) {
+func TestUndo(t *testing.T) { testUndo(t, Options{}) }
+
+func testUndo(t *testing.T, o Options) {
 	ctx := context.Background()
-	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 2})
+	o.Checkpoints, o.AutoCheckpoints = CheckpointsAuto, 2
+	s := newSession(t, o)
 	mustOK(t, runCode(t, s, "v_df = list(range(10))\nopen('/workspace/out.csv', 'w').write('1,2,3')"))
 	files := wsTree(t, s.Workspace())
 	mustOK(t, runCode(t, s, "v_df.clear()\nopen('/workspace/out.csv', 'w').write('')\nopen('/workspace/junk', 'w').write('x')"))
@@ -320,5 +341,43 @@ func TestCheckpointsClosedWithTheSession(t *testing.T) {
 	}
 	if _, err := s.Checkpoint(ctx, ""); !errors.Is(err, ErrClosed) {
 		t.Errorf("checkpoint after close: %v", err)
+	}
+}
+
+// A checkpoint whose kernel copy was killed (as the OOM killer would) is
+// reported gone and forgotten; the files and the live kernel are untouched.
+func TestCheckpointGone(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{})
+	mustOK(t, runCode(t, s, "v_a = 1"))
+	cp, err := s.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s, `import os, signal, time
+v_a = 2
+open('/workspace/after.txt', 'w').write('kept')
+dormant = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and 'kernel.py' in open('/proc/%s/cmdline' % p).read()]
+assert len(dormant) == 1, dormant
+os.kill(dormant[0], signal.SIGKILL)
+def dead(pid):
+    try:
+        return open('/proc/%d/stat' % pid).read().rsplit(')', 1)[1].split()[0] in 'ZX'
+    except OSError:
+        return True
+end = time.time() + 10
+while not dead(dormant[0]) and time.time() < end:
+    time.sleep(0.01)
+assert dead(dormant[0])
+`))
+	_, err = s.RestoreCheckpoint(ctx, cp.ID)
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "is gone") {
+		t.Fatalf("restore of a killed checkpoint: %v", err)
+	}
+	if cps := s.Checkpoints(); len(cps) != 0 {
+		t.Errorf("the gone checkpoint is still listed: %+v", cps)
+	}
+	if got := textOf(t, s, "v_a, open('/workspace/after.txt').read()"); got != "(2, 'kept')" {
+		t.Errorf("after the failed restore: %s", got)
 	}
 }

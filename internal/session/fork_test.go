@@ -27,7 +27,7 @@ func managedText(t *testing.T, ms *Managed, code string) string {
 
 func testFork(t *testing.T, m *Manager) {
 	ctx := context.Background()
-	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Env: map[string]string{"V_ENV": "kept"}})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Env: map[string]string{"V_ENV": "kept"}, Checkpoints: CheckpointsAuto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +58,9 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 		if c.ID() == parent.ID() || c.Workspace() == parent.Workspace() || c.Owner != "alice" {
 			t.Fatalf("child %d: %s at %s owned by %q", i, c.ID(), c.Workspace(), c.Owner)
 		}
+		if c.Limits != parent.Limits || c.Network != parent.Network || c.Egress != parent.Egress || c.ExecTimeout != parent.ExecTimeout {
+			t.Errorf("child %d: limits %+v network %q egress %v timeout %v; the parent's: %+v %q %v %v", i, c.Limits, c.Network, c.Egress, c.ExecTimeout, parent.Limits, parent.Network, parent.Egress, parent.ExecTimeout)
+		}
 		if d := treeDiff(parentFiles, wsTree(t, c.Workspace())); d != "" {
 			t.Fatalf("child %d's files differ from the parent's:\n%s", i, d)
 		}
@@ -85,6 +88,16 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 	}
 	if _, err := os.Stat(filepath.Join(children[1].Workspace(), "only-child")); err == nil {
 		t.Error("the sibling has the child's file")
+	}
+	// A child has its parent's checkpoint mode: its last cell can be undone.
+	if children[0].CheckpointMode() != CheckpointsAuto {
+		t.Errorf("child's checkpoint mode %q", children[0].CheckpointMode())
+	}
+	if _, err := children[0].Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, children[0], "v_x, open('/workspace/f.txt').read()"); got != "({'k': [1, 2, 3]}, 'parent')" {
+		t.Errorf("child after undo: %s", got)
 	}
 	// The parent goes on.
 	if got := managedText(t, parent, "v_x['k'].append(9); len(v_x['k'])"); got != "4" {
@@ -143,6 +156,9 @@ func TestForkLimits(t *testing.T) {
 		t.Errorf("17 forks: %v, want a LimitError", err)
 	}
 	var ae *ArgumentError
+	if _, err := m.Create(ctx, CreateOptions{Owner: "alice", Checkpoints: "always"}); !errors.As(err, &ae) {
+		t.Errorf("create with checkpoints \"always\": %v, want an ArgumentError", err)
+	}
 	if _, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: -1}); !errors.As(err, &ae) {
 		t.Errorf("-1 forks: %v, want an ArgumentError", err)
 	}

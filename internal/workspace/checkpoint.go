@@ -643,8 +643,8 @@ func (rs *restoring) sameContent(e *cpEntry, fi fs.FileInfo) (bool, error) {
 		switch {
 		case old.id == id && old.trusted:
 			return old.hash == e.hash, nil
-		case old.id != id && old.trusted && old.hash != e.hash:
-			// Written since the store saw it; rewrite it without reading
+		case old.id != id && old.trusted:
+			// Written since the store saw it: rewrite it without reading
 			// it (its new content is unlikely to be the checkpoint's).
 			return false, nil
 		}

@@ -1,0 +1,176 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/zygote"
+)
+
+// The state of issue 27's measurements: a 100 MB pandas DataFrame and
+// 50 MB of workspace files (50 files).
+const (
+	buildDataFrame = "import pandas as pd, numpy as np\nv_df = pd.DataFrame(np.random.rand((100 << 20) // 32, 4))"
+	buildFiles     = "import os\nos.makedirs('/workspace/data', exist_ok=True)\nfor i in range(50): open(f'/workspace/data/f{i}.bin', 'wb').write(os.urandom(1 << 20))"
+)
+
+var benchLimits = jail.Limits{Memory: 2 << 30, Disk: 512 << 20}
+
+func mustRun(b *testing.B, s *Session, code string) {
+	b.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: code}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if r.Status != kernel.StatusOK {
+		b.Fatalf("%q: %s %+v %s", code, r.Status, r.Error, r.Stderr)
+	}
+}
+
+// rebuild re-runs the cells that built the state: the baseline of a
+// restore (what one does without checkpoints).
+func rebuild(b *testing.B, s *Session) time.Duration {
+	t0 := time.Now()
+	mustRun(b, s, buildDataFrame)
+	mustRun(b, s, buildFiles)
+	return time.Since(t0)
+}
+
+// BenchmarkCheckpointSession takes a checkpoint of, and restores, a
+// session holding a 100 MB DataFrame and 50 MB of files after a small
+// change, beside re-running the cells that built that state; it reports
+// the medians and their ratios.
+func BenchmarkCheckpointSession(b *testing.B) {
+	ctx := context.Background()
+	s, err := New(ctx, &Options{Limits: benchLimits})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	var rebuildT []time.Duration
+	for range 3 {
+		rebuildT = append(rebuildT, rebuild(b, s))
+	}
+	time.Sleep(100 * time.Millisecond) // past the store's racy window
+	base, err := s.Checkpoint(ctx, "base")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var takeT, restoreT []time.Duration
+	for i := 0; b.Loop(); i++ {
+		mustRun(b, s, fmt.Sprintf("v_df.iloc[0, 0] = %d\nopen('/workspace/small.txt', 'w').write('%d')", i, i))
+		t0 := time.Now()
+		cp, err := s.Checkpoint(ctx, "")
+		t1 := time.Now()
+		if err != nil {
+			b.Fatal(err)
+		}
+		mustRun(b, s, "v_df.iloc[:1000, 1] = -1\nopen('/workspace/data/f3.bin', 'r+b').write(b'changed')")
+		t2 := time.Now()
+		if _, err := s.RestoreCheckpoint(ctx, base.ID); err != nil {
+			b.Fatal(err)
+		}
+		t3 := time.Now()
+		if err := s.DeleteCheckpoint(ctx, cp.ID); err != nil {
+			b.Fatal(err)
+		}
+		takeT = append(takeT, t1.Sub(t0))
+		restoreT = append(restoreT, t3.Sub(t2))
+	}
+	b.StopTimer()
+	mt, mr, mb := median(takeT), median(restoreT), median(rebuildT)
+	b.ReportMetric(float64(mt.Microseconds())/1e3, "checkpoint-ms")
+	b.ReportMetric(float64(mr.Microseconds())/1e3, "restore-ms")
+	b.ReportMetric(float64(mb.Microseconds())/1e3, "rebuild-ms")
+	b.ReportMetric(float64(mb)/float64(mr), "rebuild/restore")
+	b.Logf("100 MB DataFrame + 50 MB of files: checkpoint p50 %v, restore p50 %v (n=%d); re-running the cells p50 %v (n=%d); ratio rebuild/restore %.0f",
+		mt, mr, len(takeT), mb, len(rebuildT), float64(mb)/float64(mr))
+}
+
+// BenchmarkFork forks a session holding a 100 MB DataFrame and 50 MB of
+// files into one child, and once into ten, beside making a new session and
+// re-running the cells that built the state; it reports the medians, the
+// ratio, and how long the parent's cells waited during a fork.
+func BenchmarkFork(b *testing.B) {
+	ctx := context.Background()
+	o := ManagerOptions{Defaults: benchLimits, Max: benchLimits, MaxSessions: 32}
+	how := "cold"
+	if zygote.Supported() == nil {
+		z, err := zygote.New(ctx, &zygote.Options{Modules: []string{"pandas", "numpy"}, Env: KernelEnv(), Spares: 2})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { z.Close() })
+		o.Zygote, how = z, "zygote-forked"
+	}
+	m := NewManager(&o)
+	b.Cleanup(func() { m.Close() })
+	parent, err := m.Create(ctx, CreateOptions{Owner: "b"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rebuild(b, parent.Session)
+	// Baseline: a new session and the cells again.
+	var newT []time.Duration
+	for range 3 {
+		t0 := time.Now()
+		s, err := m.Create(ctx, CreateOptions{Owner: "b"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rebuild(b, s.Session)
+		newT = append(newT, time.Since(t0))
+		s.Close()
+	}
+	var forkT, stallT []time.Duration
+	for b.Loop() {
+		stop := make(chan struct{})
+		var stall time.Duration
+		var wg sync.WaitGroup
+		wg.Go(func() { // the parent's cells while it is forked
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				mustRun(b, parent.Session, "1")
+				stall = max(stall, time.Since(t0))
+			}
+		})
+		t0 := time.Now()
+		kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{})
+		forkT = append(forkT, time.Since(t0))
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			b.Fatal(err)
+		}
+		stallT = append(stallT, stall)
+		kids[0].Close()
+	}
+	b.StopTimer()
+	t0 := time.Now()
+	kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{Count: 10})
+	ten := time.Since(t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, k := range kids {
+		k.Close()
+	}
+	mf, mn, ms := median(forkT), median(newT), median(stallT)
+	b.ReportMetric(float64(mf.Microseconds())/1e3, "fork-ms")
+	b.ReportMetric(float64(ten.Microseconds())/1e3, "fork10-ms")
+	b.ReportMetric(float64(ms.Microseconds())/1e3, "parent-stall-ms")
+	b.ReportMetric(float64(mn.Microseconds())/1e3, "new+rebuild-ms")
+	b.ReportMetric(float64(mn)/float64(mf), "new+rebuild/fork")
+	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; new session + re-running the cells p50 %v (n=%d); ratio (new+rebuild)/fork %.2f",
+		how, mf, len(forkT), ten, ms, mn, len(newT), float64(mn)/float64(mf))
+}

@@ -1,0 +1,68 @@
+package zygote
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// TestCheckpointForkedKernel checkpoints and restores a kernel forked from
+// the template (PID 2 of its session, signaled by pidfd): the restored
+// kernel has the checkpoint's state, is interrupted through the anchor
+// that PID 2 becomes, and its crash still ends the session with its signal.
+func TestCheckpointForkedKernel(t *testing.T) {
+	z := newZygote(t, light)
+	ws := t.TempDir()
+	ctx := context.Background()
+	k, err := kernel.Start(ctx, func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+		return z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	run := func(code string) *kernel.Result {
+		t.Helper()
+		r, err := k.Execute(ctx, kernel.Request{Code: code, Timeout: time.Minute}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := run("import random\nrandom.seed(3)\nx = [1, 2]"); r.Status != kernel.StatusOK {
+		t.Fatalf("%+v", r)
+	}
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := run("print(x, random.random())").Stdout
+	run("x.append(3); random.random()")
+	for i := range 2 {
+		if _, err := k.Restore(ctx, cp.ID); err != nil {
+			t.Fatalf("restore %d: %v", i, err)
+		}
+		if got := run("print(x, random.random())").Stdout; got != want {
+			t.Fatalf("restore %d: %q, want %q", i, got, want)
+		}
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			k.Interrupt()
+		}()
+		if r := run("import time\nwhile True: time.sleep(0.05)"); r.Status != kernel.StatusInterrupted {
+			t.Fatalf("restore %d: interrupt: status %s %+v", i, r.Status, r.Error)
+		}
+	}
+	if got := run("import os; print(os.getppid() != 1, os.getpid() != 2, open('/proc/2/cmdline').read().split('\\0')[1])").Stdout; got != "True True -I\n" {
+		t.Errorf("the anchor: %q, want PID 2 the live kernel's parent, running python3 -I", got)
+	}
+	r := run("import os; os.kill(os.getpid(), 11)")
+	if r.Status != kernel.StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
+		t.Fatalf("segfault of a restored kernel: status %s %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+}
