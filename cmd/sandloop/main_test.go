@@ -219,6 +219,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--memory", "1G", "--disk", "2G"}, "--disk 2G is more than --memory 1G"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-memory", "1G", "--max-disk", "2G"}, "--max-disk 2G is more than --max-memory 1G"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-disk", "1G"}, "--max-disk 1G is more than --max-memory 512M"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--idle-action", "kill"}, `--idle-action: idle action "kill": must be "close" or "pause"`},
 		{[]string{"doctor", "--timeout", "0s"}, "--timeout 0s: want a positive duration"},
 		{[]string{"frobnicate"}, "unknown command"},
 	}
@@ -236,7 +237,8 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("doctor exit %d:\n%s%s", code, out, errOut)
 	}
 	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "ok    egress proxy      allow mode: a round trip", "numpy", "a safe sandbox can be built",
-		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions"} {
+		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions",
+		"ok    pause             cgroup v"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/llm"
 	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -94,7 +95,8 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringArrayVar(&c.AllowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
 	f.IntVar(&c.PoolSize, "pool", 2, "sandboxes kept started ahead (0 = none)")
 	f.IntVar(&c.MaxSessions, "max-sessions", 64, "sessions held at once")
-	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close a session unused this long")
+	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
+	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
 	f.DurationVar(&c.MaxLifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
 	f.DurationVar(&c.ExecTimeout, "exec-timeout", 5*time.Minute, "default execution timeout")
 	f.BoolVar(&c.AllowNetwork, "allow-network", false, "let sessions ask for the host's whole network (mode host)")
@@ -170,6 +172,9 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	}
 	if cfg.PoolSize < 0 || cfg.MaxSessions < 0 {
 		return nil, usagef("--pool and --max-sessions must not be negative")
+	}
+	if err := session.CheckIdleAction(cfg.IdleAction); err != nil {
+		return nil, usagef("--idle-action: %v", err)
 	}
 	if cfg.MaxSessions == 0 {
 		return nil, usagef("--max-sessions 0 is not a limit: give the number of sessions held at once, at least 1 (default 64)")

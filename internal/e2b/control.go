@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
@@ -27,6 +28,12 @@ type sandbox struct {
 	metadata              map[string]string
 	envVars               map[string]string
 	started               time.Time
+	lc                    lifecycle
+	ttl                   time.Duration // as created: an auto-resume's time to live
+
+	// transition: one pause or resume at a time (pause.go).
+	transition sync.Mutex
+	pausing    atomic.Bool // a timeout's pause is under way
 
 	mu       sync.Mutex
 	endAt    time.Time
@@ -34,6 +41,10 @@ type sandbox struct {
 	nextPID  uint32
 	contexts map[string]*codeContext
 	done     bool
+	paused   bool
+	// coldResume: paused with memory: false; the next resume restarts
+	// the kernels and ends the commands.
+	coldResume bool
 	// samples are getMetrics' (metrics.go); lastCPU is the CPU time at the
 	// last one, to measure the next one's share.
 	samples   []metricJSON
@@ -106,6 +117,9 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"DELETE /sandboxes/{id}", h.delete},
 		{"POST /sandboxes/{id}/connect", h.connect},
 		{"POST /v2/sandboxes/{id}/connect", h.connect},
+		// Deprecated by E2B (no SDK of 2.45 or later calls it): as connect.
+		{"POST /sandboxes/{id}/resume", h.connect},
+		{"POST /sandboxes/{id}/pause", h.pauseHandler},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
 	} {
@@ -114,16 +128,16 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	// Calls of E2B's API that sandloop does not do (yet) say so, rather
 	// than a 404 the SDKs would read as "sandbox not found".
 	for _, p := range []string{
-		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
+		"POST /sandboxes/{id}/fork",
 		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
 		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/network", "/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: pause/resume, forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: forks, snapshots, metrics of many sandboxes at once and network rules are not implemented", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout and metrics", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause and metrics", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -161,6 +175,12 @@ type createRequest struct {
 	Timeout    *float64          `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
+	// lifecycle: {onTimeout, autoResume} as the SDK sends it.
+	AutoPause       bool  `json:"autoPause"`
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
 }
 
 // created is the answer to create and connect.
@@ -222,6 +242,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.TemplateID == "" {
 		req.TemplateID = "base"
 	}
+	lc := lifecycle{autoPause: req.AutoPause, pauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory,
+		autoResume: req.AutoResume != nil && req.AutoResume.Enabled}
+	if lc.autoResume && !lc.autoPause {
+		writeControlError(w, http.StatusBadRequest, "autoResume needs onTimeout 'pause' (autoPause): a sandbox killed at its timeout cannot be resumed")
+		return
+	}
 	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
 	if err != nil {
 		h.writeCreateError(w, err)
@@ -233,7 +259,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	sb := &sandbox{
 		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
 		envdToken: randomHex(16), trafficToken: randomHex(16),
-		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl),
+		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), lc: lc, ttl: ttl,
 		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
 	}
 	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: ms.Session}
@@ -287,6 +313,12 @@ type infoJSON struct {
 	State       string            `json:"state"`
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
+	Lifecycle   lifecycleJSON     `json:"lifecycle"`
+}
+
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"` // "pause" or "kill"
+	AutoResume bool   `json:"autoResume"`
 }
 
 func (h *Handler) infoOf(sb *sandbox) infoJSON {
@@ -294,11 +326,19 @@ func (h *Handler) infoOf(sb *sandbox) infoJSON {
 	if md == nil {
 		md = map[string]string{}
 	}
+	state, onTimeout := "running", "kill"
+	if sb.isPaused() {
+		state = "paused"
+	}
+	if sb.lc.autoPause {
+		onTimeout = "pause"
+	}
 	return infoJSON{
 		TemplateID: sb.templateID, SandboxID: sb.id, ClientID: clientID,
 		StartedAt: sb.started.UTC(), EndAt: sb.deadline().UTC(),
 		CPUCount: max(1, int(math.Ceil(sb.ms.Limits.CPUs))), MemoryMB: sb.ms.Limits.Memory >> 20,
-		DiskSizeMB: h.opts.MaxWorkspaceBytes >> 20, State: "running", EnvdVersion: EnvdVersion, Metadata: md,
+		DiskSizeMB: h.opts.MaxWorkspaceBytes >> 20, State: state, EnvdVersion: EnvdVersion, Metadata: md,
+		Lifecycle: lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.lc.autoResume},
 	}
 }
 
@@ -336,13 +376,25 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 	if sb == nil {
 		return
 	}
+	ttl, err := h.ttl(req.Timeout)
+	if err != nil {
+		writeControlError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	// A paused sandbox is resumed, with its time to live from now (201).
+	resumed, err := sb.resume(r.Context(), ttl)
+	if err != nil {
+		h.log.Error("e2b: resume", "sandbox", sb.id, "err", err)
+		writeControlError(w, http.StatusInternalServerError, "could not resume the sandbox: "+err.Error())
+		return
+	}
+	if resumed {
+		h.log.Info("e2b: sandbox resumed", "sandbox", sb.id)
+		writeJSON(w, http.StatusCreated, sb.created())
+		return
+	}
+	// Connecting to a running one never shortens its life.
 	if req.Timeout != nil {
-		ttl, err := h.ttl(req.Timeout)
-		if err != nil {
-			writeControlError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		// Connecting never shortens a sandbox's life.
 		if t := time.Now().Add(ttl); t.After(sb.deadline()) {
 			sb.setDeadline(t)
 		}
@@ -400,12 +452,13 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, owner string) {
 		writeControlError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	running := true
+	// Without a state, both (the SDK's list promises paused ones too).
+	wanted := map[string]bool{"running": true, "paused": true}
 	if states := q["state"]; len(states) > 0 {
-		running = false
+		wanted = map[string]bool{}
 		for _, s := range states {
 			for _, st := range strings.Split(s, ",") {
-				running = running || st == "running"
+				wanted[st] = true
 			}
 		}
 	}
@@ -421,7 +474,11 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, owner string) {
 	var mine []*sandbox
 	h.mu.Lock()
 	for _, sb := range h.sandboxes {
-		if sb.owner == owner && running && matches(sb.metadata, filter) {
+		state := "running"
+		if sb.isPaused() {
+			state = "paused"
+		}
+		if sb.owner == owner && wanted[state] && matches(sb.metadata, filter) {
 			mine = append(mine, sb)
 		}
 	}

@@ -1,7 +1,7 @@
 // Package e2b serves E2B's wire protocol over sandloop's sessions, so that
 // E2B's own SDKs (npm e2b and @e2b/code-interpreter, and the Python ones)
 // run unchanged against a local sandloop: the control plane (create,
-// connect, list, kill, timeouts), envd (files over REST, the
+// connect, list, kill, timeouts, pause and resume: pause.go), envd (files over REST, the
 // filesystem.Filesystem and process.Process Connect RPCs) and the code
 // interpreter (/execute, /contexts).
 //
@@ -177,7 +177,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeControlError(w, http.StatusUnauthorized, "the URL's signature is wrong or expired, or its sandbox is gone")
 			return
 		}
-		h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
+		if h.pausedGate(w, r, sb) {
+			h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
+		}
 		return
 	}
 	if id == "" {
@@ -197,14 +199,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeControlError(w, http.StatusUnauthorized, "missing or wrong E2B-Traffic-Access-Token for sandbox "+id)
 			return
 		}
-		h.interp.ServeHTTP(w, r)
+		if h.pausedGate(w, r, sb) {
+			h.interp.ServeHTTP(w, r)
+		}
 		return
 	}
 	if !sb.envdTokenOK(r) && !(r.URL.Path == "/files" && sb.signed(r)) {
 		writeControlError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+id)
 		return
 	}
-	h.envd.ServeHTTP(w, r)
+	if h.pausedGate(w, r, sb) {
+		h.envd.ServeHTTP(w, r)
+	}
 }
 
 type sandboxKey struct{}
@@ -285,14 +291,22 @@ func (h *Handler) sampleAll(now time.Time) {
 
 // reap kills the sandboxes whose time to live has passed at now.
 func (h *Handler) reap(now time.Time) int {
-	var victims []*sandbox
+	var victims, toPause []*sandbox
 	h.mu.Lock()
 	for _, sb := range h.sandboxes {
-		if !now.Before(sb.deadline()) {
+		switch {
+		case now.Before(sb.deadline()) || sb.isPaused():
+			// A paused sandbox's time to live does not run.
+		case sb.lc.autoPause:
+			toPause = append(toPause, sb)
+		default:
 			victims = append(victims, sb)
 		}
 	}
 	h.mu.Unlock()
+	for _, sb := range toPause {
+		h.killing.Go(func() { h.timeoutPause(sb) })
+	}
 	// Each in the background: the next tick comes on time whatever one
 	// kill takes (each is bounded, and kill forgets the sandbox first, so
 	// it is never killed twice).

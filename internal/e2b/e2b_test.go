@@ -255,8 +255,8 @@ func TestControlPlane(t *testing.T) {
 		t.Errorf("bad envVars: %d %s", resp.StatusCode, b)
 	}
 
-	if resp, b := ts.control(t, "POST", "/sandboxes/"+a.SandboxID+"/pause", "", keyA); resp.StatusCode != 501 || !strings.Contains(string(b), "not supported") {
-		t.Errorf("pause: %d %s", resp.StatusCode, b)
+	if resp, b := ts.control(t, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", "", keyA); resp.StatusCode != 501 || !strings.Contains(string(b), "not supported") {
+		t.Errorf("snapshot: %d %s", resp.StatusCode, b)
 	}
 	// The sandbox is a sandloop session of the same owner.
 	if _, err := ts.mgr.Get("owner-a", a.SandboxID); err != nil {

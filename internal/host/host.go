@@ -53,7 +53,10 @@ type Config struct {
 	// Defaults and Max are the session manager's (session.ManagerOptions).
 	PoolSize, MaxSessions                 int
 	IdleTimeout, MaxLifetime, ExecTimeout time.Duration
-	Defaults, Max                         jail.Limits
+	// IdleAction is what becomes of a session idle past IdleTimeout:
+	// "close" (also "") or "pause" (session.ManagerOptions.IdleAction).
+	IdleAction    string
+	Defaults, Max jail.Limits
 	// AllowNetwork lets sessions ask for the host's whole network.
 	AllowNetwork bool
 	// Egress configures allow mode. New adds the listener's address to
@@ -131,6 +134,9 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if cfg == nil {
 		cfg = &Config{}
 	}
+	if err := session.CheckIdleAction(cfg.IdleAction); err != nil {
+		return nil, err
+	}
 	h := &Host{cfg: *cfg, log: cfg.Logger, ln: ln, epoch: newEpoch(), mounts: map[string]http.Handler{}}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -163,7 +169,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		undo = append(undo, func() { h.zy.Close() })
 	}
 	h.mgr = session.NewManager(&session.ManagerOptions{
-		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout,
+		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
 	})

@@ -185,9 +185,7 @@ func stopPids(list func() []int) error {
 		pids := list()
 		running := 0
 		for _, pid := range pids {
-			switch procState(pid) {
-			case 'T', 't', 'Z', 'X', 0: // stopped, traced, dead or gone
-			default:
+			if !stopped(pid) {
 				running++
 				_ = unix.Kill(pid, unix.SIGSTOP)
 			}
@@ -207,6 +205,33 @@ func contPids(pids []int) {
 	for _, pid := range pids {
 		_ = unix.Kill(pid, unix.SIGCONT)
 	}
+}
+
+// stopped says whether every thread of process pid is stopped (a group
+// stop reaches each thread on its own way back to user mode), dead or
+// gone.
+func stopped(pid int) bool {
+	tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		switch taskState(pid, tid) {
+		case 'T', 't', 'Z', 'X', 0: // stopped, traced, dead or gone
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func taskState(pid, tid int) byte {
+	stat := readFileString("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/stat")
+	if i := strings.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2]
+	}
+	return 0
 }
 
 // procState is the state letter of /proc/pid/stat (0: gone).

@@ -655,7 +655,7 @@ func TestRootless(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
-	subset := "^(TestRootless|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
+	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
 		cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
@@ -670,6 +670,9 @@ func TestRootless(t *testing.T) {
 		}
 		if !bytes.Contains(out, []byte("--- PASS: TestAttacksFail")) {
 			t.Errorf("attack tests did not pass rootless:\n%s", out)
+		}
+		if !bytes.Contains(out, []byte("--- PASS: TestFreezeAnyHost")) {
+			t.Errorf("pausing a jail did not work rootless:\n%s", out)
 		}
 		if generatedInit(t) && !bytes.Contains(out, []byte("rootless init: a small init")) {
 			t.Errorf("the rootless jails did not start the generated init:\n%s", out)

@@ -7,6 +7,9 @@
 //                              once, kill/timeout of a sandbox holding one bounded; leaves one such
 //                              sandbox running (`sh -c 'cat; : MARKER-left'`), attached to its stream,
 //                              for the caller's SIGTERM
+//   node e2e.mjs lifecycle     @e2b/code-interpreter: pause, betaPause, Sandbox.pause(id), connect resuming
+//                              with the variables kept, list/getInfo states, lifecycle onTimeout 'pause'
+//                              with and without autoResume
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
@@ -406,12 +409,94 @@ async function stdinCommands(marker) {
   console.log(`left command ended: ${ended}`)
 }
 
+async function waitState(Sandbox, id, state, ms) {
+  const end = Date.now() + ms
+  for (;;) {
+    const info = await Sandbox.getInfo(id)
+    if (info.state === state) return info
+    if (Date.now() > end) throw new Error(`state ${info.state} after ${ms} ms, want ${state}`)
+    await new Promise((r) => setTimeout(r, 200))
+  }
+}
+
+async function lifecycle() {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const sbx = await Sandbox.create({ metadata: { run } })
+  try {
+    await step('pause keeps the variables, connect resumes', async () => {
+      await sbx.runCode('x = 41\nimport threading, time\nticks = [0]\ndef tick():\n    while True:\n        ticks[0] += 1\n        time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()')
+      assert.equal(await sbx.pause(), true)
+      assert.equal(await sbx.pause(), false, 'a second pause is "already paused"')
+      assert.equal(await sbx.betaPause(), false)
+      assert.equal((await sbx.getInfo()).state, 'paused')
+      const listed = []
+      const pager = Sandbox.list({ query: { metadata: { run } } })
+      while (pager.hasNext) for (const s of await pager.nextItems()) listed.push(`${s.sandboxId}:${s.state}`)
+      assert.deepEqual(listed, [`${sbx.sandboxId}:paused`])
+      await throws(() => sbx.runCode('x'), (e) => assert.match(String(e?.message), /409|paused/))
+      const same = await Sandbox.connect(sbx.sandboxId)
+      assert.equal((await same.getInfo()).state, 'running')
+      assert.equal((await same.runCode('x + 1')).text, '42')
+      // The old handle keeps its tokens (sbx.connect() throws the answer away).
+      assert.equal((await sbx.runCode('x')).text, '41')
+      const t = (await sbx.runCode('import time; a = ticks[0]; time.sleep(0.3); ticks[0] > a')).text
+      assert.equal(t, 'True', 'the background thread goes on after resuming')
+    })
+    await step('Sandbox.pause(id), sbx.connect()', async () => {
+      assert.equal(await Sandbox.pause(sbx.sandboxId), true)
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+      assert.equal(await sbx.connect(), sbx)
+      assert.equal((await sbx.runCode('x')).text, '41')
+      assert.equal(await sbx.connect(), sbx, 'connect to a running sandbox')
+      await throws(() => Sandbox.pause('nosuchsandbox'), (e) => assert.equal(e?.name, 'SandboxNotFoundError'))
+    })
+  } finally {
+    await sbx.kill()
+  }
+  await step("onTimeout 'pause' with autoResume", async () => {
+    const s = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true }, metadata: { run } })
+    try {
+      await s.runCode('y = 5')
+      const info = await waitState(Sandbox, s.sandboxId, 'paused', 20000)
+      assert.equal(info.lifecycle?.onTimeout, 'pause')
+      assert.equal(info.lifecycle?.autoResume, true)
+      assert.equal((await s.runCode('y')).text, '5', 'a request resumes it')
+      assert.equal((await s.getInfo()).state, 'running')
+    } finally {
+      await s.kill()
+    }
+  })
+  await step("onTimeout 'pause' without autoResume", async () => {
+    const s = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause' }, metadata: { run } })
+    try {
+      await s.runCode('z = 6')
+      await waitState(Sandbox, s.sandboxId, 'paused', 20000)
+      await throws(() => s.runCode('z'))
+      await new Promise((r) => setTimeout(r, 1000))
+      assert.equal((await Sandbox.getInfo(s.sandboxId)).state, 'paused', 'a paused sandbox outlives its time to live')
+      const again = await Sandbox.connect(s.sandboxId, { timeoutMs: 60000 })
+      assert.equal((await again.runCode('z')).text, '6')
+    } finally {
+      await s.kill()
+    }
+  })
+  await step('kill a paused sandbox', async () => {
+    const s = await Sandbox.create({ metadata: { run } })
+    await s.pause()
+    assert.equal(await s.kill(), true)
+    await throws(() => Sandbox.connect(s.sandboxId), (e) => assert.equal(e?.name, 'SandboxNotFoundError'))
+  })
+}
+
 switch (mode) {
   case 'interpreter':
     await interpreter()
     break
   case 'e2b-2.45':
     await e2b245()
+    break
+  case 'lifecycle':
+    await lifecycle()
     break
   case 'stdin':
     await stdinCommands(process.argv[3] || 'sandloop-stdin')
@@ -420,7 +505,7 @@ switch (mode) {
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|bench N')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|stdin MARKER|bench N')
     process.exit(2)
 }
 console.log('done')
