@@ -37,7 +37,8 @@ function chooser(root) {
 async function newSession(btn) {
   btn.disabled = true;
   try {
-    const s = await postJSON('/v1/sessions', {});
+    // A checkpoint before every cell, so Undo reverts the last one.
+    const s = await postJSON('/v1/sessions', { checkpoints: 'auto' });
     location.hash = '#/notebook/' + encodeURIComponent(s.id);
   } catch (e) {
     toast('Could not start a session: ' + e.message, 'error');
