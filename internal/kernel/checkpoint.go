@@ -295,10 +295,16 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 		k.Kill("could not write to the kernel: " + err.Error())
 		return nil, k.Err()
 	}
+	l := &lastEvent{sink: c.sink}
+	stopped := false
 	if c.send != nil {
 		// The kernel reads the lines as it loads them; a large value takes
 		// it a while, hence the long bound on each write.
-		err := c.send(func(line []byte) error { return k.p.writeRequest(line, time.Now().Add(5*time.Minute)) })
+		err := c.send(func(line []byte) error {
+			st, err := k.p.writeRequestListening(line, time.Now().Add(5*time.Minute), l)
+			stopped = stopped || st
+			return err
+		})
 		if err != nil {
 			k.Kill("could not write to the kernel: " + err.Error())
 			return nil, k.Err()
@@ -306,22 +312,18 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 	}
 	stop := context.AfterFunc(ctx, k.p.wake)
 	defer stop()
-	l := &lastEvent{sink: c.sink}
-	for {
+	for !stopped {
 		wait := time.Duration(-1)
 		if !c.deadline.IsZero() {
 			wait = max(time.Until(c.deadline), 0)
 		}
-		stopped, err := k.p.step(wait, l)
+		st, err := k.p.step(wait, l)
 		switch {
 		case err != nil:
 			k.Kill("protocol error: " + err.Error())
 			return nil, k.Err()
-		case stopped:
-			if c.onReply != nil {
-				c.onReply(l.last)
-			}
-			return l.last, nil
+		case st:
+			stopped = true
 		case k.p.eof[streamEvents] || k.hasExited():
 			k.awaitExit(time.Second)
 			return nil, k.Err()
@@ -332,4 +334,8 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 			return nil, k.Err()
 		}
 	}
+	if c.onReply != nil {
+		c.onReply(l.last)
+	}
+	return l.last, nil
 }

@@ -233,13 +233,20 @@ func TestCheckpointInterruptAndCrash(t *testing.T) {
 	if err != nil || r.Status != StatusTimeout {
 		t.Fatalf("timeout after restores: %v %+v", err, r)
 	}
-	// A restored kernel that crashes ends the session with its signal.
+	// A restored kernel that crashes ends the session with its signal; its
+	// cell is numbered from the checkpoint's count.
+	if _, err := k.Restore(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
 	r, err = k.Execute(ctx, Request{Code: "import os; os.kill(os.getpid(), 11)"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Status != StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
 		t.Fatalf("segfault of a restored kernel: status %s error %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+	if r.ExecutionCount != cp.ExecutionCount+1 {
+		t.Errorf("the crashed cell is number %d, want %d (the checkpoint's count + 1)", r.ExecutionCount, cp.ExecutionCount+1)
 	}
 	if !errors.Is(k.Err(), ErrDead) {
 		t.Fatalf("Err() = %v", k.Err())
@@ -257,7 +264,9 @@ func TestCheckpointTimeoutKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.opts.InterruptGrace = 300 * time.Millisecond
-	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 300 * time.Millisecond}, nil)
+	// (A timeout long enough for the cell to ignore SIGINT first, even on
+	// a loaded machine.)
+	r, err := k.Execute(ctx, Request{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", Timeout: 3 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +387,13 @@ f = lambda v: v * 2 + offset
 offset = 1
 df = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})
 sock = socket.socket()
-n = 5`)
+n = 5
+class Noisy:  # loading it prints more than a pipe holds
+    def __setstate__(self, state):
+        print('x' * 300000)
+        self.__dict__.update(state)
+noisy = Noisy()
+noisy.a = 1`)
 	// An export abandoned after its first chunk: its rest is skipped, not
 	// taken for the next export's.
 	execOK(t, src, "blob = bytes(range(256)) * (16 << 10)")

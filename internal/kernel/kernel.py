@@ -1228,6 +1228,9 @@ class _StateOut:
 
 def _export_child(ns, fd):
     """In a forked copy: write ns's variables to fd as events, then the end."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
     name, ser = _serializer()
     out = _StateOut(fd)
     out.record(b"H", _encode({"version": 1, "serializer": name}).encode())

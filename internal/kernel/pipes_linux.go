@@ -153,6 +153,49 @@ func (p *pipes) writeRequest(b []byte, deadline time.Time) error {
 	return nil
 }
 
+// writeRequestListening is writeRequest for long streams of requests (an
+// import): while the pipe is full it hands what the kernel says meanwhile
+// to s (output a loading value prints must not fill its pipe and stall the
+// kernel), and reports whether s stopped at an event (an early reply).
+func (p *pipes) writeRequestListening(b []byte, deadline time.Time, s sink) (stopped bool, err error) {
+	for len(b) > 0 {
+		n, err := unix.Write(p.req, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			left := time.Until(deadline)
+			if left <= 0 {
+				return stopped, errors.New("the kernel does not read its requests")
+			}
+			fds := []unix.PollFd{{Fd: int32(p.req), Events: unix.POLLOUT}}
+			for i, fd := range p.fds {
+				if !p.eof[i] {
+					fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+				}
+			}
+			if _, err := unix.Poll(fds, pollMillis(min(left, time.Second))); err != nil && err != unix.EINTR {
+				return stopped, err
+			}
+			if !stopped && fds[0].Revents == 0 {
+				st, err := p.step(0, s)
+				if err != nil {
+					return stopped, err
+				}
+				stopped = st
+			}
+			if p.eof[streamEvents] {
+				return stopped, errors.New("the kernel closed its event channel")
+			}
+			continue
+		case err != nil:
+			return stopped, err
+		}
+		b = b[n:]
+	}
+	return stopped, nil
+}
+
 func pollMillis(d time.Duration) int {
 	if d < 0 {
 		return -1

@@ -21,3 +21,6 @@ func (p *pipes) allEOF() bool                           { return true }
 func (p *pipes) drainOutput(sink)                       {}
 func (p *pipes) writeRequest([]byte, time.Time) error   { return errNeedsLinux }
 func (p *pipes) step(time.Duration, sink) (bool, error) { return false, errNeedsLinux }
+func (p *pipes) writeRequestListening([]byte, time.Time, sink) (bool, error) {
+	return false, errNeedsLinux
+}

@@ -557,6 +557,14 @@ func (s *Session) autoCheckpoint(ctx context.Context) {
 	if s.CheckpointMode() != CheckpointsAuto {
 		return
 	}
+	if s.quota != nil && s.quota.Enforced {
+		// A workspace larger than the bound would be copied only to be
+		// dropped, before every cell: say so instead (statfs is cheap).
+		if u, err := s.quota.Usage(); err == nil && u.Bytes > s.checkpointMemory() {
+			s.log.Warn("no automatic checkpoint before this execution: the workspace alone is larger than the checkpoint bound", "workspace", u.Bytes, "limit", s.checkpointMemory())
+			return
+		}
+	}
 	if _, err := s.checkpoint(ctx, "", true); err != nil {
 		s.log.Warn("no automatic checkpoint before this execution: it cannot be undone", "err", err)
 	}

@@ -381,3 +381,21 @@ assert dead(dormant[0])
 		t.Errorf("after the failed restore: %s", got)
 	}
 }
+
+// A workspace larger than the bound is not copied before every cell only
+// to be dropped: the automatic checkpoint is skipped, the older ones stay.
+func TestAutoCheckpointSkippedOverTheBound(t *testing.T) {
+	s := newSession(t, Options{Checkpoints: CheckpointsAuto, CheckpointMemory: 16 << 20})
+	if !s.Quota().Enforced {
+		t.Skip("the workspace has no quota mount here to measure it cheaply")
+	}
+	mustOK(t, runCode(t, s, "import os\nopen('/workspace/big', 'wb').write(os.urandom(20 << 20))"))
+	mustOK(t, runCode(t, s, "1"))
+	cps := s.Checkpoints()
+	if len(cps) != 1 || cps[0].ExecutionCount != 0 {
+		t.Fatalf("checkpoints %+v: want only the one before the first cell", cps)
+	}
+	if held := s.cps.store.HeldBytes(); held != 0 {
+		t.Errorf("the store holds %d bytes: the big file was copied", held)
+	}
+}

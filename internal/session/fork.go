@@ -48,11 +48,19 @@ func (f *forkSource) close() {
 //
 // The variables cross by serialization in the kernel (dill where
 // installed, else pickle; modules by name), taken once from a dormant
-// copy of the parent's kernel: the parent stalls only while its kernel
-// forks that copy, and while its files are checkpointed. What did not
+// copy of the parent's kernel, and its files are checkpointed once. The
+// bytes of the export pass through the parent's kernel, so the parent's
+// next cell waits until the export is done (a few ms for small state,
+// seconds for 100 MB); the children are then made and loaded while the
+// parent runs. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
+//
+// A fork waits for a running execution of the parent to end. The children
+// are made and loaded four at a time; if one fails, none is kept. The
+// children count toward MaxSessions (ErrCapacity if they do not all fit),
+// and more than MaxForks is a *LimitError.
 func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]*Managed, *Restored, error) {
 	n := o.Count
 	switch {

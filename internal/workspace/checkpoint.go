@@ -242,26 +242,32 @@ func (s *CheckpointStore) Take(w *Workspace) (*FileCheckpoint, error) {
 		t.abort()
 		return nil, err
 	}
-	// Commit: the new blobs join the store, every entry holds a reference.
-	for h, b := range t.fresh {
-		s.blobs[h] = b
-		s.held += b.size
-	}
+	// Commit: every entry holds a reference; the new blobs an entry holds
+	// join the store (one copied from a file that then changed may not).
 	cp := &fileCheckpoint{entries: t.entries}
 	for _, e := range t.entries {
 		if e.typ == 'f' {
-			s.blobs[e.hash].refs++
+			if b := t.fresh[e.hash]; b != nil {
+				b.refs++
+			} else {
+				s.blobs[e.hash].refs++
+			}
 			cp.info.Files++
 			cp.info.Bytes += e.size
 		}
 	}
-	for _, b := range t.fresh {
-		b.refs-- // the reference taking held
+	for h, b := range t.fresh {
+		if b.refs == 0 {
+			os.Remove(s.blobPath(h))
+			continue
+		}
+		s.blobs[h] = b
+		s.held += b.size
+		cp.info.Copied += b.size
 	}
 	s.seen = t.seen
 	s.next++
 	cp.info.ID = "f" + strconv.Itoa(s.next)
-	cp.info.Copied = t.copied
 	cp.info.Skipped = t.skipped
 	s.cps[cp.info.ID] = cp
 	info := cp.info
@@ -275,8 +281,7 @@ type taking struct {
 	entries []cpEntry
 	skipped []string
 	seen    map[string]seenFile
-	fresh   map[string]*blob // blobs written by this Take (refs 1 until committed)
-	copied  int64
+	fresh   map[string]*blob // blobs written by this Take
 }
 
 // abort removes the blobs this Take wrote.
@@ -309,7 +314,7 @@ func (t *taking) dir(r *os.Root, rel string) error {
 }
 
 func (t *taking) entry(r *os.Root, name, p string) error {
-	for range 3 {
+	for try := range 3 {
 		fi, err := r.Lstat(name)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // removed meanwhile
@@ -341,7 +346,7 @@ func (t *taking) entry(r *os.Root, name, p string) error {
 			t.entries = append(t.entries, cpEntry{path: p, typ: 'l', link: link})
 			return nil
 		case mode.IsRegular():
-			done, err := t.file(r, name, p, fi)
+			done, err := t.file(r, name, p, fi, try == 2)
 			if err != nil || done {
 				return err
 			}
@@ -355,8 +360,10 @@ func (t *taking) entry(r *os.Root, name, p string) error {
 }
 
 // file records regular file p (name in r) whose lstat is fi. It returns
-// false if the file changed between that lstat and reading it.
-func (t *taking) file(r *os.Root, name, p string, fi fs.FileInfo) (bool, error) {
+// false if the file changed between that lstat and reading it, unless last:
+// then what was read is kept (a file a background process keeps writing
+// is copied as any copy would find it, not refused).
+func (t *taking) file(r *os.Root, name, p string, fi fs.FileInfo, last bool) (bool, error) {
 	now := time.Now()
 	id := idOf(fi)
 	e := cpEntry{path: p, typ: 'f', mode: keptMode(fi.Mode()), size: fi.Size(), mtime: fi.ModTime().UnixNano()}
@@ -377,14 +384,17 @@ func (t *taking) file(r *os.Root, name, p string, fi fs.FileInfo) (bool, error) 
 	}
 	defer f.Close()
 	if ffi, err := f.Stat(); err != nil || idOf(ffi) != id {
-		return false, nil
+		if !last || err != nil || !ffi.Mode().IsRegular() {
+			return false, nil
+		}
 	}
 	var hash string
+	var n int64
 	if known {
 		// Racily clean: the content may have changed under the same
 		// identity. Hash it; copy it only if the store lacks it.
 		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
+		if n, err = io.Copy(h, f); err != nil {
 			return false, mapErr(p, err)
 		}
 		hash = hex.EncodeToString(h.Sum(nil))
@@ -392,22 +402,33 @@ func (t *taking) file(r *os.Root, name, p string, fi fs.FileInfo) (bool, error) 
 			if _, err := f.Seek(0, io.SeekStart); err != nil {
 				return false, mapErr(p, err)
 			}
-			if hash, err = t.copy(f, p); err != nil {
+			if hash, n, err = t.copy(f, p); err != nil {
 				return false, err
 			}
 		}
-	} else if hash, err = t.copy(f, p); err != nil {
+	} else if hash, n, err = t.copy(f, p); err != nil {
 		return false, err
 	}
-	// Changed while read (a write keeps the inode): read it again.
-	if after, err := r.Lstat(name); err != nil || idOf(after) != id {
-		return false, nil
+	e.hash, e.size = hash, n
+	if testHookAfterRead != nil {
+		testHookAfterRead(p)
 	}
-	e.hash = hash
+	// Changed while read (a write keeps the inode): read it again, or
+	// keep what was read but do not vouch for it next time.
+	if after, err := r.Lstat(name); err != nil || idOf(after) != id || n != id.size {
+		if !last {
+			return false, nil
+		}
+		t.entries = append(t.entries, e)
+		return true, nil
+	}
 	t.entries = append(t.entries, e)
 	t.seen[p] = seenFile{id: id, hash: hash, trusted: now.UnixNano()-id.ctime > int64(racyWindow)}
 	return true, nil
 }
+
+// testHookAfterRead, if set (by tests), is called after a file is read.
+var testHookAfterRead func(p string)
 
 // has reports whether the store (or this Take) holds blob hash.
 func (s *CheckpointStore) has(hash string, fresh map[string]*blob) bool {
@@ -419,11 +440,11 @@ func (s *CheckpointStore) has(hash string, fresh map[string]*blob) bool {
 }
 
 // copy writes f's content to the store (unless a blob has it already) and
-// returns its hash.
-func (t *taking) copy(f *os.File, p string) (string, error) {
+// returns its hash and size.
+func (t *taking) copy(f *os.File, p string) (string, int64, error) {
 	tmp, err := os.CreateTemp(filepath.Join(t.s.dir, "blobs"), "tmp-")
 	if err != nil {
-		return "", fmt.Errorf("checkpoint store: %w", err)
+		return "", 0, fmt.Errorf("checkpoint store: %w", err)
 	}
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(tmp, h), f)
@@ -432,23 +453,22 @@ func (t *taking) copy(f *os.File, p string) (string, error) {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("checkpoint %s: %w", p, err)
+		return "", 0, fmt.Errorf("checkpoint %s: %w", p, err)
 	}
 	hash := hex.EncodeToString(h.Sum(nil))
 	if t.s.has(hash, t.fresh) {
 		os.Remove(tmp.Name())
-		return hash, nil
+		return hash, n, nil
 	}
 	if err := os.Chmod(tmp.Name(), 0o400); err == nil {
 		err = os.Rename(tmp.Name(), t.s.blobPath(hash))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("checkpoint store: %w", err)
+		return "", 0, fmt.Errorf("checkpoint store: %w", err)
 	}
-	t.fresh[hash] = &blob{size: n, refs: 1}
-	t.copied += n
-	return hash, nil
+	t.fresh[hash] = &blob{size: n}
+	return hash, n, nil
 }
 
 // keptMode is the part of a mode a checkpoint keeps: permission bits and

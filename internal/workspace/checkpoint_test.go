@@ -552,3 +552,64 @@ func TestCheckpointRestoreElsewhere(t *testing.T) {
 		t.Errorf("held %d, want 5000", got)
 	}
 }
+
+// A file a background process keeps writing is copied as found (after a
+// retry or two), not refused; the copies made of its passing versions are
+// not kept.
+func TestCheckpointFileChangingWhileTaken(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	s := newStore(t)
+	makeTree(t, dir, 3, 1000)
+	writeFile(t, dir, "log", "line 0\n", 0o644)
+	// Each time the log has been read, a line is added: every read of it
+	// is outdated by the time it ends.
+	n := 0
+	testHookAfterRead = func(p string) {
+		if p != "log" {
+			return
+		}
+		n++
+		f, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		fmt.Fprintf(f, "line %d\n", n)
+		f.Close()
+	}
+	t.Cleanup(func() { testHookAfterRead = nil })
+	cp, err := s.Take(w)
+	if err != nil {
+		t.Fatalf("take while a file is written: %v", err)
+	}
+	if n != 3 || cp.Files != 4 {
+		t.Errorf("the log was read %d times (want 3: two retries, then kept), %d files", n, cp.Files)
+	}
+	testHookAfterRead = nil
+	// What the store holds is exactly its blobs on disk: the copies of
+	// the passing versions are gone.
+	var onDisk int64
+	des, _ := os.ReadDir(filepath.Join(s.Dir(), "blobs"))
+	for _, de := range des {
+		fi, _ := de.Info()
+		onDisk += fi.Size()
+	}
+	if onDisk != s.HeldBytes() || len(des) != 4 {
+		t.Errorf("%d blobs on disk, %d bytes; held %d: copies of passing versions leaked", len(des), onDisk, s.HeldBytes())
+	}
+	// Restoring gives the log as its last read found it (three lines).
+	if _, err := s.Restore(w, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "log")); string(b) != "line 0\nline 1\nline 2\n" {
+		t.Errorf("restored log %q", b)
+	}
+	// The next take does not trust what it saw of the log: it reads it.
+	cp2, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp2.Copied != 0 {
+		t.Errorf("second take copied %d bytes", cp2.Copied)
+	}
+}

@@ -2,6 +2,7 @@ package zygote
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +65,22 @@ func TestCheckpointForkedKernel(t *testing.T) {
 	r := run("import os; os.kill(os.getpid(), 11)")
 	if r.Status != kernel.StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
 		t.Fatalf("segfault of a restored kernel: status %s %+v, want killed by SIGSEGV", r.Status, r.Error)
+	}
+}
+
+// TestRootlessCheckpoint runs TestCheckpointForkedKernel as an
+// unprivileged user with a delegated cgroup (as TestRootlessZygote runs
+// the fork tests): checkpoints need no privilege.
+func TestRootlessCheckpoint(t *testing.T) {
+	if os.Getenv(rootlessChild) != "" {
+		t.Skip("run by the parent")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user (as this user, TestCheckpointForkedKernel runs rootless itself)")
+	}
+	setup, env := delegate(t, 65534)
+	out := asUser(t, "^TestCheckpointForkedKernel$", env, setup)
+	if !strings.Contains(out, "--- PASS: TestCheckpointForkedKernel ") {
+		t.Fatalf("TestCheckpointForkedKernel did not pass rootless:\n%s", out)
 	}
 }
