@@ -3,6 +3,7 @@ package e2b
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"time"
 
@@ -96,7 +97,7 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request, owner string) {
 		}
 		for _, ms := range kids {
 			sb, err := h.register(&sandbox{owner: owner, templateID: src.templateID, ms: ms,
-				metadata: src.metadata, envVars: src.envVars, lc: src.lc, ttl: ttl})
+				metadata: maps.Clone(src.metadata), envVars: maps.Clone(src.envVars), lc: src.lc, ttl: ttl})
 			if err != nil {
 				entries = append(entries, forkEntry{Error: &forkError{http.StatusServiceUnavailable, err.Error()}})
 				continue
