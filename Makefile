@@ -52,6 +52,8 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
+	$(GO) test -run '^$$' -bench PauseResume -benchtime 50x ./internal/zygote
+	SANDLOOP_BENCH_SESSIONS=500 $(GO) test -run '^$$' -bench PausedSessions -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench GatewayExecute -benchtime 2000x ./internal/gateway
 	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
 	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop

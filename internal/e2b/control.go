@@ -369,6 +369,9 @@ func (h *Handler) delete(w http.ResponseWriter, r *http.Request, owner string) {
 
 type timeoutRequest struct {
 	Timeout *float64 `json:"timeout"`
+	// Memory false (connect's onResume: 'reboot') resumes a paused
+	// sandbox with its files and fresh kernels.
+	Memory *bool `json:"memory"`
 }
 
 // setDeadline sets a sandbox's time to live from now (shorter or longer).
@@ -394,6 +397,9 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 		return
 	}
 	// A paused sandbox is resumed, with its time to live from now (201).
+	if req.Memory != nil && !*req.Memory {
+		sb.rebootOnResume()
+	}
 	resumed, err := sb.resume(r.Context(), ttl)
 	if err != nil {
 		h.log.Error("e2b: resume", "sandbox", sb.id, "err", err)

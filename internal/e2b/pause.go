@@ -24,8 +24,9 @@ import (
 // time to live from then. With onTimeout 'pause' a sandbox whose time to
 // live ends is paused instead of killed; one running an execution then is
 // paused once the execution ends (each execution has its own timeout).
-// A pause asking memory: false (E2B's filesystem-only snapshot) is resumed
-// as E2B boots one: the files are kept, the kernels restart empty and the
+// A pause asking memory: false (E2B's filesystem-only snapshot), or a
+// connect asking memory: false (onResume: 'reboot'), resumes as E2B boots
+// such a snapshot: the files are kept, the kernels restart empty and the
 // commands are gone.
 
 // lifecycle is what create asked for the sandbox's end.
@@ -141,6 +142,16 @@ func (sb *sandbox) resume(ctx context.Context, ttl time.Duration) (bool, error) 
 	sb.endAt = time.Now().Add(ttl)
 	sb.mu.Unlock()
 	return true, errors.Join(errs...)
+}
+
+// rebootOnResume makes the next resume of a paused sandbox start its
+// kernels afresh (connect's memory: false).
+func (sb *sandbox) rebootOnResume() {
+	sb.mu.Lock()
+	if sb.paused {
+		sb.coldResume = true
+	}
+	sb.mu.Unlock()
 }
 
 func sessionsOf(ctxs []*codeContext) []*session.Session {

@@ -115,6 +115,15 @@ func TestPauseConnect(t *testing.T) {
 	if st, lines := ts.interp(t, c, "'x' in globals(), open('kept.txt').read()"); st != 200 || lines[0]["text"] != "(False, 'k')" {
 		t.Errorf("resumed after a pause without memory: %d %v, want no x and the file", st, lines)
 	}
+	// connect's memory: false (onResume: 'reboot') does the same.
+	ts.interp(t, c, "w = 1")
+	ts.control(t, "POST", "/sandboxes/"+c.SandboxID+"/pause", `{}`, keyA)
+	if resp, _ := ts.control(t, "POST", "/v2/sandboxes/"+c.SandboxID+"/connect", `{"memory":false}`, keyA); resp.StatusCode != 201 {
+		t.Errorf("connect with memory false: %d", resp.StatusCode)
+	}
+	if st, lines := ts.interp(t, c, "'w' in globals()"); st != 200 || lines[0]["text"] != "False" {
+		t.Errorf("resumed by a reboot: %d %v, want a fresh kernel", st, lines)
+	}
 	// Killed while paused: gone, session and all.
 	ts.control(t, "POST", "/sandboxes/"+c.SandboxID+"/pause", `{}`, keyA)
 	if resp, _ := ts.control(t, "DELETE", "/sandboxes/"+c.SandboxID, "", keyA); resp.StatusCode != 204 {

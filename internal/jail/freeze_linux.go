@@ -43,12 +43,23 @@ const freezeWait = 5 * time.Second
 func FreezeMethod() string {
 	h := detectCgroups()
 	switch {
-	case h.mode == "cgroup v2" && exists(filepath.Join(h.v2, "cgroup.freeze")):
+	case h.mode == "cgroup v2" && v2Freezer(h.v2):
 		return "cgroup v2 freezer"
 	case h.mode == "cgroup v1" && h.freezer != "":
 		return "cgroup v1 freezer"
 	}
 	return "SIGSTOP"
+}
+
+// v2Freezer says whether the groups made under dir have cgroup.freeze
+// (kernel 5.2 and later). The root of a cgroup namespace (a container's
+// own group) has none of its own: its children tell.
+func v2Freezer(dir string) bool {
+	if exists(filepath.Join(dir, "cgroup.freeze")) {
+		return true
+	}
+	kids, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.freeze"))
+	return len(kids) > 0
 }
 
 // FreezeSupport reports FreezeMethod as a doctor's check: SIGSTOP is a

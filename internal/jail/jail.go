@@ -17,6 +17,14 @@
 // of it (quota_userns_linux.go says why this design). Only where neither
 // works is the directory ordinary, with uploads alone capped. The details
 // are in quota.go.
+//
+// It pauses a jail too (Process.Freeze and Thaw, Group's for a zygote's
+// sessions): every process stops where it is and uses no CPU, by the
+// cgroup v2 freezer (cgroup.freeze), the v1 freezer hierarchy where it is
+// mounted and writable, or else SIGSTOP and SIGCONT of each process of
+// the jail (FreezeMethod; `doctor` says which). Killing a frozen jail
+// thaws it, since a task the v1 freezer holds dies of SIGKILL only once
+// thawed; freeze_linux.go has the details.
 package jail
 
 import (

@@ -462,8 +462,27 @@ func TestMetricsAndHealth(t *testing.T) {
 	}
 	var h map[string]any
 	ts.do(t, "GET", "/healthz", "", &h)
-	if h["status"] != "ok" || h["sessions"].(float64) != 1 {
+	if h["status"] != "ok" || h["sessions"].(float64) != 1 || h["paused"].(float64) != 0 {
 		t.Errorf("healthz %v", h)
+	}
+	// A paused session is held but takes no slot.
+	list := ts.mgr.List("")
+	if len(list) != 1 {
+		t.Fatalf("sessions of the test's owner: %d", len(list))
+	}
+	if err := list[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	ts.do(t, "GET", "/healthz", "", &h)
+	if h["sessions"].(float64) != 1 || h["paused"].(float64) != 1 {
+		t.Errorf("healthz with a paused session: %v", h)
+	}
+	resp = ts.do(t, "GET", "/metrics", "", nil)
+	b, _ = io.ReadAll(resp.Body)
+	for _, want := range []string{"sandloop_sessions 1", "sandloop_sessions_paused 1", "sandloop_session_slots_used_ratio 0"} {
+		if !strings.Contains(string(b), want+"\n") {
+			t.Errorf("metrics with a paused session lack %q", want)
+		}
 	}
 }
 

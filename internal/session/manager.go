@@ -49,7 +49,9 @@ type ManagerOptions struct {
 	// interpreter. If zero, none: every session starts cold.
 	PoolSize int
 	// MaxSessions caps the running sessions held at once (pooled and
-	// paused ones not counted: see MaxPaused). If zero, 64.
+	// paused ones not counted: see MaxPaused) when one is created: a
+	// paused session is resumed whenever it is called, even past it. If
+	// zero, 64.
 	MaxSessions int
 	// IdleTimeout closes (or, with IdleAction "pause", pauses) a session
 	// not used for this long. If zero, 30 minutes; if negative, never.

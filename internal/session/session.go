@@ -1,5 +1,8 @@
 // Package session runs stateful Python sessions: each is one kernel in its
-// own jail with its own workspace, executing one cell at a time.
+// own jail with its own workspace, executing one cell at a time. A session
+// can be paused between cells (pause.go: the cgroup freezer) and resumes
+// by itself when called again; a Manager can pause idle sessions instead
+// of closing them (ManagerOptions.IdleAction).
 //
 // # Checkpoints, undo and fork
 //

@@ -111,12 +111,14 @@ func CheckPause(t *testing.T, s *session.Session) {
 		t.Fatal(err)
 	}
 	closed := make(chan error, 1)
+	start := time.Now()
 	go func() { closed <- s.Close() }()
 	select {
 	case err := <-closed:
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("closing the paused session took %v", time.Since(start).Round(time.Microsecond))
 	case <-time.After(30 * time.Second):
 		t.Fatal("closing a paused session did not end")
 	}
