@@ -122,7 +122,7 @@ func TestMCPStdioFlags(t *testing.T) {
 func TestTypeScriptClientStdio(t *testing.T) {
 	mcptest.TSClient(t)
 	t.Setenv(asCLI, "1") // for the server node starts: this binary, as sandloop
-	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "stdio", os.Args[0], "mcp", "--memory", "1G"))
+	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "stdio", os.Args[0], "mcp", "--memory", "1G"), false)
 }
 
 // TestTypeScriptClientServe drives /mcp of `sandloop serve` with the
@@ -155,7 +155,7 @@ func TestTypeScriptClientServe(t *testing.T) {
 	if url == "" {
 		t.Fatalf("no URL in %q", line)
 	}
-	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "http", url+"/mcp"))
+	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "http", url+"/mcp"), true)
 }
 
 // `sandloop mcp` answers a line that is not JSON with a parse error and

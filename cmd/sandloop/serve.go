@@ -98,6 +98,10 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
 	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
 	f.DurationVar(&c.MaxLifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
+	f.StringVar(&c.Checkpoints, "checkpoints", "off", `checkpoints of a session that asks for none: off, or auto (one before every execution, so POST /v1/sessions/{id}/undo reverts the last cell)`)
+	f.IntVar(&c.AutoCheckpoints, "auto-checkpoints", session.DefaultAutoCheckpoints, "automatic checkpoints kept per session (checkpoints auto)")
+	f.IntVar(&c.MaxCheckpoints, "max-checkpoints", session.DefaultMaxCheckpoints, "checkpoints a session may take on request")
+	f.Var(sizeValue{n: &c.CheckpointMemory}, "checkpoint-memory", "memory and files a session's checkpoints may hold (default 1G): over it the oldest automatic ones are dropped")
 	f.DurationVar(&c.ExecTimeout, "exec-timeout", 5*time.Minute, "default execution timeout")
 	f.BoolVar(&c.AllowNetwork, "allow-network", false, "let sessions ask for the host's whole network (mode host)")
 	f.StringVar(&sf.defaultNetwork, "default-network", "none", "network mode of a session that asks for none: none or allow (with --allow's list)")
@@ -175,6 +179,12 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	}
 	if err := session.CheckIdleAction(cfg.IdleAction); err != nil {
 		return nil, usagef("--idle-action: %v", err)
+	}
+	if cfg.Checkpoints != session.CheckpointsOff && cfg.Checkpoints != session.CheckpointsAuto {
+		return nil, usagef("--checkpoints %q: use off or auto", cfg.Checkpoints)
+	}
+	if cfg.AutoCheckpoints < 1 || cfg.MaxCheckpoints < 1 || cfg.CheckpointMemory < 0 {
+		return nil, usagef("--auto-checkpoints, --max-checkpoints and --checkpoint-memory must be at least 1 (use --checkpoints off for none)")
 	}
 	if cfg.MaxSessions == 0 {
 		return nil, usagef("--max-sessions 0 is not a limit: give the number of sessions held at once, at least 1 (default 64)")

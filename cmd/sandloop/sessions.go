@@ -52,8 +52,8 @@ token's sessions are not found.`,
 			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
 				cp, err := c.Checkpoint(ctx, args[0], name)
 				if err == nil && !f.json {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s taken at execution %d: %s of memory, %d files (%s)\n",
-						cp.ID, cp.ExecutionCount, sizeText(cp.MemoryBytes), cp.Files, sizeText(cp.FileBytes))
+					fmt.Fprintf(cmd.OutOrStdout(), "%s taken at execution %d: %s of memory of its own, %s (%s)\n",
+						cp.ID, cp.ExecutionCount, sizeText(cp.MemoryBytes), files(cp.Files), sizeText(cp.FileBytes))
 					printNotCarried(cmd.OutOrStdout(), cp.NotCarried)
 				}
 				return cp, err
@@ -239,7 +239,11 @@ func printRestored(w io.Writer, who string, r *client.Restored) {
 	if r == nil {
 		return
 	}
-	fmt.Fprintf(w, "%s: restored from %s: %d files, %d variables, execution count %d\n", who, r.From, r.Files, len(r.Variables), r.ExecutionCount)
+	vars := "" // a restore brings the whole state back; a fork lists what it carried
+	if len(r.Variables) > 0 {
+		vars = fmt.Sprintf(", variables %s", strings.Join(r.Variables, ", "))
+	}
+	fmt.Fprintf(w, "%s: restored from %s: %s%s, execution count %d\n", who, r.From, files(r.Files), vars, r.ExecutionCount)
 	for _, n := range r.NotRestored {
 		fmt.Fprintf(w, "  not restored: %s\n", n)
 	}
@@ -249,6 +253,13 @@ func printNotCarried(w io.Writer, list []string) {
 	for _, n := range list {
 		fmt.Fprintf(w, "  not carried: %s\n", n)
 	}
+}
+
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return fmt.Sprintf("%d files", n)
 }
 
 func ago(t time.Time) string {

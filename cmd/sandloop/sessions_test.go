@@ -115,3 +115,33 @@ func TestSessionsCLI(t *testing.T) {
 		t.Errorf("no server: %s", out)
 	}
 }
+
+// serve --checkpoints auto: a session that asks for none takes one before
+// every execution (undo works); a bad mode is a usage error.
+func TestServeCheckpointsFlag(t *testing.T) {
+	env := startServe(t, "--pool", "0", "--checkpoints", "auto", "--auto-checkpoints", "2")
+	c, _ := client.New(env.URL, nil)
+	ctx := context.Background()
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, code := range []string{"x = 1", "x = 2", "x = 3"} {
+		if _, err := c.Execute(ctx, s.ID, code, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := c.Checkpoints(ctx, s.ID)
+	if err != nil || len(list) != 2 || !list[0].Auto {
+		t.Fatalf("checkpoints with --auto-checkpoints 2: %+v %v", list, err)
+	}
+	if _, err := c.Undo(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Execute(ctx, s.ID, "x", nil); err != nil || r.Text() != "2" {
+		t.Errorf("after undo: %+v %v", r, err)
+	}
+	if code, _, errOut := sandloop(t, "", "serve", "--checkpoints", "always"); code != 2 || !strings.Contains(errOut, "--checkpoints") {
+		t.Errorf("serve --checkpoints always: exit %d %s", code, errOut)
+	}
+}

@@ -126,22 +126,22 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
 		{"PUT /sandboxes/{id}/network", h.updateNetwork},
+		{"POST /sandboxes/{id}/fork", h.fork},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
 	// Calls of E2B's API that sandloop does not do (yet) say so, rather
 	// than a 404 the SDKs would read as "sandbox not found".
 	for _, p := range []string{
-		"POST /sandboxes/{id}/fork",
 		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
 		"/snapshots", "/snapshots/",
 	} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: forks, snapshots and metrics of many sandboxes at once are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: snapshots and metrics of many sandboxes at once are not implemented", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause, metrics and network", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause, fork, metrics and network", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -276,27 +276,47 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		h.writeCreateError(w, err)
 		return
 	}
-	// The sandbox's time to live governs it, not the manager's idle timer.
-	ms.Pin()
-	now := time.Now()
-	sb := &sandbox{
-		id: ms.ID(), owner: owner, templateID: req.TemplateID, ms: ms,
-		envdToken: randomHex(16), trafficToken: trafficToken,
-		metadata: req.Metadata, envVars: req.EnvVars, started: now, endAt: now.Add(ttl), lc: lc, ttl: ttl, network: network,
-		procs: map[uint32]*process{}, contexts: map[string]*codeContext{},
-	}
-	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: ms.Session}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		h.opts.Manager.Delete(owner, ms.ID())
-		writeControlError(w, http.StatusServiceUnavailable, "the server is shutting down")
+	sb, err := h.register(&sandbox{owner: owner, templateID: req.TemplateID, ms: ms, trafficToken: trafficToken,
+		metadata: req.Metadata, envVars: req.EnvVars, lc: lc, ttl: ttl, network: network})
+	if err != nil {
+		writeControlError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	h.sandboxes[sb.id] = sb
-	h.mu.Unlock()
 	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
 	writeJSON(w, http.StatusCreated, sb.created(r))
+}
+
+// errShuttingDown refuses new sandboxes once the handler is closed.
+var errShuttingDown = errors.New("the server is shutting down")
+
+// register makes sb (its owner, template, session, metadata, variables,
+// lifecycle and time to live set) a sandbox of the handler, with new
+// tokens, its time to live from now. A closed handler deletes the session.
+func (h *Handler) register(sb *sandbox) (*sandbox, error) {
+	// The sandbox's time to live governs it, not the manager's idle timer.
+	sb.ms.Pin()
+	now := time.Now()
+	sb.id = sb.ms.ID()
+	sb.envdToken = randomHex(16)
+	if sb.trafficToken == "" {
+		sb.trafficToken = randomHex(16)
+	}
+	if sb.ms.PortAccess.Token == "" {
+		// A fork's child: its ports take the traffic token made here (no
+		// one knows the new session's id yet).
+		sb.ms.PortAccess.Token = sb.trafficToken
+	}
+	sb.started, sb.endAt = now, now.Add(sb.ttl)
+	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
+	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: sb.ms.Session}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		h.opts.Manager.Delete(sb.owner, sb.ms.ID())
+		return nil, errShuttingDown
+	}
+	h.sandboxes[sb.id] = sb
+	return sb, nil
 }
 
 func (h *Handler) writeCreateError(w http.ResponseWriter, err error) {

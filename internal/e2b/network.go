@@ -266,3 +266,11 @@ func (sb *sandbox) followNetwork(c *codeContext) {
 		c.s.SetAllowlist(al)
 	}
 }
+
+// networkNow is the sandbox's network configuration in force (a fork's
+// children start with it).
+func (sb *sandbox) networkNow() networkState {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.network
+}

@@ -9,11 +9,13 @@
 package gateway
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -362,6 +364,42 @@ func (g *Gateway) afterResponse(resp *http.Response) error {
 		if err := g.opts.Cluster.DeletePlacement(req.Context(), t.pl.ID); err != nil {
 			g.log.Warn("forget session", "session", t.pl.ID, "err", err)
 		}
+	}
+	if req.Method == http.MethodPost && resp.StatusCode == http.StatusCreated && t.pl.Kind == store.KindSession &&
+		strings.HasSuffix(req.URL.Path, "/fork") && strings.Count(strings.Trim(req.URL.Path, "/"), "/") == 3 {
+		return g.placeForks(req, t.pl, resp)
+	}
+	return nil
+}
+
+// placeForks records the sessions a fork made on its parent's host, so
+// that they are reached through the gateway as any session is.
+func (g *Gateway) placeForks(req *http.Request, parent *store.Placement, resp *http.Response) error {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	resp.Body.Close()
+	if err != nil {
+		return err // the proxy answers 502
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	var made struct {
+		Sessions []struct {
+			ID string `json:"id"`
+		} `json:"sessions"`
+	}
+	if err := json.Unmarshal(b, &made); err != nil {
+		g.log.Warn("fork: the host's answer is not JSON", "session", parent.ID, "err", err)
+		return nil
+	}
+	for _, s := range made.Sessions {
+		pl := store.Placement{ID: s.ID, Kind: store.KindSession, Owner: parent.Owner, Host: parent.Host, Epoch: parent.Epoch}
+		if err := g.opts.Cluster.PutPlacement(req.Context(), pl); err != nil {
+			// Without a record nobody could reach it: give it back.
+			g.log.Warn("record a fork's placement", "session", s.ID, "err", err)
+			g.undo(req, store.KindSession, parent.Host, s.ID)
+			continue
+		}
+		g.routes.put(pl)
+		g.hosts.placedOn(parent.Host)
 	}
 	return nil
 }

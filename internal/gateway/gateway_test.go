@@ -307,3 +307,37 @@ func TestOwnershipAndAuth(t *testing.T) {
 		t.Error("a deleted session is still placed")
 	}
 }
+
+// TestForkThroughGateway: the sessions a fork makes on its parent's host
+// are recorded, so the gateway routes them as any session (and another
+// token does not reach them).
+func TestForkThroughGateway(t *testing.T) {
+	f := newFixture(t, 2)
+	id, host := f.create(tok1)
+	if st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/execute", `{"code":"x = 41"}`); st != 200 {
+		t.Fatalf("execute: %d %s", st, body)
+	}
+	st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/fork", `{"count":2}`)
+	var fork struct{ Sessions []struct{ ID string } }
+	if json.Unmarshal([]byte(body), &fork); st != http.StatusCreated || len(fork.Sessions) != 2 {
+		t.Fatalf("fork: %d %s", st, body)
+	}
+	for _, k := range fork.Sessions {
+		pl, err := f.pg.GetPlacement(t.Context(), k.ID)
+		if err != nil || pl.Host != host || pl.Kind != store.KindSession {
+			t.Errorf("the fork %s's placement: %+v %v, want on %s", k.ID, pl, err, host)
+		}
+		if st, body := f.do(tok1, "POST", "/v1/sessions/"+k.ID+"/execute", `{"code":"x + 1"}`); st != 200 || !strings.Contains(body, `"42"`) {
+			t.Errorf("execute in the fork %s: %d %s", k.ID, st, body)
+		}
+		if st, _ := f.do(tok2, "GET", "/v1/sessions/"+k.ID, ""); st != http.StatusNotFound {
+			t.Errorf("another token's fork: %d, want 404", st)
+		}
+	}
+	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+fork.Sessions[0].ID, ""); st != http.StatusNoContent {
+		t.Errorf("delete a fork: %d", st)
+	}
+	if _, err := f.pg.GetPlacement(t.Context(), fork.Sessions[0].ID); err == nil {
+		t.Errorf("a deleted fork's placement is still recorded")
+	}
+}

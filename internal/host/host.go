@@ -57,6 +57,12 @@ type Config struct {
 	// "close" (also "") or "pause" (session.ManagerOptions.IdleAction).
 	IdleAction    string
 	Defaults, Max jail.Limits
+	// Checkpoints ("off" or "auto"), AutoCheckpoints, MaxCheckpoints and
+	// CheckpointMemory are the session manager's checkpoint options
+	// (session.ManagerOptions; zero values take its defaults).
+	Checkpoints                     string
+	AutoCheckpoints, MaxCheckpoints int
+	CheckpointMemory                int64
 	// AllowNetwork lets sessions ask for the host's whole network.
 	AllowNetwork bool
 	// Egress configures allow mode. New adds the listener's address to
@@ -176,7 +182,9 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-		FixedPool: h.cfg.OldPipeline,
+		FixedPool:   h.cfg.OldPipeline,
+		Checkpoints: h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
+		CheckpointMemory: h.cfg.CheckpointMemory,
 	})
 
 	undo = append(undo, func() { h.mgr.Close() })

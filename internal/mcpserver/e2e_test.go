@@ -24,7 +24,7 @@ func TestTypeScriptClientHTTP(t *testing.T) {
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	t.Cleanup(func() { h.Close() })
-	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "http", ts.URL+"/mcp"))
+	mcptest.CheckTSResult(t, mcptest.RunTSClient(t, "http", ts.URL+"/mcp"), false)
 	// The client ended its MCP session: its sandbox is closed.
 	waitClosed(t, src)
 }

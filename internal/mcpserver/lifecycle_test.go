@@ -49,7 +49,7 @@ func TestCheckpointAndUndo(t *testing.T) {
 	}
 	exec("rows.clear()\nimport os; os.remove('a.txt')")
 	res = call(t, cs, "undo", nil)
-	if res.IsError || !strings.Contains(text(res), "Restored from undo: 1 files") {
+	if res.IsError || !strings.Contains(text(res), "Restored from undo: 1 file") {
 		t.Fatalf("undo: %s", text(res))
 	}
 	if out := exec("print(rows, open('a.txt').read())"); !strings.Contains(out, "[1, 2] a") {

@@ -164,8 +164,12 @@ func New(src SessionSource, opts *Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{src: src, opts: o, log: o.Logger, conns: map[*mcp.ServerSession]*conn{}}
+	inst := instructions
+	if slices.Contains(o.Tools, tools.Undo) {
+		inst += undoInstructions
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "sandloop", Title: "sandloop: sandboxed Python", Version: o.Version}, &mcp.ServerOptions{
-		Instructions: instructions,
+		Instructions: inst,
 		Logger:       o.Logger,
 	})
 	if err := s.addTools(); err != nil {
@@ -175,6 +179,9 @@ func New(src SessionSource, opts *Options) (*Server, error) {
 }
 
 const instructions = `sandloop runs Python in an isolated sandbox. Each connection has its own stateful Python kernel: variables, imports and files persist between calls until reset_session. The working directory is /workspace; use write_file, read_file and list_files to move files in and out.`
+
+// undoInstructions are added when undo is offered.
+const undoInstructions = ` undo reverts the last call (variables and files); checkpoint keeps a state to come back to.`
 
 // MCP returns the underlying mcp.Server (for transports of the caller's own).
 func (s *Server) MCP() *mcp.Server { return s.mcp }

@@ -20,7 +20,7 @@ const maxCheckpointName = 200
 // sessionView is a session as GET /v1/sessions/{id} shows it: with its
 // state, what came back at its last restore, and its workspace's usage.
 func (s *Server) sessionView(ms *session.Managed) (sessionJSON, error) {
-	j := s.toSessionJSON(ms)
+	j := toSessionJSON(ms)
 	u, err := ms.Usage()
 	if err != nil {
 		return j, err
@@ -38,7 +38,7 @@ func (s *Server) pauseSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	WriteJSON(w, http.StatusOK, s.toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
 }
 
 func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
@@ -50,7 +50,7 @@ func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	WriteJSON(w, http.StatusOK, s.toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
 }
 
 type checkpointRequest struct {

@@ -118,6 +118,15 @@ func TestLifecycleOverHTTP(t *testing.T) {
 	if a := sc.do("GET", base, ""); !strings.Contains(string(a.body), `"state":"running"`) {
 		t.Errorf("after an execution: %s", a.body)
 	}
+	// So does a restore.
+	sc.do("POST", base+"/pause", "").want(200, "")
+	a = sc.do("POST", base+"/checkpoints/"+cp.ID+"/restore", "")
+	if a.want(200, ""); !strings.Contains(string(a.body), `"state":"running"`) {
+		t.Errorf("restore of a paused session: %s", a.body)
+	}
+	if got := run(s.ID, "x"); got != "1" {
+		t.Errorf("after restoring %s again, x = %s", cp.ID, got)
+	}
 
 	// Another token's session is not found, whatever is asked of it.
 	for _, r := range [][2]string{{"POST", "/pause"}, {"POST", "/resume"}, {"POST", "/undo"}, {"GET", "/checkpoints"},

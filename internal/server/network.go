@@ -48,7 +48,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("session network updated", "session", ms.ID(), "allow", al.Entries())
-	WriteJSON(w, http.StatusOK, s.toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
 }
 
 // allowlist parses a list a caller sent and holds it to the server's

@@ -68,7 +68,7 @@ type sessionJSON struct {
 	Restored *session.Restored `json:"restored,omitempty"`
 }
 
-func (s *Server) toSessionJSON(ms *session.Managed) sessionJSON {
+func toSessionJSON(ms *session.Managed) sessionJSON {
 	q := ms.Quota()
 	j := sessionJSON{
 		ID: ms.ID(), Status: "ready", State: ms.State(), Restored: ms.Restored(), Checkpoints: ms.CheckpointMode(), CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
@@ -166,7 +166,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.created.Inc()
-	WriteJSON(w, http.StatusCreated, s.toSessionJSON(ms))
+	WriteJSON(w, http.StatusCreated, toSessionJSON(ms))
 }
 
 func sessionMode(ms *session.Managed) egress.Mode {
@@ -271,7 +271,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	list := s.opts.Manager.List(owner(r.Context()))
 	out := make([]sessionJSON, 0, len(list))
 	for _, ms := range list {
-		out = append(out, s.toSessionJSON(ms))
+		out = append(out, toSessionJSON(ms))
 	}
 	WriteJSON(w, http.StatusOK, map[string]any{"sessions": out})
 }
@@ -370,5 +370,5 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	WriteJSON(w, http.StatusOK, s.toSessionJSON(ms))
+	WriteJSON(w, http.StatusOK, toSessionJSON(ms))
 }

@@ -101,12 +101,21 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			child, err := m.Create(ctx, CreateOptions{
 				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
 				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
+				PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
 			})
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			children[i] = child
+			if parent.Egress != nil {
+				// The list in force now, which may have changed since the
+				// parent was created (SetAllowlist).
+				if err := child.SetAllowlist(parent.Allowlist()); err != nil {
+					errs[i] = err
+					return
+				}
+			}
 			release := child.Lease()
 			defer release()
 			reports[i], errs[i] = child.Session.adopt(ctx, src)

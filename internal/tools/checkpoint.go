@@ -37,8 +37,8 @@ var checkpointTool = define(spec{
 		return nil, err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Checkpoint %s taken at execution %d: variables, imports and %d files (%s) as they are now; it holds %s of memory.",
-		k.ID, k.ExecutionCount, k.Files, formatBytes(k.FileBytes), formatBytes(k.MemoryBytes))
+	fmt.Fprintf(&b, "Checkpoint %s taken at execution %d: variables, imports and %s (%s) as they are now.",
+		k.ID, k.ExecutionCount, plural(k.Files, "file"), formatBytes(k.FileBytes))
 	fmt.Fprintf(&b, "\nGo back to it with undo {\"checkpoint\": %q}.", k.ID)
 	if len(k.NotCarried) > 0 {
 		b.WriteString("\nNot in the checkpoint (a restore will not bring these back):")

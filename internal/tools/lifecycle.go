@@ -48,7 +48,7 @@ type Forker interface {
 // restoredText tells the model what came back and, above all, what did not.
 func restoredText(r *Restored) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Restored from %s: %d files in /workspace, execution count %d.", r.From, r.Files, r.ExecutionCount)
+	fmt.Fprintf(&b, "Restored from %s: %s in /workspace, execution count %d.", r.From, plural(r.Files, "file"), r.ExecutionCount)
 	if len(r.Variables) > 0 {
 		fmt.Fprintf(&b, "\nVariables back: %s.", strings.Join(r.Variables, ", "))
 	}
@@ -59,4 +59,11 @@ func restoredText(r *Restored) string {
 		}
 	}
 	return b.String()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

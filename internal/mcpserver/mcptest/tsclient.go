@@ -109,8 +109,9 @@ func RunTSClient(t *testing.T, args ...string) *TSResult {
 	return &r
 }
 
-// CheckTSResult checks the scenarios of client.mjs.
-func CheckTSResult(t *testing.T, r *TSResult) {
+// CheckTSResult checks the scenarios of client.mjs. canFork says the
+// server's sessions can fork (serve's /mcp), so it offers fork_session.
+func CheckTSResult(t *testing.T, r *TSResult, canFork bool) {
 	t.Helper()
 	var names []string
 	for _, tool := range r.Tools {
@@ -120,7 +121,11 @@ func CheckTSResult(t *testing.T, r *TSResult) {
 		}
 	}
 	slices.Sort(names)
-	if want := slices.Sorted(slices.Values(mcpserver.ToolNames)); !slices.Equal(names, want) {
+	want := slices.Clone(mcpserver.ToolNames)
+	if !canFork {
+		want = slices.DeleteFunc(want, func(n string) bool { return n == "fork_session" })
+	}
+	if slices.Sort(want); !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 	for _, tool := range r.Tools {

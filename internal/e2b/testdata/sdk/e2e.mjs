@@ -10,6 +10,9 @@
 //   node e2e.mjs lifecycle     @e2b/code-interpreter: pause, betaPause, Sandbox.pause(id), connect resuming
 //                              with the variables kept, list/getInfo states, lifecycle onTimeout 'pause'
 //                              with and without autoResume
+//   node e2e.mjs fork          @e2b/code-interpreter: sbx.fork({count}) and Sandbox.fork(id): each fork runs
+//                              code with the source's variables and files, diverges alone, has its own
+//                              time to live; a fork of a paused or unknown sandbox fails as E2B's does
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
@@ -488,7 +491,56 @@ async function lifecycle() {
   })
 }
 
+async function fork() {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const sbx = await Sandbox.create({ metadata: { run } })
+  const made = []
+  try {
+    await step('sbx.fork({count: 2}): variables and files carried, each diverges alone', async () => {
+      await sbx.runCode('x = 41')
+      await sbx.files.write('f.txt', 'parent')
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60000 })
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        assert.ok(f instanceof Sandbox, `a fork is a Sandbox with runCode, not ${f}`)
+        assert.notEqual(f.sandboxId, sbx.sandboxId)
+        made.push(f)
+      }
+      assert.equal((await forks[0].runCode('x += 1\nx')).text, '42')
+      await forks[0].files.write('f.txt', 'fork')
+      assert.equal((await forks[1].runCode('x')).text, '41', 'a sibling does not see the change')
+      assert.equal(await forks[1].files.read('f.txt'), 'parent')
+      assert.equal((await sbx.runCode('x')).text, '41', 'the source does not see it')
+      assert.equal(await sbx.files.read('f.txt'), 'parent')
+      const out = await forks[0].commands.run('cat f.txt')
+      assert.equal(out.stdout, 'fork')
+      const info = await forks[0].getInfo()
+      assert.equal(info.state, 'running')
+      assert.ok(info.endAt.getTime() - Date.now() <= 60000, 'its own time to live')
+    })
+    await step('Sandbox.fork(id) with the default count', async () => {
+      const [f] = await Sandbox.fork(sbx.sandboxId)
+      assert.ok(f instanceof Sandbox)
+      made.push(f)
+      assert.equal((await f.runCode('x')).text, '41')
+    })
+    await step('fork of a paused or unknown sandbox fails', async () => {
+      await throws(() => Sandbox.fork('nosuchsandbox'), (e) => assert.equal(e?.name, 'SandboxNotFoundError'))
+      assert.equal(await sbx.pause(), true)
+      await throws(() => sbx.fork(), (e) => assert.match(String(e?.message), /paused|resume/))
+      await sbx.connect()
+      await throws(() => sbx.fork({ count: 101 }), (e) => assert.match(String(e?.message), /count/))
+    })
+  } finally {
+    for (const f of made) await f.kill()
+    await sbx.kill()
+  }
+}
+
 switch (mode) {
+  case 'fork':
+    await fork()
+    break
   case 'interpreter':
     await interpreter()
     break
@@ -505,7 +557,7 @@ switch (mode) {
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|stdin MARKER|bench N')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|stdin MARKER|bench N')
     process.exit(2)
 }
 console.log('done')

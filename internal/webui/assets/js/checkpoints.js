@@ -56,9 +56,10 @@ export class CheckpointStrip {
     this.list = checkpoints;
     this.undoBtn.disabled = !checkpoints.some(c => c.auto);
     this.items.replaceChildren(...checkpoints.map(c => h('li', { class: 'ck-item' + (c.auto ? ' ck-auto' : ''), dataset: { id: c.id } },
-      h('span', { class: 'ck-label' }, c.name || (c.auto ? 'before [' + (c.execution_count + 1) + ']' : c.id)),
+      h('span', { class: 'ck-label', title: c.id }, c.name || c.id),
+      c.auto ? h('span', { class: 'small muted' }, `auto, after [${c.execution_count}]`) : null,
       h('span', { class: 'small muted', title: new Date(c.created_at).toLocaleString() }, fmtAgo(c.created_at)),
-      h('span', { class: 'small muted ck-size', title: `${fmtBytes(c.memory_bytes)} of memory, ${c.files} files (${fmtBytes(c.file_bytes)})` }, fmtBytes(c.memory_bytes + c.file_bytes)),
+      h('span', { class: 'small muted ck-size', title: `${fmtBytes(c.memory_bytes)} of memory of its own (copy-on-write: it grows as the session changes what it shares), ${c.files} files (${fmtBytes(c.file_bytes)})` }, fmtBytes(c.memory_bytes + c.file_bytes)),
       h('button', { type: 'button', class: 'btn btn-sm ck-restore nb-live', title: `Restore ${c.id}: variables and files as they were`, onclick: () => this.restore(c) }, 'Restore'),
       h('button', { type: 'button', class: 'btn btn-sm btn-ghost ck-drop nb-live', title: `Drop ${c.id}`, 'aria-label': `Drop checkpoint ${c.id}`, onclick: () => this.drop(c) }, '×'))));
     this.note.textContent = checkpoints.length ? `${fmtBytes(held_bytes)} held` : 'None yet.';
@@ -145,8 +146,11 @@ export class CheckpointStrip {
     } catch (e) { this.failed('Resume', e); }
   }
 
+  // failed says what went wrong; a 404 is a missing checkpoint (or
+  // nothing to undo) unless the session itself is gone, which the
+  // notebook then shows.
   failed(what, e) {
-    if (e.status === 404 && e.code !== 'checkpoint_not_found') this.nb.gone();
-    else toast(what + ' failed: ' + e.message, 'error');
+    toast(what + ' failed: ' + e.message, 'error');
+    if (e.status === 404) this.nb.refreshInfo();
   }
 }

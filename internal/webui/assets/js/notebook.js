@@ -30,7 +30,8 @@ function chooser(root) {
     if (!sessions.length) list.append(h('li', { class: 'empty' }, 'None yet.'));
     for (const s of sessions) {
       list.append(h('li', {}, h('a', { href: '#/notebook/' + encodeURIComponent(s.id), class: 'session-item' },
-        h('span', { class: 'mono' }, s.id), statusBadge(s.status), h('span', { class: 'muted small' }, 'last used ' + fmtAgo(s.last_used_at)))));
+        h('span', { class: 'mono' }, s.id), statusBadge(s.status), s.state === 'paused' ? h('span', { class: 'badge badge-warn' }, 'paused') : null,
+        h('span', { class: 'muted small' }, 'last used ' + fmtAgo(s.last_used_at)))));
     }
   }, e => list.append(h('li', { class: 'empty' }, e.message)));
   return { dispose() {} };
@@ -39,7 +40,8 @@ function chooser(root) {
 async function newSession(btn) {
   btn.disabled = true;
   try {
-    const s = await postJSON('/v1/sessions', {});
+    // A checkpoint before every cell, so Undo reverts the last one.
+    const s = await postJSON('/v1/sessions', { checkpoints: 'auto' });
     location.hash = '#/notebook/' + encodeURIComponent(s.id);
   } catch (e) {
     toast('Could not start a session: ' + e.message, 'error');
