@@ -63,6 +63,17 @@ type initConfig struct {
 	// ListenPort: see Config.ListenPort. The listener goes to the host
 	// over the descriptor after the program's extra files.
 	ListenPort int
+	// Mounts: see Config.Mounts. FD, if nonzero, is the descriptor of a
+	// clone of the directory's mount (open_tree) to attach; otherwise the
+	// init binds Host by its path.
+	Mounts []initMount
+}
+
+type initMount struct {
+	Host     string
+	Path     string
+	Writable bool
+	FD       int
 }
 
 // initStatus is one of the init's reports, one JSON object per line: first
