@@ -22,6 +22,9 @@ var (
 	ErrNotFound = errors.New("session not found")
 	// ErrCapacity: the server holds as many sessions as it may.
 	ErrCapacity = errors.New("too many sessions")
+	// ErrNoTemplates: a session asked for a template on a manager without
+	// ManagerOptions.Templates.
+	ErrNoTemplates = errors.New("this server has no templates")
 )
 
 // LimitError reports a requested limit above the server's maximum.
@@ -85,6 +88,8 @@ type ManagerOptions struct {
 	// EgressCache is the package cache of sessions with an allowlist
 	// (Options.EgressCache). If nil, none.
 	EgressCache *egress.Cache
+	// Templates, if set, resolves CreateOptions.Template.
+	Templates Templates
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -112,6 +117,10 @@ type CreateOptions struct {
 	// ExecTimeout is the default timeout of this session's executions.
 	// If zero, the manager's.
 	ExecTimeout time.Duration
+	// Template, if set, names the template the session runs in
+	// (ManagerOptions.Templates); its limits are the defaults of the
+	// session's. Never from the pool.
+	Template string
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
@@ -132,6 +141,7 @@ type Managed struct {
 	Egress      *egress.Policy // nil: no allowlist
 	ExecTimeout time.Duration
 	FromPool    bool
+	Template    string // "" for none
 
 	mgr *Manager
 
@@ -334,8 +344,17 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 
 // Create returns a new session for opts.Owner: a pooled kernel when the
 // request asks for nothing the pool's kernels lack, a cold one otherwise.
-func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, error) {
-	limits, err := m.resolve(opts.Limits)
+func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
+	tmpl, err := m.useTemplate(ctx, opts.Template)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			tmpl.release()
+		}
+	}()
+	limits, err := m.resolve(withTemplateDefaults(opts.Limits, tmpl))
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +382,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && len(m.pool) > 0 {
+	if limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
 	}
@@ -393,7 +412,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 		}
 	}
 	if s == nil {
-		s, err = New(ctx, m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout))
+		so := m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout)
+		so.Template = tmpl
+		s, err = New(ctx, so)
 	}
 	m.mu.Lock()
 	delete(m.sessions, key)
@@ -408,7 +429,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	}
 	now := time.Now()
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
-		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, mgr: m, lastUsed: now}
+		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, Template: opts.Template, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)

@@ -18,7 +18,17 @@ import (
 
 func TestMain(m *testing.M) {
 	jail.MaybeInit()
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, d := range tempDirs {
+		filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				os.Chmod(p, 0o755)
+			}
+			return nil
+		})
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
 }
 
 // runIn runs code with the template's Python (or the sandbox's, t nil)
@@ -152,3 +162,14 @@ func TestBuildFailsClearly(t *testing.T) {
 		t.Errorf("failed builds left templates: %v", ts)
 	}
 }
+
+// makeTempDir is a directory removed when the tests end (TestMain).
+func makeTempDir() (string, error) {
+	d, err := os.MkdirTemp("", "sandloop-templates-test-")
+	if err == nil {
+		tempDirs = append(tempDirs, d)
+	}
+	return d, err
+}
+
+var tempDirs []string

@@ -124,6 +124,12 @@ type Options struct {
 	// session's first moments for the CPU. A fork that finds no spare asks
 	// at once. If zero, 200 ms; negative: at once.
 	RefillDelay time.Duration
+	// Python is the template's interpreter (a template environment's, see
+	// package template). If empty, jail.DefaultPython.
+	Python string
+	// Mounts are bound into the template's jail (read-only), and so into
+	// every fork's.
+	Mounts []jail.Mount
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
