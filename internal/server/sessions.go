@@ -24,6 +24,8 @@ type createRequest struct {
 	// Network is false/true (none/host, as before) or "none", "allow" or "host".
 	Network json.RawMessage `json:"network"`
 	Allow   []string        `json:"allow"`
+	// Template names the environment the session runs in (GET /v1/templates).
+	Template string `json:"template"`
 }
 
 type sessionJSON struct {
@@ -43,6 +45,7 @@ type sessionJSON struct {
 	// allowlist lists (at egress.HostName; localhost is the sandbox's own).
 	HostNote string `json:"host_note,omitempty"`
 	FromPool bool   `json:"from_pool"`
+	Template string `json:"template,omitempty"`
 	// The workspace's quota, and whether the kernel enforces it on every
 	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
@@ -59,7 +62,7 @@ func toSessionJSON(ms *session.Managed) sessionJSON {
 		ID: ms.ID(), Status: "ready", CreatedAt: ms.Created.UTC(), LastUsedAt: ms.LastUsed().UTC(),
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
-		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(),
+		Mode: string(sessionMode(ms)), Allow: ms.Egress.AllowEntries(), Template: ms.Template,
 		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced,
 	}
 	if ms.Egress != nil {
@@ -91,7 +94,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, Template: req.Template}
 	if req.TimeoutS != nil {
 		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
 			writeError(w, err)
