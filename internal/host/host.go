@@ -30,6 +30,7 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/webui"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
@@ -65,6 +66,13 @@ type Config struct {
 	// Zygote is "on" (fail where the host cannot run one), "auto" (cold
 	// sessions there) or "off". If empty, off.
 	Zygote string
+	// TemplatesDir is where templates are (package template). If empty,
+	// DataDir/templates; if both are empty, the host has none.
+	// WarmTemplates are started (each its zygote) before New returns;
+	// MaxWarmTemplates bounds the templates' zygotes (template.PoolOptions.MaxWarm).
+	TemplatesDir     string
+	WarmTemplates    []string
+	MaxWarmTemplates int
 
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
@@ -107,6 +115,7 @@ type Host struct {
 	ln     net.Listener
 	epoch  string
 	zy     *zygote.Zygote
+	tmpl   *template.Pool // nil: no templates
 	mgr    *session.Manager
 	st     store.History
 	runs   *runs.Service
@@ -162,11 +171,21 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		zy = h.zy
 		undo = append(undo, func() { h.zy.Close() })
 	}
-	h.mgr = session.NewManager(&session.ManagerOptions{
+	if err := h.openTemplates(ctx); err != nil {
+		return nil, err
+	}
+	if h.tmpl != nil {
+		undo = append(undo, h.tmpl.Close)
+	}
+	mo := &session.ManagerOptions{
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-	})
+	}
+	if h.tmpl != nil {
+		mo.Templates = h.tmpl
+	}
+	h.mgr = session.NewManager(mo)
 
 	undo = append(undo, func() { h.mgr.Close() })
 	if h.cfg.MCP != nil {
@@ -220,7 +239,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		Manager: h.mgr, Tokens: h.cfg.Tokens, AllowedHosts: h.cfg.AllowedHosts, AllowNetwork: h.cfg.AllowNetwork,
 		Egress: eg, Logger: h.log, Mounts: h.mounts, PublicMounts: public, Runs: h.runs, Store: h.st, Lessons: ls,
 		MaxBodyBytes: h.cfg.MaxBodyBytes, MaxFileBytes: h.cfg.MaxFileBytes, MaxRunBodyBytes: h.cfg.MaxRunBodyBytes,
-		Keepalive: h.cfg.Keepalive,
+		Keepalive: h.cfg.Keepalive, Templates: h.tmpl,
 	}
 	if h.srv, err = server.New(&so); err != nil {
 		return nil, err
@@ -377,6 +396,9 @@ func (h *Host) Close() error {
 		}
 		if h.zy != nil {
 			h.zy.Close() // after the manager has closed its sessions
+		}
+		if h.tmpl != nil {
+			h.tmpl.Close()
 		}
 	})
 	return h.closeErr
