@@ -262,4 +262,3 @@ func sizeText(n int64) string {
 	}
 	return fmt.Sprintf("%.0f KiB", float64(n)/(1<<10))
 }
-
