@@ -222,7 +222,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if req.TemplateID == "" {
 		req.TemplateID = "base"
 	}
-	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars})
+	tmpl, err := h.sessionTemplate(req.TemplateID)
+	if err != nil {
+		writeControlError(w, http.StatusNotFound, err.Error())
+		return
+	}
+	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Template: tmpl})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return

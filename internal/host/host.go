@@ -225,7 +225,11 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	public := webui.Mounts()
 	if h.cfg.E2B {
 		keys, first := e2b.KeysForTokens(h.cfg.Tokens, server.OwnerOf)
-		if h.e2b, err = e2b.New(&e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}); err != nil {
+		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Logger: h.log}
+		if h.tmpl != nil {
+			eo.HasTemplate = h.tmpl.Has
+		}
+		if h.e2b, err = e2b.New(eo); err != nil {
 			return nil, err
 		}
 		undo = append(undo, func() { h.e2b.Close() })

@@ -264,3 +264,9 @@ func (p *Pool) Close() {
 		}
 	}
 }
+
+// Has reports a template called name.
+func (p *Pool) Has(name string) bool {
+	_, err := p.store.Get(name)
+	return err == nil
+}
