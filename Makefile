@@ -59,6 +59,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
 	$(GO) test -run '^$$' -bench WheelCache -benchtime 3x ./internal/session
 	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
+	$(GO) test -run '^$$' -bench TemplateSession -benchtime 1x ./internal/template
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen
