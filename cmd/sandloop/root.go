@@ -41,7 +41,7 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newRunCmd(), newExecCmd(), newReplCmd(),
 		newAgentCmd(), newRunsCmd(), newLessonsCmd(),
 		newServeCmd(), newGatewayCmd(), newMCPCmd(),
-		newSessionsCmd(), newDoctorCmd(), newVersionCmd(),
+		newSessionsCmd(), newDoctorCmd(), newVersionCmd(), newTemplateCmd(),
 	)
 	return root
 }

@@ -112,6 +112,7 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringVar(&sf.pipIndex, "pip-index", egress.DefaultIndex(), "PEP 503 index the package cache mirrors for pip in allow-mode sessions")
 	f.BoolVar(&sf.jsonLogs, "log-json", false, "log as JSON lines")
 	registerZygote(f, &sf.zygote)
+	registerTemplateServeFlags(f, c)
 	f.BoolVar(&c.E2B, "e2b", true, "serve E2B's API too, so E2B's SDKs run against this server (prints what to export)")
 	f.StringVar(&c.PricesFile, "prices", "", "JSON file overriding the model price table")
 	f.StringVar(&sf.secretFile, "gateway-secret-file", "", "serve as a cell's host: accept only requests from gateways holding this file's secret (also SANDLOOP_GATEWAY_SECRET); see docs/kubernetes.md")

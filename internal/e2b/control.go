@@ -265,13 +265,18 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeNetworkError(w, err)
 		return
 	}
+	tmpl, err := h.sessionTemplate(req.TemplateID)
+	if err != nil {
+		writeControlError(w, http.StatusNotFound, err.Error())
+		return
+	}
 	// E2B's sandboxes take traffic to their ports from anyone unless
 	// created with allowPublicTraffic: false; then the traffic token is
 	// needed (e2b-traffic-access-token), as E2B's own proxy does.
 	trafficToken := randomHex(16)
 	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
 	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy,
-		PortAccess: session.PortAccess{Public: public, Token: trafficToken}})
+		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl})
 	if err != nil {
 		h.writeCreateError(w, err)
 		return

@@ -59,6 +59,10 @@ type Options struct {
 	Keys map[string]string
 	// Zygote, if set, forks the kernels of extra code contexts.
 	Zygote session.Zygote
+	// HasTemplate, if set, reports a template of that name (package
+	// template): create's templateID then picks it, and an unknown name
+	// other than E2B's own is answered 404.
+	HasTemplate func(name string) bool
 	// DefaultTimeout is a sandbox's time to live when create names none.
 	// If zero, 300 seconds (E2B's default).
 	DefaultTimeout time.Duration

@@ -30,6 +30,7 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/webui"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
@@ -78,6 +79,13 @@ type Config struct {
 	// refill delay, one spare, one pooled kernel started at a time), so a
 	// benchmark can print its figures beside the current ones.
 	OldPipeline bool
+	// TemplatesDir is where templates are (package template). If empty,
+	// DataDir/templates; if both are empty, the host has none.
+	// WarmTemplates are started (each its zygote) before New returns;
+	// MaxWarmTemplates bounds the templates' zygotes (template.PoolOptions.MaxWarm).
+	TemplatesDir     string
+	WarmTemplates    []string
+	MaxWarmTemplates int
 
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
@@ -120,6 +128,7 @@ type Host struct {
 	ln     net.Listener
 	epoch  string
 	zy     *zygote.Zygote
+	tmpl   *template.Pool // nil: no templates
 	mgr    *session.Manager
 	st     store.History
 	runs   *runs.Service
@@ -178,14 +187,24 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		zy = h.zy
 		undo = append(undo, func() { h.zy.Close() })
 	}
-	h.mgr = session.NewManager(&session.ManagerOptions{
+	if err := h.openTemplates(ctx); err != nil {
+		return nil, err
+	}
+	if h.tmpl != nil {
+		undo = append(undo, h.tmpl.Close)
+	}
+	mo := &session.ManagerOptions{
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
 		FixedPool:   h.cfg.OldPipeline,
 		Checkpoints: h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
 		CheckpointMemory: h.cfg.CheckpointMemory,
-	})
+	}
+	if h.tmpl != nil {
+		mo.Templates = h.tmpl
+	}
+	h.mgr = session.NewManager(mo)
 
 	undo = append(undo, func() { h.mgr.Close() })
 	if h.cfg.MCP != nil {
@@ -231,7 +250,11 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		if eg.DefaultMode == egress.ModeAllow {
 			network.Default = eg.Default
 		}
-		if h.e2b, err = e2b.New(&e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}); err != nil {
+		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}
+		if h.tmpl != nil {
+			eo.HasTemplate = h.tmpl.Has
+		}
+		if h.e2b, err = e2b.New(eo); err != nil {
 			return nil, err
 		}
 		undo = append(undo, func() { h.e2b.Close() })
@@ -245,7 +268,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		Manager: h.mgr, Tokens: h.cfg.Tokens, AllowedHosts: h.cfg.AllowedHosts, AllowNetwork: h.cfg.AllowNetwork,
 		Egress: eg, Logger: h.log, Mounts: h.mounts, PublicMounts: public, Runs: h.runs, Store: h.st, Lessons: ls,
 		MaxBodyBytes: h.cfg.MaxBodyBytes, MaxFileBytes: h.cfg.MaxFileBytes, MaxRunBodyBytes: h.cfg.MaxRunBodyBytes,
-		Keepalive: h.cfg.Keepalive,
+		Keepalive: h.cfg.Keepalive, Templates: h.tmpl,
 	}
 	if h.e2b != nil {
 		so.Dispatch = h.e2b.Dispatch
@@ -405,6 +428,9 @@ func (h *Host) Close() error {
 		}
 		if h.zy != nil {
 			h.zy.Close() // after the manager has closed its sessions
+		}
+		if h.tmpl != nil {
+			h.tmpl.Close()
 		}
 	})
 	return h.closeErr

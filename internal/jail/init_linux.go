@@ -66,6 +66,17 @@ type initConfig struct {
 	// Terminal: descriptors 0-2 are a pseudo-terminal (Config.Terminal),
 	// to be made the program's controlling terminal.
 	Terminal bool
+	// Mounts: see Config.Mounts. FD, if nonzero, is the descriptor of a
+	// clone of the directory's mount (open_tree) to attach; otherwise the
+	// init binds Host by its path.
+	Mounts []initMount
+}
+
+type initMount struct {
+	Host     string
+	Path     string
+	Writable bool
+	FD       int
 }
 
 // initStatus is one of the init's reports, one JSON object per line: first

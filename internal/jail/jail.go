@@ -204,6 +204,28 @@ type Config struct {
 	// namespace); the template, which holds it over its own, clones the
 	// workspace from this view instead.
 	ZygoteWorkspaces string
+	// Mounts are host directories bound into the jail's root (a template's
+	// environment, package template). Read-only unless Writable; always
+	// nosuid and nodev. Each Path is under /opt (see Mount).
+	Mounts []Mount
+}
+
+// MountsDir is the only directory under which Config.Mounts may be placed:
+// nothing of the jail's own (system directories, /etc, /dev, /proc, /tmp,
+// the workspace) can be covered by one.
+const MountsDir = "/opt"
+
+// Mount is a host directory bound into a jail.
+type Mount struct {
+	// Host is the directory on the host. As root the host clones its
+	// mount (open_tree), so the jail's user need not traverse its parents.
+	Host string
+	// Path is where it appears in the jail: absolute, clean, under
+	// MountsDir and not under /opt/sandloop/workspaces.
+	Path string
+	// Writable leaves it writable (a template being built); otherwise it
+	// is read-only.
+	Writable bool
 }
 
 // WindowSize is a terminal's size in character cells.

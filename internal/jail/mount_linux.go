@@ -78,7 +78,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
 		return err
 	}
-	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces}
+	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces, mountExtra}
 	for _, step := range steps {
 		if err := step(cfg); err != nil {
 			return err

@@ -71,6 +71,9 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 			return nil, &ArgumentError{"file path", err}
 		}
 	}
+	if err := validMounts(cfg); err != nil {
+		return nil, &ArgumentError{"mount", err}
+	}
 	switch cfg.Network {
 	case "", NetworkNone, NetworkHost:
 	default:
@@ -246,6 +249,18 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		defer handOff.Close()
 		extra = append(append([]*os.File(nil), extra...), theirs)
 	}
+	// The mounts' clones follow the extra files (and the listener's
+	// hand-off socket); the init attaches and closes them.
+	mountFiles, err := openMounts(cfg.Mounts, initFirstExtra+len(extra), &initCfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		for _, f := range mountFiles {
+			f.Close()
+		}
+	}()
+	extra = append(append([]*os.File(nil), extra...), mountFiles...)
 
 	flags := unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
 	if cfg.Network != NetworkHost {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -46,6 +47,8 @@ func toAPIError(err error) *apiError {
 	var wa *workspace.ArgumentError
 	var dm *jail.DiskOverMemoryError
 	var mbe *http.MaxBytesError
+	var tu *template.InUseError
+	var ta *template.ArgumentError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -55,6 +58,12 @@ func toAPIError(err error) *apiError {
 		return &apiError{http.StatusInsufficientStorage, "workspace_full", err.Error(), 0}
 	case errors.As(err, &le):
 		return &apiError{http.StatusRequestEntityTooLarge, "too_large", err.Error(), 0}
+	case errors.Is(err, template.ErrNotFound), errors.Is(err, session.ErrNoTemplates):
+		return &apiError{http.StatusNotFound, "template_not_found", err.Error() + " (GET /v1/templates lists them; `sandloop template build` makes one)", 0}
+	case errors.As(err, &tu):
+		return &apiError{http.StatusConflict, "template_in_use", err.Error(), 0}
+	case errors.As(err, &ta):
+		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
 	case errors.Is(err, workspace.ErrNotFound), errors.Is(err, session.ErrNotFound):
 		return &apiError{http.StatusNotFound, "not_found", err.Error(), 0}
 	case errors.Is(err, workspace.ErrNotRegular):

@@ -26,6 +26,7 @@ import (
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/template"
 )
 
 //go:embed openapi.yaml
@@ -63,6 +64,9 @@ type Options struct {
 	// Runs and Store serve /v1/runs. If nil, those routes answer 501.
 	Runs  *runs.Service
 	Store store.History
+	// Templates serves /v1/templates (and must be the Manager's
+	// ManagerOptions.Templates). If nil, the list is empty.
+	Templates *template.Pool
 	// Lessons serves /v1/lessons. If nil, those routes answer 501.
 	Lessons store.LessonStore
 	// MaxRunBodyBytes caps a run's request (task and files). If zero, 32 MiB.
@@ -267,6 +271,9 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/lessons", s.postLesson, false},
 		{"GET", "/v1/lessons/{id}", s.getLesson, false},
 		{"DELETE", "/v1/lessons/{id}", s.deleteLesson, false},
+		{"GET", "/v1/templates", s.listTemplates, false},
+		{"GET", "/v1/templates/{name}", s.getTemplate, false},
+		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, false},
 	}
 }
 

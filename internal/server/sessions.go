@@ -30,6 +30,8 @@ type createRequest struct {
 	// PublicPorts lets anyone who reaches the server reach the session's
 	// ports (no token or signed URL needed).
 	PublicPorts bool `json:"public_ports"`
+	// Template names the environment the session runs in (GET /v1/templates).
+	Template string `json:"template"`
 }
 
 type sessionJSON struct {
@@ -54,7 +56,8 @@ type sessionJSON struct {
 	HostNote string `json:"host_note,omitempty"`
 	FromPool bool   `json:"from_pool"`
 	// PublicPorts: see createRequest.
-	PublicPorts bool `json:"public_ports"`
+	PublicPorts bool   `json:"public_ports"`
+	Template    string `json:"template,omitempty"`
 	// The workspace's quota, and whether the kernel enforces it on every
 	// write (where no tmpfs can be made, only uploads are checked).
 	DiskMB        int64 `json:"disk_mb"`
@@ -75,7 +78,7 @@ func toSessionJSON(ms *session.Managed) sessionJSON {
 		TimeoutS: ms.ExecTimeout.Seconds(), MemoryMB: ms.Limits.Memory >> 20, CPUs: ms.Limits.CPUs,
 		Pids: ms.Limits.Pids, Network: ms.Network == jail.NetworkHost, FromPool: ms.FromPool,
 		Mode: string(sessionMode(ms)), Allow: ms.Allowlist().Entries(), // in force: PATCH .../network changes it
-		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced, PublicPorts: ms.PortAccess.Public,
+		DiskMB: q.Disk >> 20, MaxFiles: q.Files, QuotaEnforced: q.Enforced, PublicPorts: ms.PortAccess.Public, Template: ms.Template,
 	}
 	if ms.Egress != nil {
 		j.HostNote = ms.Allowlist().HostNote()
@@ -106,7 +109,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}, Template: req.Template}
 	if req.TimeoutS != nil {
 		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
 			writeError(w, err)

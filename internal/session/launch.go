@@ -51,6 +51,9 @@ type Zygote interface {
 // session's variables in key order.
 func (s *Session) kernelEnviron() []string {
 	env := append([]string(nil), kernelEnv...)
+	if s.opts.Template != nil {
+		env = append(env, s.opts.Template.Env...)
+	}
 	if s.gate != nil {
 		env = append(env, egress.Env(egress.Port)...)
 		env = append(env, s.gate.PipEnv(egress.Port)...)
@@ -70,7 +73,14 @@ func (s *Session) kernelEnviron() []string {
 func (s *Session) zygoteLauncher() kernel.Launcher {
 	limits := s.opts.Limits
 	limits.Timeout = 0
-	return s.opts.Zygote.Launcher(s.workspace, limits, s.kernelEnviron(), s.listenPort())
+	z := s.opts.Zygote
+	if s.opts.Template != nil {
+		z = s.opts.Template.Zygote // the template's own (nil: cold)
+	}
+	if z == nil {
+		return nil
+	}
+	return z.Launcher(s.workspace, limits, s.kernelEnviron(), s.listenPort())
 }
 
 // listenPort is the port of the proxy's listener in the kernel's jail (0: none).
@@ -86,7 +96,7 @@ func (s *Session) listenPort() int {
 // the gate or held on standby.
 func (s *Session) launcher() kernel.Launcher {
 	launch := s.opts.Launcher
-	if launch == nil && s.opts.Zygote != nil && s.opts.Network != jail.NetworkHost {
+	if launch == nil && (s.opts.Zygote != nil || s.opts.Template != nil) && s.opts.Network != jail.NetworkHost {
 		launch = s.zygoteLauncher()
 	}
 	if launch == nil {
@@ -231,8 +241,9 @@ func (s *Session) jailLauncher() kernel.Launcher {
 	env := s.kernelEnviron()
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		p, err := jail.Start(ctx, &jail.Config{
-			Path:       jail.DefaultPython,
+			Path:       s.opts.Template.python(),
 			Args:       []string{"python3", KernelPath},
+			Mounts:     s.opts.Template.mounts(),
 			Env:        env,
 			Workspace:  s.workspace,
 			Limits:     limits,

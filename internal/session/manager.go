@@ -23,6 +23,9 @@ var (
 	ErrNotFound = errors.New("session not found")
 	// ErrCapacity: the server holds as many sessions as it may.
 	ErrCapacity = errors.New("too many sessions")
+	// ErrNoTemplates: a session asked for a template on a manager without
+	// ManagerOptions.Templates.
+	ErrNoTemplates = errors.New("this server has no templates")
 )
 
 // LimitError reports a requested limit above the server's maximum.
@@ -120,6 +123,8 @@ type ManagerOptions struct {
 	// EgressCache is the package cache of sessions with an allowlist
 	// (Options.EgressCache). If nil, none.
 	EgressCache *egress.Cache
+	// Templates, if set, resolves CreateOptions.Template.
+	Templates Templates
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -182,6 +187,10 @@ type CreateOptions struct {
 	// Ports says who may reach servers inside the session besides its
 	// owner (see PortAccess).
 	PortAccess PortAccess
+	// Template, if set, names the template the session runs in
+	// (ManagerOptions.Templates); its limits are the defaults of the
+	// session's. Never from the pool.
+	Template string
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
@@ -208,6 +217,7 @@ type Managed struct {
 	ExecTimeout time.Duration
 	FromPool    bool
 	PortAccess  PortAccess
+	Template    string // "" for none
 
 	mgr *Manager
 
@@ -501,8 +511,17 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 
 // Create returns a new session for opts.Owner: a pooled kernel when the
 // request asks for nothing the pool's kernels lack, a cold one otherwise.
-func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, error) {
-	limits, err := m.resolve(opts.Limits)
+func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
+	tmpl, err := m.useTemplate(ctx, opts.Template)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			tmpl.release()
+		}
+	}()
+	limits, err := m.resolve(withTemplateDefaults(opts.Limits, tmpl))
 	if err != nil {
 		return nil, err
 	}
@@ -534,7 +553,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
-	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && m.opts.PoolSize > 0
+	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0
 	if poolable && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
@@ -586,6 +605,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	if s == nil {
 		o := m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout)
 		o.Checkpoints = mode
+		o.Template = tmpl
 		s, err = New(ctx, o)
 	}
 	m.mu.Lock()
@@ -603,7 +623,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (*Managed, err
 	// Created orders them as they were served.
 	now := cmp.Or(servedAt, time.Now())
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
-		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, mgr: m, lastUsed: now}
+		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, Template: opts.Template, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)

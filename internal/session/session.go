@@ -145,6 +145,9 @@ type Options struct {
 	// limits, environment and workspace. Sessions with the host's
 	// network start cold.
 	Zygote Zygote
+	// Template, if set, is the template the session's kernel runs in
+	// (its interpreter, mounts, environment and zygote); Close releases it.
+	Template *TemplateUse
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 
@@ -451,6 +454,7 @@ func (s *Session) Close() error {
 		s.gate.Close()
 	}
 	s.closeStandby()
+	s.opts.Template.release()
 	return errors.Join(s.closeCheckpoints(), s.removeWorkspace())
 }
 

@@ -185,6 +185,12 @@ type Options struct {
 	// spare is replaced RefillDelay later even while forks wait, and the
 	// spares never grow past Spares.
 	Fixed bool
+	// Python is the template's interpreter (a template environment's, see
+	// package template). If empty, jail.DefaultPython.
+	Python string
+	// Mounts are bound into the template's jail (read-only), and so into
+	// every fork's.
+	Mounts []jail.Mount
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }

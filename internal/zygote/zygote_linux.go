@@ -1,6 +1,7 @@
 package zygote
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -165,8 +166,8 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1", "NUMEXPR_NUM_THREADS=1")
 	logw := logWriter{z.log}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
-		Path: jail.DefaultPython, Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,
-		Limits: z.opts.Limits,
+		Path: cmp.Or(z.opts.Python, jail.DefaultPython), Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,
+		Limits: z.opts.Limits, Mounts: z.opts.Mounts,
 		Files: []jail.File{
 			{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
 			{Path: ZygotePath, Data: Source, Mode: 0o444},

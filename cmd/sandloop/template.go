@@ -1,0 +1,254 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/host"
+	"github.com/sandloop/sandloop/internal/template"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// registerTemplateServeFlags adds serve's template flags.
+func registerTemplateServeFlags(f *pflag.FlagSet, c *host.Config) {
+	f.StringVar(&c.TemplatesDir, "templates-dir", "", "where templates are kept (default DATA-DIR/templates; see 'sandloop template')")
+	f.StringSliceVar(&c.WarmTemplates, "warm-templates", nil, "templates whose warm kernels (zygotes) start with the server (comma-separated)")
+	f.IntVar(&c.MaxWarmTemplates, "max-warm-templates", 4, "templates' warm kernels kept at once (the least recently used idle one makes room)")
+}
+
+type templateFlags struct {
+	dataDir, dir string
+}
+
+func (tf *templateFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&tf.dataDir, "data-dir", defaultDataDir(), "serve's data directory")
+	f.StringVar(&tf.dir, "templates-dir", "", "where templates are kept (default DATA-DIR/templates)")
+}
+
+func (tf *templateFlags) open() (*template.Store, error) {
+	dir := tf.dir
+	if dir == "" {
+		dir = filepath.Join(tf.dataDir, "templates")
+	}
+	st, err := template.Open(dir)
+	if err != nil {
+		return nil, usagef("--templates-dir %s: %v", dir, unwrapPathError(err))
+	}
+	return st, nil
+}
+
+func newTemplateCmd() *cobra.Command {
+	tf := &templateFlags{}
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "Build, list and remove templates: Python environments sessions start in",
+		Long: `A template is a Python environment (a virtual environment on the sandbox's
+/usr/bin/python3, the system's packages still visible) built once in a sandbox
+through the egress proxy, frozen read-only and mounted at /opt/sandloop/env in
+each session that asks for it ({"template": "NAME"} on POST /v1/sessions, or
+E2B's Sandbox.create("NAME")). Each template in use gets its own warm kernel
+that has imported its --preload modules.`,
+	}
+	tf.register(cmd.PersistentFlags())
+	cmd.AddCommand(newTemplateBuildCmd(tf), newTemplateLsCmd(tf), newTemplateShowCmd(tf), newTemplateRmCmd(tf))
+	return cmd
+}
+
+func newTemplateBuildCmd(tf *templateFlags) *cobra.Command {
+	var pips, preload, envs, allow []string
+	var requirements, caCert, pipIndex, wheelCache string
+	cmd := &cobra.Command{
+		Use:   "build NAME (--pip PKG... | --requirements FILE)",
+		Short: "Build a template in a sandbox from pip packages or a requirements file",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec := template.Spec{Pip: pips, Preload: preload, Env: map[string]string{}}
+			if requirements != "" {
+				b, err := os.ReadFile(requirements)
+				if err != nil {
+					return usagef("--requirements: %v", unwrapPathError(err))
+				}
+				spec.Requirements = string(b)
+			}
+			for _, kv := range envs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return usagef("--env %q: give NAME=VALUE", kv)
+				}
+				spec.Env[k] = v
+			}
+			if len(allow) == 0 {
+				allow = []string{"pypi"}
+			}
+			al, err := egress.ParseAllowlist(allow)
+			if err != nil {
+				return usagef("--allow: %v", err)
+			}
+			opts := &template.BuildOptions{Egress: &egress.Policy{Allow: al}, Files: map[string][]byte{}}
+			if pipIndex != "" {
+				opts.Env = append(opts.Env, "PIP_INDEX_URL="+pipIndex)
+				if strings.HasPrefix(pipIndex, "http://") {
+					// pip refuses plain HTTP unless told the host is trusted.
+					host := strings.SplitN(strings.TrimPrefix(pipIndex, "http://"), "/", 2)[0]
+					opts.Env = append(opts.Env, "PIP_TRUSTED_HOST="+strings.Split(host, ":")[0])
+				}
+			} else if opts.Cache, err = openWheelCache(wheelCache, tf.dataDir, egress.DefaultCacheBytes, egress.DefaultIndex(), nil); err != nil {
+				return err
+			}
+			if caCert != "" {
+				b, err := os.ReadFile(caCert)
+				if err != nil {
+					return usagef("--ca-cert: %v", unwrapPathError(err))
+				}
+				opts.Files["ca.pem"] = b
+				opts.Env = append(opts.Env, "PIP_CERT=/workspace/ca.pem", "SSL_CERT_FILE=/workspace/ca.pem")
+			}
+			st, err := tf.open()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "building template %s in a sandbox...\n", args[0])
+			t, err := st.Build(cmd.Context(), args[0], spec, opts)
+			if err != nil {
+				return templateError(err)
+			}
+			printTemplate(cmd.OutOrStdout(), t, 0)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&pips, "pip", nil, "packages to install (requirement specifiers; repeatable or comma-separated)")
+	f.StringVar(&requirements, "requirements", "", "a pip requirements file")
+	f.StringSliceVar(&preload, "preload", nil, "modules the template's warm kernel imports (default: numpy, pandas, matplotlib)")
+	f.StringArrayVar(&envs, "env", nil, "NAME=VALUE set in the template's sessions (repeatable)")
+	f.StringSliceVar(&allow, "allow", nil, "what the build's pip may reach (default: pypi; see serve --allow)")
+	f.StringVar(&pipIndex, "pip-index", "", "the index pip installs from (default: PyPI through the wheel cache)")
+	f.StringVar(&caCert, "ca-cert", "", "a CA certificate (PEM) the build's pip trusts, for a private index")
+	f.StringVar(&wheelCache, "wheel-cache", "", "the package cache (default DATA-DIR/wheel-cache; off: none)")
+	return cmd
+}
+
+func newTemplateLsCmd(tf *templateFlags) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List the templates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := tf.open()
+			if err != nil {
+				return err
+			}
+			ts, err := st.List()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				ms := []template.Manifest{}
+				for _, t := range ts {
+					ms = append(ms, t.Manifest)
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(ms)
+			}
+			if len(ts) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no templates (sandloop template build NAME --pip PKG makes one)")
+				return nil
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tPYTHON\tPACKAGES\tSIZE\tCREATED\tID")
+			for _, t := range ts {
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", t.Name, t.Python, len(t.Packages), sizeText(t.Size), t.Created.Format("2006-01-02 15:04"), t.ID[:12])
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newTemplateShowCmd(tf *templateFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show a template: Python, packages, preloads, size",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := tf.open()
+			if err != nil {
+				return err
+			}
+			t, err := st.Get(args[0])
+			if err != nil {
+				return templateError(err)
+			}
+			printTemplate(cmd.OutOrStdout(), t, -1)
+			return nil
+		},
+	}
+}
+
+func newTemplateRmCmd(tf *templateFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove templates",
+		Long: `Remove templates. A running server's sessions keep their template while they
+live; to have removal refused while sessions use it, remove it through the
+server (DELETE /v1/templates/NAME answers 409).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := tf.open()
+			if err != nil {
+				return err
+			}
+			for _, n := range args {
+				if err := st.Remove(n); err != nil {
+					return templateError(err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", n)
+			}
+			return nil
+		},
+	}
+}
+
+// templateError makes bad input a usage error (exit 2) and a failed
+// build one line plus pip's words (exit 1).
+func templateError(err error) error {
+	var ae *template.ArgumentError
+	var be *template.BuildError
+	switch {
+	case errors.As(err, &ae):
+		return usagef("%v", err)
+	case errors.Is(err, template.ErrNotFound):
+		return usagef("%v (sandloop template ls lists them)", err)
+	case errors.As(err, &be):
+		return fmt.Errorf("%v", be)
+	}
+	return err
+}
+
+func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Template, maxPkgs int) {
+	fmt.Fprintf(w, "template %s  (id %s)\n", t.Name, t.ID[:12])
+	fmt.Fprintf(w, "  python   %s\n", t.Python)
+	fmt.Fprintf(w, "  size     %s in %d files\n", sizeText(t.Size), t.Files)
+	preload := "numpy, pandas, matplotlib (the default)"
+	if t.Preload != nil {
+		preload = strings.Join(t.Preload, ", ")
+	}
+	fmt.Fprintf(w, "  preload  %s\n", preload)
+	fmt.Fprintf(w, "  created  %s\n", t.Created.Format("2006-01-02 15:04:05 MST"))
+	fmt.Fprintf(w, "  packages %d (beside the system's)\n", len(t.Packages))
+	for i, p := range t.Packages {
+		if maxPkgs >= 0 && i >= 20 {
+			fmt.Fprintf(w, "    ... and %d more (sandloop template show %s)\n", len(t.Packages)-i, t.Name)
+			break
+		}
+		fmt.Fprintf(w, "    %s==%s\n", p.Name, p.Version)
+	}
+}

@@ -1,0 +1,48 @@
+package host
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/sandloop/sandloop/internal/template"
+)
+
+// openTemplates opens the templates' store and pool (none where the host
+// has no directory for them) and warms Config.WarmTemplates.
+func (h *Host) openTemplates(ctx context.Context) error {
+	dir := h.cfg.TemplatesDir
+	if dir == "" && h.cfg.DataDir != "" {
+		dir = filepath.Join(h.cfg.DataDir, "templates")
+	}
+	if dir == "" {
+		if len(h.cfg.WarmTemplates) > 0 {
+			return &ArgumentError{"warm-templates", errNoTemplatesDir}
+		}
+		return nil
+	}
+	st, err := template.Open(dir)
+	if err != nil {
+		return &ArgumentError{"templates-dir", err}
+	}
+	maxWarm := h.cfg.MaxWarmTemplates
+	if h.cfg.Zygote == "" || h.cfg.Zygote == "off" || h.zy == nil {
+		maxWarm = -1 // no zygotes: template sessions start cold too
+	}
+	h.tmpl = template.NewPool(st, &template.PoolOptions{MaxWarm: maxWarm, Logger: h.log})
+	if len(h.cfg.WarmTemplates) > 0 {
+		if maxWarm < 0 {
+			h.log.Warn("--warm-templates: no zygotes on this host (or --zygote off): template sessions start cold")
+		} else if err := h.tmpl.Warm(ctx, h.cfg.WarmTemplates); err != nil {
+			h.tmpl.Close()
+			h.tmpl = nil
+			return &ArgumentError{"warm-templates", err}
+		}
+	}
+	return nil
+}
+
+type constError string
+
+func (e constError) Error() string { return string(e) }
+
+const errNoTemplatesDir = constError("no templates directory: give --templates-dir or --data-dir")

@@ -1,0 +1,83 @@
+package session
+
+import (
+	"cmp"
+	"context"
+
+	"github.com/sandloop/sandloop/internal/jail"
+)
+
+// Templates resolves the template a session asks for (package template's
+// Pool): its environment, mounted read-only, and the zygote that forks
+// its kernels.
+type Templates interface {
+	// Use returns what a session of the template named needs, marking
+	// the template in use until TemplateUse.Release. An unknown name is
+	// an error the caller can tell apart (template.ErrNotFound).
+	Use(ctx context.Context, name string) (*TemplateUse, error)
+}
+
+// TemplateUse is one session's use of a template.
+type TemplateUse struct {
+	// Name is the template's name.
+	Name string
+	// Python is the kernel's interpreter (the template's environment's).
+	Python string
+	// Mounts are bound into the kernel's jail (read-only).
+	Mounts []jail.Mount
+	// Env is the kernel's environment on top of KernelEnv's, before the
+	// session's own variables.
+	Env []string
+	// Limits are the template's default limits (zero fields: the
+	// server's).
+	Limits jail.Limits
+	// Zygote forks the template's kernels; nil: they start cold.
+	Zygote Zygote
+	// Release ends the use; Session.Close calls it. Safe to call twice.
+	Release func()
+}
+
+func (u *TemplateUse) python() string {
+	if u == nil {
+		return jail.DefaultPython
+	}
+	return cmp.Or(u.Python, jail.DefaultPython)
+}
+
+func (u *TemplateUse) mounts() []jail.Mount {
+	if u == nil {
+		return nil
+	}
+	return u.Mounts
+}
+
+func (u *TemplateUse) release() {
+	if u != nil && u.Release != nil {
+		u.Release()
+	}
+}
+
+// withTemplateDefaults fills the zero fields of a session's requested
+// limits from its template's.
+func withTemplateDefaults(req jail.Limits, u *TemplateUse) jail.Limits {
+	if u == nil {
+		return req
+	}
+	t := u.Limits
+	req.Memory, req.CPUs, req.Pids = cmp.Or(req.Memory, t.Memory), cmp.Or(req.CPUs, t.CPUs), cmp.Or(req.Pids, t.Pids)
+	req.TmpSize, req.FileSize = cmp.Or(req.TmpSize, t.TmpSize), cmp.Or(req.FileSize, t.FileSize)
+	req.NoFile, req.Stack = cmp.Or(req.NoFile, t.NoFile), cmp.Or(req.Stack, t.Stack)
+	req.Disk, req.Files = cmp.Or(req.Disk, t.Disk), cmp.Or(req.Files, t.Files)
+	return req
+}
+
+// useTemplate resolves opts.Template (nil for none).
+func (m *Manager) useTemplate(ctx context.Context, name string) (*TemplateUse, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if m.opts.Templates == nil {
+		return nil, ErrNoTemplates
+	}
+	return m.opts.Templates.Use(ctx, name)
+}

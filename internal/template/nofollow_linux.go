@@ -1,0 +1,5 @@
+package template
+
+import "syscall"
+
+const syscallNoFollow = syscall.O_NOFOLLOW

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package template
+
+const syscallNoFollow = 0

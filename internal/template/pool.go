@@ -1,0 +1,272 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/zygote"
+)
+
+// PoolOptions configure a Pool.
+type PoolOptions struct {
+	// MaxWarm bounds the templates' zygotes kept at once (each holds a
+	// Python with its preloads, tens to hundreds of MiB); the least
+	// recently used idle one is closed to make room, and where none is
+	// idle a new template's sessions start cold. If zero, 4; negative:
+	// no zygotes (every template session starts cold).
+	MaxWarm int
+	// Spares is each zygote's spares (zygote.Options.Spares). If zero, 1.
+	Spares int
+	// Limits bound each zygote's own jail. If zero, zygote's defaults.
+	Limits jail.Limits
+	// Logger receives diagnostics. If nil, they are discarded.
+	Logger *slog.Logger
+}
+
+// Pool hands templates to sessions (it is a session.Templates), each
+// template with a zygote of its own, started on its first use and kept
+// while used. Its methods are safe for concurrent use.
+type Pool struct {
+	store *Store
+	opts  PoolOptions
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	warm   map[string]*warmZygote // by template id
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// warmZygote is a template's zygote: starting (ready open), or ready
+// (z set, or err if it could not start).
+type warmZygote struct {
+	name     string
+	ready    chan struct{}
+	z        *zygote.Zygote
+	err      error
+	users    int
+	lastUsed time.Time
+}
+
+// NewPool returns a pool of store's templates.
+func NewPool(store *Store, o *PoolOptions) *Pool {
+	p := &Pool{store: store, warm: map[string]*warmZygote{}}
+	if o != nil {
+		p.opts = *o
+	}
+	if p.opts.MaxWarm == 0 {
+		p.opts.MaxWarm = 4
+	}
+	p.log = p.opts.Logger
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	return p
+}
+
+// Store is the pool's store.
+func (p *Pool) Store() *Store { return p.store }
+
+var _ session.Templates = (*Pool)(nil)
+
+// Use implements session.Templates: the template's environment and its
+// zygote when that is ready (its first sessions start cold while it
+// starts).
+func (p *Pool) Use(ctx context.Context, name string) (*session.TemplateUse, error) {
+	t, release, err := p.store.Acquire(name)
+	if err != nil {
+		return nil, err
+	}
+	u := &session.TemplateUse{Name: t.Name, Python: Python, Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits}
+	w := p.zygoteFor(t)
+	if w != nil {
+		select {
+		case <-w.ready:
+			if w.err == nil {
+				u.Zygote = w.z
+			}
+		default:
+		}
+	}
+	var once sync.Once
+	u.Release = func() {
+		once.Do(func() {
+			release()
+			if w != nil {
+				p.mu.Lock()
+				w.users--
+				w.lastUsed = time.Now()
+				p.mu.Unlock()
+			}
+		})
+	}
+	return u, nil
+}
+
+// Warm starts the zygotes of the templates named and waits until they are
+// ready (serve --warm-templates).
+func (p *Pool) Warm(ctx context.Context, names []string) error {
+	for _, name := range names {
+		t, err := p.store.Get(name)
+		if err != nil {
+			return err
+		}
+		w := p.zygoteFor(t)
+		if w == nil {
+			return fmt.Errorf("template %s: no room for its zygote (--max-warm-templates %d)", name, p.opts.MaxWarm)
+		}
+		p.mu.Lock()
+		w.users-- // Warm holds no session
+		p.mu.Unlock()
+		select {
+		case <-w.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if w.err != nil {
+			return fmt.Errorf("template %s: %w", name, w.err)
+		}
+	}
+	return nil
+}
+
+// WarmNames lists the templates whose zygotes run or start, by name.
+func (p *Pool) WarmNames() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, w := range p.warm {
+		out = append(out, w.name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// zygoteFor returns t's zygote, counting one more user, starting it (in
+// the background) if none runs: nil where zygotes are off or none fits.
+func (p *Pool) zygoteFor(t *Template) *warmZygote {
+	if p.opts.MaxWarm < 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	if w := p.warm[t.ID]; w != nil {
+		w.users++
+		w.lastUsed = time.Now()
+		return w
+	}
+	if len(p.warm) >= p.opts.MaxWarm && !p.evictLocked() {
+		return nil
+	}
+	w := &warmZygote{name: t.Name, ready: make(chan struct{}), users: 1, lastUsed: time.Now()}
+	p.warm[t.ID] = w
+	opts := &zygote.Options{Modules: t.Preload, Env: append(session.KernelEnv(), t.SessionEnv()...), Python: Python,
+		Mounts: []jail.Mount{t.Mount()}, Spares: p.opts.Spares, Limits: p.opts.Limits, Logger: p.log.With("template", t.Name)}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		z, err := zygote.New(context.Background(), opts)
+		if err != nil {
+			p.log.Warn("template zygote did not start: its sessions start cold", "template", t.Name, "err", err)
+		}
+		p.mu.Lock()
+		w.z, w.err = z, err
+		p.mu.Unlock()
+		close(w.ready)
+	}()
+	return w
+}
+
+// evictLocked closes the least recently used idle, ready zygote.
+func (p *Pool) evictLocked() bool {
+	var oldest string
+	for id, w := range p.warm {
+		select {
+		case <-w.ready:
+		default:
+			continue
+		}
+		if w.users > 0 {
+			continue
+		}
+		if oldest == "" || w.lastUsed.Before(p.warm[oldest].lastUsed) {
+			oldest = id
+		}
+	}
+	if oldest == "" {
+		return false
+	}
+	w := p.warm[oldest]
+	delete(p.warm, oldest)
+	if w.z != nil {
+		w.z.Close()
+	}
+	p.log.Info("template zygote closed to make room", "template", w.name)
+	return true
+}
+
+// Remove removes the template from the store (refused with *InUseError
+// while sessions use it), closing its zygote if no other name shares its tree.
+func (p *Pool) Remove(name string) error {
+	t, err := p.store.Get(name)
+	if err != nil {
+		return err
+	}
+	if err := p.store.Remove(name); err != nil {
+		return err
+	}
+	if _, err := p.store.Get(name); !errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	for _, o := range p.store.listLocked() {
+		if o.ID == t.ID {
+			return nil
+		}
+	}
+	p.mu.Lock()
+	w := p.warm[t.ID]
+	if w != nil && w.users <= 0 {
+		delete(p.warm, t.ID)
+	} else {
+		w = nil
+	}
+	p.mu.Unlock()
+	if w != nil {
+		<-w.ready
+		if w.z != nil {
+			w.z.Close()
+		}
+	}
+	return nil
+}
+
+// Close closes every zygote (and the sessions they forked).
+func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	ws := p.warm
+	p.warm = map[string]*warmZygote{}
+	p.mu.Unlock()
+	p.wg.Wait() // every zygote being started is ready (or failed)
+	for _, w := range ws {
+		if w.z != nil {
+			w.z.Close()
+		}
+	}
+}
+
+// Has reports a template called name.
+func (p *Pool) Has(name string) bool {
+	_, err := p.store.Get(name)
+	return err == nil
+}
