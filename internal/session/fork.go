@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -25,14 +26,49 @@ type forkSource struct {
 	parent     string
 	from       string
 	stateFile  string // the serialized variables
+	state      *os.File
+	export     *kernel.Export // streaming into state
+	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
 	exported   *stateManifest
+	exportErr  error
 	store      *workspace.CheckpointStore
 	fileID     string // a handle of the parent's store, dropped after the fork
 	files      int
 	notCarried []string
 }
 
+// stream copies the export to the state file, and closes streamed.
+func (f *forkSource) stream(ctx context.Context) {
+	defer close(f.streamed)
+	f.exported, f.exportErr = f.export.Wait(ctx)
+	if err := f.state.Close(); f.exportErr == nil && err != nil {
+		f.exportErr = err
+	}
+	f.state = nil
+}
+
+// wait returns once the variables are all in the state file.
+func (f *forkSource) wait(ctx context.Context) error {
+	select {
+	case <-f.streamed:
+		if f.exportErr != nil {
+			return fmt.Errorf("session %s: export its variables: %w", f.parent, f.exportErr)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (f *forkSource) close() {
+	if f.export != nil {
+		f.export.Close()
+	}
+	if f.streamed != nil {
+		<-f.streamed
+	} else if f.state != nil {
+		f.state.Close()
+	}
 	os.Remove(f.stateFile)
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
@@ -88,6 +124,9 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		return nil, nil, err
 	}
 	defer src.close()
+	// The parent is free again: its state streams to the state file while
+	// the children start.
+	go src.stream(ctx)
 
 	children := make([]*Managed, n)
 	reports := make([]*Restored, n)
@@ -109,11 +148,15 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			children[i] = child
 			release := child.Lease()
 			defer release()
+			if errs[i] = src.wait(ctx); errs[i] != nil {
+				return
+			}
 			reports[i], errs[i] = child.Session.adopt(ctx, src)
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		src.export.Close() // if it still streams
 		for _, c := range children {
 			if c != nil {
 				c.Close()
@@ -164,21 +207,6 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		}
 		src.files, src.notCarried = r.Files, append([]string(nil), r.NotCarried...)
 	} else {
-		// A checkpoint of the kernel (a fork) pairs the variables with
-		// the files taken now, and says which threads and processes
-		// cannot follow.
-		ki, err := kc.Checkpoint(ctx)
-		if err != nil {
-			return nil, s.kernelErr("fork", err)
-		}
-		defer kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
-		from = ki.ID
-		for _, t := range ki.Threads {
-			src.notCarried = append(src.notCarried, "thread "+t)
-		}
-		for _, p := range ki.Processes {
-			src.notCarried = append(src.notCarried, "process "+p+" (stays with the parent)")
-		}
 		fc, err := st.Take(ws)
 		if err != nil {
 			return nil, fmt.Errorf("session %s: copy the workspace for a fork: %w", s.id, err)
@@ -192,13 +220,20 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 	if err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
-	src.stateFile = f.Name()
-	src.exported, err = kc.ExportState(ctx, f, from)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("session %s: fork: %w", s.id, cerr)
-	}
+	src.stateFile, src.state = f.Name(), f
+	// The kernel forks a copy that serializes the variables, and answers:
+	// the files taken above and the variables are of the same moment.
+	// The copy streams them to the state file after this turn.
+	src.export, err = kc.StartExport(ctx, f, from, from == 0)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
+	}
+	src.streamed = make(chan struct{})
+	for _, t := range src.export.Threads {
+		src.notCarried = append(src.notCarried, "thread "+t)
+	}
+	for _, p := range src.export.Processes {
+		src.notCarried = append(src.notCarried, "process "+p+" (stays with the parent)")
 	}
 	ok = true
 	return src, nil
