@@ -206,6 +206,11 @@ func exportErr(ev *wireEvent, fromCheckpoint int) error {
 	return nil
 }
 
+// statePipeSize is asked of every state pipe (F_SETPIPE_SZ; above
+// /proc/sys/fs/pipe-max-size the default 64 KiB stays), and is the size of
+// the host's writes to one.
+const statePipeSize = 1 << 20
+
 // maxManifest bounds the end record of a state stream.
 const maxManifest = 16 << 20
 
@@ -376,7 +381,9 @@ func (k *Kernel) importChannel(ctx context.Context, r io.Reader) (*StateManifest
 	defer pr.Close()
 	copied := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(pw, r)
+		// Large writes: each wakes the kernel's read once (io.Copy's
+		// 32 KiB would wake it 32 times per MiB).
+		_, err := io.CopyBuffer(struct{ io.Writer }{pw}, struct{ io.Reader }{r}, make([]byte, statePipeSize))
 		pw.Close()
 		copied <- err
 	}()

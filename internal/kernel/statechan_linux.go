@@ -13,10 +13,6 @@ import (
 // the host and the kernel pass each other one pipe per state stream, tagged
 // with the request's tag. The bytes then go raw through the pipe.
 
-// statePipeSize is asked of every state pipe (F_SETPIPE_SZ; above
-// /proc/sys/fs/pipe-max-size the default 64 KiB stays).
-const statePipeSize = 1 << 20
-
 // recvStream takes the pipe the kernel passed for the request tagged tag
 // (it passes it before it replies). Pipes of other tags (abandoned
 // exports) are closed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 
@@ -27,6 +28,7 @@ type forkSource struct {
 	from       string
 	stateFile  string // the serialized variables
 	state      *os.File
+	grown      *growing       // how much of the state file is written
 	export     *kernel.Export // streaming into state
 	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
 	exported   *stateManifest
@@ -45,6 +47,7 @@ func (f *forkSource) stream(ctx context.Context) {
 		f.exportErr = err
 	}
 	f.state = nil
+	f.grown.end(f.exportErr)
 }
 
 // wait returns once the variables are all in the state file.
@@ -148,9 +151,6 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			children[i] = child
 			release := child.Lease()
 			defer release()
-			if errs[i] = src.wait(ctx); errs[i] != nil {
-				return
-			}
 			reports[i], errs[i] = child.Session.adopt(ctx, src)
 		})
 	}
@@ -221,10 +221,11 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
 	src.stateFile, src.state = f.Name(), f
+	src.grown = newGrowing()
 	// The kernel forks a copy that serializes the variables, and answers:
 	// the files taken above and the variables are of the same moment.
 	// The copy streams them to the state file after this turn.
-	src.export, err = kc.StartExport(ctx, f, from, from == 0)
+	src.export, err = kc.StartExport(ctx, growingWriter{f, src.grown}, from, from == 0)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
 	}
@@ -259,12 +260,17 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: copy the files of %s: %w", s.id, src.parent, err)
 	}
+	// The variables as the parent's copy writes them: the import follows
+	// the state file while it grows.
 	f, err := os.Open(src.stateFile)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
-	imported, err := kc.ImportState(ctx, f)
+	imported, err := kc.ImportState(ctx, &followReader{f: f, g: src.grown})
 	f.Close()
+	if werr := src.wait(ctx); werr != nil {
+		return nil, werr // the export failed: say why, not what the import saw of it
+	}
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
@@ -280,4 +286,77 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	s.setRestored(res)
 	out := *res
 	return &out, nil
+}
+
+// growing tells readers of a file being written how far it is written.
+type growing struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int64
+	done bool
+	err  error
+}
+
+func newGrowing() *growing {
+	g := &growing{}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *growing) add(n int) {
+	g.mu.Lock()
+	g.n += int64(n)
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// end says the file is complete (err nil) or will never be.
+func (g *growing) end(err error) {
+	g.mu.Lock()
+	g.done, g.err = true, err
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// growingWriter writes to f and tells g.
+type growingWriter struct {
+	f *os.File
+	g *growing
+}
+
+func (w growingWriter) Write(b []byte) (int, error) {
+	n, err := w.f.Write(b)
+	w.g.add(n)
+	return n, err
+}
+
+// followReader reads a file written meanwhile, to its end once complete.
+type followReader struct {
+	f   *os.File
+	g   *growing
+	off int64
+}
+
+func (r *followReader) Read(p []byte) (int, error) {
+	r.g.mu.Lock()
+	for r.off >= r.g.n && !r.g.done {
+		r.g.cond.Wait()
+	}
+	avail, err := r.g.n-r.off, r.g.err
+	r.g.mu.Unlock()
+	if avail == 0 {
+		if err != nil {
+			return 0, err
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > avail {
+		p = p[:avail]
+	}
+	n, rerr := r.f.ReadAt(p, r.off)
+	r.off += int64(n)
+	if n == 0 && rerr != nil {
+		return 0, rerr
+	}
+	return n, nil
 }
