@@ -85,13 +85,14 @@ func (f *forkSource) close() {
 // mode) and is as isolated as any: its own jail, workspace and cgroup;
 // what one writes, the parent and the others never see.
 //
-// The variables cross by serialization in the kernel (dill where
-// installed, else pickle; modules by name), taken once from a dormant
-// copy of the parent's kernel, and its files are checkpointed once. The
-// bytes of the export pass through the parent's kernel, so the parent's
-// next cell waits until the export is done (a few ms for small state,
-// seconds for 100 MB); the children are then made and loaded while the
-// parent runs. What did not
+// The variables cross by serialization in the kernel (the C pickler
+// first, dill where installed for what it refuses; modules by name),
+// written once by a forked copy of the parent's kernel, and its files are
+// checkpointed once. The parent's turn is held for the file checkpoint
+// and the kernel's fork() only: the copy streams the state on the
+// kernel's state channel to a file while the parent runs on and the
+// children start; each child restores its files meanwhile, then imports
+// the state as it is written. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
