@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -112,33 +115,205 @@ func (k *Kernel) CheckpointMemory(ctx context.Context) (map[int]int64, error) {
 
 // ExportState writes the user's variables (the __main__ namespace) to w;
 // fromCheckpoint > 0 exports a checkpoint's state instead of the live one.
-// A forked copy of the kernel (or of the checkpoint) serializes them, so
-// the live kernel stalls only for a fork; the bytes stream through the
-// event pipe as they are made (memory here is bounded by one chunk). The
-// kernel answers nothing else until the stream has ended; a ctx done
-// abandons the export here, and the rest of the stream is skipped.
-// Variables that cannot be serialized are listed in the manifest's
-// NotSaved, with the reason.
+// It is StartExport and Export.Wait. Variables that cannot be serialized
+// are listed in the manifest's NotSaved, with the reason.
 func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*StateManifest, error) {
-	s := &exportSink{w: w}
-	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "export_state", "checkpoint": fromCheckpoint}, sink: s, what: "an export of its state"})
+	e, err := k.StartExport(ctx, w, fromCheckpoint, false)
 	if err != nil {
 		return nil, err
 	}
+	return e.Wait(ctx)
+}
+
+// Export is an export of a kernel's state under way (StartExport).
+type Export struct {
+	// Threads and Processes are what the state cannot carry (other
+	// threads; child processes, "PID COMMAND"), if asked for.
+	Threads   []string
+	Processes []string
+
+	f        *os.File // the state channel's pipe; nil when done already
+	w        io.Writer
+	manifest *StateManifest
+}
+
+// StartExport starts writing the user's variables to w (from checkpoint
+// fromCheckpoint if > 0), serialized by a forked copy of the kernel (or of
+// the checkpoint), and returns as soon as that copy exists: the kernel
+// (and its next cell) goes on while Wait streams the bytes to w. With
+// describe, the Export says which threads and child processes the state
+// does not carry. A kernel without the state channel (a launcher that did
+// not pass Files.State) streams on its event pipe instead: then
+// StartExport returns when the whole state is written.
+func (k *Kernel) StartExport(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool) (*Export, error) {
+	e := &Export{w: w}
+	if !k.stateChannel {
+		if describe {
+			ev, err := k.call(ctx, map[string]any{"op": "describe"}, "describe", "a description", checkpointDeadline, nil)
+			if err != nil {
+				return nil, fmt.Errorf("export state: %w", err)
+			}
+			e.Threads, e.Processes = ev.Threads, ev.Processes
+		}
+		s := &exportSink{w: w}
+		ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "export_state", "checkpoint": fromCheckpoint}, sink: s, what: "an export of its state"})
+		if err != nil {
+			return nil, err
+		}
+		if err := exportErr(ev, fromCheckpoint); err != nil {
+			return nil, err
+		}
+		if s.err != nil {
+			return nil, fmt.Errorf("export state: write: %w", s.err)
+		}
+		if ev.Manifest == nil {
+			return nil, errors.New("export state: the kernel sent no manifest")
+		}
+		e.manifest = ev.Manifest
+		return e, nil
+	}
+	var f *os.File
+	var ferr error
+	ev, err := k.converse(ctx, conversation{
+		req:  map[string]any{"op": "export_state", "checkpoint": fromCheckpoint, "channel": true, "describe": describe},
+		sink: &replySink{typ: "state_export", tagged: true}, what: "an export of its state", deadline: time.Now().Add(checkpointDeadline),
+		onReply: func(ev *wireEvent) {
+			if ev.Reason == "" && !ev.Gone {
+				f, ferr = k.p.recvStream(k.tag)
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if err := exportErr(ev, fromCheckpoint); err != nil {
+		return nil, err
+	}
+	if ferr != nil {
+		return nil, fmt.Errorf("export state: %w", ferr)
+	}
+	e.f, e.Threads, e.Processes = f, ev.Threads, ev.Processes
+	return e, nil
+}
+
+func exportErr(ev *wireEvent, fromCheckpoint int) error {
 	if fromCheckpoint > 0 {
 		if err := ev.checkpointErr(fromCheckpoint); err != nil {
-			return nil, fmt.Errorf("export state: %w", err)
+			return fmt.Errorf("export state: %w", err)
 		}
 	} else if ev.Reason != "" {
-		return nil, fmt.Errorf("export state: %s", ev.Reason)
+		return fmt.Errorf("export state: %s", ev.Reason)
 	}
-	if s.err != nil {
-		return nil, fmt.Errorf("export state: write: %w", s.err)
+	return nil
+}
+
+// statePipeSize is asked of every state pipe (F_SETPIPE_SZ; above
+// /proc/sys/fs/pipe-max-size the default 64 KiB stays), and is the size of
+// the host's writes to one.
+const statePipeSize = 1 << 20
+
+// maxManifest bounds the end record of a state stream.
+const maxManifest = 16 << 20
+
+// Wait copies the rest of the state to the writer given to StartExport
+// and returns the manifest. A ctx done abandons the export (the copy that
+// serializes stops at its next write).
+func (e *Export) Wait(ctx context.Context) (*StateManifest, error) {
+	if e.f == nil {
+		if e.manifest == nil {
+			return nil, errors.New("export state: already waited for")
+		}
+		m := e.manifest
+		e.manifest = nil
+		return m, nil
 	}
-	if ev.Manifest == nil {
-		return nil, errors.New("export state: the kernel sent no manifest")
+	defer e.Close()
+	stop := context.AfterFunc(ctx, func() { e.f.Close() })
+	defer stop()
+	var sc recordScanner
+	buf := make([]byte, 1<<20)
+	var werr error
+	for {
+		n, err := e.f.Read(buf)
+		if n > 0 {
+			if serr := sc.feed(buf[:n]); serr != nil {
+				return nil, fmt.Errorf("export state: %w", serr)
+			}
+			if werr == nil {
+				_, werr = e.w.Write(buf[:n])
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("export state: %w", err)
+		}
 	}
-	return ev.Manifest, nil
+	if werr != nil {
+		return nil, fmt.Errorf("export state: write: %w", werr)
+	}
+	if !sc.ended {
+		return nil, errors.New("export state: the process serializing the variables died before the end (it may have run out of memory)")
+	}
+	var m StateManifest
+	if err := json.Unmarshal(sc.end, &m); err != nil {
+		return nil, fmt.Errorf("export state: bad manifest: %w", err)
+	}
+	return &m, nil
+}
+
+// Close abandons the export if Wait has not finished it.
+func (e *Export) Close() {
+	if e.f != nil {
+		e.f.Close()
+	}
+}
+
+// recordScanner follows the records of a state stream (kind byte,
+// big-endian length, payload; see kernel.py) to find its end record.
+type recordScanner struct {
+	hdr   [9]byte
+	nh    int
+	left  uint64
+	end   []byte // the E record's payload
+	ended bool
+}
+
+func (s *recordScanner) feed(b []byte) error {
+	for len(b) > 0 {
+		if s.ended {
+			return errors.New("bytes after the end of the state stream")
+		}
+		if s.nh < 9 {
+			c := copy(s.hdr[s.nh:], b)
+			s.nh += c
+			b = b[c:]
+			if s.nh < 9 {
+				return nil
+			}
+			s.left = binary.BigEndian.Uint64(s.hdr[1:])
+			if s.hdr[0] == 'E' {
+				if s.left > maxManifest {
+					return fmt.Errorf("a state manifest of %d bytes", s.left)
+				}
+				s.end = make([]byte, 0, s.left)
+			}
+		}
+		n := min(s.left, uint64(len(b)))
+		if s.hdr[0] == 'E' {
+			s.end = append(s.end, b[:n]...)
+		}
+		s.left -= n
+		b = b[n:]
+		if s.left == 0 {
+			s.ended = s.hdr[0] == 'E'
+			s.nh = 0
+		}
+	}
+	return nil
 }
 
 // ImportState loads what ExportState wrote into this kernel's namespace,
@@ -148,6 +323,9 @@ func (k *Kernel) ExportState(ctx context.Context, w io.Writer, fromCheckpoint in
 // those the export could not save. If the stream itself is broken the
 // error says so; the variables loaded before the break stay.
 func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, error) {
+	if k.stateChannel {
+		return k.importChannel(ctx, r)
+	}
 	send := func(write func([]byte) error) error {
 		br := bufio.NewReaderSize(r, 1<<20)
 		buf := make([]byte, 768<<10)
@@ -185,6 +363,53 @@ func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, 
 		return nil, err
 	}
 	if ev.Reason != "" {
+		return nil, fmt.Errorf("import state: %s", ev.Reason)
+	}
+	if ev.Manifest == nil {
+		return nil, errors.New("import state: the kernel sent no manifest")
+	}
+	return ev.Manifest, nil
+}
+
+// importChannel is ImportState on the state channel: the bytes go raw
+// through a pipe the kernel reads as it loads them.
+func (k *Kernel) importChannel(ctx context.Context, r io.Reader) (*StateManifest, error) {
+	pr, pw, err := newStatePipe()
+	if err != nil {
+		return nil, fmt.Errorf("import state: %w", err)
+	}
+	defer pr.Close()
+	copied := make(chan error, 1)
+	go func() {
+		// Large writes: each wakes the kernel's read once (io.Copy's
+		// 32 KiB would wake it 32 times per MiB).
+		_, err := io.CopyBuffer(struct{ io.Writer }{pw}, struct{ io.Reader }{r}, make([]byte, statePipeSize))
+		pw.Close()
+		copied <- err
+	}()
+	var sendErr error
+	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "import_state", "channel": true}, sink: &replySink{typ: "import_state", tagged: true}, what: "an import of state",
+		before: func(tag int64) {
+			sendErr = k.p.sendStream(tag, pr)
+			pr.Close() // the kernel's now: its death ends our writes
+		},
+		onReply: func(ev *wireEvent) {
+			if ev.Reason == "" && ev.Manifest != nil {
+				k.count = ev.Manifest.ExecutionCount
+			}
+		}})
+	pw.Close() // unblocks the copy if the kernel stopped reading
+	cerr := <-copied
+	if err != nil {
+		return nil, err
+	}
+	if sendErr != nil {
+		return nil, fmt.Errorf("import state: %w", sendErr)
+	}
+	if ev.Reason != "" {
+		if cerr != nil && !errors.Is(cerr, os.ErrClosed) && !errors.Is(cerr, syscall.EPIPE) {
+			return nil, fmt.Errorf("import state: read: %w (the kernel: %s)", cerr, ev.Reason)
+		}
 		return nil, fmt.Errorf("import state: %s", ev.Reason)
 	}
 	if ev.Manifest == nil {
@@ -311,7 +536,9 @@ type conversation struct {
 	what     string // names the request in errors
 	deadline time.Time
 	// send, if not nil, writes more request lines after req.
-	send    func(write func([]byte) error) error
+	send func(write func([]byte) error) error
+	// before, if not nil, runs before req is written, with its tag.
+	before  func(tag int64)
 	onReply func(*wireEvent)
 }
 
@@ -334,6 +561,9 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 	c.req["tag"] = k.tag
 	if t, ok := c.sink.(interface{ setTag(int64) }); ok {
 		t.setTag(k.tag)
+	}
+	if c.before != nil {
+		c.before(k.tag)
 	}
 	b, _ := json.Marshal(c.req)
 	if err := k.p.writeRequest(append(b, '\n'), time.Now().Add(10*time.Second)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -50,6 +51,13 @@ func startJailed(t testing.TB, limits jail.Limits) *Kernel {
 
 func startJailedWith(t testing.TB, limits jail.Limits, opts *Options) *Kernel {
 	t.Helper()
+	return startJailedFiles(t, limits, opts, func(f Files) Files { return f })
+}
+
+// startJailedFiles is startJailedWith with the files the launcher hands
+// the kernel changed by files.
+func startJailedFiles(t testing.TB, limits jail.Limits, opts *Options, files func(Files) Files) *Kernel {
+	t.Helper()
 	if _, err := os.Stat(jail.DefaultPython); err != nil {
 		t.Skip("no " + jail.DefaultPython)
 	}
@@ -63,7 +71,7 @@ func startJailedWith(t testing.TB, limits jail.Limits, opts *Options) *Kernel {
 			Limits:     limits,
 			Files:      []jail.File{{Path: jailKernelPath, Data: Source, Mode: 0o444}},
 			Stderr:     os.Stderr,
-			ExtraFiles: f.List(),
+			ExtraFiles: files(f).List(),
 		})
 		if err != nil {
 			return nil, err
@@ -592,5 +600,86 @@ n = 3`)
 	}
 	if out := execOK(t, dst, "print(arr.shape, arr[511, 511], n, np.__name__)"); out != "(512, 512) 262143.0 3 numpy" {
 		t.Fatalf("after import: %s", out)
+	}
+}
+
+// TestExportChannel: on the state channel, the kernel answers (and runs
+// cells) as soon as the copy that serializes exists, while the state is
+// still streaming; the stream is the same one a kernel without the
+// channel sends on its event pipe, and either loads into the other.
+func TestExportChannel(t *testing.T) {
+	ctx := context.Background()
+	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	if !src.stateChannel {
+		t.Fatal("the kernel did not take its state channel")
+	}
+	execOK(t, src, `import numpy as np, pandas as pd, threading, time
+arr = np.arange(1 << 20, dtype='float64')  # 8 MiB: far more than a pipe holds
+df = pd.DataFrame({'a': arr[:1000], 'b': ['x'] * 1000})
+sq = lambda v: v * v
+ev = threading.Event()
+th = threading.Thread(target=ev.wait, name='waiter', daemon=True)
+th.start()`)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	e, err := src.StartExport(ctx, pw, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Threads) != 1 || !strings.Contains(e.Threads[0], "waiter") {
+		t.Errorf("threads %q, want the waiter", e.Threads)
+	}
+	// Nobody reads the state yet: the copy is blocked on its pipe, and
+	// the kernel is free.
+	if out := execOK(t, src, "arr[0] = -1\nprint(arr[:2].tolist())"); out != "[-1.0, 1.0]" {
+		t.Fatalf("a cell during the export: %s", out)
+	}
+	var state bytes.Buffer
+	read := make(chan error, 1)
+	go func() { _, err := io.Copy(&state, pr); read <- err }()
+	m, err := e.Wait(ctx)
+	pw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m.Variables, "arr") || !slices.Contains(m.Variables, "sq") || m.ExecutionCount != 1 {
+		t.Fatalf("manifest %+v", m)
+	}
+	// Loaded by a kernel without the channel (the bytes go as base64
+	// events), and its own export loaded by one with it.
+	plain := startJailedFiles(t, jail.Limits{Memory: 1 << 30}, nil, func(f Files) Files { f.State = nil; return f })
+	if plain.stateChannel {
+		t.Fatal("a kernel without fd 7 says it has the state channel")
+	}
+	if _, err := plain.ImportState(ctx, bytes.NewReader(state.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if out := execOK(t, plain, "arr[5] = 7\nprint(arr[:2].tolist(), arr.flags.writeable, df.b[999], sq(3))"); out != "[0.0, 1.0] True x 9" {
+		t.Fatalf("after import without the channel (the export was taken before the cell set arr[0]): %s", out)
+	}
+	var again bytes.Buffer
+	ee, err := plain.StartExport(ctx, &again, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ee.Threads) != 0 {
+		t.Errorf("threads of a kernel that has none: %q", ee.Threads)
+	}
+	if _, err := ee.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dst := startJailed(t, jail.Limits{Memory: 1 << 30})
+	got, err := dst.ImportState(ctx, &again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := execOK(t, dst, "print(arr[:2].tolist(), arr[5], arr.sum() > 0, sq(4))"); out != "[0.0, 1.0] 7.0 True 16" {
+		t.Fatalf("after import on the channel: %s (%+v)", out, got)
 	}
 }

@@ -24,19 +24,27 @@ import (
 var Source []byte
 
 // Files are the kernel's ends of its pipes. A Launcher must hand them to
-// kernel.py as descriptors 3, 4, 5 and 6 (see List); the kernel moves Stdout
-// and Stderr onto its descriptors 1 and 2 as it starts. The program's own
-// descriptors 1 and 2 carry only what Python says before that (a broken
-// installation, say).
+// kernel.py as descriptors 3, 4, 5, 6 and 7 (see List); the kernel moves
+// Stdout and Stderr onto its descriptors 1 and 2 as it starts. The
+// program's own descriptors 1 and 2 carry only what Python says before
+// that (a broken installation, say). State is optional: a kernel without
+// it streams its state through the event pipe, slower.
 type Files struct {
 	Requests *os.File // fd 3: requests, read end
 	Events   *os.File // fd 4: events, write end
 	Stdout   *os.File // fd 5: becomes fd 1
 	Stderr   *os.File // fd 6: becomes fd 2
+	State    *os.File // fd 7: the state channel, a unix seqpacket socket
 }
 
 // List returns the files in descriptor order, from 3, for exec.Cmd.ExtraFiles.
-func (f Files) List() []*os.File { return []*os.File{f.Requests, f.Events, f.Stdout, f.Stderr} }
+func (f Files) List() []*os.File {
+	l := []*os.File{f.Requests, f.Events, f.Stdout, f.Stderr}
+	if f.State != nil {
+		l = append(l, f.State)
+	}
+	return l
+}
 
 // Process is a started kernel program.
 type Process interface {
@@ -102,6 +110,8 @@ type Kernel struct {
 
 	count int   // owned by the holder of sem
 	tag   int64 // of the last request between cells; owned by the holder of sem
+
+	stateChannel bool // the kernel took fd 7 as its state channel (set at start)
 }
 
 // wireEvent is an Event as the kernel sends it.
@@ -110,6 +120,8 @@ type wireEvent struct {
 	Seq    int64  `json:"seq"` // of the marker before it, in the middle of a cell
 	Pid    int    `json:"pid"`
 	Python string `json:"python"`
+	// StateChannel, in the ready event: the kernel has the state channel.
+	StateChannel bool `json:"state_channel"`
 
 	// Replies about checkpoints and state (checkpoint.go).
 	Tag       int64            `json:"tag"` // the request's, echoed
@@ -195,6 +207,7 @@ type readySink struct {
 	stderr capture
 	ready  bool
 	log    *slog.Logger
+	state  bool // the kernel has the state channel
 }
 
 func (r *readySink) text(stream int, s string) {
@@ -207,6 +220,7 @@ func (r *readySink) event(ev *wireEvent) bool {
 	if ev.Type == "ready" {
 		r.log.Debug("kernel ready", "pid", ev.Pid, "python", ev.Python)
 		r.ready = true
+		r.state = ev.StateChannel
 		return true
 	}
 	return false
@@ -224,6 +238,7 @@ func (k *Kernel) awaitReady(ctx context.Context) error {
 			return err
 		}
 		if stopped {
+			k.stateChannel = r.state
 			return nil
 		}
 		if k.p.eof[streamEvents] || k.hasExited() {

@@ -34,6 +34,7 @@ type pipes struct {
 	req    int
 	fds    [3]int // events, stdout, stderr (read ends)
 	wakeFD int
+	state  int // our end of the state channel (statechan_linux.go)
 
 	mu     sync.Mutex // guards wakeFD against close
 	closed bool
@@ -49,9 +50,9 @@ type pipes struct {
 
 // newPipes makes the kernel's pipes: ours nonblocking in p, theirs in files.
 func newPipes(maxEvent int, token string) (p *pipes, files Files, err error) {
-	p = &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent,
+	p = &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, state: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent,
 		prefix: []byte("\x1b]sl;" + token + ";")}
-	var theirs [4]*os.File
+	var theirs [5]*os.File
 	defer func() {
 		if err != nil {
 			p.close()
@@ -95,7 +96,16 @@ func newPipes(maxEvent int, token string) (p *pipes, files Files, err error) {
 		err = fmt.Errorf("eventfd: %w", err)
 		return
 	}
-	files = Files{Requests: theirs[0], Events: theirs[1], Stdout: theirs[2], Stderr: theirs[3]}
+	var sp [2]int
+	if sp, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
+		err = fmt.Errorf("socketpair: %w", err)
+		return
+	}
+	p.state, theirs[4] = sp[0], os.NewFile(uintptr(sp[1]), "kernel-state")
+	if err = unix.SetNonblock(p.state, true); err != nil {
+		return
+	}
+	files = Files{Requests: theirs[0], Events: theirs[1], Stdout: theirs[2], Stderr: theirs[3], State: theirs[4]}
 	return p, files, nil
 }
 
@@ -106,7 +116,7 @@ func (p *pipes) close() {
 		return
 	}
 	p.closed = true
-	for _, fd := range append([]int{p.req, p.wakeFD}, p.fds[:]...) {
+	for _, fd := range append([]int{p.req, p.wakeFD, p.state}, p.fds[:]...) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}

@@ -4,6 +4,7 @@ package kernel
 
 import (
 	"errors"
+	"os"
 	"time"
 )
 
@@ -24,3 +25,7 @@ func (p *pipes) step(time.Duration, sink) (bool, error) { return false, errNeeds
 func (p *pipes) writeRequestListening([]byte, time.Time, sink) (bool, error) {
 	return false, errNeedsLinux
 }
+
+func (p *pipes) recvStream(int64) (*os.File, error) { return nil, errNeedsLinux }
+func (p *pipes) sendStream(int64, *os.File) error   { return errNeedsLinux }
+func newStatePipe() (r, w *os.File, err error)      { return nil, nil, errNeedsLinux }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -25,14 +27,51 @@ type forkSource struct {
 	parent     string
 	from       string
 	stateFile  string // the serialized variables
+	state      *os.File
+	grown      *growing       // how much of the state file is written
+	export     *kernel.Export // streaming into state
+	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
 	exported   *stateManifest
+	exportErr  error
 	store      *workspace.CheckpointStore
 	fileID     string // a handle of the parent's store, dropped after the fork
 	files      int
 	notCarried []string
 }
 
+// stream copies the export to the state file, and closes streamed.
+func (f *forkSource) stream(ctx context.Context) {
+	defer close(f.streamed)
+	f.exported, f.exportErr = f.export.Wait(ctx)
+	if err := f.state.Close(); f.exportErr == nil && err != nil {
+		f.exportErr = err
+	}
+	f.state = nil
+	f.grown.end(f.exportErr)
+}
+
+// wait returns once the variables are all in the state file.
+func (f *forkSource) wait(ctx context.Context) error {
+	select {
+	case <-f.streamed:
+		if f.exportErr != nil {
+			return fmt.Errorf("session %s: export its variables: %w", f.parent, f.exportErr)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (f *forkSource) close() {
+	if f.export != nil {
+		f.export.Close()
+	}
+	if f.streamed != nil {
+		<-f.streamed
+	} else if f.state != nil {
+		f.state.Close()
+	}
 	os.Remove(f.stateFile)
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
@@ -46,13 +85,14 @@ func (f *forkSource) close() {
 // mode) and is as isolated as any: its own jail, workspace and cgroup;
 // what one writes, the parent and the others never see.
 //
-// The variables cross by serialization in the kernel (dill where
-// installed, else pickle; modules by name), taken once from a dormant
-// copy of the parent's kernel, and its files are checkpointed once. The
-// bytes of the export pass through the parent's kernel, so the parent's
-// next cell waits until the export is done (a few ms for small state,
-// seconds for 100 MB); the children are then made and loaded while the
-// parent runs. What did not
+// The variables cross by serialization in the kernel (the C pickler
+// first, dill where installed for what it refuses; modules by name),
+// written once by a forked copy of the parent's kernel, and its files are
+// checkpointed once. The parent's turn is held for the file checkpoint
+// and the kernel's fork() only: the copy streams the state on the
+// kernel's state channel to a file while the parent runs on and the
+// children start; each child restores its files meanwhile, then imports
+// the state as it is written. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
@@ -88,6 +128,9 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		return nil, nil, err
 	}
 	defer src.close()
+	// The parent is free again: its state streams to the state file while
+	// the children start.
+	go src.stream(ctx)
 
 	children := make([]*Managed, n)
 	reports := make([]*Restored, n)
@@ -123,6 +166,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		src.export.Close() // if it still streams
 		for _, c := range children {
 			if c != nil {
 				c.Close()
@@ -173,21 +217,6 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		}
 		src.files, src.notCarried = r.Files, append([]string(nil), r.NotCarried...)
 	} else {
-		// A checkpoint of the kernel (a fork) pairs the variables with
-		// the files taken now, and says which threads and processes
-		// cannot follow.
-		ki, err := kc.Checkpoint(ctx)
-		if err != nil {
-			return nil, s.kernelErr("fork", err)
-		}
-		defer kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
-		from = ki.ID
-		for _, t := range ki.Threads {
-			src.notCarried = append(src.notCarried, "thread "+t)
-		}
-		for _, p := range ki.Processes {
-			src.notCarried = append(src.notCarried, "process "+p+" (stays with the parent)")
-		}
 		fc, err := st.Take(ws)
 		if err != nil {
 			return nil, fmt.Errorf("session %s: copy the workspace for a fork: %w", s.id, err)
@@ -201,13 +230,21 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 	if err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
-	src.stateFile = f.Name()
-	src.exported, err = kc.ExportState(ctx, f, from)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("session %s: fork: %w", s.id, cerr)
-	}
+	src.stateFile, src.state = f.Name(), f
+	src.grown = newGrowing()
+	// The kernel forks a copy that serializes the variables, and answers:
+	// the files taken above and the variables are of the same moment.
+	// The copy streams them to the state file after this turn.
+	src.export, err = kc.StartExport(ctx, growingWriter{f, src.grown}, from, from == 0)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
+	}
+	src.streamed = make(chan struct{})
+	for _, t := range src.export.Threads {
+		src.notCarried = append(src.notCarried, "thread "+t)
+	}
+	for _, p := range src.export.Processes {
+		src.notCarried = append(src.notCarried, "process "+p+" (stays with the parent)")
 	}
 	ok = true
 	return src, nil
@@ -233,12 +270,17 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: copy the files of %s: %w", s.id, src.parent, err)
 	}
+	// The variables as the parent's copy writes them: the import follows
+	// the state file while it grows.
 	f, err := os.Open(src.stateFile)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
-	imported, err := kc.ImportState(ctx, f)
+	imported, err := kc.ImportState(ctx, &followReader{f: f, g: src.grown})
 	f.Close()
+	if werr := src.wait(ctx); werr != nil {
+		return nil, werr // the export failed: say why, not what the import saw of it
+	}
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
@@ -254,4 +296,77 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	s.setRestored(res)
 	out := *res
 	return &out, nil
+}
+
+// growing tells readers of a file being written how far it is written.
+type growing struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int64
+	done bool
+	err  error
+}
+
+func newGrowing() *growing {
+	g := &growing{}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *growing) add(n int) {
+	g.mu.Lock()
+	g.n += int64(n)
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// end says the file is complete (err nil) or will never be.
+func (g *growing) end(err error) {
+	g.mu.Lock()
+	g.done, g.err = true, err
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// growingWriter writes to f and tells g.
+type growingWriter struct {
+	f *os.File
+	g *growing
+}
+
+func (w growingWriter) Write(b []byte) (int, error) {
+	n, err := w.f.Write(b)
+	w.g.add(n)
+	return n, err
+}
+
+// followReader reads a file written meanwhile, to its end once complete.
+type followReader struct {
+	f   *os.File
+	g   *growing
+	off int64
+}
+
+func (r *followReader) Read(p []byte) (int, error) {
+	r.g.mu.Lock()
+	for r.off >= r.g.n && !r.g.done {
+		r.g.cond.Wait()
+	}
+	avail, err := r.g.n-r.off, r.g.err
+	r.g.mu.Unlock()
+	if avail == 0 {
+		if err != nil {
+			return 0, err
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > avail {
+		p = p[:avail]
+	}
+	n, rerr := r.f.ReadAt(p, r.off)
+	r.off += int64(n)
+	if n == 0 && rerr != nil {
+		return 0, rerr
+	}
+	return n, nil
 }

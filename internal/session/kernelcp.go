@@ -15,6 +15,7 @@ type kernelCheckpoints interface {
 	DropCheckpoint(ctx context.Context, id int) error
 	CheckpointMemory(ctx context.Context) (map[int]int64, error)
 	ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*stateManifest, error)
+	StartExport(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool) (*kernel.Export, error)
 	ImportState(ctx context.Context, r io.Reader) (*stateManifest, error)
 }
 

@@ -385,7 +385,16 @@ func (z *Zygote) Fork(ctx context.Context, workspace string, limits jail.Limits,
 func (z *Zygote) fork(ctx context.Context, limits jail.Limits, fr forkRequest, f kernel.Files, tree int) (*Process, error) {
 	listenPort := fr.Listen
 	req, _ := json.Marshal(fr)
-	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), tree}
+	state := f.State
+	if state == nil { // no state channel: kernel.py sees /dev/null as fd 7 and does without
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, fmt.Errorf("zygote: %w", err)
+		}
+		defer null.Close()
+		state = null
+	}
+	fds := []int{int(f.Requests.Fd()), int(f.Events.Fd()), int(f.Stdout.Fd()), int(f.Stderr.Fd()), int(state.Fd()), tree}
 	for attempt := 0; ; attempt++ {
 		sp, err := z.take(ctx)
 		if err != nil {

@@ -19,8 +19,8 @@ host sends "more". On a spare's socket:
   host   -> "arm"                 both are now in the spare's cgroup
   kernel -> {"armed": true}       cgroup namespace, no capabilities,
                                   seccomp: ready for a session
-  host   -> the session: its settings and five descriptors (kernel.py's
-            fds 3-6 and the workspace's detached mount, from open_tree;
+  host   -> the session: its settings and six descriptors (kernel.py's
+            fds 3-7 and the workspace's detached mount, from open_tree;
             without root the workspace's directory and, in the settings,
             its path under the template's view of the host's temporary
             directory: see _clone_workspace)
@@ -307,8 +307,8 @@ def _receive(sock, nfds):
 
 
 def _above_kernel_fds(s):
-    """s, moved to a descriptor above kernel.py's 0-6."""
-    fd = fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 7)
+    """s, moved to a descriptor above kernel.py's 0-7."""
+    fd = fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 8)
     s.close()
     return socket.socket(fileno=fd)
 
@@ -342,14 +342,14 @@ def _kernel(sock, peer, kmod):
         sock.send(b'{"armed":true}')
     except BaseException as e:
         _fail(sock, 127, "arm the kernel", e)
-    msg, kfds = _receive(peer, 4)
+    msg, kfds = _receive(peer, 5)
     try:
         req = json.loads(msg)
         _set_rlimits(req)
         os.chdir("/workspace")
         # Exactly kernel.py's descriptors: 0-2 /dev/null, 3-6 the host's
-        # pipes; nothing else.
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 7) for fd in kfds]
+        # pipes, 7 its state channel; nothing else.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 8) for fd in kfds]
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -363,7 +363,7 @@ def _kernel(sock, peer, kmod):
         sock.send(b'{"kernel":true}')
     except BaseException as e:
         _fail(sock, 127, "start the kernel", e)
-    os.closerange(7, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.closerange(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     try:
         kmod.main()
     except (BrokenPipeError, KeyboardInterrupt):
@@ -401,13 +401,13 @@ def _spare(sock, kmod):
         ours.send(b"arm")
     except BaseException as e:
         _fail(sock, 125, "arm the spare", e)
-    msg, fds = _receive(sock, 5)
+    msg, fds = _receive(sock, 6)
     try:
         req = json.loads(msg)
-        _mount_session(req, fds[4])
+        _mount_session(req, fds[5])
         listener = _listen(int(req.get("listen") or 0))
-        socket.send_fds(ours, [msg], fds[:4])
-        for fd in fds[:4]:
+        socket.send_fds(ours, [msg], fds[:5])
+        for fd in fds[:5]:
             os.close(fd)
         ours.close()
         _set_rlimits(req)

@@ -1,0 +1,100 @@
+package kernel
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// The state channel: a unix seqpacket socket, the kernel's fd 7, on which
+// the host and the kernel pass each other one pipe per state stream, tagged
+// with the request's tag. The bytes then go raw through the pipe.
+
+// recvStream takes the pipe the kernel passed for the request tagged tag
+// (it passes it before it replies). Pipes of other tags (abandoned
+// exports) are closed.
+func (p *pipes) recvStream(tag int64) (*os.File, error) {
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(p.state, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return nil, errors.New("the kernel passed no state stream")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("state channel: %w", err)
+		}
+		if n == 0 && oobn == 0 {
+			return nil, errors.New("the kernel closed its state channel")
+		}
+		var fds []int
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				if r, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, r...)
+				}
+			}
+		}
+		var msg struct {
+			Tag int64 `json:"tag"`
+		}
+		if json.Unmarshal(buf[:n], &msg) != nil || msg.Tag != tag || len(fds) != 1 {
+			closeFDs(fds)
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fds[0], &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			unix.Close(fds[0])
+			return nil, errors.New("the kernel passed something else than a pipe for its state")
+		}
+		if err := unix.SetNonblock(fds[0], true); err != nil {
+			unix.Close(fds[0])
+			return nil, err
+		}
+		return os.NewFile(uintptr(fds[0]), "kernel-state-export"), nil
+	}
+}
+
+// sendStream passes the kernel f (a pipe's read end) for the request
+// tagged tag.
+func (p *pipes) sendStream(tag int64, f *os.File) error {
+	msg, _ := json.Marshal(map[string]int64{"tag": tag})
+	for {
+		err := unix.Sendmsg(p.state, msg, unix.UnixRights(int(f.Fd())), nil, unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("state channel: %w", err)
+		}
+		return nil
+	}
+}
+
+// newStatePipe makes a pipe for a state stream to a kernel: w ours
+// (nonblocking, for the runtime's poller), r for the kernel.
+func newStatePipe() (r, w *os.File, err error) {
+	var fd [2]int
+	if err := unix.Pipe2(fd[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, fmt.Errorf("pipe: %w", err)
+	}
+	unix.FcntlInt(uintptr(fd[1]), unix.F_SETPIPE_SZ, statePipeSize) // best effort
+	if err := unix.SetNonblock(fd[1], true); err != nil {
+		unix.Close(fd[0])
+		unix.Close(fd[1])
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(fd[0]), "kernel-state-import"), os.NewFile(uintptr(fd[1]), "kernel-state-import"), nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
