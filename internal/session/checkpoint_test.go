@@ -2,10 +2,9 @@ package session
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"io/fs"
 	"maps"
 	"os"
@@ -18,45 +17,9 @@ import (
 	"github.com/sandloop/sandloop/internal/zygote"
 )
 
-// wsTree describes every entry of a workspace byte for byte: type,
-// permission bits, a file's SHA-256, a symlink's target.
+// wsTree describes every entry of a workspace byte for byte.
 func wsTree(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch m := fi.Mode(); {
-		case m.IsDir():
-			out[rel] = fmt.Sprintf("dir %v", m.Perm())
-		case m&fs.ModeSymlink != 0:
-			l, _ := os.Readlink(p)
-			out[rel] = "link " + l
-		case m.IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h := sha256.Sum256(b)
-			out[rel] = fmt.Sprintf("file %v %s", m.Perm(), hex.EncodeToString(h[:]))
-		default:
-			out[rel] = "other"
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.Tree(t, dir, false)
 }
 
 func treeDiff(want, have map[string]string) string {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -98,45 +99,9 @@ func mustWrite(t *testing.T, p string, data []byte, mode fs.FileMode) {
 	}
 }
 
-// tree describes every entry under dir: type, permission bits, content
-// hash or link target, and the mtime of files.
+// tree describes every entry under dir byte for byte, mtimes included.
 func tree(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			l, _ := os.Readlink(p)
-			out[rel] = "symlink -> " + l
-		case fi.IsDir():
-			out[rel] = fmt.Sprintf("dir %v", fi.Mode().Perm())
-		case !fi.Mode().IsRegular():
-			out[rel] = "other " + fi.Mode().String() // never opened: a FIFO would block
-		default:
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h := sha256.Sum256(b)
-			out[rel] = fmt.Sprintf("file %v %x %d mtime %d", fi.Mode().Perm(), h[:8], len(b), fi.ModTime().UnixNano())
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.Tree(t, dir, true)
 }
 
 func diffTrees(t *testing.T, want, got map[string]string) {

@@ -1,10 +1,9 @@
 package workspace
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"io/fs"
 	"maps"
 	"os"
@@ -27,45 +26,9 @@ func newStore(t testing.TB) *CheckpointStore {
 	return s
 }
 
-// treeOf describes every entry under dir, byte for byte: type, permission
-// bits, a file's content hash, a symlink's target.
+// treeOf describes every entry under dir byte for byte, mtimes included.
 func treeOf(t testing.TB, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch m := fi.Mode(); {
-		case m.IsDir():
-			out[rel] = fmt.Sprintf("dir %v", m.Perm())
-		case m&fs.ModeSymlink != 0:
-			link, _ := os.Readlink(p)
-			out[rel] = "link " + link
-		case m.IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h := sha256.Sum256(b)
-			out[rel] = fmt.Sprintf("file %v %s mtime %d", m.Perm(), hex.EncodeToString(h[:]), fi.ModTime().UnixNano())
-		default:
-			out[rel] = "other " + m.Type().String()
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.Tree(t, dir, true)
 }
 
 func writeFile(t testing.TB, dir, rel, content string, mode fs.FileMode) {
