@@ -242,14 +242,10 @@ func cmpOr[T int | int64](v, def T) T {
 // checkpoint takes one, under the turn: the kernel's copy, then the
 // files', then the bound on what checkpoints hold.
 func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRecord, error) {
-	k, err := s.kernel()
+	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
 	}
-	if err := k.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
-	}
-	kc := checkpointsOf(k)
 	if !auto {
 		if n := s.countCheckpoints(false); n >= s.maxCheckpoints() {
 			return nil, &LimitError{Name: "checkpoints", Requested: strconv.Itoa(n + 1), Max: strconv.Itoa(s.maxCheckpoints()),
@@ -502,14 +498,10 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 // restore puts the session back at r, under the turn: the kernel first
 // (a copy that is gone leaves the files untouched), then the files.
 func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Restored, error) {
-	k, err := s.kernel()
+	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
 	}
-	if err := k.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
-	}
-	kc := checkpointsOf(k)
 	st, ws, err := s.checkpointFiles()
 	if err != nil {
 		return nil, err

@@ -185,14 +185,10 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		return nil, err
 	}
 	defer s.release()
-	k, err := s.kernel()
+	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
 	}
-	if err := k.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
-	}
-	kc := checkpointsOf(k)
 	st, ws, err := s.checkpointFiles()
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -31,3 +32,16 @@ var errCheckpointGone = kernel.ErrCheckpointGone
 
 // checkpointsOf returns k's checkpoint API.
 func checkpointsOf(k *kernel.Kernel) kernelCheckpoints { return k }
+
+// liveCheckpoints is the checkpoint side of the session's kernel, which
+// must be alive (ErrRestartRequired if it died).
+func (s *Session) liveCheckpoints() (kernelCheckpoints, error) {
+	k, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	return checkpointsOf(k), nil
+}
