@@ -125,7 +125,8 @@ func TestIdleActionPause(t *testing.T) {
 func TestPausedTimeout(t *testing.T) {
 	needGroups(t)
 	ctx := context.Background()
-	m := NewManager(&ManagerOptions{IdleTimeout: time.Hour, PausedTimeout: 100 * time.Millisecond, ReapInterval: time.Hour})
+	// Times far apart, so a slow Pause on a busy machine cannot cross them.
+	m := NewManager(&ManagerOptions{IdleTimeout: 24 * time.Hour, PausedTimeout: time.Hour, ReapInterval: time.Hour})
 	t.Cleanup(func() { m.Close() })
 	a, err := m.Create(ctx, CreateOptions{Owner: "o"})
 	if err != nil {
@@ -137,7 +138,7 @@ func TestPausedTimeout(t *testing.T) {
 	if n := m.Reap(time.Now()); n != 0 {
 		t.Fatalf("a freshly paused session was reaped")
 	}
-	if n := m.Reap(time.Now().Add(time.Second)); n != 1 || alive(m, a) {
+	if n := m.Reap(time.Now().Add(2 * time.Hour)); n != 1 || alive(m, a) {
 		t.Errorf("a session paused past PausedTimeout was not closed")
 	}
 }
