@@ -49,6 +49,10 @@ const (
 	TokenHeader = "X-Sandloop-Port-Token"
 )
 
+// SandboxPolicy is the policy the native route adds to an app's answers:
+// an opaque origin of its own, with scripts, forms, popups and downloads.
+const SandboxPolicy = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+
 // Target is one port of one session.
 type Target struct {
 	ID   string
@@ -188,6 +192,13 @@ type Options struct {
 	DropAuthorization bool
 	// DropHeaders are more headers of the face's own credentials, removed.
 	DropHeaders []string
+	// Sandbox marks the app's answers with Content-Security-Policy:
+	// sandbox (scripts allowed, same origin not), for a route on the
+	// server's own origin: there an app's page would otherwise run in the
+	// origin of the web UI and the API (the UI keeps its token in that
+	// origin's storage). The host route (PORT-ID.localhost) is an origin of
+	// its own and needs none.
+	Sandbox bool
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -243,6 +254,12 @@ func Serve(w http.ResponseWriter, r *http.Request, d Dialer, port int, o *Option
 			ResponseHeaderTimeout: 0,
 		},
 		FlushInterval: -1, // stream as the app writes (server-sent events, long polls)
+		ModifyResponse: func(resp *http.Response) error {
+			if opts.Sandbox {
+				resp.Header.Add("Content-Security-Policy", SandboxPolicy)
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			log.Debug("port proxy", "port", port, "err", err)
 			msg := fmt.Sprintf("port %d: %v", port, err)

@@ -209,7 +209,9 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ms.Touch()
-	portproxy.Serve(w, r, ms, port, &portproxy.Options{Path: "/" + r.PathValue("path"), Prefix: prefix, DropAuthorization: dropAuth, Logger: s.log})
+	// On the API's own origin: the app's pages run sandboxed (an opaque
+	// origin), never with access to the web UI's storage and its token.
+	portproxy.Serve(w, r, ms, port, &portproxy.Options{Path: "/" + r.PathValue("path"), Prefix: prefix, DropAuthorization: dropAuth, Sandbox: true, Logger: s.log})
 }
 
 // serveHostPort is the host route: PORT-ID.localhost, before the API's

@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/portproxy"
 	"github.com/sandloop/sandloop/internal/session"
 )
 
@@ -95,6 +97,11 @@ func TestPortsReachAnAppInTheSandbox(t *testing.T) {
 	if got.Headers["X-Forwarded-Prefix"] != "/v1/sessions/"+id+"/ports/8000" {
 		t.Errorf("X-Forwarded-Prefix: %v", got.Headers)
 	}
+	// On the API's origin the app's pages are sandboxed (an opaque origin:
+	// no reach into the web UI's storage, where its token is).
+	if csp := resp.Header.Values("Content-Security-Policy"); !slices.Contains(csp, portproxy.SandboxPolicy) {
+		t.Errorf("native route's Content-Security-Policy %q, want %q", csp, portproxy.SandboxPolicy)
+	}
 
 	// Another owner's token, or none: refused, saying how to get in.
 	for _, tok := range []string{tokenB, ""} {
@@ -124,7 +131,7 @@ func TestPortsReachAnAppInTheSandbox(t *testing.T) {
 		}
 		return resp, e
 	}
-	if resp, e := hostReq(http.DefaultClient, wantHost+"static/app.js", tokenA); resp.StatusCode != 200 || e.Path != "/static/app.js" {
+	if resp, e := hostReq(http.DefaultClient, wantHost+"static/app.js", tokenA); resp.StatusCode != 200 || resp.Header.Get("Content-Security-Policy") != "" || e.Path != "/static/app.js" {
 		t.Fatalf("host route with the token: %d %+v", resp.StatusCode, e)
 	}
 	if resp, _ := hostReq(http.DefaultClient, wantHost, ""); resp.StatusCode != 403 {
