@@ -371,6 +371,46 @@ func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, 
 	return ev.Manifest, nil
 }
 
+// ImportStateFile is ImportState from f, a state file (NewStateFile)
+// holding a whole export. Sealed (SealStateFile) and given to a kernel
+// with the state channel, f is not copied: the kernel maps it
+// copy-on-write (MAP_PRIVATE) and loads the variables over that memory,
+// so the large buffers (numpy arrays, pandas blocks) of every kernel given
+// the same file share its pages until one writes to them, and a write
+// stays in the writer's own copy. Otherwise f is read as ImportState reads.
+// f is the caller's: it can be given to other kernels, and closed at any
+// time after (the mappings keep what they need).
+func (k *Kernel) ImportStateFile(ctx context.Context, f *os.File) (*StateManifest, error) {
+	if !k.stateChannel || !sealedStateFile(f) {
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("import state: %w", err)
+		}
+		return k.ImportState(ctx, io.NewSectionReader(f, 0, fi.Size()))
+	}
+	var sendErr error
+	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "import_state", "channel": true}, sink: &replySink{typ: "import_state", tagged: true}, what: "an import of state",
+		before: func(tag int64) { sendErr = k.p.sendStream(tag, f) },
+		onReply: func(ev *wireEvent) {
+			if ev.Reason == "" && ev.Manifest != nil {
+				k.count = ev.Manifest.ExecutionCount
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if sendErr != nil {
+		return nil, fmt.Errorf("import state: %w", sendErr)
+	}
+	if ev.Reason != "" {
+		return nil, fmt.Errorf("import state: %s", ev.Reason)
+	}
+	if ev.Manifest == nil {
+		return nil, errors.New("import state: the kernel sent no manifest")
+	}
+	return ev.Manifest, nil
+}
+
 // importChannel is ImportState on the state channel: the bytes go raw
 // through a pipe the kernel reads as it loads them.
 func (k *Kernel) importChannel(ctx context.Context, r io.Reader) (*StateManifest, error) {

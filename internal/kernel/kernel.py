@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -713,8 +714,8 @@ def _processes_now():
             continue
         try:
             with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(b")") + 2 :].split()
+                raw = f.read()
+            fields = raw[raw.rindex(b")") + 2 :].split()
             if fields[0] == b"Z":
                 continue  # ended, not yet reaped
             parent[int(name)] = int(fields[1])
@@ -1194,6 +1195,7 @@ def _become_anchor(live):
 #      array's or a pandas block's memory), raw, in order
 #   F  the variable is complete: load it
 #   X  the variable failed: forget its pieces
+#   P  padding before a B record (its payload starts at a multiple of BUF_ALIGN)
 #   E  the end, JSON: the manifest (variables, not_saved, execution_count)
 # Each variable is serialized on its own: one that fails does not stop the
 # others. The C pickler (protocol 5, large buffers out of band: written
@@ -1210,6 +1212,7 @@ def _become_anchor(live):
 
 CHUNK = 3 << 18  # raw bytes per state_data event (768 KiB)
 RAW_SMALL = 256 << 10  # raw records are gathered up to this, larger parts written directly
+BUF_ALIGN = 64  # where buffers start in a stream (a cache line; numpy wants at most 16)
 F_SETPIPE_SZ = 1031
 STATE_PIPE = 1 << 20
 
@@ -1248,11 +1251,14 @@ class _StateOut:
     def __init__(self, fd):
         self.fd = fd
         self.buf = bytearray()
+        self.pos = 0  # bytes of records so far
         # Lines stay well below the host's bound on one event.
         self.chunk = max(3 << 10, min(CHUNK, (S.max_event - 1024) // 4 * 3))
 
     def record(self, kind, *parts):
-        self.buf += kind + struct.pack(">Q", sum(_nbytes(p) for p in parts))
+        size = sum(_nbytes(p) for p in parts)
+        self.pos += 9 + size
+        self.buf += kind + struct.pack(">Q", size)
         for p in parts:
             if len(self.buf) + _nbytes(p) < self.chunk:
                 self.buf += p
@@ -1289,9 +1295,12 @@ class _RawOut:
     def __init__(self, fd):
         self.fd = fd
         self.buf = bytearray()
+        self.pos = 0  # bytes of records so far
 
     def record(self, kind, *parts):
-        self.buf += kind + struct.pack(">Q", sum(_nbytes(p) for p in parts))
+        size = sum(_nbytes(p) for p in parts)
+        self.pos += 9 + size
+        self.buf += kind + struct.pack(">Q", size)
         for p in parts:
             if len(self.buf) + _nbytes(p) <= RAW_SMALL:
                 self.buf += p
@@ -1370,6 +1379,10 @@ def _export_child(ns, out):
                     bufs = []
                     fast(_Pieces(out), protocol=5, buffer_callback=bufs.append).dump(value)
                     for b in bufs:
+                        # A P record first, so that the buffer starts at a
+                        # multiple of BUF_ALIGN in the stream: a kernel that
+                        # maps the stream loads aligned arrays over it.
+                        out.record(b"P", bytes(-(out.pos + 18) % BUF_ALIGN))
                         out.record(b"B", b.raw())
                     del bufs
                 else:
@@ -1618,7 +1631,45 @@ class _FdSource:
         self.f.close()
 
 
-_KINDS = frozenset(b"HMVWDBFXE")
+_KINDS = frozenset(b"HMVWDBFXEP")
+
+
+class _MapSource:
+    """A state stream in a sealed state file (a memfd the host wrote and
+    sealed), mapped copy-on-write: its buffers are taken as views of the
+    mapping, not copied, so the arrays loaded over them share the file's
+    pages with every kernel that mapped it until written to; a write makes
+    a private copy of the page (MAP_PRIVATE), which no other kernel sees.
+    The mapping lives as long as one of those arrays does."""
+
+    gone = False
+    abort = None
+
+    def __init__(self, fd, size):
+        import mmap
+
+        try:
+            m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.view = memoryview(m)
+        self.off = 0
+
+    def readinto(self, view):
+        n = max(0, min(len(view), len(self.view) - self.off))
+        view[:n] = self.view[self.off : self.off + n]
+        self.off += n
+        return n
+
+    def take(self, n):
+        if self.off + n > len(self.view):
+            raise EOFError
+        v = self.view[self.off : self.off + n]
+        self.off += n
+        return v
+
+    def finish(self):
+        self.view = memoryview(b"")
 
 
 def _load_stream(ns, src):
@@ -1631,7 +1682,11 @@ def _load_stream(ns, src):
     hdr = bytearray(9)
     hv = memoryview(hdr)
 
+    take = getattr(src, "take", None)
+
     def read(n):
+        if take is not None:
+            return take(n)  # a view of the mapped stream
         b = bytearray(n)
         if src.readinto(memoryview(b)) != n:
             raise EOFError
@@ -1651,17 +1706,23 @@ def _load_stream(ns, src):
             if kind not in b"DB" and n > 64 << 20:
                 raise ValueError("not a state stream (a record of %d bytes)" % n)
             payload = read(n)
+            if kind not in b"DB":
+                payload = bytes(payload)
+            if kind == ord("P"):
+                continue
             if kind == ord("D"):
                 if data is None:
                     raise ValueError("a piece outside a variable")
-                if data:
+                if len(data):
+                    if not isinstance(data, bytearray):
+                        data = bytearray(data)
                     data += payload
                 else:
                     data = payload
             elif kind == ord("B"):
                 if bufs is None:
                     raise ValueError("a buffer outside a variable")
-                bufs.append(payload)  # writable: arrays loaded on it are too
+                bufs.append(payload)  # writable (a bytearray, or a view of a private mapping): arrays loaded on it are too
             elif kind == ord("H"):
                 head = json.loads(payload)
                 if head.get("version") not in (1, 2):
@@ -1740,7 +1801,15 @@ def import_state(ns, req):
         if fd is None:
             _reply({"type": "import_state", "reason": "the host passed no state stream"})
             return True
-        src = _FdSource(fd)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+            try:
+                src = _MapSource(fd, st.st_size)
+            except (OSError, ValueError) as e:
+                _reply({"type": "import_state", "reason": "cannot map the state: %s" % _reason(e)})
+                return True
+        else:
+            src = _FdSource(fd)
     else:
         src = _LineSource()
     loaded, not_saved, exported, error = _load_stream(ns, src)

@@ -98,3 +98,36 @@ func closeFDs(fds []int) {
 		unix.Close(fd)
 	}
 }
+
+// NewStateFile makes an anonymous file in memory (a memfd) to hold an
+// exported state: written once (ExportState or StartExport into it), then
+// sealed (SealStateFile) and imported by any number of kernels
+// (ImportStateFile), which map it instead of reading it.
+func NewStateFile(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("state file: memfd_create: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// stateSeals make a state file unchangeable for good: no write, no resize,
+// and the seals themselves cannot be removed.
+const stateSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// SealStateFile forbids every change to f, a NewStateFile, from now on,
+// through any descriptor or mapping: a kernel given it can map it
+// copy-on-write but never change what other kernels map.
+func SealStateFile(f *os.File) error {
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, stateSeals); err != nil {
+		return fmt.Errorf("seal the state file: %w", err)
+	}
+	return nil
+}
+
+// sealedStateFile reports whether f is a sealed NewStateFile, which a
+// kernel may be given to map.
+func sealedStateFile(f *os.File) bool {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	return err == nil && seals&stateSeals == stateSeals
+}

@@ -3,6 +3,10 @@ package session
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,7 +131,11 @@ func BenchmarkFork(b *testing.B) {
 		newT = append(newT, time.Since(t0))
 		s.Close()
 	}
+	stages := &stageTimes{d: map[string][]time.Duration{}}
+	forkStageHook = stages.add
+	b.Cleanup(func() { forkStageHook = nil })
 	var forkT, stallT []time.Duration
+	var childMem []int64
 	for b.Loop() {
 		stop := make(chan struct{})
 		var stall time.Duration
@@ -153,18 +161,38 @@ func BenchmarkFork(b *testing.B) {
 			b.Fatal(err)
 		}
 		stallT = append(stallT, stall)
+		childMem = append(childMem, privateMemory(b, kids[0].Session))
 		kids[0].Close()
 	}
 	b.StopTimer()
+	one := stages.reset()
+	fresh, err := m.Create(ctx, CreateOptions{Owner: "b"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	freshMem := privateMemory(b, fresh.Session)
+	fresh.Close()
 	t0 := time.Now()
 	kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{Count: 10})
 	ten := time.Since(t0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	tenStages := stages.reset()
+	var tenMem []int64
+	for _, k := range kids {
+		tenMem = append(tenMem, privateMemory(b, k.Session))
+	}
 	for _, k := range kids {
 		k.Close()
 	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	b.Logf("load average: %s", strings.TrimSpace(string(load)))
+	b.Logf("stages of one fork (p50): %s", one)
+	b.Logf("stages of a fork into 10 (p50 of each child's): %s", tenStages)
+	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
+		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
+	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
 	mf, mn, ms := median(forkT), median(newT), median(stallT)
 	b.ReportMetric(float64(mf.Microseconds())/1e3, "fork-ms")
 	b.ReportMetric(float64(ten.Microseconds())/1e3, "fork10-ms")
@@ -174,3 +202,55 @@ func BenchmarkFork(b *testing.B) {
 	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; new session + re-running the cells p50 %v (n=%d); ratio (new+rebuild)/fork %.2f",
 		how, mf, len(forkT), ten, ms, mn, len(newT), float64(mn)/float64(mf))
 }
+
+// stageTimes gathers forkStageHook's reports.
+type stageTimes struct {
+	mu sync.Mutex
+	d  map[string][]time.Duration
+}
+
+func (s *stageTimes) add(stage string, d time.Duration) {
+	s.mu.Lock()
+	s.d[stage] = append(s.d[stage], d)
+	s.mu.Unlock()
+}
+
+// reset returns the medians so far, by stage, and forgets them.
+func (s *stageTimes) reset() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, k := range []string{"source", "source-turn", "source-files", "export", "create", "files", "import"} {
+		if d := s.d[k]; len(d) > 0 {
+			out = append(out, fmt.Sprintf("%s %v", k, median(d).Round(100*time.Microsecond)))
+		}
+	}
+	s.d = map[string][]time.Duration{}
+	return strings.Join(out, ", ")
+}
+
+// privateMemory is the private memory of the session's kernel process
+// (smaps_rollup's Private_Clean + Private_Dirty, in bytes), read by a cell.
+func privateMemory(b *testing.B, s *Session) int64 {
+	b.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: "print(sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('Private_')) * 1024)"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(r.Stdout), 10, 64)
+	if err != nil {
+		b.Fatalf("private memory: %q %s %v", r.Stdout, r.Stderr, r.Error)
+	}
+	return n
+}
+
+func medianInt(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }

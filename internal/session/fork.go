@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/workspace"
@@ -22,13 +22,12 @@ type ForkOptions struct {
 }
 
 // forkSource is what a fork copies from its parent: its variables,
-// serialized once, and its files, as a checkpoint in the parent's store.
+// serialized once into a state file in memory, and its files, as a
+// checkpoint in the parent's store.
 type forkSource struct {
 	parent     string
 	from       string
-	stateFile  string // the serialized variables
-	state      *os.File
-	grown      *growing       // how much of the state file is written
+	state      *os.File       // the serialized variables (kernel.NewStateFile), sealed once complete
 	export     *kernel.Export // streaming into state
 	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
 	exported   *stateManifest
@@ -39,15 +38,14 @@ type forkSource struct {
 	notCarried []string
 }
 
-// stream copies the export to the state file, and closes streamed.
+// stream copies the export to the state file, seals it, and closes
+// streamed.
 func (f *forkSource) stream(ctx context.Context) {
 	defer close(f.streamed)
 	f.exported, f.exportErr = f.export.Wait(ctx)
-	if err := f.state.Close(); f.exportErr == nil && err != nil {
-		f.exportErr = err
+	if f.exportErr == nil {
+		f.exportErr = kernel.SealStateFile(f.state)
 	}
-	f.state = nil
-	f.grown.end(f.exportErr)
 }
 
 // wait returns once the variables are all in the state file.
@@ -69,10 +67,10 @@ func (f *forkSource) close() {
 	}
 	if f.streamed != nil {
 		<-f.streamed
-	} else if f.state != nil {
-		f.state.Close()
 	}
-	os.Remove(f.stateFile)
+	if f.state != nil {
+		f.state.Close() // the children's mappings keep what they use
+	}
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
 	}
@@ -90,9 +88,13 @@ func (f *forkSource) close() {
 // written once by a forked copy of the parent's kernel, and its files are
 // checkpointed once. The parent's turn is held for the file checkpoint
 // and the kernel's fork() only: the copy streams the state on the
-// kernel's state channel to a file while the parent runs on and the
-// children start; each child restores its files meanwhile, then imports
-// the state as it is written. What did not
+// kernel's state channel into a state file in memory (a memfd) while the
+// parent runs on and the children start; each child restores its files
+// meanwhile. Once the state is complete the file is sealed and every
+// child maps it copy-on-write (kernel.ImportStateFile): the large buffers
+// (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
+// so the children share those pages until one writes to them, and a
+// child's write stays its own. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
@@ -123,14 +125,20 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	if room < n {
 		return nil, nil, fmt.Errorf("%w: a fork into %d sessions needs %d free, %d are", ErrCapacity, n, n, max(room, 0))
 	}
+	t0 := time.Now()
 	src, err := parent.Session.forkSource(ctx, o.Checkpoint)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.close()
+	forkStage("source", t0)
 	// The parent is free again: its state streams to the state file while
 	// the children start.
-	go src.stream(ctx)
+	go func() {
+		t0 := time.Now()
+		src.stream(ctx)
+		forkStage("export", t0)
+	}()
 
 	children := make([]*Managed, n)
 	reports := make([]*Restored, n)
@@ -141,6 +149,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			t0 := time.Now()
 			child, err := m.Create(ctx, CreateOptions{
 				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
 				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
@@ -151,6 +160,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 				return
 			}
 			children[i] = child
+			forkStage("create", t0)
 			if parent.Egress != nil {
 				// The list in force now, which may have changed since the
 				// parent was created (SetAllowlist).
@@ -193,6 +203,8 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
+	defer forkStage("source-turn", t0)
 	src := &forkSource{parent: s.id, store: st, from: "fork of " + s.id}
 	ok := false
 	defer func() {
@@ -222,16 +234,14 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 			src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
 		}
 	}
-	f, err := os.CreateTemp(st.Dir(), "state-*")
-	if err != nil {
+	forkStage("source-files", t0)
+	if src.state, err = kernel.NewStateFile("sandloop-fork-" + s.id); err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
-	src.stateFile, src.state = f.Name(), f
-	src.grown = newGrowing()
 	// The kernel forks a copy that serializes the variables, and answers:
 	// the files taken above and the variables are of the same moment.
 	// The copy streams them to the state file after this turn.
-	src.export, err = kc.StartExport(ctx, growingWriter{f, src.grown}, from, from == 0)
+	src.export, err = kc.StartExport(ctx, src.state, from, from == 0)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
 	}
@@ -261,22 +271,20 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	_, err = src.store.Restore(ws, src.fileID)
 	ws.Close()
+	forkStage("files", t0)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: copy the files of %s: %w", s.id, src.parent, err)
 	}
-	// The variables as the parent's copy writes them: the import follows
-	// the state file while it grows.
-	f, err := os.Open(src.stateFile)
-	if err != nil {
-		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
+	// The variables, mapped from the state file once it is complete.
+	if err := src.wait(ctx); err != nil {
+		return nil, err
 	}
-	imported, err := kc.ImportState(ctx, &followReader{f: f, g: src.grown})
-	f.Close()
-	if werr := src.wait(ctx); werr != nil {
-		return nil, werr // the export failed: say why, not what the import saw of it
-	}
+	t0 = time.Now()
+	imported, err := kc.ImportStateFile(ctx, src.state)
+	forkStage("import", t0)
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
@@ -294,75 +302,14 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	return &out, nil
 }
 
-// growing tells readers of a file being written how far it is written.
-type growing struct {
-	mu   sync.Mutex
-	cond *sync.Cond
-	n    int64
-	done bool
-	err  error
-}
+// forkStageHook, if set (by benchmarks), is told how long each stage of a
+// fork took: "source" (the parent's part, lease included), "source-turn"
+// (under its turn), "source-files" (its files' checkpoint), "export" (the
+// state written), and per child "create", "files", "import".
+var forkStageHook func(stage string, d time.Duration)
 
-func newGrowing() *growing {
-	g := &growing{}
-	g.cond = sync.NewCond(&g.mu)
-	return g
-}
-
-func (g *growing) add(n int) {
-	g.mu.Lock()
-	g.n += int64(n)
-	g.mu.Unlock()
-	g.cond.Broadcast()
-}
-
-// end says the file is complete (err nil) or will never be.
-func (g *growing) end(err error) {
-	g.mu.Lock()
-	g.done, g.err = true, err
-	g.mu.Unlock()
-	g.cond.Broadcast()
-}
-
-// growingWriter writes to f and tells g.
-type growingWriter struct {
-	f *os.File
-	g *growing
-}
-
-func (w growingWriter) Write(b []byte) (int, error) {
-	n, err := w.f.Write(b)
-	w.g.add(n)
-	return n, err
-}
-
-// followReader reads a file written meanwhile, to its end once complete.
-type followReader struct {
-	f   *os.File
-	g   *growing
-	off int64
-}
-
-func (r *followReader) Read(p []byte) (int, error) {
-	r.g.mu.Lock()
-	for r.off >= r.g.n && !r.g.done {
-		r.g.cond.Wait()
+func forkStage(stage string, since time.Time) {
+	if h := forkStageHook; h != nil {
+		h(stage, time.Since(since))
 	}
-	avail, err := r.g.n-r.off, r.g.err
-	r.g.mu.Unlock()
-	if avail == 0 {
-		if err != nil {
-			return 0, err
-		}
-		return 0, io.EOF
-	}
-	if int64(len(p)) > avail {
-		p = p[:avail]
-	}
-	n, rerr := r.f.ReadAt(p, r.off)
-	r.off += int64(n)
-	if n == 0 && rerr != nil {
-		return 0, rerr
-	}
-	return n, nil
 }

@@ -179,3 +179,39 @@ func TestForkLimits(t *testing.T) {
 		t.Errorf("mallory sees %d sessions", len(got))
 	}
 }
+
+// TestForkSharesBuffers forks a session holding a numpy array: each child
+// loads it over the shared state file's mapping (not a copy of its own),
+// and a write to it in one child is seen by neither the parent nor the
+// sibling.
+func TestForkSharesBuffers(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, "import numpy as np, mmap\nv_a = np.arange(1 << 20, dtype=np.float64)\nv_b = bytearray(b'abc')"))
+	children, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range children {
+		// The array's memory is the mapping of the state file.
+		got := managedText(t, c, "b = v_a.base\nwhile b is not None and not isinstance(b, mmap.mmap): b = getattr(b, 'obj', None) if isinstance(b, memoryview) else getattr(b, 'base', None)\n(type(b).__name__, v_a.flags.writeable, v_a.ctypes.data % 64, float(v_a[12345]))")
+		if got != "('mmap', True, 0, 12345.0)" {
+			t.Errorf("child %d: the array's memory, writable, alignment, a value: %s; want the mapped state file, writable, aligned", i, got)
+		}
+	}
+	mustOK(t, runCode(t, children[0].Session, "v_a[:] = -1\nv_b[0] = ord('z')"))
+	if got := managedText(t, children[0], "float(v_a.sum()), bytes(v_b)"); got != fmt.Sprintf("(%d.0, b'zbc')", -(1<<20)) {
+		t.Errorf("child 0 after its write: %s", got)
+	}
+	want := fmt.Sprintf("(%d.0, b'abc')", (1<<20)*((1<<20)-1)/2)
+	if got := managedText(t, children[1], "float(v_a.sum()), bytes(v_b)"); got != want {
+		t.Errorf("the sibling sees child 0's write: %s, want %s", got, want)
+	}
+	if got := managedText(t, parent, "float(v_a.sum()), bytes(v_b)"); got != want {
+		t.Errorf("the parent sees child 0's write: %s, want %s", got, want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/sandloop/sandloop/internal/kernel"
 )
@@ -18,6 +19,7 @@ type kernelCheckpoints interface {
 	ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*stateManifest, error)
 	StartExport(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool) (*kernel.Export, error)
 	ImportState(ctx context.Context, r io.Reader) (*stateManifest, error)
+	ImportStateFile(ctx context.Context, f *os.File) (*stateManifest, error)
 }
 
 // The kernel's types.
