@@ -28,7 +28,11 @@ import (
 // unchanged since the store last saw it (same device and inode, size,
 // mtime and ctime, to the nanosecond) is not read again: its checkpoint
 // entry points at the blob it already has. Changed and new files are
-// copied. Workspace files are never hard linked into the store nor blobs
+// copied. The blobs of the files as the store last saw them stay while
+// no checkpoint holds them (at most one copy of the workspace, not counted
+// in HeldBytes), so that taking a checkpoint after the last one was
+// dropped (a fork's, or undo's) does not copy the unchanged files again.
+// Workspace files are never hard linked into the store nor blobs
 // into the workspace: code in the sandbox writing to a file it owns would
 // change the store's copy too.
 //
@@ -56,10 +60,13 @@ type CheckpointStore struct {
 	mu    sync.Mutex
 	next  int
 	cps   map[string]*fileCheckpoint
-	blobs map[string]*blob // by hash
-	held  int64
+	blobs map[string]*blob    // by hash
+	held  int64               // bytes of the blobs checkpoints hold
 	seen  map[string]seenFile // by path: what the store last saw there (never changed in place)
-	home  string              // the directory of the workspace taken (seen describes it)
+	// seenRefs counts seen's entries by blob: a blob no checkpoint holds
+	// stays while seen has it.
+	seenRefs map[string]int
+	home     string // the directory of the workspace taken (seen describes it)
 }
 
 type blob struct {
@@ -132,7 +139,7 @@ func OpenCheckpointStore(dir string) (*CheckpointStore, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "blobs"), 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint store: %w", err)
 	}
-	return &CheckpointStore{dir: dir, cps: map[string]*fileCheckpoint{}, blobs: map[string]*blob{}, seen: map[string]seenFile{}}, nil
+	return &CheckpointStore{dir: dir, cps: map[string]*fileCheckpoint{}, blobs: map[string]*blob{}, seen: map[string]seenFile{}, seenRefs: map[string]int{}}, nil
 }
 
 // Dir is the store's directory.
@@ -142,14 +149,15 @@ func (s *CheckpointStore) Dir() string { return s.dir }
 func (s *CheckpointStore) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cps, s.blobs, s.seen, s.held, s.home = map[string]*fileCheckpoint{}, map[string]*blob{}, map[string]seenFile{}, 0, ""
+	s.cps, s.blobs, s.seen, s.seenRefs, s.held, s.home = map[string]*fileCheckpoint{}, map[string]*blob{}, map[string]seenFile{}, map[string]int{}, 0, ""
 	if err := os.RemoveAll(s.dir); err != nil {
 		return fmt.Errorf("remove checkpoint store: %w", err)
 	}
 	return nil
 }
 
-// HeldBytes is the size of the distinct file contents the store holds.
+// HeldBytes is the size of the distinct file contents the checkpoints
+// hold (not counting the copy of unchanged files kept for the next Take).
 func (s *CheckpointStore) HeldBytes() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -196,8 +204,11 @@ func (s *CheckpointStore) unref(hash string) error {
 	if b.refs--; b.refs > 0 {
 		return nil
 	}
-	delete(s.blobs, hash)
 	s.held -= b.size
+	if s.seenRefs[hash] > 0 {
+		return nil // kept for the next Take
+	}
+	delete(s.blobs, hash)
 	if err := os.Remove(s.blobPath(hash)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("checkpoint store: %w", err)
 	}
@@ -249,8 +260,11 @@ func (s *CheckpointStore) Take(w *Workspace) (*FileCheckpoint, error) {
 		if e.typ == 'f' {
 			if b := t.fresh[e.hash]; b != nil {
 				b.refs++
+			} else if b := s.blobs[e.hash]; b.refs == 0 {
+				b.refs++
+				s.held += b.size // seen's copy, held again
 			} else {
-				s.blobs[e.hash].refs++
+				b.refs++
 			}
 			cp.info.Files++
 			cp.info.Bytes += e.size
@@ -265,13 +279,29 @@ func (s *CheckpointStore) Take(w *Workspace) (*FileCheckpoint, error) {
 		s.held += b.size
 		cp.info.Copied += b.size
 	}
-	s.seen = t.seen
+	s.setSeen(t.seen)
 	s.next++
 	cp.info.ID = "f" + strconv.Itoa(s.next)
 	cp.info.Skipped = t.skipped
 	s.cps[cp.info.ID] = cp
 	info := cp.info
 	return &info, nil
+}
+
+// setSeen replaces what the store last saw, and removes the blobs that
+// neither a checkpoint nor the new seen holds. Called with mu held.
+func (s *CheckpointStore) setSeen(seen map[string]seenFile) {
+	s.seen = seen
+	s.seenRefs = make(map[string]int, len(seen))
+	for _, f := range seen {
+		s.seenRefs[f.hash]++
+	}
+	for h, b := range s.blobs {
+		if b.refs == 0 && s.seenRefs[h] == 0 {
+			delete(s.blobs, h)
+			os.Remove(s.blobPath(h))
+		}
+	}
 }
 
 // taking is one Take in progress.
@@ -514,7 +544,7 @@ func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error)
 	}
 	if home {
 		s.mu.Lock()
-		s.seen = rs.seen
+		s.setSeen(rs.seen)
 		s.mu.Unlock()
 	}
 	return &rs.res, err

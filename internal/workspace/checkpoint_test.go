@@ -576,3 +576,44 @@ func TestCheckpointFileChangingWhileTaken(t *testing.T) {
 		t.Errorf("second take copied %d bytes", cp2.Copied)
 	}
 }
+
+// After the only checkpoint is dropped, the next Take copies only what
+// changed: the store keeps the copies of the files as it last saw them
+// (not counted as held), and forgets those of files changed since.
+func TestCheckpointKeepsSeenCopies(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	s := newStore(t)
+	writeFile(t, dir, "same", "unchanged\n", 0o644)
+	writeFile(t, dir, "moving", "v1\n", 0o644)
+	time.Sleep(2 * racyWindow) // so that the store trusts what it sees
+	cp, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drop(cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if held := s.HeldBytes(); held != 0 {
+		t.Errorf("held %d bytes with no checkpoint", held)
+	}
+	writeFile(t, dir, "moving", "v2 longer\n", 0o644)
+	cp2, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len("v2 longer\n")); cp2.Copied != want || s.HeldBytes() != want+int64(len("unchanged\n")) {
+		t.Errorf("second take copied %d bytes, holds %d; want only the changed file copied (%d)", cp2.Copied, s.HeldBytes(), want)
+	}
+	// The copy of v1 is gone: nothing holds it and the workspace moved on.
+	des, _ := os.ReadDir(filepath.Join(s.Dir(), "blobs"))
+	if len(des) != 2 {
+		t.Errorf("%d blobs on disk, want 2 (same, moving v2)", len(des))
+	}
+	writeFile(t, dir, "moving", "v3\n", 0o644)
+	if _, err := s.Restore(w, cp2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "moving")); string(b) != "v2 longer\n" {
+		t.Errorf("restored %q", b)
+	}
+}
