@@ -229,6 +229,11 @@ func (e *Export) Wait(ctx context.Context) (*StateManifest, error) {
 	defer e.Close()
 	stop := context.AfterFunc(ctx, func() { e.f.Close() })
 	defer stop()
+	if f, ok := e.w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			return e.waitFile(ctx, f)
+		}
+	}
 	var sc recordScanner
 	buf := make([]byte, 1<<20)
 	var werr error
@@ -254,6 +259,57 @@ func (e *Export) Wait(ctx context.Context) (*StateManifest, error) {
 	}
 	if werr != nil {
 		return nil, fmt.Errorf("export state: write: %w", werr)
+	}
+	if !sc.ended {
+		return nil, errors.New("export state: the process serializing the variables died before the end (it may have run out of memory)")
+	}
+	var m StateManifest
+	if err := json.Unmarshal(sc.end, &m); err != nil {
+		return nil, fmt.Errorf("export state: bad manifest: %w", err)
+	}
+	return &m, nil
+}
+
+// waitFile is Wait into a regular file (a state file): the kernel moves
+// the bytes from the pipe into the file (splice), they never pass through
+// this process; the records are followed after, from the file.
+func (e *Export) waitFile(ctx context.Context, f *os.File) (*StateManifest, error) {
+	start, err := f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, fmt.Errorf("export state: %w", err)
+	}
+	n, err := io.Copy(f, e.f) // splice(2) from the pipe
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("export state: %w", err)
+	}
+	var sc recordScanner
+	var hdr [9]byte
+	for off := start; off < start+n && !sc.ended; {
+		if _, err := f.ReadAt(hdr[:], off); err != nil {
+			return nil, fmt.Errorf("export state: read back: %w", err)
+		}
+		size := binary.BigEndian.Uint64(hdr[1:])
+		if hdr[0] == 'E' {
+			if size > maxManifest || off+9+int64(size) > start+n {
+				return nil, errors.New("export state: a broken end record")
+			}
+			sc.end = make([]byte, size)
+			if _, err := f.ReadAt(sc.end, off+9); err != nil {
+				return nil, fmt.Errorf("export state: read back: %w", err)
+			}
+			sc.ended = true
+			if off+9+int64(size) != start+n {
+				return nil, errors.New("export state: bytes after the end of the state stream")
+			}
+			break
+		}
+		if size > uint64(start+n-off) {
+			break // cut short: not ended
+		}
+		off += 9 + int64(size)
 	}
 	if !sc.ended {
 		return nil, errors.New("export state: the process serializing the variables died before the end (it may have run out of memory)")

@@ -1231,6 +1231,27 @@ def _serializers():
     return pickle, dill
 
 
+def _has_dill():
+    """Whether dill is installed, without importing it (tens of
+    milliseconds: done only for a value that needs it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("dill") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _LazyDill:
+    """dill, imported at its first use."""
+
+    def __getattr__(self, name):
+        _, dill = _serializers()
+        if dill is None:
+            raise ImportError("dill is not importable")
+        return getattr(dill, name)
+
+
 def _serializer():
     pickle, dill = _serializers()
     return ("dill", dill) if dill is not None else ("pickle", pickle)
@@ -1358,7 +1379,9 @@ def _export_child(ns, out):
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
     gc.disable()  # a collection would copy every page of objects it walks
-    pickle, dill = _serializers()
+    import pickle
+
+    dill = _LazyDill() if _has_dill() else None
     name = "dill" if dill is not None else "pickle"
     fast = _c_pickler(pickle) if dill is not None else pickle.Pickler
     out.record(b"H", _encode({"version": 2, "serializer": name}).encode())
@@ -1727,7 +1750,9 @@ def _load_stream(ns, src):
                 head = json.loads(payload)
                 if head.get("version") not in (1, 2):
                     raise ValueError("a state stream of version %s" % head.get("version"))
-                pickle, dill = _serializers()
+                import pickle
+
+                dill = _LazyDill() if _has_dill() else None
                 if head.get("version") == 1 and head.get("serializer") == "dill" and dill is None:
                     raise ValueError("the state was saved with dill, which this kernel cannot import")
             elif kind == ord("M"):
