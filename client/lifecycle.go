@@ -26,8 +26,11 @@ type Checkpoint struct {
 	// (copy-on-write: it grows as the live session changes); FileBytes the
 	// bytes of its files. Both are charged to the session.
 	MemoryBytes int64 `json:"memory_bytes"`
-	FileBytes   int64 `json:"file_bytes"`
-	Files       int   `json:"files"`
+	// MemoryMeasuredAt is when MemoryBytes was measured (zero: not yet):
+	// the server measures at most once a second, not at every listing.
+	MemoryMeasuredAt time.Time `json:"memory_measured_at,omitzero"`
+	FileBytes        int64     `json:"file_bytes"`
+	Files            int       `json:"files"`
 	// NotCarried lists what the session held that a restore does not
 	// bring back (threads, child processes).
 	NotCarried []string `json:"not_carried,omitempty"`

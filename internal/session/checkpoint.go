@@ -36,12 +36,16 @@ type Checkpoint struct {
 	CreatedAt      time.Time `json:"created_at"`
 	ExecutionCount int       `json:"execution_count"`
 	// MemoryBytes is the private memory its kernel copy held when last
-	// measured (at a checkpoint, at most once a second while far from the
-	// bound): it grows as the live kernel changes memory the copy still
+	// measured, at MemoryMeasuredAt (zero: not yet measured). All are
+	// measured when a checkpoint is taken, but at most once a second while
+	// what checkpoints hold is far from the bound (a measure walks the
+	// copies' page tables under the session's turn, so a listing does not
+	// measure); it grows as the live kernel changes memory the copy still
 	// shares.
-	MemoryBytes int64 `json:"memory_bytes"`
-	FileBytes   int64 `json:"file_bytes"` // bytes of its files
-	Files       int   `json:"files"`
+	MemoryBytes      int64     `json:"memory_bytes"`
+	MemoryMeasuredAt time.Time `json:"memory_measured_at,omitzero"`
+	FileBytes        int64     `json:"file_bytes"` // bytes of its files
+	Files            int       `json:"files"`
 	// NotCarried names what the checkpoint does not hold: threads other
 	// than the main one, child processes ("PID COMMAND": they keep
 	// running, not rolled back), FIFOs and devices in the workspace.
@@ -371,6 +375,7 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 	if err != nil {
 		return 0, s.kernelErr("measure checkpoints", err)
 	}
+	now := time.Now().UTC()
 	c := &s.cps
 	c.mu.Lock()
 	var held int64
@@ -381,10 +386,10 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 			gone = append(gone, r)
 			continue
 		}
-		r.MemoryBytes = m
+		r.MemoryBytes, r.MemoryMeasuredAt = m, now
 		held += m
 	}
-	c.measured, c.memory = time.Now(), held
+	c.measured, c.memory = now, held
 	if c.store != nil {
 		held += c.store.HeldBytes()
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/zygote"
@@ -86,6 +87,10 @@ os.symlink("a.txt", "/workspace/link")
 	}
 	if cp.ID != "cp1" || cp.Name != "before" || cp.Auto || cp.Files != 2 || cp.FileBytes != 300005 || cp.ExecutionCount != 1 {
 		t.Errorf("checkpoint %+v", cp)
+	}
+	// The first checkpoint is measured: its memory figure says when.
+	if cp.MemoryMeasuredAt.IsZero() || cp.MemoryMeasuredAt.Before(cp.CreatedAt) || time.Since(cp.MemoryMeasuredAt) > time.Hour {
+		t.Errorf("memory of the checkpoint measured at %v (taken at %v)", cp.MemoryMeasuredAt, cp.CreatedAt)
 	}
 	wantState := textOf(t, s, stateOf) // also draws from the generator
 
