@@ -260,11 +260,15 @@ func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRe
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	ki, err := kc.Checkpoint(ctx)
 	if err != nil {
 		return nil, s.kernelErr("checkpoint", err)
 	}
+	forkStage("checkpoint-kernel", t0)
+	t0 = time.Now()
 	fc, err := st.Take(ws)
+	forkStage("checkpoint-files", t0)
 	if err != nil {
 		_ = kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
 		return nil, fmt.Errorf("session %s: checkpoint the workspace: %w", s.id, err)
@@ -511,7 +515,9 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	ki, err := kc.Restore(ctx, r.kernelID)
+	forkStage("restore-kernel", t0)
 	if errors.Is(err, errCheckpointGone) {
 		s.drop(ctx, kc, r)
 		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel was killed (most likely by the out-of-memory killer: the session's memory limit counts what checkpoints hold)", r.ID)}
@@ -519,9 +525,11 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 	if err != nil {
 		return nil, s.kernelErr("restore "+r.ID, err)
 	}
+	t0 = time.Now()
 	if _, err := st.Restore(ws, r.fileID); err != nil {
 		return nil, fmt.Errorf("session %s: restore the workspace of %s (the kernel's state was restored): %w", s.id, r.ID, err)
 	}
+	forkStage("restore-files", t0)
 	res := &Restored{From: from, Files: r.Files, ExecutionCount: ki.ExecutionCount, NotRestored: append([]string(nil), r.NotCarried...)}
 	s.setRestored(res)
 	out := *res

@@ -65,6 +65,9 @@ func BenchmarkCheckpointSession(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	stages := &stageTimes{d: map[string][]time.Duration{}}
+	forkStageHook = stages.add
+	b.Cleanup(func() { forkStageHook = nil })
 	var takeT, restoreT []time.Duration
 	for i := 0; b.Loop(); i++ {
 		mustRun(b, s, fmt.Sprintf("v_df.iloc[0, 0] = %d\nopen('/workspace/small.txt', 'w').write('%d')", i, i))
@@ -87,6 +90,8 @@ func BenchmarkCheckpointSession(b *testing.B) {
 		restoreT = append(restoreT, t3.Sub(t2))
 	}
 	b.StopTimer()
+	load, _ := os.ReadFile("/proc/loadavg")
+	b.Logf("load average: %s; stages (p50): %s", strings.TrimSpace(string(load)), stages.reset())
 	mt, mr, mb := median(takeT), median(restoreT), median(rebuildT)
 	b.ReportMetric(float64(mt.Microseconds())/1e3, "checkpoint-ms")
 	b.ReportMetric(float64(mr.Microseconds())/1e3, "restore-ms")
@@ -220,7 +225,7 @@ func (s *stageTimes) reset() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for _, k := range []string{"source", "source-turn", "source-files", "export", "create", "files", "import"} {
+	for _, k := range []string{"source", "source-turn", "source-files", "export", "create", "files", "import", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files"} {
 		if d := s.d[k]; len(d) > 0 {
 			out = append(out, fmt.Sprintf("%s %v", k, median(d).Round(100*time.Microsecond)))
 		}

@@ -305,7 +305,9 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 // forkStageHook, if set (by benchmarks), is told how long each stage of a
 // fork took: "source" (the parent's part, lease included), "source-turn"
 // (under its turn), "source-files" (its files' checkpoint), "export" (the
-// state written), and per child "create", "files", "import".
+// state written), and per child "create", "files", "import"; and of a
+// checkpoint ("checkpoint-kernel", "checkpoint-files") and a restore
+// ("restore-kernel", "restore-files").
 var forkStageHook func(stage string, d time.Duration)
 
 func forkStage(stage string, since time.Time) {

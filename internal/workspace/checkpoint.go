@@ -734,7 +734,7 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 	if err != nil {
 		return mapErr(e.path, err)
 	}
-	_, err = io.Copy(dst, src)
+	err = copyBlob(dst, src)
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -777,7 +777,7 @@ func (rs *restoring) writeInPlace(e *cpEntry, src *os.File) error {
 	if err != nil {
 		return mapErr(e.path, err)
 	}
-	_, err = io.Copy(dst, src)
+	err = copyBlob(dst, src)
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"github.com/sandloop/sandloop/internal/testutil"
@@ -615,5 +616,43 @@ func TestCheckpointKeepsSeenCopies(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "moving")); string(b) != "v2 longer\n" {
 		t.Errorf("restored %q", b)
+	}
+}
+
+// A restore into a full quota mount, where the old and the new copy of a
+// file do not fit at once, frees the old one first and writes the file in
+// place, whole.
+func TestCheckpointRestoreIntoFullQuota(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=3m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	w, err := Open(dir, &Options{MaxTotalBytes: 100 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	s := newStore(t)
+	want := bytes.Repeat([]byte("a"), 2<<20)
+	if err := os.WriteFile(filepath.Join(dir, "big"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "big"), bytes.Repeat([]byte("b"), 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Restore(w, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "big")); !bytes.Equal(got, want) || res.Written != 1 {
+		t.Errorf("restored %d bytes (%d as the checkpoint's), %d written", len(got), len(want), res.Written)
 	}
 }
