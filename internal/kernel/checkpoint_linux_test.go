@@ -683,3 +683,82 @@ th.start()`)
 		t.Fatalf("after import on the channel: %s (%+v)", out, got)
 	}
 }
+
+// TestImportStateFile exports into a state file and loads it into other
+// kernels: mapped where sealed (the array's memory is the mapping, the
+// values as ImportState gives them, dill's included), read where not, and
+// a broken file is an error that says so.
+func TestImportStateFile(t *testing.T) {
+	src := startJailed(t, jail.Limits{Memory: 1 << 30})
+	ctx := context.Background()
+	execOK(t, src, `import numpy as np, pandas as pd
+f = lambda v: v + 1
+class Point:
+    def __init__(self, x): self.x = x
+p = Point(3)
+big = {i: str(i) * 10 for i in range(100000)}  # a pickle in many pieces
+df = pd.DataFrame({'a': np.arange(100000.0), 'b': np.arange(100000)})
+arr = np.arange(1 << 18, dtype='float64')`)
+	state, err := NewStateFile("test-state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { state.Close() })
+	if _, err := src.ExportState(ctx, state, 0); err != nil {
+		t.Fatal(err)
+	}
+	unsealed, err := NewStateFile("test-unsealed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unsealed.Close() })
+	if _, err := io.Copy(unsealed, io.NewSectionReader(state, 0, 1<<40)); err != nil {
+		t.Fatal(err)
+	}
+	if err := SealStateFile(state); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := state.WriteAt([]byte("x"), 0); err == nil {
+		t.Fatal("a sealed state file took a write")
+	}
+	const check = `import mmap
+b = arr.base
+while b is not None and not isinstance(b, mmap.mmap): b = b.obj if isinstance(b, memoryview) else getattr(b, 'base', None)
+print(f(1), p.x, isinstance(p, Point), len(big), big[99999][:5], df.a.sum(), df.b.dtype, arr[12345], type(b).__name__, arr.ctypes.data % 64)`
+	for _, tc := range []struct {
+		name string
+		f    *os.File
+		mem  string
+	}{{"sealed", state, "mmap 0"}, {"unsealed", unsealed, "NoneType"}} {
+		dst := startJailed(t, jail.Limits{Memory: 1 << 30})
+		m, err := dst.ImportStateFile(ctx, tc.f)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(m.NotSaved) != 0 || !slices.Contains(m.Variables, "arr") || !slices.Contains(m.Variables, "f") {
+			t.Errorf("%s: manifest %+v", tc.name, m)
+		}
+		out := execOK(t, dst, check)
+		want := "2 3 True 100000 99999 4999950000.0 int64 12345.0 " + tc.mem
+		if !strings.HasPrefix(out, want) {
+			t.Errorf("%s: %s, want %s...", tc.name, out, want)
+		}
+	}
+	// A sealed file cut short: the mapped load says the stream broke.
+	fi, _ := state.Stat()
+	short, err := NewStateFile("test-short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { short.Close() })
+	if _, err := io.Copy(short, io.NewSectionReader(state, 0, fi.Size()-100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := SealStateFile(short); err != nil {
+		t.Fatal(err)
+	}
+	dst := startJailed(t, jail.Limits{Memory: 1 << 30})
+	if _, err := dst.ImportStateFile(ctx, short); err == nil || !strings.Contains(err.Error(), "ended early") {
+		t.Errorf("import of a cut state file: %v", err)
+	}
+}

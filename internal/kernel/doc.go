@@ -122,6 +122,26 @@
 // the exported one. Out-of-band buffers are read from the pipe into
 // writable bytearrays that the loaded arrays use as they are (one copy).
 //
+// ImportStateFile loads a whole export kept in a state file
+// (NewStateFile: a memfd; SealStateFile: sealed against any write, resize
+// or unseal). The kernel is given the file on the state channel and maps
+// it copy-on-write (MAP_PRIVATE) instead of reading it: out-of-band
+// buffers (which the export aligns to 64 bytes with P records) become
+// views of the mapping that the loaded arrays use in place. Any number of
+// kernels can map one file: they share its pages until one writes, and a
+// write copies the page into the writer's own memory only. A kernel can
+// change nothing that another sees (the seals hold for every descriptor
+// and mapping, even one reopened through /proc). The mapping lives as long
+// as an array loaded over it, which keeps the whole file mapped (shared,
+// not private, memory). An unsealed file, or a kernel without the state
+// channel, is read as ImportState reads.
+//
+// StartExport into a regular file (a state file) moves the bytes from the
+// pipe with splice(2), not through the server's memory, and follows the
+// records from the file afterwards. dill is imported only when a value
+// needs it (its import costs tens of milliseconds, in every export's copy
+// and every import).
+//
 // Costs (BenchmarkExportImportDataFrame, a 100 MB DataFrame, on this
 // project's shared 2-core test machine, the old and the new code run one
 // after the other, 5 iterations each): at load 3, export 0.91-0.96 s

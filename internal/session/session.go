@@ -51,29 +51,45 @@
 // any other. The parent's files are checkpointed into its store and
 // restored into each child's workspace; its variables are serialized once
 // (the C pickler, protocol 5, with large buffers such as numpy arrays and
-// pandas blocks out of band; dill, where installed, for what it refuses:
-// lambdas, functions and classes defined in cells; modules by name) by a
-// forked copy of its kernel, and loaded into each child. The parent's
-// turn is held only for the file checkpoint and the kernel's fork(): the
-// copy streams the bytes raw on the kernel's state channel (a pipe passed
-// over a unix socket, not the event pipe) into a file of the store while
-// the parent runs its next cell and the children start; each child copies
-// its files meanwhile and imports the state as the file grows. Measured
-// (BenchmarkFork: 100 MB DataFrame, 50 MB of files, zygote-forked
-// children, on the shared 2-core test machine at load 6, the old and the
-// new code one after the other, twice): one child 2.7-2.8 s before,
-// 0.46-0.59 s after; ten children 9.0-13.8 s before, 1.8-2.0 s after; the
-// parent's longest wait for a cell 1.2-1.3 s before, 0.10-0.14 s after.
-// Of that stall the kernel's fork is 4-6 ms; the rest is the file
-// checkpoint (copying and hashing the 50 MB, ~100 ms). So the issue's
-// targets (30 ms a child, 10 ms of stall) are not met: the files' copy,
-// and each child's import (~110 ms for 100 MB alone, its kernel reads
-// every byte; 2 cores for ten children), dominate. Names that do not serialize
-// (generators, open files, locks...) are listed in the [Restored] report
-// with the reason. Each child reseeds random and numpy's global generator,
-// so forks do not repeat each other's draws (generator objects held in
-// variables are copied as they are, and so repeat); uuid4 draws from the
-// OS and differs in each.
+// pandas blocks out of band; dill, where installed and only for what the
+// C pickler refuses: lambdas, functions and classes defined in cells;
+// modules by name) by a forked copy of its kernel, and loaded into each
+// child. The parent's turn is held only for the file checkpoint and the
+// kernel's fork(): the copy streams the bytes raw on the kernel's state
+// channel (a pipe passed over a unix socket, not the event pipe) into a
+// state file in the server's memory (a memfd) while the parent runs its
+// next cell and the children start and copy their files. Once complete the
+// state file is sealed (no write, resize or unseal, through any
+// descriptor, ever) and passed to every child, whose kernel maps it
+// copy-on-write (MAP_PRIVATE) and loads the variables over that mapping:
+// the out-of-band buffers are not copied but used in place (aligned to 64
+// bytes), so a child's import costs milliseconds whatever the size of its
+// arrays, the children share those pages, and a child's write to an array
+// copies only the pages it writes, into its own memory, which neither the
+// parent nor the siblings see.
+//
+// Trade-offs of the fork: the state file's pages are charged to the
+// server's memory cgroup, not to a session's (the server writes them), and
+// live as long as a child holds an array loaded over them (at most one
+// copy of the parent's exported buffers per fork, however many children;
+// freed when the last such array is). A parent's variables cross only if
+// they serialize; the others are named in the [Restored] report with the
+// reason. The files are copied into each child's workspace (a workspace is
+// a tmpfs of its own: no reflink, and a hard link would let a child's write
+// in place reach the parent's copy), so each child's files cost their size
+// in memory and copying time; the parent's files are copied and hashed
+// into the store only where they changed since the store last saw them
+// (it keeps the copies of the last-seen files while no checkpoint holds
+// them), so a second fork, or a fork after a checkpoint, copies only what
+// changed under the parent's turn. The state is written to the state file
+// through a pipe by the server (two copies of every byte, beside the
+// parent's and the children's CPU): the one remaining cost that grows with
+// the state's size. Measured with BenchmarkFork (a 100 MB DataFrame, 50 MB
+// of files, zygote-forked children; figures in the commit that made this
+// mechanism and in the benchmark's output). Each child reseeds random and
+// numpy's global generator, so forks do not repeat each other's draws
+// (generator objects held in variables are copied as they are, and so
+// repeat); uuid4 draws from the OS and differs in each.
 package session
 
 import (
