@@ -229,10 +229,8 @@ func (e *Export) Wait(ctx context.Context) (*StateManifest, error) {
 	defer e.Close()
 	stop := context.AfterFunc(ctx, func() { e.f.Close() })
 	defer stop()
-	if f, ok := e.w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
-			return e.waitFile(ctx, f)
-		}
+	if f, ok := e.w.(*os.File); ok && isStateFile(f) {
+		return e.waitFile(ctx, f)
 	}
 	var sc recordScanner
 	buf := make([]byte, 1<<20)
@@ -270,7 +268,7 @@ func (e *Export) Wait(ctx context.Context) (*StateManifest, error) {
 	return &m, nil
 }
 
-// waitFile is Wait into a regular file (a state file): the kernel moves
+// waitFile is Wait into a state file (NewStateFile): the kernel moves
 // the bytes from the pipe into the file (splice), they never pass through
 // this process; the records are followed after, from the file.
 func (e *Export) waitFile(ctx context.Context, f *os.File) (*StateManifest, error) {

@@ -36,3 +36,4 @@ func NewStateFile(string) (*os.File, error) { return nil, errNeedsLinux }
 // SealStateFile needs Linux.
 func SealStateFile(*os.File) error  { return errNeedsLinux }
 func sealedStateFile(*os.File) bool { return false }
+func isStateFile(*os.File) bool     { return false }

@@ -131,3 +131,13 @@ func sealedStateFile(f *os.File) bool {
 	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
 	return err == nil && seals&stateSeals == stateSeals
 }
+
+// isStateFile reports whether f is a NewStateFile (a memfd that takes
+// seals, sealed or not; a tmpfs file passes too), not opened to append.
+func isStateFile(f *os.File) bool {
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil {
+		return false
+	}
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	return err == nil && fl&unix.O_APPEND == 0
+}
