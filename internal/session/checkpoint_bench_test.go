@@ -170,6 +170,7 @@ func BenchmarkFork(b *testing.B) {
 		kids[0].Close()
 	}
 	b.StopTimer()
+	turn := median(stages.get("source-turn"))
 	one := stages.reset()
 	fresh, err := m.Create(ctx, CreateOptions{Owner: "b"})
 	if err != nil {
@@ -198,6 +199,7 @@ func BenchmarkFork(b *testing.B) {
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
 		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
 	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
+	b.ReportMetric(float64(turn.Microseconds())/1e3, "parent-turn-ms")
 	mf, mn, ms := median(forkT), median(newT), median(stallT)
 	b.ReportMetric(float64(mf.Microseconds())/1e3, "fork-ms")
 	b.ReportMetric(float64(ten.Microseconds())/1e3, "fork10-ms")
@@ -218,6 +220,12 @@ func (s *stageTimes) add(stage string, d time.Duration) {
 	s.mu.Lock()
 	s.d[stage] = append(s.d[stage], d)
 	s.mu.Unlock()
+}
+
+func (s *stageTimes) get(stage string) []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.d[stage])
 }
 
 // reset returns the medians so far, by stage, and forgets them.

@@ -100,7 +100,8 @@ func (f *forkSource) close() {
 // keeps (Session.Restored).
 //
 // A fork waits for a running execution of the parent to end. The children
-// are made and loaded four at a time; if one fails, none is kept. The
+// are made four at a time (their jails and files), and each loads the
+// state once it is complete; if one fails, none is kept. The
 // children count toward MaxSessions (ErrCapacity if they do not all fit),
 // and more than MaxForks is a *LimitError.
 func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]*Managed, *Restored, error) {
@@ -143,12 +144,14 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	children := make([]*Managed, n)
 	reports := make([]*Restored, n)
 	errs := make([]error, n)
-	sem := make(chan struct{}, min(n, 4)) // starting jails is CPU work: a few at once
+	sem := make(chan struct{}, min(n, 4)) // starting jails and copying files is CPU work: a few at once
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			sem <- struct{}{}
-			defer func() { <-sem }()
+			var once sync.Once
+			free := func() { once.Do(func() { <-sem }) }
+			defer free()
 			t0 := time.Now()
 			child, err := m.Create(ctx, CreateOptions{
 				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
@@ -171,7 +174,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			}
 			release := child.Lease()
 			defer release()
-			reports[i], errs[i] = child.Session.adopt(ctx, src)
+			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
 		})
 	}
 	wg.Wait()
@@ -257,7 +260,10 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 }
 
 // adopt gives a new session src's files and variables, under its turn.
-func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error) {
+// filesDone is called once the files are in: the wait for the state and
+// the import (milliseconds: a mapping) need no slot of the fork's bound
+// on children started at once.
+func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) (*Restored, error) {
 	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
@@ -275,6 +281,7 @@ func (s *Session) adopt(ctx context.Context, src *forkSource) (*Restored, error)
 	_, err = src.store.Restore(ws, src.fileID)
 	ws.Close()
 	forkStage("files", t0)
+	filesDone()
 	if err != nil {
 		return nil, fmt.Errorf("session %s: copy the files of %s: %w", s.id, src.parent, err)
 	}
