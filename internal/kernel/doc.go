@@ -131,9 +131,11 @@
 // kernels can map one file: they share its pages until one writes, and a
 // write copies the page into the writer's own memory only. A kernel can
 // change nothing that another sees (the seals hold for every descriptor
-// and mapping, even one reopened through /proc). The mapping lives as long
-// as an array loaded over it, which keeps the whole file mapped (shared,
-// not private, memory). An unsealed file, or a kernel without the state
+// and mapping, even one reopened through /proc), and no descriptor of it
+// stays open in the kernel (it is mapped by mmap(2) itself, not Python's
+// mmap module, which keeps one). The mapping lives as long as an array
+// loaded over it, which keeps the whole file mapped (shared, not private,
+// memory). An unsealed file, or a kernel without the state
 // channel, is read as ImportState reads.
 //
 // StartExport into a regular file (a state file) moves the bytes from the

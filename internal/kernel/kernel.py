@@ -1669,13 +1669,28 @@ class _MapSource:
     abort = None
 
     def __init__(self, fd, size):
+        # mmap(2) through ctypes: Python's mmap module keeps a duplicate
+        # of the descriptor open for as long as the mapping lives, which
+        # user code would find in /proc/self/fd.
+        import ctypes
         import mmap
+        import weakref
 
         try:
-            m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+            if addr is None or addr == ctypes.c_void_p(-1).value:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
         finally:
             os.close(fd)
-        self.view = memoryview(m)
+        mem = (ctypes.c_char * size).from_address(addr)
+        # Unmapped when the last array loaded over it is gone.
+        weakref.finalize(mem, libc.munmap, addr, size).atexit = False
+        self.view = memoryview(mem).cast("B")
         self.off = 0
 
     def readinto(self, view):

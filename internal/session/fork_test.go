@@ -180,6 +180,18 @@ func TestForkLimits(t *testing.T) {
 	}
 }
 
+// inStateFile defines in_state_file(array): whether the array's memory
+// lies in a mapping of a fork's state file.
+const inStateFile = `def in_state_file(a):
+    p = a.ctypes.data
+    for line in open('/proc/self/maps'):
+        f = line.split()
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+        if lo <= p < hi:
+            return len(f) > 5 and f[5].startswith('/memfd:sandloop-fork')
+    return False
+`
+
 // TestForkSharesBuffers forks a session holding a numpy array: each child
 // loads it over the shared state file's mapping (not a copy of its own),
 // and a write to it in one child is seen by neither the parent nor the
@@ -191,16 +203,22 @@ func TestForkSharesBuffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustOK(t, runCode(t, parent.Session, "import numpy as np, mmap\nv_a = np.arange(1 << 20, dtype=np.float64)\nv_b = bytearray(b'abc')"))
+	mustOK(t, runCode(t, parent.Session, "import numpy as np\nv_a = np.arange(1 << 20, dtype=np.float64)\nv_b = bytearray(b'abc')"))
 	children, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, c := range children {
 		// The array's memory is the mapping of the state file.
-		got := managedText(t, c, "b = v_a.base\nwhile b is not None and not isinstance(b, mmap.mmap): b = getattr(b, 'obj', None) if isinstance(b, memoryview) else getattr(b, 'base', None)\n(type(b).__name__, v_a.flags.writeable, v_a.ctypes.data % 64, float(v_a[12345]))")
-		if got != "('mmap', True, 0, 12345.0)" {
+		got := managedText(t, c, inStateFile+"(in_state_file(v_a), v_a.flags.writeable, v_a.ctypes.data % 64, float(v_a[12345]))")
+		if got != "(True, True, 0, 12345.0)" {
 			t.Errorf("child %d: the array's memory, writable, alignment, a value: %s; want the mapped state file, writable, aligned", i, got)
+		}
+		// The state file is mapped, but no descriptor of it is left open
+		// (and it is sealed: see kernel.SealStateFile).
+		got = managedText(t, c, "import os\ndef _link(f):\n    try: return os.readlink('/proc/self/fd/' + f)\n    except OSError: return ''\n(any('memfd:sandloop-fork' in _link(f) for f in os.listdir('/proc/self/fd')), 'memfd:sandloop-fork' in open('/proc/self/maps').read())")
+		if got != "(False, True)" {
+			t.Errorf("child %d: a descriptor of the state file open, the state file mapped: %s; want (False, True)", i, got)
 		}
 	}
 	mustOK(t, runCode(t, children[0].Session, "v_a[:] = -1\nv_b[0] = ord('z')"))
@@ -213,5 +231,9 @@ func TestForkSharesBuffers(t *testing.T) {
 	}
 	if got := managedText(t, parent, "float(v_a.sum()), bytes(v_b)"); got != want {
 		t.Errorf("the parent sees child 0's write: %s, want %s", got, want)
+	}
+	// Once the last array over it is gone, the mapping goes too.
+	if got := managedText(t, children[1], "import gc\ndel v_a\ngc.collect()\n'memfd:sandloop-fork' in open('/proc/self/maps').read()"); got != "False" {
+		t.Errorf("the state file still mapped after its arrays were deleted: %s", got)
 	}
 }
