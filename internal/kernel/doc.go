@@ -19,10 +19,17 @@
 // reach the host; undone if N turns out to be gone) and sends N's process a
 // wake message carrying its checkpoint table (with its ends of every
 // checkpoint's socket, so the woken kernel can restore checkpoints taken
-// after its own) and any request bytes it had read ahead. N forks a fresh
-// dormant copy of itself, so the checkpoint can be restored again, tells
-// the old live kernel, which exits, and answers on the same event pipe as
-// the live kernel, with its own execution count, which Kernel takes over.
+// after its own) and any request bytes it had read ahead. N tells the old
+// live kernel, which exits, answers on the same event pipe as the live
+// kernel, with its own execution count, which Kernel takes over, and only
+// then forks a fresh dormant copy of itself, so the checkpoint can be
+// restored again: that fork (page tables: about a millisecond per few
+// hundred MB) is off the restore's reply, beside the host's restore of the
+// files; a request sent at once is read after it. Nothing of the user's
+// runs between the wake and that fork, and the copy closes what the wake
+// gave the live kernel (its ends of the checkpoints' sockets). If that
+// fork fails (out of memory) the restore still stands but N is used up:
+// it is reported gone.
 //
 // The host signals and waits for one process, the kernel's first (PID 2
 // of a zygote-forked session; the program of a cold jail, which the init
@@ -59,8 +66,8 @@
 //
 // Costs (BenchmarkCheckpointDataFrame, a 100 MB DataFrame): a checkpoint
 // is one fork, a few milliseconds (the page tables of the kernel's memory
-// are copied); a restore is one fork (the fresh dormant copy) and two
-// process hand-offs. On this project's shared 2-core test machine (load
+// are copied); a restore is two process hand-offs, then one fork (the
+// fresh dormant copy) after the reply. On this project's shared 2-core test machine (load
 // about 3) a checkpoint took 4.2 ms and a restore 6.0 ms at the median,
 // 4% and 6% of re-running the cell that built the DataFrame (105 ms); under
 // heavy load both grow with the machine's scheduling delays (each is a few

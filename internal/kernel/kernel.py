@@ -863,20 +863,6 @@ def _dormant(ns, sock):
             req = {}
         op = req.get("op")
         if op == "wake":
-            # The fresh dormant copy first (forking while the old live
-            # kernel tears itself down would be slower), so that the
-            # checkpoint stays restorable.
-            try:
-                child = _fork_keeping_state()
-            except OSError as e:
-                for fd in fds:
-                    os.close(fd)
-                sock.send(_encode({"ok": False, "reason": "cannot fork the checkpoint to keep it: %s" % (e.strerror or e)}).encode())
-                continue
-            if child == 0:
-                for fd in fds:
-                    os.close(fd)
-                continue  # the fresh dormant copy
             # The anchor learns the new live kernel first, then the old one
             # may go.
             pid = os.getpid()
@@ -886,7 +872,32 @@ def _dormant(ns, sock):
                 except OSError:
                     pass  # user code closed it: signals then reach the old live kernel's pid
             sock.send(_encode({"ok": True, "pid": pid}).encode())
-            _wake(req, fds, sock, child)
+            _wake(req, fds)
+            # The reply is sent: now the fresh dormant copy that keeps the
+            # checkpoint restorable (off the restore's path: the next
+            # request is read after it). Nothing of the user's has run
+            # since the wake; what _wake changed the copy undoes, or its own
+            # wake sets again.
+            try:
+                child = _fork_keeping_state()
+            except OSError:
+                child = -1
+            if child == 0:
+                for cp in _CP.table.values():
+                    cp.sock.close()  # the live kernel's ends: its own come with its wake
+                _CP.table = {}
+                continue  # the fresh dormant copy
+            sock.close()
+            me = _CP.table.get(int(req["id"]))
+            if me is not None:
+                if child > 0:
+                    me.pid = child
+                else:
+                    # No copy (out of memory): the checkpoint is used up.
+                    # Its socket reads as closed: gone, until dropped.
+                    me.sock.close()
+                    me.sock, peer = socket.socketpair()
+                    peer.close()
             _CP.reap.extend(exporting)
             if gc_was:
                 gc.enable()
@@ -925,8 +936,8 @@ def _dormant(ns, sock):
             os._exit(0)
 
 
-def _wake(req, fds, sock, child):
-    """This checkpoint becomes the live kernel; child is its fresh dormant copy."""
+def _wake(req, fds):
+    """This checkpoint becomes the live kernel, and answers the restore."""
     old = _CP.table
     table = {}
     for entry, fd in zip(req.get("table") or (), fds):
@@ -940,14 +951,11 @@ def _wake(req, fds, sock, child):
     for cp in old.values():
         cp.sock.close()  # the ends inherited at the fork; the live kernel's came with the message
     me = int(req["id"])
-    if me in table:
-        table[me].pid = child
     _CP.table = table
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
     _CP.former = set(req.get("former") or ())
     pid = os.getpid()
-    sock.close()
     S.tag = req.get("tag") or 0
     # What belongs to the process, not to its memory: its own peak reset
     # and its own children's usage.
