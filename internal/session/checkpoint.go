@@ -243,8 +243,8 @@ func cmpOr[T int | int64](v, def T) T {
 	return def
 }
 
-// checkpoint takes one, under the turn: the kernel's copy, then the
-// files', then the bound on what checkpoints hold.
+// checkpoint takes one, under the turn: the kernel's copy and the
+// files' at once, then the bound on what checkpoints hold.
 func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRecord, error) {
 	kc, err := s.liveCheckpoints()
 	if err != nil {
@@ -260,18 +260,30 @@ func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRe
 	if err != nil {
 		return nil, err
 	}
+	// The kernel's copy and the files' at once: both are of this moment,
+	// between cells, under the turn.
+	var fc *workspace.FileCheckpoint
+	var ferr error
+	filesDone := make(chan struct{})
+	go func() {
+		defer close(filesDone)
+		t0 := time.Now()
+		fc, ferr = st.Take(ws)
+		forkStage("checkpoint-files", t0)
+	}()
 	t0 := time.Now()
 	ki, err := kc.Checkpoint(ctx)
+	forkStage("checkpoint-kernel", t0)
+	<-filesDone
 	if err != nil {
+		if ferr == nil {
+			st.Drop(fc.ID)
+		}
 		return nil, s.kernelErr("checkpoint", err)
 	}
-	forkStage("checkpoint-kernel", t0)
-	t0 = time.Now()
-	fc, err := st.Take(ws)
-	forkStage("checkpoint-files", t0)
-	if err != nil {
+	if ferr != nil {
 		_ = kc.DropCheckpoint(context.WithoutCancel(ctx), ki.ID)
-		return nil, fmt.Errorf("session %s: checkpoint the workspace: %w", s.id, err)
+		return nil, fmt.Errorf("session %s: checkpoint the workspace: %w", s.id, ferr)
 	}
 	c := &s.cps
 	c.mu.Lock()
