@@ -72,7 +72,12 @@
 // server's memory cgroup, not to a session's (the server writes them), and
 // live as long as a child holds an array loaded over them (at most one
 // copy of the parent's exported buffers per fork, however many children;
-// freed when the last such array is). A parent's variables cross only if
+// freed when the last such array is). So what forks hold outside the
+// sessions' limits is bounded by one parent's memory limit per fork with a
+// child alive: at most MaxSessions times the largest limit, as much again
+// as the sessions themselves may use. Charging the parent instead (its
+// kernel's copy writing the file) would make a fork of a session near its
+// limit wake the OOM killer in it. A parent's variables cross only if
 // they serialize; the others are named in the [Restored] report with the
 // reason. The files are copied into each child's workspace (a workspace is
 // a tmpfs of its own: no reflink, and a hard link would let a child's write
