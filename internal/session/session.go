@@ -90,8 +90,16 @@
 // through a pipe by the server (two copies of every byte, beside the
 // parent's and the children's CPU): the one remaining cost that grows with
 // the state's size. Measured with BenchmarkFork (a 100 MB DataFrame, 50 MB
-// of files, zygote-forked children; figures in the commit that made this
-// mechanism and in the benchmark's output). Each child reseeds random and
+// of files, zygote-forked children) on the shared 2-core test machine at
+// load 12-18, the former mechanism (each child read its own copy of the
+// state through a pipe) and this one run one after the other, twice: one
+// child 0.20-0.65 s (before: 0.64-1.66 s), ten 0.66-1.5 s (3.3-11.2 s);
+// the parent's turn 3.5-17 ms and its longest cell wait 28-56 ms (163-414
+// ms); each child kernel's private memory 4.4-4.6 MiB (108 MiB; a new
+// session's 3.1 MiB). Of a child's time the import is now 3-15 ms; the
+// export (0.2-0.5 s at that load, mostly allocating the state file's
+// pages) and the copy of the files (50 MB a child) are what is left, so
+// the targets (30 ms a child, 300 ms for ten) are not met. Each child reseeds random and
 // numpy's global generator, so forks do not repeat each other's draws
 // (generator objects held in variables are copied as they are, and so
 // repeat); uuid4 draws from the OS and differs in each.
