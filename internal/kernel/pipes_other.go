@@ -29,11 +29,3 @@ func (p *pipes) writeRequestListening([]byte, time.Time, sink) (bool, error) {
 func (p *pipes) recvStream(int64) (*os.File, error) { return nil, errNeedsLinux }
 func (p *pipes) sendStream(int64, *os.File) error   { return errNeedsLinux }
 func newStatePipe() (r, w *os.File, err error)      { return nil, nil, errNeedsLinux }
-
-// NewStateFile needs Linux (memfd).
-func NewStateFile(string) (*os.File, error) { return nil, errNeedsLinux }
-
-// SealStateFile needs Linux.
-func SealStateFile(*os.File) error  { return errNeedsLinux }
-func sealedStateFile(*os.File) bool { return false }
-func isStateFile(*os.File) bool     { return false }
