@@ -125,7 +125,7 @@ def attempt(f):
 	}{
 		{"read /etc/shadow", tryOpen + `print(attempt(lambda: open('/etc/shadow').read()))`, isErr("No such file"), "shadow not present"},
 		{"list /root", tryOpen + `import os; print(attempt(lambda: os.listdir('/root')))`, isErr("No such file"), "/root not present"},
-		{"host home via /home", tryOpen + `import os; print(attempt(lambda: os.listdir('/home')))`, isErr("No such file"), "/home not present"},
+		{"host home via /home", `import os; print(os.listdir('/home'), os.readlink('/home/user'), os.path.realpath('/home/user'))`, equals("['user'] /workspace /workspace"), "/home holds only the link to the workspace"},
 		{"server environment", `import os; print('leak' if any('hunter2' in v for v in os.environ.values()) else 'clean', sorted(os.environ))`, hasPrefix("clean"), "no server variable"},
 		{"host /proc environ", `import os
 found = []
@@ -138,7 +138,7 @@ print('found' if found else 'none', sorted(int(p) for p in os.listdir('/proc') i
 		{"write /usr", tryOpen + `print(attempt(lambda: open('/usr/bin/evil', 'w')))`, isErr("Read-only file system"), "EROFS"},
 		{"write /etc", tryOpen + `print(attempt(lambda: open('/etc/passwd', 'a')))`, isErr("Read-only file system"), "EROFS"},
 		{"host /tmp file", tryOpen + `import os; print(attempt(lambda: open('` + hostTmp.Name() + `').read()), os.listdir('/tmp'))`, isErr("No such file"), "host /tmp invisible"},
-		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
+		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
 		{"dev", `import os; print(sorted(os.listdir('/dev')))`, equals("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"), "minimal /dev"},
 		{"identity", `import os, pwd, socket; print(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, os.getcwd(), os.environ['HOME'], socket.gethostname())`, equals("1000 1000 sandbox /workspace /workspace sandbox"), "uid 1000 named sandbox"},
 		{"capabilities", `s = dict(l.split(':\t') for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
@@ -655,7 +655,7 @@ func TestRootless(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
-	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled|TestTerminalInteractivePython|TestTerminalIoctlsRefused)$"
+	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled|TestTerminalInteractivePython|TestTerminalIoctlsRefused|TestJoinSharesTheJail|TestJoinKillEndsTheGroup|TestJoinHeldByTheJailsLimits)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
 		cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
@@ -668,7 +668,7 @@ func TestRootless(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rootless subset failed: %v\n%s", err, out)
 		}
-		for _, test := range []string{"TestAttacksFail", "TestTerminalInteractivePython", "TestTerminalIoctlsRefused"} {
+		for _, test := range []string{"TestAttacksFail", "TestTerminalInteractivePython", "TestTerminalIoctlsRefused", "TestJoinSharesTheJail", "TestJoinKillEndsTheGroup", "TestJoinHeldByTheJailsLimits"} {
 			if !bytes.Contains(out, []byte("--- PASS: "+test)) {
 				t.Errorf("%s did not pass rootless:\n%s", test, out)
 			}

@@ -15,6 +15,12 @@ func MaybeInit() {}
 // Process is a running jail (never, on this system).
 type Process struct{}
 
+// JoinTarget is a running jail (never, on this system).
+type JoinTarget struct{}
+
+func (*Process) JoinTarget() (*JoinTarget, error) { return nil, ErrUnsupported }
+func (*JoinTarget) Close() error                  { return nil }
+
 // Start fails: the jail needs Linux namespaces.
 func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
 
