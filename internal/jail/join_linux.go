@@ -489,3 +489,19 @@ func runJoin() int {
 	report(joinStatus{initStatus: initStatus{Error: fmt.Sprintf("start %s: %v", cfg.Path, err)}})
 	return 127
 }
+
+// Path is p (absolute, as the jail sees it) as the host reaches it, under
+// the jail's root: for os.OpenRoot, which then never leaves that
+// directory. Check Alive after opening it: the PID may have been recycled
+// before.
+func (t *JoinTarget) Path(p string) string {
+	return fmt.Sprintf("/proc/%d/root%s", t.pid, p)
+}
+
+// Alive reports whether the jail's PID 1 still runs.
+func (t *JoinTarget) Alive() bool {
+	return t.pidfd >= 0 && unix.PidfdSendSignal(t.pidfd, 0, nil, 0) == nil
+}
+
+// Limits are the jail's limits.
+func (t *JoinTarget) Limits() Limits { return t.limits }

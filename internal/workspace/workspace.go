@@ -71,6 +71,12 @@ type Options struct {
 	// so that the sandbox user can change them.
 	OwnerSet bool
 	UID, GID int
+	// CreateAsOwner, with OwnerSet, creates files and directories as UID
+	// and GID (the thread's filesystem ids), not only chowns them after:
+	// for a filesystem mounted in a sandbox's user namespace (its /tmp),
+	// where the server's own ids are not mapped and creating fails
+	// (EOVERFLOW). It also creates them with the sandbox user's rights.
+	CreateAsOwner bool
 }
 
 // Workspace is one directory, accessed without ever leaving it.
@@ -305,7 +311,11 @@ func (w *Workspace) writeUsed(p, rel, dir string, r io.Reader, used int64) (int6
 		limit, what = max(room, 0), "workspace"
 	}
 	tmp := path.Join(dir, ".sandloop-upload-"+rand.Text())
-	f, err := w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	var f *os.File
+	err := w.creating(func() (err error) {
+		f, err = w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		return err
+	})
 	if err != nil {
 		return 0, mapErr(p, err)
 	}
@@ -341,7 +351,7 @@ func (w *Workspace) mkdirAll(dir string) error {
 	if dir == "." {
 		return nil
 	}
-	if err := w.root.MkdirAll(dir, 0o755); err != nil {
+	if err := w.creating(func() error { return w.root.MkdirAll(dir, 0o755) }); err != nil {
 		return mapErr(dir, err)
 	}
 	// Give each new component to the sandbox user.
@@ -351,6 +361,15 @@ func (w *Workspace) mkdirAll(dir string) error {
 		}
 	}
 	return nil
+}
+
+// creating runs fn, which creates a file or directory, as the owner
+// where Options.CreateAsOwner says so.
+func (w *Workspace) creating(fn func() error) error {
+	if !w.opts.OwnerSet || !w.opts.CreateAsOwner {
+		return fn()
+	}
+	return asIDs(w.opts.UID, w.opts.GID, fn)
 }
 
 func (w *Workspace) chown(p string) error {
