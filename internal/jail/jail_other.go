@@ -20,9 +20,9 @@ type JoinTarget struct{}
 
 func (*Process) JoinTarget() (*JoinTarget, error) { return nil, ErrUnsupported }
 func (*JoinTarget) Close() error                  { return nil }
-func (*JoinTarget) Path(p string) string           { return p }
-func (*JoinTarget) Alive() bool                    { return false }
-func (*JoinTarget) Limits() Limits                 { return Limits{} }
+func (*JoinTarget) Path(p string) string          { return p }
+func (*JoinTarget) Alive() bool                   { return false }
+func (*JoinTarget) Limits() Limits                { return Limits{} }
 
 // Start fails: the jail needs Linux namespaces.
 func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
