@@ -256,3 +256,39 @@ except OSError as e:
 	}
 	t.Logf("over the memory limit: exit %d %s (%s)", r.ExitCode, r.Signal, r.Enforcement)
 }
+
+// A joined program on a terminal: it answers what is typed, with the
+// terminal as its controlling terminal, in the foreground.
+func TestJoinTerminal(t *testing.T) {
+	a := liveJail(t, "terminal", Limits{})
+	target, err := a.JoinTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	for _, args := range [][]string{{"python3", "-q"}, {"bash", "-i", "-l", "-c", "python3 -q"}, {"bash", "-i", "-l"}} {
+		in, typed := io.Pipe()
+		out := &screen{}
+		path := DefaultPython
+		if args[0] == "bash" {
+			path = "/bin/bash"
+		}
+		p, err := Start(context.Background(), &Config{Path: path, Args: args, Join: target, Stdin: in, Stdout: out, Terminal: &WindowSize{Cols: 80, Rows: 24}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := 0
+		if len(args) == 3 {
+			at = out.waitShown(t, 0, `\$ $`)
+			io.WriteString(typed, "python3 -q\n")
+		}
+		at = out.waitShown(t, at, `>>> $`)
+		io.WriteString(typed, "import os; print('tty', [os.isatty(i) for i in range(3)], os.tcgetpgrp(0) == os.getpgrp(), 6*7)\n")
+		out.waitShown(t, at, `\r\ntty \[True, True, True\] True 42\r\n`)
+		p.Kill()
+		if r, err := p.Wait(); err != nil || r.Signal != "SIGKILL" {
+			t.Errorf("%v after Kill: %+v, %v", args, r, err)
+		}
+		typed.Close()
+	}
+}

@@ -75,7 +75,8 @@ type Options struct {
 	// and GID (the thread's filesystem ids), not only chowns them after:
 	// for a filesystem mounted in a sandbox's user namespace (its /tmp),
 	// where the server's own ids are not mapped and creating fails
-	// (EOVERFLOW). It also creates them with the sandbox user's rights.
+	// (EOVERFLOW); renames too. It also does so with the sandbox user's
+	// rights.
 	CreateAsOwner bool
 }
 
@@ -334,7 +335,7 @@ func (w *Workspace) writeUsed(p, rel, dir string, r io.Reader, used int64) (int6
 		err = w.chown(tmp)
 	}
 	if err == nil {
-		err = w.root.Rename(tmp, rel)
+		err = w.creating(func() error { return w.root.Rename(tmp, rel) })
 	}
 	if err != nil {
 		_ = w.root.Remove(tmp)
@@ -506,5 +507,5 @@ func (w *Workspace) Rename(src, dst string) error {
 	if err := w.mkdirAll(path.Dir(rd)); err != nil {
 		return err
 	}
-	return mapErr(dst, w.root.Rename(rs, rd))
+	return mapErr(dst, w.creating(func() error { return w.root.Rename(rs, rd) }))
 }
