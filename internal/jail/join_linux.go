@@ -59,12 +59,18 @@ type JoinTarget struct {
 	cg      *cgroup
 	enforce string
 	limits  Limits // the jail's, with defaults
+	// nproc: the jail's program has an RLIMIT_NPROC of its Pids and its
+	// init's threads (a jail of its own, in a user namespace of its own).
+	// A zygote's sessions share the template's user namespace, where
+	// NPROC would count every session's processes: their cgroup counts.
+	nproc bool
 }
 
 // NewJoinTarget makes a target of the jail whose PID 1 pidfd refers to
 // (pid is its host PID; the descriptor is duplicated, the caller keeps
 // its own), with limits l, in group g (nil where no cgroup enforces
-// them).
+// them): a zygote's session, whose user namespace is the template's and
+// shared with its siblings (no RLIMIT_NPROC: its group counts).
 func NewJoinTarget(pidfd, pid int, l Limits, g *Group) (*JoinTarget, error) {
 	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
@@ -93,7 +99,7 @@ func (p *Process) JoinTarget() (*JoinTarget, error) {
 		unix.Close(fd)
 		return nil, os.ErrProcessDone
 	}
-	return &JoinTarget{pidfd: fd, pid: p.proc.Pid, cg: p.cg, enforce: p.enforce, limits: p.limits}, nil
+	return &JoinTarget{pidfd: fd, pid: p.proc.Pid, cg: p.cg, enforce: p.enforce, limits: p.limits, nproc: true}, nil
 }
 
 // Close releases the target's descriptor.
@@ -358,7 +364,7 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		// rlimits, as a new jail's program is (programRlimits).
 		jc.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids)}}
 		p.warn = append(p.warn, RlimitsWarning)
-	} else {
+	} else if t.nproc {
 		// The NPROC a new jail's program gets: its share, plus room for
 		// the init's threads (counted with it in the user namespace).
 		jc.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids + initThreads)}}
