@@ -195,12 +195,22 @@ seen = [open(p, 'rb').read(10) for p in ('/proc/kallsyms', '/proc/kcore', '/proc
 print(len(seen) > 0 and all(b == b'' for b in seen))`, equals("True"), "masked (empty)"},
 		{"proc sys", tryOpen + `print(attempt(lambda: open('/proc/sys/kernel/hostname', 'w').write('x')))`, isErr("Read-only file system"), "EROFS"},
 	}
+	// Each attack from a fresh jail's program, then from a command
+	// joined to a running jail (Config.Join): the same result.
+	live := liveJail(t, "attacks", Limits{})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			got := mustPrint(t, c.code)
 			if !c.want(got) {
 				t.Errorf("attack %q: got %q, want %s", c.name, got, c.desc)
+			}
+		})
+		t.Run(c.name+" joined", func(t *testing.T) {
+			t.Parallel()
+			r, out, errs := joinPy(t, live, c.code, nil)
+			if got := strings.TrimSpace(out); r.ExitCode != 0 || !c.want(got) {
+				t.Errorf("attack %q from a joined command: got %q (exit %d, %s), want %s", c.name, got, r.ExitCode, errs, c.desc)
 			}
 		})
 	}
