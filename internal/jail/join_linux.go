@@ -2,6 +2,7 @@ package jail
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -511,3 +513,41 @@ func (t *JoinTarget) Alive() bool {
 
 // Limits are the jail's limits.
 func (t *JoinTarget) Limits() Limits { return t.limits }
+
+// killSession kills every process of the session sid (a joined program's:
+// it called setsid, so sid is its host PID). The program is not reaped
+// yet (the script waiting for it is killed by nobody in the jail), so
+// the number is still its session's. Its process group goes first, then
+// whatever /proc shows in the session (an interactive shell's jobs have
+// groups of their own), a few times over for what was forking meanwhile.
+func killSession(sid int) {
+	_ = unix.Kill(-sid, unix.SIGKILL)
+	for range 3 {
+		found := false
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid pgrp session ...: comm may hold
+			// anything, so fields count from its closing parenthesis.
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 {
+				continue
+			}
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) > 3 && f[3] == strconv.Itoa(sid) && f[0] != "Z" {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+	}
+}

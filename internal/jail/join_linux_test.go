@@ -186,9 +186,10 @@ func TestJoinKillEndsTheGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer target.Close()
-	var out bytes.Buffer
-	p, err := Start(context.Background(), &Config{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 1001 & sleep 1002 & echo started; wait"},
-		Join: target, Stdout: &out})
+	out := &screen{}
+	// A job of an interactive shell has a process group of its own.
+	p, err := Start(context.Background(), &Config{Path: "/bin/bash", Args: []string{"bash", "-i", "-c", "sleep 1001 & sleep 1002 & echo started; wait"},
+		Join: target, Stdout: out, Terminal: &WindowSize{Cols: 80, Rows: 24}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,6 +199,12 @@ func TestJoinKillEndsTheGroup(t *testing.T) {
 		}
 		return nil
 	})
+	for _, pid := range testutil.PidsWithArg("1002") {
+		st := strings.Fields(readFileString(fmt.Sprintf("/proc/%d/stat", pid)))
+		if len(st) > 5 && st[1] == "(sleep)" && st[4] == st[5] {
+			t.Errorf("the job's group is its session's: %v", st[:6])
+		}
+	}
 	p.Kill()
 	r, err := p.Wait()
 	if err != nil || r.Signal != "SIGKILL" {

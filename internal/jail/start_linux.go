@@ -442,7 +442,8 @@ func (p *Process) Signal(sig os.Signal) error {
 }
 
 // Kill kills every process of the jail. It is safe to call at any time.
-// Of a joined program (Config.Join) it kills the program's process group:
+// Of a joined program (Config.Join) it kills the program's session (its
+// process group, and the groups of the jobs of an interactive shell):
 // what it started and did not detach (setsid) into a session of its own.
 func (p *Process) Kill() {
 	select {
@@ -451,9 +452,7 @@ func (p *Process) Kill() {
 	default:
 	}
 	if p.joinPid != 0 {
-		// Not yet reaped by the script that waits for it (which the
-		// jail cannot signal), so the group is still this program's.
-		_ = unix.Kill(-p.joinPid, unix.SIGKILL)
+		killSession(p.joinPid)
 		return
 	}
 	_ = p.proc.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
