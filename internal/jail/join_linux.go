@@ -347,6 +347,7 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		return abort(fmt.Errorf("join the sandbox: %s", st.Error))
 	}
 	p.joinPid = st.Pid
+	p.joinGroup = t.cg != nil
 	// Into the jail's cgroup before anything of the program's runs (the
 	// child waits for its configuration, below).
 	if t.cg != nil {

@@ -50,6 +50,9 @@ type Process struct {
 	// joinPid is the host PID of a joined program (Config.Join), which
 	// leads a process group of its own; 0 for a jail of its own.
 	joinPid int
+	// joinGroup: the joined jail has a cgroup, which freezes the program
+	// with the jail (Freeze and Thaw leave it to that).
+	joinGroup bool
 	// limits are the jail's (a JoinTarget's).
 	limits Limits
 
