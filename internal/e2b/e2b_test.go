@@ -316,7 +316,7 @@ func TestFilesREST(t *testing.T) {
 	zw.Write([]byte("zipped"))
 	zw.Close()
 	resp, b := ts.envd(t, c, "POST", "/files?path=dir/a.txt", &gz, "Content-Type", "application/octet-stream", "Content-Encoding", "gzip")
-	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `[{"path":"/workspace/dir/a.txt","name":"a.txt","type":"file"}]` {
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `[{"path":"/home/user/dir/a.txt","name":"a.txt","type":"file"}]` {
 		t.Errorf("octet-stream upload: %d %s", resp.StatusCode, b)
 	}
 	if got, _ := os.ReadFile(filepath.Join(ws, "dir/a.txt")); string(got) != "zipped" {
@@ -352,7 +352,7 @@ func TestFilesREST(t *testing.T) {
 		{"GET", "/files?path=dir", "", 400},
 		{"GET", "/files?path=/etc/passwd", "", 403},
 		{"GET", "/files?path=../x", "", 400},
-		{"POST", "/files?path=/tmp/x", "data", 403},
+		{"POST", "/files?path=/etc/x", "data", 403},
 		{"POST", "/files", "data", 400},
 		{"POST", "/files?path=big", strings.Repeat("x", 1<<20+1), 413},
 	} {
@@ -420,7 +420,7 @@ func TestFilesystemRPC(t *testing.T) {
 
 	st, m := ts.rpc(t, c, "filesystem.Filesystem/Stat", map[string]any{"path": "a/f.txt"})
 	e, _ := m["entry"].(map[string]any)
-	if st != 200 || e["name"] != "f.txt" || e["type"] != "FILE_TYPE_FILE" || e["path"] != "/workspace/a/f.txt" || e["size"] != "5" || e["permissions"] != "-rw-r--r--" {
+	if st != 200 || e["name"] != "f.txt" || e["type"] != "FILE_TYPE_FILE" || e["path"] != "/home/user/a/f.txt" || e["size"] != "5" || e["permissions"] != "-rw-r--r--" {
 		t.Errorf("Stat: %d %v", st, m)
 	}
 	if _, err := time.Parse(time.RFC3339Nano, e["modifiedTime"].(string)); err != nil || !strings.HasSuffix(e["modifiedTime"].(string), "Z") {
@@ -452,16 +452,16 @@ func TestFilesystemRPC(t *testing.T) {
 		}
 		return out
 	}
-	if got := strings.Join(depthNames(1), ","); got != "/workspace/a/b:FILE_TYPE_DIRECTORY,/workspace/a/f.txt:FILE_TYPE_FILE" {
+	if got := strings.Join(depthNames(1), ","); got != "/home/user/a/b:FILE_TYPE_DIRECTORY,/home/user/a/f.txt:FILE_TYPE_FILE" {
 		t.Errorf("ListDir depth 1: %s", got)
 	}
-	if got := strings.Join(depthNames(3), ","); got != "/workspace/a/b:FILE_TYPE_DIRECTORY,/workspace/a/b/c:FILE_TYPE_DIRECTORY,/workspace/a/f.txt:FILE_TYPE_FILE" {
+	if got := strings.Join(depthNames(3), ","); got != "/home/user/a/b:FILE_TYPE_DIRECTORY,/home/user/a/b/c:FILE_TYPE_DIRECTORY,/home/user/a/f.txt:FILE_TYPE_FILE" {
 		t.Errorf("ListDir depth 3: %s", got)
 	}
 	if st, m := ts.rpc(t, c, "filesystem.Filesystem/MakeDir", map[string]any{"path": "new/dir"}); st != 200 || m["entry"].(map[string]any)["type"] != "FILE_TYPE_DIRECTORY" {
 		t.Errorf("MakeDir: %d %v", st, m)
 	}
-	if st, m := ts.rpc(t, c, "filesystem.Filesystem/Move", map[string]any{"source": "a/f.txt", "destination": "/workspace/new/g.txt"}); st != 200 || m["entry"].(map[string]any)["path"] != "/workspace/new/g.txt" {
+	if st, m := ts.rpc(t, c, "filesystem.Filesystem/Move", map[string]any{"source": "a/f.txt", "destination": "/workspace/new/g.txt"}); st != 200 || m["entry"].(map[string]any)["path"] != "/home/user/new/g.txt" {
 		t.Errorf("Move: %d %v", st, m)
 	}
 	if b, _ := os.ReadFile(filepath.Join(ws, "new/g.txt")); string(b) != "12345" {
@@ -516,7 +516,7 @@ func TestProcessRPC(t *testing.T) {
 
 	msgs, last := ts.stream(t, c, "process.Process/Start", bash(`echo "$SBX $PER $(pwd)"; echo oops >&2; exit 7`, nil))
 	pid, out, errOut, end := events(t, msgs)
-	if len(last) != 0 || pid == 0 || out != "box cmd /workspace\n" || errOut != "oops\n" || end["exitCode"] != 7.0 || end["exited"] != true || end["status"] != "exit status 7" {
+	if len(last) != 0 || pid == 0 || out != "box cmd /home/user\n" || errOut != "oops\n" || end["exitCode"] != 7.0 || end["exited"] != true || end["status"] != "exit status 7" {
 		t.Errorf("Start: pid %v stdout %q stderr %q end %v end-stream %v", pid, out, errOut, end, last)
 	}
 	if _, ok := msgs[0]["event"].(map[string]any)["start"]; !ok {

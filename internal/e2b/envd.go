@@ -17,35 +17,74 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
-// workspaceDir is the sandbox's home and working directory, as kernels and
-// commands see it.
-const workspaceDir = "/workspace"
+// workspaceDir is the sandbox's working directory, as kernels and
+// commands see it; homeDir is the same directory under E2B's name for it
+// (a link in every jail), where E2B's SDKs expect the home.
+const (
+	workspaceDir = "/workspace"
+	homeDir      = jail.HomeDir
+	tmpDir       = "/tmp"
+)
 
-// errOutside: the files API reaches only the workspace.
-var errOutside = errors.New("only " + workspaceDir + " (the sandbox's home and working directory) is reachable through the files API")
+// errOutside: the files API reaches only the workspace and /tmp.
+var errOutside = errors.New("only " + homeDir + " (the sandbox's home and working directory, also " + workspaceDir + ") and " + tmpDir + " are reachable through the files API")
 
-// relPath maps a path the SDK sent (absolute, or relative to the working
-// directory) to one inside the workspace.
-func relPath(p string) (string, error) {
+// area is a directory of the sandbox the files API serves.
+type area int
+
+const (
+	areaHome area = iota // the workspace
+	areaTmp              // the sandbox's /tmp
+)
+
+// abs is the path kernels and commands see for rel in a.
+func (a area) abs(rel string) string {
+	if a == areaTmp {
+		return path.Join(tmpDir, rel)
+	}
+	return path.Join(homeDir, rel)
+}
+
+// locate maps a path the SDK sent (absolute, or relative to the home) to
+// the area it is in and its path there.
+func locate(p string) (area, string, error) {
 	if !strings.HasPrefix(p, "/") {
-		return workspace.Clean(p)
+		rel, err := workspace.Clean(p)
+		return areaHome, rel, err
 	}
 	c := path.Clean(p)
-	switch {
-	case c == workspaceDir:
-		return ".", nil
-	case strings.HasPrefix(c, workspaceDir+"/"):
-		return workspace.Clean(strings.TrimPrefix(c, workspaceDir+"/"))
+	for _, d := range []struct {
+		dir string
+		a   area
+	}{{homeDir, areaHome}, {workspaceDir, areaHome}, {tmpDir, areaTmp}} {
+		switch {
+		case c == d.dir:
+			return d.a, ".", nil
+		case strings.HasPrefix(c, d.dir+"/"):
+			rel, err := workspace.Clean(strings.TrimPrefix(c, d.dir+"/"))
+			return d.a, rel, err
+		}
 	}
-	return "", &workspace.PathError{Path: p, Err: errOutside}
+	return areaHome, "", &workspace.PathError{Path: p, Err: errOutside}
+}
+
+// relPath maps a path the SDK sent to one inside the workspace (a path
+// in /tmp is refused, as outside).
+func relPath(p string) (string, error) {
+	a, rel, err := locate(p)
+	if err == nil && a != areaHome {
+		err = &workspace.PathError{Path: p, Err: fmt.Errorf("only %s is served here, not %s", homeDir, tmpDir)}
+	}
+	return rel, err
 }
 
 // absPath is the path kernels and commands see for a workspace path.
-func absPath(rel string) string { return path.Join(workspaceDir, rel) }
+func absPath(rel string) string { return areaHome.abs(rel) }
 
 // jsonCodec is Connect's JSON codec over encoding/json, for the envd
 // message types of this package (written from the envd protos: field
@@ -94,7 +133,16 @@ type rpcHandler struct {
 
 // files opens the workspace of the request's sandbox.
 func (h *Handler) files(sb *sandbox) (*workspace.Workspace, error) {
-	return sb.ms.Files(workspace.Options{MaxFileBytes: h.opts.MaxFileBytes, MaxTotalBytes: h.opts.MaxWorkspaceBytes})
+	return h.filesIn(sb, areaHome)
+}
+
+// filesIn opens area a of the request's sandbox.
+func (h *Handler) filesIn(sb *sandbox, a area) (*workspace.Workspace, error) {
+	opts := workspace.Options{MaxFileBytes: h.opts.MaxFileBytes, MaxTotalBytes: h.opts.MaxWorkspaceBytes}
+	if a == areaTmp {
+		return sb.ms.TmpFiles(opts)
+	}
+	return sb.ms.Files(opts)
 }
 
 // restStatus maps a file error to envd's REST status.
@@ -111,6 +159,8 @@ func restStatus(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, session.ErrClosed):
 		return http.StatusBadGateway
+	case errors.Is(err, session.ErrTmpUnreachable):
+		return http.StatusNotImplemented
 	}
 	return http.StatusInternalServerError
 }
@@ -118,12 +168,12 @@ func restStatus(err error) int {
 func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	p := r.URL.Query().Get("path")
-	rel, err := relPath(p)
+	a, rel, err := locate(p)
 	if err != nil {
 		writeControlError(w, restStatus(err), err.Error())
 		return
 	}
-	ws, err := h.files(sb)
+	ws, err := h.filesIn(sb, a)
 	if err != nil {
 		writeControlError(w, restStatus(err), err.Error())
 		return
@@ -193,12 +243,12 @@ type uploaded struct {
 // or the parts named "file" of a multipart form, streaming each to disk.
 func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
-	ws, err := h.files(sb)
-	if err != nil {
-		writeControlError(w, restStatus(err), err.Error())
-		return
-	}
-	defer ws.Close()
+	opened := map[area]*workspace.Workspace{}
+	defer func() {
+		for _, ws := range opened {
+			ws.Close()
+		}
+	}()
 	body := io.Reader(r.Body)
 	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
 		zr, err := gzip.NewReader(r.Body)
@@ -211,14 +261,21 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 	target := r.URL.Query().Get("path")
 	var out []uploaded
 	write := func(p string, src io.Reader) error {
-		rel, err := relPath(p)
+		a, rel, err := locate(p)
 		if err != nil {
 			return err
+		}
+		ws := opened[a]
+		if ws == nil {
+			if ws, err = h.filesIn(sb, a); err != nil {
+				return err
+			}
+			opened[a] = ws
 		}
 		if _, err := ws.Write(rel, src); err != nil {
 			return err
 		}
-		out = append(out, uploaded{Path: absPath(rel), Name: path.Base(rel), Type: "file"})
+		out = append(out, uploaded{Path: a.abs(rel), Name: path.Base(rel), Type: "file"})
 		return nil
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))

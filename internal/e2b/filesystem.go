@@ -61,7 +61,7 @@ type empty struct{}
 // sandboxUser is the owner shown for files: E2B's SDKs call theirs "user".
 const sandboxUser = "user"
 
-func toEntryInfo(e workspace.Entry) entryInfo {
+func toEntryInfo(a area, e workspace.Entry) entryInfo {
 	t := fileTypeFile
 	switch e.Type {
 	case "dir":
@@ -70,7 +70,7 @@ func toEntryInfo(e workspace.Entry) entryInfo {
 		t = fileTypeSymlink
 	}
 	return entryInfo{
-		Name: e.Name, Type: t, Path: absPath(e.Path), Size: e.Size,
+		Name: e.Name, Type: t, Path: a.abs(e.Path), Size: e.Size,
 		Mode: uint32(e.FileMode.Perm()), Permissions: e.FileMode.String(),
 		Owner: sandboxUser, Group: sandboxUser, ModifiedTime: e.ModTime.UTC(),
 	}
@@ -90,29 +90,36 @@ func rpcError(err error) error {
 		return connect.NewError(connect.CodeResourceExhausted, err)
 	case errors.Is(err, session.ErrClosed):
 		return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
+	case errors.Is(err, session.ErrTmpUnreachable):
+		return connect.NewError(connect.CodeUnimplemented, err)
 	case errors.As(err, &pe):
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
 
-// withFiles runs fn on the workspace of the request's sandbox, giving fn
-// the workspace-relative forms of paths (each checked with relPath).
-func withFiles[T any](h *Handler, ctx context.Context, paths []string, fn func(ws *workspace.Workspace, rel []string) (*T, error)) (*T, error) {
+// withFiles runs fn on the area of the request's sandbox that paths are
+// in (all in one: a move between the workspace and /tmp is refused),
+// giving fn their forms relative to it (each checked with locate).
+func withFiles[T any](h *Handler, ctx context.Context, paths []string, fn func(ws *workspace.Workspace, a area, rel []string) (*T, error)) (*T, error) {
 	rel := make([]string, len(paths))
+	var a area
 	for i, p := range paths {
-		r, err := relPath(p)
+		pa, r, err := locate(p)
 		if err != nil {
 			return nil, rpcError(err)
 		}
-		rel[i] = r
+		if i > 0 && pa != a {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s and %s: a move between %s and %s is not served; copy the file instead", paths[0], p, homeDir, tmpDir))
+		}
+		a, rel[i] = pa, r
 	}
-	ws, err := h.files(sandboxOf(ctx))
+	ws, err := h.filesIn(sandboxOf(ctx), a)
 	if err != nil {
 		return nil, rpcError(err)
 	}
 	defer ws.Close()
-	out, err := fn(ws, rel)
+	out, err := fn(ws, a, rel)
 	if err != nil {
 		var ce *connect.Error
 		if errors.As(err, &ce) {
@@ -123,13 +130,13 @@ func withFiles[T any](h *Handler, ctx context.Context, paths []string, fn func(w
 	return out, nil
 }
 
-// entryAt describes workspace path rel.
-func entryAt(ws *workspace.Workspace, rel string) (*entryResponse, error) {
+// entryAt describes path rel of area a.
+func entryAt(ws *workspace.Workspace, a area, rel string) (*entryResponse, error) {
 	e, err := ws.Stat(rel)
 	if err != nil {
 		return nil, err
 	}
-	info := toEntryInfo(e)
+	info := toEntryInfo(a, e)
 	return &entryResponse{Entry: &info}, nil
 }
 
@@ -159,13 +166,13 @@ func (h *Handler) filesystemHandlers() []rpcHandler {
 }
 
 func (h *Handler) stat(ctx context.Context, req *pathRequest) (*entryResponse, error) {
-	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
-		return entryAt(ws, rel[0])
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, a area, rel []string) (*entryResponse, error) {
+		return entryAt(ws, a, rel[0])
 	})
 }
 
 func (h *Handler) makeDir(ctx context.Context, req *pathRequest) (*entryResponse, error) {
-	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, a area, rel []string) (*entryResponse, error) {
 		if e, err := ws.Stat(rel[0]); err == nil {
 			if e.Type == "dir" {
 				return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", req.Path))
@@ -175,22 +182,22 @@ func (h *Handler) makeDir(ctx context.Context, req *pathRequest) (*entryResponse
 		if err := ws.Mkdir(rel[0]); err != nil {
 			return nil, err
 		}
-		return entryAt(ws, rel[0])
+		return entryAt(ws, a, rel[0])
 	})
 }
 
 func (h *Handler) move(ctx context.Context, req *moveRequest) (*entryResponse, error) {
-	return withFiles(h, ctx, []string{req.Source, req.Destination}, func(ws *workspace.Workspace, rel []string) (*entryResponse, error) {
+	return withFiles(h, ctx, []string{req.Source, req.Destination}, func(ws *workspace.Workspace, a area, rel []string) (*entryResponse, error) {
 		if err := ws.Rename(rel[0], rel[1]); err != nil {
 			return nil, err
 		}
-		return entryAt(ws, rel[1])
+		return entryAt(ws, a, rel[1])
 	})
 }
 
 func (h *Handler) listDir(ctx context.Context, req *listDirRequest) (*listDirResponse, error) {
 	depth := max(int(req.Depth), 1)
-	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*listDirResponse, error) {
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, a area, rel []string) (*listDirResponse, error) {
 		out := &listDirResponse{Entries: []entryInfo{}}
 		e, err := ws.Stat(rel[0])
 		if err != nil {
@@ -209,7 +216,7 @@ func (h *Handler) listDir(ctx context.Context, req *listDirRequest) (*listDirRes
 				return err
 			}
 			for _, e := range list {
-				out.Entries = append(out.Entries, toEntryInfo(e))
+				out.Entries = append(out.Entries, toEntryInfo(a, e))
 				if e.Type == "dir" && level < depth {
 					if err := walk(e.Path, level+1); err != nil {
 						return err
@@ -223,9 +230,9 @@ func (h *Handler) listDir(ctx context.Context, req *listDirRequest) (*listDirRes
 }
 
 func (h *Handler) remove(ctx context.Context, req *pathRequest) (*empty, error) {
-	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, rel []string) (*empty, error) {
+	return withFiles(h, ctx, []string{req.Path}, func(ws *workspace.Workspace, a area, rel []string) (*empty, error) {
 		if rel[0] == "." {
-			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove the workspace itself"))
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("refusing to remove %s itself", a.abs(".")))
 		}
 		return &empty{}, ws.Remove(rel[0])
 	})

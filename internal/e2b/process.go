@@ -121,9 +121,10 @@ type eventResponse struct {
 	Event processEvent `json:"event"`
 }
 
-// process is one command of a sandbox, in a jail of its own on the
-// sandbox's workspace, with the sandbox's limits. It outlives the request
-// that started it; its output goes to every stream attached to it.
+// process is one command of a sandbox, inside the sandbox's jail (the
+// kernel's: see session.StartCommand). It outlives the request that
+// started it; its output goes to every stream attached to it. What it
+// leaves running when it ends lives until the sandbox ends.
 type process struct {
 	pid   uint32
 	tag   *string
@@ -288,11 +289,11 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("envs: %q is not a valid variable name", k))
 		}
 	}
-	dir := workspaceDir
+	dir := homeDir
 	if m.Process.Cwd != nil && *m.Process.Cwd != "" {
 		dir = *m.Process.Cwd
 		if !path.IsAbs(dir) {
-			dir = path.Join(workspaceDir, dir)
+			dir = path.Join(homeDir, dir)
 		}
 	}
 	if rel, err := relPath(dir); err == nil {
@@ -311,12 +312,11 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	if running >= h.opts.MaxProcesses {
 		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("a sandbox runs at most %d commands at once: kill one first", h.opts.MaxProcesses))
 	}
-	limits := sb.ms.Limits
-	limits.Timeout = 0
 	// Connect-Timeout-Ms bounds the process, not only this stream: envd
 	// kills it at the deadline. Without the header it runs until killed.
+	var timeout time.Duration
 	if dl, ok := ctx.Deadline(); ok {
-		limits.Timeout = max(time.Until(dl), time.Millisecond)
+		timeout = max(time.Until(dl), time.Millisecond)
 	}
 	p := &process{tag: m.Tag, cfg: *m.Process, ended: make(chan struct{}), subs: map[chan processEvent]bool{}}
 	if p.cfg.Args == nil {
@@ -333,23 +333,29 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	sub := p.subscribe()
 	// The process belongs to the sandbox, not to this request: a client
 	// that goes away leaves it running (background commands).
-	jp, err := jail.Start(context.Background(), &jail.Config{
-		Path:      program(p.cfg.Cmd),
-		Args:      append([]string{p.cfg.Cmd}, p.cfg.Args...),
-		Env:       commandEnv(sb.envVars, p.cfg.Envs),
-		Workspace: sb.ms.Workspace(),
-		Dir:       dir,
-		Limits:    limits,
-		Network:   sb.ms.Network,
-		Stdin:     readerOrNil(stdinR),
-		Stdout:    outWriter{p, false},
-		Stderr:    outWriter{p, true},
-		Terminal:  terminal,
+	// It runs inside the sandbox's own jail, beside the kernel: the same
+	// /tmp, loopback, processes, network and limits (session.Command).
+	env := commandEnv(sb.envVars, p.cfg.Envs)
+	env = append([]string{"HOME=" + homeDir}, env...)
+	env = append(env, "PWD="+dir) // bash's pwd names the directory as it was asked for
+	jp, err := sb.ms.StartCommand(context.Background(), session.Command{
+		Path:     program(p.cfg.Cmd),
+		Args:     append([]string{p.cfg.Cmd}, p.cfg.Args...),
+		Env:      env,
+		Dir:      dir,
+		Stdin:    readerOrNil(stdinR),
+		Stdout:   outWriter{p, false},
+		Stderr:   outWriter{p, true},
+		Terminal: terminal,
+		Timeout:  timeout,
 	})
 	if err != nil {
 		var ae *jail.ArgumentError
-		if errors.As(err, &ae) {
+		switch {
+		case errors.As(err, &ae):
 			return connect.NewError(connect.CodeInvalidArgument, err)
+		case errors.Is(err, session.ErrClosed):
+			return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox was killed"))
 		}
 		return connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: %w", p.cfg.Cmd, err))
 	}
@@ -495,7 +501,7 @@ func (h *Handler) sendSignal(ctx context.Context, req *sendSignalRequest) (*empt
 	}
 	switch req.Signal {
 	case "SIGNAL_SIGKILL", "9":
-		p.kill() // the whole jail: a shell's children go too
+		p.kill() // its process group: a shell's children go too
 	case "SIGNAL_SIGTERM", "15":
 		if err := p.jp.Signal(syscall.SIGTERM); err != nil {
 			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d: %v", p.pid, err))

@@ -2,14 +2,17 @@ package e2b
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/e2b/e2btest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // runLive runs `node testdata/sdk/live.mjs args...` (E2B's own npm SDKs)
@@ -45,5 +48,21 @@ func TestSDKNetworkAndWatch(t *testing.T) {
 	t.Run("watch", func(t *testing.T) {
 		t.Parallel()
 		runLive(t, newTestServer(t, Options{}), 4, "watch")
+	})
+}
+
+// One sandbox, as E2B's is one machine, through E2B's npm SDK unchanged:
+// commands, the code interpreter and the files API share /tmp, the
+// loopback and processes; a detached background job outlives its command
+// and is gone, checked from the host, once the sandbox is killed.
+func TestSDKOneSandbox(t *testing.T) {
+	t.Parallel()
+	mark := "7" + strconv.Itoa(int(time.Now().UnixNano()%1e8))
+	runLive(t, newTestServer(t, Options{}), 4, "onebox", mark)
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if left := testutil.PidsWithArg(mark); len(left) > 0 {
+			return fmt.Errorf("left behind after the sandbox was killed: %v", left)
+		}
+		return nil
 	})
 }

@@ -152,7 +152,7 @@ func (h *Handler) startWatch(ctx context.Context, req *watchDirRequest, sync boo
 		if err != nil {
 			return nil // gone meanwhile
 		}
-		info := toEntryInfo(e)
+		info := toEntryInfo(areaHome, e)
 		return &info
 	}
 	deliver := func(ev fsEvent) bool {

@@ -84,6 +84,12 @@ func (p *Process) Freeze() error {
 	if p.cg != nil {
 		return p.cg.freeze()
 	}
+	if p.joinPid != 0 {
+		if p.joinGroup {
+			return nil // in the jail's cgroup: frozen with the jail
+		}
+		return stopPids(func() []int { return treePids(p.joinPid) })
+	}
 	return stopPids(func() []int { return treePids(p.proc.Pid) })
 }
 
@@ -96,6 +102,12 @@ func (p *Process) Thaw() error {
 	}
 	if p.cg != nil {
 		return p.cg.thaw()
+	}
+	if p.joinPid != 0 {
+		if !p.joinGroup {
+			contPids(treePids(p.joinPid))
+		}
+		return nil
 	}
 	contPids(treePids(p.proc.Pid))
 	return nil

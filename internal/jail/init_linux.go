@@ -100,6 +100,12 @@ func MaybeInit() {
 	if len(os.Args) > 0 && os.Args[0] == holderArg0 {
 		os.Exit(runHolder())
 	}
+	if len(os.Args) > 0 && os.Args[0] == joinArg0 {
+		// Credentials, the bounding set and securebits are per thread:
+		// set up and execute the program from one thread.
+		runtime.LockOSThread()
+		os.Exit(runJoin())
+	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}

@@ -43,6 +43,9 @@ const (
 	// WorkspaceDir is where the host workspace is mounted; it is the
 	// working directory and HOME.
 	WorkspaceDir = "/workspace"
+	// HomeDir is the workspace under E2B's name for it: a link to
+	// WorkspaceDir in every jail's root.
+	HomeDir = "/home/user"
 	// ZygoteWorkspacesDir is where a zygote's jail sees
 	// Config.ZygoteWorkspaces.
 	ZygoteWorkspacesDir = "/opt/sandloop/workspaces"
@@ -204,6 +207,20 @@ type Config struct {
 	// namespace); the template, which holds it over its own, clones the
 	// workspace from this view instead.
 	ZygoteWorkspaces string
+	// Join, if set, starts the program inside that running jail instead of
+	// a new one (see join_linux.go): in its user, mount, PID, network,
+	// IPC, UTS and cgroup namespaces, under its root, in its cgroup, with
+	// the same filter, no capability and the rlimits the jail's program
+	// has, as the sandbox user. It shares the jail's /tmp,
+	// loopback, processes and egress path with the program there. The
+	// program leads a process group of its own, which Kill kills; what it
+	// leaves running when it ends (`nohup server &`) is reaped by the
+	// jail's PID 1 and lives until that jail ends. Workspace, Network,
+	// Files, ListenPort, ExtraFiles, Mounts and Zygote do not apply (the
+	// jail has its own), nor Limits but for Timeout: the jail's limits
+	// hold, its cgroup's shared with everything in it.
+	Join *JoinTarget
+
 	// Mounts are host directories bound into the jail's root (a template's
 	// environment, package template). Read-only unless Writable; always
 	// nosuid and nodev. Each Path is under /opt (see Mount).

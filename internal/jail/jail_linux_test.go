@@ -125,7 +125,7 @@ def attempt(f):
 	}{
 		{"read /etc/shadow", tryOpen + `print(attempt(lambda: open('/etc/shadow').read()))`, isErr("No such file"), "shadow not present"},
 		{"list /root", tryOpen + `import os; print(attempt(lambda: os.listdir('/root')))`, isErr("No such file"), "/root not present"},
-		{"host home via /home", tryOpen + `import os; print(attempt(lambda: os.listdir('/home')))`, isErr("No such file"), "/home not present"},
+		{"host home via /home", `import os; print(os.listdir('/home'), os.readlink('/home/user'), os.path.realpath('/home/user'))`, equals("['user'] /workspace /workspace"), "/home holds only the link to the workspace"},
 		{"server environment", `import os; print('leak' if any('hunter2' in v for v in os.environ.values()) else 'clean', sorted(os.environ))`, hasPrefix("clean"), "no server variable"},
 		{"host /proc environ", `import os
 found = []
@@ -138,7 +138,7 @@ print('found' if found else 'none', sorted(int(p) for p in os.listdir('/proc') i
 		{"write /usr", tryOpen + `print(attempt(lambda: open('/usr/bin/evil', 'w')))`, isErr("Read-only file system"), "EROFS"},
 		{"write /etc", tryOpen + `print(attempt(lambda: open('/etc/passwd', 'a')))`, isErr("Read-only file system"), "EROFS"},
 		{"host /tmp file", tryOpen + `import os; print(attempt(lambda: open('` + hostTmp.Name() + `').read()), os.listdir('/tmp'))`, isErr("No such file"), "host /tmp invisible"},
-		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
+		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
 		{"dev", `import os; print(sorted(os.listdir('/dev')))`, equals("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"), "minimal /dev"},
 		{"identity", `import os, pwd, socket; print(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, os.getcwd(), os.environ['HOME'], socket.gethostname())`, equals("1000 1000 sandbox /workspace /workspace sandbox"), "uid 1000 named sandbox"},
 		{"capabilities", `s = dict(l.split(':\t') for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
@@ -195,12 +195,22 @@ seen = [open(p, 'rb').read(10) for p in ('/proc/kallsyms', '/proc/kcore', '/proc
 print(len(seen) > 0 and all(b == b'' for b in seen))`, equals("True"), "masked (empty)"},
 		{"proc sys", tryOpen + `print(attempt(lambda: open('/proc/sys/kernel/hostname', 'w').write('x')))`, isErr("Read-only file system"), "EROFS"},
 	}
+	// Each attack from a fresh jail's program, then from a command
+	// joined to a running jail (Config.Join): the same result.
+	live := liveJail(t, "attacks", Limits{})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			got := mustPrint(t, c.code)
 			if !c.want(got) {
 				t.Errorf("attack %q: got %q, want %s", c.name, got, c.desc)
+			}
+		})
+		t.Run(c.name+" joined", func(t *testing.T) {
+			t.Parallel()
+			r, out, errs := joinPy(t, live, c.code, nil)
+			if got := strings.TrimSpace(out); r.ExitCode != 0 || !c.want(got) {
+				t.Errorf("attack %q from a joined command: got %q (exit %d, %s), want %s", c.name, got, r.ExitCode, errs, c.desc)
 			}
 		})
 	}
@@ -655,7 +665,7 @@ func TestRootless(t *testing.T) {
 		t.Skip("needs root to switch to an unprivileged user")
 	}
 	bin, tmp := testutil.CopyForNobody(t, "sandloop-rootless-", "jail.test")
-	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled|TestTerminalInteractivePython|TestTerminalIoctlsRefused)$"
+	subset := "^(TestRootless|TestFreezeAnyHost|TestRlimitsBindTheProgramNotTheInit|TestAttacksFail|TestForkBombStoppedByPidsLimit|TestCPUSpinStoppedAtTimeout|TestDoubleForkedDaemonGone|TestNoInheritedDescriptors|TestMemoryBombOOMKilled|TestTerminalInteractivePython|TestTerminalIoctlsRefused|TestJoinSharesTheJail|TestJoinKillEndsTheGroup|TestJoinHeldByTheJailsLimits)$"
 	rootless := func(t *testing.T, cgroupFD int) string {
 		cmd := exec.Command(bin, "-test.run", subset, "-test.v")
 		cmd.Env = []string{"SANDLOOP_ROOTLESS_CHILD=1", "TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=" + tmp}
@@ -668,7 +678,7 @@ func TestRootless(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rootless subset failed: %v\n%s", err, out)
 		}
-		for _, test := range []string{"TestAttacksFail", "TestTerminalInteractivePython", "TestTerminalIoctlsRefused"} {
+		for _, test := range []string{"TestAttacksFail", "TestTerminalInteractivePython", "TestTerminalIoctlsRefused", "TestJoinSharesTheJail", "TestJoinKillEndsTheGroup", "TestJoinHeldByTheJailsLimits"} {
 			if !bytes.Contains(out, []byte("--- PASS: "+test)) {
 				t.Errorf("%s did not pass rootless:\n%s", test, out)
 			}

@@ -15,6 +15,15 @@ func MaybeInit() {}
 // Process is a running jail (never, on this system).
 type Process struct{}
 
+// JoinTarget is a running jail (never, on this system).
+type JoinTarget struct{}
+
+func (*Process) JoinTarget() (*JoinTarget, error) { return nil, ErrUnsupported }
+func (*JoinTarget) Close() error                  { return nil }
+func (*JoinTarget) Path(p string) string          { return p }
+func (*JoinTarget) Alive() bool                   { return false }
+func (*JoinTarget) Limits() Limits                { return Limits{} }
+
 // Start fails: the jail needs Linux namespaces.
 func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
 

@@ -334,6 +334,15 @@ func mountScratch(cfg *initConfig) error {
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		return err
 	}
+	// E2B's home, where its SDKs and the agent frameworks write: the
+	// workspace under a second name (a link in the read-only root, so it
+	// leads nowhere else).
+	if err := os.Mkdir(newRoot+filepath.Dir(HomeDir), 0o755); err != nil {
+		return err
+	}
+	if err := os.Symlink(WorkspaceDir, newRoot+HomeDir); err != nil {
+		return err
+	}
 	if cfg.WorkspaceSub != "" {
 		// A tmpfs made in a user namespace (quota_userns_linux.go):
 		// clone its workspace directory, so that the host's descriptor

@@ -47,6 +47,14 @@ type Process struct {
 	// none); ttyDone is closed when its output has been copied.
 	tty     *os.File
 	ttyDone chan struct{}
+	// joinPid is the host PID of a joined program (Config.Join), which
+	// leads a process group of its own; 0 for a jail of its own.
+	joinPid int
+	// joinGroup: the joined jail has a cgroup, which freezes the program
+	// with the jail (Freeze and Thaw leave it to that).
+	joinGroup bool
+	// limits are the jail's (a JoinTarget's).
+	limits Limits
 
 	mu       sync.Mutex
 	timedOut bool
@@ -86,6 +94,9 @@ func Start(ctx context.Context, cfg *Config) (*Process, error) {
 		if err := cfg.Terminal.validate(); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Join != nil {
+		return startJoined(ctx, cfg, limits.Timeout)
 	}
 	if cfg.Workspace == "" {
 		// Never the current directory: the jail would own it.
@@ -166,7 +177,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	defer ws.fd.Close()
 	wsPath := ws.path
 
-	p := &Process{done: make(chan struct{})}
+	p := &Process{done: make(chan struct{}), limits: limits}
 	uid, gid := os.Getuid(), os.Getgid()
 	if uid == 0 {
 		uid, gid = HostID, HostID
@@ -417,14 +428,35 @@ func (p *Process) Usage() (LiveUsage, error) {
 }
 
 // Signal delivers sig to the jailed program (the init forwards it).
-func (p *Process) Signal(sig os.Signal) error { return p.proc.Signal(sig) }
+func (p *Process) Signal(sig os.Signal) error {
+	if p.joinPid != 0 {
+		s, ok := sig.(syscall.Signal)
+		if !ok {
+			return fmt.Errorf("unsupported signal %v", sig)
+		}
+		select {
+		case <-p.done:
+			return os.ErrProcessDone
+		default:
+		}
+		return unix.Kill(p.joinPid, s)
+	}
+	return p.proc.Signal(sig)
+}
 
 // Kill kills every process of the jail. It is safe to call at any time.
+// Of a joined program (Config.Join) it kills the program's session (its
+// process group, and the groups of the jobs of an interactive shell):
+// what it started and did not detach (setsid) into a session of its own.
 func (p *Process) Kill() {
 	select {
 	case <-p.done:
 		return
 	default:
+	}
+	if p.joinPid != 0 {
+		killSession(p.joinPid)
+		return
 	}
 	_ = p.proc.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
 	if p.cg != nil {
@@ -454,6 +486,15 @@ func (p *Process) wait() (*Result, error) {
 	if p.timer != nil {
 		p.timer.Stop()
 	}
+	r := &Result{Duration: end.Sub(p.start), Enforcement: p.enforce, Warnings: p.warn}
+	if p.joinPid != 0 {
+		p.waitJoined(r)
+		p.statusF.Close()
+		p.mu.Lock()
+		r.TimedOut = p.timedOut
+		p.mu.Unlock()
+		return r, nil
+	}
 	var st initStatus
 	statusErr := readStatus(p.status, &st)
 	p.statusF.Close()
@@ -461,7 +502,6 @@ func (p *Process) wait() (*Result, error) {
 		p.listener.Close()
 	}
 
-	r := &Result{Duration: end.Sub(p.start), Enforcement: p.enforce, Warnings: p.warn}
 	p.mu.Lock()
 	r.TimedOut = p.timedOut
 	p.mu.Unlock()

@@ -95,6 +95,8 @@ func toAPIError(err error) *apiError {
 		return &apiError{http.StatusConflict, "restart_required", err.Error() + ": POST /v1/sessions/{id}/restart", 0}
 	case errors.Is(err, session.ErrClosed):
 		return &apiError{http.StatusNotFound, "not_found", "the session was closed", 0}
+	case errors.Is(err, session.ErrTmpUnreachable):
+		return &apiError{http.StatusNotImplemented, "unsupported", err.Error(), 0}
 	case errors.Is(err, context.Canceled):
 		return &apiError{499, "canceled", "the request was canceled", 0}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -7,16 +7,30 @@ import (
 	"net/http"
 	"path"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
-// files opens the session's workspace for one request.
+// files opens the directory of the session's sandbox that the request's
+// dir parameter names for one request: the workspace (no dir, or
+// /workspace or /home/user, its other name) or the sandbox's /tmp (the
+// kernel's and its commands', reached through the sandbox's own root).
 func (s *Server) files(w http.ResponseWriter, r *http.Request) (*workspace.Workspace, bool) {
 	ms, ok := s.lookup(w, r)
 	if !ok {
 		return nil, false
 	}
-	ws, err := ms.Files(workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes})
+	opts := workspace.Options{MaxFileBytes: s.opts.MaxFileBytes, MaxTotalBytes: s.opts.MaxWorkspaceBytes}
+	var ws *workspace.Workspace
+	var err error
+	switch dir := r.URL.Query().Get("dir"); dir {
+	case "", jail.WorkspaceDir, jail.HomeDir:
+		ws, err = ms.Files(opts)
+	case "/tmp":
+		ws, err = ms.TmpFiles(opts)
+	default:
+		err = badRequest("dir %q: the files API serves the workspace (%s, also %s; the default) and /tmp", dir, jail.WorkspaceDir, jail.HomeDir)
+	}
 	if err != nil {
 		writeError(w, err)
 		return nil, false

@@ -319,6 +319,33 @@ func TestFiles(t *testing.T) {
 	if r := ts.exec(t, id, "import os; os.path.exists('data')"); r.MainResult()["text/plain"] != "False" {
 		t.Errorf("deleted dir still there: %+v", r)
 	}
+
+	// The sandbox's /tmp (dir=/tmp) is the kernel's; /home/user is the
+	// workspace; nothing else is served.
+	if resp := ts.do(t, "PUT", base+"/files/in/t.txt?dir=/tmp", "to /tmp", nil); resp.StatusCode != 201 {
+		t.Fatalf("put to /tmp: %d", resp.StatusCode)
+	}
+	r = ts.exec(t, id, "print(open('/tmp/in/t.txt').read()); open('/tmp/k.txt', 'w').write('kernel'); os.symlink('/etc/passwd', '/tmp/escape')")
+	if r.Stdout != "to /tmp\n" {
+		t.Errorf("the kernel reading /tmp: %+v", r)
+	}
+	resp = ts.do(t, "GET", base+"/files/k.txt?dir=/tmp", "", nil)
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(b) != "kernel" {
+		t.Errorf("download from /tmp: %d %q", resp.StatusCode, b)
+	}
+	resp = ts.do(t, "GET", base+"/files/out.txt?dir=/home/user", "", nil)
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(b) != "from python" {
+		t.Errorf("download from /home/user: %d %q", resp.StatusCode, b)
+	}
+	for path, want := range map[string]int{"/files/escape?dir=/tmp": 400, "/files/x?dir=/etc": 400, "/files/passwd?dir=/etc/": 400} {
+		resp := ts.do(t, "GET", base+path, "", nil)
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+		if b, _ := io.ReadAll(resp.Body); bytes.Contains(b, []byte("root:x:0")) {
+			t.Errorf("GET %s leaked /etc/passwd", path)
+		}
+	}
 }
 
 func TestAuthAndOwnership(t *testing.T) {

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"os"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -25,4 +26,51 @@ func (s *Session) Files(opts workspace.Options) (*workspace.Workspace, error) {
 		opts.MaxTotalBytes = q.Disk
 	}
 	return OpenWorkspace(s.workspace, opts)
+}
+
+// TmpFiles opens the sandbox's /tmp (the kernel's, which its commands
+// share) for the server's file access, with opts' size caps (at most the
+// size of /tmp). It is reached through the kernel's jail: never a host
+// directory, and no link inside leads out of it (os.Root).
+func (s *Session) TmpFiles(opts workspace.Options) (*workspace.Workspace, error) {
+	s.mu.Lock()
+	p, closed := s.proc, s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	j, ok := p.(joinable)
+	if !ok {
+		return nil, ErrTmpUnreachable
+	}
+	t, err := j.JoinTarget()
+	if err != nil {
+		return nil, ErrClosed
+	}
+	defer t.Close()
+	if max := t.Limits().TmpSize; opts.MaxTotalBytes == 0 || opts.MaxTotalBytes > max {
+		opts.MaxTotalBytes = max
+	}
+	opts.CreateAsOwner = true // a tmpfs of the jail's user namespace
+	ws, err := OpenWorkspace(t.Path("/tmp"), opts)
+	if err != nil {
+		return nil, err
+	}
+	if !t.Alive() { // the PID was recycled before the open
+		ws.Close()
+		return nil, ErrClosed
+	}
+	return ws, nil
+}
+
+// ErrTmpUnreachable means the session's kernel was started in a way whose
+// /tmp the host cannot reach (a launcher of the caller's).
+var ErrTmpUnreachable = errors.New("this session's /tmp cannot be reached from the server")
+
+// TmpFiles is Session.TmpFiles, resuming a paused session first.
+func (m *Managed) TmpFiles(opts workspace.Options) (*workspace.Workspace, error) {
+	if err := m.Resume(); err != nil {
+		return nil, err
+	}
+	return m.Session.TmpFiles(opts)
 }

@@ -277,6 +277,8 @@ type jailProcess struct {
 
 func (j *jailProcess) Signal(sig os.Signal) error { return j.p.Signal(sig) }
 
+func (j *jailProcess) JoinTarget() (*jail.JoinTarget, error) { return j.p.JoinTarget() }
+
 func (j *jailProcess) Listener() net.Listener { return j.p.Listener() }
 
 func (j *jailProcess) Usage() (jail.LiveUsage, error) { return j.p.Usage() }

@@ -71,6 +71,13 @@ type Options struct {
 	// so that the sandbox user can change them.
 	OwnerSet bool
 	UID, GID int
+	// CreateAsOwner, with OwnerSet, creates files and directories as UID
+	// and GID (the thread's filesystem ids), not only chowns them after:
+	// for a filesystem mounted in a sandbox's user namespace (its /tmp),
+	// where the server's own ids are not mapped and creating fails
+	// (EOVERFLOW); renames too. It also does so with the sandbox user's
+	// rights.
+	CreateAsOwner bool
 }
 
 // Workspace is one directory, accessed without ever leaving it.
@@ -305,7 +312,11 @@ func (w *Workspace) writeUsed(p, rel, dir string, r io.Reader, used int64) (int6
 		limit, what = max(room, 0), "workspace"
 	}
 	tmp := path.Join(dir, ".sandloop-upload-"+rand.Text())
-	f, err := w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	var f *os.File
+	err := w.creating(func() (err error) {
+		f, err = w.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		return err
+	})
 	if err != nil {
 		return 0, mapErr(p, err)
 	}
@@ -324,7 +335,7 @@ func (w *Workspace) writeUsed(p, rel, dir string, r io.Reader, used int64) (int6
 		err = w.chown(tmp)
 	}
 	if err == nil {
-		err = w.root.Rename(tmp, rel)
+		err = w.creating(func() error { return w.root.Rename(tmp, rel) })
 	}
 	if err != nil {
 		_ = w.root.Remove(tmp)
@@ -341,7 +352,7 @@ func (w *Workspace) mkdirAll(dir string) error {
 	if dir == "." {
 		return nil
 	}
-	if err := w.root.MkdirAll(dir, 0o755); err != nil {
+	if err := w.creating(func() error { return w.root.MkdirAll(dir, 0o755) }); err != nil {
 		return mapErr(dir, err)
 	}
 	// Give each new component to the sandbox user.
@@ -351,6 +362,15 @@ func (w *Workspace) mkdirAll(dir string) error {
 		}
 	}
 	return nil
+}
+
+// creating runs fn, which creates a file or directory, as the owner
+// where Options.CreateAsOwner says so.
+func (w *Workspace) creating(fn func() error) error {
+	if !w.opts.OwnerSet || !w.opts.CreateAsOwner {
+		return fn()
+	}
+	return asIDs(w.opts.UID, w.opts.GID, fn)
 }
 
 func (w *Workspace) chown(p string) error {
@@ -487,5 +507,5 @@ func (w *Workspace) Rename(src, dst string) error {
 	if err := w.mkdirAll(path.Dir(rd)); err != nil {
 		return err
 	}
-	return mapErr(dst, w.root.Rename(rs, rd))
+	return mapErr(dst, w.creating(func() error { return w.root.Rename(rs, rd) }))
 }

@@ -163,3 +163,15 @@ func (p *Process) ListeningPorts() ([]int, error) {
 	defer unix.Close(fd)
 	return jail.PortsOf(fd, p.reaperPid)
 }
+
+// JoinTarget returns a target of the session's jail (jail.Config.Join):
+// its reaper, PID 1 of the session's namespaces, in the session's group.
+// The caller closes it.
+func (p *Process) JoinTarget() (*jail.JoinTarget, error) {
+	fd, err := p.dupReaper()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return jail.NewJoinTarget(fd, p.reaperPid, p.limits, p.group)
+}

@@ -1,6 +1,7 @@
 package zygote
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -652,4 +653,37 @@ func TestForkQuota(t *testing.T) {
 		t.Fatalf("the session was not forked from the template: %q", got)
 	}
 	sessiontest.CheckQuota(t, s, disk, files)
+}
+
+// A command joined to a forked session's jail (jail.Config.Join on the
+// reaper) is in the session: its /tmp, processes, cgroup, filter and
+// limits, and no capability; a sibling's are out of its reach.
+func TestJoinForkedSession(t *testing.T) {
+	z := newZygote(t, light)
+	a := newSession(t, z, session.Options{Limits: jail.Limits{Pids: 64}})
+	b := newSession(t, z, session.Options{})
+	kernel := out(t, a.Session, "import os; open('/tmp/k', 'w').write('kernel a'); print(os.getpid(), repr(open('/proc/self/limits').read()))")
+	out(t, b.Session, "open('/tmp/k', 'w').write('kernel b')")
+	target, err := a.proc.JoinTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	var o, e bytes.Buffer
+	r, err := jail.Run(context.Background(), &jail.Config{Path: jail.DefaultPython, Args: []string{"python3", "-c", `import os
+st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+procs = [p for p in os.listdir('/proc') if p.isdigit()]
+print(open('/tmp/k').read(), os.getuid(), st['CapBnd'], st['CapEff'], st['NoNewPrivs'], st['Seccomp'], open('/proc/self/cgroup').read().strip().split(':')[-1])
+print(sorted(int(p) for p in procs)[:2], repr(open('/proc/self/limits').read()))`}, Join: target, Stdout: &o, Stderr: &e})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("joined: %v %+v %s", err, r, e.String())
+	}
+	lines := strings.Split(strings.TrimSpace(o.String()), "\n")
+	if len(lines) != 2 || lines[0] != "kernel a 1000 0000000000000000 0000000000000000 1 2 /" {
+		t.Fatalf("joined command: %q", o.String())
+	}
+	kpid, klimits, _ := strings.Cut(kernel, " ")
+	if want := "[1, " + kpid + "] " + klimits; lines[1] != want {
+		t.Errorf("processes and limits:\n%s\nwant (the kernel's):\n%s", lines[1], want)
+	}
 }

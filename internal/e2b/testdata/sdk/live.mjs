@@ -7,6 +7,9 @@
 //                                       getInfo reports the network; E2B's validation errors
 //   node live.mjs watch                 watchDir sees what runCode and the files API write, recursive
 //                                       and not; stop() drops the watcher; errors
+//   node live.mjs onebox MARK           one sandbox: a server a background command started answers
+//                                       runCode; /tmp and /home/user shared by the files API, commands
+//                                       and runCode; `nohup sleep MARK &` outlives its command
 //
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
@@ -92,6 +95,9 @@ async function network(site, caFile) {
         await b.files.write('ca.pem', readFileSync(caFile, 'utf8'))
         const e = await b.runCode(`import urllib.request\nprint(urllib.request.urlopen("https://${site}/", timeout=20).read().decode())`, { envs: { SSL_CERT_FILE: '/workspace/ca.pem' } })
         assert.equal(e.logs.stdout.join('').trim(), 'hello from the site')
+        // A command goes out the same way, through the sandbox's allowlist.
+        const c = await b.commands.run(`python3 -c 'import urllib.request; print(urllib.request.urlopen("https://${site}/", timeout=20).read().decode())'`, { envs: { SSL_CERT_FILE: '/home/user/ca.pem' } })
+        assert.equal(c.stdout.trim(), 'hello from the site')
       } finally {
         await b.kill()
       }
@@ -149,7 +155,54 @@ async function watch() {
   }
 }
 
+async function onebox(mark) {
+  const sbx = await Sandbox.create({ timeoutMs: 120000 })
+  try {
+    await step('onebox: a server a background command started answers runCode', async () => {
+      await sbx.files.write('/home/user/index.html', 'served from the sandbox')
+      const h = await sbx.commands.run('python3 -m http.server 8765 --bind 127.0.0.1', { background: true })
+      assert.ok(h.pid > 0)
+      const e = await sbx.runCode(
+        `import time, urllib.request\nfor i in range(600):\n    try:\n        print(urllib.request.urlopen("http://127.0.0.1:8765/index.html", timeout=5).read().decode()); break\n    except OSError:\n        time.sleep(0.1)`,
+      )
+      assert.equal(e.logs.stdout.join('').trim(), 'served from the sandbox', JSON.stringify(e))
+      await h.kill()
+    })
+    await step('onebox: /tmp is shared by the files API, commands and runCode', async () => {
+      await sbx.files.write('/tmp/from-api.txt', 'written by files.write')
+      const c = await sbx.commands.run('cat /tmp/from-api.txt; echo -n "written by a command" > /tmp/from-cmd.txt')
+      assert.equal(c.stdout, 'written by files.write')
+      const e = await sbx.runCode("print(open('/tmp/from-api.txt').read(), open('/tmp/from-cmd.txt').read(), sep='|')")
+      assert.equal(e.logs.stdout.join('').trim(), 'written by files.write|written by a command')
+      assert.equal(await sbx.files.read('/tmp/from-cmd.txt'), 'written by a command')
+      const names = (await sbx.files.list('/tmp')).map((x) => x.path)
+      assert.ok(names.includes('/tmp/from-api.txt'), names.join(', '))
+      await throws(() => sbx.files.read('/etc/passwd'), (err) => assert.match(err.message, /reachable through the files API/))
+    })
+    await step('onebox: the home is /home/user, the workspace', async () => {
+      const c = await sbx.commands.run('pwd; echo $HOME; cat index.html')
+      assert.equal(c.stdout, '/home/user\n/home/user\nserved from the sandbox')
+      const e = await sbx.runCode("print(open('/home/user/index.html').read() == open('index.html').read())")
+      assert.equal(e.logs.stdout.join('').trim(), 'True')
+    })
+    await step('onebox: nohup ... & outlives its command, in the sandbox', async () => {
+      const c = await sbx.commands.run(`nohup sleep ${mark} & echo $!`)
+      const pid = Number(c.stdout.trim())
+      assert.ok(pid > 0, c.stdout)
+      const e = await sbx.runCode(`import os\nprint(open('/proc/${pid}/cmdline').read().split('\\0')[:2])`)
+      assert.equal(e.logs.stdout.join('').trim(), `['sleep', '${mark}']`, JSON.stringify(e))
+      const l = await sbx.commands.run(`ps -o args= -p ${pid} || cat /proc/${pid}/cmdline`)
+      assert.match(l.stdout, new RegExp(mark))
+    })
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+}
+
 switch (mode) {
+  case 'onebox':
+    await onebox(process.argv[3])
+    break
   case 'network':
     await network(process.argv[3], process.argv[4])
     break
@@ -157,7 +210,7 @@ switch (mode) {
     await watch()
     break
   default:
-    console.error('usage: node live.mjs network SITE CA_FILE | watch')
+    console.error('usage: node live.mjs network SITE CA_FILE | watch | onebox MARK')
     process.exit(2)
 }
 console.log('done')

@@ -1,0 +1,554 @@
+package jail
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Joining a running jail (Config.Join): a process started inside the
+// namespaces, root, cgroup and filter of a jail that already runs, as
+// nsenter would, so that it shares the jail's /tmp, loopback, processes
+// and limits with the program already there.
+//
+// Entering a user namespace (and a mount namespace) takes a
+// single-threaded process, which a Go program never is, so the entering
+// is done by a few lines of Python (joinScript, run by the host's
+// python3 -I -S, the interpreter jails run anyway) and the rest by the
+// jail's own init program re-executed in join mode (runJoin):
+//
+//  1. the host opens a pidfd of the jail's PID 1 (JoinTarget; a recycled
+//     PID can never redirect it) and its root, and starts the script;
+//  2. the script enters every namespace of that process at once
+//     (setns on the pidfd: user, mount, PID, network, IPC, UTS, cgroup,
+//     less those it shares with the host already), chroots to its root
+//     and forks once, so the child is in the jail's PID namespace (the
+//     parent stays on the host's side, only to wait for it and report
+//     how it ended);
+//  3. the child takes the sandbox's uid and gid, keeps CAP_SETPCAP
+//     ambient (in the jail's user namespace) only so that the next
+//     program can empty the bounding set, and executes the init program
+//     by descriptor (nothing of the jail's is executed yet);
+//  4. the host moves it into the jail's cgroup, then sends its
+//     configuration; runJoin sets the rlimits, starts a session of its
+//     own (a process group the host kills as one), drops every
+//     capability and locks the securebits, loads the jail's seccomp
+//     filter, and executes the program: the same steps, from the same
+//     code, as the program of a new jail.
+//
+// The jail's PID 1 becomes the parent of whatever the program leaves
+// running when it ends (a `nohup server &`), reaps it, and ends it when
+// the jail ends: the kernel kills a PID namespace's every process when
+// its PID 1 exits, and the jail's cgroup is killed with it.
+
+// JoinTarget is a running jail that processes can join (Config.Join).
+// Close it when done: it holds a descriptor of the jail's PID 1.
+type JoinTarget struct {
+	pidfd   int
+	pid     int
+	cg      *cgroup
+	enforce string
+	limits  Limits // the jail's, with defaults
+	// nproc: the jail's program has an RLIMIT_NPROC of its Pids and its
+	// init's threads (a jail of its own, in a user namespace of its own).
+	// A zygote's sessions share the template's user namespace, where
+	// NPROC would count every session's processes: their cgroup counts.
+	nproc bool
+}
+
+// NewJoinTarget makes a target of the jail whose PID 1 pidfd refers to
+// (pid is its host PID; the descriptor is duplicated, the caller keeps
+// its own), with limits l, in group g (nil where no cgroup enforces
+// them): a zygote's session, whose user namespace is the template's and
+// shared with its siblings (no RLIMIT_NPROC: its group counts).
+func NewJoinTarget(pidfd, pid int, l Limits, g *Group) (*JoinTarget, error) {
+	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("join target: %w", err)
+	}
+	t := &JoinTarget{pidfd: fd, pid: pid, enforce: "rlimits", limits: l.WithDefaults()}
+	if g != nil {
+		t.cg = g.cg
+		t.enforce = g.cg.mode
+	}
+	return t, nil
+}
+
+// JoinTarget returns a target of this jail (see Config.Join).
+func (p *Process) JoinTarget() (*JoinTarget, error) {
+	if p.joinPid != 0 {
+		return nil, errors.New("jail: a joined process is not a jail of its own")
+	}
+	fd, err := unix.PidfdOpen(p.proc.Pid, 0)
+	if err != nil {
+		return nil, os.ErrProcessDone
+	}
+	// The PID was this jail's init when the descriptor was opened if the
+	// network namespace is still the one it was born in.
+	if ino, err := netnsInode(p.proc.Pid); err != nil || (p.netns != 0 && ino != p.netns) || unix.PidfdSendSignal(fd, 0, nil, 0) != nil {
+		unix.Close(fd)
+		return nil, os.ErrProcessDone
+	}
+	return &JoinTarget{pidfd: fd, pid: p.proc.Pid, cg: p.cg, enforce: p.enforce, limits: p.limits, nproc: true}, nil
+}
+
+// Close releases the target's descriptor.
+func (t *JoinTarget) Close() error {
+	if t == nil || t.pidfd < 0 {
+		return nil
+	}
+	err := unix.Close(t.pidfd)
+	t.pidfd = -1
+	return err
+}
+
+// joinArg0 is argv[0] of the init program in join mode (runJoin).
+const joinArg0 = "sandloop-jail-join"
+
+// Descriptors of the join script, and of runJoin after it.
+const (
+	joinPidFD    = 3 // the target's pidfd (script only)
+	joinRootFD   = 4 // the target's root, O_PATH (script only)
+	joinExeFD    = 5 // the init program, executed by descriptor (script only)
+	joinConfigFD = 6 // runJoin reads its joinConfig (JSON) until EOF
+	joinStatusFD = 7 // initStatus lines: the script's {pid}, runJoin's {ready} or {error}, the script's {exited}
+)
+
+// joinConfig is what the host tells runJoin.
+type joinConfig struct {
+	Path     string
+	Args     []string
+	Env      []string
+	Dir      string
+	Limits   Limits
+	Terminal bool
+	// Rlimits the program gets on top of setRlimits' (DATA, NPROC).
+	Extra []joinRlimit
+}
+
+type joinRlimit struct {
+	Name string
+	Res  int
+	Val  uint64
+}
+
+// joinStatus is a line of the join's status pipe.
+type joinStatus struct {
+	initStatus
+	Ready  bool  `json:"ready,omitempty"`
+	CPUMs  int64 `json:"cpu_ms,omitempty"`
+	MaxRSS int64 `json:"maxrss_kb,omitempty"`
+}
+
+// joinScript enters the target's namespaces (argv: flags, uid, gid) and
+// forks the child that becomes the program. It imports before it enters:
+// nothing of the jail's is read after that.
+const joinScript = `
+import ctypes, json, os, sys
+PIDFD, ROOT, EXE, CONFIG, STATUS = 3, 4, 5, 6, 7
+def report(**kw):
+    os.write(STATUS, (json.dumps(kw) + "\n").encode())
+libc = ctypes.CDLL(None, use_errno=True)
+flags, uid, gid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+try:
+    if flags and libc.setns(PIDFD, flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "enter the sandbox's namespaces: " + os.strerror(e))
+    os.fchdir(ROOT)
+    os.chroot(".")
+    os.chdir("/")
+    pid = os.fork()
+except OSError as e:
+    report(error=str(e))
+    sys.exit(126)
+if pid == 0:
+    try:
+        os.close(PIDFD); os.close(ROOT)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        # CAP_SETPCAP (8), inheritable then ambient: the init empties the
+        # bounding set with it, then drops it with every other.
+        hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+        data = (ctypes.c_uint32 * 6)()
+        if libc.capget(hdr, data) != 0:
+            raise OSError(ctypes.get_errno(), "capget")
+        data[2] |= 1 << 8
+        if libc.capset(hdr, data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+        if libc.prctl(47, 2, 8, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "raise ambient CAP_SETPCAP")
+        os.execve(EXE, [sys.argv[4]], {})
+    except BaseException as e:
+        try:
+            report(error="join: " + str(e))
+        finally:
+            os._exit(126)
+os.close(PIDFD); os.close(ROOT); os.close(EXE); os.close(CONFIG)
+for fd in (0, 1, 2):
+    os.close(fd)
+report(pid=pid)
+_, st, ru = os.wait4(pid, 0)
+out = {"exited": True, "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000), "maxrss_kb": ru.ru_maxrss}
+if os.WIFSIGNALED(st):
+    out["signal"] = os.WTERMSIG(st)
+else:
+    out["code"] = os.WEXITSTATUS(st)
+report(**out)
+`
+
+// joinFlags are the namespaces of pid that the host does not share
+// already (a jail on the host's network shares its network namespace;
+// one without cgroups its cgroup namespace): those are entered, the rest
+// are the same already.
+func joinFlags(pid int) int {
+	all := []struct {
+		name string
+		flag int
+	}{
+		{"user", unix.CLONE_NEWUSER}, {"mnt", unix.CLONE_NEWNS}, {"pid", unix.CLONE_NEWPID},
+		{"net", unix.CLONE_NEWNET}, {"ipc", unix.CLONE_NEWIPC}, {"uts", unix.CLONE_NEWUTS},
+		{"cgroup", unix.CLONE_NEWCGROUP},
+	}
+	flags := 0
+	for _, ns := range all {
+		var ours, theirs unix.Stat_t
+		if unix.Stat("/proc/self/ns/"+ns.name, &ours) == nil && unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, ns.name), &theirs) == nil &&
+			ours.Ino == theirs.Ino && ours.Dev == theirs.Dev {
+			continue
+		}
+		flags |= ns.flag
+	}
+	return flags
+}
+
+// startJoined starts cfg inside cfg.Join's jail, under the jail's limits
+// but for timeout's.
+func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Process, error) {
+	t := cfg.Join
+	if t.pidfd < 0 {
+		return nil, &ArgumentError{"join", errors.New("the target is closed")}
+	}
+	limits := t.limits
+	limits.Timeout = timeout
+	p := &Process{done: make(chan struct{}), enforce: t.enforce, network: NetworkNone}
+	uid, gid := SandboxUID, SandboxGID
+	fail := func(err error) (*Process, error) {
+		p.closeStdin()
+		if p.tty != nil {
+			p.tty.Close()
+		}
+		return nil, err
+	}
+	flags := joinFlags(t.pid)
+	root, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", t.pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil || unix.PidfdSendSignal(t.pidfd, 0, nil, 0) != nil {
+		if root != nil {
+			root.Close()
+		}
+		return fail(fmt.Errorf("join the sandbox: %w", os.ErrProcessDone))
+	}
+	defer root.Close()
+	pidfd := os.NewFile(uintptr(t.pidfd), "jail-pidfd") // not closed: the target owns it
+	exe, err := os.Open(initPath())
+	if err != nil {
+		return fail(fmt.Errorf("join the sandbox: the init program: %w", err))
+	}
+	defer exe.Close()
+
+	var stdin, ttySlave *os.File
+	if cfg.Terminal != nil {
+		if p.tty, ttySlave, err = openTerminal(*cfg.Terminal); err != nil {
+			return fail(err)
+		}
+		defer ttySlave.Close()
+		p.ttyDone = make(chan struct{})
+	} else {
+		if stdin, err = p.stdinPipe(cfg.Stdin); err != nil {
+			return fail(err)
+		}
+		if p.stdin != nil {
+			defer stdin.Close()
+		}
+	}
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	defer stW.Close()
+
+	cmd := &exec.Cmd{
+		Path:       DefaultPython,
+		Args:       []string{"python3", "-I", "-S", "-c", joinScript, strconv.Itoa(flags), strconv.Itoa(uid), strconv.Itoa(gid), joinArg0},
+		Env:        []string{},
+		Stdin:      readerOrNil(stdin),
+		Stdout:     wrapWriter(cfg.Stdout),
+		Stderr:     wrapWriter(cfg.Stderr),
+		ExtraFiles: []*os.File{pidfd, root, exe, cfgR, stW},
+		SysProcAttr: &syscall.SysProcAttr{
+			Pdeathsig: syscall.SIGKILL,
+			Setsid:    true,
+		},
+		// The program's end is reported by the script, not by the end of
+		// its output: a background job it left may hold the pipes.
+		WaitDelay: 500 * time.Millisecond,
+	}
+	if ttySlave != nil {
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = ttySlave, ttySlave, ttySlave
+	}
+	if err := cmd.Start(); err != nil {
+		return fail(fmt.Errorf("join the sandbox: %w", err))
+	}
+	p.proc = cmd.Process
+	p.waitProc = func() (*os.ProcessState, error) {
+		err := cmd.Wait()
+		return cmd.ProcessState, err
+	}
+	p.start = time.Now()
+	if p.tty != nil {
+		ttySlave.Close()
+		p.serveTerminal(cfg.Stdin, cfg.Stdout)
+	}
+	cfgR.Close()
+	stW.Close()
+	p.statusF = stR
+	p.status = bufio.NewReader(io.LimitReader(stR, 1<<20))
+	abort := func(err error) (*Process, error) {
+		if p.joinPid != 0 {
+			_ = unix.Kill(-p.joinPid, unix.SIGKILL)
+		}
+		_ = p.proc.Kill()
+		_, _ = p.waitProc()
+		stR.Close()
+		return fail(err)
+	}
+	var st joinStatus
+	if err := readJoinStatus(p.status, &st); err != nil {
+		return abort(fmt.Errorf("join the sandbox: %w", err))
+	}
+	if st.Error != "" || st.Pid == 0 {
+		return abort(fmt.Errorf("join the sandbox: %s", st.Error))
+	}
+	p.joinPid = st.Pid
+	p.joinGroup = t.cg != nil
+	// Into the jail's cgroup before anything of the program's runs (the
+	// child waits for its configuration, below).
+	if t.cg != nil {
+		if err := t.cg.add(p.joinPid); err != nil {
+			return abort(fmt.Errorf("join the sandbox's cgroup: %w", err))
+		}
+	}
+	jc := joinConfig{Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir, Limits: limits, Terminal: cfg.Terminal != nil}
+	if len(jc.Args) == 0 {
+		jc.Args = []string{cfg.Path}
+	}
+	if jc.Dir == "" {
+		jc.Dir = WorkspaceDir
+	}
+	if t.cg == nil {
+		// No cgroup: the program's memory and processes are held by
+		// rlimits, as a new jail's program is (programRlimits).
+		jc.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids)}}
+		p.warn = append(p.warn, RlimitsWarning)
+	} else if t.nproc {
+		// The NPROC a new jail's program gets: its share, plus room for
+		// the init's threads (counted with it in the user namespace).
+		jc.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids + initThreads)}}
+	}
+	if err := json.NewEncoder(cfgW).Encode(&jc); err != nil {
+		return abort(fmt.Errorf("configure the joined process: %w", err))
+	}
+	cfgW.Close()
+	st = joinStatus{}
+	if err := readJoinStatus(p.status, &st); err != nil {
+		return abort(fmt.Errorf("join the sandbox: %w", err))
+	}
+	switch {
+	case st.Error != "":
+		return abort(fmt.Errorf("join the sandbox: %s", st.Error))
+	case !st.Ready:
+		return abort(errors.New("join the sandbox: the process ended before it started (is the sandbox at its process or memory limit?)"))
+	}
+	if limits.Timeout > 0 {
+		p.timer = time.AfterFunc(limits.Timeout, func() {
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+			p.Kill()
+		})
+	}
+	if ctx.Done() != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+				p.Kill()
+			case <-p.done:
+			}
+		}()
+	}
+	return p, nil
+}
+
+func readJoinStatus(r *bufio.Reader, st *joinStatus) error {
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("the join ended without a report")
+		}
+		return err
+	}
+	return json.Unmarshal(line, st)
+}
+
+// waitJoined is wait's part for a joined process: the script's last
+// report, after any error runJoin reported.
+func (p *Process) waitJoined(r *Result) {
+	var st joinStatus
+	for {
+		var line joinStatus
+		if readJoinStatus(p.status, &line) != nil {
+			break
+		}
+		if line.Exited {
+			st = line
+			break
+		}
+	}
+	if !st.Exited {
+		r.ExitCode, r.Signal = 137, "SIGKILL"
+		return
+	}
+	r.ExitCode = st.ExitCode
+	if st.Signal != 0 {
+		r.ExitCode = 128 + st.Signal
+		r.Signal = unix.SignalName(syscall.Signal(st.Signal))
+	}
+	r.CPUTime = time.Duration(st.CPUMs) * time.Millisecond
+	r.MemoryPeak = st.MaxRSS * 1024
+}
+
+// runJoin is the init program in join mode: inside the jail already (the
+// script entered it), in its cgroup once its configuration arrives. It
+// becomes the program.
+func runJoin() int {
+	status := os.NewFile(joinStatusFD, "status")
+	report := func(st joinStatus) { _ = json.NewEncoder(status).Encode(st) }
+	failed := func(err error) int {
+		report(joinStatus{initStatus: initStatus{Error: err.Error()}})
+		return 126
+	}
+	var cfg joinConfig
+	cf := os.NewFile(joinConfigFD, "config")
+	if err := json.NewDecoder(cf).Decode(&cfg); err != nil {
+		return failed(fmt.Errorf("read config: %w", err))
+	}
+	cf.Close()
+	if err := setRlimits(&initConfig{Limits: cfg.Limits}); err != nil {
+		return failed(err)
+	}
+	extra := make([]rlimit, len(cfg.Extra))
+	for i, r := range cfg.Extra {
+		extra[i] = rlimit{r.Name, r.Res, r.Val}
+	}
+	if err := applyRlimits(extra); err != nil {
+		return failed(err)
+	}
+	if err := unix.Chdir(cfg.Dir); err != nil {
+		return failed(fmt.Errorf("chdir %s: %w", cfg.Dir, err))
+	}
+	// A session of its own: its process group is what Kill ends, and a
+	// terminal becomes its controlling terminal.
+	if _, err := unix.Setsid(); err != nil {
+		return failed(fmt.Errorf("setsid: %w", err))
+	}
+	if cfg.Terminal {
+		if err := unix.IoctlSetInt(0, unix.TIOCSCTTY, 0); err != nil {
+			return failed(fmt.Errorf("controlling terminal: %w", err))
+		}
+	}
+	// Nothing of the host's but 0-2 reaches the program.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return failed(fmt.Errorf("close_range: %w", err))
+	}
+	if err := dropPrivileges(); err != nil {
+		return failed(err)
+	}
+	if err := loadSeccomp(); err != nil {
+		return failed(err)
+	}
+	report(joinStatus{Ready: true})
+	err := syscall.Exec(cfg.Path, cfg.Args, cfg.Env)
+	report(joinStatus{initStatus: initStatus{Error: fmt.Sprintf("start %s: %v", cfg.Path, err)}})
+	return 127
+}
+
+// Path is p (absolute, as the jail sees it) as the host reaches it, under
+// the jail's root: for os.OpenRoot, which then never leaves that
+// directory. Check Alive after opening it: the PID may have been recycled
+// before.
+func (t *JoinTarget) Path(p string) string {
+	return fmt.Sprintf("/proc/%d/root%s", t.pid, p)
+}
+
+// Alive reports whether the jail's PID 1 still runs.
+func (t *JoinTarget) Alive() bool {
+	return t.pidfd >= 0 && unix.PidfdSendSignal(t.pidfd, 0, nil, 0) == nil
+}
+
+// Limits are the jail's limits.
+func (t *JoinTarget) Limits() Limits { return t.limits }
+
+// killSession kills every process of the session sid (a joined program's:
+// it called setsid, so sid is its host PID). The program is not reaped
+// yet (the script waiting for it is killed by nobody in the jail), so
+// the number is still its session's. Its process group goes first, then
+// whatever /proc shows in the session (an interactive shell's jobs have
+// groups of their own), a few times over for what was forking meanwhile.
+func killSession(sid int) {
+	_ = unix.Kill(-sid, unix.SIGKILL)
+	for range 3 {
+		found := false
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid pgrp session ...: comm may hold
+			// anything, so fields count from its closing parenthesis.
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 {
+				continue
+			}
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) > 3 && f[3] == strconv.Itoa(sid) && f[0] != "Z" {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+	}
+}
