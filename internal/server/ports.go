@@ -142,7 +142,10 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request) {
 // one of the server's tokens.
 func (s *Server) bearerOwner(r *http.Request) (string, bool) {
 	if s.opts.GatewaySecret != "" {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) == 1 {
+		// The gateway names the owner only of a request whose token it
+		// checked; port traffic without one (a signed URL, a public
+		// session) comes without the header.
+		if _, named := r.Header[HeaderOwner]; named && s.fromGateway(r) {
 			return r.Header.Get(HeaderOwner), true
 		}
 		return "", false
