@@ -52,17 +52,29 @@ type portURLJSON struct {
 
 // baseHost is what PORT-ID. is put in front of: the first port domain if
 // the operator gave one, else localhost with the port the client used.
+// Behind a gateway, the gateway's name and domain (the host's own are
+// not the user's to reach).
 func (s *Server) baseHost(r *http.Request) string {
+	if d := r.Header.Get(HeaderPortDomain); d != "" && s.fromGateway(r) {
+		return d
+	}
 	if len(s.opts.PortDomains) > 0 {
 		return s.opts.PortDomains[0]
 	}
-	if _, port, err := net.SplitHostPort(r.Host); err == nil {
+	if _, port, err := net.SplitHostPort(s.baseURL(r).Host); err == nil {
 		return "localhost:" + port
 	}
 	return "localhost"
 }
 
 func (s *Server) baseURL(r *http.Request) *url.URL {
+	if h := r.Header.Get(HeaderForwardedHost); h != "" && s.fromGateway(r) {
+		scheme := "http"
+		if r.Header.Get(HeaderForwardedProto) == "https" {
+			scheme = "https"
+		}
+		return &url.URL{Scheme: scheme, Host: h}
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"

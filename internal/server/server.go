@@ -104,6 +104,13 @@ const (
 	// port by a host name (PORT-ID.DOMAIN, or E2B's headers), and names
 	// it: "PORT-ID". The Host header stays the one the user typed.
 	HeaderPortHost = "X-Sandloop-Port-Host"
+	// HeaderPortDomain is the gateway's first port domain, under which
+	// the URLs of ports a host hands out are named.
+	HeaderPortDomain = "X-Sandloop-Port-Domain"
+	// HeaderForwardedHost and HeaderForwardedProto are the name and scheme
+	// the client used at the gateway, for the URLs a host hands out.
+	HeaderForwardedHost  = "X-Forwarded-Host"
+	HeaderForwardedProto = "X-Forwarded-Proto"
 )
 
 // EgressOptions configure sessions in allow mode.
