@@ -244,3 +244,16 @@ func (s *Server) serveHostPort(w http.ResponseWriter, r *http.Request, t portpro
 	ms.Touch()
 	portproxy.Serve(w, r, ms, t.Port, &portproxy.Options{Path: r.URL.Path, DropAuthorization: dropAuth, Logger: s.log})
 }
+
+// PreviewURL signs a preview URL of port of session id until exp, under
+// base ("localhost:8080": PORT-ID.localhost:8080; or a port domain), for
+// the previews of agent runs (runs.Options.PreviewURL).
+func (s *Server) PreviewURL(base, id string, port int, exp time.Time) string {
+	t := portproxy.Target{ID: id, Port: port}
+	if len(s.opts.PortDomains) > 0 {
+		base = s.opts.PortDomains[0]
+	}
+	u := url.URL{Scheme: "http", Host: portproxy.HostName(t, base), Path: "/",
+		RawQuery: url.Values{portproxy.SigParam: {s.signer.Sign(t, exp)}}.Encode()}
+	return u.String()
+}
