@@ -158,6 +158,8 @@ type Server struct {
 	notebooks notebooks
 	// signer signs the URLs of sessions' ports (ports.go).
 	signer *portproxy.Signer
+	// usage samples the sessions whose metrics are watched (usage.go).
+	usage samplers
 }
 
 // route is one documented endpoint.
@@ -259,6 +261,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"GET", "/v1/sessions/{id}/metrics", s.sessionMetrics, false},
 		{"GET", "/v1/sessions/{id}/ports", s.listPorts, false},
 		{"POST", "/v1/sessions/{id}/previews", s.portURL, false},
 		// The app's own methods; its access is checked by proxyPort.
