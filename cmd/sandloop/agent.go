@@ -46,6 +46,7 @@ type agentFlags struct {
 	database   string
 	pricesFile string
 	noLessons  bool
+	previewFor time.Duration
 	lf         limitFlags
 	zygote     zygoteMode
 }
@@ -94,6 +95,7 @@ Modes (--mode):
 	fl.BoolVar(&f.noLessons, "no-lessons", false, "neither recall lessons of earlier runs nor learn new ones (see sandloop lessons)")
 	fl.StringVar(&f.database, "database", "", databaseHelp)
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
+	fl.DurationVar(&f.previewFor, "preview-for", runs.DefaultPreviewFor, "app mode: when the agent leaves a server running, keep the sandbox this long after the run and serve its preview URL (Enter or Ctrl-C ends it sooner; 0: never). Without a terminal only when given")
 	f.lf.register(fl)
 	registerZygote(fl, &f.zygote)
 	return cmd
@@ -230,7 +232,21 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		return err
 	}
 	defer zl.Close()
+	// App runs' previews: kept after the run while this command waits, on
+	// a terminal or when --preview-for says so (a script is not held up).
+	previewFor := f.previewFor
+	if !cmd.Flags().Changed("preview-for") && !(isTerminal(cmd.InOrStdin()) && isTerminal(cmd.OutOrStdout())) {
+		previewFor = 0
+	}
+	var previews *previewServer
+	var previewURL func(string, int, time.Time) string
+	if mode == agent.ModeApp && previewFor > 0 {
+		previews = newPreviewServer()
+		defer previews.close()
+		previewURL = previews.url
+	}
 	svc := runs.New(&runs.Options{
+		PreviewURL: previewURL, PreviewFor: previewFor,
 		Store:    st,
 		Lessons:  lessonStore(st, cmd.ErrOrStderr(), f.noLessons),
 		Provider: func(context.Context, string) (llm.Provider, error) { return prov, nil },
@@ -239,9 +255,14 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 			if err != nil {
 				return nil, err
 			}
-			return session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
+			s, err := session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
+			if err == nil && previews != nil {
+				previews.add(s.ID(), s)
+			}
+			return s, err
 		},
 	})
+	defer svc.Close() // the sandbox a run keeps for its previews
 
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	var view func(agent.Event)
@@ -305,6 +326,11 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 		}
 	}
 	fmt.Fprintf(errOut, "sandloop: run %s %s (sandloop runs show %s)\n", run.ID, rep.Status, run.ID)
+	if len(rep.Previews) > 0 && svc.PreviewsKept(run.ID) {
+		fmt.Fprintln(errOut, previewNote(rep.Previews[0].ExpiresAt))
+		waitPreviews(ctx, cmd.InOrStdin(), rep.Previews[0].ExpiresAt)
+		svc.Cancel(run.ID) // closes the kept sandbox
+	}
 	switch rep.Status {
 	case agent.StatusDone:
 		return nil

@@ -3,9 +3,15 @@ package main
 import (
 	"archive/zip"
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // useModel points the CLI at a local server speaking the OpenAI wire format.
@@ -480,5 +487,81 @@ func TestAgentCLIFootersSayWhatHappened(t *testing.T) {
 		if strings.Count(show, " · "+tt.cost+" · ") != 2 { // the run's line and its report
 			t.Errorf("%s: runs show does not say %q twice:\n%s", tt.name, tt.cost, show)
 		}
+	}
+}
+
+// TestAgentCLIAppPreview: a foreground app run whose agent leaves its
+// server running prints a preview URL that opens the app after the run,
+// while the command waits (--preview-for); Enter ends it, and with it the
+// sandbox and the preview.
+func TestAgentCLIAppPreview(t *testing.T) {
+	file := func(path, content string) llmtest.ToolCall {
+		b, _ := json.Marshal(map[string]string{"path": path, "content": content})
+		return llmtest.ToolCall{Name: "write_file", Arguments: string(b)}
+	}
+	app := "import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        b = b'built by the agent'\n        self.send_response(200); self.send_header('Content-Length', str(len(b))); self.end_headers(); self.wfile.write(b)\nhttp.server.ThreadingHTTPServer(('127.0.0.1', 5000), H).serve_forever()\n"
+	wait := `{"code":"import socket, time\nfor _ in range(300):\n    try:\n        socket.create_connection(('127.0.0.1', 5000), 1).close(); break\n    except OSError:\n        time.sleep(0.1)\nprint('up')"}`
+	useModel(t, llmtest.Script{
+		{ToolCalls: []llmtest.ToolCall{file("app.py", app), file("test_app.py", "def test_ok():\n    assert True\n"),
+			file("requirements.txt", "\n"), file("README.md", "# App\n\nRun: python3 app.py\n")}},
+		{ToolCalls: tc("start_process", `{"name":"server","command":"python3 app.py"}`)},
+		{ToolCalls: tc("execute_python", wait)},
+		{ToolCalls: tc("finish", `{"summary":"a small web app"}`)},
+	})
+	stdinR, stdinW := io.Pipe()
+	t.Cleanup(func() { stdinW.Close() })
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- execute([]string{"agent", "--mode", "app", "a web page that says who built it", "--data-dir", t.TempDir(), "--preview-for", "10m"}, stdinR, &stdout, &stderr)
+	}()
+	urlRe := regexp.MustCompile(`preview \(port 5000\): (http://5000-[a-z0-9]+\.localhost:(\d+)/\?sandloop_sig=\S+)`)
+	var m []string
+	testutil.WaitFor(t, 3*time.Minute, func() error {
+		select {
+		case code := <-done:
+			t.Fatalf("the command ended (%d) before the preview was served:\n%s\n%s", code, stdout.String(), stderr.String())
+		default:
+		}
+		if m = urlRe.FindStringSubmatch(stdout.String()); m == nil || !strings.Contains(stderr.String(), "press Enter or Ctrl-C") {
+			return errors.New("no preview URL yet")
+		}
+		return nil
+	})
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, "127.0.0.1:"+m[2]) // *.localhost is the loopback
+	}}}
+	get := func(raw string) (int, string, error) {
+		resp, err := browser.Get(raw)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	if st, body, err := get(m[1]); err != nil || st != 200 || body != "built by the agent" {
+		t.Fatalf("the preview after the run: %d %q %v", st, body, err)
+	}
+	u, _ := url.Parse(m[1])
+	u.RawQuery = ""
+	stranger := &http.Client{Transport: browser.Transport} // no cookie from the signed visit
+	if resp, err := stranger.Get(u.String()); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("the preview without its signature: %v %v, want 403", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	io.WriteString(stdinW, "\n")
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s", code, stderr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Enter did not end the preview")
+	}
+	if _, _, err := get(m[1]); err == nil {
+		t.Error("the preview still answers after the command ended")
 	}
 }

@@ -23,7 +23,7 @@ func newGatewayCmd() *cobra.Command {
 	var (
 		addr, database, tokenFile, secretFile string
 		hostList, kubeService, kubePort       string
-		tokens, allowedHosts                  []string
+		tokens, allowedHosts, portDomains     []string
 		healthEvery, lostAfter, drainTimeout  time.Duration
 		registered                            bool
 		heartbeatDeadline                     time.Duration
@@ -104,7 +104,7 @@ shows them.`,
 			gw, err := gateway.New(&gateway.Options{
 				Discovery: disc, Cluster: pg, Secret: secret, Tokens: toks, AllowedHosts: allowedHosts,
 				PublicMounts: webui.Mounts(), HealthInterval: healthEvery, LostAfter: lostAfter, Logger: log,
-				Retention: retention, MaxLifetime: maxLifetime,
+				Retention: retention, MaxLifetime: maxLifetime, PortDomains: portDomains,
 			})
 
 			if err != nil {
@@ -153,6 +153,7 @@ shows them.`,
 	f.DurationVar(&healthEvery, "health-interval", time.Second, "how often every host is asked for its health")
 	f.DurationVar(&lostAfter, "lost-after", 10*time.Second, "a host that does not answer this long is lost: its sessions answer 410")
 	f.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests and streams may take to finish")
+	f.StringArrayVar(&portDomains, "port-domain", nil, "wildcard domain whose names PORT-ID.DOMAIN reach a session's port (DNS points *.DOMAIN at the gateways; repeatable; the first names the URLs handed out; PORT-ID.localhost always works)")
 	f.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	return cmd
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
@@ -98,6 +99,7 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
 	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
 	f.DurationVar(&c.MaxLifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
+	f.DurationVar(&c.PreviewFor, "preview-for", runs.DefaultPreviewFor, "keep an app run's sandbox this long after the run while a server its agent started listens, so its preview URL opens the app (closed earlier by POST /v1/runs/ID/cancel, or at --max-lifetime)")
 	f.StringVar(&c.Checkpoints, "checkpoints", "off", `checkpoints of a session that asks for none: off, or auto (one before every execution, so POST /v1/sessions/{id}/undo reverts the last cell)`)
 	f.IntVar(&c.AutoCheckpoints, "auto-checkpoints", session.DefaultAutoCheckpoints, "automatic checkpoints kept per session (checkpoints auto)")
 	f.IntVar(&c.MaxCheckpoints, "max-checkpoints", session.DefaultMaxCheckpoints, "checkpoints a session may take on request")

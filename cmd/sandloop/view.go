@@ -329,6 +329,10 @@ func (v *terminalView) showReport(r *agent.Report) {
 	if r.Tests != nil {
 		fmt.Fprintf(v.w, "tests: %s\n", r.Tests.Summary)
 	}
+	for _, p := range r.Previews {
+		fmt.Fprintf(v.w, "%s %s %s\n", v.paint(cBold, fmt.Sprintf("preview (port %d):", p.Port)), p.URL,
+			v.paint(cDim, "(open until "+p.ExpiresAt.Local().Format("15:04")+")"))
+	}
 	used := map[string]bool{}
 	for _, l := range r.LessonsUsed {
 		used[l.ID] = true

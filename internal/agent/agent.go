@@ -114,7 +114,20 @@ type Options struct {
 	Lessons Lessons
 	// Confirm, if set, is asked before each execution; false skips it.
 	Confirm func(ctx context.Context, tool, code string) bool
-	Logger  *slog.Logger
+	// Previews, if set, is asked as an app run ends (before
+	// run_finished) for the servers the agent left listening in the
+	// sandbox, reachable after the run (Report.Previews).
+	Previews func(ctx context.Context) []Preview
+	Logger   *slog.Logger
+}
+
+// Preview is a server an app run left listening in its sandbox, opened
+// after the run by URL (a signed, expiring preview URL) until ExpiresAt,
+// when the sandbox is closed.
+type Preview struct {
+	Port      int       `json:"port"`
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // Event types.
@@ -203,6 +216,9 @@ type Report struct {
 	Refactor *RefactorMetrics `json:"refactor,omitempty"`
 	// Tests is the harness's final test run (app mode).
 	Tests *TestRun `json:"tests,omitempty"`
+	// Previews are the servers an app run left listening, to open after
+	// it (Options.Previews).
+	Previews []Preview `json:"previews,omitempty"`
 	// LessonsShown are the lessons of earlier runs the model was shown;
 	// LessonsUsed those of them that mattered (the run did what they say,
 	// or their error came and did not come back after they were shown);
@@ -327,6 +343,12 @@ func Run(ctx context.Context, o *Options) (*Report, error) {
 	after := r.snapshot()
 	rep.Diff = diffSnapshots(r.before, after)
 	rep.Files = r.fileList()
+	if opts.Mode == ModeApp && opts.Previews != nil {
+		// Asked even after the run's deadline: its servers still listen.
+		pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rep.Previews = opts.Previews(pctx)
+		pcancel()
+	}
 	r.emit(Event{Type: EventFinished, Report: rep})
 	return rep, nil
 }

@@ -36,7 +36,7 @@ This is a refactoring job: make the code cleaner (clear names, small functions, 
 	case ModeApp:
 		return basePrompt + `
 
-This is an application job: build a small multi-file project in /workspace. Write the app's files; start servers with start_process and check them with real HTTP requests from execute_python (e.g. requests.get("http://127.0.0.1:5000/...")); write tests (test_*.py, run with pytest — for a Flask app use its test client); write requirements.txt (the packages the app needs) and a short README.md (what it is, how to run it, how to test it). Use install_packages to check packages. Stop servers you started when done. The harness runs pytest before accepting finish and requires requirements.txt and README.md.`
+This is an application job: build a small multi-file project in /workspace. Write the app's files; start servers with start_process and check them with real HTTP requests from execute_python (e.g. requests.get("http://127.0.0.1:5000/...")); write tests (test_*.py, run with pytest — for a Flask app use its test client); write requirements.txt (the packages the app needs) and a short README.md (what it is, how to run it, how to test it). Use install_packages to check packages. When done, leave the app's own server running (start_process) so the user can open it: its preview URL is given to them after the run; stop any other processes you started. The harness runs pytest before accepting finish and requires requirements.txt and README.md.`
 	case ModeDebug:
 		return basePrompt + `
 

@@ -84,6 +84,10 @@ type Options struct {
 	MaxBodyBytes int64
 	// Transport reaches the hosts. If nil, one tuned for many streams.
 	Transport http.RoundTripper
+	// PortDomains are wildcard domains besides localhost under which
+	// PORT-ID.DOMAIN reaches a session's port (the operator's DNS points
+	// *.DOMAIN at the gateways). The first names the URLs hosts hand out.
+	PortDomains []string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 }
@@ -194,6 +198,8 @@ func (g *Gateway) routesInit() {
 	g.mux.Handle("GET /v1/sessions", auth(http.HandlerFunc(g.listSessions)))
 	g.mux.Handle("/v1/sessions/{id}", auth(http.HandlerFunc(g.session)))
 	g.mux.Handle("/v1/sessions/{id}/{rest...}", auth(http.HandlerFunc(g.session)))
+	// The apps' own methods and paths; the host checks access (ports.go).
+	g.mux.HandleFunc("/v1/sessions/{id}/ports/{port}/{path...}", g.servePortPath)
 	g.mux.Handle("POST /v1/runs", auth(g.place(store.KindRun)))
 	g.mux.Handle("GET /v1/runs", auth(http.HandlerFunc(g.anyHost)))
 	g.mux.Handle("/v1/runs/{id}", auth(http.HandlerFunc(g.run)))
@@ -255,6 +261,13 @@ func (g *Gateway) Drain() { g.draining.Store(true) }
 
 // ServeHTTP admits the request as serve does (server.Front), then routes.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// A port's host name (or E2B's headers) first, as serve does: its
+	// paths are the app's, not the API's. A rebinding page cannot send
+	// such a name, nor a cross-site one such headers without a preflight.
+	if t, ok := g.portHost(r); ok {
+		g.servePortHost(w, r, t)
+		return
+	}
 	if g.front.Admit(w, r) {
 		g.mux.ServeHTTP(w, r)
 	}
@@ -263,6 +276,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type ownerKey struct{}
 
 func ownerOf(ctx context.Context) string { s, _ := ctx.Value(ownerKey{}).(string); return s }
+
+// hasOwner reports whether the request's caller was identified (every
+// route but a port's, which may be reached without a token).
+func hasOwner(ctx context.Context) bool { _, ok := ctx.Value(ownerKey{}).(string); return ok }
 
 // requireToken is serve's token check: the caller's identity is the
 // hash of its token, forwarded to hosts in server.HeaderOwner.
@@ -297,6 +314,12 @@ type target struct {
 	url   *url.URL
 	epoch string
 	pl    *store.Placement // the session the request is about, if any
+	// port marks traffic to a session's port: the app's own request,
+	// whose answers say nothing about the session's placement.
+	port bool
+	// portHost is "PORT-ID" of a port reached by its host name (the Host
+	// header is kept for the app), sent as server.HeaderPortHost.
+	portHost string
 }
 
 type targetKey struct{}
@@ -323,9 +346,32 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(targetKey{}).(target)
 	pr.SetURL(t.url)
 	h := pr.Out.Header
-	h.Del("Authorization")
+	ctx := pr.In.Context()
+	if !t.port || ctx.Value(portAuthKey{}) != nil {
+		h.Del("Authorization") // ours; a port's other Authorization is the app's
+	}
 	h.Set(server.HeaderGatewaySecret, g.opts.Secret)
-	h.Set(server.HeaderOwner, ownerOf(pr.In.Context()))
+	if hasOwner(ctx) {
+		h.Set(server.HeaderOwner, ownerOf(ctx))
+	} else {
+		h.Del(server.HeaderOwner) // anonymous port traffic
+	}
+	scrubPortHeaders(h)
+	// The name the client used, for the URLs a host hands out (ports,
+	// previews): the gateway's, never the host's own.
+	h.Set(server.HeaderForwardedHost, pr.In.Host)
+	if pr.In.TLS != nil {
+		h.Set(server.HeaderForwardedProto, "https")
+	} else {
+		h.Set(server.HeaderForwardedProto, "http")
+	}
+	if len(g.opts.PortDomains) > 0 {
+		h.Set(server.HeaderPortDomain, g.opts.PortDomains[0])
+	}
+	if t.portHost != "" {
+		h.Set(server.HeaderPortHost, t.portHost)
+		pr.Out.Host = pr.In.Host
+	}
 	h.Del(server.HeaderEpoch)
 	if t.epoch != "" {
 		h.Set(server.HeaderEpoch, t.epoch)
@@ -348,7 +394,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 // afterResponse keeps the sessions table in step with what hosts answered.
 func (g *Gateway) afterResponse(resp *http.Response) error {
 	t, _ := resp.Request.Context().Value(targetKey{}).(target)
-	if t.pl == nil {
+	if t.pl == nil || t.port {
 		return nil
 	}
 	req := resp.Request
@@ -449,8 +495,14 @@ func (g *Gateway) lookup(ctx context.Context, id string) (*store.Placement, erro
 // the error: 404 (unknown, or another caller's), 410 (its host epoch
 // ended), 502 (its host does not answer yet), 503 (no database).
 func (g *Gateway) resolve(w http.ResponseWriter, r *http.Request, id, kind string) (target, bool) {
+	return g.resolveFor(w, r, id, kind, true)
+}
+
+// resolveFor is resolve, checking the owner or not (port traffic: the
+// host decides who passes).
+func (g *Gateway) resolveFor(w http.ResponseWriter, r *http.Request, id, kind string, mine bool) (target, bool) {
 	pl, err := g.lookup(r.Context(), id)
-	if err == nil && (pl.Owner != ownerOf(r.Context()) || pl.Kind != kind) {
+	if err == nil && (mine && pl.Owner != ownerOf(r.Context()) || pl.Kind != kind) {
 		err = store.ErrNotFound
 	}
 	switch {

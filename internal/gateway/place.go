@@ -90,6 +90,7 @@ func (g *Gateway) place(kind string) http.Handler {
 			out.Header.Del("Content-Length") // the transport writes ContentLength's
 			out.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
 			out.Header.Set(server.HeaderOwner, ownerOf(r.Context()))
+			scrubPortHeaders(out.Header)
 			out.Header.Set(server.HeaderEpoch, epoch)
 			resp, err := g.opts.Transport.RoundTrip(out)
 			if err != nil {

@@ -43,6 +43,10 @@ type Config struct {
 	Tokens []string
 	// AllowedHosts are extra Host header values accepted (DNS rebinding).
 	AllowedHosts []string
+	// PreviewFor is how long an app run's session is kept after the run
+	// for the previews of the servers its agent left listening. If zero,
+	// runs.DefaultPreviewFor.
+	PreviewFor time.Duration
 	// GatewaySecret, if set, makes this a cell's host (server.Options).
 	GatewaySecret string
 	// Register, if set, keeps this host's row in the cell's PostgreSQL
@@ -228,6 +232,13 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		model, prices := h.cfg.Model, h.cfg.PricesFile
 		h.runs = runs.New(&runs.Options{
 			Store: h.st, Lessons: ls, Logger: h.log, NewSession: runs.ManagerSessions(h.mgr),
+			// An app run's servers open after it, under this host's own
+			// loopback name (h.srv is made below, before any run starts).
+			PreviewURL: func(id string, port int, exp time.Time) string {
+				_, p, _ := net.SplitHostPort(h.ln.Addr().String())
+				return h.srv.PreviewURL("localhost:"+p, id, port, exp)
+			},
+			PreviewFor: h.cfg.PreviewFor,
 			Provider: func(ctx context.Context, m string) (llm.Provider, error) {
 				return llm.Resolve(ctx, llm.Config{Model: cmp.Or(m, model), PricesFile: prices})
 			},

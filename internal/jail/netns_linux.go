@@ -57,7 +57,11 @@ func DialLoopback(ctx context.Context, pidfd int, port int) (net.Conn, error) {
 		if err := unix.Setns(pidfd, unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
 			if errors.Is(err, unix.EPERM) {
-				err = ErrPortsNeedRoot
+				// Not root: a helper joins the jail's user namespace
+				// first, which gives it the right to enter the network.
+				c, herr := dialViaHelper(ctx, pidfd, port)
+				ch <- result{c, herr}
+				return
 			}
 			ch <- result{nil, fmt.Errorf("enter the sandbox's network: %w", err)}
 			return

@@ -237,7 +237,15 @@ func Serve(w http.ResponseWriter, r *http.Request, d Dialer, port int, o *Option
 			if opts.DropAuthorization {
 				out.Header.Del("Authorization")
 			}
-			out.Header.Del(TokenHeader)
+			// sandloop's own headers (a port token, and from a cell's
+			// gateway its secret and the caller's identity) never reach
+			// the app: code in the sandbox could otherwise read the
+			// secret that every host of the cell trusts.
+			for k := range out.Header {
+				if strings.HasPrefix(k, "X-Sandloop-") {
+					out.Header.Del(k)
+				}
+			}
 			for _, h := range opts.DropHeaders {
 				out.Header.Del(h)
 			}

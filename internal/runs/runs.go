@@ -42,8 +42,23 @@ type Options struct {
 	Lessons lessons.Store
 	// MaxArtifactBytes caps the final files kept per run. If zero, 50 MiB.
 	MaxArtifactBytes int64
-	Logger           *slog.Logger
+	// PreviewURL, if set, names the preview URL of a port of a session
+	// that stays open until expires (a signed URL of the server's). With
+	// it, an app run whose agent leaves a server listening keeps its
+	// session PreviewFor past the run, and its report lists the previews
+	// (agent.Report.Previews); the session is closed when they expire, or
+	// at Cancel of the ended run, or when the server's maximum lifetime of
+	// a session is reached, whichever comes first. If nil, every run's
+	// session is closed as the run ends.
+	PreviewURL func(sessionID string, port int, expires time.Time) string
+	// PreviewFor is how long a run's previews are kept. If zero, 30 minutes.
+	PreviewFor time.Duration
+	Logger     *slog.Logger
 }
+
+// DefaultPreviewFor is how long an app run's previews are kept when
+// Options.PreviewFor is zero.
+const DefaultPreviewFor = 30 * time.Minute
 
 // Request is one run to start.
 type Request struct {
@@ -85,6 +100,15 @@ type Service struct {
 	mu     sync.Mutex
 	active map[string]*active
 	wg     sync.WaitGroup
+	// kept are the sessions ended runs keep for their previews, by run.
+	kept map[string]*keptSession
+}
+
+// keptSession is an ended run's session, open for its previews until
+// its timer closes it.
+type keptSession struct {
+	sess  Session
+	timer *time.Timer
 }
 
 // active is a run in progress: its cancel and its live watchers.
@@ -101,11 +125,14 @@ func New(o *Options) *Service {
 	if opts.MaxArtifactBytes == 0 {
 		opts.MaxArtifactBytes = 50 << 20
 	}
+	if opts.PreviewFor <= 0 {
+		opts.PreviewFor = DefaultPreviewFor
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{opts: opts, log: log, active: map[string]*active{}}
+	return &Service{opts: opts, log: log, active: map[string]*active{}, kept: map[string]*keptSession{}}
 }
 
 // ErrNotFound: no such run.
@@ -192,11 +219,15 @@ func (s *Service) register(id string, cancel context.CancelFunc) *active {
 	return a
 }
 
-// Cancel stops a running run; it ends with status cancelled.
+// Cancel stops a running run; it ends with status cancelled. On a run
+// that ended and keeps previews, it closes them (and their session).
 func (s *Service) Cancel(id string) error {
 	s.mu.Lock()
 	a, ok := s.active[id]
 	s.mu.Unlock()
+	if !ok && s.release(id) {
+		return nil
+	}
 	if !ok {
 		if _, err := s.opts.Store.GetRun(context.Background(), id); err != nil {
 			return err
@@ -207,7 +238,8 @@ func (s *Service) Cancel(id string) error {
 	return nil
 }
 
-// Close cancels every run and waits for them to be recorded.
+// Close cancels every run and waits for them to be recorded, then closes
+// the sessions kept for previews.
 func (s *Service) Close() {
 	s.mu.Lock()
 	for _, a := range s.active {
@@ -215,6 +247,73 @@ func (s *Service) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.kept))
+	for id := range s.kept {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.release(id)
+	}
+}
+
+// keep holds run id's session open for its previews until exp.
+func (s *Service) keep(id string, sess Session, exp time.Time) {
+	k := &keptSession{sess: sess}
+	s.mu.Lock()
+	s.kept[id] = k
+	k.timer = time.AfterFunc(time.Until(exp), func() { s.release(id) })
+	s.mu.Unlock()
+}
+
+// release closes the session run id kept for its previews, if any.
+func (s *Service) release(id string) bool {
+	s.mu.Lock()
+	k, ok := s.kept[id]
+	delete(s.kept, id)
+	s.mu.Unlock()
+	if !ok {
+		return false
+	}
+	k.timer.Stop()
+	if err := k.sess.Close(); err != nil {
+		s.log.Warn("close a run's preview session", "run", id, "err", err)
+	}
+	return true
+}
+
+// PreviewsKept reports whether run id's session is kept for its previews.
+func (s *Service) PreviewsKept(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.kept[id]
+	return ok
+}
+
+// portLister is a session whose listening ports can be listed
+// (session.Managed).
+type portLister interface {
+	ID() string
+	Ports() ([]int, error)
+}
+
+// previews lists the ports sess listens on as previews open until exp.
+func (s *Service) previews(sess Session, exp time.Time) []agent.Preview {
+	pl, ok := sess.(portLister)
+	if s.opts.PreviewURL == nil || !ok {
+		return nil
+	}
+	ports, err := pl.Ports()
+	if err != nil {
+		s.log.Warn("list a run's ports", "err", err)
+		return nil
+	}
+	var out []agent.Preview
+	for _, p := range ports {
+		out = append(out, agent.Preview{Port: p, URL: s.opts.PreviewURL(pl.ID(), p, exp), ExpiresAt: exp.UTC()})
+	}
+	return out
 }
 
 // execute runs the agent, recording as it goes. It never returns an error:
@@ -241,7 +340,14 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		s.finish(bg, id, rep, nil)
 		return rep
 	}
-	defer sess.Close()
+	var keepUntil time.Time // set when the run's previews keep its session
+	defer func() {
+		if keepUntil.IsZero() {
+			sess.Close()
+		} else {
+			s.keep(id, sess, keepUntil)
+		}
+	}()
 	var book agent.Lessons
 	if s.opts.Lessons != nil && !req.NoLessons {
 		book = lessons.NewRun(&lessons.Options{Store: s.opts.Lessons, Owner: req.Owner, RunID: id, Logger: s.log})
@@ -253,6 +359,14 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		MaxSteps: req.MaxSteps, MaxTokens: req.MaxTokens, MaxCost: req.MaxCost, Timeout: req.Timeout,
 		ExecTimeout: req.ExecTimeout, MaxExecTimeout: req.ExecTimeout,
 		Confirm: req.Confirm, Logger: s.log,
+		Previews: func(context.Context) []agent.Preview {
+			exp := time.Now().Add(s.opts.PreviewFor).Truncate(time.Second)
+			ps := s.previews(sess, exp)
+			if len(ps) > 0 {
+				keepUntil = exp
+			}
+			return ps
+		},
 		OnEvent: func(e agent.Event) {
 			e.RunID = id
 			rec.event(bg, e)

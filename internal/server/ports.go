@@ -52,17 +52,29 @@ type portURLJSON struct {
 
 // baseHost is what PORT-ID. is put in front of: the first port domain if
 // the operator gave one, else localhost with the port the client used.
+// Behind a gateway, the gateway's name and domain (the host's own are
+// not the user's to reach).
 func (s *Server) baseHost(r *http.Request) string {
+	if d := r.Header.Get(HeaderPortDomain); d != "" && s.fromGateway(r) {
+		return d
+	}
 	if len(s.opts.PortDomains) > 0 {
 		return s.opts.PortDomains[0]
 	}
-	if _, port, err := net.SplitHostPort(r.Host); err == nil {
+	if _, port, err := net.SplitHostPort(s.baseURL(r).Host); err == nil {
 		return "localhost:" + port
 	}
 	return "localhost"
 }
 
 func (s *Server) baseURL(r *http.Request) *url.URL {
+	if h := r.Header.Get(HeaderForwardedHost); h != "" && s.fromGateway(r) {
+		scheme := "http"
+		if r.Header.Get(HeaderForwardedProto) == "https" {
+			scheme = "https"
+		}
+		return &url.URL{Scheme: scheme, Host: h}
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -142,7 +154,10 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request) {
 // one of the server's tokens.
 func (s *Server) bearerOwner(r *http.Request) (string, bool) {
 	if s.opts.GatewaySecret != "" {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) == 1 {
+		// The gateway names the owner only of a request whose token it
+		// checked; port traffic without one (a signed URL, a public
+		// session) comes without the header.
+		if _, named := r.Header[HeaderOwner]; named && s.fromGateway(r) {
 			return r.Header.Get(HeaderOwner), true
 		}
 		return "", false
@@ -228,4 +243,17 @@ func (s *Server) serveHostPort(w http.ResponseWriter, r *http.Request, t portpro
 	}
 	ms.Touch()
 	portproxy.Serve(w, r, ms, t.Port, &portproxy.Options{Path: r.URL.Path, DropAuthorization: dropAuth, Logger: s.log})
+}
+
+// PreviewURL signs a preview URL of port of session id until exp, under
+// base ("localhost:8080": PORT-ID.localhost:8080; or a port domain), for
+// the previews of agent runs (runs.Options.PreviewURL).
+func (s *Server) PreviewURL(base, id string, port int, exp time.Time) string {
+	t := portproxy.Target{ID: id, Port: port}
+	if len(s.opts.PortDomains) > 0 {
+		base = s.opts.PortDomains[0]
+	}
+	u := url.URL{Scheme: "http", Host: portproxy.HostName(t, base), Path: "/",
+		RawQuery: url.Values{portproxy.SigParam: {s.signer.Sign(t, exp)}}.Encode()}
+	return u.String()
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/portproxy"
 	"github.com/sandloop/sandloop/internal/session"
 )
@@ -249,4 +250,97 @@ func mustDo(t *testing.T, c *http.Client, req *http.Request) *http.Response {
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp
+}
+
+// TestCellHostPortsNeedTheSecret: a cell's host serves only its gateways.
+// A session's ports (its host name, the native route, a signed URL, a
+// public session's) and every other route are refused without the
+// gateway's secret; only the probes stay open.
+func TestCellHostPortsNeedTheSecret(t *testing.T) {
+	const secret = "cell-secret-0123456789abcdef0123456789"
+	ui := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "the page") })
+	ts := newTestServer(t, session.ManagerOptions{}, Options{GatewaySecret: secret, PublicMounts: map[string]http.Handler{"GET /ui/": ui}})
+	gw := []string{HeaderGatewaySecret, secret, HeaderOwner, "owner-1"}
+	var s sessionJSON
+	if resp := ts.do(t, "POST", "/v1/sessions", `{"public_ports": true}`, &s, gw...); resp.StatusCode != 201 {
+		t.Fatalf("create through the gateway: %d", resp.StatusCode)
+	}
+	private := ""
+	{
+		var p sessionJSON
+		if resp := ts.do(t, "POST", "/v1/sessions", `{}`, &p, gw...); resp.StatusCode != 201 {
+			t.Fatalf("create: %d", resp.StatusCode)
+		}
+		private = p.ID
+	}
+	for i, id := range []string{s.ID, private} {
+		var r kernel.Result
+		body, _ := json.Marshal(map[string]string{"code": fmt.Sprintf(appCode, 5000+i)})
+		if resp := ts.do(t, "POST", "/v1/sessions/"+id+"/execute", string(body), &r, gw...); resp.StatusCode != 200 || r.Status != "ok" {
+			t.Fatalf("start the app: %d %+v", resp.StatusCode, r)
+		}
+	}
+	var signed portURLJSON
+	if resp := ts.do(t, "POST", "/v1/sessions/"+private+"/previews", `{"port": 5001}`, &signed, gw...); resp.StatusCode != 201 {
+		t.Fatalf("signed url: %d", resp.StatusCode)
+	}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(ts.URL, "http://"))
+	send := func(host, path string, hdr ...string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", ts.URL+path, nil)
+		if host != "" {
+			req.Host = host
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		return mustDo(t, client, req).StatusCode
+	}
+	publicHost := fmt.Sprintf("5000-%s.localhost:%s", s.ID, port)
+	su, _ := url.Parse(signed.URL)
+	sp, _ := url.Parse(signed.PathURL)
+	for _, c := range []struct {
+		name, host, path string
+		hdr              []string
+	}{
+		{"a public session's host name", publicHost, "/", nil},
+		{"a public session's host name, probe path", publicHost, "/healthz", nil},
+		{"a public session's native route", "", "/v1/sessions/" + s.ID + "/ports/5000/", nil},
+		{"a signed URL's host name", su.Host, su.RequestURI(), nil},
+		{"a signed URL's native route", "", sp.RequestURI(), nil},
+		{"a wrong secret", publicHost, "/", []string{HeaderGatewaySecret, "not-the-secret"}},
+		{"the port header without the secret", "", "/", []string{HeaderPortHost, "5000-" + s.ID}},
+		{"the web UI", "", "/ui/", nil},
+		{"the API description", "", "/openapi.yaml", nil},
+		{"E2B's headers", "", "/", []string{"E2b-Sandbox-Id", s.ID, "E2b-Sandbox-Port", "5000"}},
+	} {
+		if got := send(c.host, c.path, c.hdr...); got != http.StatusUnauthorized {
+			t.Errorf("%s without the gateway's secret: %d, want 401", c.name, got)
+		}
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if got := send("", p); got != 200 {
+			t.Errorf("probe %s: %d, want 200", p, got)
+		}
+	}
+	// Through the gateway (the secret, the port named by HeaderPortHost):
+	// a public session's port needs no owner, a signed URL passes, and a
+	// private port without either is refused.
+	sec := []string{HeaderGatewaySecret, secret}
+	if got := send(publicHost, "/", append(sec, HeaderPortHost, "5000-"+s.ID)...); got != 200 {
+		t.Errorf("a public port through the gateway: %d, want 200", got)
+	}
+	if got := send(su.Host, su.RequestURI(), append(sec, HeaderPortHost, "5001-"+private)...); got != http.StatusSeeOther {
+		t.Errorf("a signed URL through the gateway: %d, want 303 (the grant becomes a cookie)", got)
+	}
+	if got := send("", "/", append(sec, HeaderPortHost, "5001-"+private)...); got != 403 {
+		t.Errorf("a private port through the gateway without owner or grant: %d, want 403", got)
+	}
+	if got := send("", "/", append(sec, HeaderPortHost, "5001-"+private, HeaderOwner, "owner-2")...); got != 403 {
+		t.Errorf("a private port, another owner: %d, want 403", got)
+	}
+	if got := send("", "/", append(sec, HeaderPortHost, "5001-"+private, HeaderOwner, "owner-1")...); got != 200 {
+		t.Errorf("a private port, its owner: %d, want 200", got)
+	}
 }

@@ -4,16 +4,21 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/agent"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/runs/runstest"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/testutil"
@@ -292,5 +297,105 @@ func TestRunRefactorWithoutTask(t *testing.T) {
 	json.NewDecoder(resp.Body).Decode(&run)
 	if run.Task != agent.RefactorTask {
 		t.Errorf("task %q, want %q", run.Task, agent.RefactorTask)
+	}
+}
+
+// TestAppRunPreview: an app run whose agent leaves its server running
+// reports a preview URL (in its report and its run_finished event) that
+// opens the app after the run, without a token, until the run's previews
+// are closed (POST .../cancel on the ended run), when its session goes.
+func TestAppRunPreview(t *testing.T) {
+	file := func(path, content string) llmtest.ToolCall {
+		b, _ := json.Marshal(map[string]string{"path": path, "content": content})
+		return llmtest.ToolCall{Name: "write_file", Arguments: string(b)}
+	}
+	app := "from flask import Flask\napp = Flask(__name__)\n\n@app.get('/')\ndef home():\n    return 'the app the agent built'\n\nif __name__ == '__main__':\n    app.run(host='127.0.0.1', port=5000)\n"
+	wait := `{"code":"import socket, time\nfor _ in range(300):\n    try:\n        socket.create_connection(('127.0.0.1', 5000), 1).close(); break\n    except OSError:\n        time.sleep(0.1)\nprint('up')"}`
+	var ts *testServer
+	rs := runstest.New(t, llmtest.Script{
+		{ToolCalls: []llmtest.ToolCall{file("app.py", app), file("test_app.py", "from app import app\n\ndef test_home():\n    assert app.test_client().get('/').status_code == 200\n"),
+			file("requirements.txt", "flask\n"), file("README.md", "# App\n\nRun: python3 app.py\n")}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "start_process", Arguments: `{"name":"server","command":"python3 app.py"}`}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: wait}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"a Flask app"}`}}},
+	}, func(o *runs.Options) {
+		o.PreviewURL = func(id string, port int, exp time.Time) string {
+			_, p, _ := net.SplitHostPort(ts.Listener.Addr().String())
+			return ts.srv.PreviewURL("localhost:"+p, id, port, exp)
+		}
+	})
+	srv, err := New(&Options{Manager: rs.Manager, Runs: rs.Runs, Store: rs.Store, Keepalive: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts = &testServer{mgr: rs.Manager, srv: srv, Server: newHTTPTest(srv)}
+	t.Cleanup(ts.Close)
+
+	var run store.Run
+	if resp := ts.do(t, "POST", "/v1/runs", `{"task":"a Flask app with a home page","mode":"app"}`, &run); resp.StatusCode != 201 {
+		t.Fatalf("start: %d", resp.StatusCode)
+	}
+	testutil.WaitFor(t, 3*time.Minute, func() error {
+		ts.do(t, "GET", "/v1/runs/"+run.ID, "", &run)
+		if run.Status == "running" {
+			return errors.New("still running")
+		}
+		return nil
+	})
+	var rep agent.Report
+	json.Unmarshal(run.Report, &rep)
+	if run.Status != "done" || len(rep.Previews) != 1 || rep.Previews[0].Port != 5000 || time.Until(rep.Previews[0].ExpiresAt) < 20*time.Minute {
+		t.Fatalf("run %s %s: previews %+v", run.Status, run.Error, rep.Previews)
+	}
+	pv := rep.Previews[0]
+	// The run's event stream says it too.
+	evResp, err := http.Get(ts.URL + "/v1/runs/" + run.ID + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := readSSE(t, evResp.Body)
+	evResp.Body.Close()
+	var fin map[string]any
+	for _, e := range evs {
+		if e.event == agent.EventFinished {
+			fin = e.data
+		}
+	}
+	if b, _ := json.Marshal(fin); !strings.Contains(string(b), pv.URL) {
+		t.Errorf("run_finished does not carry the preview: %s", b)
+	}
+
+	// A browser opens the URL after the run: *.localhost is the loopback.
+	open := func(raw string) (int, string) {
+		t.Helper()
+		jar, _ := cookiejar.New(nil)
+		browser := &http.Client{Jar: jar, Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, ts.Listener.Addr().String())
+		}}}
+		resp, err := browser.Get(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, body := open(pv.URL); st != 200 || body != "the app the agent built" {
+		t.Fatalf("preview after the run: %d %q", st, body)
+	}
+	u, _ := url.Parse(pv.URL)
+	u.RawQuery = ""
+	if st, _ := open(u.String()); st != http.StatusForbidden {
+		t.Errorf("the preview's page without its signature: %d, want 403", st)
+	}
+	// Closing the previews ends the session: the URL no longer answers.
+	if resp := ts.do(t, "POST", "/v1/runs/"+run.ID+"/cancel", "", nil); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("close the previews: %d", resp.StatusCode)
+	}
+	if st, _ := open(pv.URL); st != http.StatusNotFound {
+		t.Errorf("preview after its run's previews were closed: %d, want 404", st)
+	}
+	if rs.Runs.PreviewsKept(run.ID) || len(rs.Manager.List(runs.SessionOwner)) != 0 {
+		t.Errorf("the run's session outlived its previews")
 	}
 }

@@ -100,6 +100,17 @@ const (
 	HeaderGatewaySecret = "X-Sandloop-Gateway-Secret"
 	HeaderOwner         = "X-Sandloop-Owner"
 	HeaderEpoch         = "X-Sandloop-Epoch"
+	// HeaderPortHost, from a gateway, says the request is for a session's
+	// port by a host name (PORT-ID.DOMAIN, or E2B's headers), and names
+	// it: "PORT-ID". The Host header stays the one the user typed.
+	HeaderPortHost = "X-Sandloop-Port-Host"
+	// HeaderPortDomain is the gateway's first port domain, under which
+	// the URLs of ports a host hands out are named.
+	HeaderPortDomain = "X-Sandloop-Port-Domain"
+	// HeaderForwardedHost and HeaderForwardedProto are the name and scheme
+	// the client used at the gateway, for the URLs a host hands out.
+	HeaderForwardedHost  = "X-Forwarded-Host"
+	HeaderForwardedProto = "X-Forwarded-Proto"
 )
 
 // EgressOptions configure sessions in allow mode.
@@ -147,6 +158,8 @@ type Server struct {
 	notebooks notebooks
 	// signer signs the URLs of sessions' ports (ports.go).
 	signer *portproxy.Signer
+	// usage samples the sessions whose metrics are watched (usage.go).
+	usage samplers
 }
 
 // route is one documented endpoint.
@@ -248,6 +261,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", s.putFile, false},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
+		{"GET", "/v1/sessions/{id}/metrics", s.sessionMetrics, false},
 		{"GET", "/v1/sessions/{id}/ports", s.listPorts, false},
 		{"POST", "/v1/sessions/{id}/previews", s.portURL, false},
 		// The app's own methods; its access is checked by proxyPort.
@@ -289,7 +303,27 @@ func (s *Server) Routes() []string {
 // ServeHTTP applies the browser defences, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if t, ok := portproxy.ParseHost(r.Host, s.opts.PortDomains); ok {
+	if s.opts.GatewaySecret != "" {
+		// A cell's host: every request carries the gateway's secret, or is
+		// one of the probes (kubelet's, Prometheus') that read nothing of
+		// a session. Checked before anything else routes the request, so
+		// no route (a port's host name, E2B's headers or mounts, the web
+		// UI) is reached around the gateway, whatever it would accept.
+		if !s.fromGateway(r) {
+			if !openOnCellHost(r) {
+				writeError(w, errNotGateway)
+				return
+			}
+		} else if label := r.Header.Get(HeaderPortHost); label != "" {
+			t, ok := portproxy.ParseHost(label+".localhost", nil)
+			if !ok {
+				writeError(w, badRequest("%s %q: want PORT-SESSIONID", HeaderPortHost, label))
+				return
+			}
+			s.serveHostPort(w, r, t)
+			return
+		}
+	} else if t, ok := portproxy.ParseHost(r.Host, s.opts.PortDomains); ok {
 		s.serveHostPort(w, r, t)
 		return
 	}
@@ -340,8 +374,8 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (s *Server) requireToken(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opts.GatewaySecret != "" {
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) != 1 {
-				writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "this host serves only its cell's gateways", 0})
+			if !s.fromGateway(r) {
+				writeError(w, errNotGateway)
 				return
 			}
 			h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), r.Header.Get(HeaderOwner))))
@@ -355,6 +389,34 @@ func (s *Server) requireToken(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r.WithContext(withOwner(r.Context(), owner)))
 		}
 	})
+}
+
+// errNotGateway refuses a request to a cell's host that does not come
+// from one of its gateways.
+var errNotGateway = &apiError{http.StatusUnauthorized, "unauthorized", "this host serves only its cell's gateways", 0}
+
+// fromGateway reports whether r carries the cell's secret.
+func (s *Server) fromGateway(r *http.Request) bool {
+	return s.opts.GatewaySecret != "" &&
+		subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) == 1
+}
+
+// openOnCellHost are the requests a cell's host answers without the
+// gateway's secret: the probes of the kubelet (/healthz, /readyz) and of
+// the cluster's Prometheus (/metrics, which its autoscaler reads). None
+// names a session; on a port's host name they would reach the app, so
+// such a name is never open.
+func openOnCellHost(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	switch r.URL.Path {
+	case "/healthz", "/readyz", "/metrics":
+	default:
+		return false
+	}
+	_, portHost := portproxy.ParseHost(r.Host, nil)
+	return !portHost && r.Header.Get("E2b-Sandbox-Id") == ""
 }
 
 // OwnerOf names a token's owner without keeping the token: the owner of

@@ -23,8 +23,9 @@ type Service struct {
 	Manager *session.Manager
 }
 
-// New starts a service whose model answers with script.
-func New(t *testing.T, script llmtest.Script) *Service {
+// New starts a service whose model answers with script; configure, if
+// given, changes its options before it starts.
+func New(t *testing.T, script llmtest.Script, configure ...func(*runs.Options)) *Service {
 	t.Helper()
 	llmSrv := llmtest.NewOpenAIServer(t, script)
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "runs.db"), nil)
@@ -32,13 +33,17 @@ func New(t *testing.T, script llmtest.Script) *Service {
 		t.Fatal(err)
 	}
 	mgr := session.NewManager(&session.ManagerOptions{})
-	svc := runs.New(&runs.Options{
+	opts := &runs.Options{
 		Store: st,
 		Provider: func(ctx context.Context, model string) (llm.Provider, error) {
 			return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: llmSrv.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
 		},
 		NewSession: runs.ManagerSessions(mgr),
-	})
+	}
+	for _, c := range configure {
+		c(opts)
+	}
+	svc := runs.New(opts)
 
 	t.Cleanup(func() {
 		svc.Close()

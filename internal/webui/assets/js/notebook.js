@@ -6,6 +6,7 @@ import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
 import { PortsPanel } from './ports.js';
+import { UsagePanel } from './usage.js';
 import { TerminalPanel } from './terminal.js';
 
 export function mountNotebook(root, sessionID) {
@@ -79,6 +80,7 @@ class Notebook {
     this.net = new NetworkPanel(this.base);
     this.ck = new CheckpointStrip(this);
     this.ports = new PortsPanel(this.base);
+    this.usage = new UsagePanel(this.base);
     this.term = new TerminalPanel(this.base);
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
       h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
@@ -101,13 +103,14 @@ class Notebook {
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost')),
         this.term.el),
-      h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.net.el));
+      h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.usage.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
     this.net.load();
     this.ck.load();
     this.ports.load();
+    this.usage.start();
     this.load();
     // A session may end while the tab is elsewhere (idle timeout), and
     // another tab may have changed the notebook: look again when the
@@ -130,6 +133,7 @@ class Notebook {
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
     clearTimeout(this.ports.again);
+    this.usage.stop();
     this.term.dispose();
     if (this.saveTimer) this.save(); // now, not after the pause
   }

@@ -478,6 +478,12 @@ class RunView {
       r.append(h('h4', {}, 'Changes ', h('span', { class: 'muted small' }, `${plural(st.files, 'file')}, `),
         h('span', { class: 'add small' }, `+${st.add}`), ' ', h('span', { class: 'del small' }, `−${st.del}`)), diffView(rep.diff));
     }
+    if (rep.previews?.length) {
+      // The servers the agent left running: open until the run's session closes.
+      r.append(h('h4', {}, 'Preview'), h('ul', { class: 'previews', id: 'report-previews' }, rep.previews.map(p => h('li', {},
+        h('a', { href: p.url, target: '_blank', rel: 'noopener noreferrer', class: 'btn btn-primary' }, `Open port ${p.port}`), ' ',
+        h('span', { class: 'muted small' }, `until ${new Date(p.expires_at).toLocaleTimeString()}`)))));
+    }
     if (rep.files?.length) {
       r.append(h('h4', {}, 'Files'), h('ul', { class: 'file-chips' }, rep.files.map(f => h('li', { class: 'chip mono' }, f))),
         h('div', { class: 'row' }, h('button', { type: 'button', class: 'btn btn-primary', id: 'report-download', onclick: () => this.download() }, 'Download all files (.zip)')));
