@@ -411,6 +411,22 @@ func openLayer(src *source, l v1.Layer, n int, diffID v1.Hash) (*verifiedLayer, 
 	return vl, nil
 }
 
+// blobMismatch reads the rest of the compressed blob (at most limit
+// bytes) and reports a *DigestError if it is not the one the manifest
+// names: after a layer failed to unpack, the truer error.
+func (vl *verifiedLayer) blobMismatch(limit int64) error {
+	if vl.raw == nil {
+		return nil
+	}
+	if _, err := io.Copy(io.Discard, io.LimitReader(vl.raw, limit)); err != nil {
+		return nil
+	}
+	if got := hex.EncodeToString(vl.blob.Sum(nil)); got != vl.wantBlob.Hex {
+		return &DigestError{fmt.Sprintf("layer %d", vl.n+1), vl.wantBlob.String(), "sha256:" + got}
+	}
+	return nil
+}
+
 // finish reads what the tar reader left (padding, trailing blocks) and
 // checks the digests. Reading past the tar is bounded: the rest of a
 // blob is at most what its digest covers, and is only hashed.

@@ -108,6 +108,14 @@ func (s *Store) BuildImage(ctx context.Context, name string, spec ImageSpec, o *
 		if err == nil {
 			err = vl.finish()
 		} else {
+			// A layer that would not unpack may be a damaged one: say so
+			// if its blob (read to its end) is not the one named.
+			var se *ImageSizeError
+			if n, serr := l.Size(); serr == nil && !errors.As(err, &se) && n <= spec.MaxSize {
+				if de := vl.blobMismatch(n); de != nil {
+					err = de
+				}
+			}
 			vl.close()
 		}
 		if err != nil {
