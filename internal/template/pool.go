@@ -118,6 +118,9 @@ func (p *Pool) Warm(ctx context.Context, names []string) error {
 		if err != nil {
 			return err
 		}
+		if t.ColdStart != "" {
+			return fmt.Errorf("template %s starts cold (its Python could not run a zygote when it was built: %s)", name, t.ColdStart)
+		}
 		w := p.zygoteFor(t)
 		if w == nil {
 			return fmt.Errorf("template %s: no room for its zygote (--max-warm-templates %d)", name, p.opts.MaxWarm)
