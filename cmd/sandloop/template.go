@@ -148,7 +148,7 @@ would reach outside the tree are refused.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&pips, "pip", nil, "packages to install (requirement specifiers; repeatable or comma-separated)")
 	f.StringVar(&requirements, "requirements", "", "a pip requirements file")
-	f.StringSliceVar(&preload, "preload", nil, "modules the template's warm kernel imports (default: numpy, pandas, matplotlib)")
+	f.StringSliceVar(&preload, "preload", nil, "modules the template's warm kernel imports (default: numpy, pandas, matplotlib; with --image: none)")
 	f.StringArrayVar(&envs, "env", nil, "NAME=VALUE set in the template's sessions (repeatable)")
 	f.StringSliceVar(&allow, "allow", nil, "what the build's pip may reach (default: pypi; see serve --allow)")
 	f.StringVar(&pipIndex, "pip-index", "", "the index pip installs from (default: PyPI through the wheel cache)")

@@ -29,6 +29,10 @@ var systemDirs = []string{"/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32",
 // holds secrets (shadow, ssh, ssl/private, machine-id) is on the list.
 var etcCopies = []string{"ld.so.cache", "ld.so.conf", "mime.types", "matplotlibrc", "nsswitch.conf", "protocols", "services"}
 
+// imageEtcCopies are copied too from an image's /etc (not the host's):
+// which system the image is.
+var imageEtcCopies = []string{"os-release", "debian_version"}
+
 // etcDirs are bind-mounted read-only from the host's /etc when present.
 var etcDirs = []string{"alternatives", "ssl/certs", "ca-certificates", "python3", "python3.11", "python3.12", "python3.13", "fonts"}
 
@@ -326,7 +330,7 @@ func makeEtc(cfg *initConfig) error {
 // imageEtc fills the jail's /etc from an image's (every path resolved
 // inside the image): the same files and directories as from the host's.
 func imageEtc(cfg *initConfig, etc string) error {
-	for _, name := range etcCopies {
+	for _, name := range append(etcCopies[:len(etcCopies):len(etcCopies)], imageEtcCopies...) {
 		data, err := readInImage(cfg, "etc/"+name)
 		if err != nil {
 			continue // optional
