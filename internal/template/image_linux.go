@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -232,13 +233,41 @@ func checkZygote(ctx context.Context, t *Template) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	var log bytes.Buffer
+	out := &outputHandler{}
 	z, err := zygote.New(ctx, &zygote.Options{Modules: t.Modules(), Env: append(session.KernelEnv(), t.SessionEnv()...),
-		Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Logger: slog.New(out)})
 	if err != nil {
-		return fmt.Errorf("its zygote did not start: %v", firstLine(err.Error()))
+		// What the image's Python said (its last line: the exception)
+		// tells the user more than how the zygote's pipe ended.
+		if last := lastLines(strings.TrimSpace(out.text.String()), 1); last != "" {
+			return fmt.Errorf("its Python cannot run sandloop's zygote: %s", last)
+		}
+		return fmt.Errorf("its Python cannot run sandloop's zygote: %v", firstLine(err.Error()))
 	}
 	z.Close()
+	return nil
+}
+
+// outputHandler keeps what a zygote's Python printed (its log records'
+// "text").
+type outputHandler struct {
+	mu   sync.Mutex
+	text bytes.Buffer
+}
+
+func (h *outputHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *outputHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *outputHandler) WithGroup(string) slog.Handler            { return h }
+func (h *outputHandler) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "text" && h.text.Len() < 64<<10 {
+			h.mu.Lock()
+			h.text.WriteString(a.Value.String())
+			h.text.WriteString("\n")
+			h.mu.Unlock()
+		}
+		return true
+	})
 	return nil
 }
 

@@ -508,3 +508,66 @@ func mustTag(t *testing.T) name.Tag {
 	}
 	return tag
 }
+
+// TestImageTemplateColdStart: an image whose Python cannot run a zygote
+// (a second layer whites out ctypes, which the zygote needs and the
+// kernel does not) is kept, says so, and its sessions start cold.
+func TestImageTemplateColdStart(t *testing.T) {
+	if err := zygote.Supported(); err != nil {
+		t.Skip(err)
+	}
+	root := miniRootTar(t)
+	so, err := filepath.Glob("/usr/lib/python3*/lib-dynload/_ctypes.cpython-*.so")
+	if err != nil || len(so) != 1 {
+		t.Skipf("no _ctypes extension module to white out: %v", so)
+	}
+	py, _ := filepath.EvalSymlinks("/usr/bin/python3")
+	so[0] = filepath.Join("/usr/lib", filepath.Base(py), "lib-dynload", filepath.Base(so[0]))
+	wh := filepath.Join(t.TempDir(), "whiteout.tar")
+	f, err := os.Create(wh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	tw.WriteHeader(&tar.Header{Name: strings.TrimPrefix(filepath.Join(filepath.Dir(so[0]), ".wh."+filepath.Base(so[0])), "/"), Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.Close()
+	f.Close()
+	layer, err := tarball.LayerFromFile(wh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(imageOf(t, root), layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := template.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := st.BuildImage(context.Background(), "noctypes", template.ImageSpec{Ref: writeLayout(t, img)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tm.ColdStart, "No module named '_ctypes'") {
+		t.Fatalf("cold start %q, want the Python's own words (no _ctypes)", tm.ColdStart)
+	}
+	t.Logf("cold start: %s", tm.ColdStart)
+	pool := template.NewPool(st, nil)
+	t.Cleanup(pool.Close)
+	if err := pool.Warm(context.Background(), []string{"noctypes"}); err == nil || !strings.Contains(err.Error(), "starts cold") {
+		t.Errorf("Warm = %v, want an error saying it starts cold", err)
+	}
+	m := session.NewManager(&session.ManagerOptions{Templates: pool})
+	t.Cleanup(func() { m.Close() })
+	s, err := m.Create(context.Background(), session.CreateOptions{Template: "noctypes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := execute(t, s, "import importlib.util; print('ctypes', importlib.util.find_spec('_ctypes'))")
+	if r.Status != "ok" || !strings.Contains(r.Stdout, "ctypes None") {
+		t.Fatalf("%s: %s %s %v", r.Status, r.Stdout, r.Stderr, r.Error)
+	}
+	if len(pool.WarmNames()) != 0 {
+		t.Errorf("a zygote was started for it: %v", pool.WarmNames())
+	}
+}
