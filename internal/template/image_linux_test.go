@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +20,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sandloop/sandloop/internal/session"
@@ -569,5 +573,39 @@ func TestImageTemplateColdStart(t *testing.T) {
 	}
 	if len(pool.WarmNames()) != 0 {
 		t.Errorf("a zygote was started for it: %v", pool.WarmNames())
+	}
+}
+
+// TestImageFromRegistry pulls the image from a registry: go-containerregistry's
+// own registry server on loopback (this machine reaches no other).
+func TestImageFromRegistry(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	ref, err := name.ParseReference(strings.TrimPrefix(srv.URL, "http://") + "/mini:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, imageOf(t, miniRootTar(t))); err != nil {
+		t.Fatal(err)
+	}
+	st, err := template.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := st.BuildImage(context.Background(), "pulled", template.ImageSpec{Ref: ref.String()}, &template.ImageBuildOptions{NoZygoteCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tm.ImageDigest, "sha256:") {
+		t.Errorf("digest %q", tm.ImageDigest)
+	}
+	out, code := runIn(t, tm, `print(open("`+imageMarker+`").read())`)
+	if code != 0 || !strings.Contains(out, imageMarkerText) {
+		t.Fatalf("%d %s", code, out)
+	}
+	// An unknown tag is an error that names it.
+	_, err = st.BuildImage(context.Background(), "nope", template.ImageSpec{Ref: strings.TrimPrefix(srv.URL, "http://") + "/mini:2"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "mini:2") {
+		t.Errorf("unknown tag: %v", err)
 	}
 }
