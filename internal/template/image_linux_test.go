@@ -315,7 +315,8 @@ st = os.stat("/usr/bin/su-evil")
 print("SETID", bool(st.st_mode & (stat.S_ISUID | stat.S_ISGID)))
 status = open("/proc/self/status").read()
 print("NNP", [l.split()[1] for l in status.splitlines() if l.startswith("NoNewPrivs")][0],
-      "CAPEFF", [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0], "UID", os.geteuid())
+      "CAPEFF", [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0], "UID", os.geteuid(),
+      "SECCOMP", [l.split()[1] for l in status.splitlines() if l.startswith("Seccomp:")][0])
 print("DEVICES-IN-IMAGE", sorted(os.listdir("/usr/share/sandloop-image")))
 print("DEV", sorted(os.listdir("/dev")))
 try:
@@ -366,7 +367,7 @@ func TestImageTemplateSession(t *testing.T) {
 				"HOST-ONLY False False",
 				"ENV set by the image | set by the template | /workspace",
 				"SETID False",
-				"NNP 1 CAPEFF 0000000000000000 UID 1000",
+				"NNP 1 CAPEFF 0000000000000000 UID 1000 SECCOMP 2",
 				"DEVICES-IN-IMAGE ['marker.txt']",
 				"MKNOD-REFUSED",
 				"RO /usr/bin/new", "RO " + imageMarker, "RO /etc/new", "RO /new",
