@@ -311,7 +311,7 @@ func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Templa
 	}
 	fmt.Fprintf(w, "  preload  %s\n", preload)
 	if t.Kind == template.KindImage {
-		warm := "a warm kernel (zygote) per template: sessions fork in milliseconds"
+		warm := "from a warm kernel (zygote) of its own where the host has zygotes"
 		if t.ColdStart != "" {
 			warm = "cold: sessions start a new Python each (" + t.ColdStart + ")"
 		}

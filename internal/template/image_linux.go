@@ -155,7 +155,14 @@ func (s *Store) BuildImage(ctx context.Context, name string, spec ImageSpec, o *
 		}
 	}
 	log.Info("image template built", "name", name, "id", m.ID[:12], "size", m.Size, "python", m.Python)
-	return s.install(m, stage)
+	t, err = s.install(m, stage)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(t.Dir, 0o555); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // baseEnv are the variables the jail sets itself: an image's do not

@@ -413,7 +413,9 @@ func (u *unpacker) opaque(parent int, dir string) error {
 }
 
 // seal makes the tree's directories read-only (0555) with their times,
-// deepest first, and returns the tree's digest, size and entry count in
+// deepest first (but the tree's own: without root, a directory that is
+// not writable cannot be renamed into the store; BuildImage seals it once
+// installed), and returns the tree's digest, size and entry count in
 // the form freeze uses (paths, kinds, link targets, file modes and
 // contents; no link followed, no file opened but regular ones).
 func (u *unpacker) seal(dir string) (id string, size int64, files int, err error) {
@@ -490,9 +492,6 @@ func (u *unpacker) seal(dir string) (id string, size int64, files int, err error
 		return nil
 	}
 	if err := walk(u.root, "."); err != nil {
-		return "", 0, 0, err
-	}
-	if err := os.Chmod(dir, 0o555); err != nil {
 		return "", 0, 0, err
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].rel < entries[j].rel })
