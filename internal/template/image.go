@@ -243,6 +243,11 @@ func tarNames(path string) (map[string]bool, error) {
 		if err != nil {
 			return nil, err
 		}
+		// An image archive holds a few files per layer: a tar of
+		// millions of names is not one (and would fill memory here).
+		if len(names) >= 100000 {
+			return nil, errors.New("more than 100,000 entries: not an image archive")
+		}
 		names[strings.TrimPrefix(h.Name, "./")] = true
 	}
 	if len(names) == 0 {
