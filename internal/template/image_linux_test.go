@@ -610,3 +610,32 @@ func TestImageFromRegistry(t *testing.T) {
 		t.Errorf("unknown tag: %v", err)
 	}
 }
+
+// TestImagePythonFlag: --python names the image's interpreter, recorded
+// and run; one the image lacks is refused before anything is stored.
+func TestImagePythonFlag(t *testing.T) {
+	ref := writeLayout(t, imageOf(t, miniRootTar(t)))
+	st, err := template.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	py, _ := filepath.EvalSymlinks("/usr/bin/python3")
+	tm, err := st.BuildImage(context.Background(), "named", template.ImageSpec{Ref: ref, Python: py}, &template.ImageBuildOptions{NoZygoteCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tm.Interpreter != py || tm.PythonPath() != py {
+		t.Errorf("interpreter %q, want %q", tm.Interpreter, py)
+	}
+	if out, code := runIn(t, tm, "import os; print(os.readlink(\"/proc/self/exe\"))"); code != 0 || strings.TrimSpace(out) != py {
+		t.Errorf("%d %q, want %s", code, out, py)
+	}
+	_, err = st.BuildImage(context.Background(), "missing", template.ImageSpec{Ref: ref, Python: "/opt/conda/bin/python3"}, nil)
+	var ae *template.ArgumentError
+	if !errors.As(err, &ae) || !strings.Contains(err.Error(), "no executable /opt/conda/bin/python3") {
+		t.Errorf("err = %v, want an ArgumentError naming the path", err)
+	}
+	if _, err := st.Get("missing"); !errors.Is(err, template.ErrNotFound) {
+		t.Errorf("stored anyway: %v", err)
+	}
+}
