@@ -56,7 +56,8 @@ test-s3: weed
 # Image templates from a real distribution (slow: a download and an unpack of
 # ~150 MB, so not in make test): a Debian 13 root made with mmdebstrap from
 # the archive apt uses here, imported as an OCI layout, runs its own Python
-# 3.13 in a session (internal/template/image_debian_linux_test.go).
+# 3.13 in a session, and the jail's attacks (TestAttacksFail) pass with it as
+# the root (internal/template/image_debian_linux_test.go).
 test-images: deps gen
 	@command -v mmdebstrap >/dev/null || apt-get install -y mmdebstrap
 	SANDLOOP_TEST_IMAGES=1 $(GO) test -count=1 -timeout 20m -v -run 'TestDebianTrixieImage' ./internal/template

@@ -114,6 +114,21 @@ func TestDebianTrixieImage(t *testing.T) {
 	if len(tm.Neutralised) == 0 {
 		t.Errorf("a Debian root has set-user-id programs (su, mount...): none were neutralised")
 	}
+	t.Run("attacks", func(t *testing.T) {
+		// The jail's red-team suite again, with this tree as the system
+		// root of every jail it starts (internal/jail's runPy).
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			t.Skip("no go command to run internal/jail's attacks")
+		}
+		cmd := exec.Command(gobin, "test", "-count=1", "-run", "TestAttacksFail", "../jail")
+		cmd.Env = append(os.Environ(), "SANDLOOP_JAIL_TEST_ROOT="+tm.Dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("the jail's attacks in the Debian 13 root: %v\n%s", err, lastLinesOf(string(out), 40))
+		}
+		t.Logf("%s", strings.TrimSpace(string(out)))
+	})
 	for _, mode := range []string{"cold", "forked"} {
 		t.Run(mode, func(t *testing.T) {
 			opts := &template.PoolOptions{MaxWarm: -1}
