@@ -6,7 +6,7 @@ ARGS ?= doctor
 # What `sandloop --version` says: the git description of this tree.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: run test build deps gen bench load test-vm image weed test-s3
+.PHONY: run test build deps gen bench load test-vm image weed test-s3 test-images
 
 deps:
 	@./scripts/deps.sh
@@ -52,6 +52,15 @@ weed:
 # if the S3 server cannot be started.
 test-s3: weed
 	SANDLOOP_REQUIRE_S3=1 $(GO) test -count=1 -v -run . ./internal/snapshot
+
+# Image templates from a real distribution (slow: a download and an unpack of
+# ~150 MB, so not in make test): a Debian 13 root made with mmdebstrap from
+# the archive apt uses here, imported as an OCI layout, runs its own Python
+# 3.13 in a session, and the jail's attacks (TestAttacksFail) pass with it as
+# the root (internal/template/image_debian_linux_test.go).
+test-images: deps gen
+	@command -v mmdebstrap >/dev/null || apt-get install -y mmdebstrap
+	SANDLOOP_TEST_IMAGES=1 $(GO) test -count=1 -timeout 20m -v -run 'TestDebianTrixieImage' ./internal/template
 
 # The container image of deploy/Dockerfile, built without a registry:
 # mmdebstrap + podman import (installs both from apt if missing).

@@ -54,7 +54,11 @@ func newTemplateCmd() *cobra.Command {
 through the egress proxy, frozen read-only and mounted at /opt/sandloop/env in
 each session that asks for it ({"template": "NAME"} on POST /v1/sessions, or
 E2B's Sandbox.create("NAME")). Each template in use gets its own warm kernel
-that has imported its --preload modules.`,
+that has imported its --preload modules.
+
+A template may instead be an OCI image (build --image): its root file system
+is then the sandbox's root (read-only) and its own python3 runs the kernel,
+so a template can bring another Python version or system libraries.`,
 	}
 	tf.register(cmd.PersistentFlags())
 	cmd.AddCommand(newTemplateBuildCmd(tf), newTemplateLsCmd(tf), newTemplateShowCmd(tf), newTemplateRmCmd(tf))
@@ -64,11 +68,29 @@ that has imported its --preload modules.`,
 func newTemplateBuildCmd(tf *templateFlags) *cobra.Command {
 	var pips, preload, envs, allow []string
 	var requirements, caCert, pipIndex, wheelCache string
+	var image, python, maxSize string
 	cmd := &cobra.Command{
-		Use:   "build NAME (--pip PKG... | --requirements FILE)",
-		Short: "Build a template in a sandbox from pip packages or a requirements file",
-		Args:  cobra.ExactArgs(1),
+		Use:   "build NAME (--pip PKG... | --requirements FILE | --image REF)",
+		Short: "Build a template in a sandbox from pip packages, a requirements file or an OCI image",
+		Long: `Build a template in a sandbox from pip packages or a requirements file (a
+virtual environment on the sandbox's Python), or from an OCI image (--image):
+an OCI layout directory (podman save --format oci-dir), an OCI archive
+(podman save --format oci-archive), a docker save tarball, or a registry
+reference where a registry is reachable. An image's root file system becomes
+the sandbox's root, read-only, and its own python3 runs the sessions: every
+digest is checked, set-id bits and device nodes are dropped, and entries that
+would reach outside the tree are refused.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if image != "" {
+				if len(pips) > 0 || requirements != "" {
+					return usagef("--image builds from an image alone: drop --pip and --requirements (install packages in the image)")
+				}
+				return buildImageTemplate(cmd, tf, args[0], image, python, maxSize, preload, envs)
+			}
+			if python != "" || maxSize != "" {
+				return usagef("--python and --max-size go with --image")
+			}
 			spec := template.Spec{Pip: pips, Preload: preload, Env: map[string]string{}}
 			if requirements != "" {
 				b, err := os.ReadFile(requirements)
@@ -126,13 +148,45 @@ func newTemplateBuildCmd(tf *templateFlags) *cobra.Command {
 	f := cmd.Flags()
 	f.StringSliceVar(&pips, "pip", nil, "packages to install (requirement specifiers; repeatable or comma-separated)")
 	f.StringVar(&requirements, "requirements", "", "a pip requirements file")
-	f.StringSliceVar(&preload, "preload", nil, "modules the template's warm kernel imports (default: numpy, pandas, matplotlib)")
+	f.StringSliceVar(&preload, "preload", nil, "modules the template's warm kernel imports (default: numpy, pandas, matplotlib; with --image: none)")
 	f.StringArrayVar(&envs, "env", nil, "NAME=VALUE set in the template's sessions (repeatable)")
 	f.StringSliceVar(&allow, "allow", nil, "what the build's pip may reach (default: pypi; see serve --allow)")
 	f.StringVar(&pipIndex, "pip-index", "", "the index pip installs from (default: PyPI through the wheel cache)")
 	f.StringVar(&caCert, "ca-cert", "", "a CA certificate (PEM) the build's pip trusts, for a private index")
 	f.StringVar(&wheelCache, "wheel-cache", "", "the package cache (default DATA-DIR/wheel-cache; off: none)")
+	f.StringVar(&image, "image", "", "an OCI image: layout directory, OCI archive, docker save tarball or registry reference")
+	f.StringVar(&python, "python", "", "with --image: the interpreter in the image (default /usr/local/bin/python3, else /usr/bin/python3)")
+	f.StringVar(&maxSize, "max-size", "", "with --image: the most it may unpack to (default 4GiB)")
 	return cmd
+}
+
+func buildImageTemplate(cmd *cobra.Command, tf *templateFlags, name, image, python, maxSize string, preload, envs []string) error {
+	spec := template.ImageSpec{Ref: image, Python: python, Preload: preload, Env: map[string]string{}}
+	if maxSize != "" {
+		n, err := parseSize(maxSize)
+		if err != nil || n <= 0 {
+			return usagef("--max-size %q: give a size such as 2GiB", maxSize)
+		}
+		spec.MaxSize = n
+	}
+	for _, kv := range envs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return usagef("--env %q: give NAME=VALUE", kv)
+		}
+		spec.Env[k] = v
+	}
+	st, err := tf.open()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "building template %s from the image %s...\n", name, image)
+	t, err := st.BuildImage(cmd.Context(), name, spec, nil)
+	if err != nil {
+		return templateError(err)
+	}
+	printTemplate(cmd.OutOrStdout(), t, 0)
+	return nil
 }
 
 func newTemplateLsCmd(tf *templateFlags) *cobra.Command {
@@ -222,8 +276,11 @@ server (DELETE /v1/templates/NAME answers 409).`,
 func templateError(err error) error {
 	var ae *template.ArgumentError
 	var be *template.BuildError
+	var le *template.LayerError
+	var de *template.DigestError
+	var se *template.ImageSizeError
 	switch {
-	case errors.As(err, &ae):
+	case errors.As(err, &ae), errors.As(err, &le), errors.As(err, &de), errors.As(err, &se):
 		return usagef("%v", err)
 	case errors.Is(err, template.ErrNotFound):
 		return usagef("%v (sandloop template ls lists them)", err)
@@ -235,15 +292,40 @@ func templateError(err error) error {
 
 func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Template, maxPkgs int) {
 	fmt.Fprintf(w, "template %s  (id %s)\n", t.Name, t.ID[:12])
-	fmt.Fprintf(w, "  python   %s\n", t.Python)
+	if t.Kind == template.KindImage {
+		fmt.Fprintf(w, "  image    %s\n", t.Image)
+		if t.ImageDigest != "" {
+			fmt.Fprintf(w, "  digest   %s\n", t.ImageDigest)
+		}
+		fmt.Fprintf(w, "  python   %s (%s, the image's own: the image is the sandbox's root)\n", t.Python, t.Interpreter)
+	} else {
+		fmt.Fprintf(w, "  python   %s\n", t.Python)
+	}
 	fmt.Fprintf(w, "  size     %s in %d files\n", sizeText(t.Size), t.Files)
 	preload := "numpy, pandas, matplotlib (the default)"
-	if t.Preload != nil {
-		preload = strings.Join(t.Preload, ", ")
+	if m := t.Modules(); m != nil {
+		preload = strings.Join(m, ", ")
+		if len(m) == 0 {
+			preload = "none"
+		}
 	}
 	fmt.Fprintf(w, "  preload  %s\n", preload)
+	if t.Kind == template.KindImage {
+		warm := "from a warm kernel (zygote) of its own where the host has zygotes"
+		if t.ColdStart != "" {
+			warm = "cold: sessions start a new Python each (" + t.ColdStart + ")"
+		}
+		fmt.Fprintf(w, "  starts   %s\n", warm)
+		for _, n := range t.Neutralised {
+			fmt.Fprintf(w, "  unpacked %s\n", n)
+		}
+	}
 	fmt.Fprintf(w, "  created  %s\n", t.Created.Format("2006-01-02 15:04:05 MST"))
-	fmt.Fprintf(w, "  packages %d (beside the system's)\n", len(t.Packages))
+	if t.Kind == template.KindImage {
+		fmt.Fprintf(w, "  packages %d (the image's Python's)\n", len(t.Packages))
+	} else {
+		fmt.Fprintf(w, "  packages %d (beside the system's)\n", len(t.Packages))
+	}
 	for i, p := range t.Packages {
 		if maxPkgs >= 0 && i >= 20 {
 			fmt.Fprintf(w, "    ... and %d more (sandloop template show %s)\n", len(t.Packages)-i, t.Name)

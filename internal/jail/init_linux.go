@@ -70,12 +70,19 @@ type initConfig struct {
 	// clone of the directory's mount (open_tree) to attach; otherwise the
 	// init binds Host by its path.
 	Mounts []initMount
+
+	// sysRoot is where the system directories come from while the root
+	// is built (oldRoot, or imageDir for a Root mount); sysRootFD, for an
+	// image, is its directory, in which its /etc is resolved.
+	sysRoot   string
+	sysRootFD int
 }
 
 type initMount struct {
 	Host     string
 	Path     string
 	Writable bool
+	Root     bool
 	FD       int
 }
 

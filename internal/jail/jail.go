@@ -223,7 +223,8 @@ type Config struct {
 
 	// Mounts are host directories bound into the jail's root (a template's
 	// environment, package template). Read-only unless Writable; always
-	// nosuid and nodev. Each Path is under /opt (see Mount).
+	// nosuid and nodev. Each Path is under /opt (see Mount), but for one
+	// Root mount, whose system directories replace the host's.
 	Mounts []Mount
 }
 
@@ -243,6 +244,17 @@ type Mount struct {
 	// Writable leaves it writable (a template being built); otherwise it
 	// is read-only.
 	Writable bool
+	// Root makes Host the jail's system root instead of the host's (an
+	// image template): /usr, /bin, /lib*, /sbin come from it, read-only,
+	// nosuid and nodev, and the /etc files the jail copies (the dynamic
+	// linker's cache, time zone, certificates, python3's) are read from
+	// its /etc, every path resolved as if Host were "/" (RESOLVE_IN_ROOT),
+	// so none of its symbolic links leads the jail's init to a host file.
+	// The jail's own parts are unchanged: a tmpfs root remounted
+	// read-only, generated passwd and hosts, its /dev, /proc, /tmp and
+	// workspace. Path must be "/", it may not be Writable, and a jail has
+	// at most one.
+	Root bool
 }
 
 // WindowSize is a terminal's size in character cells.

@@ -79,6 +79,12 @@ func runPy(t *testing.T, code string, mod func(*Config)) run {
 	var out, errb bytes.Buffer
 	cfg := &Config{Path: DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws, Stdout: &out, Stderr: &errb,
 		Limits: Limits{Timeout: 60 * time.Second}}
+	if root := os.Getenv("SANDLOOP_JAIL_TEST_ROOT"); root != "" {
+		// The attacks again, in a jail whose system root is an image
+		// template's tree (its /usr/bin/python3): the layers must hold
+		// whatever the root.
+		cfg.Mounts = []Mount{{Host: root, Path: "/", Root: true}}
+	}
 	if mod != nil {
 		mod(cfg)
 	}

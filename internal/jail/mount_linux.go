@@ -3,6 +3,7 @@ package jail
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,6 +28,10 @@ var systemDirs = []string{"/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32",
 // interpreter, the dynamic linker, TLS and time zones need. Nothing that
 // holds secrets (shadow, ssh, ssl/private, machine-id) is on the list.
 var etcCopies = []string{"ld.so.cache", "ld.so.conf", "mime.types", "matplotlibrc", "nsswitch.conf", "protocols", "services"}
+
+// imageEtcCopies are copied too from an image's /etc (not the host's):
+// which system the image is.
+var imageEtcCopies = []string{"os-release", "debian_version"}
 
 // etcDirs are bind-mounted read-only from the host's /etc when present.
 var etcDirs = []string{"alternatives", "ssl/certs", "ca-certificates", "python3", "python3.11", "python3.12", "python3.13", "fonts"}
@@ -78,7 +83,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
 		return err
 	}
-	steps := []func(*initConfig) error{mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces, mountExtra}
+	steps := []func(*initConfig) error{attachImageRoot, mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces, mountExtra}
 	for _, step := range steps {
 		if err := step(cfg); err != nil {
 			return err
@@ -148,9 +153,103 @@ func lockedFlags(f int64) uintptr {
 	return out
 }
 
-func mountSystem(*initConfig) error {
+// imageDir is where a Root mount (an image template) is attached in the
+// base tmpfs while the jail's root is built; it goes when the base does.
+const imageDir = "/image"
+
+// attachImageRoot attaches Config.Mounts' Root mount, if any, read-only,
+// nosuid and nodev, at imageDir and makes it the source of the system
+// directories; otherwise they come from the host (oldRoot).
+func attachImageRoot(cfg *initConfig) error {
+	cfg.sysRoot = oldRoot
+	for _, m := range cfg.Mounts {
+		if !m.Root {
+			continue
+		}
+		if err := os.Mkdir(imageDir, 0o755); err != nil {
+			return err
+		}
+		if m.FD != 0 {
+			err := unix.MoveMount(m.FD, "", unix.AT_FDCWD, imageDir, unix.MOVE_MOUNT_F_EMPTY_PATH)
+			unix.Close(m.FD)
+			if err != nil {
+				return fmt.Errorf("attach the image root: %w", err)
+			}
+		} else if err := mount(oldRoot+m.Host, imageDir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return err
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(imageDir, &st); err != nil {
+			return fmt.Errorf("statfs %s: %w", imageDir, err)
+		}
+		if err := mount("", imageDir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), ""); err != nil {
+			return err
+		}
+		fd, err := unix.Open(imageDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		cfg.sysRoot, cfg.sysRootFD = imageDir, fd
+	}
+	return nil
+}
+
+// inImage opens name (relative, in the image's /etc) as if the image
+// were "/": a symbolic link in the image, absolute or climbing with "..",
+// resolves inside it, never to a host file, and no other mount is crossed.
+func inImage(cfg *initConfig, name string, flags int) (int, error) {
+	return unix.Openat2(cfg.sysRootFD, name, &unix.OpenHow{
+		Flags:   uint64(flags | unix.O_CLOEXEC),
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+}
+
+// readInImage reads a regular file of at most 4 MiB from the image.
+func readInImage(cfg *initConfig, name string) ([]byte, error) {
+	fd, err := inImage(cfg, name, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > 4<<20 {
+		return nil, fmt.Errorf("%s: not a regular file of at most 4 MiB", name)
+	}
+	return io.ReadAll(io.LimitReader(f, 4<<20))
+}
+
+// bindFromImage binds the image's directory name at dst, read-only.
+func bindFromImage(cfg *initConfig, name, dst string) error {
+	fd, err := inImage(cfg, name, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("clone %s of the image: %w", name, err)
+	}
+	err = unix.MoveMount(tree, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	unix.Close(tree)
+	if err != nil {
+		return fmt.Errorf("attach %s of the image: %w", name, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		return err
+	}
+	return mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(st.Flags), "")
+}
+
+func mountSystem(cfg *initConfig) error {
 	for _, d := range systemDirs {
-		src, dst := oldRoot+d, newRoot+d
+		// An image's top-level entries are looked at, not followed: a
+		// link (merged /usr) is recreated as the same link.
+		src, dst := cfg.sysRoot+d, newRoot+d
 		fi, err := os.Lstat(src)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -181,28 +280,18 @@ func mountSystem(*initConfig) error {
 	return nil
 }
 
-func makeEtc(*initConfig) error {
+func makeEtc(cfg *initConfig) error {
 	etc := newRoot + "/etc"
 	if err := os.Mkdir(etc, 0o755); err != nil {
 		return err
 	}
-	generated := map[string]string{
-		"passwd": fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\n%s:x:%d:%d:sandbox:%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-			SandboxUser, SandboxUID, SandboxGID, WorkspaceDir),
-		"group":       fmt.Sprintf("root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", SandboxUser, SandboxGID),
-		"hosts":       "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"hostname":    "sandbox\n",
-		"resolv.conf": "",
+	if err := writeGeneratedEtc(etc); err != nil {
+		return err
 	}
-	for name, data := range generated {
-		if err := os.WriteFile(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
-			return err
-		}
+	if cfg.sysRootFD != 0 {
+		return imageEtc(cfg, etc)
 	}
 	for _, name := range etcCopies {
-		if _, ok := generated[name]; ok {
-			continue
-		}
 		data, err := os.ReadFile(oldRoot + "/etc/" + name)
 		if err != nil {
 			continue // optional
@@ -232,6 +321,68 @@ func makeEtc(*initConfig) error {
 			return err
 		}
 		if err := bindReadOnly(src, dst, unix.MS_NODEV); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// imageEtc fills the jail's /etc from an image's (every path resolved
+// inside the image): the same files and directories as from the host's.
+func imageEtc(cfg *initConfig, etc string) error {
+	for _, name := range append(etcCopies[:len(etcCopies):len(etcCopies)], imageEtcCopies...) {
+		data, err := readInImage(cfg, "etc/"+name)
+		if err != nil {
+			continue // optional
+		}
+		if err := os.WriteFile(filepath.Join(etc, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	// A link's target is only text here; it resolves in the jail.
+	if fd, err := inImage(cfg, "etc", unix.O_PATH|unix.O_DIRECTORY); err == nil {
+		buf := make([]byte, 4096)
+		n, err := unix.Readlinkat(fd, "localtime", buf)
+		unix.Close(fd)
+		if err == nil && n < len(buf) {
+			if err := os.Symlink(string(buf[:n]), etc+"/localtime"); err != nil {
+				return err
+			}
+		} else if data, err := readInImage(cfg, "etc/localtime"); err == nil {
+			if err := os.WriteFile(etc+"/localtime", data, 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range etcDirs {
+		fd, err := inImage(cfg, "etc/"+d, unix.O_PATH|unix.O_DIRECTORY)
+		if err != nil {
+			continue
+		}
+		unix.Close(fd)
+		dst := filepath.Join(etc, d)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := bindFromImage(cfg, "etc/"+d, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeGeneratedEtc writes the files of /etc the jail makes itself.
+func writeGeneratedEtc(etc string) error {
+	generated := map[string]string{
+		"passwd": fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\n%s:x:%d:%d:sandbox:%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+			SandboxUser, SandboxUID, SandboxGID, WorkspaceDir),
+		"group":       fmt.Sprintf("root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", SandboxUser, SandboxGID),
+		"hosts":       "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"hostname":    "sandbox\n",
+		"resolv.conf": "",
+	}
+	for name, data := range generated {
+		if err := os.WriteFile(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
 			return err
 		}
 	}

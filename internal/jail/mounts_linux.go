@@ -15,8 +15,22 @@ import (
 // other mount.
 func validMounts(cfg *Config) error {
 	seen := map[string]bool{}
+	roots := 0
 	for _, m := range cfg.Mounts {
 		p := m.Path
+		if m.Root {
+			if roots++; roots > 1 || p != "/" || m.Writable {
+				return fmt.Errorf("a root mount (%s) must be one, at \"/\", read-only", m.Host)
+			}
+			fi, err := os.Stat(m.Host)
+			if err != nil {
+				return err
+			}
+			if !fi.IsDir() {
+				return fmt.Errorf("%s is not a directory", m.Host)
+			}
+			continue
+		}
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p || !strings.HasPrefix(p, MountsDir+"/") {
 			return fmt.Errorf("%q: must be an absolute, clean path under %s", p, MountsDir)
 		}
@@ -60,7 +74,7 @@ func openMounts(ms []Mount, first int, cfg *initConfig) ([]*os.File, error) {
 			}
 			return nil, &ArgumentError{"mount", err}
 		}
-		im := initMount{Host: host, Path: m.Path, Writable: m.Writable}
+		im := initMount{Host: host, Path: m.Path, Writable: m.Writable, Root: m.Root}
 		if fd, err := unix.OpenTree(unix.AT_FDCWD, host, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err == nil {
 			im.FD = first + len(files)
 			files = append(files, os.NewFile(uintptr(fd), "mount"))
@@ -75,6 +89,9 @@ func openMounts(ms []Mount, first int, cfg *initConfig) ([]*os.File, error) {
 // device, whatever their files say.
 func mountExtra(cfg *initConfig) error {
 	for _, m := range cfg.Mounts {
+		if m.Root {
+			continue // attached by attachImageRoot
+		}
 		dst := newRoot + m.Path
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return err

@@ -3,6 +3,7 @@ package jail
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,6 +70,84 @@ func TestMountsRefused(t *testing.T) {
 		var ae *ArgumentError
 		if !errors.As(err, &ae) {
 			t.Errorf("mount at %s: %v, want an ArgumentError", path, err)
+		}
+	}
+}
+
+func TestRootMountRefused(t *testing.T) {
+	dir := t.TempDir()
+	for name, ms := range map[string][]Mount{
+		"root at /opt/x":      {{Host: dir, Path: "/opt/x", Root: true}},
+		"a writable root":     {{Host: dir, Path: "/", Root: true, Writable: true}},
+		"two roots":           {{Host: dir, Path: "/", Root: true}, {Host: dir, Path: "/", Root: true}},
+		"a root that is gone": {{Host: filepath.Join(dir, "nope"), Path: "/", Root: true}},
+		"a plain mount at /":  {{Host: dir, Path: "/"}},
+	} {
+		_, err := Start(t.Context(), &Config{Path: DefaultPython, Workspace: testWorkspace(t), Mounts: ms})
+		var ae *ArgumentError
+		if !errors.As(err, &ae) {
+			t.Errorf("%s: %v, want an ArgumentError", name, err)
+		}
+	}
+}
+
+// An image root replaces the host's system directories: a root holding
+// only a static program (built here, it needs no library) and a marker
+// runs that program, which sees the marker and no host /usr; a link in
+// the image aimed at the host through the init's build directory
+// resolves inside the image.
+func TestRootMountReplacesSystem(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"usr/bin", "usr/share", "etc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/share/marker"), []byte("image"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/oldroot/etc/hostname", filepath.Join(root, "etc/ld.so.cache")); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "main.go")
+	os.WriteFile(src, []byte(`package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	m, err := os.ReadFile("/usr/share/marker")
+	fmt.Println("marker", string(m), err)
+	_, err = os.Stat("/usr/bin/python3")
+	fmt.Println("host python", err == nil)
+	c, err := os.ReadFile("/etc/ld.so.cache")
+	fmt.Printf("ld.so.cache %q %v\n", c, err)
+	l, _ := os.Readlink("/bin")
+	fmt.Println("bin ->", l)
+}
+`), 0o644)
+	build := exec.Command("go", "build", "-o", filepath.Join(root, "usr/bin/probe"), src)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Skipf("cannot build a static program here: %v %s", err, out)
+	}
+	var stdout, stderr strings.Builder
+	res, err := Run(t.Context(), &Config{Path: "/usr/bin/probe", Workspace: testWorkspace(t), Stdout: &stdout, Stderr: &stderr,
+		Mounts: []Mount{{Host: root, Path: "/", Root: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s %s", res.ExitCode, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"marker image <nil>", "host python false", "ld.so.cache \"\" open /etc/ld.so.cache: no such file or directory", "bin -> usr/bin"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("missing %q in:\n%s", want, stdout.String())
 		}
 	}
 }

@@ -84,7 +84,7 @@ func (p *Pool) Use(ctx context.Context, name string) (*session.TemplateUse, erro
 	if err != nil {
 		return nil, err
 	}
-	u := &session.TemplateUse{Name: t.Name, Python: Python, Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits}
+	u := &session.TemplateUse{Name: t.Name, Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits}
 	w := p.zygoteFor(t)
 	if w != nil {
 		select {
@@ -117,6 +117,9 @@ func (p *Pool) Warm(ctx context.Context, names []string) error {
 		t, err := p.store.Get(name)
 		if err != nil {
 			return err
+		}
+		if t.ColdStart != "" {
+			return fmt.Errorf("template %s starts cold (its Python could not run a zygote when it was built: %s)", name, t.ColdStart)
 		}
 		w := p.zygoteFor(t)
 		if w == nil {
@@ -152,7 +155,7 @@ func (p *Pool) WarmNames() []string {
 // zygoteFor returns t's zygote, counting one more user, starting it (in
 // the background) if none runs: nil where zygotes are off or none fits.
 func (p *Pool) zygoteFor(t *Template) *warmZygote {
-	if p.opts.MaxWarm < 0 {
+	if p.opts.MaxWarm < 0 || t.ColdStart != "" {
 		return nil
 	}
 	p.mu.Lock()
@@ -170,7 +173,7 @@ func (p *Pool) zygoteFor(t *Template) *warmZygote {
 	}
 	w := &warmZygote{name: t.Name, ready: make(chan struct{}), users: 1, lastUsed: time.Now()}
 	p.warm[t.ID] = w
-	opts := &zygote.Options{Modules: t.Preload, Env: append(session.KernelEnv(), t.SessionEnv()...), Python: Python,
+	opts := &zygote.Options{Modules: t.Modules(), Env: append(session.KernelEnv(), t.SessionEnv()...), Python: t.PythonPath(),
 		Mounts: []jail.Mount{t.Mount()}, Spares: p.opts.Spares, Limits: p.opts.Limits, Logger: p.log.With("template", t.Name)}
 	p.wg.Add(1)
 	go func() {

@@ -3,6 +3,15 @@
 // system's packages visible) built once in a sandbox, frozen read-only,
 // stored content-addressed and mounted read-only at EnvDir in every
 // session that uses it, with its own zygote (Pool) importing its preloads.
+//
+// An image template is an OCI image's root file system instead
+// (Store.BuildImage): read with go-containerregistry, every digest
+// checked, its layers unpacked (whiteouts applied) into the same
+// read-only, content-addressed storage by an unpacker that resolves every
+// path inside the tree and refuses or neutralises what an image may not
+// bring (unpack_linux.go). Its sessions run with that tree as their
+// system root (jail.Mount.Root) and the image's own Python; the jail's
+// layers are the same as for any session.
 package template
 
 import (
@@ -85,9 +94,32 @@ type Package struct {
 	Version string `json:"version"`
 }
 
+// Kinds of template (Manifest.Kind).
+const (
+	KindVenv  = "" // a virtual environment at EnvDir
+	KindImage = "image"
+)
+
 // Manifest describes a built template.
 type Manifest struct {
 	Name string `json:"name"`
+	// Kind is KindVenv (empty) or KindImage.
+	Kind string `json:"kind,omitempty"`
+	// Image is where an image template came from, and ImageDigest its
+	// manifest's digest (empty for a docker save tarball, whose
+	// manifest.json has none: its layers are checked against the
+	// configuration's diff_ids).
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	// Interpreter is the kernel's Python in the sandbox (image templates;
+	// a virtual environment's is Python).
+	Interpreter string `json:"interpreter,omitempty"`
+	// Neutralised says what unpacking the image changed (set-id bits
+	// dropped, device nodes not made, links made absolute).
+	Neutralised []string `json:"neutralised,omitempty"`
+	// ColdStart, if set, is why the template's sessions start cold: its
+	// Python could not run a zygote when it was built.
+	ColdStart string `json:"cold_start,omitempty"`
 	// ID is the sha256 of the tree (paths, modes, link targets and
 	// contents): templates with the same tree share it.
 	ID       string            `json:"id"`
@@ -108,14 +140,43 @@ type Template struct {
 	Dir string
 }
 
-// Mount is how a sandbox sees the template.
-func (t *Template) Mount() jail.Mount { return jail.Mount{Host: t.Dir, Path: EnvDir} }
+// Mount is how a sandbox sees the template: at EnvDir, or as the
+// sandbox's system root (an image).
+func (t *Template) Mount() jail.Mount {
+	if t.Kind == KindImage {
+		return jail.Mount{Host: t.Dir, Path: "/", Root: true}
+	}
+	return jail.Mount{Host: t.Dir, Path: EnvDir}
+}
+
+// PythonPath is the interpreter of the template's kernels.
+func (t *Template) PythonPath() string {
+	if t.Kind == KindImage {
+		return t.Interpreter
+	}
+	return Python
+}
+
+// Modules are what the template's zygote imports (an image's: its
+// preloads only, never the host's default numpy and pandas).
+func (t *Template) Modules() []string {
+	if t.Kind == KindImage && t.Preload == nil {
+		return []string{}
+	}
+	return t.Preload
+}
+
+// imagePath is an image template's PATH unless its image sets one.
+const imagePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // SessionEnv is the environment a session of the template gets on top of
-// the kernel's: the environment's bin first on PATH, VIRTUAL_ENV, and the
-// template's own variables in key order.
+// the kernel's: the environment's bin first on PATH, VIRTUAL_ENV (or an
+// image's PATH), and the template's own variables in key order.
 func (t *Template) SessionEnv() []string {
 	env := []string{"PATH=" + EnvDir + "/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV=" + EnvDir}
+	if t.Kind == KindImage {
+		env = []string{"PATH=" + imagePath}
+	}
 	keys := make([]string, 0, len(t.Env))
 	for k := range t.Env {
 		keys = append(keys, k)

@@ -43,7 +43,7 @@ func runIn(t *testing.T, tm *template.Template, code string) (string, int) {
 	var out bytes.Buffer
 	cfg := &jail.Config{Path: jail.DefaultPython, Args: []string{"python3", "-c", code}, Workspace: ws, Stdout: &out, Stderr: &out, Limits: jail.Limits{Timeout: time.Minute}}
 	if tm != nil {
-		cfg.Path, cfg.Env, cfg.Mounts = template.Python, tm.SessionEnv(), []jail.Mount{tm.Mount()}
+		cfg.Path, cfg.Env, cfg.Mounts = tm.PythonPath(), tm.SessionEnv(), []jail.Mount{tm.Mount()}
 	}
 	res, err := jail.Run(context.Background(), cfg)
 	if err != nil {
