@@ -48,6 +48,7 @@ type agentFlags struct {
 	noLessons  bool
 	lf         limitFlags
 	zygote     zygoteMode
+	tmpl       templateChoice
 }
 
 func newAgentCmd() *cobra.Command {
@@ -96,6 +97,8 @@ Modes (--mode):
 	fl.StringVar(&f.pricesFile, "prices", "", "JSON file overriding the model price table")
 	f.lf.register(fl)
 	registerZygote(fl, &f.zygote)
+	f.tmpl.dataDir = &f.dataDir
+	f.tmpl.register(fl)
 	return cmd
 }
 
@@ -184,6 +187,12 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
+	if tmpl, err := f.tmpl.use(cmd.Context()); err != nil { // said before the model is asked anything
+		return err
+	} else if tmpl != nil {
+		tmpl.Release()
+		f.zygote = zygoteMode{"off"} // the template's session starts cold
+	}
 	f.lf.sayNotes(cmd.ErrOrStderr())
 	files, err := readInputFiles(f.files)
 	if err != nil {
@@ -239,7 +248,15 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 			if err != nil {
 				return nil, err
 			}
-			return session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
+			tmpl, err := f.tmpl.use(ctx)
+			if err != nil {
+				return nil, err
+			}
+			s, err := session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy, Template: tmpl})
+			if err != nil && tmpl != nil {
+				tmpl.Release()
+			}
+			return s, err
 		},
 	})
 

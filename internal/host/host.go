@@ -86,6 +86,9 @@ type Config struct {
 	TemplatesDir     string
 	WarmTemplates    []string
 	MaxWarmTemplates int
+	// DefaultTemplate is the template of sessions that name none (its
+	// zygote is started with WarmTemplates'). It must exist.
+	DefaultTemplate string
 
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
@@ -203,6 +206,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	if h.tmpl != nil {
 		mo.Templates = h.tmpl
+		mo.DefaultTemplate = h.cfg.DefaultTemplate
 	}
 	h.mgr = session.NewManager(mo)
 

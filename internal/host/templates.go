@@ -2,7 +2,9 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/sandloop/sandloop/internal/template"
 )
@@ -18,6 +20,9 @@ func (h *Host) openTemplates(ctx context.Context) error {
 		if len(h.cfg.WarmTemplates) > 0 {
 			return &ArgumentError{"warm-templates", errNoTemplatesDir}
 		}
+		if h.cfg.DefaultTemplate != "" {
+			return &ArgumentError{"default-template", errNoTemplatesDir}
+		}
 		return nil
 	}
 	st, err := template.Open(dir)
@@ -28,11 +33,20 @@ func (h *Host) openTemplates(ctx context.Context) error {
 	if h.cfg.Zygote == "" || h.cfg.Zygote == "off" || h.zy == nil {
 		maxWarm = -1 // no zygotes: template sessions start cold too
 	}
+	warm := h.cfg.WarmTemplates
+	if d := h.cfg.DefaultTemplate; d != "" {
+		if _, err := st.Get(d); err != nil {
+			return &ArgumentError{"default-template", fmt.Errorf("%w (sandloop template ls lists them)", err)}
+		}
+		if !slices.Contains(warm, d) {
+			warm = append([]string{d}, warm...)
+		}
+	}
 	h.tmpl = template.NewPool(st, &template.PoolOptions{MaxWarm: maxWarm, Logger: h.log})
-	if len(h.cfg.WarmTemplates) > 0 {
+	if len(warm) > 0 {
 		if maxWarm < 0 {
 			h.log.Warn("--warm-templates: no zygotes on this host (or --zygote off): template sessions start cold")
-		} else if err := h.tmpl.Warm(ctx, h.cfg.WarmTemplates); err != nil {
+		} else if err := h.tmpl.Warm(ctx, warm); err != nil {
 			h.tmpl.Close()
 			h.tmpl = nil
 			return &ArgumentError{"warm-templates", err}

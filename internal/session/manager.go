@@ -203,7 +203,6 @@ type CreateOptions struct {
 // cannot be a template's name.
 const NoTemplate = "-"
 
-
 // Managed is a session held by a Manager, with its bookkeeping.
 //
 // Whether it is in use is decided in one place, here: its Execute,
