@@ -3,15 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 // The template command end to end: build from a requirements file
@@ -128,6 +131,31 @@ func TestTemplateFlag(t *testing.T) {
 		t.Errorf("mcp --template: %+v\n%s", res.Content, stderr.String())
 	}
 	cs.Close()
+
+	// doctor lists the templates and whether each can fork: one whose
+	// preload cannot import cannot (its manifest edited by hand here).
+	b, err := os.ReadFile(filepath.Join(dir, "names", "flag.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	m["name"], m["preload"] = "broken", []string{"no_such_module_here"}
+	b, _ = json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(dir, "names", "broken.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(dir, "names", "broken.json")) })
+	_, out, _ := sandloop(t, "", "doctor", "--templates-dir", dir)
+	wantLines := []string{"templates         2 in " + dir, "broken", "cannot fork"}
+	if zygote.Supported() == nil {
+		wantLines = append(wantLines, "ok      flag", "forks: its zygote was ready in", "no_such_module_here")
+	}
+	for _, w := range wantLines {
+		if !strings.Contains(out, w) {
+			t.Errorf("doctor lacks %q:\n%s", w, out)
+		}
+	}
 
 	for _, verb := range [][]string{{"exec", "-c", "1"}, {"run", script}, {"repl"}, {"mcp"}, {"agent", "x"}} {
 		args := append(append([]string{}, verb[0], "--template", "nope", "--templates-dir", dir), verb[1:]...)
