@@ -230,13 +230,14 @@ func (h *Handler) processHandlers() []rpcHandler {
 // commandEnv is the environment of a command: what kernels get, less the
 // kernel's own matplotlib backend, then the sandbox's variables, then the
 // command's.
-func commandEnv(sandboxVars, vars map[string]string) []string {
+func commandEnv(templateEnv []string, sandboxVars, vars map[string]string) []string {
 	var env []string
 	for _, kv := range session.KernelEnv() {
 		if !strings.HasPrefix(kv, "MPLBACKEND=") {
 			env = append(env, kv)
 		}
 	}
+	env = append(env, templateEnv...) // the template's PATH and VIRTUAL_ENV, as its kernel has
 	merged := map[string]string{}
 	for k, v := range sandboxVars {
 		merged[k] = v
@@ -333,10 +334,12 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	sub := p.subscribe()
 	// The process belongs to the sandbox, not to this request: a client
 	// that goes away leaves it running (background commands).
+	mounts, tenv := sb.ms.TemplateJail()
 	jp, err := jail.Start(context.Background(), &jail.Config{
 		Path:      program(p.cfg.Cmd),
 		Args:      append([]string{p.cfg.Cmd}, p.cfg.Args...),
-		Env:       commandEnv(sb.envVars, p.cfg.Envs),
+		Env:       commandEnv(tenv, sb.envVars, p.cfg.Envs),
+		Mounts:    mounts,
 		Workspace: sb.ms.Workspace(),
 		Dir:       dir,
 		Limits:    limits,

@@ -257,6 +257,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}
 		if h.tmpl != nil {
 			eo.HasTemplate = h.tmpl.Has
+			eo.BuildTemplate = h.templateBuilder(eg)
 		}
 		if h.e2b, err = e2b.New(eo); err != nil {
 			return nil, err

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/template"
 )
 
@@ -60,3 +62,23 @@ type constError string
 func (e constError) Error() string { return string(e) }
 
 const errNoTemplatesDir = constError("no templates directory: give --templates-dir or --data-dir")
+
+// templateBuilder builds templates for E2B's template API: through the
+// server's default allowlist where it has one (serve --network allow
+// --allow ...), else PyPI through the wheel cache; never to the server's
+// own addresses.
+func (h *Host) templateBuilder(eg server.EgressOptions) func(ctx context.Context, name string, spec template.Spec) (*template.Template, error) {
+	pol := eg.DefaultPolicy()
+	if pol == nil {
+		al, err := egress.ParseAllowlist([]string{"pypi"})
+		if err != nil {
+			panic(err) // a preset
+		}
+		p := eg.Policy
+		p.Allow = al
+		pol = &p
+	}
+	return func(ctx context.Context, name string, spec template.Spec) (*template.Template, error) {
+		return h.tmpl.Store().Build(ctx, name, spec, &template.BuildOptions{Egress: pol, Cache: h.cfg.WheelCache, Logger: h.log})
+	}
+}

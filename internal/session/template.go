@@ -70,6 +70,16 @@ func (s *Session) Environment() Environment {
 	return Environment{Python: SystemPythonVersion()}
 }
 
+// TemplateJail is what another process of the session (an E2B command)
+// needs to see its template as the kernel does: the mounts, and the
+// environment to add after KernelEnv's. Both nil without a template.
+func (s *Session) TemplateJail() (mounts []jail.Mount, env []string) {
+	if u := s.opts.Template; u != nil {
+		return u.Mounts, u.Env
+	}
+	return nil, nil
+}
+
 var systemPython struct {
 	once    sync.Once
 	version string
