@@ -351,8 +351,16 @@ func (h *Host) startHeartbeat(self gateway.Target) {
 		defer close(done)
 		gateway.Register(ctx, pg, cmp.Or(h.cfg.Heartbeat, 2*time.Second), func() store.Registration {
 			st := h.mgr.Stats()
+			var templates []string
+			if h.tmpl != nil {
+				if ts, err := h.tmpl.Store().List(); err == nil {
+					for _, t := range ts {
+						templates = append(templates, t.Name)
+					}
+				}
+			}
 			return store.Registration{Name: self.Name, URL: self.URL, Epoch: h.epoch, Ready: !h.srv.Draining(),
-				Slots: st.MaxSessions, Used: st.Busy()}
+				Slots: st.MaxSessions, Used: st.Busy(), Templates: templates}
 		}, h.log)
 	}()
 	h.mu.Lock()
