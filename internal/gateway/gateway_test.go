@@ -18,8 +18,8 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
-	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
