@@ -58,9 +58,7 @@ func newDoctorCmd() *cobra.Command {
 			if timeout <= 0 {
 				return usagef("--timeout %s: want a positive duration such as 60s or 5m", timeout)
 			}
-			ok := runDoctor(cmd.Context(), cmd.OutOrStdout(), timeout)
-			doctorTemplates(cmd.Context(), cmd.OutOrStdout(), templatesDir, timeout)
-			if !ok {
+			if !runDoctor(cmd.Context(), cmd.OutOrStdout(), timeout, templatesDir) {
 				return &exitError{1}
 			}
 			return nil
@@ -74,7 +72,7 @@ func newDoctorCmd() *cobra.Command {
 // runDoctor prints the report, one line per layer (ok, warn where a
 // documented weaker layer stands in, FAIL with the fix), and says whether a
 // safe sandbox can be built: yes exactly when no line says FAIL.
-func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
+func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, templatesDir string) bool {
 	fails, warns := 0, 0
 	line := func(c jail.Check, name string) {
 		mark := "ok  "
@@ -205,6 +203,7 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
 			info("  "+name, fmt.Sprintf("not importable in the sandbox: %s (apt-get install python3-%s)", p.Error, name))
 		}
 	}
+	doctorTemplates(ctx, w, templatesDir, timeout)
 	return verdict()
 }
 
@@ -270,7 +269,7 @@ func doctorTemplates(ctx context.Context, w io.Writer, dir string, timeout time.
 	info("templates", fmt.Sprintf("%d in %s", len(ts), dir))
 	zerr := zygote.Supported()
 	for _, t := range ts {
-		what := fmt.Sprintf("Python %s, %d packages, %.1f MB", t.Python, len(t.Packages), float64(t.Size)/(1<<20))
+		what := fmt.Sprintf("Python %s, %d package(s), %s", t.Python, len(t.Packages), formatSize(t.Size))
 		if zerr != nil {
 			info("  "+t.Name, what+"; cannot fork: "+host.UnsupportedReason(zerr)+" (its sessions start cold)")
 			continue
