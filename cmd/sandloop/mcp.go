@@ -49,8 +49,10 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			if err != nil {
 				return err
 			}
-			if _, err := tc.use(cmd.Context()); err != nil { // said at once, not at the first tool call
+			if u, err := tc.use(cmd.Context()); err != nil { // said at once, not at the first tool call
 				return err
+			} else if u != nil {
+				u.Release()
 			}
 			lf.sayNotes(cmd.ErrOrStderr())
 			effMax := maxTimeout
