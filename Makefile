@@ -91,6 +91,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench CheckpointSession -benchtime 20x ./internal/session
 	$(GO) test -run '^$$' -bench '^BenchmarkFork$$' -benchtime 5x ./internal/session
 	$(GO) test -run '^$$' -bench TemplateSession -benchtime 1x ./internal/template
+	$(GO) test -run '^$$' -bench TemplateBuildFromCache -benchtime 1x ./internal/template
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen

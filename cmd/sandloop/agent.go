@@ -49,6 +49,7 @@ type agentFlags struct {
 	previewFor time.Duration
 	lf         limitFlags
 	zygote     zygoteMode
+	tmpl       templateChoice
 }
 
 func newAgentCmd() *cobra.Command {
@@ -98,6 +99,8 @@ Modes (--mode):
 	fl.DurationVar(&f.previewFor, "preview-for", runs.DefaultPreviewFor, "app mode: when the agent leaves a server running, keep the sandbox this long after the run and serve its preview URL (Enter or Ctrl-C ends it sooner; 0: never). Without a terminal only when given")
 	f.lf.register(fl)
 	registerZygote(fl, &f.zygote)
+	f.tmpl.dataDir = &f.dataDir
+	f.tmpl.register(fl)
 	return cmd
 }
 
@@ -186,6 +189,12 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
+	if tmpl, err := f.tmpl.use(cmd.Context()); err != nil { // said before the model is asked anything
+		return err
+	} else if tmpl != nil {
+		tmpl.Release()
+		f.zygote = zygoteMode{"off"} // the template's session starts cold
+	}
 	f.lf.sayNotes(cmd.ErrOrStderr())
 	files, err := readInputFiles(f.files)
 	if err != nil {
@@ -255,7 +264,14 @@ func runAgent(cmd *cobra.Command, task string, f *agentFlags) error {
 			if err != nil {
 				return nil, err
 			}
-			s, err := session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy})
+			tmpl, err := f.tmpl.use(ctx)
+			if err != nil {
+				return nil, err
+			}
+			s, err := session.New(ctx, &session.Options{Limits: limits, Env: env, Network: f.lf.networkMode(), Egress: pol, Zygote: zy, Template: tmpl})
+			if err != nil && tmpl != nil {
+				tmpl.Release()
+			}
 			if err == nil && previews != nil {
 				previews.add(s.ID(), s)
 			}

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
 )
@@ -47,6 +49,7 @@ type doctorReport struct {
 
 func newDoctorCmd() *cobra.Command {
 	timeout := defaultDoctorTimeout
+	var templatesDir string
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Show which isolation layers this host supports and what the sandbox's Python can import",
@@ -55,12 +58,13 @@ func newDoctorCmd() *cobra.Command {
 			if timeout <= 0 {
 				return usagef("--timeout %s: want a positive duration such as 60s or 5m", timeout)
 			}
-			if !runDoctor(cmd.Context(), cmd.OutOrStdout(), timeout) {
+			if !runDoctor(cmd.Context(), cmd.OutOrStdout(), timeout, templatesDir) {
 				return &exitError{1}
 			}
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&templatesDir, "templates-dir", filepath.Join(defaultDataDir(), "templates"), "the templates to check (whether each can fork its sessions)")
 	cmd.Flags().DurationVar(&timeout, "timeout", timeout, "how long the sandbox's Python may take to start and import the packages (a slow or emulated host may need more)")
 	return cmd
 }
@@ -68,7 +72,7 @@ func newDoctorCmd() *cobra.Command {
 // runDoctor prints the report, one line per layer (ok, warn where a
 // documented weaker layer stands in, FAIL with the fix), and says whether a
 // safe sandbox can be built: yes exactly when no line says FAIL.
-func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
+func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, templatesDir string) bool {
 	fails, warns := 0, 0
 	line := func(c jail.Check, name string) {
 		mark := "ok  "
@@ -199,6 +203,7 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration) bool {
 			info("  "+name, fmt.Sprintf("not importable in the sandbox: %s (apt-get install python3-%s)", p.Error, name))
 		}
 	}
+	doctorTemplates(ctx, w, templatesDir, timeout)
 	return verdict()
 }
 
@@ -237,3 +242,53 @@ func podFixIf(kube string) string {
 }
 
 const podFix = "see the pod lines below"
+
+// doctorTemplates lists the templates in dir and whether each can fork
+// its sessions: its zygote is started (its Python, read-only tree and
+// preloads) and the time it took to be ready is said, or why it cannot.
+// A template that cannot fork still works: its sessions start cold.
+func doctorTemplates(ctx context.Context, w io.Writer, dir string, timeout time.Duration) {
+	info := func(name, detail string) { fmt.Fprintf(w, "--    %-17s %s\n", name, detail) }
+	if _, err := os.Stat(filepath.Join(dir, "names")); err != nil {
+		info("templates", "none in "+dir+" (sandloop template build NAME --pip PKG makes one)")
+		return
+	}
+	st, err := template.Open(dir)
+	var ts []*template.Template
+	if err == nil {
+		ts, err = st.List()
+	}
+	if err != nil {
+		info("templates", fmt.Sprintf("cannot read %s: %v", dir, unwrapPathError(err)))
+		return
+	}
+	if len(ts) == 0 {
+		info("templates", "none in "+dir+" (sandloop template build NAME --pip PKG makes one)")
+		return
+	}
+	info("templates", fmt.Sprintf("%d in %s", len(ts), dir))
+	zerr := zygote.Supported()
+	for _, t := range ts {
+		what := fmt.Sprintf("Python %s, %d package(s), %s", t.Python, len(t.Packages), formatSize(t.Size))
+		if zerr != nil {
+			info("  "+t.Name, what+"; cannot fork: "+host.UnsupportedReason(zerr)+" (its sessions start cold)")
+			continue
+		}
+		pool := template.NewPool(st, &template.PoolOptions{MaxWarm: 1, Spares: 1})
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		start := time.Now()
+		err := pool.Warm(wctx, []string{t.Name})
+		took := time.Since(start)
+		cancel()
+		pool.Close()
+		preload := "the default preloads"
+		if len(t.Preload) > 0 {
+			preload = strings.Join(t.Preload, ", ")
+		}
+		if err != nil {
+			fmt.Fprintf(w, "warn  %-17s %s; cannot fork (its sessions start cold): %v\n", "  "+t.Name, what, err)
+			continue
+		}
+		fmt.Fprintf(w, "ok    %-17s %s; forks: its zygote was ready in %s with %s imported\n", "  "+t.Name, what, took.Round(time.Millisecond), preload)
+	}
+}

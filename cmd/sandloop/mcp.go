@@ -28,6 +28,7 @@ func newMCPCmd() *cobra.Command {
 		tools                       []string
 		verbose                     bool
 		zygoteFlag                  zygoteMode
+		tc                          templateChoice
 	)
 	cmd := &cobra.Command{
 		Use:   "mcp",
@@ -47,6 +48,11 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 			pol, err := lf.egressPolicy()
 			if err != nil {
 				return err
+			}
+			if u, err := tc.use(cmd.Context()); err != nil { // said at once, not at the first tool call
+				return err
+			} else if u != nil {
+				u.Release()
 			}
 			lf.sayNotes(cmd.ErrOrStderr())
 			effMax := maxTimeout
@@ -82,6 +88,9 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 				MaxOutputBytes: int(maxOutput),
 				Logger:         log,
 			}
+			if tc.name != "" {
+				zygoteFlag = zygoteMode{"off"} // the template's session starts cold
+			}
 			zl, err := startZygoteLater(cmd.Context(), zygoteFlag, log)
 			if err != nil {
 				return err
@@ -94,8 +103,14 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 					return nil, err
 				}
 				opts.Zygote = zy
+				if opts.Template, err = tc.use(ctx); err != nil {
+					return nil, err
+				}
 				s, err := session.New(ctx, &opts)
 				if err != nil {
+					if opts.Template != nil {
+						opts.Template.Release()
+					}
 					return nil, err
 				}
 				return s, nil
@@ -131,6 +146,7 @@ Tools: ` + strings.Join(mcpserver.ToolNames, ", ") + `.`,
 	f := cmd.Flags()
 	lf.register(f)
 	registerZygote(f, &zygoteFlag)
+	tc.register(f)
 	f.Lookup("timeout").Usage = "default timeout of one tool call when it gives no timeout_s (default 30s)"
 	f.DurationVar(&maxTimeout, "max-timeout", 0, "largest timeout_s a tool call may ask for (default 10m)")
 	f.Var(sizeValue{n: &maxOutput}, "max-output", "stdout and stderr kept per execution, each; the middle is dropped (default 1M)")

@@ -25,6 +25,7 @@ func newReplCmd() *cobra.Command {
 	var lf limitFlags
 	var images, history string
 	var keep replKeep
+	var tc templateChoice
 	cmd := &cobra.Command{
 		Use:   "repl",
 		Short: "Interactive Python session in a sandbox",
@@ -49,6 +50,10 @@ nothing is lost).`,
 				return err
 			}
 			pol, err := lf.egressPolicy()
+			if err != nil {
+				return err
+			}
+			tmpl, err := tc.use(c.Context())
 			if err != nil {
 				return err
 			}
@@ -82,12 +87,13 @@ nothing is lost).`,
 				History:    history,
 				Keep:       keep,
 				Options: session.Options{
-					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout,
+					Limits: limits, Network: lf.networkMode(), Egress: pol, Env: env, ExecTimeout: execTimeout, Template: tmpl,
 				},
 			})
 		},
 	}
 	lf.register(cmd.Flags())
+	tc.register(cmd.Flags())
 	cmd.Flags().StringVar(&history, "history", filepath.Join(defaultDataDir(), "repl_history"), "file keeping the input history on a terminal (empty: none)")
 	cmd.Flags().StringVar(&images, "images", "", "directory for images the code shows (default: a new temporary directory)")
 	cmd.Flags().StringArrayVar(&keep.with, "with", nil, "copy a file or directory into the workspace at the start, at the same relative path (repeatable)")

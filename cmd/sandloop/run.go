@@ -24,12 +24,14 @@ type scriptRun struct {
 	keepCaches bool
 	stats      bool
 	maxOutput  int64
+	tmpl       templateChoice
 	// stdin, if set, is forwarded to the program's standard input.
 	stdin io.Reader
 }
 
 func (s *scriptRun) register(cmd *cobra.Command) {
 	s.lf.register(cmd.Flags())
+	s.tmpl.register(cmd.Flags())
 	cmd.Flags().StringVar(&s.out, "out", "", "copy the workspace to DIR after the run (never over existing files unless --force; without caches unless --keep-caches)")
 	cmd.Flags().BoolVar(&s.force, "force", false, "let --out overwrite files that exist in DIR")
 	cmd.Flags().BoolVar(&s.keepCaches, "keep-caches", false, "let --out copy caches too (.cache, .config, __pycache__, ...)")
@@ -117,6 +119,15 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	if err != nil {
 		return err
 	}
+	tmpl, err := s.tmpl.use(cmd.Context())
+	if err != nil {
+		return err
+	}
+	python, mounts := jail.DefaultPython, []jail.Mount(nil)
+	if tmpl != nil {
+		defer tmpl.Release()
+		python, mounts = tmpl.Python, tmpl.Mounts
+	}
 	s.lf.sayNotes(cmd.ErrOrStderr())
 	if s.out != "" {
 		if fi, err := os.Stat(s.out); err == nil && !fi.IsDir() {
@@ -136,7 +147,11 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	env := append([]string{"PYTHONUNBUFFERED=1"}, s.lf.env...)
+	env := []string{"PYTHONUNBUFFERED=1"}
+	if tmpl != nil {
+		env = append(env, tmpl.Env...)
+	}
+	env = append(env, s.lf.env...)
 	if s.maxOutput < 1<<10 {
 		return usagef("--max-output must be at least 1K")
 	}
@@ -159,8 +174,9 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	}
 	res, netLog, err := runJail(ctx, &jail.Config{
 		Stdin:     readerOrNil(stdin),
-		Path:      jail.DefaultPython,
+		Path:      python,
 		Args:      argv,
+		Mounts:    mounts,
 		Env:       env,
 		Workspace: ws,
 		Limits:    limits,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/host"
+	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/template"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -21,6 +23,7 @@ func registerTemplateServeFlags(f *pflag.FlagSet, c *host.Config) {
 	f.StringVar(&c.TemplatesDir, "templates-dir", "", "where templates are kept (default DATA-DIR/templates; see 'sandloop template')")
 	f.StringSliceVar(&c.WarmTemplates, "warm-templates", nil, "templates whose warm kernels (zygotes) start with the server (comma-separated)")
 	f.IntVar(&c.MaxWarmTemplates, "max-warm-templates", 4, "templates' warm kernels kept at once (the least recently used idle one makes room)")
+	f.StringVar(&c.DefaultTemplate, "default-template", "", `the template of sessions that name none (a client asks for the plain environment with {"template": ""})`)
 }
 
 type templateFlags struct {
@@ -333,4 +336,45 @@ func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Templa
 		}
 		fmt.Fprintf(w, "    %s==%s\n", p.Name, p.Version)
 	}
+}
+
+// templateChoice is --template on the verbs that start their own
+// sandboxes (run, exec, repl, agent, mcp).
+type templateChoice struct {
+	name, dir string
+	dataDir   *string // the verb's --data-dir, if it has one
+}
+
+func (tc *templateChoice) register(f *pflag.FlagSet) {
+	f.StringVar(&tc.name, "template", "", "run in this template's environment (sandloop template ls lists them)")
+	f.StringVar(&tc.dir, "templates-dir", "", "where templates are kept (default DATA-DIR/templates)")
+}
+
+// use returns the chosen template's environment for one session (nil
+// without --template). Its sessions start cold: a command's one session
+// does not pay for a zygote of its own.
+func (tc *templateChoice) use(ctx context.Context) (*session.TemplateUse, error) {
+	if tc.name == "" {
+		return nil, nil
+	}
+	dir := tc.dir
+	if dir == "" {
+		dd := defaultDataDir()
+		if tc.dataDir != nil && *tc.dataDir != "" {
+			dd = *tc.dataDir
+		}
+		dir = filepath.Join(dd, "templates")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "names")); err != nil {
+		return nil, usagef("--template %s: no such template in %s (sandloop template ls lists them; sandloop template build %s --pip PKG makes one)", tc.name, dir, tc.name)
+	}
+	st, err := template.Open(dir)
+	if err != nil {
+		return nil, usagef("--templates-dir %s: %v", dir, unwrapPathError(err))
+	}
+	u, err := template.NewPool(st, &template.PoolOptions{MaxWarm: -1}).Use(ctx, tc.name)
+	if errors.Is(err, template.ErrNotFound) {
+		return nil, usagef("--template %s: no such template in %s (sandloop template ls lists them)", tc.name, dir)
+	}
+	return u, err
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -15,7 +17,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/egress/egresstest"
+	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 // The template command end to end: build from a requirements file
@@ -117,5 +122,103 @@ func TestTemplateBuildImageRefusals(t *testing.T) {
 	}
 	if code, out, _ := sandloop(t, "", "template", "ls", "--templates-dir", dir); code != 0 || !strings.Contains(out, "no templates") {
 		t.Errorf("ls after refusals: %d %s", code, out)
+	}
+}
+
+// TestTemplateFlag: --template puts run, exec, repl, agent and mcp in the
+// template's environment (its package imports; the model is told it has
+// it); an unknown template is a usage error naming sandloop template ls.
+func TestTemplateFlag(t *testing.T) {
+	wheels := t.TempDir()
+	egresstest.BuildWheel(t, wheels, "sandloop-flag-demo", "3.0", "flagged")
+	ix := httptest.NewServer(egresstest.Index(wheels))
+	t.Cleanup(ix.Close)
+	port := egresstest.Port(ix)
+	dir, err := os.MkdirTemp("", "sandloop-templates-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sandloop(t, "", "template", "rm", "--templates-dir", dir, "flag")
+		os.RemoveAll(dir)
+	})
+	if code, out, errs := sandloop(t, "", "template", "build", "flag", "--templates-dir", dir, "--pip", "sandloop-flag-demo",
+		"--allow", fmt.Sprintf("127.0.0.1:%d", port), "--pip-index", fmt.Sprintf("http://127.0.0.1:%d/simple/", port)); code != 0 {
+		t.Fatalf("build: %d\n%s\n%s", code, out, errs)
+	}
+	const probe = "import sys, sandloop_flag_demo; print(sandloop_flag_demo.VALUE, sys.prefix)"
+	want := "flagged /opt/sandloop/env"
+
+	if code, out, errs := sandloop(t, "", "exec", "--template", "flag", "--templates-dir", dir, "-c", probe); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exec --template: %d %q %q", code, out, errs)
+	}
+	if code, out, _ := sandloop(t, "", "exec", "--templates-dir", dir, "-c", "import sandloop_flag_demo"); code == 0 || strings.Contains(out, "flagged") {
+		t.Errorf("exec without --template imports the template's package: %d", code)
+	}
+	script := writeFile(t, t.TempDir(), "probe.py", probe+"\nimport subprocess; subprocess.run(['python3', '-c', 'import sandloop_flag_demo'], check=True); print('child ok')\n")
+	if code, out, errs := sandloop(t, "", "run", "--template", "flag", "--templates-dir", dir, script); code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "child ok") {
+		t.Errorf("run --template: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := sandloop(t, probe+"\n", "repl", "--template", "flag", "--templates-dir", dir, "--history", ""); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("repl --template: %d %q %q", code, out, errs)
+	}
+
+	srv := useModel(t, llmtest.Script{
+		{ToolCalls: tc("execute_python", `{"code":"`+probe+`"}`)},
+		{ToolCalls: tc("finish", `{"summary":"printed it"}`)},
+	})
+	if code, out, errs := sandloop(t, "", "agent", "print the package's value", "--template", "flag", "--templates-dir", dir, "--data-dir", t.TempDir()); code != 0 {
+		t.Errorf("agent --template: %d\n%s\n%s", code, out, errs)
+	} else if reqs := srv.Requests(); !strings.Contains(reqs[0].System(), "sandloop-flag-demo 3.0") || !strings.Contains(reqs[1].ToolResults()[0].Text, want) {
+		t.Errorf("agent --template: system prompt %q; result %+v", reqs[0].System(), reqs[1].ToolResults())
+	}
+
+	ctx := context.Background()
+	cmd := cliCommand(ctx, "mcp", "--template", "flag", "--templates-dir", dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("mcp connect: %v\n%s", err, stderr.String())
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_python", Arguments: map[string]any{"code": probe}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tc, ok := res.Content[0].(*mcp.TextContent); !ok || !strings.Contains(tc.Text, want) {
+		t.Errorf("mcp --template: %+v\n%s", res.Content, stderr.String())
+	}
+	cs.Close()
+
+	// doctor lists the templates and whether each can fork: one whose
+	// preload cannot import cannot (its manifest edited by hand here).
+	b, err := os.ReadFile(filepath.Join(dir, "names", "flag.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	m["name"], m["preload"] = "broken", []string{"no_such_module_here"}
+	b, _ = json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(dir, "names", "broken.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(dir, "names", "broken.json")) })
+	_, out, _ := sandloop(t, "", "doctor", "--templates-dir", dir)
+	wantLines := []string{"templates         2 in " + dir, "broken", "cannot fork"}
+	if zygote.Supported() == nil {
+		wantLines = append(wantLines, "ok      flag", "forks: its zygote was ready in", "no_such_module_here")
+	}
+	for _, w := range wantLines {
+		if !strings.Contains(out, w) {
+			t.Errorf("doctor lacks %q:\n%s", w, out)
+		}
+	}
+
+	for _, verb := range [][]string{{"exec", "-c", "1"}, {"run", script}, {"repl"}, {"mcp"}, {"agent", "x"}} {
+		args := append(append([]string{}, verb[0], "--template", "nope", "--templates-dir", dir), verb[1:]...)
+		if code, _, errs := sandloop(t, "", args...); code != 2 || !strings.Contains(errs, "sandloop template ls") || !strings.Contains(errs, "nope") {
+			t.Errorf("%s --template nope: %d %q", verb[0], code, errs)
+		}
 	}
 }

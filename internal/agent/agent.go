@@ -390,7 +390,7 @@ func (r *run) emit(e Event) {
 }
 
 func (r *run) loop(ctx context.Context) *Report {
-	msgs := []llm.Message{{Role: llm.RoleSystem, Text: r.recallLessons(ctx, systemPrompt(r.opts.Mode))}}
+	msgs := []llm.Message{{Role: llm.RoleSystem, Text: r.recallLessons(ctx, systemPrompt(r.opts.Mode)+environmentPrompt(r.opts.Session))}}
 	first, err := r.firstMessage(ctx)
 	if err != nil {
 		return r.ended(ctx, err)

@@ -339,3 +339,47 @@ func diffSnapshots(before, after map[string]string) string {
 	}
 	return b.String()
 }
+
+// environmenter is a session that can say what its Python has
+// (session.Session, and so session.Managed).
+type environmenter interface {
+	Environment() session.Environment
+}
+
+// maxEnvironmentPrompt bounds the list of a template's packages in the
+// system prompt (a template may hold hundreds of distributions).
+const maxEnvironmentPrompt = 1500
+
+// environmentPrompt tells the model the session's Python version and, in
+// a template's session, the packages the template installed, so that it
+// does not pip install what is there. Empty for a session that cannot say.
+func environmentPrompt(s Session) string {
+	es, ok := s.(environmenter)
+	if !ok {
+		return ""
+	}
+	env := es.Environment()
+	if env.Template == "" {
+		return "\n\nThe sandbox's Python is " + env.Python + "."
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n\nThe sandbox's Python is %s, in the environment of the template %q (active: python3 and pip are its own). ", env.Python, env.Template)
+	if len(env.Packages) == 0 {
+		b.WriteString("The template installed no packages of its own.")
+		return b.String()
+	}
+	b.WriteString("Besides the system's packages above, it has installed (do not pip install these again): ")
+	for i, p := range env.Packages {
+		item := p.Name + " " + p.Version
+		if b.Len()+len(item) > maxEnvironmentPrompt {
+			fmt.Fprintf(&b, "... and %d more (pip list shows them all)", len(env.Packages)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(item)
+	}
+	b.WriteString(".")
+	return b.String()
+}

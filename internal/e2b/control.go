@@ -130,6 +130,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
+	h.templateRoutes(mux)
 	// Calls of E2B's API that sandloop does not do (yet) say so, rather
 	// than a 404 the SDKs would read as "sandbox not found".
 	for _, p := range []string{

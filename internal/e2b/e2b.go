@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/template"
 )
 
 // EnvdVersion is the envd version announced to the SDKs: they pick
@@ -63,6 +64,16 @@ type Options struct {
 	// template): create's templateID then picks it, and an unknown name
 	// other than E2B's own is answered 404.
 	HasTemplate func(name string) bool
+	// BuildTemplate, if set, builds a template (package template) for
+	// E2B's template API (Template.build; templatebuild.go): the builds
+	// sandloop can express, pip packages and environment variables. If
+	// nil, POST /v3/templates answers 501.
+	BuildTemplate func(ctx context.Context, name string, spec template.Spec) (*template.Template, error)
+	// DeleteSnapshot, if set, deletes the owner's snapshot id for
+	// Sandbox.deleteSnapshot (DELETE /templates/{id}), reporting whether
+	// there was one. If nil, or not found: E2B's 404, which the SDK
+	// returns as false. (The hook for durable snapshots.)
+	DeleteSnapshot func(ctx context.Context, owner, id string) (found bool, err error)
 	// DefaultTimeout is a sandbox's time to live when create names none.
 	// If zero, 300 seconds (E2B's default).
 	DefaultTimeout time.Duration
@@ -103,6 +114,7 @@ type Handler struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	builds    map[string]*templateBuild // E2B template builds, by build id
 	closed    bool
 
 	stop     chan struct{}
@@ -167,6 +179,7 @@ func (h *Handler) Mounts() map[string]http.Handler {
 		"/sandboxes", "/sandboxes/", "/v2/sandboxes", "/v2/sandboxes/", "/snapshots", "/snapshots/",
 		"/health", "/files", "/filesystem.Filesystem/", "/process.Process/",
 		"/execute", "/contexts", "/contexts/",
+		"/templates/", "/v3/templates", "/v2/templates/",
 	} {
 		m[p] = h
 	}

@@ -231,13 +231,14 @@ func (h *Handler) processHandlers() []rpcHandler {
 // commandEnv is the environment of a command: what kernels get, less the
 // kernel's own matplotlib backend, then the sandbox's variables, then the
 // command's.
-func commandEnv(sandboxVars, vars map[string]string) []string {
+func commandEnv(templateEnv []string, sandboxVars, vars map[string]string) []string {
 	var env []string
 	for _, kv := range session.KernelEnv() {
 		if !strings.HasPrefix(kv, "MPLBACKEND=") {
 			env = append(env, kv)
 		}
 	}
+	env = append(env, templateEnv...) // the template's PATH and VIRTUAL_ENV, as its kernel has
 	merged := map[string]string{}
 	for k, v := range sandboxVars {
 		merged[k] = v
@@ -335,7 +336,8 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	// that goes away leaves it running (background commands).
 	// It runs inside the sandbox's own jail, beside the kernel: the same
 	// /tmp, loopback, processes, network and limits (session.Command).
-	env := commandEnv(sb.envVars, p.cfg.Envs)
+	_, tenv := sb.ms.TemplateJail()
+	env := commandEnv(tenv, sb.envVars, p.cfg.Envs)
 	env = append([]string{"HOME=" + homeDir}, env...)
 	env = append(env, "PWD="+dir) // bash's pwd names the directory as it was asked for
 	jp, err := sb.ms.StartCommand(context.Background(), session.Command{

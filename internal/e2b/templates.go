@@ -23,6 +23,9 @@ func (h *Handler) sessionTemplate(id string) (string, error) {
 	if h.opts.HasTemplate(id) {
 		return id, nil
 	}
+	if name, _, ok := strings.Cut(id, ":"); ok && h.opts.HasTemplate(name) {
+		return name, nil // name:tag, as Template.build names a build
+	}
 	if e2bTemplates[id] || strings.ContainsAny(id, ":/") {
 		return "", nil
 	}

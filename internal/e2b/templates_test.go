@@ -5,7 +5,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/e2b/e2btest"
 
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/template"
@@ -67,4 +71,49 @@ func TestCreateFromTemplate(t *testing.T) {
 
 func jsonString(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
+}
+
+// TestSDKTemplateBuild drives E2B's template API with E2B's real SDK
+// (testdata/sdk/template.mjs): aliasExists, Template.build of pip packages
+// and variables (a sandloop template built through a local index), a
+// sandbox of it, builds sandloop cannot make refused with their reason,
+// deleteSnapshot's 404.
+func TestSDKTemplateBuild(t *testing.T) {
+	e2btest.SDK(t)
+	ix := templatetest.NewIndex(t, "sandloop-tmpl-sdk", "built by the SDK")
+	dir, err := os.MkdirTemp("", "sandloop-templates-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := template.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Remove("sdkbuilt"); os.RemoveAll(dir) })
+	pool := template.NewPool(st, &template.PoolOptions{MaxWarm: -1})
+	t.Cleanup(pool.Close)
+	mgr := session.NewManager(&session.ManagerOptions{Templates: pool})
+	var builds atomic.Int32
+	h, err := New(&Options{Manager: mgr, Keys: map[string]string{keyA: "owner-a"}, HasTemplate: pool.Has,
+		BuildTemplate: func(ctx context.Context, name string, spec template.Spec) (*template.Template, error) {
+			builds.Add(1)
+			return st.Build(ctx, name, spec, ix.BuildOptions())
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(h)
+	t.Cleanup(func() { hs.Close(); h.Close(); mgr.Close() })
+	out, err := e2btest.RunScript(t, e2btest.Env{URL: hs.URL, Key: keyA}, 5*time.Minute, "template.mjs", "sdkbuilt", ix.Dist, ix.Module, ix.Value)
+	const steps = 7
+	if ok := strings.Count("\n"+string(out), "\nok "); err != nil || ok != steps || !strings.HasSuffix(string(out), "done\n") {
+		t.Fatalf("node template.mjs: %v (%d steps ok, want %d)\n%s", err, ok, steps, out)
+	}
+	if n := builds.Load(); n != 2 {
+		t.Errorf("%d builds ran, want 2 (the refused ones must not start)", n)
+	}
+	tm, err := st.Get("sdkbuilt")
+	if err != nil || tm.Env["GREETING"] != "from the template" {
+		t.Errorf("the stored template: %v %+v", err, tm)
+	}
 }

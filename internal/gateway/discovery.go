@@ -14,6 +14,9 @@ type Target struct {
 	// Draining: the discovery knows the host takes no new sessions (its
 	// registration says so) before its health does.
 	Draining bool
+	// Templates, if the discovery knows them (a registration), are the
+	// host's templates until its health answer lists them.
+	Templates []string
 }
 
 // Discovery finds a cell's hosts: Static (--hosts), EndpointSlices

@@ -19,6 +19,7 @@ import (
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
+	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
@@ -88,6 +89,8 @@ type swapHost struct {
 	gen int
 	// maxSessions is the host's --max-sessions. If zero, 3.
 	maxSessions int
+	// templates, if set, are the host's templates (from its next restart).
+	templates *template.Pool
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -105,9 +108,15 @@ func newHost(t testing.TB) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mgr := session.NewManager(&session.ManagerOptions{MaxSessions: sh.maxSessions})
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions}
+	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
+	if sh.templates != nil {
+		mo.Templates, so.Templates = sh.templates, sh.templates
+	}
+	mgr := session.NewManager(mo)
 	sh.t.Cleanup(func() { mgr.Close() })
-	srv, err := server.New(&server.Options{Manager: mgr, GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)})
+	so.Manager = mgr
+	srv, err := server.New(so)
 	if err != nil {
 		sh.t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -32,6 +33,25 @@ type host struct {
 	gone      bool      // no longer listed by the discovery
 	unready   bool      // listed as draining by the discovery
 	fenced    bool      // its sessions were marked lost while it was away
+	templates []string  // as its last health answer listed them (nil: it did not)
+	announced []string  // as its registration lists them
+}
+
+// templateNames is what hasTemplate goes by.
+func (h *host) templateNames() []string {
+	if h.templates != nil {
+		return slices.Clone(h.templates)
+	}
+	return slices.Clone(h.announced)
+}
+
+// hasTemplate: the host has the template, as its health answer says, or
+// its registration before the health answers.
+func (h *host) hasTemplate(name string) bool {
+	if h.templates != nil {
+		return slices.Contains(h.templates, name)
+	}
+	return slices.Contains(h.announced, name)
 }
 
 // HostInfo is a host as GET /v1/hosts shows it.
@@ -46,6 +66,9 @@ type HostInfo struct {
 	Used      int       `json:"used"`
 	LastSeen  time.Time `json:"last_seen"`
 	Listed    bool      `json:"listed"` // by the discovery
+	// Templates are the host's templates (sessions naming one are placed
+	// on a host that has it).
+	Templates []string `json:"templates"`
 }
 
 // hosts tracks the cell's hosts: health rounds ask each for /healthz,
@@ -63,7 +86,8 @@ func (hs *hosts) snapshot() []HostInfo {
 	var out []HostInfo
 	for _, h := range hs.m {
 		out = append(out, HostInfo{Name: h.name, URL: h.url.String(), Epoch: h.epoch, Ready: h.ready(), Reachable: h.reachable,
-			Draining: h.draining || h.unready, Slots: h.slots, Used: h.used + h.placed, LastSeen: h.lastOK, Listed: !h.gone})
+			Draining: h.draining || h.unready, Slots: h.slots, Used: h.used + h.placed, LastSeen: h.lastOK, Listed: !h.gone,
+			Templates: h.templateNames()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -85,13 +109,14 @@ func (hs *hosts) get(name string) (u *url.URL, epoch string, reachable, ok bool)
 	return h.url, h.epoch, h.reachable, true
 }
 
-// candidates lists the ready hosts with their free slots.
-func (hs *hosts) candidates(exclude map[string]bool) []candidate {
+// candidates lists the ready hosts with their free slots; with a
+// template, only the hosts that have it.
+func (hs *hosts) candidates(exclude map[string]bool, template string) []candidate {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	var out []candidate
 	for _, h := range hs.m {
-		if h.ready() && !exclude[h.name] {
+		if h.ready() && !exclude[h.name] && (template == "" || h.hasTemplate(template)) {
 			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed})
 		}
 	}
@@ -167,7 +192,7 @@ func (hs *hosts) round(ctx context.Context) {
 		if h.url.String() != u.String() { // the pod was replaced: a new address
 			h.url, h.reachable = u, false
 		}
-		h.gone, h.unready = false, t.Draining
+		h.gone, h.unready, h.announced = false, t.Draining, t.Templates
 		hs.mu.Unlock()
 	}
 	hs.mu.Lock()
@@ -223,6 +248,7 @@ func (hs *hosts) check(ctx context.Context, h *host) {
 	wasFenced := h.fenced
 	h.epoch, h.reachable, h.draining = health.Epoch, true, health.Draining || health.Status != "ok"
 	h.slots, h.used, h.placed = health.MaxSessions, health.Sessions-health.Paused, 0 // paused sessions take no slot
+	h.templates = health.Templates
 	h.lastOK, h.firstBad, h.fenced = now, time.Time{}, false
 	rec := store.HostRecord{Name: h.name, URL: u.String(), Epoch: h.epoch, Ready: h.ready(), Slots: h.slots, Used: h.used, SeenAt: now}
 	hs.mu.Unlock()
@@ -245,6 +271,7 @@ func (g *Gateway) healthOf(ctx context.Context, u *url.URL, into *server.Health)
 	if err != nil {
 		return err
 	}
+	req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret) // for the host's templates
 	resp, err := g.client.Do(req)
 	if err != nil {
 		return err

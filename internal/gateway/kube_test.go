@@ -47,7 +47,7 @@ func TestEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "[{host-0 http://10.0.0.1:8080 false} {host-1 http://10.0.0.2:8080 false}]"
+	want := "[{host-0 http://10.0.0.1:8080 false []} {host-1 http://10.0.0.2:8080 false []}]"
 	if got := fmt.Sprint(d.Targets()); got != want {
 		t.Errorf("targets = %s, want %s", got, want)
 	}
@@ -63,7 +63,7 @@ func TestEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = "[{host-0 http://10.0.0.7:8080 false} {host-2 http://10.0.0.3:8080 false}]"
+	want = "[{host-0 http://10.0.0.7:8080 false []} {host-2 http://10.0.0.3:8080 false []}]"
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		if got := fmt.Sprint(d.Targets()); got != want {
 			return fmt.Errorf("targets = %s, want %s", got, want)
@@ -86,7 +86,7 @@ func TestEndpointSlicesListFails(t *testing.T) {
 
 func TestParseStatic(t *testing.T) {
 	s, err := ParseStatic(" http://10.0.0.1:8080, https://h2:9/ ,")
-	if err != nil || fmt.Sprint(s) != "[{10.0.0.1:8080 http://10.0.0.1:8080 false} {h2:9 https://h2:9 false}]" {
+	if err != nil || fmt.Sprint(s) != "[{10.0.0.1:8080 http://10.0.0.1:8080 false []} {h2:9 https://h2:9 false []}]" {
 		t.Errorf("got %v, %v", s, err)
 	}
 	for _, bad := range []string{"", "10.0.0.1:8080", "http://a:1/path", "ftp://a:1", "http://a:1,http://a:1"} {

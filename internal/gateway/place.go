@@ -61,10 +61,26 @@ func (g *Gateway) place(kind string) http.Handler {
 			server.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", g.opts.MaxBodyBytes), 0)
 			return
 		}
+		tmpl := ""
+		if kind == store.KindSession {
+			var req struct {
+				Template *string `json:"template"`
+			}
+			if json.Unmarshal(body, &req) == nil && req.Template != nil {
+				tmpl = *req.Template
+			}
+			if tmpl != "" && len(g.hosts.candidates(nil, tmpl)) == 0 {
+				// No host has it. (Templates are not pulled from the
+				// cell's storage: there is none for them yet.)
+				server.WriteError(w, http.StatusNotFound, "template_not_found",
+					fmt.Sprintf("no host of this cell has the template %s: build it on the hosts that should serve it (sandloop template build %s on each)", tmpl, tmpl), 0)
+				return
+			}
+		}
 		tried := map[string]bool{}
 		var last *http.Response
 		for {
-			cands := g.hosts.candidates(tried)
+			cands := g.hosts.candidates(tried, tmpl)
 			g.rndMu.Lock()
 			i := choose(cands, g.rnd)
 			g.rndMu.Unlock()

@@ -58,7 +58,7 @@ func (d *Registered) Refresh(ctx context.Context) error {
 	}
 	targets := make([]Target, 0, len(regs))
 	for _, r := range regs {
-		targets = append(targets, Target{Name: r.Name, URL: r.URL, Draining: !r.Ready})
+		targets = append(targets, Target{Name: r.Name, URL: r.URL, Draining: !r.Ready, Templates: r.Templates})
 	}
 	d.mu.Lock()
 	d.targets = targets

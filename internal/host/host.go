@@ -90,6 +90,9 @@ type Config struct {
 	TemplatesDir     string
 	WarmTemplates    []string
 	MaxWarmTemplates int
+	// DefaultTemplate is the template of sessions that name none (its
+	// zygote is started with WarmTemplates'). It must exist.
+	DefaultTemplate string
 
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
@@ -207,6 +210,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	if h.tmpl != nil {
 		mo.Templates = h.tmpl
+		mo.DefaultTemplate = h.cfg.DefaultTemplate
 	}
 	h.mgr = session.NewManager(mo)
 
@@ -264,6 +268,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}
 		if h.tmpl != nil {
 			eo.HasTemplate = h.tmpl.Has
+			eo.BuildTemplate = h.templateBuilder(eg)
 		}
 		if h.e2b, err = e2b.New(eo); err != nil {
 			return nil, err
@@ -357,8 +362,16 @@ func (h *Host) startHeartbeat(self gateway.Target) {
 		defer close(done)
 		gateway.Register(ctx, pg, cmp.Or(h.cfg.Heartbeat, 2*time.Second), func() store.Registration {
 			st := h.mgr.Stats()
+			var templates []string
+			if h.tmpl != nil {
+				if ts, err := h.tmpl.Store().List(); err == nil {
+					for _, t := range ts {
+						templates = append(templates, t.Name)
+					}
+				}
+			}
 			return store.Registration{Name: self.Name, URL: self.URL, Epoch: h.epoch, Ready: !h.srv.Draining(),
-				Slots: st.MaxSessions, Used: st.Busy()}
+				Slots: st.MaxSessions, Used: st.Busy(), Templates: templates}
 		}, h.log)
 	}()
 	h.mu.Lock()

@@ -430,8 +430,20 @@ func OwnerOf(token string) string {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	WriteJSON(w, http.StatusOK, Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
-		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()})
+	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
+		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()}
+	// The templates are told to the cell's gateways only (the probe is
+	// public): they place a session that names one on a host that has it.
+	if s.opts.GatewaySecret != "" && s.opts.Templates != nil &&
+		subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderGatewaySecret)), []byte(s.opts.GatewaySecret)) == 1 {
+		h.Templates = []string{}
+		if ts, err := s.opts.Templates.Store().List(); err == nil {
+			for _, t := range ts {
+				h.Templates = append(h.Templates, t.Name)
+			}
+		}
+	}
+	WriteJSON(w, http.StatusOK, h)
 }
 
 // Health is what /healthz answers; a cell's gateways place sessions by it.
@@ -444,6 +456,9 @@ type Health struct {
 	MaxSessions int    `json:"max_sessions"`
 	Epoch       string `json:"epoch,omitempty"`
 	Draining    bool   `json:"draining"`
+	// Templates are the host's templates by name (only in the answer to a
+	// request carrying the cell's gateway secret; nil otherwise).
+	Templates []string `json:"templates,omitempty"`
 }
 
 // readyz is the readiness probe: false once draining, so Kubernetes and

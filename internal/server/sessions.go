@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -31,7 +32,9 @@ type createRequest struct {
 	// ports (no token or signed URL needed).
 	PublicPorts bool `json:"public_ports"`
 	// Template names the environment the session runs in (GET /v1/templates).
-	Template string `json:"template"`
+	// Absent or null: the server's default template (serve
+	// --default-template), if any; "": the plain environment.
+	Template *string `json:"template"`
 }
 
 type sessionJSON struct {
@@ -109,7 +112,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}, Template: req.Template}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}}
+	if req.Template != nil {
+		opts.Template = cmp.Or(*req.Template, session.NoTemplate)
+	}
 	if req.TimeoutS != nil {
 		if err := positive("timeout_s", *req.TimeoutS, 24*3600); err != nil {
 			writeError(w, err)

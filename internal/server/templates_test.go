@@ -52,6 +52,22 @@ func TestSessionsOfATemplate(t *testing.T) {
 		t.Errorf("a default session imports the template's package: %+v", r)
 	}
 
+	// A server's default template: sessions that name none get it;
+	// {"template": ""} asks for the plain environment.
+	ds := newTestServer(t, session.ManagerOptions{Templates: pool, DefaultTemplate: "api"}, Options{Templates: pool})
+	for _, tc := range []struct{ body, want string }{{`{}`, "api"}, {``, "api"}, {`{"template": null}`, "api"}, {`{"template": ""}`, ""}, {`{"template": "api"}`, "api"}} {
+		var got sessionJSON
+		if resp := ds.do(t, "POST", "/v1/sessions", tc.body, &got); resp.StatusCode != 201 || got.Template != tc.want {
+			t.Errorf("default template, create %s: %d %+v", tc.body, resp.StatusCode, got)
+			continue
+		}
+		r := ds.exec(t, got.ID, "import sandloop_tmpl_api")
+		if (r.Error == nil) != (tc.want == "api") {
+			t.Errorf("default template, create %s: import: %+v", tc.body, r.Error)
+		}
+		ds.do(t, "DELETE", "/v1/sessions/"+got.ID, "", nil)
+	}
+
 	if resp := ts.do(t, "DELETE", "/v1/templates/api", "", nil); resp.StatusCode != 409 || errCode(t, resp) != "template_in_use" {
 		t.Fatalf("delete in use: %d", resp.StatusCode)
 	}

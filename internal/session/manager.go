@@ -125,6 +125,10 @@ type ManagerOptions struct {
 	EgressCache *egress.Cache
 	// Templates, if set, resolves CreateOptions.Template.
 	Templates Templates
+	// DefaultTemplate, if set, is the template of sessions created without
+	// one (CreateOptions.Template empty; NoTemplate asks for none). It
+	// needs Templates.
+	DefaultTemplate string
 	// Logger receives lifecycle events. If nil, they are discarded.
 	Logger *slog.Logger
 	// OnClose, if set, is called after a managed session is closed, with
@@ -189,9 +193,15 @@ type CreateOptions struct {
 	PortAccess PortAccess
 	// Template, if set, names the template the session runs in
 	// (ManagerOptions.Templates); its limits are the defaults of the
-	// session's. Never from the pool.
+	// session's. Never from the pool. If empty, the manager's
+	// DefaultTemplate; NoTemplate: none, whatever the default.
 	Template string
 }
+
+// NoTemplate, as CreateOptions.Template, asks for the plain environment
+// (the sandbox's own Python) on a manager with a DefaultTemplate. It
+// cannot be a template's name.
+const NoTemplate = "-"
 
 // Managed is a session held by a Manager, with its bookkeeping.
 //
@@ -512,6 +522,12 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 // Create returns a new session for opts.Owner: a pooled kernel when the
 // request asks for nothing the pool's kernels lack, a cold one otherwise.
 func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
+	switch opts.Template {
+	case "":
+		opts.Template = m.opts.DefaultTemplate
+	case NoTemplate:
+		opts.Template = ""
+	}
 	tmpl, err := m.useTemplate(ctx, opts.Template)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,10 @@ package session
 import (
 	"cmp"
 	"context"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 )
@@ -33,8 +37,68 @@ type TemplateUse struct {
 	Limits jail.Limits
 	// Zygote forks the template's kernels; nil: they start cold.
 	Zygote Zygote
+	// PythonVersion and Packages describe the environment (what a model
+	// is told it has: Session.Environment).
+	PythonVersion string
+	Packages      []Package
 	// Release ends the use; Session.Close calls it. Safe to call twice.
 	Release func()
+}
+
+// Package is a distribution a template installed.
+type Package struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Environment is what a session's Python has, as a model is told it.
+type Environment struct {
+	// Python is the interpreter's version ("3.11.2").
+	Python string
+	// Template is the session's template ("" for none) and Packages the
+	// distributions it installed (the system's are visible too).
+	Template string
+	Packages []Package
+}
+
+// Environment describes the session's Python: its version and its
+// template's packages.
+func (s *Session) Environment() Environment {
+	if u := s.opts.Template; u != nil {
+		return Environment{Python: cmp.Or(u.PythonVersion, SystemPythonVersion()), Template: u.Name, Packages: u.Packages}
+	}
+	return Environment{Python: SystemPythonVersion()}
+}
+
+// TemplateJail is what another process of the session (an E2B command)
+// needs to see its template as the kernel does: the mounts, and the
+// environment to add after KernelEnv's. Both nil without a template.
+func (s *Session) TemplateJail() (mounts []jail.Mount, env []string) {
+	if u := s.opts.Template; u != nil {
+		return u.Mounts, u.Env
+	}
+	return nil, nil
+}
+
+var systemPython struct {
+	once    sync.Once
+	version string
+}
+
+// SystemPythonVersion is the version of the sandboxes' own Python (the
+// host's jail.DefaultPython, which sandboxes see read-only), or "3" where
+// it cannot be run.
+func SystemPythonVersion() string {
+	systemPython.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, jail.DefaultPython, "-c", "import sys; print(sys.version.split()[0])").Output()
+		systemPython.version = strings.TrimSpace(string(out))
+		if err != nil || systemPython.version == "" {
+			systemPython.version = "3"
+		}
+	})
+	return systemPython.version
 }
 
 func (u *TemplateUse) python() string {

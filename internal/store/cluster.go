@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,17 +149,19 @@ type Registration struct {
 	URL   string // its base URL, as gateways reach it
 	Epoch string // the host process's epoch
 	// Ready is false once the host drains: it takes no new sessions.
-	Ready  bool
-	Slots  int
-	Used   int
-	BeatAt time.Time // when the host last renewed it (set by Heartbeat)
+	Ready bool
+	Slots int
+	Used  int
+	// Templates are the host's templates, by name.
+	Templates []string
+	BeatAt    time.Time // when the host last renewed it (set by Heartbeat)
 }
 
 // Heartbeat records (or renews) a host's registration, stamped now.
 func (p *Postgres) Heartbeat(ctx context.Context, r Registration) error {
-	_, err := p.pool.Exec(ctx, `INSERT INTO host_heartbeats (name, url, epoch, ready, slots, used, beat_at) VALUES ($1,$2,$3,$4,$5,$6,$7)
-		ON CONFLICT (name) DO UPDATE SET url=$2, epoch=$3, ready=$4, slots=$5, used=$6, beat_at=$7`,
-		r.Name, r.URL, r.Epoch, r.Ready, r.Slots, r.Used, toMillis(p.nowMillis()))
+	_, err := p.pool.Exec(ctx, `INSERT INTO host_heartbeats (name, url, epoch, ready, slots, used, beat_at, templates) VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
+		ON CONFLICT (name) DO UPDATE SET url=$2, epoch=$3, ready=$4, slots=$5, used=$6, beat_at=$7, templates=$8`,
+		r.Name, r.URL, r.Epoch, r.Ready, r.Slots, r.Used, toMillis(p.nowMillis()), strings.Join(r.Templates, ","))
 	if err != nil {
 		return fmt.Errorf("heartbeat of host %s: %w", r.Name, err)
 	}
@@ -177,7 +180,7 @@ func (p *Postgres) Deregister(ctx context.Context, name, epoch string) error {
 // Registrations returns the hosts whose last heartbeat is at most within
 // old, by name.
 func (p *Postgres) Registrations(ctx context.Context, within time.Duration) ([]Registration, error) {
-	rows, err := p.pool.Query(ctx, `SELECT name, url, epoch, ready, slots, used, beat_at FROM host_heartbeats WHERE beat_at >= $1 ORDER BY name`,
+	rows, err := p.pool.Query(ctx, `SELECT name, url, epoch, ready, slots, used, beat_at, templates FROM host_heartbeats WHERE beat_at >= $1 ORDER BY name`,
 		toMillis(p.nowMillis().Add(-within)))
 	if err != nil {
 		return nil, fmt.Errorf("list registered hosts: %w", err)
@@ -185,8 +188,12 @@ func (p *Postgres) Registrations(ctx context.Context, within time.Duration) ([]R
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Registration, error) {
 		var g Registration
 		var beat int64
-		err := r.Scan(&g.Name, &g.URL, &g.Epoch, &g.Ready, &g.Slots, &g.Used, &beat)
+		var templates string
+		err := r.Scan(&g.Name, &g.URL, &g.Epoch, &g.Ready, &g.Slots, &g.Used, &beat, &templates)
 		g.BeatAt = fromMillis(beat)
+		if templates != "" {
+			g.Templates = strings.Split(templates, ",")
+		}
 		return g, err
 	})
 	if err != nil {

@@ -167,6 +167,9 @@ CREATE INDEX sessions_by_lost_at ON sessions (lost_at) WHERE lost;
 `,
 	// 5: whether a run's cost leaves out model calls without a price (SQLite's 4).
 	`ALTER TABLE runs ADD COLUMN cost_unknown INTEGER NOT NULL DEFAULT 0;`,
+	// 6: the templates a registered host has (comma-separated names), so
+	// that gateways place a session naming one on a host that has it.
+	`ALTER TABLE host_heartbeats ADD COLUMN templates TEXT NOT NULL DEFAULT '';`,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers

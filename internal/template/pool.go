@@ -84,7 +84,11 @@ func (p *Pool) Use(ctx context.Context, name string) (*session.TemplateUse, erro
 	if err != nil {
 		return nil, err
 	}
-	u := &session.TemplateUse{Name: t.Name, Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits}
+	u := &session.TemplateUse{Name: t.Name, Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits,
+		PythonVersion: t.Python, Packages: make([]session.Package, len(t.Packages))}
+	for i, p := range t.Packages {
+		u.Packages[i] = session.Package(p)
+	}
 	w := p.zygoteFor(t)
 	if w != nil {
 		select {

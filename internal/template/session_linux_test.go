@@ -117,3 +117,30 @@ print("read-only mount", bool(os.statvfs("/opt/sandloop/env").f_flag & os.ST_RDO
 		t.Errorf("in use by %d after its session closed", n)
 	}
 }
+
+// TestDefaultTemplate: a manager's DefaultTemplate is the template of
+// sessions that name none; session.NoTemplate asks for the plain one.
+func TestDefaultTemplate(t *testing.T) {
+	st := demoStore(t)
+	pool := template.NewPool(st, &template.PoolOptions{MaxWarm: -1})
+	t.Cleanup(pool.Close)
+	m := session.NewManager(&session.ManagerOptions{Templates: pool, DefaultTemplate: "demo"})
+	t.Cleanup(func() { m.Close() })
+	for _, tc := range []struct {
+		ask, got string
+		imports  bool
+	}{{"", "demo", true}, {"demo", "demo", true}, {session.NoTemplate, "", false}} {
+		s, err := m.Create(context.Background(), session.CreateOptions{Template: tc.ask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := execute(t, s, "import sandloop_tmpl_demo")
+		if s.Template != tc.got || (r.Error == nil) != tc.imports {
+			t.Errorf("asked %q: template %q, import error %+v", tc.ask, s.Template, r.Error)
+		}
+		if env := s.Environment(); env.Template != tc.got || env.Python == "" || (tc.got != "" && len(env.Packages) == 0) {
+			t.Errorf("asked %q: Environment %+v", tc.ask, env)
+		}
+		s.Close()
+	}
+}

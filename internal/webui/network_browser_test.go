@@ -2,6 +2,7 @@ package webui
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +21,8 @@ import (
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/template"
+	"github.com/sandloop/sandloop/internal/template/templatetest"
 )
 
 // TestBrowserNotebookNetwork opens an allow-mode session in the notebook,
@@ -35,14 +39,30 @@ func TestBrowserNotebookNetwork(t *testing.T) {
 	t.Cleanup(func() { site.Close() })
 	port := ln.Addr().(*net.TCPAddr).Port
 
-	mgr := session.NewManager(&session.ManagerOptions{})
+	// A template the session form offers (its last part).
+	ix := templatetest.NewIndex(t, "sandloop-tmpl-ui", "picked in the form")
+	tdir, err := os.MkdirTemp("", "sandloop-templates-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tst, err := template.Open(tdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tst.Remove("uitmpl"); os.RemoveAll(tdir) })
+	if _, err := tst.Build(context.Background(), "uitmpl", template.Spec{Pip: []string{"sandloop-tmpl-ui"}}, ix.BuildOptions()); err != nil {
+		t.Fatal(err)
+	}
+	pool := template.NewPool(tst, &template.PoolOptions{MaxWarm: -1})
+	t.Cleanup(pool.Close)
+	mgr := session.NewManager(&session.ManagerOptions{Templates: pool})
 	t.Cleanup(func() { mgr.Close() })
 	// Loopback may be listed (by address) on this server only.
 	max, err := egress.ParseAllowlist([]string{"127.0.0.0/8", "*.invalid"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(&server.Options{Manager: mgr, Keepalive: time.Second, PublicMounts: Mounts(), Egress: server.EgressOptions{Max: max}})
+	srv, err := server.New(&server.Options{Manager: mgr, Keepalive: time.Second, PublicMounts: Mounts(), Egress: server.EgressOptions{Max: max}, Templates: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +140,34 @@ print(get("http://blocked.invalid/"))`, target)
 		chromedp.WaitVisible(chromedp.Search(`//p[@id="net-summary" and contains(., "No network")]`)))
 	if hidden := eval[bool](p, `document.getElementById('net-table').hidden`); !hidden {
 		t.Error("a none-mode session shows a connection table")
+	}
+
+	// The session form offers the server's templates; a session started
+	// with one imports its package and says which it is.
+	p.do("start a session of the template", chromedp.Navigate(ts.URL+"/#/notebook"),
+		chromedp.WaitReady(chromedp.Search(`//select[@id="session-template"]/option[starts-with(., "uitmpl — Python 3.")]`)),
+		chromedp.WaitVisible(chromedp.CSS("#session-template")),
+		chromedp.SetValue(chromedp.CSS("#session-template"), "template:uitmpl"),
+		chromedp.Click(chromedp.CSS("#session-new")),
+		chromedp.WaitVisible(chromedp.CSS(".cell textarea")),
+		chromedp.WaitVisible(chromedp.CSS("#session-template-badge")))
+	if got := p.text("#session-template-badge"); !strings.EqualFold(got, "template uitmpl") {
+		t.Errorf("the session's template badge: %q", got)
+	}
+	p.do("import the template's package", chromedp.SetValue(sel, "import sandloop_tmpl_ui; print(sandloop_tmpl_ui.VALUE)"), chromedp.Focus(sel),
+		chromedp.KeyEvent(kb.Enter, chromedp.KeyModifiers(chromedp.ModifierShift)),
+		chromedp.WaitVisible(chromedp.CSS(".cell:nth-child(1) .cell-status .badge")))
+	if got := p.text(".cell:nth-child(1) .stream-stdout"); !strings.Contains(got, "picked in the form") {
+		t.Errorf("the template's session: %q", got)
+	}
+	p.shot("notebook-template")
+	p.do("start a plain session", chromedp.Navigate(ts.URL+"/#/notebook"),
+		chromedp.WaitVisible(chromedp.CSS("#session-template")),
+		chromedp.SetValue(chromedp.CSS("#session-template"), ""),
+		chromedp.Click(chromedp.CSS("#session-new")),
+		chromedp.WaitVisible(chromedp.CSS("#session-status")))
+	if n := eval[int](p, `document.querySelectorAll('#session-template-badge').length`); n != 0 {
+		t.Error("a plain session shows a template")
 	}
 	p.check(u.Scheme + "://" + u.Host)
 }

@@ -21,10 +21,17 @@ const newID = () => Math.random().toString(36).slice(2, 10) + Date.now().toStrin
 // chooser lists this token's sessions and starts new ones.
 function chooser(root) {
   const list = h('ul', { class: 'session-list', id: 'session-list' });
-  const start = h('button', { type: 'button', class: 'btn btn-primary', id: 'session-new', onclick: () => newSession(start) }, 'Start a new session');
+  // The environment: the server's default, the plain sandbox Python, or
+  // one of its templates (GET /v1/templates); hidden without templates.
+  const tmpl = h('select', { id: 'session-template', 'aria-label': 'Environment' },
+    h('option', { value: 'default' }, 'Server default environment'),
+    h('option', { value: '' }, 'Plain Python (no template)'));
+  const tmplRow = h('label', { class: 'row small', hidden: true }, 'Environment ', tmpl);
+  const start = h('button', { type: 'button', class: 'btn btn-primary', id: 'session-new', onclick: () => newSession(start, tmpl.value) }, 'Start a new session');
   root.append(h('div', { class: 'narrow' }, h('section', { class: 'card stack' },
     h('h2', {}, 'Notebook'),
     h('p', { class: 'muted' }, 'A session is a sandboxed Python kernel: variables persist between cells, plots and DataFrames display inline, and files live in its workspace.'),
+    tmplRow,
     h('div', { class: 'row' }, start),
     h('h3', {}, 'Open sessions'), list)));
   getJSON('/v1/sessions').then(({ sessions }) => {
@@ -35,14 +42,26 @@ function chooser(root) {
         h('span', { class: 'muted small' }, 'last used ' + fmtAgo(s.last_used_at)))));
     }
   }, e => list.append(h('li', { class: 'empty' }, e.message)));
+  getJSON('/v1/templates').then(({ templates }) => {
+    for (const t of templates) {
+      t.packages = t.packages || [];
+      tmpl.append(h('option', { value: 'template:' + t.name },
+        `${t.name} — Python ${t.python}, ${t.packages.length} package${t.packages.length === 1 ? '' : 's'}${t.warm ? ', warm' : ''}`));
+    }
+    tmplRow.hidden = !templates.length;
+  }, () => {});
   return { dispose() {} };
 }
 
-async function newSession(btn) {
+async function newSession(btn, env) {
   btn.disabled = true;
   try {
     // A checkpoint before every cell, so Undo reverts the last one.
-    const s = await postJSON('/v1/sessions', { checkpoints: 'auto' });
+    const body = { checkpoints: 'auto' };
+    // No template field: the server's default; "": the plain sandbox.
+    if (env === '') body.template = '';
+    else if (env.startsWith('template:')) body.template = env.slice('template:'.length);
+    const s = await postJSON('/v1/sessions', body);
     location.hash = '#/notebook/' + encodeURIComponent(s.id);
   } catch (e) {
     toast('Could not start a session: ' + e.message, 'error');
@@ -244,6 +263,7 @@ class Notebook {
       const s = await getJSON(this.base);
       this.sessionInfo.replaceChildren(h('span', { class: 'mono' }, s.id), statusBadge(s.status, { id: 'session-status' }),
         h('span', { class: 'muted small' }, `${s.memory_mb} MB · ${s.cpus} CPU · ${s.timeout_s}s per cell`));
+      if (s.template) this.sessionInfo.append(h('span', { class: 'badge', id: 'session-template-badge', title: 'the session runs in this template' }, 'template ' + s.template));
       if (s.message) this.sessionInfo.append(h('span', { class: 'small err' }, s.message));
     } catch (e) {
       if (e.status === 404) this.gone();
