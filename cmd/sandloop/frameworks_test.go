@@ -23,25 +23,28 @@ import (
 // unchanged (internal/e2b/testdata/frameworks, pinned by its lock file)
 // against a real `sandloop serve`, each by a script that prints its checks.
 // checks is how many the script reports; pending names the checks that
-// wait for a feature being built elsewhere: such a check is skipped while
-// it fails, naming the feature, and passes as soon as the feature is there
-// (then remove it from pending).
+// wait for a feature sandloop lacks (most are being built in parallel):
+// such a check is skipped while it fails, naming the feature, and passes
+// as soon as the feature is there (then remove it from pending).
 var frameworks = []struct {
 	name, script string
 	checks       int
 	pending      map[string]string
 }{
 	{"OpenAIAgents", "openai-agents.mjs", 12, map[string]string{
-		"a server started in the background (cmd &) keeps running after its command": jailPerSandbox,
-		"persistWorkspace archives the workspace (tar)":                              jailPerSandbox,
-		"hydrateWorkspace restores the archive into a new sandbox":                   jailPerSandbox,
+		"a server started in the background (cmd &) keeps running after its command":         jailPerSandbox,
+		"persistWorkspace archives the workspace (tar)":                                      jailPerSandbox,
+		"hydrateWorkspace restores the archive into a new sandbox":                           jailPerSandbox,
+		"exposedPorts: a server started by exec_command (tty) answers at resolveExposedPort": jailPerSandbox,
 	}},
 	{"Mastra", "mastra.mjs", 13, map[string]string{
 		"default template: start() checks for and builds mastra-<hash>": templateAPI,
 		"writeFiles into /home/user, read by a command":                 jailPerSandbox,
 		"a file in /tmp written by one command is read by the next":     jailPerSandbox,
+		"a spawned server answers at networking.getPortUrl":             jailPerSandbox,
 	}},
 	{"ComputeSDK", "computesdk.mjs", 7, map[string]string{
+		"README quick start: python - <<'PY' with pandas":                     pythonCommand,
 		"README filesystem: writeFile /tmp/hello.py, readFile, run it":        jailPerSandbox,
 		"filesystem mkdir, readdir, exists, remove (in the home)":             jailPerSandbox,
 		"a background server (runCommand background: true) answers at getUrl": jailPerSandbox,
@@ -53,7 +56,7 @@ var frameworks = []struct {
 	}},
 }
 
-// The features being built elsewhere that some checks wait for.
+// The features that some checks wait for.
 const (
 	// jailPerSandbox: commands run in the session's own jail, sharing
 	// /tmp, loopback and processes with the kernel; background jobs outlive
