@@ -106,7 +106,12 @@ await check('exposedPorts: a server started by exec_command (tty) answers at res
 
 await check('a server started in the background (cmd &) keeps running after its command', async () => {
   await session.execCommand({ cmd: `nohup python3 -c 'import http.server as h, sys; h.ThreadingHTTPServer(("0.0.0.0", 8766), h.SimpleHTTPRequestHandler).serve_forever()' ${marker} >/dev/null 2>&1 &` })
-  const out = await session.execCommand({ cmd: `for i in $(seq 50); do python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8766/README.md").read().decode())' 2>/dev/null && break; sleep 0.2; done` })
+  const out = await session.execCommand({ cmd: `python3 -c 'import time, urllib.request as u
+for i in range(50):
+    try:
+        print(u.urlopen("http://127.0.0.1:8766/README.md").read().decode()); break
+    except OSError:
+        time.sleep(0.2)'` })
   assert.match(out, new RegExp(`Renewal notes ${marker}`))
 })
 
@@ -158,7 +163,12 @@ await check('an SDK-owned sandbox (Runner with the client) is created and remove
   const r = new Runner({ workflowName: 'sdk-owned', sandbox: { client: new E2BSandboxClient() } })
   const result = await r.run(agent, call(['exec_command', { cmd: 'cat README.md' }]))
   assert.match(String(result.finalOutput), new RegExp(`Renewal notes ${marker}`))
-  const after = (await api('GET', '/v2/sandboxes')).json?.length ?? -1
+  let after
+  for (let i = 0; i < 40; i++) {
+    after = (await api('GET', '/v2/sandboxes')).json?.length ?? -1
+    if (after === before) break
+    await new Promise((ok) => setTimeout(ok, 250))
+  }
   assert.equal(after, before, 'sandboxes before and after the run')
 })
 
