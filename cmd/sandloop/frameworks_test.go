@@ -185,7 +185,9 @@ func describe(pids []int) string {
 	sort.Ints(pids)
 	var b strings.Builder
 	for _, p := range pids {
-		fmt.Fprintf(&b, "\n  %d %s", p, cmdline(p))
+		// A zombie has no command line: its stat names it and says Z.
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		fmt.Fprintf(&b, "\n  %d %s [%s]", p, cmdline(p), strings.TrimSpace(string(stat)))
 	}
 	return b.String()
 }

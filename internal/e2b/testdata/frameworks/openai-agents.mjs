@@ -88,7 +88,8 @@ await check('apply_patch creates and updates a file', async () => {
     ['apply_patch', { type: 'update_file', path: 'notes.txt', diff: '@@\n first line\n-second line\n+patched line\n' }],
     ['exec_command', { cmd: 'cat notes.txt' }],
   ), { sandbox: { session } })
-  assert.match(String(result.finalOutput), /first line\s+patched line/)
+  const outputs = result.newItems.filter((i) => i.type === 'tool_call_output_item').map((i) => i.output)
+  assert.match(String(result.finalOutput), /first line\s+patched line/, `tool outputs: ${JSON.stringify(outputs)}`)
 })
 
 await check('exec_command with tty: true runs in a terminal', async () => {
