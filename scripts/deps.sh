@@ -52,3 +52,14 @@ if [ ! -d "$e2bsdk/node_modules/@e2b/code-interpreter" ] || [ ! -d "$e2bsdk/node
     echo "note: node and npm not found: the E2B SDK tests will skip"
   fi
 fi
+# The agent framework tests (OpenAI Agents, Mastra, ComputeSDK, Deep Agents
+# through their E2B integrations): same, from their own lock file.
+frameworks="$(cd "$(dirname "$0")/.." && pwd)/internal/e2b/testdata/frameworks"
+if [ ! -d "$frameworks/node_modules/@openai/agents-extensions" ] || [ ! -d "$frameworks/node_modules/@mastra/e2b" ] || [ ! -d "$frameworks/node_modules/deepagents" ] || [ ! -d "$frameworks/node_modules/@computesdk/e2b" ]; then
+  if command -v npm >/dev/null && command -v node >/dev/null; then
+    echo "installing the agent frameworks for the tests (npm ci)"
+    timeout 600 npm ci --prefix "$frameworks" --prefer-offline --no-audit --no-fund --loglevel=error
+  else
+    echo "note: node and npm not found: the agent framework tests will skip"
+  fi
+fi

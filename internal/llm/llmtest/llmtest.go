@@ -344,6 +344,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	if turnNo < len(s.script) {
 		s.next++
 	}
+	if s.respond != nil {
+		// Each reply has its own number, so its own completion and call ids:
+		// clients (LangGraph's message list) merge messages by id.
+		turnNo = len(s.requests) - 1
+	}
 	s.mu.Unlock()
 
 	var req struct {

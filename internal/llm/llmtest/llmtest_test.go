@@ -2,6 +2,7 @@ package llmtest
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -191,6 +192,38 @@ func TestChunks(t *testing.T) {
 		got := chunks(tc.in, tc.n)
 		if strings.Join(got, "|") != strings.Join(tc.want, "|") || len(got) != len(tc.want) {
 			t.Errorf("chunks(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
+
+// A server whose replies come from a function numbers each reply, so
+// completion and call ids differ from one request to the next (LangGraph
+// merges messages that share an id).
+func TestFuncRepliesHaveTheirOwnIDs(t *testing.T) {
+	srv := NewOpenAIServerFunc(t, func(Request) Turn {
+		return Turn{ToolCalls: []ToolCall{{Name: "f"}}}
+	})
+	seen := map[string]bool{}
+	for i := 0; i < 3; i++ {
+		_, body := post(t, srv.URL+"/chat/completions", `{"model":"m","messages":[{"role":"user","content":"q"}]}`)
+		var r struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Message struct {
+					ToolCalls []struct {
+						ID string `json:"id"`
+					} `json:"tool_calls"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(body), &r); err != nil || len(r.Choices) != 1 || len(r.Choices[0].Message.ToolCalls) != 1 {
+			t.Fatalf("reply %d: %v %s", i, err, body)
+		}
+		for _, id := range []string{r.ID, r.Choices[0].Message.ToolCalls[0].ID} {
+			if seen[id] {
+				t.Errorf("reply %d reuses id %q", i, id)
+			}
+			seen[id] = true
 		}
 	}
 }
