@@ -84,7 +84,7 @@ func (p *Process) Freeze() error {
 	if p.cg != nil {
 		return p.cg.freeze()
 	}
-	return stopPids(func() []int { return treePids(p.proc.Pid) })
+	return stopPids(func() []int { return treePids(p.pid) })
 }
 
 // Thaw lets a frozen jail run again (a jail not frozen is left alone).
@@ -97,7 +97,7 @@ func (p *Process) Thaw() error {
 	if p.cg != nil {
 		return p.cg.thaw()
 	}
-	contPids(treePids(p.proc.Pid))
+	contPids(treePids(p.pid))
 	return nil
 }
 

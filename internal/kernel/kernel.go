@@ -72,6 +72,10 @@ type Options struct {
 	// MaxEventBytes caps one event line from the kernel; the kernel replaces
 	// larger outputs with a note. If zero, 32 MiB.
 	MaxEventBytes int
+	// ResyncTimeout bounds how long a kernel taken over (Attach) may go
+	// on with the cell it was running before it is interrupted. If zero,
+	// 5 minutes.
+	ResyncTimeout time.Duration
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -616,7 +620,7 @@ func (x *execution) event(w *wireEvent) bool {
 		}
 		x.finish(ev)
 		return true
-	case "ready", "is_complete", "setenv", "checkpoint", "restore", "drop_checkpoint", "checkpoint_memory", "state_data", "state_end", "import_state":
+	case "ready", "sync", "is_complete", "setenv", "checkpoint", "restore", "drop_checkpoint", "checkpoint_memory", "state_data", "state_end", "import_state":
 		// A late reply to an abandoned request.
 	default:
 		x.k.log.Debug("unknown kernel event", "type", ev.Type)
