@@ -382,3 +382,116 @@ func TestKeepSessionsKill9(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepSessionsSIGTERM stops serve with SIGTERM (an upgrade) while a
+// client streams a cell's events: the stream ends, the session stays in
+// the keeper, and the next serve has it, the cell completed.
+func TestKeepSessionsSIGTERM(t *testing.T) {
+	needKeeper(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKept(t, dataDir, "--pool", "0")
+	id := a.create(t)
+	a.execute(t, id, "before = 1\nbefore")
+	cell := "import time\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\nafter = 2\n"
+	b, _ := json.Marshal(map[string]any{"code": cell})
+	req, _ := http.NewRequest("POST", a.url+"/v1/sessions/"+id+"/execute", bytes.NewReader(b))
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	if !lines.Scan() || !strings.Contains(lines.Text(), "tick") {
+		t.Fatalf("the stream began with %q (%v)", lines.Text(), lines.Err())
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	// The stream ends (it does not wait for the cell): with an end event
+	// that says why, or cut.
+	var last string
+	for lines.Scan() {
+		last = lines.Text()
+	}
+	if last != "" && !strings.Contains(last, `"end"`) {
+		t.Errorf("the stream's last line: %s", last)
+	}
+	a.term(t)
+	bserve := startKept(t, dataDir, "--pool", "0")
+	if got := bserve.execute(t, id, "(before, after)"); got != "(1, 2)" {
+		t.Errorf("after the upgrade: (before, after) = %s", got)
+	}
+	bserve.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	bserve.term(t)
+}
+
+// TestKeepSessionsKeeperKilled kills the keeper: its sessions end with it
+// (their kernels report it; restoring them from snapshots is for later),
+// new sessions go to a new keeper, and once the dead sessions are deleted
+// nothing of them is left: no process, no workspace, no cgroup.
+func TestKeepSessionsKeeperKilled(t *testing.T) {
+	needKeeper(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKept(t, dataDir, "--pool", "1")
+	var ids []string
+	var recs []keptRecord
+	for range 3 {
+		id := a.create(t)
+		a.execute(t, id, "x = 1\nx")
+		ids = append(ids, id)
+		recs = append(recs, readKept(t, dataDir, id))
+	}
+	old := keeperPid(t, dataDir)
+	kids := childrenOf(old)
+	if len(kids) < len(ids) {
+		t.Fatalf("the keeper holds %d processes, want at least %d", len(kids), len(ids))
+	}
+	for _, r := range recs {
+		if !processAlive(r.Jail.Pid) {
+			t.Fatalf("jail %d is not running", r.Jail.Pid)
+		}
+	}
+	stopKeeper(t, dataDir)
+	for _, id := range ids {
+		b, _ := json.Marshal(map[string]any{"code": "x"})
+		code, out, err := a.call("POST", "/v1/sessions/"+id+"/execute", string(b))
+		if err != nil || (code == 200 && !strings.Contains(string(out), `"killed"`)) || (code != 200 && code != 409) {
+			t.Errorf("session %s after its keeper died: %d %v %s", id, code, err, out)
+		}
+	}
+	// A new session goes to a new keeper.
+	fresh := a.create(t)
+	if got := a.execute(t, fresh, "6*7"); got != "42" {
+		t.Errorf("a new session after the keeper died: %s", got)
+	}
+	if pid := keeperPid(t, dataDir); pid == old {
+		t.Errorf("no new keeper")
+	}
+	for _, id := range append(ids, fresh) {
+		a.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	}
+	a.term(t)
+	mounts := readFile("/proc/self/mountinfo")
+	for _, r := range recs {
+		if processAlive(r.Jail.Pid) && !isZombie(r.Jail.Pid) {
+			t.Errorf("jail %d is still running", r.Jail.Pid)
+		}
+		if _, err := os.Stat(r.Workspace); err == nil {
+			t.Errorf("workspace %s is left", r.Workspace)
+		}
+		if strings.Contains(mounts, " "+r.Workspace+" ") {
+			t.Errorf("workspace %s is still mounted", r.Workspace)
+		}
+		if r.Jail.Cgroup == "" {
+			continue
+		}
+		groups, _ := filepath.Glob("/sys/fs/cgroup/*/" + r.Jail.Cgroup)
+		if g, _ := filepath.Glob("/sys/fs/cgroup/" + r.Jail.Cgroup); len(g) > 0 {
+			groups = append(groups, g...)
+		}
+		if len(groups) > 0 {
+			t.Errorf("cgroups left: %v", groups)
+		}
+	}
+}

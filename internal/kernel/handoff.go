@@ -189,7 +189,7 @@ func (k *Kernel) Detach() {
 	k.closeOnce.Do(func() {
 		k.mu.Lock()
 		if k.killReason == "" {
-			k.killReason = "the server let go of the kernel"
+			k.killReason = "the server is restarting: the cell goes on in the sandbox but its result is not reported here; the session, its variables and files are kept for the next server"
 		}
 		k.mu.Unlock()
 		d.Detach()
