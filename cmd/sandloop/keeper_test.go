@@ -34,7 +34,7 @@ var servingRE = regexp.MustCompile(`sandloop serving on (http://\S+)`)
 // startKept starts serve --keep-sessions on dataDir (a real process: this
 // test binary as the CLI). The cleanup kills it (by its PID) if it is
 // still running.
-func startKept(t *testing.T, dataDir string, args ...string) *keptServe {
+func startKept(t testing.TB, dataDir string, args ...string) *keptServe {
 	t.Helper()
 	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--keep-sessions", "--e2b=false"}, args...)...)
 	cmd.Cancel = func() error { return cmd.Process.Kill() }
@@ -76,7 +76,7 @@ func (s *keptServe) kill9() {
 }
 
 // term stops serve with SIGTERM and waits for it (bounded).
-func (s *keptServe) term(t *testing.T) {
+func (s *keptServe) term(t testing.TB) {
 	t.Helper()
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
@@ -112,7 +112,7 @@ func (s *keptServe) call(method, path string, body any) (int, []byte, error) {
 	return resp.StatusCode, out, err
 }
 
-func (s *keptServe) mustCall(t *testing.T, method, path string, body any, want int) []byte {
+func (s *keptServe) mustCall(t testing.TB, method, path string, body any, want int) []byte {
 	t.Helper()
 	code, out, err := s.call(method, path, body)
 	if err != nil || code != want {
@@ -122,7 +122,7 @@ func (s *keptServe) mustCall(t *testing.T, method, path string, body any, want i
 }
 
 // execute runs code in session id and returns the result's main text/plain.
-func (s *keptServe) execute(t *testing.T, id, code string) string {
+func (s *keptServe) execute(t testing.TB, id, code string) string {
 	t.Helper()
 	b, _ := json.Marshal(map[string]any{"code": code})
 	out := s.mustCall(t, "POST", "/v1/sessions/"+id+"/execute", string(b), 200)
@@ -142,7 +142,7 @@ func (s *keptServe) execute(t *testing.T, id, code string) string {
 	return res.Results[0].Data["text/plain"]
 }
 
-func (s *keptServe) create(t *testing.T) string {
+func (s *keptServe) create(t testing.TB) string {
 	t.Helper()
 	var sess struct{ ID string }
 	if err := json.Unmarshal(s.mustCall(t, "POST", "/v1/sessions", "{}", 201), &sess); err != nil {
@@ -152,7 +152,7 @@ func (s *keptServe) create(t *testing.T) string {
 }
 
 // keeperPid is the PID of dataDir's keeper.
-func keeperPid(t *testing.T, dataDir string) int {
+func keeperPid(t testing.TB, dataDir string) int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dataDir, "keeper", "keeper.pid"))
 	if err != nil {
@@ -174,7 +174,7 @@ type keptRecord struct {
 	} `json:"jail"`
 }
 
-func readKept(t *testing.T, dataDir, id string) keptRecord {
+func readKept(t testing.TB, dataDir, id string) keptRecord {
 	t.Helper()
 	var r keptRecord
 	b, err := os.ReadFile(filepath.Join(dataDir, "keeper", "sessions", id+".json"))
@@ -214,7 +214,7 @@ func processAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
 // stopKeeper ends dataDir's keeper (and so every jail it holds) by its
 // PID and waits until it and its jails are gone.
-func stopKeeper(t *testing.T, dataDir string) {
+func stopKeeper(t testing.TB, dataDir string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dataDir, "keeper", "keeper.pid"))
 	if err != nil {
