@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,6 +88,11 @@ func BenchmarkReattach(b *testing.B) {
 		b.ReportMetric(createAll.Seconds()/last.Seconds(), "create/reattach")
 		b.Logf("%d live sessions after kill -9 of serve: the last answered %.2f s after the new server's start (median %.2f s; issue's bound 2 s); creating %d new sessions instead took %.1f s (%.1fx longer, their state lost)",
 			n, last.Seconds(), median.Seconds(), n, createAll.Seconds(), createAll.Seconds()/last.Seconds())
+		for _, line := range strings.Split(bserve.stderr.String(), "\n") {
+			if strings.Contains(line, "sessions taken over") {
+				b.Logf("serve: %s", line)
+			}
+		}
 		for _, id := range ids {
 			bserve.call("DELETE", "/v1/sessions/"+id, nil)
 		}

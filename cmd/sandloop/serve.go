@@ -73,7 +73,7 @@ func newServeCmd() *cobra.Command {
 			if err := h.Serve(ctx); err != nil {
 				return err
 			}
-			if sf.drainTimeout > 0 {
+			if sf.drainTimeout > 0 && !cfg.KeepSessions { // kept sessions are not waited for: they stay
 				again, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 				h.Drain(again, sf.drainTimeout) // a second signal ends the drain
 				stop()

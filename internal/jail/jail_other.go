@@ -80,7 +80,7 @@ func AdoptQuotaDir(path string, disk int64, files int, enforced bool) *QuotaDir 
 type SpawnFunc func(cmd *exec.Cmd) (pid int, pidfd *os.File, err error)
 
 // Handoff: see the Linux build.
-type Handoff struct{}
+type Handoff struct{ Pid int }
 
 func (*Process) Handoff() (Handoff, []*os.File, error) { return Handoff{}, nil, ErrUnsupported }
 func (*Process) Detach()                               {}

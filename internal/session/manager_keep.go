@@ -58,7 +58,7 @@ func (m *Manager) Reattach(ctx context.Context, recs []KeptRecord) (int, error) 
 		n    int
 		errs []error
 		wg   sync.WaitGroup
-		sem  = make(chan struct{}, 8)
+		sem  = make(chan struct{}, 16)
 	)
 	for _, r := range recs {
 		wg.Add(1)
