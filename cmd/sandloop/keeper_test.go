@@ -272,6 +272,12 @@ func TestKeepSessionsKill9(t *testing.T) {
 		a.mustCall(t, "PUT", "/v1/sessions/"+ids[i]+"/files/dir/f.txt", fmt.Sprintf("file %d", i), 201)
 	}
 
+	// Session 2's kernel was restarted (a new jail, kept again); session
+	// 3 is paused.
+	a.mustCall(t, "POST", "/v1/sessions/"+ids[2]+"/restart", "", 200)
+	a.execute(t, ids[2], "v = 2 * 7\nrestarted = 'yes'\nv")
+	a.mustCall(t, "POST", "/v1/sessions/"+ids[3]+"/pause", "", 200)
+
 	// Session 0: a cell that runs for a while, streaming its output.
 	cell := "import time, pathlib\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\nfinished = 'yes'\npathlib.Path('done.txt').write_text('done')\n"
 	b, _ := json.Marshal(map[string]any{"code": cell})
@@ -352,6 +358,9 @@ func TestKeepSessionsKill9(t *testing.T) {
 		if got := string(bserve.mustCall(t, "GET", "/v1/sessions/"+id+"/files/dir/f.txt", nil, 200)); got != fmt.Sprintf("file %d", i) {
 			t.Errorf("session %d: f.txt holds %q after the restart", i, got)
 		}
+	}
+	if got := bserve.execute(t, ids[2], "restarted"); got != "'yes'" {
+		t.Errorf("the restarted session: restarted = %s", got)
 	}
 	// The cell that was running completed: its effects are there, and the
 	// next cell waited for it.
