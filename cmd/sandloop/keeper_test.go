@@ -402,6 +402,16 @@ func TestKeepSessionsSIGTERM(t *testing.T) {
 	a := startKept(t, dataDir, "--pool", "0")
 	id := a.create(t)
 	a.execute(t, id, "before = 1\nbefore")
+	// An allow-mode session: its egress proxy is served again after the
+	// restart (a gate of the new server's on the same listener).
+	var allow struct{ ID string }
+	if err := json.Unmarshal(a.mustCall(t, "POST", "/v1/sessions", `{"network":"allow","allow":["pypi"]}`, 201), &allow); err != nil {
+		t.Fatal(err)
+	}
+	const ask = "import socket\ns = socket.create_connection(('127.0.0.1', 3128))\ns.sendall(b'CONNECT example.invalid:443 HTTP/1.1\\r\\nHost: example.invalid:443\\r\\n\\r\\n')\ns.recv(200).decode()"
+	if got := a.execute(t, allow.ID, ask); !strings.Contains(got, "403") || !strings.Contains(got, "not allowed") {
+		t.Fatalf("the egress proxy answered %s", got)
+	}
 	cell := "import time\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\nafter = 2\n"
 	b, _ := json.Marshal(map[string]any{"code": cell})
 	req, _ := http.NewRequest("POST", a.url+"/v1/sessions/"+id+"/execute", bytes.NewReader(b))
@@ -430,7 +440,11 @@ func TestKeepSessionsSIGTERM(t *testing.T) {
 	if got := bserve.execute(t, id, "(before, after)"); got != "(1, 2)" {
 		t.Errorf("after the upgrade: (before, after) = %s", got)
 	}
+	if got := bserve.execute(t, allow.ID, ask); !strings.Contains(got, "403") || !strings.Contains(got, "not allowed") {
+		t.Errorf("after the upgrade the egress proxy answered %s", got)
+	}
 	bserve.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	bserve.mustCall(t, "DELETE", "/v1/sessions/"+allow.ID, nil, 204)
 	bserve.term(t)
 }
 
