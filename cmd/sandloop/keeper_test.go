@@ -277,6 +277,18 @@ func TestKeepSessionsKill9(t *testing.T) {
 	a.mustCall(t, "POST", "/v1/sessions/"+ids[2]+"/restart", "", 200)
 	a.execute(t, ids[2], "v = 2 * 7\nrestarted = 'yes'\nv")
 	a.mustCall(t, "POST", "/v1/sessions/"+ids[3]+"/pause", "", 200)
+	// Session 4 holds a checkpoint (a dormant copy of its kernel): the
+	// next server has no record of it and drops it.
+	cg4 := readKept(t, dataDir, ids[4]).Jail.Cgroup
+	procs4 := func() int {
+		return len(strings.Fields(readFile("/sys/fs/cgroup/pids/" + cg4 + "/cgroup.procs")))
+	}
+	before := procs4()
+	a.mustCall(t, "POST", "/v1/sessions/"+ids[4]+"/checkpoints", "{}", 201)
+	if cg4 == "" || procs4() != before+1 {
+		t.Logf("no v1 pids cgroup to count the checkpoint's process in (%q: %d, then %d): not checked", cg4, before, procs4())
+		before = -1
+	}
 
 	// Session 0: a cell that runs for a while, streaming its output.
 	cell := "import time, pathlib\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\nfinished = 'yes'\npathlib.Path('done.txt').write_text('done')\n"
@@ -358,6 +370,14 @@ func TestKeepSessionsKill9(t *testing.T) {
 		if got := string(bserve.mustCall(t, "GET", "/v1/sessions/"+id+"/files/dir/f.txt", nil, 200)); got != fmt.Sprintf("file %d", i) {
 			t.Errorf("session %d: f.txt holds %q after the restart", i, got)
 		}
+	}
+	if before >= 0 {
+		testutil.WaitFor(t, 30*time.Second, func() error {
+			if n := procs4(); n != before {
+				return fmt.Errorf("session 4 has %d processes, %d before its checkpoint", n, before)
+			}
+			return nil
+		})
 	}
 	if got := bserve.execute(t, ids[2], "restarted"); got != "'yes'" {
 		t.Errorf("the restarted session: restarted = %s", got)

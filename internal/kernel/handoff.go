@@ -43,6 +43,9 @@ type Resynced struct {
 	// before died and ended since ("" if none was running).
 	Finished       Status
 	ExecutionCount int
+	// Checkpoints are the ids of the checkpoints the kernel holds (the
+	// server before took them; the new one has no record of them).
+	Checkpoints []int
 }
 
 // Handoff returns copies of our ends of the kernel's pipes (the
@@ -123,7 +126,7 @@ func (s *resyncSink) event(ev *wireEvent) bool {
 	case ev.Type == EventEnd:
 		s.r.Finished, s.r.ExecutionCount = ev.Status, ev.ExecutionCount
 	case ev.Type == "sync" && ev.Tag == s.tag:
-		s.r.ExecutionCount = ev.ExecutionCount
+		s.r.ExecutionCount, s.r.Checkpoints = ev.ExecutionCount, ev.Checkpoints
 		return true
 	}
 	return false

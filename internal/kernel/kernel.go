@@ -138,6 +138,8 @@ type wireEvent struct {
 	Chunk     string           `json:"chunk"` // base64 state bytes
 	chunk     []byte           // the same, read without the JSON decoder (parseStateData); valid until the next read
 	Manifest  *StateManifest   `json:"manifest"`
+	// Checkpoints, in the reply to a sync (handoff.go): the ids held.
+	Checkpoints []int `json:"checkpoints"`
 }
 
 // Start launches a kernel and waits until it is ready. ctx bounds only the

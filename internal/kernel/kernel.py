@@ -1890,7 +1890,9 @@ def main():
         elif op == "sync":
             # A server taking the kernel over (package keeper): everything
             # before this reply is what the server before left unread.
-            _reply({"type": "sync", "execution_count": S.count})
+            # Its checkpoints are listed: the new server has no record of
+            # them and drops them.
+            _reply({"type": "sync", "execution_count": S.count, "checkpoints": sorted(_CP.table)})
         elif op == "describe":
             ev = {"type": "describe"}
             ev.update(_describe())

@@ -283,6 +283,7 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 		s.gate.Serve(ln)
 	}
 	s.launch = s.launcher()
+	attached := make(chan struct{}) // s.k is set
 	resync := st.ExecTimeout
 	if o.ExecTimeout > 0 {
 		resync = o.ExecTimeout
@@ -290,6 +291,14 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 	k, err := kernel.Attach(proc, st.Kernel, files[st.JailFiles:], &kernel.Options{
 		InterruptGrace: opts.InterruptGrace, MaxOutputBytes: opts.MaxOutputBytes, ResyncTimeout: resync, Logger: s.log,
 	}, func(r kernel.Resynced, err error) {
+		if len(r.Checkpoints) > 0 {
+			// Their files were in the server before's temporary store:
+			// the kernel's copies go too.
+			go func() {
+				<-attached
+				s.dropCheckpoints(r.Checkpoints)
+			}()
+		}
 		switch {
 		case err != nil:
 			s.log.Warn("reattach: the kernel did not resync", "err", err)
@@ -298,6 +307,7 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 		}
 	})
 	if err != nil {
+		close(attached)
 		if s.gate != nil {
 			s.gate.Close()
 		}
@@ -305,8 +315,25 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 		return fail(err)
 	}
 	s.k = k
+	close(attached)
 	removeStaleUploads(st.Workspace)
 	return s, st.Extra, nil
+}
+
+// dropCheckpoints drops the kernel's checkpoints a server before took.
+func (s *Session) dropCheckpoints(ids []int) {
+	k, err := s.kernel()
+	if err != nil || k == nil {
+		return
+	}
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := k.DropCheckpoint(ctx, id)
+		cancel()
+		if err != nil {
+			s.log.Warn("reattach: drop a checkpoint of the server before", "checkpoint", id, "err", err)
+		}
+	}
 }
 
 // removeStaleUploads removes the temporary files of uploads cut off by
