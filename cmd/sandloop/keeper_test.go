@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,8 +342,33 @@ func TestKeepSessionsKill9(t *testing.T) {
 	a.kill9()
 	pw.CloseWithError(errors.New("the server is gone"))
 	<-upload
+	// Session 5 dies while no server holds it: it is gone after the
+	// restart, its workspace too.
+	dead := readKept(t, dataDir, ids[5])
+	syscall.Kill(dead.Jail.Pid, syscall.SIGKILL)
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if processAlive(dead.Jail.Pid) && !isZombie(dead.Jail.Pid) {
+			return errors.New("session 5's jail is still running")
+		}
+		if _, err := os.Stat(filepath.Join(dataDir, "keeper", "sessions", ids[5]+".json")); err == nil {
+			return errors.New("the keeper still holds session 5's record")
+		}
+		return nil
+	})
+	deadID := ids[5]
+	ids = slices.Delete(ids, 5, 6)
+	vals := make([]int, 0, n-1)
+	for i := range n {
+		if i != 5 {
+			vals = append(vals, i)
+		}
+	}
 
 	bserve := startKept(t, dataDir, "--pool", "2")
+	bserve.mustCall(t, "GET", "/v1/sessions/"+deadID, nil, 404)
+	if _, err := os.Stat(dead.Workspace); err == nil {
+		t.Errorf("the dead session's workspace %s is left", dead.Workspace)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i, id := range ids {
@@ -363,7 +389,8 @@ func TestKeepSessionsKill9(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	for i, id := range ids {
+	for j, id := range ids {
+		i := vals[j]
 		if got := bserve.execute(t, id, "v"); got != strconv.Itoa(i*7) {
 			t.Errorf("session %d: v is %s after the restart, want %d", i, got, i*7)
 		}
@@ -405,7 +432,7 @@ func TestKeepSessionsKill9(t *testing.T) {
 			t.Errorf("session %s: its record is still kept after DELETE", id)
 		}
 	}
-	for _, ws := range workspaces {
+	for _, ws := range append(workspaces, dead.Workspace) {
 		if _, err := os.Stat(ws); err == nil {
 			t.Errorf("workspace %s is still there after DELETE", ws)
 		}

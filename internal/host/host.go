@@ -222,12 +222,14 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if h.tmpl != nil {
 		mo.Templates = h.tmpl
 	}
+	var kept []session.KeptRecord
 	if h.keeper != nil {
 		mo.Keeper = h.keeper
+		kept = h.keptSessions() // before the manager's pool makes workspaces
 	}
 	h.mgr = session.NewManager(mo)
 	if h.keeper != nil {
-		h.reattach(ctx)
+		h.reattach(ctx, kept)
 	}
 
 	undo = append(undo, func() { h.mgr.Close() })

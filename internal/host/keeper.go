@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/keeper"
 	"github.com/sandloop/sandloop/internal/session"
 )
@@ -121,26 +123,42 @@ func (l *keeperLink) Pid() int {
 	return c.Pid()
 }
 
-// reattach takes over the sessions the keeper holds for us.
-func (h *Host) reattach(ctx context.Context) {
+// keptSessions lists the sessions the keeper holds for us, and removes
+// the keeper's workspaces no record names: of sessions that died while no
+// server held them, or were still starting when the server before was
+// killed. It runs before this server makes any workspace.
+func (h *Host) keptSessions() []session.KeptRecord {
 	c, err := h.keeper.client()
 	if err != nil {
 		h.log.Error("keeper: no sessions taken over", "err", err)
-		return
+		return nil
 	}
-	start := time.Now()
 	recs, err := c.List()
 	if err != nil {
 		h.log.Error("keeper: no sessions taken over", "err", err)
-		return
+		return nil
 	}
 	kept := make([]session.KeptRecord, len(recs))
+	workspaces := map[string]bool{}
 	for i, r := range recs {
 		kept[i] = session.KeptRecord{ID: r.ID, Meta: r.Meta, Files: r.Files}
+		var m struct{ Workspace string }
+		if json.Unmarshal(r.Meta, &m) == nil && m.Workspace != "" {
+			workspaces[m.Workspace] = true
+		}
 	}
+	if n := jail.SweepWorkspacesOf(c.Pid(), workspaces); n > 0 {
+		h.log.Info("keeper: workspaces of sessions that died meanwhile removed", "workspaces", n)
+	}
+	return kept
+}
+
+// reattach takes over the kept sessions.
+func (h *Host) reattach(ctx context.Context, kept []session.KeptRecord) {
+	start := time.Now()
 	n, err := h.mgr.Reattach(ctx, kept)
-	if len(recs) > 0 || err != nil {
-		h.log.Info("keeper: sessions taken over", "sessions", n, "of", len(recs), "took", time.Since(start).Round(time.Millisecond))
+	if len(kept) > 0 || err != nil {
+		h.log.Info("keeper: sessions taken over", "sessions", n, "of", len(kept), "took", time.Since(start).Round(time.Millisecond))
 	}
 	if err != nil {
 		h.log.Warn("keeper: some sessions could not be taken over (killed)", "err", err)

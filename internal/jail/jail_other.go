@@ -85,3 +85,6 @@ type Handoff struct{ Pid int }
 func (*Process) Handoff() (Handoff, []*os.File, error) { return Handoff{}, nil, ErrUnsupported }
 func (*Process) Detach()                               {}
 func Attach(Handoff, []*os.File) (*Process, error)     { return nil, ErrUnsupported }
+
+// SweepWorkspacesOf does nothing: keepers need Linux.
+func SweepWorkspacesOf(int, map[string]bool) int { return 0 }

@@ -39,6 +39,37 @@ func NewQuotaDirFor(disk int64, files int, pid int) (*QuotaDir, error) {
 	return newQuotaDir(disk, files, owner)
 }
 
+// SweepWorkspacesOf unmounts and removes the workspaces NewQuotaDirFor
+// made for process pid that are not in keep (paths), and returns how
+// many: those of sessions that died while no server held them (their
+// kernel ended, or they were still starting when the server was killed).
+// The caller must be the only one making workspaces for pid.
+func SweepWorkspacesOf(pid int, keep map[string]bool) (removed int) {
+	owner := procOwner(pid)
+	if owner == "" {
+		return 0
+	}
+	mounted := map[string]bool{}
+	for _, m := range readMountinfo() {
+		mounted[m.point] = true
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "sandloop-ws-"+owner+"-*"))
+	for _, d := range dirs {
+		if keep[d] {
+			continue
+		}
+		if mounted[d] {
+			if err := unix.Unmount(d, unix.MNT_DETACH); err != nil {
+				continue
+			}
+		}
+		if removeDir(d) == nil {
+			removed++
+		}
+	}
+	return removed
+}
+
 // AdoptQuotaDir is the workspace at path that NewQuotaDirFor made for
 // another server, with its caps.
 func AdoptQuotaDir(path string, disk int64, files int, enforced bool) *QuotaDir {

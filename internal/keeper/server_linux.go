@@ -93,6 +93,12 @@ func run(dir string) int {
 	// only SIGKILL or SIGTERM, sent to this PID, end the sessions.
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE, syscall.SIGQUIT)
 	_ = unix.Prctl(unix.PR_SET_PDEATHSIG, 0, 0, 0, 0)
+	// Locked down as far as its work allows (it starts jails, so it keeps
+	// its privileges): not dumpable (no ptrace, no /proc/PID/fd of it for
+	// other processes of its user), and it holds no directory but the
+	// root.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	_ = os.Chdir("/")
 	sockPath := filepath.Join(dir, sockName)
 	os.Remove(sockPath)
 	ls, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
