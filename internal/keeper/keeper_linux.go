@@ -17,6 +17,7 @@ const (
 	pidName  = "keeper.pid"
 	logName  = "keeper.log"
 	metaDir  = "sessions"
+	lostDir  = "lost"
 )
 
 // maxFDs bounds the descriptors of one message (the kernel's SCM_MAX_FD

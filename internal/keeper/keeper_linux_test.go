@@ -151,7 +151,7 @@ func TestSpawnKeepList(t *testing.T) {
 // TestKeeperDeath: the keeper's children die with it (Pdeathsig), and a
 // client learns of its end.
 func TestKeeperDeath(t *testing.T) {
-	_, c := newKeeper(t)
+	dir, c := newKeeper(t)
 	pid, pidfd, err := c.Spawn(sleeper())
 	if err != nil {
 		t.Fatal(err)
@@ -172,4 +172,22 @@ func TestKeeperDeath(t *testing.T) {
 		}
 		return nil
 	})
+	// The next keeper moves the dead one's records to lost/.
+	c2, err := Connect(dir, os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		c2.Close()
+		syscall.Kill(c2.Pid(), syscall.SIGKILL)
+	}()
+	if c2.Pid() == c.Pid() {
+		t.Fatal("no new keeper")
+	}
+	if _, err := os.Stat(filepath.Join(dir, lostDir, "s.json")); err != nil {
+		t.Errorf("the dead keeper's record is not in lost/: %v", err)
+	}
+	if recs, err := c2.List(); err != nil || len(recs) != 0 {
+		t.Errorf("the new keeper holds %v (%v)", recs, err)
+	}
 }

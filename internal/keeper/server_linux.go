@@ -118,10 +118,13 @@ func run(dir string) int {
 		lg.Print(err)
 		return 1
 	}
-	// Records of a keeper that died are of sessions that died with it.
+	// Records of a keeper that died are of sessions that died with it:
+	// moved to lost/, for whatever restores sessions from snapshots.
 	if old, _ := filepath.Glob(filepath.Join(dir, metaDir, "*.json")); len(old) > 0 {
-		for _, f := range old {
-			os.Remove(f)
+		if err := os.MkdirAll(filepath.Join(dir, lostDir), 0o700); err == nil {
+			for _, f := range old {
+				os.Rename(f, filepath.Join(dir, lostDir, filepath.Base(f)))
+			}
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, pidName), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
