@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -49,19 +50,27 @@ func Connect(dir, exe string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("keeper: %w", err)
 	}
-	if c, err := dial(dir); err == nil {
+	c, err := dial(dir)
+	switch {
+	case err == nil:
 		return c, nil
+	case strings.Contains(err.Error(), errBusyText):
+		// A server that has just died may not be gone for the keeper yet.
+	default:
+		if err := startKeeper(dir, exe); err != nil {
+			return nil, err
+		}
 	}
-	if err := startKeeper(dir, exe); err != nil {
-		return nil, err
-	}
-	var last error
+	last := err
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		c, err := dial(dir)
 		if err == nil {
 			return c, nil
 		}
 		last = err
+	}
+	if strings.Contains(last.Error(), errBusyText) {
+		return nil, fmt.Errorf("keeper %s: %w", dir, last)
 	}
 	logText, _ := os.ReadFile(filepath.Join(dir, logName))
 	return nil, fmt.Errorf("keeper: did not start in %s (%v): %s", dir, last, tail(logText, 400))

@@ -88,6 +88,9 @@ func send(sock int, v any, fds []int) error {
 	}
 }
 
+// errBusyText is the keeper's answer to a second server.
+const errBusyText = "another sandloop serve holds this keeper (one server per data directory)"
+
 // errClosed is the other end gone.
 var errClosed = errors.New("the keeper's connection was closed")
 

@@ -191,3 +191,18 @@ func TestKeeperDeath(t *testing.T) {
 		t.Errorf("the new keeper holds %v (%v)", recs, err)
 	}
 }
+
+// TestOneServer: a second server is refused while the first is
+// connected, and let in once it is gone.
+func TestOneServer(t *testing.T) {
+	dir, c := newKeeper(t)
+	if _, err := dial(dir); err == nil || !strings.Contains(err.Error(), "another sandloop serve") {
+		t.Fatalf("a second server: %v", err)
+	}
+	c.Close()
+	c2, err := Connect(dir, os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+}

@@ -38,6 +38,7 @@ type server struct {
 	spawn chan spawnJob
 
 	mu       sync.Mutex
+	owner    *conn // the server's connection (hello); one at a time
 	records  map[string]*record
 	children map[int]*child
 }
@@ -221,6 +222,9 @@ func (s *server) dropLocked(id string) {
 func (s *server) serve(c *conn) {
 	defer func() {
 		s.mu.Lock()
+		if s.owner == c {
+			s.owner = nil
+		}
 		for _, ch := range s.children {
 			if ch.owner == c && ch.kept == "" {
 				unix.PidfdSendSignal(ch.pidfd, unix.SIGKILL, nil, 0)
@@ -263,6 +267,17 @@ func (s *server) handle(c *conn, req *request, files []*os.File) error {
 	switch req.Op {
 	case "hello":
 		closeFiles(files)
+		// One server per keeper: two taking the same sessions over would
+		// both drive their kernels.
+		s.mu.Lock()
+		busy := s.owner != nil && s.owner != c
+		if !busy {
+			s.owner = c
+		}
+		s.mu.Unlock()
+		if busy {
+			return send(c.sock, reply{Error: errBusyText}, nil)
+		}
 		return send(c.sock, reply{Keeper: os.Getpid()}, nil)
 	case "spawn":
 		done := make(chan spawnResult, 1)
