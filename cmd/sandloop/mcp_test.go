@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/keeper"
 	"github.com/sandloop/sandloop/internal/mcpserver/mcptest"
 )
 
@@ -25,6 +26,9 @@ import (
 const asCLI = "SANDLOOP_TEST_AS_CLI"
 
 func init() {
+	// A keeper started by a serve under test is this binary too (serve
+	// --keep-sessions).
+	keeper.MaybeRun()
 	if os.Getenv(asCLI) == "1" {
 		jail.MaybeInit() // a jail's init inherits the variable: it must stay an init
 		os.Exit(execute(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

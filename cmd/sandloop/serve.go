@@ -74,7 +74,7 @@ func newServeCmd() *cobra.Command {
 			if err := h.Serve(ctx); err != nil {
 				return err
 			}
-			if sf.drainTimeout > 0 {
+			if sf.drainTimeout > 0 && !cfg.KeepSessions { // kept sessions are not waited for: they stay
 				again, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 				h.Drain(again, sf.drainTimeout) // a second signal ends the drain
 				stop()
@@ -120,6 +120,7 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringVar(&sf.secretFile, "gateway-secret-file", "", "serve as a cell's host: accept only requests from gateways holding this file's secret (also SANDLOOP_GATEWAY_SECRET); see docs/kubernetes.md")
 	f.StringVar(&sf.register, "register", "", "register this host in the cell's PostgreSQL under this base URL (http://HOST:PORT, as gateways reach it), for gateways started with --registered-hosts; see docs/kubernetes.md")
 	f.DurationVar(&c.Heartbeat, "heartbeat", 2*time.Second, "with --register, how often the registration is renewed")
+	f.BoolVar(&c.KeepSessions, "keep-sessions", false, "keep sessions alive across restarts of the server (kill -9, upgrades): a keeper process per --data-dir holds their sandboxes, and the next serve on the same --data-dir takes them over; on SIGTERM sessions are left to it, not closed. Needs root; sessions start cold (no zygote)")
 	f.DurationVar(&sf.drainTimeout, "drain-timeout", 0, "on SIGTERM, first drain: take no new sessions (readiness false) and wait this long for the open ones to end")
 	f.StringVar(&c.Model, "model", "", "model for agent runs that name none, as PROVIDER/MODEL (default: $SANDLOOP_MODEL, else the first usable one found)")
 	f.Var(sizeValue{n: &c.MaxBodyBytes}, "max-body", "largest JSON request body (create a session, execute, lessons; default 4M): more is answered 413")

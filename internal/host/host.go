@@ -94,6 +94,16 @@ type Config struct {
 	// zygote is started with WarmTemplates'). It must exist.
 	DefaultTemplate string
 
+	// KeepSessions starts (or joins) the keeper of DataDir/keeper
+	// (package keeper), which holds the sessions' jails: they survive
+	// this process (kill -9 included), New takes over those a server
+	// before it left there, and Close lets go of them rather than closing
+	// them. Sessions then start cold (no zygote). KeeperExe is the program
+	// the keeper runs (this binary: os.Executable if empty). Needs DataDir
+	// and root (workspaces are host directories).
+	KeepSessions bool
+	KeeperExe    string
+
 	// Database is the run history: a postgres:// URL or a SQLite file.
 	// If empty, runs.db in DataDir; if both are empty, no history: runs
 	// and lessons answer 501.
@@ -149,6 +159,7 @@ type Host struct {
 	served    chan struct{} // closed when hs.Serve has returned; nil before Serve
 	serveErr  error
 	stopBeat  func()
+	keeper    *keeperLink // with KeepSessions
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -186,6 +197,13 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	h.cfg.Egress = eg
 
+	if h.cfg.KeepSessions {
+		if h.keeper, err = openKeeper(&h.cfg); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { h.keeper.close() })
+		h.cfg.Zygote = "off" // a zygote's forks would die with this process
+	}
 	if h.zy, err = startZygote(ctx, h.cfg.Zygote, h.log, h.cfg.OldPipeline); err != nil {
 		return nil, err
 	}
@@ -212,7 +230,15 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		mo.Templates = h.tmpl
 		mo.DefaultTemplate = h.cfg.DefaultTemplate
 	}
+	var kept []session.KeptRecord
+	if h.keeper != nil {
+		mo.Keeper = h.keeper
+		kept = h.keptSessions() // before the manager's pool makes workspaces
+	}
 	h.mgr = session.NewManager(mo)
+	if h.keeper != nil {
+		h.reattach(ctx, kept)
+	}
 
 	undo = append(undo, func() { h.mgr.Close() })
 	if h.cfg.MCP != nil {
@@ -415,7 +441,11 @@ func (h *Host) Close() error {
 		if stopBeat != nil {
 			stopBeat()
 		}
-		h.log.Info("shutting down: closing every session")
+		if h.keeper != nil {
+			h.log.Info("shutting down: the sessions stay in the keeper for the next server")
+		} else {
+			h.log.Info("shutting down: closing every session")
+		}
 		h.closeMounts()
 		// No new connections from here on, and the sessions are killed
 		// while Shutdown waits for the requests in flight: the streams of
@@ -443,7 +473,15 @@ func (h *Host) Close() error {
 		if h.runs != nil {
 			h.runs.Close()
 		}
-		h.closeErr = h.mgr.Close()
+		if h.keeper != nil && h.keeper.alive() {
+			// Kept for the next server (an upgrade): not closed.
+			h.closeErr = h.mgr.Detach()
+		} else {
+			h.closeErr = h.mgr.Close()
+		}
+		if h.keeper != nil {
+			h.keeper.close()
+		}
 		<-shut
 		if h.st != nil {
 			if err := h.st.Close(); err != nil {

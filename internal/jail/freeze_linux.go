@@ -90,7 +90,7 @@ func (p *Process) Freeze() error {
 		}
 		return stopPids(func() []int { return treePids(p.joinPid) })
 	}
-	return stopPids(func() []int { return treePids(p.proc.Pid) })
+	return stopPids(func() []int { return treePids(p.pid) })
 }
 
 // Thaw lets a frozen jail run again (a jail not frozen is left alone).
@@ -109,7 +109,7 @@ func (p *Process) Thaw() error {
 		}
 		return nil
 	}
-	contPids(treePids(p.proc.Pid))
+	contPids(treePids(p.pid))
 	return nil
 }
 

@@ -189,6 +189,10 @@ type Config struct {
 	// ExtraFiles are handed to the program as descriptors 3, 4, ... and are
 	// the only descriptors of the server it receives.
 	ExtraFiles []*os.File
+	// Spawn, if set, starts the jail's init instead of this process (a
+	// keeper, so that the jail outlives this process: handoff_linux.go).
+	// The init's stdin, stdout and stderr must then be files or nil.
+	Spawn SpawnFunc
 
 	// Zygote starts a template process that builds a jail of its own for
 	// each child it forks (package zygote). The program keeps

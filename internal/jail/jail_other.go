@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 )
 
 // MaybeInit does nothing where jails are unsupported.
@@ -75,3 +76,24 @@ var (
 	ErrPortsNeedRoot = errors.New("reaching a port inside a sandbox needs a server running as root")
 	ErrNoOwnNetwork  = errors.New("the sandbox shares the host's network, so it has no ports of its own")
 )
+
+// NewQuotaDirFor fails: keepers need Linux.
+func NewQuotaDirFor(int64, int, int) (*QuotaDir, error) { return nil, ErrUnsupported }
+
+// AdoptQuotaDir is the directory at path.
+func AdoptQuotaDir(path string, disk int64, files int, enforced bool) *QuotaDir {
+	return &QuotaDir{Path: path, Disk: disk, Files: files, Enforced: enforced}
+}
+
+// SpawnFunc: see the Linux build.
+type SpawnFunc func(cmd *exec.Cmd) (pid int, pidfd *os.File, err error)
+
+// Handoff: see the Linux build.
+type Handoff struct{ Pid int }
+
+func (*Process) Handoff() (Handoff, []*os.File, error) { return Handoff{}, nil, ErrUnsupported }
+func (*Process) Detach()                               {}
+func Attach(Handoff, []*os.File) (*Process, error)     { return nil, ErrUnsupported }
+
+// SweepWorkspacesOf does nothing: keepers need Linux.
+func SweepWorkspacesOf(int, map[string]bool) int { return 0 }

@@ -91,17 +91,17 @@ func (p *Process) JoinTarget() (*JoinTarget, error) {
 	if p.joinPid != 0 {
 		return nil, errors.New("jail: a joined process is not a jail of its own")
 	}
-	fd, err := unix.PidfdOpen(p.proc.Pid, 0)
+	fd, err := unix.PidfdOpen(p.pid, 0)
 	if err != nil {
 		return nil, os.ErrProcessDone
 	}
 	// The PID was this jail's init when the descriptor was opened if the
 	// network namespace is still the one it was born in.
-	if ino, err := netnsInode(p.proc.Pid); err != nil || (p.netns != 0 && ino != p.netns) || unix.PidfdSendSignal(fd, 0, nil, 0) != nil {
+	if ino, err := netnsInode(p.pid); err != nil || (p.netns != 0 && ino != p.netns) || unix.PidfdSendSignal(fd, 0, nil, 0) != nil {
 		unix.Close(fd)
 		return nil, os.ErrProcessDone
 	}
-	return &JoinTarget{pidfd: fd, pid: p.proc.Pid, cg: p.cg, enforce: p.enforce, limits: p.limits, nproc: true}, nil
+	return &JoinTarget{pidfd: fd, pid: p.pid, cg: p.cg, enforce: p.enforce, limits: p.limits, nproc: true}, nil
 }
 
 // Close releases the target's descriptor.
@@ -316,7 +316,8 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	if err := cmd.Start(); err != nil {
 		return fail(fmt.Errorf("join the sandbox: %w", err))
 	}
-	p.proc = cmd.Process
+	p.proc = osProcess{cmd.Process}
+	p.pid = cmd.Process.Pid
 	p.waitProc = func() (*os.ProcessState, error) {
 		err := cmd.Wait()
 		return cmd.ProcessState, err

@@ -176,7 +176,7 @@ func (p *Process) DialLoopback(ctx context.Context, port int) (net.Conn, error) 
 	if p.network == NetworkHost {
 		return nil, ErrNoOwnNetwork
 	}
-	fd, err := pidfdIn(p.proc.Pid, p.netns)
+	fd, err := pidfdIn(p.pid, p.netns)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +189,7 @@ func (p *Process) ListeningPorts() ([]int, error) {
 	if p.network == NetworkHost {
 		return nil, ErrNoOwnNetwork
 	}
-	return listeningIn(p.proc.Pid, p.netns)
+	return listeningIn(p.pid, p.netns)
 }
 
 // listeningIn lists the ports of pid's namespace, if it is still netns.

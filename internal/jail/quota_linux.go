@@ -19,6 +19,64 @@ import (
 // root the directory is ordinary (Enforced is false). Remove unmounts and
 // deletes it.
 func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
+	return newQuotaDir(disk, files, selfOwner)
+}
+
+// NewQuotaDirFor is NewQuotaDir for a workspace that outlives this
+// process: its name gives the process pid (a keeper's) as its owner, so
+// another sandloop sweeps it only once that process is gone. It must be a
+// host directory (root; or, where no tmpfs can be made, an ordinary one):
+// a workspace held by a descriptor or a holder of ours could not outlive
+// us.
+func NewQuotaDirFor(disk int64, files int, pid int) (*QuotaDir, error) {
+	owner := procOwner(pid)
+	if owner == "" {
+		return nil, fmt.Errorf("create workspace: process %d is gone", pid)
+	}
+	if hostQuotaUnsupported() != "" && rootlessQuota() != "" {
+		return nil, errors.New("create workspace: a workspace that outlives the server must be a host directory, which needs root")
+	}
+	return newQuotaDir(disk, files, owner)
+}
+
+// SweepWorkspacesOf unmounts and removes the workspaces NewQuotaDirFor
+// made for process pid that are not in keep (paths), and returns how
+// many: those of sessions that died while no server held them (their
+// kernel ended, or they were still starting when the server was killed).
+// The caller must be the only one making workspaces for pid.
+func SweepWorkspacesOf(pid int, keep map[string]bool) (removed int) {
+	owner := procOwner(pid)
+	if owner == "" {
+		return 0
+	}
+	mounted := map[string]bool{}
+	for _, m := range readMountinfo() {
+		mounted[m.point] = true
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "sandloop-ws-"+owner+"-*"))
+	for _, d := range dirs {
+		if keep[d] {
+			continue
+		}
+		if mounted[d] {
+			if err := unix.Unmount(d, unix.MNT_DETACH); err != nil {
+				continue
+			}
+		}
+		if removeDir(d) == nil {
+			removed++
+		}
+	}
+	return removed
+}
+
+// AdoptQuotaDir is the workspace at path that NewQuotaDirFor made for
+// another server, with its caps.
+func AdoptQuotaDir(path string, disk int64, files int, enforced bool) *QuotaDir {
+	return &QuotaDir{Path: path, Disk: disk, Files: files, Enforced: enforced, overhead: 1}
+}
+
+func newQuotaDir(disk int64, files int, owner string) (*QuotaDir, error) {
 	l := Limits{Disk: disk, Files: files}.WithDefaults()
 	if err := l.validateQuota(); err != nil {
 		return nil, err
@@ -34,7 +92,7 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 			return newHolderQuotaDir(l.Disk, l.Files)
 		}
 	}
-	dir, err := OwnedTempDir("")
+	dir, err := ownedTempDir(owner, "")
 	if err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
@@ -59,11 +117,15 @@ func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
 // from a live one's and is removed by the next sandloop (sweepQuotaDirs,
 // run once per process here). kind, if set, goes into the name.
 func OwnedTempDir(kind string) (string, error) {
+	return ownedTempDir(selfOwner, kind)
+}
+
+func ownedTempDir(owner, kind string) (string, error) {
 	sweepQuotaDirsOnce.Do(func() { sweepQuotaDirs(os.TempDir()) })
 	if kind != "" {
 		kind += "-"
 	}
-	return os.MkdirTemp("", "sandloop-ws-"+selfOwner+"-"+kind+"*")
+	return os.MkdirTemp("", "sandloop-ws-"+owner+"-"+kind+"*")
 }
 
 var (

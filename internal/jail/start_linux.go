@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,7 +24,18 @@ import (
 
 // Process is a running jail.
 type Process struct {
-	proc *os.Process
+	proc hostProcess
+	pid  int
+	// pidfd holds the init when a keeper started it (Config.Spawn): the
+	// handoff passes it on. nil otherwise.
+	pidfd *os.File
+	// cgName is the name of the jail's cgroup (the same in every
+	// hierarchy), "" if none.
+	cgName string
+	// With a pidfd: a pipe whose write end Detach closes, ending a wait
+	// without ending the jail.
+	cancelR, cancelW *os.File
+	detached         atomic.Bool
 	// waitProc waits for proc (and for the copying of its output), as
 	// exec.Cmd.Wait.
 	waitProc func() (*os.ProcessState, error)
@@ -308,15 +320,20 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		}
 		return c
 	}
-	if ws.holder {
+	if cfg.Spawn != nil && !ws.holder {
+		err = p.spawnBy(cfg.Spawn, initCmd(initPath()))
+	} else if ws.holder {
 		var h *quotaHolder
 		if h, err = theHolder(); err == nil {
-			p.proc, p.waitProc, err = h.spawn(initCmd(initPath()))
+			var op *os.Process
+			if op, p.waitProc, err = h.spawn(initCmd(initPath())); err == nil {
+				p.proc = osProcess{op}
+			}
 		}
 	} else {
 		var cmd *exec.Cmd
 		if cmd, err = startInit(initCmd); err == nil {
-			p.proc = cmd.Process
+			p.proc = osProcess{cmd.Process}
 			p.waitProc = func() (*os.ProcessState, error) {
 				err := cmd.Wait()
 				return cmd.ProcessState, err
@@ -331,11 +348,12 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		}
 		return fail(fmt.Errorf("start jail: %w", err))
 	}
+	p.pid = p.proc.pid()
 	p.start = time.Now()
 	// The init is waiting for its configuration: certainly alive, and in
 	// the jail's network namespace from its birth (DialLoopback checks it).
 	p.network = cfg.Network
-	p.netns, _ = netnsInode(p.proc.Pid)
+	p.netns, _ = netnsInode(p.pid)
 	if p.tty != nil {
 		ttySlave.Close()
 		p.serveTerminal(cfg.Stdin, cfg.Stdout)
@@ -348,6 +366,11 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		_ = p.proc.Kill()
 		_, _ = p.waitProc()
 		stR.Close()
+		if p.pidfd != nil {
+			p.pidfd.Close()
+			p.cancelR.Close()
+			p.cancelW.Close()
+		}
 		return fail(err)
 	}
 	// The group is made while the init starts up (it waits for its
@@ -357,8 +380,8 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		if err != nil {
 			return abort(err)
 		}
-		p.cg = cg
-		if err := cg.add(p.proc.Pid); err != nil {
+		p.cg, p.cgName = cg, filepath.Base(cg.dirs[0])
+		if err := cg.add(p.pid); err != nil {
 			return abort(err)
 		}
 	}
@@ -416,7 +439,7 @@ func readStatus(r *bufio.Reader, st *initStatus) error {
 func (p *Process) Listener() net.Listener { return p.listener }
 
 // Pid is the host PID of the jail's init (PID 1 inside).
-func (p *Process) Pid() int { return p.proc.Pid }
+func (p *Process) Pid() int { return p.pid }
 
 // Usage is what the jail uses now (ErrNoGroup where no cgroup measures it:
 // limits are rlimits there).
@@ -480,6 +503,9 @@ func (p *Process) Wait() (*Result, error) {
 
 func (p *Process) wait() (*Result, error) {
 	ps, waitErr := p.waitProc()
+	if p.detached.Load() {
+		return p.detach()
+	}
 	end := time.Now()
 	p.closeStdin()
 	p.closeTerminal()
@@ -498,6 +524,11 @@ func (p *Process) wait() (*Result, error) {
 	var st initStatus
 	statusErr := readStatus(p.status, &st)
 	p.statusF.Close()
+	if p.pidfd != nil {
+		p.pidfd.Close()
+		p.cancelR.Close()
+		p.cancelW.Close()
+	}
 	if p.listener != nil {
 		p.listener.Close()
 	}

@@ -72,6 +72,10 @@ type Options struct {
 	// MaxEventBytes caps one event line from the kernel; the kernel replaces
 	// larger outputs with a note. If zero, 32 MiB.
 	MaxEventBytes int
+	// ResyncTimeout bounds how long a kernel taken over (Attach) may go
+	// on with the cell it was running before it is interrupted. If zero,
+	// 5 minutes.
+	ResyncTimeout time.Duration
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -134,6 +138,8 @@ type wireEvent struct {
 	Chunk     string           `json:"chunk"` // base64 state bytes
 	chunk     []byte           // the same, read without the JSON decoder (parseStateData); valid until the next read
 	Manifest  *StateManifest   `json:"manifest"`
+	// Checkpoints, in the reply to a sync (handoff.go): the ids held.
+	Checkpoints []int `json:"checkpoints"`
 }
 
 // Start launches a kernel and waits until it is ready. ctx bounds only the
@@ -616,7 +622,7 @@ func (x *execution) event(w *wireEvent) bool {
 		}
 		x.finish(ev)
 		return true
-	case "ready", "is_complete", "setenv", "checkpoint", "restore", "drop_checkpoint", "checkpoint_memory", "state_data", "state_end", "import_state":
+	case "ready", "sync", "is_complete", "setenv", "checkpoint", "restore", "drop_checkpoint", "checkpoint_memory", "state_data", "state_end", "import_state":
 		// A late reply to an abandoned request.
 	default:
 		x.k.log.Debug("unknown kernel event", "type", ev.Type)

@@ -46,6 +46,9 @@ type pipes struct {
 	evOff    int
 	rbuf     []byte
 	maxEvent int
+	// lenient skips lines that are not events instead of failing (after
+	// a take-over: the server before may have read half a line).
+	lenient bool
 }
 
 // newPipes makes the kernel's pipes: ours nonblocking in p, theirs in files.
@@ -121,6 +124,69 @@ func (p *pipes) close() {
 			unix.Close(fd)
 		}
 	}
+}
+
+// handoff returns copies of our ends of the kernel's pipes, in the
+// order of Files (requests, events, stdout, stderr, state), and the
+// markers' token.
+func (p *pipes) handoff() ([]*os.File, string, error) {
+	var out []*os.File
+	for i, fd := range []int{p.req, p.fds[0], p.fds[1], p.fds[2], p.state} {
+		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range out {
+				f.Close()
+			}
+			return nil, "", fmt.Errorf("dup the kernel's pipe %d: %w", i, err)
+		}
+		out = append(out, os.NewFile(uintptr(d), "kernel-pipe"))
+	}
+	token := string(p.prefix[len("\x1b]sl;") : len(p.prefix)-1])
+	return out, token, nil
+}
+
+// attachPipes makes pipes of the ends handoff gave (it owns them from
+// now on, closing them on failure).
+func attachPipes(files []*os.File, maxEvent int, token string) (*pipes, error) {
+	if len(files) != 5 {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("want the kernel's 5 pipes, got %d", len(files))
+	}
+	p := &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, state: -1, rbuf: make([]byte, 64<<10), maxEvent: maxEvent,
+		prefix: []byte("\x1b]sl;" + token + ";")}
+	var fds [5]int
+	for i, f := range files {
+		// Our own descriptors: os.File would close them when collected.
+		d, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		f.Close()
+		if err != nil {
+			for _, g := range files[i+1:] {
+				g.Close()
+			}
+			for _, fd := range fds[:i] {
+				unix.Close(fd)
+			}
+			return nil, err
+		}
+		fds[i] = d
+	}
+	p.req, p.fds, p.state = fds[0], [3]int{fds[1], fds[2], fds[3]}, fds[4]
+	var err error
+	for _, fd := range fds {
+		if err == nil {
+			err = unix.SetNonblock(fd, true)
+		}
+	}
+	if err == nil {
+		p.wakeFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	}
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
 }
 
 // wake makes a poll in progress (or the next one) return.
@@ -312,6 +378,9 @@ func (p *pipes) handleLines(s sink) (bool, error) {
 		var ev wireEvent
 		if ok := parseStateData(line, &ev); !ok {
 			if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
+				if p.lenient {
+					continue
+				}
 				return false, fmt.Errorf("not an event: %.80q", line)
 			}
 		}

@@ -13,7 +13,10 @@ import (
 
 var errNeedsLinux = errors.New("kernel: sandboxed kernels need Linux")
 
-type pipes struct{ eof [3]bool }
+type pipes struct {
+	eof     [3]bool
+	lenient bool
+}
 
 func newPipes(int, string) (*pipes, Files, error)       { return nil, Files{}, errNeedsLinux }
 func (p *pipes) close()                                 {}
@@ -29,3 +32,6 @@ func (p *pipes) writeRequestListening([]byte, time.Time, sink) (bool, error) {
 func (p *pipes) recvStream(int64) (*os.File, error) { return nil, errNeedsLinux }
 func (p *pipes) sendStream(int64, *os.File) error   { return errNeedsLinux }
 func newStatePipe() (r, w *os.File, err error)      { return nil, nil, errNeedsLinux }
+
+func (p *pipes) handoff() ([]*os.File, string, error)     { return nil, "", errNeedsLinux }
+func attachPipes([]*os.File, int, string) (*pipes, error) { return nil, errNeedsLinux }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -96,7 +97,7 @@ func (s *Session) listenPort() int {
 // the gate or held on standby.
 func (s *Session) launcher() kernel.Launcher {
 	launch := s.opts.Launcher
-	if launch == nil && (s.opts.Zygote != nil || s.opts.Template != nil) && s.opts.Network != jail.NetworkHost {
+	if launch == nil && s.opts.Keeper == nil && (s.opts.Zygote != nil || s.opts.Template != nil) && s.opts.Network != jail.NetworkHost {
 		launch = s.zygoteLauncher()
 	}
 	if launch == nil {
@@ -239,6 +240,12 @@ func (s *Session) jailLauncher() kernel.Launcher {
 	limits := s.opts.Limits
 	limits.Timeout = 0 // sessions live until closed
 	env := s.kernelEnviron()
+	var spawn jail.SpawnFunc
+	var stderr io.Writer = logWriter{s.log}
+	if s.opts.Keeper != nil {
+		// The keeper's child must not write to a pipe of ours.
+		spawn, stderr = s.opts.Keeper.Spawn, nil
+	}
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		p, err := jail.Start(ctx, &jail.Config{
 			Path:       s.opts.Template.python(),
@@ -250,8 +257,9 @@ func (s *Session) jailLauncher() kernel.Launcher {
 			Network:    s.opts.Network,
 			ListenPort: s.listenPort(),
 			Files:      []jail.File{{Path: KernelPath, Data: kernel.Source, Mode: 0o444}},
-			Stderr:     logWriter{s.log},
+			Stderr:     stderr,
 			ExtraFiles: f.List(),
+			Spawn:      spawn,
 		})
 		if err != nil {
 			return nil, err
@@ -292,6 +300,10 @@ func (j *jailProcess) DialLoopback(ctx context.Context, port int) (net.Conn, err
 }
 
 func (j *jailProcess) ListeningPorts() ([]int, error) { return j.p.ListeningPorts() }
+
+func (j *jailProcess) Handoff() (jail.Handoff, []*os.File, error) { return j.p.Handoff() }
+
+func (j *jailProcess) Detach() { j.p.Detach() }
 
 func (j *jailProcess) Kill() error {
 	j.p.Kill()

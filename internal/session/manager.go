@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
@@ -148,6 +149,10 @@ type ManagerOptions struct {
 	// MaxCheckpoints caps the checkpoints a session takes on request. If
 	// zero, 16.
 	MaxCheckpoints int
+	// Keeper, if set, holds every session handed out for the next server
+	// (keep.go, manager_keep.go): Reattach takes them over, Detach lets go
+	// of them at shutdown. Sessions then start cold (Zygote is not used).
+	Keeper Keeper
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -385,6 +390,8 @@ type Manager struct {
 
 	pauseMu sync.Mutex // one Managed.Pause at a time, within MaxPaused
 
+	detaching atomic.Bool // Detach: Close lets go of kept sessions
+
 	mu       sync.Mutex
 	sessions map[string]*Managed
 	pool     []*Session
@@ -483,7 +490,7 @@ func NewManager(o *ManagerOptions) *Manager {
 func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network jail.Network, eg *egress.Policy, execTimeout time.Duration) *Options {
 	return &Options{
 		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
-		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote,
+		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote, Keeper: m.opts.Keeper,
 		AutoCheckpoints: m.opts.AutoCheckpoints, MaxCheckpoints: m.opts.MaxCheckpoints, CheckpointMemory: m.opts.CheckpointMemory,
 	}
 }
@@ -642,6 +649,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, Template: opts.Template, mgr: m, lastUsed: now}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
+	m.keep(ctx, ms)
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
 	return ms, nil
 }
@@ -709,6 +717,10 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 	done := make(chan error, 1)
 	go func() {
 		defer m.closing.Done()
+		if m.detaching.Load() {
+			done <- ms.Session.Detach() // kept for the next server
+			return
+		}
 		err := ms.Session.Close()
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {

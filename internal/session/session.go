@@ -193,6 +193,11 @@ type Options struct {
 	Template *TemplateUse
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
+	// Keeper, if set, starts the kernel's jails and, once Keep is called,
+	// holds the session for the next server (keep.go). The kernel then
+	// starts cold (never from Zygote or a template's zygote) and the
+	// workspace is one the keeper owns.
+	Keeper Keeper
 
 	// Checkpoints is "auto" (a checkpoint before every execution, so
 	// Undo reverts the last one) or "off" (the default: checkpoints are
@@ -233,6 +238,10 @@ type Session struct {
 	paused atomic.Bool // written under mu; read without it (State)
 
 	cps checkpoints
+
+	// keptExtra is the caller's part of the keeper's record (Keep; nil:
+	// not kept). Under mu.
+	keptExtra []byte
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -249,7 +258,13 @@ func New(ctx context.Context, o *Options) (*Session, error) {
 		if err := l.DiskFits(); err != nil {
 			return nil, err
 		}
-		q, err := jail.NewQuotaDir(l.Disk, l.Files)
+		var q *jail.QuotaDir
+		var err error
+		if opts.Keeper != nil {
+			q, err = jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
+		} else {
+			q, err = jail.NewQuotaDir(l.Disk, l.Files)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -456,12 +471,16 @@ func (s *Session) Restart(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		k.Close()
 		return ErrClosed
 	}
 	s.k = k
+	s.mu.Unlock()
+	if err := s.keepLocked(); err != nil {
+		s.log.Warn("keeper: the restarted kernel is not kept", "err", err)
+	}
 	return nil
 }
 
@@ -487,6 +506,7 @@ func (s *Session) Close() error {
 	s.closed = true
 	k := s.k
 	s.mu.Unlock()
+	s.dropKept() // first: the next server must not take over a session closed
 	close(s.done)
 	k.Kill("the session was closed")
 	k.Close()

@@ -1,0 +1,166 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/keeper"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// keeperLink is the host's connection to its keeper (Config.KeepSessions),
+// reconnected (a new keeper started) when the keeper has died: sessions
+// created from then on are held by the new one. It is a session.Keeper.
+type keeperLink struct {
+	dir, exe string
+
+	mu sync.Mutex
+	c  *keeper.Client
+}
+
+func openKeeper(cfg *Config) (*keeperLink, error) {
+	if cfg.DataDir == "" {
+		return nil, &ArgumentError{"keep-sessions", errors.New("needs a data directory (--data-dir) for the keeper")}
+	}
+	if os.Geteuid() != 0 {
+		return nil, &ArgumentError{"keep-sessions", errors.New("needs root: kept sessions' workspaces are host directories")}
+	}
+	exe := cfg.KeeperExe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	l := &keeperLink{dir: filepath.Join(cfg.DataDir, "keeper"), exe: exe}
+	if _, err := l.client(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// client is the connection, made again if the keeper has died.
+func (l *keeperLink) client() (*keeper.Client, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c != nil {
+		select {
+		case <-l.c.Dead():
+			l.c.Close()
+			l.c = nil
+		default:
+			return l.c, nil
+		}
+	}
+	c, err := keeper.Connect(l.dir, l.exe)
+	if err != nil {
+		return nil, err
+	}
+	l.c = c
+	return c, nil
+}
+
+// alive says whether the keeper the host holds sessions in still runs.
+func (l *keeperLink) alive() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		return false
+	}
+	select {
+	case <-l.c.Dead():
+		return false
+	default:
+		return true
+	}
+}
+
+func (l *keeperLink) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c != nil {
+		l.c.Close()
+		l.c = nil
+	}
+}
+
+func (l *keeperLink) Spawn(cmd *exec.Cmd) (int, *os.File, error) {
+	c, err := l.client()
+	if err != nil {
+		return 0, nil, err
+	}
+	return c.Spawn(cmd)
+}
+
+func (l *keeperLink) Keep(id string, pid int, meta []byte, files []*os.File) error {
+	c, err := l.client()
+	if err != nil {
+		return err
+	}
+	return c.Keep(id, pid, meta, files)
+}
+
+func (l *keeperLink) Drop(id string) error {
+	c, err := l.client()
+	if err != nil {
+		return err
+	}
+	return c.Drop(id)
+}
+
+func (l *keeperLink) Pid() int {
+	c, err := l.client()
+	if err != nil {
+		return 0
+	}
+	return c.Pid()
+}
+
+// keptSessions lists the sessions the keeper holds for us, and removes
+// the keeper's workspaces no record names: of sessions that died while no
+// server held them, or were still starting when the server before was
+// killed. It runs before this server makes any workspace.
+func (h *Host) keptSessions() []session.KeptRecord {
+	c, err := h.keeper.client()
+	if err != nil {
+		h.log.Error("keeper: no sessions taken over", "err", err)
+		return nil
+	}
+	recs, err := c.List()
+	if err != nil {
+		h.log.Error("keeper: no sessions taken over", "err", err)
+		return nil
+	}
+	kept := make([]session.KeptRecord, len(recs))
+	workspaces := map[string]bool{}
+	for i, r := range recs {
+		kept[i] = session.KeptRecord{ID: r.ID, Meta: r.Meta, Files: r.Files}
+		var m struct{ Workspace string }
+		if json.Unmarshal(r.Meta, &m) == nil && m.Workspace != "" {
+			workspaces[m.Workspace] = true
+		}
+	}
+	if n := jail.SweepWorkspacesOf(c.Pid(), workspaces); n > 0 {
+		h.log.Info("keeper: workspaces of sessions that died meanwhile removed", "workspaces", n)
+	}
+	return kept
+}
+
+// reattach takes over the kept sessions.
+func (h *Host) reattach(ctx context.Context, kept []session.KeptRecord) {
+	start := time.Now()
+	n, err := h.mgr.Reattach(ctx, kept)
+	if len(kept) > 0 || err != nil {
+		h.log.Info("keeper: sessions taken over", "sessions", n, "of", len(kept), "took", time.Since(start).Round(time.Millisecond))
+	}
+	if err != nil {
+		h.log.Warn("keeper: some sessions could not be taken over (killed)", "err", err)
+	}
+}
