@@ -66,7 +66,7 @@ func newServeCmd() *cobra.Command {
 			defer h.Close()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			printServing(cmd.OutOrStdout(), h, cfg.Tokens)
+			printServing(cmd.OutOrStdout(), h, cfg.Tokens, cfg.GatewaySecret != "")
 			fmt.Fprintln(cmd.OutOrStdout(), modelLine(ctx, cfg.Model, cfg.PricesFile))
 			if r := jail.Probe(); !r.Cgroups.OK {
 				cfg.Logger.Warn("cgroups unavailable: limits fall back to rlimits", "detail", r.Cgroups.Detail)
@@ -154,6 +154,11 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 		return nil, usagef("%v", err)
 	}
 	cfg.Tokens, cfg.GatewaySecret = toks, secret
+	if secret != "" {
+		// A cell's host answers only its gateways, which do not serve
+		// E2B's API (yet): its E2B face could not be reached.
+		cfg.E2B = false
+	}
 	if sf.register != "" {
 		self, err := gateway.ParseHostURL(sf.register)
 		if err != nil {
@@ -253,8 +258,12 @@ func hostError(err error) error {
 }
 
 // printServing says where the host serves and what to export for E2B's SDKs.
-func printServing(w io.Writer, h *host.Host, tokens []string) {
+func printServing(w io.Writer, h *host.Host, tokens []string, cellHost bool) {
 	url := h.URL()
+	if cellHost {
+		fmt.Fprintf(w, "sandloop cell host on %s (only its gateways reach it: every request but /healthz, /readyz and /metrics needs the cell's secret)\n", url)
+		return
+	}
 	if len(tokens) > 0 {
 		fmt.Fprintf(w, "sandloop serving on %s (token required)\n", url)
 		fmt.Fprintf(w, "web UI: %s/?token=%s\n", url, neturl.QueryEscape(tokens[0]))

@@ -40,6 +40,11 @@ func (g *Gateway) portHost(r *http.Request) (portproxy.Target, bool) {
 // E2B's headers) to the session's host, Host kept: the app sees the name
 // the user typed.
 func (g *Gateway) servePortHost(w http.ResponseWriter, r *http.Request, t portproxy.Target) {
+	if p := r.Header.Get("E2b-Sandbox-Port"); p == "49983" || p == "49999" {
+		// envd's and the code interpreter's: E2B's own API, not an app's.
+		server.WriteError(w, http.StatusNotImplemented, "not_implemented", "a cell's gateway does not serve E2B's API (its sandboxes, envd, the code interpreter); use the sandloop API, or E2B's SDKs against one sandloop serve", 0)
+		return
+	}
 	r = g.portCaller(r)
 	tg, ok := g.resolvePort(w, r, t.ID)
 	if !ok {

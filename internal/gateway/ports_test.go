@@ -200,6 +200,11 @@ func TestPortsThroughGateway(t *testing.T) {
 	if resp, _ := send(http.DefaultClient, "5000-0123456789abcdef.localhost:"+gwPort, "/", bearer(tok1)...); resp.StatusCode != 404 {
 		t.Errorf("unknown session's port: %d, want 404", resp.StatusCode)
 	}
+	// E2B's own ports (envd's, the interpreter's) are E2B's API, which a
+	// gateway does not serve: said, not proxied to the app.
+	if resp, _ := send(http.DefaultClient, "", "/health", append(bearer(tok1), "E2b-Sandbox-Id", id, "E2b-Sandbox-Port", "49983")...); resp.StatusCode != http.StatusNotImplemented {
+		t.Errorf("envd's port through the gateway: %d, want 501", resp.StatusCode)
+	}
 	// A port's traffic left the placement alone (a DELETE to the app is the app's).
 	req, _ := http.NewRequest("DELETE", f.ts.URL+"/a/b", nil)
 	req.Host = hostName

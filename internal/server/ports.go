@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"crypto/subtle"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -256,4 +258,60 @@ func (s *Server) PreviewURL(base, id string, port int, exp time.Time) string {
 	u := url.URL{Scheme: "http", Host: portproxy.HostName(t, base), Path: "/",
 		RawQuery: url.Values{portproxy.SigParam: {s.signer.Sign(t, exp)}}.Encode()}
 	return u.String()
+}
+
+// renamePreviews rewrites the preview URLs in a run's report (or in its
+// run_finished event, under "report") to the name the client used: a run
+// names its previews when it ends, under the host's own address, and a
+// client behind a gateway (or under another allowed name) reaches them
+// under its own. The signature covers the session, port and expiry, not
+// the name, so it stays valid. JSON without previews is returned as it is.
+func (s *Server) renamePreviews(r *http.Request, raw []byte, underReport bool) []byte {
+	if !bytes.Contains(raw, []byte(`"previews"`)) {
+		return raw
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) != nil {
+		return raw
+	}
+	rep := top
+	if underReport {
+		if json.Unmarshal(top["report"], &rep) != nil {
+			return raw
+		}
+	}
+	var previews []map[string]any
+	if json.Unmarshal(rep["previews"], &previews) != nil {
+		return raw
+	}
+	base := s.baseURL(r)
+	for _, p := range previews {
+		u, err := url.Parse(fmt.Sprint(p["url"]))
+		if err != nil {
+			continue
+		}
+		t, ok := portproxy.ParseHost(u.Host, s.opts.PortDomains)
+		if !ok {
+			continue
+		}
+		u.Scheme, u.Host = base.Scheme, portproxy.HostName(t, s.baseHost(r))
+		p["url"] = u.String()
+	}
+	b, err := json.Marshal(previews)
+	if err != nil {
+		return raw
+	}
+	rep["previews"] = b
+	if underReport {
+		if top["report"], err = json.Marshal(rep); err != nil {
+			return raw
+		}
+	} else {
+		top = rep
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return raw
+	}
+	return out
 }

@@ -183,6 +183,7 @@ func (s *Server) ownRun(w http.ResponseWriter, r *http.Request) (*store.Run, boo
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	if run, ok := s.ownRun(w, r); ok {
+		run.Report = s.renamePreviews(r, run.Report, false)
 		WriteJSON(w, http.StatusOK, run)
 	}
 }
@@ -238,7 +239,11 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 				flush()
 				return
 			}
-			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Type, compactJSON(e.Data))
+			data := compactJSON(e.Data)
+			if e.Type == agent.EventFinished {
+				data = s.renamePreviews(r, data, true)
+			}
+			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Type, data)
 			flush()
 		}
 	}

@@ -348,6 +348,21 @@ func TestAppRunPreview(t *testing.T) {
 		t.Fatalf("run %s %s: previews %+v", run.Status, run.Error, rep.Previews)
 	}
 	pv := rep.Previews[0]
+	// Asked under another name (as through a gateway), the URL names that
+	// name, with the same grant.
+	{
+		req, _ := http.NewRequest("GET", ts.URL+"/v1/runs/"+run.ID, nil)
+		req.Host = "localhost:1234"
+		resp := mustDo(t, http.DefaultClient, req)
+		var other store.Run
+		json.NewDecoder(resp.Body).Decode(&other)
+		var orep agent.Report
+		json.Unmarshal(other.Report, &orep)
+		u, _ := url.Parse(pv.URL)
+		if len(orep.Previews) != 1 || orep.Previews[0].URL != "http://"+strings.Split(u.Host, ".")[0]+".localhost:1234/?"+u.RawQuery {
+			t.Errorf("previews asked as localhost:1234: %+v (stored %s)", orep.Previews, pv.URL)
+		}
+	}
 	// The run's event stream says it too.
 	evResp, err := http.Get(ts.URL + "/v1/runs/" + run.ID + "/events")
 	if err != nil {
