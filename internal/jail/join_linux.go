@@ -260,7 +260,13 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		return fail(fmt.Errorf("join the sandbox: %w", os.ErrProcessDone))
 	}
 	defer root.Close()
-	pidfd := os.NewFile(uintptr(t.pidfd), "jail-pidfd") // not closed: the target owns it
+	// A copy for the script: the target keeps its own.
+	dup, err := unix.FcntlInt(uintptr(t.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fail(fmt.Errorf("join the sandbox: %w", err))
+	}
+	pidfd := os.NewFile(uintptr(dup), "jail-pidfd")
+	defer pidfd.Close()
 	exe, err := os.Open(initPath())
 	if err != nil {
 		return fail(fmt.Errorf("join the sandbox: the init program: %w", err))
