@@ -314,7 +314,7 @@ func (h *Handler) register(sb *sandbox) (*sandbox, error) {
 	}
 	sb.started, sb.endAt = now, now.Add(sb.ttl)
 	sb.procs, sb.contexts = map[uint32]*process{}, map[string]*codeContext{}
-	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: workspaceDir, s: sb.ms.Session}
+	sb.contexts[defaultContextID] = &codeContext{id: defaultContextID, cwd: homeDir, s: sb.ms.Session}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {

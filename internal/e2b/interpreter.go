@@ -93,11 +93,11 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusTooManyRequests, fmt.Sprintf("a sandbox holds at most %d code contexts besides the default: remove one first", h.opts.MaxContexts))
 		return
 	}
-	cwd := workspaceDir
+	cwd := homeDir
 	if req.Cwd != "" {
 		cwd = req.Cwd
 		if !path.IsAbs(cwd) {
-			cwd = path.Join(workspaceDir, cwd)
+			cwd = path.Join(homeDir, cwd)
 		}
 	}
 	s, err := session.New(r.Context(), &session.Options{
@@ -111,7 +111,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &codeContext{id: randomHex(8), cwd: cwd, s: s, own: true}
-	if cwd != workspaceDir {
+	if !isHome(cwd) {
 		if err := chdir(r.Context(), c); err != nil {
 			s.Close()
 			writeDetail(w, http.StatusBadRequest, err.Error())
@@ -191,7 +191,7 @@ func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusInternalServerError, "restart: "+err.Error())
 		return
 	}
-	if c.cwd != workspaceDir {
+	if !isHome(c.cwd) {
 		if err := chdir(r.Context(), c); err != nil {
 			writeDetail(w, http.StatusInternalServerError, err.Error())
 			return
@@ -338,4 +338,11 @@ func kernelGone(err error) string {
 		return err.Error() + ": restart the context (restartCodeContext) to go on"
 	}
 	return err.Error()
+}
+
+// isHome reports whether dir is the workspace, a kernel's own working
+// directory (by either of its names): no chdir is needed.
+func isHome(dir string) bool {
+	c := path.Clean(dir)
+	return c == homeDir || c == workspaceDir
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -260,7 +261,13 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		return fail(fmt.Errorf("join the sandbox: %w", os.ErrProcessDone))
 	}
 	defer root.Close()
-	pidfd := os.NewFile(uintptr(t.pidfd), "jail-pidfd") // not closed: the target owns it
+	// A copy for the script: the target keeps its own.
+	dup, err := unix.FcntlInt(uintptr(t.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fail(fmt.Errorf("join the sandbox: %w", err))
+	}
+	pidfd := os.NewFile(uintptr(dup), "jail-pidfd")
+	defer pidfd.Close()
 	exe, err := os.Open(initPath())
 	if err != nil {
 		return fail(fmt.Errorf("join the sandbox: the init program: %w", err))
@@ -294,32 +301,78 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	}
 	defer stW.Close()
 
+	// The program's output goes through pipes of ours, drained until
+	// every writer is gone: a job it left running (`nohup server &`)
+	// keeps writing after the program's end, and must not die of a
+	// closed pipe; what it writes then is discarded.
+	var outs []*drain
+	outPipe := func(w io.Writer) (*os.File, error) {
+		if w == nil || cfg.Terminal != nil {
+			return nil, nil
+		}
+		r, wf, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		d := &drain{w: w, done: make(chan struct{})}
+		outs = append(outs, d)
+		go d.run(r)
+		return wf, nil
+	}
+	stdoutW, err := outPipe(cfg.Stdout)
+	if err != nil {
+		return fail(err)
+	}
+	stderrW, err := outPipe(cfg.Stderr)
+	if err != nil {
+		stdoutW.Close()
+		return fail(err)
+	}
+	closeOuts := func() {
+		for _, f := range []*os.File{stdoutW, stderrW} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
 	cmd := &exec.Cmd{
 		Path:       DefaultPython,
 		Args:       []string{"python3", "-I", "-S", "-c", joinScript, strconv.Itoa(flags), strconv.Itoa(uid), strconv.Itoa(gid), joinArg0},
 		Env:        []string{},
 		Stdin:      readerOrNil(stdin),
-		Stdout:     wrapWriter(cfg.Stdout),
-		Stderr:     wrapWriter(cfg.Stderr),
+		Stdout:     fileOrNil(stdoutW),
+		Stderr:     fileOrNil(stderrW),
 		ExtraFiles: []*os.File{pidfd, root, exe, cfgR, stW},
 		SysProcAttr: &syscall.SysProcAttr{
 			Pdeathsig: syscall.SIGKILL,
 			Setsid:    true,
 		},
-		// The program's end is reported by the script, not by the end of
-		// its output: a background job it left may hold the pipes.
-		WaitDelay: 500 * time.Millisecond,
+		WaitDelay: 2 * time.Second,
 	}
 	if ttySlave != nil {
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = ttySlave, ttySlave, ttySlave
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	closeOuts() // the script's copies are the writers now
+	if err != nil {
 		return fail(fmt.Errorf("join the sandbox: %w", err))
 	}
 	p.proc = osProcess{cmd.Process}
 	p.pid = cmd.Process.Pid
 	p.waitProc = func() (*os.ProcessState, error) {
 		err := cmd.Wait()
+		// What the program wrote before it ended is read (a little
+		// while: a job it left may hold the pipes for good).
+		deadline := time.Now().Add(500 * time.Millisecond)
+		for _, d := range outs {
+			t := time.NewTimer(max(time.Until(deadline), 0))
+			select {
+			case <-d.done:
+			case <-t.C:
+			}
+			t.Stop()
+			d.stop()
+		}
 		return cmd.ProcessState, err
 	}
 	p.start = time.Now()
@@ -552,4 +605,44 @@ func killSession(sid int) {
 			return
 		}
 	}
+}
+
+// drain copies a joined program's output to w until stop, then discards
+// it, until no process holds the pipe (the jail's end at the latest).
+type drain struct {
+	mu   sync.Mutex
+	w    io.Writer
+	done chan struct{} // closed at the pipe's end
+}
+
+func (d *drain) run(r *os.File) {
+	defer close(d.done)
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			d.mu.Lock()
+			if d.w != nil {
+				_, _ = d.w.Write(buf[:n])
+			}
+			d.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (d *drain) stop() {
+	d.mu.Lock()
+	d.w = nil
+	d.mu.Unlock()
+}
+
+func fileOrNil(f *os.File) io.Writer {
+	if f == nil {
+		return nil
+	}
+	return f
 }

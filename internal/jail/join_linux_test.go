@@ -299,3 +299,23 @@ func TestJoinTerminal(t *testing.T) {
 		typed.Close()
 	}
 }
+
+// A job a joined command leaves running may write to the command's output
+// after the command ended (a server's log): it must not die of a closed
+// pipe. The command's own output is all there.
+func TestJoinLeftJobKeepsWriting(t *testing.T) {
+	a := liveJail(t, "writer", Limits{})
+	r, out, _ := joinPy(t, a, `import subprocess
+subprocess.Popen(['sh', '-c', 'while [ ! -e /tmp/go ]; do sleep 0.05; done; echo late; echo late >&2; touch /tmp/survived'])
+print('early')`, nil)
+	if r.ExitCode != 0 || out != "early\n" || r.Signal != "" {
+		t.Fatalf("the command: %+v %q", r, out)
+	}
+	joinPy(t, a, `open('/tmp/go', 'w')`, nil)
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if _, out, _ := joinPy(t, a, `import os; print(os.path.exists('/tmp/survived'))`, nil); out != "True\n" {
+			return fmt.Errorf("the job did not get past its writes")
+		}
+		return nil
+	})
+}
