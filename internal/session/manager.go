@@ -14,6 +14,7 @@ import (
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -144,6 +145,18 @@ type ManagerOptions struct {
 	// MaxCheckpoints caps the checkpoints a session takes on request. If
 	// zero, 16.
 	MaxCheckpoints int
+
+	// Snapshots, if set, is where durable snapshots are written
+	// (Manager.Snapshot, CreateOptions.Snapshot, hibernation). If nil,
+	// they answer ErrNoSnapshots and no session hibernates.
+	Snapshots *snapshot.Store
+	// IdleHibernate, with Snapshots, hibernates a session unused this
+	// long (hibernate.go): its files and variables go to the snapshot
+	// store and its processes and workspace are freed; the next call
+	// restores it on the same id. Paused sessions (also pinned ones: an
+	// E2B sandbox paused by its owner or by its lifecycle) hibernate
+	// after this long paused. If zero, never.
+	IdleHibernate time.Duration
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -191,6 +204,12 @@ type CreateOptions struct {
 	// (ManagerOptions.Templates); its limits are the defaults of the
 	// session's. Never from the pool.
 	Template string
+	// Snapshot, if set, is the id of one of Owner's snapshots the session
+	// starts from: its files, then its variables, are loaded before
+	// Create returns (Session.Restored says what came back). If loading
+	// fails (a corrupted snapshot: *snapshot.CorruptError), the session is
+	// closed and Create fails: never half-restored.
+	Snapshot string
 }
 
 // Managed is a session held by a Manager, with its bookkeeping.
@@ -221,10 +240,11 @@ type Managed struct {
 
 	mgr *Manager
 
-	mu       sync.Mutex
-	lastUsed time.Time
-	busy     int
-	pinned   bool
+	mu        sync.Mutex
+	lastUsed  time.Time
+	busy      int
+	pinned    bool
+	hibFailed time.Time // the last failed hibernation
 }
 
 // Touch marks the session used now.
@@ -512,6 +532,24 @@ func (m *Manager) resolve(req jail.Limits) (jail.Limits, error) {
 // Create returns a new session for opts.Owner: a pooled kernel when the
 // request asks for nothing the pool's kernels lack, a cold one otherwise.
 func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
+	if opts.Snapshot != "" {
+		if err := m.checkSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
+			return nil, err
+		}
+		ms, err := m.create(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		if err := m.fromSnapshot(ctx, ms, opts.Snapshot); err != nil {
+			ms.Close()
+			return nil, err
+		}
+		return ms, nil
+	}
+	return m.create(ctx, opts)
+}
+
+func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
 	tmpl, err := m.useTemplate(ctx, opts.Template)
 	if err != nil {
 		return nil, err
@@ -544,7 +582,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if paused := m.pausedLocked(); len(m.sessions)-paused >= m.opts.MaxSessions {
+	if paused := m.pausedLocked() + m.hibernatedLocked(); len(m.sessions)-paused >= m.opts.MaxSessions {
 		m.mu.Unlock()
 		return nil, ErrCapacity
 	}
@@ -717,14 +755,16 @@ type Stats struct {
 	Sessions int
 	// Paused are the paused ones among them: they use no CPU and take
 	// no slot (MaxSessions caps Sessions - Paused).
-	Paused    int
-	PoolReady int
+	Paused int
+	// Hibernated are the hibernated ones: on storage only, no slot.
+	Hibernated int
+	PoolReady  int
 	// MaxSessions is the cap on running sessions (ManagerOptions.MaxSessions).
 	MaxSessions int
 }
 
 // Busy is the sessions that take a slot: those held and not paused.
-func (st Stats) Busy() int { return st.Sessions - st.Paused }
+func (st Stats) Busy() int { return st.Sessions - st.Paused - st.Hibernated }
 
 // Stats reports how many sessions are held (and paused) and how many
 // kernels wait in the pool.
@@ -737,14 +777,26 @@ func (m *Manager) Stats() Stats {
 			n++
 		}
 	}
-	return Stats{Sessions: n, Paused: m.pausedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
+	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
 }
 
 // pausedLocked counts the paused sessions held (m.mu held).
 func (m *Manager) pausedLocked() int {
 	n := 0
 	for _, ms := range m.sessions {
-		if ms.Session != nil && ms.Session.paused.Load() {
+		if ms.Session != nil && ms.Session.paused.Load() && !ms.Session.hib.on.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// hibernatedLocked counts the hibernated sessions held (m.mu held): they
+// take no slot.
+func (m *Manager) hibernatedLocked() int {
+	n := 0
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.Session.hib.on.Load() {
 			n++
 		}
 	}
@@ -883,19 +935,34 @@ func (m *Manager) reapLoop() {
 // "pause", it pauses the idle ones instead, as long as fewer than
 // MaxPaused are paused), and returns how many it closed.
 func (m *Manager) Reap(now time.Time) int {
-	var victims, toPause []*Managed
+	var victims, toPause, toHibernate []*Managed
 	var reasons []string
 	m.mu.Lock()
 	paused := m.pausedLocked()
+	hib := m.opts.IdleHibernate
 	for id, ms := range m.sessions {
 		if ms.Session == nil {
 			continue
 		}
 		last, idle := ms.idleSince()
 		isPaused := ms.Session.paused.Load()
+		isHibernated := ms.Session.hib.on.Load()
+		ms.mu.Lock()
+		unused, failed := ms.busy == 0, ms.hibFailed
+		ms.mu.Unlock()
 		switch {
 		case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
 			reasons = append(reasons, "expired")
+		case isHibernated:
+			if !(m.opts.PausedTimeout > 0 && unused && now.Sub(last) > m.opts.PausedTimeout) {
+				continue
+			}
+			reasons = append(reasons, "idle")
+		case hib > 0 && m.opts.Snapshots != nil && (idle || isPaused && unused) && now.Sub(last) > hib && now.Sub(failed) > hib:
+			// Idle, or paused (pinned ones too: an E2B sandbox's pause),
+			// that long: to storage.
+			toHibernate = append(toHibernate, ms)
+			continue
 		case isPaused:
 			if !(m.opts.PausedTimeout > 0 && idle && now.Sub(last) > m.opts.PausedTimeout) {
 				continue
@@ -916,6 +983,7 @@ func (m *Manager) Reap(now time.Time) int {
 		m.closing.Add(1) // one per closeSession below
 	}
 	m.mu.Unlock()
+	m.hibernateIdle(toHibernate)
 	for _, ms := range toPause {
 		err := ms.Session.Pause()
 		switch {

@@ -204,6 +204,7 @@ type Session struct {
 	paused atomic.Bool // written under mu; read without it (State)
 
 	cps checkpoints
+	hib hibernation // hibernate.go
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -303,7 +304,7 @@ func (s *Session) Err() error {
 	if err != nil {
 		return err
 	}
-	if err := k.Err(); err != nil {
+	if err := k.Err(); err != nil && !s.hib.on.Load() { // a hibernated kernel wakes
 		return fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
 	return nil
@@ -469,7 +470,7 @@ func (s *Session) Close() error {
 	}
 	s.closeStandby()
 	s.opts.Template.release()
-	return errors.Join(s.closeCheckpoints(), s.removeWorkspace())
+	return errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
 }
 
 func (s *Session) removeWorkspace() error {
