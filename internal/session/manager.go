@@ -157,6 +157,10 @@ type ManagerOptions struct {
 	// E2B sandbox paused by its owner or by its lifecycle) hibernate
 	// after this long paused. If zero, never.
 	IdleHibernate time.Duration
+	// SnapshotMaintenance is how often the snapshot store's retention is
+	// enforced and its garbage collected (snapshot.Store.Maintain). If
+	// zero, 10 minutes; negative, never.
+	SnapshotMaintenance time.Duration
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -486,6 +490,10 @@ func NewManager(o *ManagerOptions) *Manager {
 		go m.poolLoopFair()
 	}
 	go m.reapLoop()
+	if opts.Snapshots != nil && opts.SnapshotMaintenance >= 0 {
+		m.wg.Add(1)
+		go m.maintainLoop(cmp.Or(opts.SnapshotMaintenance, 10*time.Minute))
+	}
 	m.kick()
 	return m
 }

@@ -198,3 +198,35 @@ func (r *Restored) Summary() string {
 // snapshotDeadline bounds a snapshot or a wake started by the manager
 // itself (hibernation), not by a request with its own deadline.
 const snapshotDeadline = 10 * time.Minute
+
+// maintainLoop enforces the snapshot store's retention and collects its
+// garbage every interval, until the manager closes.
+func (m *Manager) maintainLoop(interval time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), interval)
+		go func() { // a maintenance under way stops with the manager
+			select {
+			case <-m.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		res, err := m.opts.Snapshots.Maintain(ctx, time.Now())
+		cancel()
+		if err != nil {
+			m.log.Warn("snapshot maintenance", "err", err)
+			continue
+		}
+		if len(res.Expired) > 0 {
+			m.log.Info("snapshots expired", "count", len(res.Expired))
+		}
+	}
+}
