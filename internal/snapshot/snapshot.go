@@ -423,14 +423,12 @@ type WriteOptions struct {
 	State   StateFunc // the kernel's state; nil for files only
 }
 
-// Write takes a snapshot of src (and of the kernel's state) for owner.
+// Write takes a snapshot of src (and of the kernel's state) for owner
+// ("" is an owner too: a server without tokens has one, anonymous).
 // The snapshot exists once Write returns it; on any error it does not,
 // and every earlier snapshot is as it was.
 func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOptions) (*Manifest, error) {
 	wo := *cmp.Or(o, &WriteOptions{})
-	if owner == "" {
-		return nil, &ArgumentError{"owner", errors.New("is empty")}
-	}
 	lock, err := s.lockWrite(ctx)
 	if err != nil {
 		return nil, err
