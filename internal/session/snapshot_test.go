@@ -38,7 +38,7 @@ func (c *countingBackend) Put(ctx context.Context, key string, data []byte) erro
 	return c.Dir.Put(ctx, key, data)
 }
 
-func snapshotStore(t *testing.T, o *snapshot.Options) (*snapshot.Store, *countingBackend, string) {
+func snapshotStore(t testing.TB, o *snapshot.Options) (*snapshot.Store, *countingBackend, string) {
 	t.Helper()
 	dir := t.TempDir()
 	d, err := snapshot.NewDir(dir)
