@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,5 +94,75 @@ func TestSnapshotsCLI(t *testing.T) {
 	}
 	if code, _, errOut := sandloop(t, "", "serve", "--addr", "127.0.0.1:0", "--snapshot-store", "s3://host-only"); code != 2 || !strings.Contains(errOut, "bucket") {
 		t.Errorf("serve --snapshot-store s3://host-only: exit %d %s", code, errOut)
+	}
+}
+
+// A serve killed (SIGKILL) while it writes a snapshot leaves no part of
+// it: a new serve on the same snapshot store lists only the snapshot
+// before, and restores it with its files exact and its variables.
+func TestSnapshotKilledMidWrite(t *testing.T) {
+	const token = "kill-token-aaaaaaaaaaaa"
+	store := t.TempDir()
+	cmd, env, _ := startServeCmd(t, "--pool", "0", "--token", token, "--snapshot-store", store, "--memory", "1G", "--disk", "400M")
+	c, _ := client.New(env.URL, &client.Options{Token: token})
+	ctx := context.Background()
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := "import os, hashlib\nv = 'good'\nopen('a.bin','wb').write(os.urandom(8 << 20))\nh = hashlib.sha256(open('a.bin','rb').read()).hexdigest()\nh"
+	r, err := c.Execute(ctx, s.ID, code, nil)
+	if err != nil || r.Status != "ok" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	want := r.Text()
+	good, err := c.Snapshot(ctx, s.ID, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A big change, so the next snapshot writes many blobs; kill serve
+	// once it has written some of them.
+	if r, err := c.Execute(ctx, s.ID, "v = 'bad'\nopen('a.bin','wb').write(os.urandom(200 << 20))", nil); err != nil || r.Status != "ok" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	blobs := func() int {
+		n := 0
+		filepath.WalkDir(filepath.Join(store, "blobs"), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	before := blobs()
+	done := make(chan error, 1)
+	go func() { _, err := c.Snapshot(ctx, s.ID, "bad"); done <- err }()
+	testutil.WaitFor(t, 2*time.Minute, func() error {
+		if n := blobs(); n < before+5 {
+			return fmt.Errorf("%d blobs written of the new snapshot", n-before)
+		}
+		return nil
+	})
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if err := <-done; err == nil {
+		t.Fatal("the snapshot completed before serve was killed: nothing was tested (make the change bigger)")
+	}
+
+	_, env2, _ := startServeCmd(t, "--pool", "0", "--token", token, "--snapshot-store", store)
+	c2, _ := client.New(env2.URL, &client.Options{Token: token})
+	list, err := c2.Snapshots(ctx, "")
+	if err != nil || len(list) != 1 || list[0].ID != good.ID {
+		t.Fatalf("snapshots after the kill: %+v %v; want only %s", list, err, good.ID)
+	}
+	n, err := c2.RestoreSnapshot(ctx, good.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c2.Execute(ctx, n.ID, "v, hashlib.sha256(open('a.bin','rb').read()).hexdigest() == h", nil); err != nil || r.Text() != "('good', True)" {
+		t.Errorf("restored after the kill: %+v %v (want the good state, hash %s)", r, err, want)
 	}
 }
