@@ -412,9 +412,14 @@ func (s *Session) Restart(ctx context.Context) error {
 	}
 	defer s.release()
 	// A paused kernel dies of its SIGKILL once thawed (the kill thaws it;
-	// this also marks the session running).
+	// this also marks the session running). A hibernated one wakes: its
+	// files come back, and the kernel the wake started goes too.
 	if err := s.Resume(); err != nil {
 		return err
+	}
+	if cur, err := s.kernel(); err == nil && cur != old {
+		cur.Kill("the session was restarted")
+		cur.Close()
 	}
 	old.Close()
 	if s.isClosed() {

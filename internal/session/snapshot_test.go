@@ -402,3 +402,28 @@ func TestIdleHibernate(t *testing.T) {
 		t.Errorf("closing a hibernated session left its snapshot (%d)", len(list))
 	}
 }
+
+// Restart of a hibernated session: its files come back (the wake), its
+// variables do not (a restart), and it runs.
+func TestRestartHibernated(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	m := forkManager(t, ManagerOptions{Snapshots: st})
+	s, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s.Session, "v_a = 1\nopen('/workspace/keep.txt','w').write('kept')"))
+	if _, err := s.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, s, "'v_a' in globals(), open('/workspace/keep.txt').read()"); got != "(False, 'kept')" {
+		t.Errorf("after the restart of a hibernated session: %s", got)
+	}
+	if s.State() != StateRunning {
+		t.Errorf("state %s", s.State())
+	}
+}

@@ -213,7 +213,8 @@ type Maintained struct {
 
 // Maintain enforces retention over every owner's snapshots (older than
 // Options.MaxAge; beyond the newest Options.MaxPerSession of one source
-// session; held snapshots of hibernated sessions excepted), then collects
+// session; held snapshots of hibernated sessions excepted, until
+// Options.HeldMaxAge), then collects
 // garbage. The host calls it periodically; now is
 // the time retention is measured at.
 func (s *Store) Maintain(ctx context.Context, now time.Time) (*Maintained, error) {
@@ -247,7 +248,14 @@ func (s *Store) Maintain(ctx context.Context, now time.Time) (*Maintained, error
 	perSession := map[[2]string]int{}
 	for _, r := range all {
 		if r.held {
-			continue // a hibernated session's only copy
+			// A hibernated session's only copy; one that old lost its session.
+			if s.opts.HeldMaxAge > 0 && now.Sub(r.at) > s.opts.HeldMaxAge {
+				if err := s.b.Delete(ctx, r.key); err != nil {
+					return res, err
+				}
+				res.Expired = append(res.Expired, r.id)
+			}
+			continue
 		}
 		expired := s.opts.MaxAge > 0 && now.Sub(r.at) > s.opts.MaxAge
 		if s.opts.MaxPerSession > 0 && r.session != "" {

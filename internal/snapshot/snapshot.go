@@ -244,6 +244,11 @@ type Options struct {
 	// MaxPerSession: Maintain keeps the newest this many snapshots of each
 	// source session and deletes the older ones. If zero, no cap.
 	MaxPerSession int
+	// HeldMaxAge: Maintain deletes held snapshots (Manifest.Held) older
+	// than this: their session is gone (its server stopped while it
+	// hibernated; a hibernated session lives 24 hours unused by default).
+	// If zero, 7 days; negative, never.
+	HeldMaxAge time.Duration
 	// LockTTL: a lock is put again every LockTTL/4 while it is held; one
 	// not refreshed for LockTTL belongs to a process that died and is
 	// ignored (a crashed Write holds off garbage collection that long, a
@@ -273,6 +278,9 @@ func New(b Backend, o *Options) (*Store, error) {
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 4
+	}
+	if opts.HeldMaxAge == 0 {
+		opts.HeldMaxAge = 7 * 24 * time.Hour
 	}
 	if opts.Quota < 0 || opts.MaxAge < 0 || opts.MaxPerSession < 0 {
 		return nil, &ArgumentError{"snapshot options", errors.New("quota, max age and max per session must not be negative")}
