@@ -359,16 +359,27 @@ func (m *Managed) Files(opts workspace.Options) (*workspace.Workspace, error) {
 }
 
 // Pause is Session.Pause, within the manager's cap on paused sessions
-// (ManagerOptions.MaxPaused: ErrCapacity past it). It is not a use: the
+// (ManagerOptions.MaxPaused: past it, with a snapshot store, the session
+// hibernates instead; without one, ErrCapacity). It is not a use: the
 // session's idle time goes on.
 func (m *Managed) Pause() error {
 	mg := m.mgr
 	mg.pauseMu.Lock()
 	defer mg.pauseMu.Unlock()
-	if m.Session.paused.Load() {
+	if m.Session.paused.Load() || m.Session.hib.on.Load() {
 		return nil
 	}
 	if mg.Stats().Paused >= mg.opts.MaxPaused {
+		if mg.opts.Snapshots != nil {
+			// Memory is short for one more paused session: this one
+			// goes to storage instead (a hibernation keeps no memory).
+			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+			defer cancel()
+			if _, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner); err != nil {
+				return fmt.Errorf("%d sessions are paused already, this server's maximum, and hibernating this one instead failed: %w", mg.opts.MaxPaused, err)
+			}
+			return nil
+		}
 		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
 	}
 	return m.Session.Pause()

@@ -427,3 +427,32 @@ func TestRestartHibernated(t *testing.T) {
 		t.Errorf("state %s", s.State())
 	}
 }
+
+// Past MaxPaused, a pause hibernates the session instead (it keeps no
+// memory), with a snapshot store; the next call wakes it.
+func TestPausePastCapHibernates(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	m := forkManager(t, ManagerOptions{Snapshots: st, MaxPaused: 1})
+	a, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, b.Session, "v_b = 2"))
+	if err := a.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pause(); err != nil {
+		t.Fatalf("a pause past the cap: %v", err)
+	}
+	if a.State() != StatePaused || b.State() != StateHibernated {
+		t.Fatalf("states: %s, %s; want paused, hibernated", a.State(), b.State())
+	}
+	if got := managedText(t, b, "v_b"); got != "2" {
+		t.Errorf("after the wake: %s", got)
+	}
+}
