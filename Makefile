@@ -91,9 +91,11 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Checkpoint -benchtime 20x ./internal/workspace
 	$(GO) test -run '^$$' -bench CheckpointSession -benchtime 20x ./internal/session
 	$(GO) test -run '^$$' -bench '^BenchmarkFork$$' -benchtime 5x ./internal/session
+	$(GO) test -run '^$$' -bench SessionSnapshot -benchtime 3x ./internal/session
 	$(GO) test -run '^$$' -bench TemplateSession -benchtime 1x ./internal/template
 	$(GO) test -run '^$$' -bench TemplateBuildFromCache -benchtime 1x ./internal/template
 
 # Proof under load: 50 clients for 2 minutes, then leak checks.
 load: deps gen
 	$(GO) run ./bench/load -duration 2m -clients 50
+	SANDLOOP_SOAK_CYCLES=1000 $(GO) test -count=1 -timeout 3h -run '^TestHibernateSoak$$' ./internal/session

@@ -38,9 +38,12 @@ type Checkpoint struct {
 
 // Restored says what came back at a restore, an undo or a fork.
 type Restored struct {
-	// From is "checkpoint cp2", "undo" or "fork of ID".
-	From  string `json:"from"`
-	Files int    `json:"files"`
+	// From is "checkpoint cp2", "undo", "fork of ID", "snapshot ID" or
+	// "hibernation".
+	From string `json:"from"`
+	// Snapshot is the snapshot it came from, if it did.
+	Snapshot string `json:"snapshot,omitempty"`
+	Files    int    `json:"files"`
 	// Variables are those carried (a fork: those that serialized).
 	Variables []string `json:"variables,omitempty"`
 	// NotRestored lists what did not come back, each with the reason.

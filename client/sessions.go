@@ -38,6 +38,10 @@ type CreateOptions struct {
 	// PublicPorts lets anyone who reaches the server reach the servers the
 	// session's code starts (see Client.Ports), with no token.
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// Snapshot, if set, is the id of one of the caller's snapshots (see
+	// Client.Snapshot) the session starts from: its files exactly, then
+	// its variables. Session.Restored says what came back.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Session describes a session.
@@ -60,7 +64,8 @@ type Session struct {
 	Allow       []string `json:"allow,omitempty"`
 	// FromPool reports that the session took a kernel from the warm pool.
 	FromPool bool `json:"from_pool"`
-	// State is "running" or "paused" (see Pause).
+	// State is "running", "paused" (see Pause) or "hibernated" (on
+	// storage only; the next request restores it: see Hibernate).
 	State string `json:"state"`
 	// Restored says what came back at the session's last restore, undo
 	// or fork (a fork's child: from its parent); nil if none.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/tools"
@@ -189,6 +191,53 @@ const mcpOwner = "mcp"
 func (s managerSource) NewSession(ctx context.Context) (mcpserver.Session, error) {
 	// Automatic checkpoints, for the undo tool.
 	return s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner, Checkpoints: session.CheckpointsAuto})
+}
+
+// KeepsSnapshots says whether the server has a snapshot store.
+func (s managerSource) KeepsSnapshots() bool { return s.m.Snapshots() != nil }
+
+// Snapshot writes an MCP session to the snapshot store, for the snapshot
+// tool.
+func (s managerSource) Snapshot(ctx context.Context, sess mcpserver.Session, name string) (*tools.Snapshot, error) {
+	ms, ok := sess.(*session.Managed)
+	if !ok {
+		return nil, fmt.Errorf("snapshot: not a session of this server")
+	}
+	m, err := s.m.Snapshot(ctx, ms.Owner, ms.ID(), name)
+	if err != nil {
+		return nil, err
+	}
+	out := &tools.Snapshot{ID: m.ID, Bytes: m.TotalBytes, NewBytes: m.NewBytes}
+	for _, f := range m.Files {
+		if f.Type == "file" {
+			out.Files++
+		}
+	}
+	if m.State != nil {
+		var sm kernel.StateManifest
+		if json.Unmarshal(m.State.Manifest, &sm) == nil {
+			out.Variables = sm.Variables
+			for _, n := range sm.NotSaved {
+				out.NotSaved = append(out.NotSaved, n.Name+": "+n.Reason)
+			}
+		}
+	}
+	return out, nil
+}
+
+// FromSnapshot starts an MCP session from a snapshot, for the snapshot
+// tool's restore.
+func (s managerSource) FromSnapshot(ctx context.Context, id string) (mcpserver.Session, *tools.Restored, error) {
+	ms, err := s.m.Create(ctx, session.CreateOptions{Owner: mcpOwner, Checkpoints: session.CheckpointsAuto, Snapshot: id})
+	if err != nil {
+		return nil, nil, err
+	}
+	r := ms.Restored()
+	tr := &tools.Restored{From: "snapshot " + id}
+	if r != nil {
+		tr = &tools.Restored{From: r.From, Files: r.Files, Variables: r.Variables, NotRestored: r.NotRestored, ExecutionCount: r.ExecutionCount}
+	}
+	return ms, tr, nil
 }
 
 // Fork copies an MCP session into a new one of the manager, for

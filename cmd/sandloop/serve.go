@@ -98,6 +98,11 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.IntVar(&c.MaxSessions, "max-sessions", 64, "sessions held at once")
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
 	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
+	f.DurationVar(&c.IdleHibernate, "idle-hibernate", 0, "hibernate a session idle (or paused) this long: its files and variables go to the snapshot store, its processes and workspace are freed, and the next request restores it on the same id (0 = never)")
+	f.StringVar(&c.SnapshotStore, "snapshot-store", "", "where snapshots are kept: a directory, or s3://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?insecure=1] (keys also from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); off for none (default DATA-DIR/snapshots)")
+	f.Var(sizeValue{n: &c.SnapshotQuota}, "snapshot-quota", "stored bytes (compressed, deduplicated) one token's snapshots may hold; a snapshot over it is refused with 413 (default: no cap)")
+	f.DurationVar(&c.SnapshotTTL, "snapshot-ttl", 30*24*time.Hour, "delete snapshots older than this (0 = keep them; hibernated sessions' are kept while they sleep)")
+	f.IntVar(&c.SnapshotsPerSession, "snapshots-per-session", 0, "keep only the newest this many snapshots of one session (0 = all)")
 	f.DurationVar(&c.MaxLifetime, "max-lifetime", 12*time.Hour, "close a session this long after creation")
 	f.DurationVar(&c.PreviewFor, "preview-for", runs.DefaultPreviewFor, "keep an app run's sandbox this long after the run while a server its agent started listens, so its preview URL opens the app (closed earlier by POST /v1/runs/ID/cancel, or at --max-lifetime)")
 	f.StringVar(&c.Checkpoints, "checkpoints", "off", `checkpoints of a session that asks for none: off, or auto (one before every execution, so POST /v1/sessions/{id}/undo reverts the last cell)`)
@@ -194,6 +199,12 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	}
 	if cfg.AutoCheckpoints < 1 || cfg.MaxCheckpoints < 1 || cfg.CheckpointMemory < 0 {
 		return nil, usagef("--auto-checkpoints, --max-checkpoints and --checkpoint-memory must be at least 1 (use --checkpoints off for none)")
+	}
+	if cfg.IdleHibernate < 0 || cfg.SnapshotTTL < 0 || cfg.SnapshotsPerSession < 0 || cfg.SnapshotQuota < 0 {
+		return nil, usagef("--idle-hibernate, --snapshot-ttl, --snapshots-per-session and --snapshot-quota must not be negative (0 turns each off)")
+	}
+	if cfg.IdleHibernate > 0 && cfg.IdleTimeout > 0 && cfg.IdleHibernate >= cfg.IdleTimeout {
+		return nil, usagef("--idle-hibernate %v must be shorter than --idle-timeout %v: a session idle past --idle-timeout is closed before it could hibernate", cfg.IdleHibernate, cfg.IdleTimeout)
 	}
 	if cfg.MaxSessions == 0 {
 		return nil, usagef("--max-sessions 0 is not a limit: give the number of sessions held at once, at least 1 (default 64)")

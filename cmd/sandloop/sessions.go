@@ -27,8 +27,8 @@ type sessionsFlags struct {
 func newSessionsCmd() *cobra.Command {
 	var f sessionsFlags
 	cmd := &cobra.Command{
-		Use:   "sessions [ls|checkpoint|checkpoints|restore|undo|fork|pause|resume] ID ...",
-		Short: "The sessions of a running server: checkpoints, undo, fork, pause and resume",
+		Use:   "sessions [ls|checkpoint|checkpoints|restore|undo|fork|pause|resume|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
+		Short: "The sessions of a running server: checkpoints, undo, fork, pause and resume, snapshots, hibernation",
 		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
 The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
 --token (or SANDLOOP_TOKEN), the same token the sessions were created with: another
@@ -74,8 +74,23 @@ token's sessions are not found.`,
 		},
 	}
 	restore := &cobra.Command{
-		Use: "restore ID CHECKPOINT", Short: "Put a session back exactly at a checkpoint (files written since are removed)", Args: cobra.ExactArgs(2),
+		Use:   "restore ID CHECKPOINT | restore SNAPSHOT",
+		Short: "Put a session back exactly at a checkpoint (files written since are removed), or start a new session from a snapshot",
+		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if !strings.HasPrefix(args[0], "snap-") {
+					return usagef("restore takes a session and a checkpoint (restore ID cp2), or a snapshot id (restore snap-...)")
+				}
+				return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+					s, err := c.RestoreSnapshot(ctx, args[0], nil)
+					if err == nil && !f.json {
+						fmt.Fprintln(cmd.OutOrStdout(), s.ID)
+						printRestored(cmd.ErrOrStderr(), s.ID, s.Restored)
+					}
+					return s, err
+				})
+			}
 			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
 				r, err := c.RestoreCheckpoint(ctx, args[0], args[1])
 				if err == nil && !f.json {
@@ -144,7 +159,64 @@ token's sessions are not found.`,
 			})
 		},
 	}
-	cmd.AddCommand(ls, checkpoint, checkpoints, restore, undo, fork, pause, resume)
+	var snapName string
+	snap := &cobra.Command{
+		Use: "snapshot ID", Short: "Write a durable snapshot of a session (files exactly, variables as far as they serialize)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				sn, err := c.Snapshot(ctx, args[0], snapName)
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s, %s in all, %s written (the rest was stored already)\n",
+						sn.ID, files(sn.Files), sizeText(sn.TotalBytes), sizeText(sn.NewBytes))
+					if len(sn.Variables) > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "  variables saved: %s\n", strings.Join(sn.Variables, ", "))
+					}
+					for _, n := range sn.NotRestorable {
+						fmt.Fprintf(cmd.OutOrStdout(), "  not restorable: %s: %s\n", n.Name, n.Reason)
+					}
+				}
+				return sn, err
+			})
+		},
+	}
+	snap.Flags().StringVar(&snapName, "name", "", "a name for it")
+	snaps := &cobra.Command{
+		Use: "snapshots [ID]", Short: "List the token's snapshots (of session ID only, if given)", Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				list, err := c.Snapshots(ctx, strings.Join(args, ""))
+				if err == nil && !f.json {
+					printSnapshots(cmd.OutOrStdout(), list)
+				}
+				return map[string]any{"snapshots": list}, err
+			})
+		},
+	}
+	dropSnap := &cobra.Command{
+		Use: "drop-snapshot SNAPSHOT", Short: "Delete a snapshot", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				err := c.DeleteSnapshot(ctx, args[0])
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s deleted\n", args[0])
+				}
+				return map[string]any{"deleted": args[0]}, err
+			})
+		},
+	}
+	hibernate := &cobra.Command{
+		Use: "hibernate ID", Short: "Move a session to the snapshot store and free its processes; any request restores it", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				s, err := c.Hibernate(ctx, args[0])
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID, s.State)
+				}
+				return s, err
+			})
+		},
+	}
+	cmd.AddCommand(ls, checkpoint, checkpoints, restore, undo, fork, pause, resume, snap, snaps, dropSnap, hibernate)
 	return cmd
 }
 
@@ -230,6 +302,24 @@ func printCheckpoints(w io.Writer, list []client.Checkpoint) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d (%s)\n", cp.ID, name, cp.CreatedAt.Local().Format("15:04:05"),
 			cp.ExecutionCount, sizeText(cp.MemoryBytes), cp.Files, sizeText(cp.FileBytes))
+	}
+	tw.Flush()
+}
+
+func printSnapshots(w io.Writer, list []client.Snapshot) {
+	if len(list) == 0 {
+		fmt.Fprintln(w, "no snapshots (take one with `sandloop sessions snapshot ID`)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSESSION\tTAKEN\tFILES\tSIZE\tNOT RESTORABLE")
+	for _, sn := range list {
+		name := sn.Name
+		if sn.Hibernation {
+			name = "(hibernation)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\n", sn.ID, name, sn.Session, sn.CreatedAt.Local().Format("2006-01-02 15:04:05"),
+			sn.Files, sizeText(sn.TotalBytes), len(sn.NotRestorable))
 	}
 	tw.Flush()
 }

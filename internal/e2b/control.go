@@ -127,22 +127,22 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"GET /sandboxes/{id}/metrics", h.metrics},
 		{"PUT /sandboxes/{id}/network", h.updateNetwork},
 		{"POST /sandboxes/{id}/fork", h.fork},
+		{"POST /sandboxes/{id}/snapshots", h.createSnapshot},
+		{"GET /snapshots", h.listSnapshots},
+		{"DELETE /templates/{id}", h.deleteSnapshot},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}
 	h.templateRoutes(mux)
 	// Calls of E2B's API that sandloop does not do (yet) say so, rather
 	// than a 404 the SDKs would read as "sandbox not found".
-	for _, p := range []string{
-		"POST /sandboxes/{id}/snapshots", "GET /sandboxes/metrics",
-		"/snapshots", "/snapshots/",
-	} {
+	for _, p := range []string{"GET /sandboxes/metrics", "/snapshots/"} {
 		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: snapshots and metrics of many sandboxes at once are not implemented", r.Method, r.URL.Path))
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: metrics of many sandboxes at once are not implemented, and snapshots are listed at GET /snapshots", r.Method, r.URL.Path))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause, fork, metrics and network", r.Method, r.URL.Path))
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: this server implements E2B's sandbox create, connect, get, list, kill, timeout, pause, fork, snapshots, metrics and network", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -266,8 +266,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeNetworkError(w, err)
 		return
 	}
-	tmpl, err := h.sessionTemplate(req.TemplateID)
-	if err != nil {
+	var tmpl, snap string
+	if isSnapshotID(req.TemplateID) {
+		// Sandbox.create(snapshotId): a sandbox from one of the caller's snapshots.
+		snap = req.TemplateID
+	} else if tmpl, err = h.sessionTemplate(req.TemplateID); err != nil {
 		writeControlError(w, http.StatusNotFound, err.Error())
 		return
 	}
@@ -277,8 +280,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	trafficToken := randomHex(16)
 	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
 	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy,
-		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl})
+		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl, Snapshot: snap})
 	if err != nil {
+		if snap != "" && !errors.Is(err, session.ErrCapacity) {
+			writeSnapshotError(w, err)
+			return
+		}
 		h.writeCreateError(w, err)
 		return
 	}

@@ -176,7 +176,7 @@ func New(o *Options) (*Handler, error) {
 func (h *Handler) Mounts() map[string]http.Handler {
 	m := map[string]http.Handler{}
 	for _, p := range []string{
-		"/sandboxes", "/sandboxes/", "/v2/sandboxes", "/v2/sandboxes/", "/snapshots", "/snapshots/",
+		"/sandboxes", "/sandboxes/", "/v2/sandboxes", "/v2/sandboxes/", "/snapshots", "/snapshots/", "/templates/",
 		"/health", "/files", "/filesystem.Filesystem/", "/process.Process/",
 		"/execute", "/contexts", "/contexts/",
 		"/templates/", "/v3/templates", "/v2/templates/",

@@ -38,7 +38,12 @@ type testServer struct {
 
 func newTestServer(t *testing.T, opts Options) *testServer {
 	t.Helper()
-	mgr := session.NewManager(&session.ManagerOptions{PoolSize: 0})
+	return newTestServerWith(t, opts, session.ManagerOptions{PoolSize: 0})
+}
+
+func newTestServerWith(t *testing.T, opts Options, mo session.ManagerOptions) *testServer {
+	t.Helper()
+	mgr := session.NewManager(&mo)
 	opts.Manager = mgr
 	if opts.Keys == nil {
 		opts.Keys = map[string]string{keyA: "owner-a", keyB: "owner-b"}
@@ -255,7 +260,7 @@ func TestControlPlane(t *testing.T) {
 		t.Errorf("bad envVars: %d %s", resp.StatusCode, b)
 	}
 
-	if resp, b := ts.control(t, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", "", keyA); resp.StatusCode != 501 || !strings.Contains(string(b), "not supported") {
+	if resp, b := ts.control(t, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", "", keyA); resp.StatusCode != 501 || !strings.Contains(string(b), "keeps no snapshots") {
 		t.Errorf("snapshot: %d %s", resp.StatusCode, b)
 	}
 	// The sandbox is a sandloop session of the same owner.

@@ -29,6 +29,7 @@ import (
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/webui"
@@ -68,6 +69,20 @@ type Config struct {
 	Checkpoints                     string
 	AutoCheckpoints, MaxCheckpoints int
 	CheckpointMemory                int64
+	// SnapshotStore is where durable snapshots go: a directory, or
+	// s3://HOST/BUCKET[/PREFIX] (snapshot.OpenBackend); "off" for none.
+	// If empty, DataDir/snapshots (none without a DataDir).
+	SnapshotStore string
+	// SnapshotQuota caps the stored bytes of one owner's snapshots (zero:
+	// none); SnapshotTTL deletes snapshots older than it (zero: kept);
+	// SnapshotsPerSession keeps the newest this many of one session
+	// (zero: all). Hibernated sessions' snapshots are left alone.
+	SnapshotQuota       int64
+	SnapshotTTL         time.Duration
+	SnapshotsPerSession int
+	// IdleHibernate hibernates sessions idle (or paused) this long
+	// (session.ManagerOptions.IdleHibernate); zero: never.
+	IdleHibernate time.Duration
 	// AllowNetwork lets sessions ask for the host's whole network.
 	AllowNetwork bool
 	// Egress configures allow mode. New adds the listener's address to
@@ -218,7 +233,12 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if h.tmpl != nil {
 		undo = append(undo, h.tmpl.Close)
 	}
+	snaps, err := h.openSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
 	mo := &session.ManagerOptions{
+		Snapshots: snaps, IdleHibernate: h.cfg.IdleHibernate,
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
@@ -320,6 +340,31 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	h.hs = &http.Server{Handler: h.srv, ReadHeaderTimeout: 10 * time.Second}
 	return h, nil
+}
+
+// openSnapshots opens the snapshot store the config names (nil: none).
+func (h *Host) openSnapshots(ctx context.Context) (*snapshot.Store, error) {
+	spec := h.cfg.SnapshotStore
+	switch {
+	case spec == "off":
+		return nil, nil
+	case spec == "" && h.cfg.DataDir == "":
+		if h.cfg.IdleHibernate > 0 {
+			return nil, &ArgumentError{"idle-hibernate", errors.New("needs a snapshot store (--data-dir or --snapshot-store)")}
+		}
+		return nil, nil
+	case spec == "":
+		spec = filepath.Join(h.cfg.DataDir, "snapshots")
+	}
+	b, err := snapshot.OpenBackend(ctx, spec)
+	if err != nil {
+		return nil, &ArgumentError{"snapshot-store", err}
+	}
+	st, err := snapshot.New(b, &snapshot.Options{Quota: h.cfg.SnapshotQuota, MaxAge: h.cfg.SnapshotTTL, MaxPerSession: h.cfg.SnapshotsPerSession, Logger: h.log})
+	if err != nil {
+		return nil, &ArgumentError{"snapshot-quota", err}
+	}
+	return st, nil
 }
 
 // openStore opens the run history database names, else runs.db in dataDir.

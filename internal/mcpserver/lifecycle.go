@@ -146,3 +146,58 @@ func (c *callSession) SwitchTo(ctx context.Context, id string) error {
 	}
 	return &tools.ArgumentError{Name: "switch_to", Err: fmt.Errorf("no session %q to switch to; the sessions you left are %v", id, ids)}
 }
+
+// Snapshotter is a SessionSource that keeps durable snapshots, for the
+// snapshot tool. Without it (or while KeepsSnapshots is false) the tool
+// is not offered.
+type Snapshotter interface {
+	KeepsSnapshots() bool
+	// Snapshot writes sess to durable storage, named name.
+	Snapshot(ctx context.Context, sess Session, name string) (*tools.Snapshot, error)
+	// FromSnapshot starts a new session from snapshot id.
+	FromSnapshot(ctx context.Context, id string) (Session, *tools.Restored, error)
+}
+
+// Snapshot writes the connection's session (made first if need be) to
+// durable storage.
+func (c *callSession) Snapshot(ctx context.Context, name string) (*tools.Snapshot, error) {
+	sn, ok := c.s.src.(Snapshotter)
+	if !ok {
+		return nil, errors.New("this server keeps no snapshots")
+	}
+	sess, err := c.s.session(ctx, c.req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return sn.Snapshot(ctx, sess, name)
+}
+
+// FromSnapshot starts a new session from snapshot id and continues in it;
+// the session left is kept, as fork_session keeps it.
+func (c *callSession) FromSnapshot(ctx context.Context, id string) (child, parent string, r *tools.Restored, err error) {
+	s := c.s
+	sn, ok := s.src.(Snapshotter)
+	if !ok {
+		return "", "", nil, errors.New("this server keeps no snapshots")
+	}
+	cur, err := s.session(ctx, c.req.Session)
+	if err != nil {
+		return "", "", nil, err
+	}
+	cn := s.conn(c.req.Session)
+	if cn == nil {
+		return "", "", nil, ErrClosed
+	}
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.gone || cn.sess != cur {
+		return "", "", nil, errors.New("the session changed meanwhile; call snapshot again")
+	}
+	kid, r, err := sn.FromSnapshot(ctx, id)
+	if err != nil {
+		return "", "", nil, err
+	}
+	cn.kept = append(cn.kept, cur)
+	cn.sess = kid
+	return sessionID(kid), sessionID(cur), r, nil
+}

@@ -46,7 +46,7 @@ func (f SessionSourceFunc) NewSession(ctx context.Context) (Session, error) { re
 // ToolNames lists every tool the server can offer (internal/tools defines
 // them).
 var ToolNames = []string{tools.ExecutePython, tools.RunShell, tools.WriteFile, tools.ReadFile, tools.ListFiles, tools.ResetSession,
-	tools.CheckpointName, tools.Undo, tools.ForkSession}
+	tools.CheckpointName, tools.Undo, tools.ForkSession, tools.SnapshotName}
 
 // Options configure a Server. The zero value is ready to use.
 type Options struct {

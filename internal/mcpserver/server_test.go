@@ -151,8 +151,9 @@ func TestListTools(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	// fork_session is offered only by a source that can fork (this one cannot).
-	want := slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(mcpserver.ToolNames), func(n string) bool { return n == "fork_session" })))
+	// fork_session and snapshot are offered only by a source that can fork
+	// and keeps snapshots (this one cannot).
+	want := slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(mcpserver.ToolNames), func(n string) bool { return n == "fork_session" || n == "snapshot" })))
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}

@@ -24,6 +24,9 @@ func (s *Server) addTools() error {
 		if n == tools.ForkSession && !canFork {
 			continue // a source of sessions that cannot copy them (sandloop mcp's own)
 		}
+		if sn, ok := s.src.(Snapshotter); n == tools.SnapshotName && (!ok || !sn.KeepsSnapshots()) {
+			continue // no snapshot store
+		}
 		if slices.Contains(o.Tools, n) {
 			names = append(names, n)
 		}

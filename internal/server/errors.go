@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
@@ -49,9 +50,22 @@ func toAPIError(err error) *apiError {
 	var mbe *http.MaxBytesError
 	var tu *template.InUseError
 	var ta *template.ArgumentError
+	var sq *snapshot.QuotaError
+	var sc *snapshot.CorruptError
+	var sna *snapshot.ArgumentError
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &sq):
+		return &apiError{http.StatusRequestEntityTooLarge, "snapshot_quota", err.Error(), 0}
+	case errors.As(err, &sc):
+		return &apiError{http.StatusUnprocessableEntity, "snapshot_corrupted", err.Error(), 0}
+	case errors.Is(err, snapshot.ErrNotFound):
+		return &apiError{http.StatusNotFound, "snapshot_not_found", err.Error() + " (GET /v1/snapshots lists yours)", 0}
+	case errors.As(err, &sna):
+		return &apiError{http.StatusBadRequest, "bad_request", err.Error(), 0}
+	case errors.Is(err, session.ErrNoSnapshots):
+		return &apiError{http.StatusNotImplemented, "no_snapshots", err.Error() + " (serve keeps them under --data-dir, or in --snapshot-store)", 0}
 	case errors.As(err, &mbe):
 		return &apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body larger than %d bytes", mbe.Limit), 0}
 	case errors.As(err, &le) && le.What == "quota":

@@ -35,6 +35,9 @@ type createRequest struct {
 	// Absent or null: the server's default template (serve
 	// --default-template), if any; "": the plain environment.
 	Template *string `json:"template"`
+	// Snapshot, if set, is the id of one of the caller's snapshots the
+	// session starts from (its files, then its variables).
+	Snapshot string `json:"snapshot"`
 }
 
 type sessionJSON struct {
@@ -42,7 +45,8 @@ type sessionJSON struct {
 	Status string `json:"status"` // ready | restart_required
 	// Checkpoints is the session's checkpoint mode: auto or off.
 	Checkpoints string `json:"checkpoints"`
-	// State is running or paused.
+	// State is running, paused or hibernated (on storage only: the next
+	// request restores it).
 	State      string    `json:"state"`
 	Message    string    `json:"message,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
@@ -112,7 +116,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}}
+	opts := session.CreateOptions{Owner: owner(r.Context()), Env: req.Env, PortAccess: session.PortAccess{Public: req.PublicPorts}, Snapshot: req.Snapshot}
 	if req.Template != nil {
 		opts.Template = cmp.Or(*req.Template, session.NoTemplate)
 	}
@@ -175,6 +179,9 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.created.Inc()
+	if req.Snapshot != "" {
+		sayRestored(w, ms.Restored())
+	}
 	WriteJSON(w, http.StatusCreated, toSessionJSON(ms))
 }
 
@@ -266,7 +273,24 @@ func (s *Server) sessionNetwork(w http.ResponseWriter, r *http.Request) {
 	WriteJSON(w, http.StatusOK, out)
 }
 
+// lookup finds the caller's session {id} and, if it is hibernated, wakes
+// it (saying what came back in the Sandloop-Restored header).
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*session.Managed, bool) {
+	ms, ok := s.lookupAsleep(w, r)
+	if !ok || !ms.Hibernated() {
+		return ms, ok
+	}
+	res, err := ms.Wake(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return nil, false
+	}
+	sayRestored(w, res)
+	return ms, true
+}
+
+// lookupAsleep finds the caller's session {id}, waking nothing.
+func (s *Server) lookupAsleep(w http.ResponseWriter, r *http.Request) (*session.Managed, bool) {
 	ms, err := s.opts.Manager.Get(owner(r.Context()), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
@@ -286,7 +310,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	ms, ok := s.lookup(w, r)
+	ms, ok := s.lookupAsleep(w, r) // a hibernated one says so
 	if !ok {
 		return
 	}
@@ -345,7 +369,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 			WriteJSON(w, http.StatusOK, res)
 		}
 	} else {
+		woke := w.Header().Get(HeaderRestored) != ""
 		res, err = s.stream(w, r, kind, ms.Done(), func(emit kernel.EventFunc) (*kernel.Result, error) {
+			if woke {
+				emit(restoredEvent(ms.Restored()))
+			}
 			return ms.Execute(r.Context(), kreq, emit)
 		})
 	}

@@ -55,7 +55,9 @@ type Checkpoint struct {
 // Restored says what came back after a restore, an undo or a fork: the
 // API and the model are told, never left to guess.
 type Restored struct {
-	From           string   `json:"from"` // "checkpoint cp2", "fork of s-abc", "undo"
+	From string `json:"from"` // "checkpoint cp2", "fork of s-abc", "undo", "snapshot snap-…", "hibernation"
+	// Snapshot is the snapshot it came from, if it did.
+	Snapshot       string   `json:"snapshot,omitempty"`
 	Files          int      `json:"files"`
 	Variables      []string `json:"variables,omitempty"`
 	NotRestored    []string `json:"not_restored,omitempty"`

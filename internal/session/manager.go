@@ -15,6 +15,7 @@ import (
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
 
@@ -153,6 +154,22 @@ type ManagerOptions struct {
 	// (keep.go, manager_keep.go): Reattach takes them over, Detach lets go
 	// of them at shutdown. Sessions then start cold (Zygote is not used).
 	Keeper Keeper
+
+	// Snapshots, if set, is where durable snapshots are written
+	// (Manager.Snapshot, CreateOptions.Snapshot, hibernation). If nil,
+	// they answer ErrNoSnapshots and no session hibernates.
+	Snapshots *snapshot.Store
+	// IdleHibernate, with Snapshots, hibernates a session unused this
+	// long (hibernate.go): its files and variables go to the snapshot
+	// store and its processes and workspace are freed; the next call
+	// restores it on the same id. Paused sessions (also pinned ones: an
+	// E2B sandbox paused by its owner or by its lifecycle) hibernate
+	// after this long paused. If zero, never.
+	IdleHibernate time.Duration
+	// SnapshotMaintenance is how often the snapshot store's retention is
+	// enforced and its garbage collected (snapshot.Store.Maintain). If
+	// zero, 10 minutes; negative, never.
+	SnapshotMaintenance time.Duration
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -201,6 +218,12 @@ type CreateOptions struct {
 	// session's. Never from the pool. If empty, the manager's
 	// DefaultTemplate; NoTemplate: none, whatever the default.
 	Template string
+	// Snapshot, if set, is the id of one of Owner's snapshots the session
+	// starts from: its files, then its variables, are loaded before
+	// Create returns (Session.Restored says what came back). If loading
+	// fails (a corrupted snapshot: *snapshot.CorruptError), the session is
+	// closed and Create fails: never half-restored.
+	Snapshot string
 }
 
 // NoTemplate, as CreateOptions.Template, asks for the plain environment
@@ -236,10 +259,11 @@ type Managed struct {
 
 	mgr *Manager
 
-	mu       sync.Mutex
-	lastUsed time.Time
-	busy     int
-	pinned   bool
+	mu        sync.Mutex
+	lastUsed  time.Time
+	busy      int
+	pinned    bool
+	hibFailed time.Time // the last failed hibernation
 }
 
 // Touch marks the session used now.
@@ -350,16 +374,27 @@ func (m *Managed) Files(opts workspace.Options) (*workspace.Workspace, error) {
 }
 
 // Pause is Session.Pause, within the manager's cap on paused sessions
-// (ManagerOptions.MaxPaused: ErrCapacity past it). It is not a use: the
+// (ManagerOptions.MaxPaused: past it, with a snapshot store, the session
+// hibernates instead; without one, ErrCapacity). It is not a use: the
 // session's idle time goes on.
 func (m *Managed) Pause() error {
 	mg := m.mgr
 	mg.pauseMu.Lock()
 	defer mg.pauseMu.Unlock()
-	if m.Session.paused.Load() {
+	if m.Session.paused.Load() || m.Session.hib.on.Load() {
 		return nil
 	}
 	if mg.Stats().Paused >= mg.opts.MaxPaused {
+		if mg.opts.Snapshots != nil {
+			// Memory is short for one more paused session: this one
+			// goes to storage instead (a hibernation keeps no memory).
+			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+			defer cancel()
+			if _, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner); err != nil {
+				return fmt.Errorf("%d sessions are paused already, this server's maximum, and hibernating this one instead failed: %w", mg.opts.MaxPaused, err)
+			}
+			return nil
+		}
 		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
 	}
 	return m.Session.Pause()
@@ -483,6 +518,10 @@ func NewManager(o *ManagerOptions) *Manager {
 		go m.poolLoopFair()
 	}
 	go m.reapLoop()
+	if opts.Snapshots != nil && opts.SnapshotMaintenance >= 0 {
+		m.wg.Add(1)
+		go m.maintainLoop(cmp.Or(opts.SnapshotMaintenance, 10*time.Minute))
+	}
 	m.kick()
 	return m
 }
@@ -535,6 +574,24 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	case NoTemplate:
 		opts.Template = ""
 	}
+	if opts.Snapshot != "" {
+		if err := m.checkSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
+			return nil, err
+		}
+		ms, err := m.create(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		if err := m.fromSnapshot(ctx, ms, opts.Snapshot); err != nil {
+			ms.Close()
+			return nil, err
+		}
+		return ms, nil
+	}
+	return m.create(ctx, opts)
+}
+
+func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
 	tmpl, err := m.useTemplate(ctx, opts.Template)
 	if err != nil {
 		return nil, err
@@ -567,7 +624,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if paused := m.pausedLocked(); len(m.sessions)-paused >= m.opts.MaxSessions {
+	if paused := m.pausedLocked() + m.hibernatedLocked(); len(m.sessions)-paused >= m.opts.MaxSessions {
 		m.mu.Unlock()
 		return nil, ErrCapacity
 	}
@@ -745,14 +802,16 @@ type Stats struct {
 	Sessions int
 	// Paused are the paused ones among them: they use no CPU and take
 	// no slot (MaxSessions caps Sessions - Paused).
-	Paused    int
-	PoolReady int
+	Paused int
+	// Hibernated are the hibernated ones: on storage only, no slot.
+	Hibernated int
+	PoolReady  int
 	// MaxSessions is the cap on running sessions (ManagerOptions.MaxSessions).
 	MaxSessions int
 }
 
 // Busy is the sessions that take a slot: those held and not paused.
-func (st Stats) Busy() int { return st.Sessions - st.Paused }
+func (st Stats) Busy() int { return st.Sessions - st.Paused - st.Hibernated }
 
 // Stats reports how many sessions are held (and paused) and how many
 // kernels wait in the pool.
@@ -765,14 +824,26 @@ func (m *Manager) Stats() Stats {
 			n++
 		}
 	}
-	return Stats{Sessions: n, Paused: m.pausedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
+	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
 }
 
 // pausedLocked counts the paused sessions held (m.mu held).
 func (m *Manager) pausedLocked() int {
 	n := 0
 	for _, ms := range m.sessions {
-		if ms.Session != nil && ms.Session.paused.Load() {
+		if ms.Session != nil && ms.Session.paused.Load() && !ms.Session.hib.on.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// hibernatedLocked counts the hibernated sessions held (m.mu held): they
+// take no slot.
+func (m *Manager) hibernatedLocked() int {
+	n := 0
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.Session.hib.on.Load() {
 			n++
 		}
 	}
@@ -911,19 +982,34 @@ func (m *Manager) reapLoop() {
 // "pause", it pauses the idle ones instead, as long as fewer than
 // MaxPaused are paused), and returns how many it closed.
 func (m *Manager) Reap(now time.Time) int {
-	var victims, toPause []*Managed
+	var victims, toPause, toHibernate []*Managed
 	var reasons []string
 	m.mu.Lock()
 	paused := m.pausedLocked()
+	hib := m.opts.IdleHibernate
 	for id, ms := range m.sessions {
 		if ms.Session == nil {
 			continue
 		}
 		last, idle := ms.idleSince()
 		isPaused := ms.Session.paused.Load()
+		isHibernated := ms.Session.hib.on.Load()
+		ms.mu.Lock()
+		unused, failed := ms.busy == 0, ms.hibFailed
+		ms.mu.Unlock()
 		switch {
 		case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
 			reasons = append(reasons, "expired")
+		case isHibernated:
+			if !(m.opts.PausedTimeout > 0 && unused && now.Sub(last) > m.opts.PausedTimeout) {
+				continue
+			}
+			reasons = append(reasons, "idle")
+		case hib > 0 && m.opts.Snapshots != nil && (idle || isPaused && unused) && now.Sub(last) > hib && now.Sub(failed) > hib:
+			// Idle, or paused (pinned ones too: an E2B sandbox's pause),
+			// that long: to storage.
+			toHibernate = append(toHibernate, ms)
+			continue
 		case isPaused:
 			if !(m.opts.PausedTimeout > 0 && idle && now.Sub(last) > m.opts.PausedTimeout) {
 				continue
@@ -944,6 +1030,7 @@ func (m *Manager) Reap(now time.Time) int {
 		m.closing.Add(1) // one per closeSession below
 	}
 	m.mu.Unlock()
+	m.hibernateIdle(toHibernate)
 	for _, ms := range toPause {
 		err := ms.Session.Pause()
 		switch {

@@ -55,7 +55,7 @@ func (s *Session) Pause() error {
 	switch {
 	case s.closed:
 		return ErrClosed
-	case s.paused.Load():
+	case s.paused.Load(), s.hib.on.Load():
 		return nil
 	}
 	if err := s.k.Err(); err != nil {
@@ -76,6 +76,12 @@ func (s *Session) Pause() error {
 // Resume lets a paused session run again; a session that is not paused
 // is left alone. It fails with ErrClosed once the session is closed.
 func (s *Session) Resume() error {
+	if s.hib.on.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+		defer cancel()
+		_, err := s.wake(ctx)
+		return err
+	}
 	if !s.paused.Load() {
 		if s.isClosed() {
 			return ErrClosed
@@ -101,11 +107,13 @@ func (s *Session) Resume() error {
 	return nil
 }
 
-// State is "running", "paused" or (after Close) "closed".
+// State is "running", "paused", "hibernated" or (after Close) "closed".
 func (s *Session) State() string {
 	switch {
 	case s.isClosed():
 		return StateClosed
+	case s.hib.on.Load():
+		return StateHibernated
 	case s.paused.Load():
 		return StatePaused
 	}

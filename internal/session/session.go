@@ -242,6 +242,8 @@ type Session struct {
 	// keptExtra is the caller's part of the keeper's record (Keep; nil:
 	// not kept). Under mu.
 	keptExtra []byte
+
+	hib hibernation // hibernate.go
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -347,7 +349,7 @@ func (s *Session) Err() error {
 	if err != nil {
 		return err
 	}
-	if err := k.Err(); err != nil {
+	if err := k.Err(); err != nil && !s.hib.on.Load() { // a hibernated kernel wakes
 		return fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
 	return nil
@@ -455,9 +457,14 @@ func (s *Session) Restart(ctx context.Context) error {
 	}
 	defer s.release()
 	// A paused kernel dies of its SIGKILL once thawed (the kill thaws it;
-	// this also marks the session running).
+	// this also marks the session running). A hibernated one wakes: its
+	// files come back, and the kernel the wake started goes too.
 	if err := s.Resume(); err != nil {
 		return err
+	}
+	if cur, err := s.kernel(); err == nil && cur != old {
+		cur.Kill("the session was restarted")
+		cur.Close()
 	}
 	old.Close()
 	if s.isClosed() {
@@ -518,7 +525,7 @@ func (s *Session) Close() error {
 	}
 	s.closeStandby()
 	s.opts.Template.release()
-	return errors.Join(s.closeCheckpoints(), s.removeWorkspace())
+	return errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
 }
 
 func (s *Session) removeWorkspace() error {

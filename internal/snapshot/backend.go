@@ -13,7 +13,7 @@ import (
 )
 
 // Backend is where a Store keeps its objects: a flat key space of small
-// objects (a compressed chunk is at most 4 MiB, a manifest a few MiB).
+// objects (a compressed chunk is at most 2 MiB, a manifest a few MiB).
 // Keys are ASCII paths ("blobs/ab/abcd…", "manifests/…/snap-….json").
 type Backend interface {
 	// Put stores data under key, atomically: a reader sees the whole new

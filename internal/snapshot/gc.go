@@ -213,13 +213,16 @@ type Maintained struct {
 
 // Maintain enforces retention over every owner's snapshots (older than
 // Options.MaxAge; beyond the newest Options.MaxPerSession of one source
-// session), then collects garbage. The host calls it periodically; now is
+// session; held snapshots of hibernated sessions excepted, until
+// Options.HeldMaxAge), then collects
+// garbage. The host calls it periodically; now is
 // the time retention is measured at.
 func (s *Store) Maintain(ctx context.Context, now time.Time) (*Maintained, error) {
 	res := &Maintained{}
 	type ref struct {
 		key, id, owner, session string
 		at                      time.Time
+		held                    bool
 	}
 	var all []ref
 	err := s.b.List(ctx, "manifests/", func(o ObjectInfo) error {
@@ -235,7 +238,7 @@ func (s *Store) Maintain(ctx context.Context, now time.Time) (*Maintained, error
 			s.log.Warn("snapshot unreadable", "key", o.Key, "err", err)
 			return nil
 		}
-		all = append(all, ref{o.Key, m.ID, m.Owner, m.Session, m.CreatedAt})
+		all = append(all, ref{o.Key, m.ID, m.Owner, m.Session, m.CreatedAt, m.Held})
 		return nil
 	})
 	if err != nil {
@@ -244,6 +247,16 @@ func (s *Store) Maintain(ctx context.Context, now time.Time) (*Maintained, error
 	sort.Slice(all, func(i, j int) bool { return all[i].at.After(all[j].at) })
 	perSession := map[[2]string]int{}
 	for _, r := range all {
+		if r.held {
+			// A hibernated session's only copy; one that old lost its session.
+			if s.opts.HeldMaxAge > 0 && now.Sub(r.at) > s.opts.HeldMaxAge {
+				if err := s.b.Delete(ctx, r.key); err != nil {
+					return res, err
+				}
+				res.Expired = append(res.Expired, r.id)
+			}
+			continue
+		}
 		expired := s.opts.MaxAge > 0 && now.Sub(r.at) > s.opts.MaxAge
 		if s.opts.MaxPerSession > 0 && r.session != "" {
 			k := [2]string{r.owner, r.session}

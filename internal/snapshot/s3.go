@@ -8,6 +8,8 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/url"
+	"os"
 	"strings"
 
 	// minio-go rather than the AWS SDK: one module with few dependencies
@@ -126,4 +128,61 @@ func (s *S3) List(ctx context.Context, prefix string, fn func(ObjectInfo) error)
 		}
 	}
 	return ctx.Err()
+}
+
+// OpenBackend opens the storage spec names: a directory path, or
+// s3://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?insecure=1&region=R]
+// (keys left out of the URL are read from AWS_ACCESS_KEY_ID and
+// AWS_SECRET_ACCESS_KEY; insecure=1 is plain HTTP, for a server on
+// loopback or a private network).
+func OpenBackend(ctx context.Context, spec string) (Backend, error) {
+	if !strings.HasPrefix(spec, "s3://") {
+		if spec == "" {
+			return nil, &ArgumentError{"snapshot store", errors.New("is empty: give a directory or s3://HOST/BUCKET")}
+		}
+		return NewDir(spec)
+	}
+	o, err := ParseS3URL(spec)
+	if err != nil {
+		return nil, err
+	}
+	return NewS3(ctx, o)
+}
+
+// ParseS3URL reads OpenBackend's s3:// form.
+func ParseS3URL(spec string) (S3Options, error) {
+	u, err := url.Parse(spec)
+	if err != nil || u.Scheme != "s3" || u.Host == "" {
+		return S3Options{}, &ArgumentError{"snapshot store", fmt.Errorf("%q: want s3://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?insecure=1&region=R]", redact(spec))}
+	}
+	bucket, prefix, _ := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
+	if bucket == "" {
+		return S3Options{}, &ArgumentError{"snapshot store", fmt.Errorf("%q names no bucket: want s3://HOST[:PORT]/BUCKET[/PREFIX]", redact(spec))}
+	}
+	if prefix != "" && !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	o := S3Options{Endpoint: u.Host, Bucket: bucket, Prefix: prefix, Region: u.Query().Get("region"),
+		AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"), SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY")}
+	switch u.Query().Get("insecure") {
+	case "", "0", "false":
+	case "1", "true":
+		o.Insecure = true
+	default:
+		return S3Options{}, &ArgumentError{"snapshot store", errors.New("insecure= takes 1 or 0")}
+	}
+	if u.User != nil {
+		o.AccessKey = u.User.Username()
+		o.SecretKey, _ = u.User.Password()
+	}
+	return o, nil
+}
+
+// redact hides a URL's secret key from messages.
+func redact(spec string) string {
+	u, err := url.Parse(spec)
+	if err != nil || u.User == nil {
+		return spec
+	}
+	return u.Redacted()
 }

@@ -185,3 +185,29 @@ func openFromEnv() (Backend, error) {
 	}
 	return openS3Prefix(os.Getenv("SNAPSHOT_TEST_S3"), os.Getenv("SNAPSHOT_TEST_S3_PREFIX"))
 }
+
+func TestParseS3URL(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "envkey")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "envsecret")
+	for _, tc := range []struct {
+		in   string
+		want S3Options
+		bad  string
+	}{
+		{in: "s3://127.0.0.1:8333/snaps?insecure=1", want: S3Options{Endpoint: "127.0.0.1:8333", Bucket: "snaps", Insecure: true, AccessKey: "envkey", SecretKey: "envsecret"}},
+		{in: "s3://ak:sk@s3.example.com/b/cell-a?region=eu-west-1", want: S3Options{Endpoint: "s3.example.com", Bucket: "b", Prefix: "cell-a/", Region: "eu-west-1", AccessKey: "ak", SecretKey: "sk"}},
+		{in: "s3://ak:topsecret@host", bad: "names no bucket"},
+		{in: "s3://host/b?insecure=maybe", bad: "insecure= takes 1 or 0"},
+	} {
+		got, err := ParseS3URL(tc.in)
+		if tc.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.bad) || strings.Contains(err.Error(), "topsecret") {
+				t.Errorf("%s: %v, want an error saying %q (and no secret)", tc.in, err, tc.bad)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}

@@ -6,7 +6,7 @@
 // # Layout
 //
 // A snapshot is a manifest and blobs. Every file and the kernel's state
-// stream are cut into content-defined chunks (256 KiB to 4 MiB, ~1.25 MiB
+// stream are cut into content-defined chunks (128 KiB to 2 MiB, ~640 KiB
 // on average, chunk.go); each chunk is one blob, compressed with zstd and
 // stored under its address, the SHA-256 of its uncompressed bytes
 // (blobs/ab/abcd…). A chunk already stored, by this snapshot or any
@@ -145,10 +145,15 @@ func (e *QuotaError) Unwrap() error { return ErrQuota }
 
 // Manifest describes one snapshot.
 type Manifest struct {
-	Version   int       `json:"version"` // 1
-	ID        string    `json:"id"`
-	Owner     string    `json:"owner"`
-	Session   string    `json:"session,omitempty"` // the source session
+	Version int    `json:"version"` // 1
+	ID      string `json:"id"`
+	Owner   string `json:"owner"`
+	Session string `json:"session,omitempty"` // the source session
+	Name    string `json:"name,omitempty"`    // given by its owner
+	// Held: the snapshot is the only copy of a hibernated session, so
+	// retention (MaxAge, MaxPerSession) leaves it alone; the session
+	// deletes it when it wakes or is closed. The quota still counts it.
+	Held      bool      `json:"held,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	Files     []File    `json:"files"`
 	State     *State    `json:"state,omitempty"`
@@ -239,6 +244,11 @@ type Options struct {
 	// MaxPerSession: Maintain keeps the newest this many snapshots of each
 	// source session and deletes the older ones. If zero, no cap.
 	MaxPerSession int
+	// HeldMaxAge: Maintain deletes held snapshots (Manifest.Held) older
+	// than this: their session is gone (its server stopped while it
+	// hibernated; a hibernated session lives 24 hours unused by default).
+	// If zero, 7 days; negative, never.
+	HeldMaxAge time.Duration
 	// LockTTL: a lock is put again every LockTTL/4 while it is held; one
 	// not refreshed for LockTTL belongs to a process that died and is
 	// ignored (a crashed Write holds off garbage collection that long, a
@@ -268,6 +278,9 @@ func New(b Backend, o *Options) (*Store, error) {
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 4
+	}
+	if opts.HeldMaxAge == 0 {
+		opts.HeldMaxAge = 7 * 24 * time.Hour
 	}
 	if opts.Quota < 0 || opts.MaxAge < 0 || opts.MaxPerSession < 0 {
 		return nil, &ArgumentError{"snapshot options", errors.New("quota, max age and max per session must not be negative")}
@@ -413,17 +426,17 @@ func (s *Store) Delete(ctx context.Context, owner, id string) error {
 // WriteOptions say what else goes into a snapshot.
 type WriteOptions struct {
 	Session string    // the source session's id, kept in the manifest (retention counts by it)
+	Name    string    // kept in the manifest
+	Held    bool      // Manifest.Held
 	State   StateFunc // the kernel's state; nil for files only
 }
 
-// Write takes a snapshot of src (and of the kernel's state) for owner.
+// Write takes a snapshot of src (and of the kernel's state) for owner
+// ("" is an owner too: a server without tokens has one, anonymous).
 // The snapshot exists once Write returns it; on any error it does not,
 // and every earlier snapshot is as it was.
 func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOptions) (*Manifest, error) {
 	wo := *cmp.Or(o, &WriteOptions{})
-	if owner == "" {
-		return nil, &ArgumentError{"owner", errors.New("is empty")}
-	}
 	lock, err := s.lockWrite(ctx)
 	if err != nil {
 		return nil, err
@@ -441,7 +454,7 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	}
 	w.start()
 
-	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, CreatedAt: time.Now().UTC()}
+	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, Name: wo.Name, Held: wo.Held, CreatedAt: time.Now().UTC()}
 	var chunks [][]*Chunk // of m.Files[i]
 	walkErr := src.Walk(ctx, func(e Entry) error {
 		if err := context.Cause(ctx); err != nil {
@@ -504,7 +517,9 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 		}
 		m.State = st
 	}
-	if err := w.wait(); walkErr == nil {
+	// The storage's own error (a quota exceeded, a failed PUT) is the
+	// cause: the source's is then only the cancellation it led to.
+	if err := w.wait(); err != nil {
 		walkErr = err
 	}
 	if walkErr != nil {

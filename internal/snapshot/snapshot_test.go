@@ -885,3 +885,42 @@ func TestMain(m *testing.M) {
 	stopWeed()
 	os.Exit(code)
 }
+
+// A held snapshot (a hibernated session's) outlives MaxAge and
+// MaxPerSession, until HeldMaxAge.
+func TestRetentionKeepsHeld(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, b, &Options{MaxAge: time.Hour, MaxPerSession: 1, HeldMaxAge: 48 * time.Hour})
+	w, dir := newWorkspace(t)
+	mustWrite(t, filepath.Join(dir, "f.bin"), randBytes(77, 1<<20), 0o644)
+	held, err := s.Write(ctx, "o", WorkspaceSource(w), &WriteOptions{Session: "s-1", Held: true, Name: "hibernation"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	plain, err := s.Write(ctx, "o", WorkspaceSource(w), &WriteOptions{Session: "s-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Maintain(ctx, time.Now().Add(2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Expired) != 1 || res.Expired[0] != plain.ID {
+		t.Fatalf("2 h later: expired %v, want only %s (the held one kept)", res.Expired, plain.ID)
+	}
+	if m, err := s.Get(ctx, "o", held.ID); err != nil || !m.Held || m.Name != "hibernation" {
+		t.Fatalf("the held snapshot: %+v %v", m, err)
+	}
+	res, err = s.Maintain(ctx, time.Now().Add(49*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Expired) != 1 || res.Expired[0] != held.ID {
+		t.Fatalf("past HeldMaxAge: expired %v, want %s", res.Expired, held.ID)
+	}
+}

@@ -298,7 +298,7 @@ func decode(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
 var registry = []func(cfg *Config) *Tool{
 	executePython, runShell, writeFile, readFile, editFile, listFiles,
 	startProcess, processOutput, stopProcess, installPackages, resetSession,
-	checkpointTool, undoTool, forkSession,
+	checkpointTool, undoTool, forkSession, snapshotTool,
 }
 
 // Names lists every tool this package defines.

@@ -73,7 +73,7 @@ func TestSchemas(t *testing.T) {
 		tools.ReadFile: {"path"}, tools.EditFile: {"new_text", "old_text", "path"}, tools.ListFiles: nil,
 		tools.StartProcess: {"command", "name"}, tools.ProcessOutput: {"name"}, tools.StopProcess: {"name"},
 		tools.InstallPackages: {"names"}, tools.ResetSession: nil,
-		tools.CheckpointName: nil, tools.Undo: nil, tools.ForkSession: nil,
+		tools.CheckpointName: nil, tools.Undo: nil, tools.ForkSession: nil, tools.SnapshotName: nil,
 	}
 	llmTools := map[string]json.RawMessage{}
 	for _, lt := range set.ToLLM() {

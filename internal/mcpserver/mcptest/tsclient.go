@@ -110,7 +110,8 @@ func RunTSClient(t *testing.T, args ...string) *TSResult {
 }
 
 // CheckTSResult checks the scenarios of client.mjs. canFork says the
-// server's sessions can fork (serve's /mcp), so it offers fork_session.
+// server's sessions can fork and be snapshotted (serve's /mcp, with its
+// snapshot store), so it offers fork_session and snapshot.
 func CheckTSResult(t *testing.T, r *TSResult, canFork bool) {
 	t.Helper()
 	var names []string
@@ -123,7 +124,7 @@ func CheckTSResult(t *testing.T, r *TSResult, canFork bool) {
 	slices.Sort(names)
 	want := slices.Clone(mcpserver.ToolNames)
 	if !canFork {
-		want = slices.DeleteFunc(want, func(n string) bool { return n == "fork_session" })
+		want = slices.DeleteFunc(want, func(n string) bool { return n == "fork_session" || n == "snapshot" })
 	}
 	if slices.Sort(want); !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)

@@ -13,6 +13,9 @@
 //   node e2e.mjs fork          @e2b/code-interpreter: sbx.fork({count}) and Sandbox.fork(id): each fork runs
 //                              code with the source's variables and files, diverges alone, has its own
 //                              time to live; a fork of a paused or unknown sandbox fails as E2B's does
+//   node e2e.mjs snapshots     @e2b/code-interpreter: createSnapshot (named or not), Sandbox.create(snapshotId)
+//                              with the files and variables back, listSnapshots (all, a sandbox's, by name,
+//                              paged), deleteSnapshot (true, then false)
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
@@ -537,7 +540,57 @@ async function fork() {
   }
 }
 
+async function snapshots() {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const sbx = await Sandbox.create({ metadata: { run } })
+  const made = []
+  let named, plain
+  try {
+    await step('sbx.createSnapshot(): 201 {snapshotId, names}', async () => {
+      await sbx.runCode('x = 41\ngen = (i for i in [1])')
+      await sbx.files.write('f.txt', 'snap')
+      plain = await sbx.createSnapshot()
+      assert.match(plain.snapshotId, /^snap-/)
+      assert.deepEqual(plain.names, [])
+      named = await sbx.createSnapshot({ name: `named-${run}` })
+      assert.deepEqual(named.names, [`named-${run}`])
+      assert.equal((await sbx.runCode('x')).text, '41', 'the source keeps running')
+    })
+    await step('Sandbox.create(snapshotId): files and variables back', async () => {
+      await sbx.files.write('f.txt', 'changed after')
+      const s = await Sandbox.create(plain.snapshotId, { metadata: { run } })
+      made.push(s)
+      assert.equal((await s.runCode('x + 1')).text, '42')
+      assert.equal(await s.files.read('f.txt'), 'snap')
+      await throws(() => Sandbox.create('snap-nosuchsnapshot0'), (e) => assert.match(String(e?.message), /404|not found/))
+    })
+    await step('listSnapshots: all, by sandbox, by name, paged', async () => {
+      const all = []
+      const pager = Sandbox.listSnapshots({ limit: 1 })
+      while (pager.hasNext) all.push(...await pager.nextItems())
+      const ids = all.map((x) => x.snapshotId)
+      assert.ok(ids.includes(plain.snapshotId) && ids.includes(named.snapshotId), `listed ${ids}`)
+      const mine = await sbx.listSnapshots().nextItems()
+      assert.deepEqual(mine.map((x) => x.snapshotId).sort(), [plain.snapshotId, named.snapshotId].sort())
+      const byName = await Sandbox.listSnapshots({ name: `named-${run}` }).nextItems()
+      assert.deepEqual(byName.map((x) => x.snapshotId), [named.snapshotId])
+    })
+    await step('deleteSnapshot: true, then false', async () => {
+      assert.equal(await Sandbox.deleteSnapshot(plain.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(plain.snapshotId), false)
+      assert.equal(await Sandbox.deleteSnapshot(named.snapshotId), true)
+      await throws(() => Sandbox.createSnapshot('nosuchsandbox'), (e) => assert.equal(e?.name, 'SandboxNotFoundError'))
+    })
+  } finally {
+    for (const s of made) await s.kill()
+    await sbx.kill()
+  }
+}
+
 switch (mode) {
+  case 'snapshots':
+    await snapshots()
+    break
   case 'fork':
     await fork()
     break
@@ -557,7 +610,7 @@ switch (mode) {
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|stdin MARKER|bench N')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N')
     process.exit(2)
 }
 console.log('done')

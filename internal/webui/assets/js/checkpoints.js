@@ -47,7 +47,7 @@ export class CheckpointStrip {
   showState(state) {
     this.state = state;
     this.stateEl.textContent = state;
-    this.stateEl.className = 'badge ' + (state === 'paused' ? 'badge-warn' : 'badge-ok');
+    this.stateEl.className = 'badge ' + (state === 'paused' || state === 'hibernated' ? 'badge-warn' : 'badge-ok');
     this.resumeBtn.hidden = state !== 'paused';
     this.pauseBtn.hidden = state === 'paused';
   }

@@ -5,6 +5,7 @@ import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
+import { SnapshotPanel, restoredNotice } from './snapshots.js';
 import { PortsPanel } from './ports.js';
 import { UsagePanel } from './usage.js';
 import { TerminalPanel } from './terminal.js';
@@ -38,7 +39,7 @@ function chooser(root) {
     if (!sessions.length) list.append(h('li', { class: 'empty' }, 'None yet.'));
     for (const s of sessions) {
       list.append(h('li', {}, h('a', { href: '#/notebook/' + encodeURIComponent(s.id), class: 'session-item' },
-        h('span', { class: 'mono' }, s.id), statusBadge(s.status), s.state === 'paused' ? h('span', { class: 'badge badge-warn' }, 'paused') : null,
+        h('span', { class: 'mono' }, s.id), statusBadge(s.status), s.state === 'paused' || s.state === 'hibernated' ? h('span', { class: 'badge badge-warn' }, s.state) : null,
         h('span', { class: 'muted small' }, 'last used ' + fmtAgo(s.last_used_at)))));
     }
   }, e => list.append(h('li', { class: 'empty' }, e.message)));
@@ -98,6 +99,8 @@ class Notebook {
     this.files = new FileBrowser(this.base, () => this.gone());
     this.net = new NetworkPanel(this.base);
     this.ck = new CheckpointStrip(this);
+    this.snaps = new SnapshotPanel(this);
+    this.restoredEl = h('div', { id: 'nb-restored-slot' });
     this.ports = new PortsPanel(this.base);
     this.usage = new UsagePanel(this.base);
     this.term = new TerminalPanel(this.base);
@@ -116,18 +119,19 @@ class Notebook {
             btn('Import .ipynb', 'nb-import', () => this.importInput.click(), 'btn btn-ghost'), this.importInput,
             btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost')),
           this.saveState),
-        this.ck.el,
+        this.ck.el, this.restoredEl,
         this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost')),
         this.term.el),
-      h('div', { class: 'nb-side' }, this.files.el, this.ports.el, this.usage.el, this.net.el));
+      h('div', { class: 'nb-side' }, this.files.el, this.snaps.el, this.ports.el, this.usage.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
     this.net.load();
     this.ck.load();
+    this.snaps.load();
     this.ports.load();
     this.usage.start();
     this.load();
@@ -265,6 +269,7 @@ class Notebook {
         h('span', { class: 'muted small' }, `${s.memory_mb} MB · ${s.cpus} CPU · ${s.timeout_s}s per cell`));
       if (s.template) this.sessionInfo.append(h('span', { class: 'badge', id: 'session-template-badge', title: 'the session runs in this template' }, 'template ' + s.template));
       if (s.message) this.sessionInfo.append(h('span', { class: 'small err' }, s.message));
+      this.restoredEl.replaceChildren(...[restoredNotice(s.restored)].filter(Boolean));
     } catch (e) {
       if (e.status === 404) this.gone();
       else this.sessionInfo.replaceChildren(h('span', { class: 'err' }, e.message));
@@ -323,6 +328,7 @@ class Notebook {
       const resp = await api('POST', this.base + '/execute', { json: { code: cell.input.value }, headers: { Accept: 'application/x-ndjson' }, signal: ctl.signal });
       for await (const ev of ndjson(resp)) {
         if (ev.type === 'keepalive') continue;
+        if (ev.type === 'restored') { toast(ev.text); this.refreshInfo(); continue; } // woken from hibernation
         if (ev.type === 'end') cell.end(ev);
         else cell.output(ev);
       }

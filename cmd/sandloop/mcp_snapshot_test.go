@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
+)
+
+// The snapshot tool on serve's /mcp (mcpHandler over a manager with a
+// snapshot store): it saves the session and names what it could not;
+// restore continues in a new session from it.
+func TestMCPSnapshotTool(t *testing.T) {
+	ctx := context.Background()
+	d, err := snapshot.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := snapshot.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
+	t.Cleanup(func() { mgr.Close() })
+	h, err := mcpHandler(mgr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	cl := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
+	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	call := func(name string, args map[string]any) (string, bool) {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var parts []string
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				parts = append(parts, tc.Text)
+			}
+		}
+		return strings.Join(parts, "\n"), res.IsError
+	}
+	if out, bad := call("execute_python", map[string]any{"code": "x = 5\ngen = (i for i in [1])\nopen('k.txt','w').write('k')"}); bad {
+		t.Fatal(out)
+	}
+	out, bad := call("snapshot", map[string]any{"name": "before"})
+	m := regexp.MustCompile(`Snapshot (snap-\S+) saved: 1 file`).FindStringSubmatch(out)
+	if bad || m == nil || !strings.Contains(out, "x") || !strings.Contains(out, "NOT saved") || !strings.Contains(out, "gen") {
+		t.Fatalf("snapshot: %s", out)
+	}
+	if out, bad := call("execute_python", map[string]any{"code": "x = 6\nimport os; os.remove('k.txt')"}); bad {
+		t.Fatal(out)
+	}
+	out, bad = call("snapshot", map[string]any{"restore": m[1]})
+	if bad || !strings.Contains(out, "started from "+m[1]) || !strings.Contains(out, "NOT restored") {
+		t.Fatalf("restore: %s", out)
+	}
+	if out, _ := call("execute_python", map[string]any{"code": "x, open('k.txt').read()"}); !strings.Contains(out, "(5, 'k')") {
+		t.Errorf("in the restored session: %s", out)
+	}
+	if out, bad := call("snapshot", map[string]any{"restore": "snap-nonexistent000"}); !bad || !strings.Contains(out, "not found") {
+		t.Errorf("restore of an unknown snapshot: %s", out)
+	}
+}

@@ -1,0 +1,226 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/workspace"
+)
+
+// Hibernation frees an idle session's processes and files and keeps it on
+// storage only: its files and variables are written to the snapshot store
+// as a held snapshot (retention leaves it alone), then its kernel is
+// killed, its checkpoints dropped and its workspace emptied. The session
+// keeps its id, owner, limits, network and notebook. The next call that
+// needs it (Execute, Files, Lease, Resume: any request) wakes it: a new
+// kernel in the same jail settings, the snapshot's files and variables
+// loaded, the held snapshot deleted; Session.Restored (and the wake's
+// report) says what came back, so a client is never misled: what did not
+// serialize is gone, and the kernel's other state (imports done, threads,
+// child processes such as a server a cell started) is not carried.
+//
+// A Manager hibernates sessions unused past ManagerOptions.IdleHibernate,
+// and paused ones (an E2B sandbox paused by its owner or by its lifecycle's
+// onTimeout "pause") paused that long: a pause keeps memory, a hibernation
+// keeps nothing but storage, so a long pause is moved to storage. A wake
+// that fails (the storage unreachable, the snapshot corrupted) leaves the
+// session hibernated and says why; a hibernated session is closed after
+// ManagerOptions.PausedTimeout unused, and closing it deletes its snapshot.
+
+// StateHibernated is the state of a hibernated session (State).
+const StateHibernated = "hibernated"
+
+// hibernation is a session's hibernated state.
+type hibernation struct {
+	mu    sync.Mutex   // one hibernate or wake at a time
+	on    atomic.Bool  // hibernated (written under mu)
+	snap  *hibernating // under mu; nil when awake
+	since time.Time    // under mu
+}
+
+type hibernating struct {
+	store *snapshot.Store
+	owner string
+	m     *snapshot.Manifest
+}
+
+// Hibernated says whether the session is hibernated.
+func (s *Session) Hibernated() bool { return s.hib.on.Load() }
+
+// hibernate writes the session to st for owner and frees its processes and
+// files. It fails with ErrBusy while a call holds the session (an
+// execution), as Pause does; hibernating a hibernated session does nothing.
+func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string) (*snapshot.Manifest, error) {
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		return nil, ErrBusy
+	}
+	defer s.release()
+	s.hib.mu.Lock()
+	defer s.hib.mu.Unlock()
+	if s.hib.snap != nil {
+		return s.hib.snap.m, nil
+	}
+	if err := s.Resume(); err != nil { // a paused kernel answers nothing
+		return nil, err
+	}
+	m, err := s.writeSnapshot(ctx, st, owner, "hibernation", true)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		if err := st.Delete(ctx, owner, m.ID); err != nil {
+			s.log.Warn("delete the snapshot of a session closed while it hibernated", "snapshot", m.ID, "err", err)
+		}
+		return nil, ErrClosed
+	}
+	k := s.k
+	s.mu.Unlock()
+	k.Kill("the session hibernated")
+	k.Close()
+	if err := s.closeCheckpoints(); err != nil {
+		s.log.Warn("hibernate: remove the checkpoint store", "err", err)
+	}
+	if err := s.clearWorkspace(); err != nil {
+		// The files are safe in the snapshot; what is left holds memory
+		// until the wake replaces it.
+		s.log.Warn("hibernate: empty the workspace", "err", err)
+	}
+	s.hib.snap = &hibernating{store: st, owner: owner, m: m}
+	s.hib.since = time.Now()
+	s.hib.on.Store(true)
+	s.log.Info("session hibernated", "snapshot", m.ID, "bytes", m.TotalBytes)
+	return m, nil
+}
+
+func (s *Session) clearWorkspace() error {
+	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
+	if err != nil {
+		return err
+	}
+	defer ws.Close()
+	return ws.Clear()
+}
+
+// wake restores a hibernated session on the same id and returns what came
+// back (nil if it was not hibernated). On an error it stays hibernated.
+func (s *Session) wake(ctx context.Context) (*Restored, error) {
+	s.hib.mu.Lock()
+	defer s.hib.mu.Unlock()
+	h := s.hib.snap
+	if h == nil {
+		return nil, nil
+	}
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	k, err := s.start(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("wake session %s: %w", s.id, err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		k.Close()
+		return nil, ErrClosed
+	}
+	s.k = k
+	s.mu.Unlock()
+	res, err := s.loadSnapshot(ctx, h.store, h.owner, h.m.ID, "hibernation")
+	if err != nil {
+		k.Kill("the session's wake failed")
+		if cerr := s.clearWorkspace(); cerr != nil {
+			s.log.Warn("wake failed: empty the workspace", "err", cerr)
+		}
+		var ce *snapshot.CorruptError
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("session %s cannot wake: %w", s.id, err)
+		}
+		return nil, fmt.Errorf("wake session %s from snapshot %s: %w", s.id, h.m.ID, err)
+	}
+	s.hib.snap = nil
+	s.hib.on.Store(false)
+	if err := h.store.Delete(ctx, h.owner, h.m.ID); err != nil {
+		s.log.Warn("delete the snapshot of a session woken", "snapshot", h.m.ID, "err", err)
+	}
+	s.log.Info("session woke", "snapshot", h.m.ID, "variables", len(res.Variables), "not_restored", len(res.NotRestored))
+	return res, nil
+}
+
+// dropHibernation deletes the held snapshot of a session being closed.
+func (s *Session) dropHibernation() error {
+	s.hib.mu.Lock()
+	defer s.hib.mu.Unlock()
+	h := s.hib.snap
+	if h == nil {
+		return nil
+	}
+	s.hib.snap = nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.store.Delete(ctx, h.owner, h.m.ID); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+		return fmt.Errorf("delete the snapshot of hibernated session %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Hibernate writes the session to the manager's snapshot store and frees
+// its processes and files (see hibernation above). It fails with ErrBusy
+// while the session is in use, ErrNoSnapshots without a store.
+func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
+	st := m.mgr.opts.Snapshots
+	if st == nil {
+		return nil, ErrNoSnapshots
+	}
+	m.mu.Lock()
+	busy := m.busy > 0
+	m.mu.Unlock()
+	if busy {
+		return nil, ErrBusy
+	}
+	return m.Session.hibernate(ctx, st, m.Owner)
+}
+
+// Wake restores a hibernated session and returns what came back; nil if
+// it was not hibernated (Session.Restored still says what came back at
+// its latest restore). It counts as a use.
+func (m *Managed) Wake(ctx context.Context) (*Restored, error) {
+	m.Touch()
+	return m.Session.wake(ctx)
+}
+
+// hibernateIdle hibernates the sessions the reaper picked, two at a time
+// (each writes its files and variables to storage); one that fails is
+// not tried again for IdleHibernate, and is closed at IdleTimeout as any.
+func (m *Manager) hibernateIdle(list []*Managed) {
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for _, ms := range list {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+			defer cancel()
+			_, err := ms.Hibernate(ctx)
+			switch {
+			case err == nil:
+				m.log.Info("session hibernated", "session", ms.ID(), "reason", "idle")
+			case errors.Is(err, ErrBusy), errors.Is(err, ErrClosed):
+			default:
+				m.log.Warn("hibernating an idle session failed", "session", ms.ID(), "err", err)
+				ms.mu.Lock()
+				ms.hibFailed = time.Now()
+				ms.mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
