@@ -31,37 +31,18 @@ var frameworks = []struct {
 	checks       int
 	pending      map[string]string
 }{
-	{"OpenAIAgents", "openai-agents.mjs", 12, map[string]string{
-		"a server started in the background (cmd &) keeps running after its command":         jailPerSandbox,
-		"persistWorkspace archives the workspace (tar)":                                      jailPerSandbox,
-		"hydrateWorkspace restores the archive into a new sandbox":                           jailPerSandbox,
-		"exposedPorts: a server started by exec_command (tty) answers at resolveExposedPort": jailPerSandbox,
-	}},
+	{"OpenAIAgents", "openai-agents.mjs", 12, map[string]string{}},
 	{"Mastra", "mastra.mjs", 13, map[string]string{
 		"default template: start() checks for and builds mastra-<hash>": templateAPI,
-		"writeFiles into /home/user, read by a command":                 jailPerSandbox,
-		"a file in /tmp written by one command is read by the next":     jailPerSandbox,
-		"a spawned server answers at networking.getPortUrl":             jailPerSandbox,
 	}},
 	{"ComputeSDK", "computesdk.mjs", 7, map[string]string{
-		"README quick start: python - <<'PY' with pandas":                     pythonCommand,
-		"README filesystem: writeFile /tmp/hello.py, readFile, run it":        jailPerSandbox,
-		"filesystem mkdir, readdir, exists, remove (in the home)":             jailPerSandbox,
-		"a background server (runCommand background: true) answers at getUrl": jailPerSandbox,
+		"README quick start: python - <<'PY' with pandas": pythonCommand,
 	}},
-	{"DeepAgents", "deepagents.mjs", 15, map[string]string{
-		"write and read in /tmp (a file one command wrote, another reads)":      jailPerSandbox,
-		"the home /home/user as workdir (langchain-e2b's default)":              jailPerSandbox,
-		"a long-running command started in the background survives its command": jailPerSandbox,
-	}},
+	{"DeepAgents", "deepagents.mjs", 15, map[string]string{}},
 }
 
 // The features that some checks wait for.
 const (
-	// jailPerSandbox: commands run in the session's own jail, sharing
-	// /tmp, loopback and processes with the kernel; background jobs outlive
-	// their command; the files API serves /tmp and /home/user (issue 30, 1).
-	jailPerSandbox = "one jail per sandbox (issue 30, point 1: commands share /tmp, loopback and processes; the files API serves /tmp and /home/user)"
 	// templateAPI: E2B's template API, GET /templates/aliases/{alias} and
 	// builds with POST /v3/templates (issue 30, 4).
 	templateAPI = "E2B's template API (issue 30, point 4: GET /templates/aliases/{alias}, POST /v3/templates)"
