@@ -35,9 +35,7 @@ var frameworks = []struct {
 	{"Mastra", "mastra.mjs", 13, map[string]string{
 		"default template: start() checks for and builds mastra-<hash>": templateAPI,
 	}},
-	{"ComputeSDK", "computesdk.mjs", 7, map[string]string{
-		"README quick start: python - <<'PY' with pandas": pythonCommand,
-	}},
+	{"ComputeSDK", "computesdk.mjs", 7, map[string]string{}},
 	{"DeepAgents", "deepagents.mjs", 15, map[string]string{}},
 }
 
@@ -46,9 +44,6 @@ const (
 	// templateAPI: E2B's template API, GET /templates/aliases/{alias} and
 	// builds with POST /v3/templates (issue 30, 4).
 	templateAPI = "E2B's template API (issue 30, point 4: GET /templates/aliases/{alias}, POST /v3/templates)"
-	// pythonCommand: a `python` command in sandboxes, as E2B's images
-	// have (Debian's python-is-python3); sandloop's have python3 only.
-	pythonCommand = "`python` on PATH in sandboxes (E2B's images have it; Debian's package python-is-python3)"
 )
 
 // TestFrameworks runs each framework's script against its own serve and a
