@@ -23,9 +23,9 @@ import (
 // unchanged (internal/e2b/testdata/frameworks, pinned by its lock file)
 // against a real `sandloop serve`, each by a script that prints its checks.
 // checks is how many the script reports; pending names the checks that
-// wait for a feature sandloop lacks (most are being built in parallel):
-// such a check is skipped while it fails, naming the feature, and passes
-// as soon as the feature is there (then remove it from pending).
+// wait for a feature sandloop lacks: such a check is skipped while it
+// fails, naming the feature, and passes as soon as the feature is there
+// (then remove it from pending).
 var frameworks = []struct {
 	name, script string
 	checks       int
@@ -33,7 +33,7 @@ var frameworks = []struct {
 }{
 	{"OpenAIAgents", "openai-agents.mjs", 12, map[string]string{}},
 	{"Mastra", "mastra.mjs", 13, map[string]string{
-		"default template: start() checks for and builds mastra-<hash>": templateAPI,
+		"default template: start() checks for and builds mastra-<hash>": debianPackages,
 	}},
 	{"ComputeSDK", "computesdk.mjs", 7, map[string]string{}},
 	{"DeepAgents", "deepagents.mjs", 15, map[string]string{}},
@@ -41,9 +41,13 @@ var frameworks = []struct {
 
 // The features that some checks wait for.
 const (
-	// templateAPI: E2B's template API, GET /templates/aliases/{alias} and
-	// builds with POST /v3/templates (issue 30, 4).
-	templateAPI = "E2B's template API (issue 30, point 4: GET /templates/aliases/{alias}, POST /v3/templates)"
+	// debianPackages: Mastra's default template is E2B's base with
+	// aptInstall(['s3fs', 'fuse']). sandloop installs no Debian packages
+	// into a template: the step passes only when dpkg has them in the
+	// sandboxes' root already (s3fs is not on this machine: sandloop
+	// does not install it on the host), and even then a template of
+	// nothing but Debian packages is nothing for sandloop to build.
+	debianPackages = "Debian packages in a template (Mastra's default template runs apt-get install s3fs fuse: s3fs is not installed in the sandboxes' root, and sandloop installs none; an --image template can have them)"
 )
 
 // TestFrameworks runs each framework's script against its own serve and a
