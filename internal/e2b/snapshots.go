@@ -145,13 +145,16 @@ func (h *Handler) listSnapshots(w http.ResponseWriter, r *http.Request, owner st
 // (E2B's snapshots are templates): 204, or 404 for an id that is not one
 // of the caller's snapshots.
 func (h *Handler) deleteSnapshot(w http.ResponseWriter, r *http.Request, owner string) {
-	st := h.snapshotStore(w)
-	if st == nil {
-		return
-	}
+	// Not found is the SDK's false: an id that is no snapshot's, and any
+	// id on a server that keeps none.
 	id := r.PathValue("id")
 	if !isSnapshotID(id) {
 		writeControlError(w, http.StatusNotFound, fmt.Sprintf("template %q not found: this server deletes snapshots only", id))
+		return
+	}
+	st := h.opts.Manager.Snapshots()
+	if st == nil {
+		writeControlError(w, http.StatusNotFound, fmt.Sprintf("snapshot %q not found: this server keeps no snapshots", id))
 		return
 	}
 	m, err := st.Get(r.Context(), owner, id)

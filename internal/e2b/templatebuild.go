@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,14 +23,18 @@ import (
 //	POST /v3/templates                                  202 {templateID, buildID, names, aliases, tags, public}
 //	POST /v2/templates/{templateID}/builds/{buildID}    202: the build starts (400 for what sandloop cannot build)
 //	GET  /templates/{templateID}/builds/{buildID}/status 200 {buildID, templateID, status, logEntries, logs, reason?}
-//	DELETE /templates/{id}                              Sandbox.deleteSnapshot (snapshots.go), else 404
+//
+// (DELETE /templates/{id}, Sandbox.deleteSnapshot, is snapshots.go's.)
 //
 // A build sandloop can express is one on E2B's base image (or python:3,
 // which is the sandbox's own Python 3.11) whose steps are pip installs
 // and environment variables: it becomes `sandloop template build NAME
-// --pip ... --env ...`. Anything else (apt-get, COPY, other commands, a
-// start command, other images) is refused at the build's start with E2B's
-// error shape, the message saying what sandloop supports. A template's
+// --pip ... --env ...`. An apt-get install step (aptInstall) passes when
+// every package it names is installed in the sandboxes' root already, and
+// is refused naming the missing ones otherwise. Anything else (COPY,
+// other commands, a start command, other images) is refused at the
+// build's start with E2B's error shape, the message saying what sandloop
+// supports. A template's
 // E2B id is its sandloop name, so Sandbox.create(name) lands in it.
 
 // baseImages are the images a build may start from: E2B's default
@@ -79,7 +85,6 @@ func (h *Handler) templateRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v3/templates", h.requireKey(h.requestTemplateBuild))
 	mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", h.requireKey(h.startTemplateBuild))
 	mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", h.requireKey(h.templateBuildStatus))
-	mux.HandleFunc("DELETE /templates/{id}", h.requireKey(h.deleteTemplateRoute))
 	mux.HandleFunc("GET /templates/{templateID}/files/{hash}", h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
 		writeControlError(w, http.StatusBadRequest, "sandloop's templates take no files (COPY): "+supportedBuilds)
 	}))
@@ -89,7 +94,8 @@ func (h *Handler) templateRoutes(mux *http.ServeMux) {
 const supportedBuilds = "sandloop builds templates from pip packages and environment variables only " +
 	"(Template().fromBaseImage() or .fromPythonImage('3'), then .pipInstall([...]) and .setEnvs({...})); " +
 	"the sandbox's Python is Debian's 3.11 with numpy, pandas and matplotlib; " +
-	"other images, apt-get, COPY and other commands cannot be built here (sandloop template build --requirements covers the rest)"
+	"an apt-get install step passes when its packages are in the sandbox already; " +
+	"other images, other apt-get installs, COPY and other commands cannot be built here (sandloop template build --requirements or --image covers the rest)"
 
 // templateAlias is Template.aliasExists and Mastra's check: 200 for a
 // template of that name (or E2B's own names, which every sandloop server
@@ -216,7 +222,7 @@ func (h *Handler) startTemplateBuild(w http.ResponseWriter, r *http.Request, own
 		writeControlError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	spec, err := buildSpec(&req)
+	spec, err := buildSpec(&req, hostDpkgStatus)
 	if err != nil {
 		writeControlError(w, http.StatusBadRequest, err.Error())
 		return
@@ -276,9 +282,16 @@ func (h *Handler) startTemplateBuild(w http.ResponseWriter, r *http.Request, own
 	w.WriteHeader(http.StatusAccepted)
 }
 
+// hostDpkgStatus is dpkg's record of the Debian packages of the root the
+// sandboxes of an E2B build run on: the host's /usr (a build starts from
+// E2B's base image or python:3, which sandloop's own root stands for).
+const hostDpkgStatus = "/var/lib/dpkg/status"
+
 // buildSpec maps an E2B build onto a sandloop template build, or says why
-// it cannot.
-func buildSpec(req *buildStart) (template.Spec, error) {
+// it cannot. An apt-get install step (aptInstall) is accepted when every
+// package it names is installed already in the sandboxes' root, whose
+// dpkg status file is dpkgStatus: sandloop installs no Debian packages.
+func buildSpec(req *buildStart, dpkgStatus string) (template.Spec, error) {
 	spec := template.Spec{Env: map[string]string{}}
 	refuse := func(what string) (template.Spec, error) {
 		return template.Spec{}, fmt.Errorf("%s cannot be built by sandloop: %s", what, supportedBuilds)
@@ -293,6 +306,7 @@ func buildSpec(req *buildStart) (template.Spec, error) {
 	case req.StartCmd != "" || req.ReadyCmd != "":
 		return refuse("a start or ready command")
 	}
+	apt := false // an apt-get install step, of packages there already
 	for i, st := range req.Steps {
 		switch st.Type {
 		case "ENV":
@@ -309,6 +323,13 @@ func buildSpec(req *buildStart) (template.Spec, error) {
 			if len(st.Args) == 0 {
 				return template.Spec{}, fmt.Errorf("step %d: RUN without a command", i+1)
 			}
+			if debs, ok := aptInstallArgs(st.Args[0]); ok {
+				if err := aptInstalled(i+1, debs, dpkgStatus); err != nil {
+					return template.Spec{}, err
+				}
+				apt = true
+				continue
+			}
 			pkgs, ok := pipInstallArgs(st.Args[0])
 			if !ok {
 				return refuse(fmt.Sprintf("step %d, RUN %q,", i+1, st.Args[0]))
@@ -319,6 +340,9 @@ func buildSpec(req *buildStart) (template.Spec, error) {
 		}
 	}
 	if len(spec.Pip) == 0 {
+		if apt {
+			return template.Spec{}, fmt.Errorf("nothing to install: the Debian packages named are in sandloop's sandboxes already (create the sandbox from 'base'); %s", supportedBuilds)
+		}
 		return template.Spec{}, fmt.Errorf("nothing to install: %s", supportedBuilds)
 	}
 	return spec, nil
@@ -350,6 +374,126 @@ func pipInstallArgs(cmd string) ([]string, bool) {
 	return pkgs, len(pkgs) > 0
 }
 
+// aptInstallArgs reads the Debian packages of E2B's aptInstall step,
+// `apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y A
+// B` (apt for apt-get, sudo, the update optional, -y, -q,
+// --no-install-recommends and --fix-missing allowed), or says it is
+// another command.
+func aptInstallArgs(cmd string) ([]string, bool) {
+	var pkgs []string
+	for _, part := range strings.Split(cmd, "&&") {
+		f := strings.Fields(part)
+		if len(f) > 0 && f[0] == "sudo" {
+			f = f[1:]
+		}
+		for len(f) > 0 && envAssignment.MatchString(f[0]) {
+			f = f[1:]
+		}
+		if len(f) < 2 || (f[0] != "apt-get" && f[0] != "apt") {
+			return nil, false
+		}
+		verb, rest := f[1], f[2:]
+		var names []string
+		for _, a := range rest {
+			switch {
+			case aptOptions[a]:
+			case debName.MatchString(a) && verb == "install":
+				names = append(names, a)
+			default:
+				return nil, false // other options, versions, files and shell
+			}
+		}
+		switch {
+		case verb == "update" && len(names) == 0:
+		case verb == "install" && len(names) > 0:
+			pkgs = append(pkgs, names...)
+		default:
+			return nil, false
+		}
+	}
+	return pkgs, len(pkgs) > 0
+}
+
+var (
+	// envAssignment is NAME=value before a command.
+	envAssignment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=\S*$`)
+	// debName is a Debian package's name.
+	debName = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	// aptOptions change nothing in what ends up installed.
+	aptOptions = map[string]bool{"-y": true, "--yes": true, "--assume-yes": true, "-q": true, "-qq": true, "--quiet": true,
+		"--no-install-recommends": true, "--fix-missing": true}
+)
+
+// aptInstalled says nil when every package of step's apt-get install is
+// installed in the root whose dpkg status file is dpkgStatus (by name,
+// or by a package that provides it), and otherwise which are not.
+func aptInstalled(step int, pkgs []string, dpkgStatus string) error {
+	have, err := installedDebs(dpkgStatus)
+	if err != nil {
+		return fmt.Errorf("step %d, apt-get install %s: the sandboxes' Debian packages cannot be read (%v); %s", step, strings.Join(pkgs, " "), err, noApt)
+	}
+	var missing []string
+	for _, p := range pkgs {
+		if !have[p] {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	verb := "is"
+	if len(missing) > 1 {
+		verb = "are"
+	}
+	return fmt.Errorf("step %d, apt-get install %s: %s %s not installed in sandloop's sandboxes, and %s",
+		step, strings.Join(pkgs, " "), strings.Join(missing, ", "), verb, noApt)
+}
+
+// noApt says what to do instead of an apt-get install.
+const noApt = "sandloop cannot install Debian packages into a template: build an image template that has them " +
+	"(sandloop template build NAME --image REF) and create the sandbox from it"
+
+// installedDebs reads a dpkg status file: the packages installed, and
+// the names they provide.
+func installedDebs(path string) (map[string]bool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, stanza := range strings.Split(string(data), "\n\n") {
+		var name, status string
+		var provides []string
+		for _, line := range strings.Split(stanza, "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok || strings.HasPrefix(line, " ") {
+				continue
+			}
+			v = strings.TrimSpace(v)
+			switch k {
+			case "Package":
+				name = v
+			case "Status":
+				status = v
+			case "Provides":
+				for _, p := range strings.Split(v, ",") {
+					if f := strings.Fields(p); len(f) > 0 {
+						provides = append(provides, f[0])
+					}
+				}
+			}
+		}
+		if name == "" || !strings.HasSuffix(status, " installed") {
+			continue
+		}
+		have[name] = true
+		for _, p := range provides {
+			have[p] = true
+		}
+	}
+	return have, nil
+}
+
 // templateBuildStatus is the SDK's poll: the log entries from logsOffset,
 // and the reason of a failed build.
 func (h *Handler) templateBuildStatus(w http.ResponseWriter, r *http.Request, owner string) {
@@ -370,15 +514,6 @@ func (h *Handler) templateBuildStatus(w http.ResponseWriter, r *http.Request, ow
 		out["reason"] = b.reason
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// deleteTemplateRoute is DELETE /templates/{id}, which E2B's SDKs call for
-// Sandbox.deleteSnapshot: snapshots are deleted (snapshots.go); anything
-// else is E2B's 404, which the SDK returns as false. sandloop's templates
-// are not removed through E2B: `sandloop template rm` or DELETE
-// /v1/templates/{name} do that.
-func (h *Handler) deleteTemplateRoute(w http.ResponseWriter, r *http.Request, owner string) {
-	h.deleteSnapshot(w, r, owner)
 }
 
 // newUUID is a random version-4 UUID (E2B's build ids are UUIDs).

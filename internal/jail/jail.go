@@ -49,6 +49,12 @@ const (
 	// ZygoteWorkspacesDir is where a zygote's jail sees
 	// Config.ZygoteWorkspaces.
 	ZygoteWorkspacesDir = "/opt/sandloop/workspaces"
+	// ToolsDir, last on every jail's PATH, holds the commands E2B's
+	// images have that a Debian root may lack: `python` (Debian's
+	// python-is-python3: a link to /usr/bin/python3) and `pip` (python3
+	// -m pip). Anything earlier on PATH of those names wins: a
+	// template's environment, the host's /usr/bin/pip.
+	ToolsDir = "/opt/sandloop/bin"
 )
 
 // HostID is the host uid and gid the sandbox user maps to when the server

@@ -144,7 +144,7 @@ print('found' if found else 'none', sorted(int(p) for p in os.listdir('/proc') i
 		{"write /usr", tryOpen + `print(attempt(lambda: open('/usr/bin/evil', 'w')))`, isErr("Read-only file system"), "EROFS"},
 		{"write /etc", tryOpen + `print(attempt(lambda: open('/etc/passwd', 'a')))`, isErr("Read-only file system"), "EROFS"},
 		{"host /tmp file", tryOpen + `import os; print(attempt(lambda: open('` + hostTmp.Name() + `').read()), os.listdir('/tmp'))`, isErr("No such file"), "host /tmp invisible"},
-		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs"},
+		{"root dir", `import os; print(sorted(os.listdir('/')))`, equals("['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'opt', 'proc', 'sbin', 'tmp', 'usr', 'workspace']"), "only the jail's dirs (/opt holds ToolsDir)"},
 		{"dev", `import os; print(sorted(os.listdir('/dev')))`, equals("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"), "minimal /dev"},
 		{"identity", `import os, pwd, socket; print(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, os.getcwd(), os.environ['HOME'], socket.gethostname())`, equals("1000 1000 sandbox /workspace /workspace sandbox"), "uid 1000 named sandbox"},
 		{"capabilities", `s = dict(l.split(':\t') for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
@@ -501,6 +501,8 @@ func TestBadConfig(t *testing.T) {
 		{Path: DefaultPython, Workspace: ws, Limits: Limits{Memory: 1024}},
 		{Path: DefaultPython, Workspace: ws, Network: "internet"},
 		{Path: DefaultPython, Workspace: ws, Files: []File{{Path: "/workspace/x"}}},
+		{Path: DefaultPython, Workspace: ws, Mounts: []Mount{{Host: ws, Path: ToolsDir}}}, // would hide python and pip
+		{Path: DefaultPython, Workspace: ws, Mounts: []Mount{{Host: ws, Path: ToolsDir + "/x"}}},
 	}
 	for _, c := range cases {
 		_, err := Run(context.Background(), c)
@@ -533,6 +535,37 @@ except OSError as e:
 	})
 	if r.stdout != "print('hi')\nRead-only file system\n" {
 		t.Errorf("got %q", r.stdout)
+	}
+}
+
+// E2B's images have `python` and `pip`; a jail has them too, as the
+// root's python3 (ToolsDir, last on PATH), whatever the host's /usr has.
+func TestPythonAndPipCommands(t *testing.T) {
+	want, err := exec.Command(DefaultPython, "-c", "import sys; print(sys.version)").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runPy(t, "", func(c *Config) {
+		c.Path, c.Args = "/bin/sh", []string{"sh", "-c", `python -c 'import sys; print(sys.version)' && command -v python && pip --version >/dev/null && echo pip runs`}
+	})
+	if r.res.ExitCode != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.res.ExitCode, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || lines[0] != strings.TrimSpace(string(want)) || lines[2] != "pip runs" {
+		t.Errorf("python, then pip, in a jail: got %q, want the sandbox's %q then %q", r.stdout, strings.TrimSpace(string(want)), "pip runs")
+	}
+	// Neither can be replaced from inside: the directory is in the jail's
+	// read-only root.
+	r = runPy(t, `import os
+for p in ('/opt/sandloop/bin/python', '/opt/sandloop/bin/evil'):
+    try:
+        open(p, 'w')
+        print('written', p)
+    except OSError as e:
+        print(e.strerror)`, nil)
+	if r.stdout != "Read-only file system\nRead-only file system\n" {
+		t.Errorf("writing into %s: got %q", ToolsDir, r.stdout)
 	}
 }
 

@@ -83,7 +83,7 @@ func buildRoot(cfg *initConfig) error {
 	if err := mount("tmpfs", newRoot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m,nr_inodes=4096,mode=0755"); err != nil {
 		return err
 	}
-	steps := []func(*initConfig) error{attachImageRoot, mountSystem, makeEtc, makeDev, mountProc, mountScratch, placeFiles, mountZygoteWorkspaces, mountExtra}
+	steps := []func(*initConfig) error{attachImageRoot, mountSystem, makeEtc, makeDev, mountProc, mountScratch, makeTools, placeFiles, mountZygoteWorkspaces, mountExtra}
 	for _, step := range steps {
 		if err := step(cfg); err != nil {
 			return err
@@ -470,6 +470,20 @@ func mountProc(*initConfig) error {
 		}
 	}
 	return nil
+}
+
+// makeTools fills ToolsDir in the jail's own root (read-only once built):
+// `python`, a link to the root's python3, and `pip`, which runs python3
+// -m pip with the first python3 on PATH (a template's environment's).
+func makeTools(*initConfig) error {
+	dir := newRoot + ToolsDir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.Symlink("/usr/bin/python3", dir+"/python"); err != nil {
+		return err
+	}
+	return os.WriteFile(dir+"/pip", []byte("#!/bin/sh\nexec python3 -m pip \"$@\"\n"), 0o755)
 }
 
 // mountScratch mounts the size-capped /tmp and the workspace.

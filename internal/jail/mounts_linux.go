@@ -34,8 +34,10 @@ func validMounts(cfg *Config) error {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p || !strings.HasPrefix(p, MountsDir+"/") {
 			return fmt.Errorf("%q: must be an absolute, clean path under %s", p, MountsDir)
 		}
-		if p == ZygoteWorkspacesDir || strings.HasPrefix(p+"/", ZygoteWorkspacesDir+"/") || strings.HasPrefix(ZygoteWorkspacesDir, p+"/") {
-			return fmt.Errorf("%s overlaps %s", p, ZygoteWorkspacesDir)
+		for _, own := range []string{ZygoteWorkspacesDir, ToolsDir} {
+			if strings.HasPrefix(p+"/", own+"/") || strings.HasPrefix(own, p+"/") {
+				return fmt.Errorf("%s overlaps %s", p, own)
+			}
 		}
 		for q := range seen {
 			if strings.HasPrefix(p+"/", q+"/") || strings.HasPrefix(q+"/", p+"/") {

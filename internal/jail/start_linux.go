@@ -585,7 +585,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 
 // baseEnv is the start of every jail's environment.
 var baseEnv = []string{
-	"PATH=/usr/local/bin:/usr/bin:/bin",
+	"PATH=/usr/local/bin:/usr/bin:/bin:" + ToolsDir,
 	"HOME=" + WorkspaceDir,
 	"USER=" + SandboxUser,
 	"LOGNAME=" + SandboxUser,

@@ -167,13 +167,13 @@ func (t *Template) Modules() []string {
 }
 
 // imagePath is an image template's PATH unless its image sets one.
-const imagePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const imagePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:" + jail.ToolsDir
 
 // SessionEnv is the environment a session of the template gets on top of
 // the kernel's: the environment's bin first on PATH, VIRTUAL_ENV (or an
 // image's PATH), and the template's own variables in key order.
 func (t *Template) SessionEnv() []string {
-	env := []string{"PATH=" + EnvDir + "/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV=" + EnvDir}
+	env := []string{"PATH=" + EnvDir + "/bin:/usr/local/bin:/usr/bin:/bin:" + jail.ToolsDir, "VIRTUAL_ENV=" + EnvDir}
 	if t.Kind == KindImage {
 		env = []string{"PATH=" + imagePath}
 	}

@@ -85,6 +85,9 @@ func TestBuildFromRequirements(t *testing.T) {
 	code := `
 import os, sys, sandloop_tmpl_demo, numpy
 print("VALUE", sandloop_tmpl_demo.VALUE, sys.prefix, os.environ["DEMO"])
+import subprocess
+r = subprocess.run(["sh", "-c", "python -c 'import sys, sandloop_tmpl_demo; print(sys.prefix)'"], capture_output=True, text=True)
+print("PYTHON", r.stdout.strip(), r.stderr)
 for p in [sandloop_tmpl_demo.__file__, "/opt/sandloop/env/new.py"]:
     try:
         open(p, "a").write("x"); print("WROTE", p)
@@ -92,7 +95,7 @@ for p in [sandloop_tmpl_demo.__file__, "/opt/sandloop/env/new.py"]:
         print("refused", e.errno)
 `
 	out, code1 := runIn(t, tm, code)
-	if code1 != 0 || !strings.Contains(out, "VALUE from the template /opt/sandloop/env 1") || strings.Contains(out, "WROTE") || strings.Count(out, "refused") != 2 {
+	if code1 != 0 || !strings.Contains(out, "VALUE from the template /opt/sandloop/env 1") || !strings.Contains(out, "PYTHON /opt/sandloop/env") || strings.Contains(out, "WROTE") || strings.Count(out, "refused") != 2 {
 		t.Fatalf("in a sandbox of the template (exit %d):\n%s", code1, out)
 	}
 	// Without the template, the package is not there.
