@@ -379,6 +379,10 @@ func (h *Handler) templateBuildStatus(w http.ResponseWriter, r *http.Request, ow
 // E2B: `sandloop template rm` or DELETE /v1/templates/{name} do that.
 func (h *Handler) deleteTemplateRoute(w http.ResponseWriter, r *http.Request, owner string) {
 	id := r.PathValue("id")
+	if isSnapshotID(id) && h.opts.Manager.Snapshots() != nil {
+		h.deleteSnapshot(w, r, owner) // the manager's snapshots (snapshots.go)
+		return
+	}
 	if h.opts.DeleteSnapshot != nil {
 		found, err := h.opts.DeleteSnapshot(r.Context(), owner, id)
 		if err != nil {
