@@ -57,9 +57,11 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, owner string) 
 		return
 	}
 	info := h.infoOf(sb)
-	// The SDK rounds the bounds to whole seconds: a second of slack each way
-	// keeps a sample taken at 12.6 s in a window asked for from "now".
-	from, to := time.Unix(bounds[0], 0).Add(-time.Second), time.Unix(bounds[1], 0).Add(time.Second)
+	// The SDK rounds the bounds to the nearest second, and a sample is up
+	// to a second old (two, if a loaded host skipped a tick): two seconds
+	// of slack before start keep the last sample in a window asked for
+	// from "now", one after end a sample taken at 12.4 s in one up to 12.
+	from, to := time.Unix(bounds[0], 0).Add(-2*time.Second), time.Unix(bounds[1], 0).Add(time.Second)
 	out := make([]metricJSON, 0, len(samples))
 	for _, u := range samples {
 		if !u.Time.After(from) || (bounds[1] != 0 && !u.Time.Before(to)) {
