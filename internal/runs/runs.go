@@ -62,6 +62,10 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// placementWait is how long a run that keeps previews waits for the
+// gateway's record of it (runs.place).
+const placementWait = 5 * time.Second
+
 // Placements is the cell's sessions table (store.Postgres).
 type Placements interface {
 	GetPlacement(ctx context.Context, id string) (*store.Placement, error)
@@ -331,9 +335,15 @@ func (s *Service) place(ctx context.Context, id string, sess Session) string {
 	if s.opts.Cell == nil || !ok {
 		return ""
 	}
+	// The gateway records the run once this host has answered its
+	// POST: a run quicker than that waits a moment for the record.
 	run, err := s.opts.Cell.GetPlacement(ctx, id)
+	for wait := time.Now().Add(placementWait); errors.Is(err, store.ErrNotFound) && time.Now().Before(wait); {
+		time.Sleep(100 * time.Millisecond)
+		run, err = s.opts.Cell.GetPlacement(ctx, id)
+	}
 	if errors.Is(err, store.ErrNotFound) {
-		return "" // started on this host directly, not through a gateway
+		return "" // not started through a gateway
 	}
 	if err == nil {
 		err = s.opts.Cell.PutPlacement(ctx, store.Placement{ID: sl.ID(), Kind: store.KindSession, Owner: PlacementOwner, Host: run.Host, Epoch: run.Epoch})
