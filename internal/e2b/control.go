@@ -47,11 +47,6 @@ type sandbox struct {
 	// coldResume: paused with memory: false; the next resume restarts
 	// the kernels and ends the commands.
 	coldResume bool
-	// samples are getMetrics' (metrics.go); lastCPU is the CPU time at the
-	// last one, to measure the next one's share.
-	samples   []metricJSON
-	lastCPU   time.Duration
-	lastCPUAt time.Time
 }
 
 func (sb *sandbox) deadline() time.Time {
@@ -129,6 +124,7 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/fork", h.fork},
 		{"POST /sandboxes/{id}/snapshots", h.createSnapshot},
 		{"GET /snapshots", h.listSnapshots},
+		{"DELETE /templates/{id}", h.deleteSnapshot}, // Sandbox.deleteSnapshot
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}

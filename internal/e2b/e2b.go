@@ -77,9 +77,6 @@ type Options struct {
 	// ReapInterval is how often expired sandboxes are looked for. If zero,
 	// 250ms (a look is a walk over a map; a sandbox ends at most this late).
 	ReapInterval time.Duration
-	// SampleInterval is how often getMetrics' samples are taken (and at
-	// most how fresh one asked for is). If zero, 5 seconds.
-	SampleInterval time.Duration
 	// MaxFileBytes caps one uploaded file; MaxWorkspaceBytes a workspace.
 	// If zero, 100 MiB and 1 GiB.
 	MaxFileBytes, MaxWorkspaceBytes int64
@@ -135,9 +132,6 @@ func New(o *Options) (*Handler, error) {
 	}
 	if opts.ReapInterval == 0 {
 		opts.ReapInterval = 250 * time.Millisecond
-	}
-	if opts.SampleInterval == 0 {
-		opts.SampleInterval = 5 * time.Second
 	}
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 100 << 20
@@ -295,8 +289,9 @@ func (h *Handler) reapLoop() {
 	}
 }
 
-// sampleAll keeps a metrics sample of every sandbox (at most one each
-// Options.SampleInterval), so that getMetrics has a history.
+// sampleAll keeps every running sandbox's session sampler going (one
+// sample a second, session/usage.go), so that getMetrics has a history
+// though nobody asked yet: E2B samples every sandbox.
 func (h *Handler) sampleAll(now time.Time) {
 	h.mu.Lock()
 	all := make([]*sandbox, 0, len(h.sandboxes))
@@ -305,7 +300,12 @@ func (h *Handler) sampleAll(now time.Time) {
 	}
 	h.mu.Unlock()
 	for _, sb := range all {
-		h.sample(sb, now, h.opts.SampleInterval)
+		sb.mu.Lock()
+		paused, done := sb.paused, sb.done
+		sb.mu.Unlock()
+		if !paused && !done {
+			h.opts.Manager.Sampler(sb.ms)
+		}
 	}
 }
 

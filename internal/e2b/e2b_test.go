@@ -751,7 +751,7 @@ func TestInterpreter(t *testing.T) {
 // with E2B's fields; the CPU a cell burns shows, the window is honoured.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, Options{SampleInterval: 100 * time.Millisecond})
+	ts := newTestServer(t, Options{})
 	c := ts.create(t, keyA, `{}`)
 	type sample struct {
 		Timestamp     string  `json:"timestamp"`
@@ -797,15 +797,26 @@ func TestMetrics(t *testing.T) {
 	if resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
 		t.Fatalf("execute: %d %s", resp.StatusCode, out)
 	}
-	time.Sleep(150 * time.Millisecond)
-	all := get("")
+	// A sample a second (the disk counted every fifth): wait for the ones
+	// that saw the cell.
+	var all []sample
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		all = get("")
+		busy, disk := false, false
+		for _, s := range all {
+			busy = busy || s.CPUUsedPct > 20
+			disk = disk || s.DiskUsed >= 3<<20
+		}
+		if !busy || !disk {
+			return fmt.Errorf("after a second of CPU and a 3 MiB file: %+v", all)
+		}
+		return nil
+	})
 	last := all[len(all)-1]
-	busy := false
-	for _, s := range all {
-		busy = busy || s.CPUUsedPct > 20
-	}
-	if !busy || last.DiskUsed < 3<<20 || len(all) < 2 {
-		t.Errorf("after a second of CPU and a 3 MiB file: %+v", all)
+	for i := 1; i < len(all); i++ {
+		if d := all[i].TimestampUnix - all[i-1].TimestampUnix; d < 0 || d > 3 {
+			t.Errorf("samples %d and %d are %d s apart, want about one: %+v", i-1, i, d, all)
+		}
 	}
 	// The window: nothing before start, nothing after end.
 	if got := get(fmt.Sprintf("?start=%d", last.TimestampUnix+3600)); len(got) != 0 {

@@ -1,15 +1,17 @@
 package e2b
 
 import (
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/jail"
 )
 
-// metricJSON is one sample of E2B's getMetrics: what the sandbox's kernel
-// and everything it started use (commands run in jails of their own today,
-// and are not counted).
+// metricJSON is one sample of E2B's getMetrics: what the sandbox's jail
+// uses (its kernel, its commands and everything they started).
 type metricJSON struct {
 	Timestamp     time.Time `json:"timestamp"` // RFC 3339: the SDK does new Date(timestamp)
 	TimestampUnix int64     `json:"timestampUnix"`
@@ -22,52 +24,10 @@ type metricJSON struct {
 	DiskTotal     int64     `json:"diskTotal"`  // as getInfo's diskSizeMB
 }
 
-// maxSamples is how many samples are kept per sandbox: 30 minutes at the
-// default Options.SampleInterval.
-const maxSamples = 360
-
-// sample measures sb now and keeps the sample, unless the last one is
-// younger than every (then that one stands). It returns false where nothing
-// measures the sandbox (no cgroup: limits are rlimits there).
-func (h *Handler) sample(sb *sandbox, now time.Time, every time.Duration) bool {
-	info := h.infoOf(sb)
-	sb.mu.Lock()
-	if n := len(sb.samples); n > 0 && now.Sub(sb.samples[n-1].Timestamp) < every {
-		sb.mu.Unlock()
-		return true
-	}
-	sb.mu.Unlock()
-	u, err := sb.ms.Resources()
-	if err != nil {
-		return false
-	}
-	disk, _ := sb.ms.Usage()
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	since, cpuBefore := sb.started, time.Duration(0)
-	if sb.lastCPUAt.After(since) {
-		since, cpuBefore = sb.lastCPUAt, sb.lastCPU
-	}
-	pct := 0.0
-	if wall := now.Sub(since); wall > 0 && u.CPU >= cpuBefore {
-		pct = math.Min(100, 100*float64(u.CPU-cpuBefore)/float64(wall)/float64(info.CPUCount))
-	}
-	sb.lastCPU, sb.lastCPUAt = u.CPU, now
-	m := metricJSON{
-		Timestamp: now.UTC().Truncate(time.Millisecond), TimestampUnix: now.Unix(),
-		CPUCount: info.CPUCount, CPUUsedPct: math.Round(pct*100) / 100,
-		MemUsed: max(u.Memory-u.Cache, 0), MemTotal: info.MemoryMB << 20, MemCache: u.Cache,
-		DiskUsed: disk.Bytes, DiskTotal: info.DiskSizeMB << 20,
-	}
-	sb.samples = append(sb.samples, m)
-	if len(sb.samples) > maxSamples {
-		sb.samples = sb.samples[len(sb.samples)-maxSamples:]
-	}
-	return true
-}
-
 // metrics answers GET /sandboxes/{id}/metrics?start=&end= (Unix seconds):
-// the samples kept in that window, a fresh one taken first.
+// the samples in that window of the sandbox's session sampler, the one the
+// native GET /v1/sessions/{id}/metrics reads (a sample a second over the
+// last session.UsageWindow; sandboxes keep theirs running, see sampleAll).
 func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, owner string) {
 	sb := h.owned(w, owner, r.PathValue("id"))
 	if sb == nil {
@@ -90,21 +50,31 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, owner string) 
 		writeControlError(w, http.StatusBadRequest, "end is before start")
 		return
 	}
-	// A sample of now, unless one was taken a moment ago.
-	if !h.sample(sb, time.Now(), 100*time.Millisecond) {
+	sp := h.opts.Manager.Sampler(sb.ms)
+	samples, err := sp.Since(time.Time{})
+	if len(samples) == 0 && errors.Is(err, jail.ErrNoGroup) {
 		writeControlError(w, http.StatusNotImplemented, "metrics need cgroups on this host: sandloop measures a sandbox by its cgroup, and here limits are rlimits (`sandloop doctor` says why)")
 		return
 	}
-	// The SDK rounds the bounds to whole seconds: a second of slack each way
-	// keeps a sample taken at 12.6 s in a window asked for from "now".
-	from, to := time.Unix(bounds[0], 0).Add(-time.Second), time.Unix(bounds[1], 0).Add(time.Second)
-	sb.mu.Lock()
-	out := make([]metricJSON, 0, len(sb.samples))
-	for _, m := range sb.samples {
-		if m.Timestamp.After(from) && (bounds[1] == 0 || m.Timestamp.Before(to)) {
-			out = append(out, m)
+	info := h.infoOf(sb)
+	// The SDK rounds the bounds to the nearest second, and a sample is up
+	// to a second old (two, if a loaded host skipped a tick): two seconds
+	// of slack before start keep the last sample in a window asked for
+	// from "now", one after end a sample taken at 12.4 s in one up to 12.
+	from, to := time.Unix(bounds[0], 0).Add(-2*time.Second), time.Unix(bounds[1], 0).Add(time.Second)
+	out := make([]metricJSON, 0, len(samples))
+	for _, u := range samples {
+		if !u.Time.After(from) || (bounds[1] != 0 && !u.Time.Before(to)) {
+			continue
 		}
+		// The sampler's CPU share is of the session's quota, E2B's of cpuCount cores.
+		pct := math.Min(100, u.CPUPercent*sp.CPUs()/float64(info.CPUCount))
+		out = append(out, metricJSON{
+			Timestamp: u.Time, TimestampUnix: u.Time.Unix(),
+			CPUCount: info.CPUCount, CPUUsedPct: math.Round(pct*100) / 100,
+			MemUsed: u.MemoryBytes, MemTotal: info.MemoryMB << 20, MemCache: u.CacheBytes,
+			DiskUsed: u.DiskBytes, DiskTotal: info.DiskSizeMB << 20,
+		})
 	}
-	sb.mu.Unlock()
 	writeJSON(w, http.StatusOK, out)
 }

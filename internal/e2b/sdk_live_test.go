@@ -66,3 +66,16 @@ func TestSDKOneSandbox(t *testing.T) {
 		return nil
 	})
 }
+
+// getMetrics through E2B's npm SDK, unchanged: the session's sampler (the
+// one GET /v1/sessions/{id}/metrics reads) takes a sample a second, and
+// memUsed grows by the 150 MiB the kernel allocates.
+func TestSDKMetrics(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, Options{})
+	c := ts.create(t, keyA, `{}`)
+	if resp, b := ts.control(t, "GET", "/sandboxes/"+c.SandboxID+"/metrics", "", keyA); resp.StatusCode == 501 {
+		t.Skipf("no cgroups here: %s", b)
+	}
+	runLive(t, ts, 3, "metrics")
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail/jailtest"
+	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/store"
@@ -91,12 +93,20 @@ type swapHost struct {
 	maxSessions int
 	// templates, if set, are the host's templates (from its next restart).
 	templates *template.Pool
+	// runs, if set, gives the host a runs service and its run history
+	// (from its next restart), made from the options it is passed.
+	runs func(*runs.Options) (*runs.Service, store.History)
+	// pg is the cell's PostgreSQL (newFixture's).
+	pg *store.Postgres
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
 
-func newHost(t testing.TB) *swapHost {
+func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 	sh := &swapHost{t: t, maxSessions: 3}
+	for _, c := range configure {
+		c(sh)
+	}
 	if _, ok := t.(*testing.B); ok {
 		sh.maxSessions = 200
 	}
@@ -116,6 +126,16 @@ func (sh *swapHost) restart() {
 	mgr := session.NewManager(mo)
 	sh.t.Cleanup(func() { mgr.Close() })
 	so.Manager = mgr
+	var srv *server.Server
+	if sh.runs != nil {
+		// As a cell's host wires it (internal/host): previews named under
+		// the host's own loopback name, renamed as asked for.
+		_, port, _ := net.SplitHostPort(sh.ts.Listener.Addr().String())
+		so.Runs, so.Store = sh.runs(&runs.Options{NewSession: runs.ManagerSessions(mgr), Cell: sh.pg, PreviewURL: func(id string, p int, exp time.Time) string {
+			return srv.PreviewURL("localhost:"+port, id, p, exp)
+		}})
+		sh.t.Cleanup(so.Runs.Close) // before the manager's
+	}
 	srv, err := server.New(so)
 	if err != nil {
 		sh.t.Fatal(err)
@@ -131,7 +151,7 @@ type fixture struct {
 	hosts []*swapHost
 }
 
-func newFixture(t testing.TB, hosts int) *fixture {
+func newFixture(t testing.TB, hosts int, configure ...func(*swapHost)) *fixture {
 	srv := pgtest.Start(t)
 	pg, err := store.OpenPostgres(t.Context(), srv.NewDatabase(t), nil)
 	if err != nil {
@@ -141,7 +161,7 @@ func newFixture(t testing.TB, hosts int) *fixture {
 	f := &fixture{t: t, pg: pg}
 	var static Static
 	for range hosts {
-		h := newHost(t)
+		h := newHost(t, append([]func(*swapHost){func(sh *swapHost) { sh.pg = pg }}, configure...)...)
 		f.hosts = append(f.hosts, h)
 		static = append(static, Target{Name: h.ts.Listener.Addr().String(), URL: h.ts.URL})
 	}

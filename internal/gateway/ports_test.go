@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/agent"
+	"github.com/sandloop/sandloop/internal/llm"
+	"github.com/sandloop/sandloop/internal/llm/llmtest"
+	"github.com/sandloop/sandloop/internal/runs"
+	"github.com/sandloop/sandloop/internal/store"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // portApp starts, in the kernel, a server on 127.0.0.1:PORT that answers
@@ -215,4 +223,115 @@ func TestPortsThroughGateway(t *testing.T) {
 	if _, err := f.pg.GetPlacement(t.Context(), id); err != nil {
 		t.Errorf("a DELETE to the app dropped the session's placement: %v", err)
 	}
+}
+
+// TestRunPreviewThroughGateway: an app run started through the gateway
+// keeps its sandbox for the server its agent left running, and the
+// preview URL its report names (under the gateway's name) opens the app
+// through the gateway, on the host that ran it, without a token: the run's
+// host recorded the kept session in the cell's sessions table. The session
+// API stays closed to the run's owner; cancelling the ended run closes
+// the preview and drops the record.
+func TestRunPreviewThroughGateway(t *testing.T) {
+	file := func(path, content string) llmtest.ToolCall {
+		b, _ := json.Marshal(map[string]string{"path": path, "content": content})
+		return llmtest.ToolCall{Name: "write_file", Arguments: string(b)}
+	}
+	app := "from flask import Flask\napp = Flask(__name__)\n\n@app.get('/')\ndef home():\n    return 'the app the agent built'\n\nif __name__ == '__main__':\n    app.run(host='127.0.0.1', port=5000)\n"
+	wait := `{"code":"import socket, time\nfor _ in range(300):\n    try:\n        socket.create_connection(('127.0.0.1', 5000), 1).close(); break\n    except OSError:\n        time.sleep(0.1)\nprint('up')"}`
+	model := llmtest.NewOpenAIServer(t, llmtest.Script{
+		{ToolCalls: []llmtest.ToolCall{file("app.py", app), file("test_app.py", "from app import app\n\ndef test_home():\n    assert app.test_client().get('/').status_code == 200\n"),
+			file("requirements.txt", "flask\n"), file("README.md", "# App\n\nRun: python3 app.py\n")}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "start_process", Arguments: `{"name":"server","command":"python3 app.py"}`}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "execute_python", Arguments: wait}}},
+		{ToolCalls: []llmtest.ToolCall{{Name: "finish", Arguments: `{"summary":"a Flask app"}`}}},
+	})
+	f := newFixture(t, 2, func(sh *swapHost) {
+		sh.runs = func(o *runs.Options) (*runs.Service, store.History) {
+			o.Store = sh.pg
+			o.Provider = func(context.Context, string) (llm.Provider, error) {
+				return llm.NewOpenAI(&llm.OpenAIOptions{BaseURL: model.URL, APIKey: "k", Model: "gpt-4o-mini"}), nil
+			}
+			return runs.New(o), sh.pg
+		}
+	})
+	gwAddr := f.ts.Listener.Addr().String()
+	_, gwPort, _ := net.SplitHostPort(gwAddr)
+
+	st, body := f.do(tok1, "POST", "/v1/runs", `{"task":"a Flask app with a home page","mode":"app"}`)
+	var run store.Run
+	if json.Unmarshal([]byte(body), &run); st != 201 || run.ID == "" {
+		t.Fatalf("start the run: %d %s", st, body)
+	}
+	testutil.WaitFor(t, 3*time.Minute, func() error {
+		st, body := f.do(tok1, "GET", "/v1/runs/"+run.ID, "")
+		if json.Unmarshal([]byte(body), &run); st != 200 || run.Status == "running" {
+			return fmt.Errorf("run: %d %s", st, run.Status)
+		}
+		return nil
+	})
+	var rep agent.Report
+	json.Unmarshal(run.Report, &rep)
+	if run.Status != "done" || len(rep.Previews) != 1 || rep.Previews[0].Port != 5000 {
+		t.Fatalf("run %s %s: previews %+v", run.Status, run.Error, rep.Previews)
+	}
+	pv := rep.Previews[0]
+	u, err := url.Parse(pv.URL)
+	if err != nil || !strings.HasSuffix(u.Host, ".localhost:"+gwPort) || !strings.HasPrefix(u.Host, "5000-") {
+		t.Fatalf("preview URL %s does not name the gateway (%s)", pv.URL, gwAddr)
+	}
+	sid := strings.TrimSuffix(strings.TrimPrefix(u.Host, "5000-"), ".localhost:"+gwPort)
+	runPl, err1 := f.pg.GetPlacement(t.Context(), run.ID)
+	sessPl, err2 := f.pg.GetPlacement(t.Context(), sid)
+	if err1 != nil || err2 != nil || sessPl.Host != runPl.Host || sessPl.Epoch != runPl.Epoch || sessPl.Kind != store.KindSession {
+		t.Fatalf("the run's session is not recorded on the run's host: run %+v %v, session %+v %v", runPl, err1, sessPl, err2)
+	}
+
+	browser := func() *http.Client {
+		jar, _ := cookiejar.New(nil)
+		return &http.Client{Jar: jar, Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, gwAddr) // *.localhost is the loopback, as browsers resolve it
+		}}}
+	}
+	open := func(raw string) (int, string) {
+		t.Helper()
+		resp, err := browser().Get(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// The preview, and the native route with the same signature.
+	pathURL := f.ts.URL + "/v1/sessions/" + sid + "/ports/5000/?" + u.RawQuery
+	for _, raw := range []string{pv.URL, pathURL} {
+		if st, body := open(raw); st != 200 || body != "the app the agent built" {
+			t.Errorf("preview %s through the gateway: %d %q", raw, st, body)
+		}
+	}
+	unsigned := *u
+	unsigned.RawQuery = ""
+	if st, _ := open(unsigned.String()); st != http.StatusForbidden {
+		t.Errorf("the preview without its signature: %d, want 403", st)
+	}
+	// The kept sandbox is the run's, not a session of its owner's.
+	if st, body := f.do(tok1, "POST", "/v1/sessions/"+sid+"/execute", `{"code":"1"}`); st != http.StatusNotFound {
+		t.Errorf("the run's sandbox through the session API: %d %s, want 404", st, body)
+	}
+
+	// Closing the previews (cancel of the ended run) closes the sandbox
+	// and drops its record: the URL no longer answers.
+	if st, body := f.do(tok1, "POST", "/v1/runs/"+run.ID+"/cancel", ""); st != http.StatusAccepted {
+		t.Fatalf("close the previews: %d %s", st, body)
+	}
+	if _, err := f.pg.GetPlacement(t.Context(), sid); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the closed preview's record: %v, want not found", err)
+	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if st, _ := open(pv.URL); st != http.StatusNotFound {
+			return fmt.Errorf("preview after its run's previews were closed: %d, want 404", st)
+		}
+		return nil
+	})
 }

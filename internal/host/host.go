@@ -289,6 +289,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 				return h.srv.PreviewURL("localhost:"+p, id, port, exp)
 			},
 			PreviewFor: h.cfg.PreviewFor,
+			Cell:       h.cell(),
 			Provider: func(ctx context.Context, m string) (llm.Provider, error) {
 				return llm.Resolve(ctx, llm.Config{Model: cmp.Or(m, model), PricesFile: prices})
 			},
@@ -340,6 +341,16 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	}
 	h.hs = &http.Server{Handler: h.srv, ReadHeaderTimeout: 10 * time.Second}
 	return h, nil
+}
+
+// cell is the cell's sessions table where this host's runs record the
+// sessions they keep for previews (runs.Options.Cell): the run history's
+// PostgreSQL, on a cell's host (one with a gateway secret); nil otherwise.
+func (h *Host) cell() runs.Placements {
+	if pg, ok := h.st.(*store.Postgres); ok && h.cfg.GatewaySecret != "" {
+		return pg
+	}
+	return nil
 }
 
 // openSnapshots opens the snapshot store the config names (nil: none).

@@ -53,8 +53,31 @@ type Options struct {
 	PreviewURL func(sessionID string, port int, expires time.Time) string
 	// PreviewFor is how long a run's previews are kept. If zero, 30 minutes.
 	PreviewFor time.Duration
-	Logger     *slog.Logger
+	// Cell, if set, is the cell's sessions table, where a cell's gateway
+	// recorded which host runs each run: an app run that keeps its session
+	// for its previews records the session there too, on the run's host,
+	// so that the previews open through a gateway as any session's ports
+	// do. If nil (serve alone), nothing is recorded.
+	Cell   Placements
+	Logger *slog.Logger
 }
+
+// placementWait is how long a run that keeps previews waits for the
+// gateway's record of it (runs.place).
+const placementWait = 5 * time.Second
+
+// Placements is the cell's sessions table (store.Postgres).
+type Placements interface {
+	GetPlacement(ctx context.Context, id string) (*store.Placement, error)
+	PutPlacement(ctx context.Context, pl store.Placement) error
+	DeletePlacement(ctx context.Context, id string) error
+}
+
+// PlacementOwner owns, in the cell's sessions table, the sessions runs
+// keep for their previews: no token's owner (server.OwnerOf is hex of 16
+// digits), so a gateway routes only their ports' traffic to them (which
+// the host lets pass with a preview's signature), never the session API.
+const PlacementOwner = "runs"
 
 // DefaultPreviewFor is how long an app run's previews are kept when
 // Options.PreviewFor is zero.
@@ -109,6 +132,9 @@ type Service struct {
 type keptSession struct {
 	sess  Session
 	timer *time.Timer
+	// placed is the session's id in the cell's sessions table ("": not
+	// recorded there).
+	placed string
 }
 
 // active is a run in progress: its cancel and its live watchers.
@@ -258,9 +284,10 @@ func (s *Service) Close() {
 	}
 }
 
-// keep holds run id's session open for its previews until exp.
-func (s *Service) keep(id string, sess Session, exp time.Time) {
-	k := &keptSession{sess: sess}
+// keep holds run id's session open for its previews until exp; placed
+// is its id in the cell's sessions table, if it was recorded there.
+func (s *Service) keep(id string, sess Session, exp time.Time, placed string) {
+	k := &keptSession{sess: sess, placed: placed}
 	s.mu.Lock()
 	s.kept[id] = k
 	k.timer = time.AfterFunc(time.Until(exp), func() { s.release(id) })
@@ -280,6 +307,7 @@ func (s *Service) release(id string) bool {
 	if err := k.sess.Close(); err != nil {
 		s.log.Warn("close a run's preview session", "run", id, "err", err)
 	}
+	s.unplace(id, k.placed)
 	return true
 }
 
@@ -296,6 +324,45 @@ func (s *Service) PreviewsKept(id string) bool {
 type portLister interface {
 	ID() string
 	Ports() ([]int, error)
+}
+
+// place records sess, kept for run id's previews, in the cell's sessions
+// table on the run's host (as the gateway recorded the run); it returns
+// the id recorded ("" without a cell, for a run not started through a
+// gateway, or on failure: the previews then open on this host only).
+func (s *Service) place(ctx context.Context, id string, sess Session) string {
+	sl, ok := sess.(portLister)
+	if s.opts.Cell == nil || !ok {
+		return ""
+	}
+	// The gateway records the run once this host has answered its
+	// POST: a run quicker than that waits a moment for the record.
+	run, err := s.opts.Cell.GetPlacement(ctx, id)
+	for wait := time.Now().Add(placementWait); errors.Is(err, store.ErrNotFound) && time.Now().Before(wait); {
+		time.Sleep(100 * time.Millisecond)
+		run, err = s.opts.Cell.GetPlacement(ctx, id)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return "" // not started through a gateway
+	}
+	if err == nil {
+		err = s.opts.Cell.PutPlacement(ctx, store.Placement{ID: sl.ID(), Kind: store.KindSession, Owner: PlacementOwner, Host: run.Host, Epoch: run.Epoch})
+	}
+	if err != nil {
+		s.log.Warn("record a run's preview session in the cell: its previews open on this host only", "run", id, "err", err)
+		return ""
+	}
+	return sl.ID()
+}
+
+// unplace removes the record place made, if any.
+func (s *Service) unplace(id, placed string) {
+	if placed == "" {
+		return
+	}
+	if err := s.opts.Cell.DeletePlacement(context.Background(), placed); err != nil {
+		s.log.Warn("forget a run's preview session in the cell", "run", id, "err", err)
+	}
 }
 
 // previews lists the ports sess listens on as previews open until exp.
@@ -341,11 +408,13 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 		return rep
 	}
 	var keepUntil time.Time // set when the run's previews keep its session
+	placed := ""            // its id in the cell's sessions table, once recorded
 	defer func() {
 		if keepUntil.IsZero() {
 			sess.Close()
+			s.unplace(id, placed)
 		} else {
-			s.keep(id, sess, keepUntil)
+			s.keep(id, sess, keepUntil, placed)
 		}
 	}()
 	var book agent.Lessons
@@ -364,6 +433,10 @@ func (s *Service) execute(ctx context.Context, id string, p llm.Provider, req Re
 			ps := s.previews(sess, exp)
 			if len(ps) > 0 {
 				keepUntil = exp
+				if placed == "" {
+					// Before the report naming the URLs is recorded.
+					placed = s.place(bg, id, sess)
+				}
 			}
 			return ps
 		},

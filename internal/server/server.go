@@ -158,8 +158,6 @@ type Server struct {
 	notebooks notebooks
 	// signer signs the URLs of sessions' ports (ports.go).
 	signer *portproxy.Signer
-	// usage samples the sessions whose metrics are watched (usage.go).
-	usage samplers
 }
 
 // route is one documented endpoint.

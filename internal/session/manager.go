@@ -435,6 +435,8 @@ type Manager struct {
 
 	fair fairPool // without FixedPool (pool.go)
 
+	usage samplers // the sessions whose metrics are watched (usage.go)
+
 	refill  chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup

@@ -10,6 +10,8 @@
 //   node live.mjs onebox MARK           one sandbox: a server a background command started answers
 //                                       runCode; /tmp and /home/user shared by the files API, commands
 //                                       and runCode; `nohup sleep MARK &` outlives its command
+//   node live.mjs metrics               getMetrics: a sample a second; memUsed grows by the 150 MiB the
+//                                       kernel allocates; the window asked for is honoured
 //
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
@@ -42,11 +44,13 @@ async function throws(fn, check) {
   return err
 }
 
-async function until(what, cond, ms = 10000) {
+async function until(what, cond, ms = 10000, poll) {
   const end = Date.now() + ms
+  if (poll) await poll()
   while (!cond()) {
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 50))
+    await new Promise((r) => setTimeout(r, poll ? 500 : 50))
+    if (poll) await poll()
   }
 }
 
@@ -199,7 +203,54 @@ async function onebox(mark) {
   }
 }
 
+async function metrics() {
+  const sbx = await Sandbox.create({ timeoutMs: 120000 })
+  try {
+    let before
+    await step('metrics: samples a second apart, consistent with getInfo', async () => {
+      let all = []
+      await until('three samples', () => all.length >= 3, 30000, async () => (all = await sbx.getMetrics()))
+      const info = await sbx.getInfo()
+      for (const m of all) {
+        assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp.getTime()), `timestamp ${m.timestamp}`)
+        assert.equal(m.cpuCount, info.cpuCount)
+        assert.equal(m.memTotal, info.memoryMB * 1024 * 1024)
+        assert.ok(m.memUsed > 0, JSON.stringify(m))
+      }
+      const gaps = all.slice(1).map((m, i) => m.timestamp - all[i].timestamp)
+      // The sampler ticks every second; a loaded machine may drop a tick (2 s), never more than a few.
+      assert.ok(gaps.every((g) => g >= 900 && g <= 3100), `gaps ${gaps}`)
+      assert.ok(gaps.filter((g) => g <= 1100).length * 2 >= gaps.length, `most gaps are a second: ${gaps}`)
+      before = all[all.length - 1].memUsed
+    })
+    await step('metrics: memUsed grows when the kernel allocates 150 MiB', async () => {
+      const e = await sbx.runCode("held = b'\\x01' * (150 << 20)\nprint(len(held) >> 20)")
+      assert.equal(e.logs.stdout.join('').trim(), '150', JSON.stringify(e))
+      const after = new Date()
+      let grown
+      await until('a sample with the 150 MiB', () => grown, 30000, async () => {
+        grown = (await sbx.getMetrics({ start: after })).find((m) => m.memUsed >= before + (140 << 20))
+      })
+      assert.ok(grown.timestamp.getTime() >= after.getTime() - 2000, `${grown.timestamp} is in the window from ${after}`)
+      const e2 = await sbx.runCode('del held')
+      assert.equal(e2.error, undefined, JSON.stringify(e2))
+    })
+    await step('metrics: the window', async () => {
+      const all = await sbx.getMetrics()
+      const last = all[all.length - 1].timestamp
+      assert.deepEqual(await sbx.getMetrics({ start: new Date(last.getTime() + 3600e3) }), [])
+      const upTo = await Sandbox.getMetrics(sbx.sandboxId, { start: all[0].timestamp, end: all[1].timestamp })
+      assert.ok(upTo.length >= 1 && upTo.every((m) => m.timestamp.getTime() <= all[1].timestamp.getTime() + 1000), JSON.stringify(upTo))
+    })
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+}
+
 switch (mode) {
+  case 'metrics':
+    await metrics()
+    break
   case 'onebox':
     await onebox(process.argv[3])
     break
@@ -210,7 +261,7 @@ switch (mode) {
     await watch()
     break
   default:
-    console.error('usage: node live.mjs network SITE CA_FILE | watch | onebox MARK')
+    console.error('usage: node live.mjs network SITE CA_FILE | watch | onebox MARK | metrics')
     process.exit(2)
 }
 console.log('done')
