@@ -63,15 +63,16 @@ async function listIDs(Sandbox, metadata) {
 async function common(Sandbox, sbx, label) {
   await step(`${label} files write/read/list`, async () => {
     const info = await sbx.files.write('hello.txt', 'hello')
-    assert.equal(info.path, '/workspace/hello.txt')
+    assert.equal(info.path, '/home/user/hello.txt') // E2B's home; /workspace is the same directory
     assert.equal(await sbx.files.read('hello.txt'), 'hello')
+    assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello')
     assert.equal(await sbx.files.read('/workspace/hello.txt'), 'hello')
     await sbx.files.write('sub/dir/deep.txt', 'deep')
     const names = (await sbx.files.list('.')).map((e) => `${e.name}:${e.type}`)
     assert.ok(names.includes('hello.txt:file'), names.join(','))
     assert.ok(names.includes('sub:dir'), names.join(','))
     const deep = (await sbx.files.list('.', { depth: 3 })).map((e) => e.path)
-    assert.ok(deep.includes('/workspace/sub/dir/deep.txt'), deep.join(','))
+    assert.ok(deep.includes('/home/user/sub/dir/deep.txt'), deep.join(','))
   })
   await step(`${label} files exists/makeDir/rename/remove`, async () => {
     assert.equal(await sbx.files.exists('hello.txt'), true)
@@ -79,7 +80,7 @@ async function common(Sandbox, sbx, label) {
     assert.equal(await sbx.files.makeDir('made'), true)
     assert.equal(await sbx.files.makeDir('made'), false)
     const moved = await sbx.files.rename('hello.txt', 'made/moved.txt')
-    assert.equal(moved.path, '/workspace/made/moved.txt')
+    assert.equal(moved.path, '/home/user/made/moved.txt')
     assert.equal(await sbx.files.exists('hello.txt'), false)
     assert.equal(await sbx.files.read('made/moved.txt'), 'hello')
     await sbx.files.remove('made')
@@ -115,7 +116,7 @@ async function common(Sandbox, sbx, label) {
   await step(`${label} commands run, env, cwd, exit codes`, async () => {
     const r = await sbx.commands.run('echo out; echo err >&2; pwd; echo "$FOO-$BAR"; cat sub/dir/deep.txt', { envs: { BAR: 'cmd' } })
     assert.equal(r.exitCode, 0)
-    assert.equal(r.stdout, 'out\n/workspace\nbar-cmd\ndeep')
+    assert.equal(r.stdout, 'out\n/home/user\nbar-cmd\ndeep')
     assert.equal(r.stderr, 'err\n')
     const inDir = await sbx.commands.run('pwd', { cwd: '/workspace/sub' })
     assert.equal(inDir.stdout.trim(), '/workspace/sub')
