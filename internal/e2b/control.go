@@ -129,7 +129,6 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/fork", h.fork},
 		{"POST /sandboxes/{id}/snapshots", h.createSnapshot},
 		{"GET /snapshots", h.listSnapshots},
-		{"DELETE /templates/{id}", h.deleteSnapshot},
 	} {
 		mux.HandleFunc(rt.pattern, h.requireKey(rt.fn))
 	}

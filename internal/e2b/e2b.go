@@ -69,11 +69,6 @@ type Options struct {
 	// sandloop can express, pip packages and environment variables. If
 	// nil, POST /v3/templates answers 501.
 	BuildTemplate func(ctx context.Context, name string, spec template.Spec) (*template.Template, error)
-	// DeleteSnapshot, if set, deletes the owner's snapshot id for
-	// Sandbox.deleteSnapshot (DELETE /templates/{id}), reporting whether
-	// there was one. If nil, or not found: E2B's 404, which the SDK
-	// returns as false. (The hook for durable snapshots.)
-	DeleteSnapshot func(ctx context.Context, owner, id string) (found bool, err error)
 	// DefaultTimeout is a sandbox's time to live when create names none.
 	// If zero, 300 seconds (E2B's default).
 	DefaultTimeout time.Duration

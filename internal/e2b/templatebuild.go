@@ -21,7 +21,7 @@ import (
 //	POST /v3/templates                                  202 {templateID, buildID, names, aliases, tags, public}
 //	POST /v2/templates/{templateID}/builds/{buildID}    202: the build starts (400 for what sandloop cannot build)
 //	GET  /templates/{templateID}/builds/{buildID}/status 200 {buildID, templateID, status, logEntries, logs, reason?}
-//	DELETE /templates/{id}                              Sandbox.deleteSnapshot: Options.DeleteSnapshot, else 404
+//	DELETE /templates/{id}                              Sandbox.deleteSnapshot (snapshots.go), else 404
 //
 // A build sandloop can express is one on E2B's base image (or python:3,
 // which is the sandbox's own Python 3.11) whose steps are pip installs
@@ -373,24 +373,12 @@ func (h *Handler) templateBuildStatus(w http.ResponseWriter, r *http.Request, ow
 }
 
 // deleteTemplateRoute is DELETE /templates/{id}, which E2B's SDKs call for
-// Sandbox.deleteSnapshot: snapshots answer through Options.DeleteSnapshot
-// (the hook for durable snapshots); anything else is E2B's 404, which the
-// SDK returns as false. sandloop's templates are not removed through
-// E2B: `sandloop template rm` or DELETE /v1/templates/{name} do that.
+// Sandbox.deleteSnapshot: snapshots are deleted (snapshots.go); anything
+// else is E2B's 404, which the SDK returns as false. sandloop's templates
+// are not removed through E2B: `sandloop template rm` or DELETE
+// /v1/templates/{name} do that.
 func (h *Handler) deleteTemplateRoute(w http.ResponseWriter, r *http.Request, owner string) {
-	id := r.PathValue("id")
-	if h.opts.DeleteSnapshot != nil {
-		found, err := h.opts.DeleteSnapshot(r.Context(), owner, id)
-		if err != nil {
-			writeControlError(w, http.StatusInternalServerError, "delete snapshot: "+err.Error())
-			return
-		}
-		if found {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-	}
-	writeControlError(w, http.StatusNotFound, fmt.Sprintf("snapshot '%s' not found", id))
+	h.deleteSnapshot(w, r, owner)
 }
 
 // newUUID is a random version-4 UUID (E2B's build ids are UUIDs).

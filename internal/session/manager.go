@@ -583,10 +583,6 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	if err != nil {
 		return nil, err
 	}
-	if err := m.seedFromTemplate(ctx, ms); err != nil {
-		ms.Close()
-		return nil, err
-	}
 	if opts.Snapshot != "" {
 		if err := m.fromSnapshot(ctx, ms, opts.Snapshot); err != nil {
 			ms.Close()

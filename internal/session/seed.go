@@ -19,23 +19,8 @@ import (
 // another session), then its variables imported from one sealed state
 // file that every session's kernel maps copy-on-write.
 
-// seedFromTemplate gives ms, a session Create just made, its template's
-// seed (if it has one).
-func (m *Manager) seedFromTemplate(ctx context.Context, ms *Managed) error {
-	u := ms.Session.opts.Template
-	if u == nil || u.Seed == nil {
-		return nil
-	}
-	defer ms.Lease()()
-	if err := ms.Session.acquireRunning(ctx); err != nil {
-		return err
-	}
-	defer ms.Session.release()
-	_, err := ms.Session.loadSeed(ctx, u)
-	return err
-}
-
-// loadSeed copies u's seed into the session, under its turn.
+// loadSeed copies u's seed into the session, which New just started
+// (no one has it yet).
 func (s *Session) loadSeed(ctx context.Context, u *TemplateUse) (*Restored, error) {
 	seed := u.Seed
 	k, err := s.kernel()
