@@ -16,7 +16,7 @@ import (
 	"github.com/sandloop/sandloop/internal/template"
 )
 
-func snapshotStoreAt(t *testing.T, dir string) *snapshot.Store {
+func snapshotStoreAt(t testing.TB, dir string) *snapshot.Store {
 	t.Helper()
 	b, err := snapshot.OpenBackend(context.Background(), dir)
 	if err != nil {
@@ -204,7 +204,7 @@ func TestTemplateFromSnapshotOfATemplate(t *testing.T) {
 	}
 }
 
-func mustRun(t *testing.T, s *session.Managed, code string) string {
+func mustRun(t testing.TB, s *session.Managed, code string) string {
 	t.Helper()
 	r := execute(t, s, code)
 	if r.Error != nil {
