@@ -222,7 +222,10 @@ func buildSnapshotTemplate(cmd *cobra.Command, tf *templateFlags, name, id, stor
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "building template %s from the snapshot %s...\n", name, id)
 	t, err := st.BuildFromSnapshot(cmd.Context(), name, template.SnapshotSource{Store: snaps, Owner: owner}, id, o)
+	var sae *snapshot.ArgumentError
 	switch {
+	case errors.As(err, &sae):
+		return usagef("--from-snapshot: %v", err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		return usagef("%v: %s (sandloop sessions snapshots lists the token's snapshots; --token must be the one the session was created with)", err, id)
 	case errors.Is(err, snapshot.ErrCorrupt):

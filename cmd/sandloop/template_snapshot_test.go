@@ -43,6 +43,9 @@ func TestTemplateFromSnapshotCommand(t *testing.T) {
 	if code, _, errOut := build("other", "someone-elses-token-bbbb"); code != 2 || !strings.Contains(errOut, "snapshot not found") {
 		t.Errorf("build with another token: exit %d %s", code, errOut)
 	}
+	if code, _, errOut := sandloop(t, "", "template", "build", "x", "--from-snapshot", "snap-NOPE", "--snapshot-store", store, "--templates-dir", tdir); code != 2 || !strings.Contains(errOut, "not a snapshot id") {
+		t.Errorf("a malformed snapshot id: exit %d %s", code, errOut)
+	}
 	if code, _, errOut := sandloop(t, "", "template", "build", "x", "--from-snapshot", snap.ID, "--pip", "numpy", "--templates-dir", tdir); code != 2 || !strings.Contains(errOut, "drop --image") {
 		t.Errorf("--from-snapshot with --pip: exit %d %s", code, errOut)
 	}
