@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +45,7 @@ type Pool struct {
 	log   *slog.Logger
 
 	mu     sync.Mutex
-	warm   map[string]*warmZygote // by template id
+	warm   map[string]*warmZygote // by zygoteKey
 	states map[string]*os.File    // sealed state files, by sha256 (seedOf)
 	closed bool
 	wg     sync.WaitGroup
@@ -181,7 +182,7 @@ func (p *Pool) zygoteFor(t *Template) *warmZygote {
 	if p.closed {
 		return nil
 	}
-	if w := p.warm[t.ID]; w != nil {
+	if w := p.warm[zygoteKey(t)]; w != nil {
 		w.users++
 		w.lastUsed = time.Now()
 		return w
@@ -190,7 +191,7 @@ func (p *Pool) zygoteFor(t *Template) *warmZygote {
 		return nil
 	}
 	w := &warmZygote{name: t.Name, ready: make(chan struct{}), users: 1, lastUsed: time.Now()}
-	p.warm[t.ID] = w
+	p.warm[zygoteKey(t)] = w
 	opts := &zygote.Options{Modules: t.Modules(), Env: append(session.KernelEnv(), t.SessionEnv()...), Python: t.PythonPath(),
 		Mounts: t.Mounts(), Spares: p.opts.Spares, Limits: p.opts.Limits, Logger: p.log.With("template", t.Name)}
 	p.wg.Add(1)
@@ -250,14 +251,14 @@ func (p *Pool) Remove(name string) error {
 		return nil
 	}
 	for _, o := range p.store.listLocked() {
-		if o.ID == t.ID {
+		if zygoteKey(o) == zygoteKey(t) {
 			return nil
 		}
 	}
 	p.mu.Lock()
-	w := p.warm[t.ID]
+	w := p.warm[zygoteKey(t)]
 	if w != nil && w.users <= 0 {
-		delete(p.warm, t.ID)
+		delete(p.warm, zygoteKey(t))
 	} else {
 		w = nil
 	}
@@ -348,4 +349,18 @@ func loadState(path, sum string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// zygoteKey says which templates can share a zygote: those of one tree
+// (its id), and the KindSnapshot ones (the system's Python, no tree) with
+// the same preloads and environment, whatever their files.
+func zygoteKey(t *Template) string {
+	if t.Kind != KindSnapshot {
+		return t.ID
+	}
+	mods := "(default)"
+	if m := t.Modules(); m != nil {
+		mods = strings.Join(m, ",")
+	}
+	return "system\x00" + mods + "\x00" + strings.Join(t.SessionEnv(), "\x00")
 }

@@ -6,14 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/template"
+	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 func snapshotStoreAt(t testing.TB, dir string) *snapshot.Store {
@@ -107,10 +106,6 @@ func TestTemplateFromSnapshot(t *testing.T) {
 		t.Fatalf("a third session printed %q", out)
 	}
 
-	// Figures: a session of the template beside a plain one (no assert).
-	plain, seeded := createTimes(t, m, ""), createTimes(t, m, "seeded")
-	t.Logf("create, median of %d: plain %v, from the snapshot template %v (%.2fx)", len(plain), plain[len(plain)/2], seeded[len(seeded)/2], float64(seeded[len(seeded)/2])/float64(plain[len(plain)/2]))
-
 	// Refused builds.
 	own := template.SnapshotSource{Store: snaps, Owner: "alice"}
 	if _, err := store.BuildFromSnapshot(ctx, "x", own, "snap-doesnotexist", nil); !errors.Is(err, snapshot.ErrNotFound) {
@@ -140,7 +135,22 @@ func TestTemplateFromSnapshot(t *testing.T) {
 	}
 	os.WriteFile(p, good, 0o600)
 
-	// Removal: refused while used, then everything of it goes.
+	// A second template of the same snapshot shares the files' tree, the
+	// state and the zygote.
+	if _, err := store.BuildFromSnapshot(ctx, "seeded2", own, man.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if zygote.Supported() == nil {
+		if err := pool.Warm(ctx, []string{"seeded", "seeded2"}); err != nil {
+			t.Fatal(err)
+		}
+		if names := pool.WarmNames(); len(names) != 1 {
+			t.Errorf("zygotes of two templates from snapshots with the same preloads: %v, want one shared", names)
+		}
+	}
+
+	// Removal: refused while used, then everything of it goes (once the
+	// other template using the same files is gone too).
 	var inUse *template.InUseError
 	if err := pool.Remove("seeded"); !errors.As(err, &inUse) {
 		t.Fatalf("rm while used: %v, want InUseError", err)
@@ -149,6 +159,17 @@ func TestTemplateFromSnapshot(t *testing.T) {
 	b.Close()
 	c.Close()
 	if err := pool.Remove("seeded"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Create(ctx, session.CreateOptions{Template: "seeded2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, d, "print('SEE', seed_answer, open('/workspace/data/seed.txt').read())"); !strings.Contains(out, "SEE 41 from the snapshot") {
+		t.Fatalf("a session of the second template after the first's rm printed %q", out)
+	}
+	d.Close()
+	if err := pool.Remove("seeded2"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(tm.SeedFiles(store)); !errors.Is(err, os.ErrNotExist) {
@@ -211,20 +232,4 @@ func mustRun(t testing.TB, s *session.Managed, code string) string {
 		t.Fatalf("%s: %v\n%s", code, r.Error, r.Stdout)
 	}
 	return r.Stdout
-}
-
-func createTimes(t *testing.T, m *session.Manager, tmpl string) []time.Duration {
-	t.Helper()
-	var ds []time.Duration
-	for range 5 {
-		t0 := time.Now()
-		s, err := m.Create(context.Background(), session.CreateOptions{Template: tmpl})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, time.Since(t0))
-		s.Close()
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	return ds
 }
