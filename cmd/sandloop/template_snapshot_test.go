@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,5 +78,30 @@ func TestTemplateFromSnapshotCommand(t *testing.T) {
 	r, err := c.Execute(ctx, created.ID, "print(answer + 1, open('notes.txt').read())", nil)
 	if err != nil || !strings.Contains(r.Stdout, "42 configured") {
 		t.Fatalf("a session of the template: %+v %v", r, err)
+	}
+
+	req, _ = http.NewRequest("GET", env.URL+"/v1/templates/configured", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shown struct {
+		FromSnapshot *struct {
+			Files     int      `json:"files"`
+			Variables []string `json:"variables"`
+		} `json:"from_snapshot"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	json.Unmarshal(raw, &shown)
+	if shown.FromSnapshot == nil || shown.FromSnapshot.Files != 1 || !slices.Contains(shown.FromSnapshot.Variables, "answer") || strings.Contains(string(raw), snap.ID) {
+		t.Errorf("GET /v1/templates/configured: %s", raw)
+	}
+
+	// exec --template (a script, no kernel) gets the files, and is told
+	// the variables are not loaded.
+	if code, out, errOut := sandloop(t, "", "exec", "--template", "configured", "--templates-dir", tdir, "-c", "print('SEE', open('notes.txt').read(), 'answer' in dir())"); code != 0 || !strings.Contains(out, "SEE configured False") || !strings.Contains(errOut, "variables (answer") {
+		t.Errorf("exec --template: exit %d\n%s\n%s", code, out, errOut)
 	}
 }

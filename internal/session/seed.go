@@ -42,7 +42,8 @@ func (s *Session) loadSeed(ctx context.Context, u *TemplateUse) (*Restored, erro
 	if err != nil {
 		return nil, fmt.Errorf("session %s: copy the files of template %s: %w", s.id, u.Name, err)
 	}
-	res := &Restored{From: "template " + u.Name, Snapshot: seed.Snapshot, Files: n}
+	// Not the snapshot's id: it is its owner's, the template everyone's.
+	res := &Restored{From: "template " + u.Name, Files: n}
 	said := map[string]bool{}
 	if seed.State != nil {
 		imported, err := kc.ImportStateFile(ctx, seed.State)
@@ -130,4 +131,24 @@ func copySeedFiles(ctx context.Context, b *workspace.Bulk, root string) (int, er
 		return nil
 	})
 	return n, err
+}
+
+// CopyTemplateFiles copies the files of u's seed (none without one) into
+// the workspace directory dir, for a program that runs without a kernel
+// (sandloop run, exec), and returns how many it copied. Its variables are
+// a kernel's only.
+func CopyTemplateFiles(ctx context.Context, dir string, u *TemplateUse) (int, error) {
+	if u == nil || u.Seed == nil {
+		return 0, nil
+	}
+	ws, err := OpenWorkspace(dir, workspace.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer ws.Close()
+	b, err := ws.Bulk()
+	if err != nil {
+		return 0, err
+	}
+	return copySeedFiles(ctx, b, u.Seed.Files)
 }

@@ -60,9 +60,10 @@ type TemplateSeed struct {
 	// so they share its pages. It stays the Templates' (never closed by
 	// a session).
 	State *os.File
-	// Snapshot is the snapshot the template was built from, and NotSaved
-	// the variables it could not carry ("name: reason").
-	Snapshot string
+	// Variables are the names State holds.
+	Variables []string
+	// NotSaved are the variables the snapshot could not carry
+	// ("name: reason").
 	NotSaved []string
 }
 

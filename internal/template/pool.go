@@ -304,7 +304,7 @@ func (p *Pool) Has(name string) bool {
 // copy-on-write).
 func (p *Pool) seedOf(t *Template) (*session.TemplateSeed, error) {
 	fs := t.Snapshot
-	seed := &session.TemplateSeed{Files: t.SeedFiles(p.store), Snapshot: fs.ID, NotSaved: fs.NotSaved}
+	seed := &session.TemplateSeed{Files: t.SeedFiles(p.store), Variables: fs.Variables, NotSaved: fs.NotSaved}
 	if fs.State == "" {
 		return seed, nil
 	}
