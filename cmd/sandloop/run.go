@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
 	"github.com/spf13/cobra"
 )
 
@@ -140,6 +142,16 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 	}
 	defer quota.Remove()
 	ws := quota.Path
+	if tmpl != nil && tmpl.Seed != nil {
+		// A template from a snapshot: its files; its variables need a
+		// kernel (repl, mcp, agent, serve's sessions).
+		if _, err := session.CopyTemplateFiles(cmd.Context(), ws, tmpl); err != nil {
+			return err
+		}
+		if len(tmpl.Seed.Variables) > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "note: template %s's variables (%s) are loaded in sessions with a kernel (repl, serve); a script gets its files only\n", tmpl.Name, strings.Join(tmpl.Seed.Variables, ", "))
+		}
+	}
 	if prepare != nil {
 		if err := prepare(ws); err != nil {
 			return err

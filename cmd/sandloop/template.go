@@ -12,7 +12,9 @@ import (
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/host"
+	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/template"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -72,9 +74,10 @@ func newTemplateBuildCmd(tf *templateFlags) *cobra.Command {
 	var pips, preload, envs, allow []string
 	var requirements, caCert, pipIndex, wheelCache string
 	var image, python, maxSize string
+	var fromSnapshot, snapshotStore, token string
 	cmd := &cobra.Command{
-		Use:   "build NAME (--pip PKG... | --requirements FILE | --image REF)",
-		Short: "Build a template in a sandbox from pip packages, a requirements file or an OCI image",
+		Use:   "build NAME (--pip PKG... | --requirements FILE | --image REF | --from-snapshot ID)",
+		Short: "Build a template from pip packages, a requirements file, an OCI image or a session's snapshot",
 		Long: `Build a template in a sandbox from pip packages or a requirements file (a
 virtual environment on the sandbox's Python), or from an OCI image (--image):
 an OCI layout directory (podman save --format oci-dir), an OCI archive
@@ -82,9 +85,26 @@ an OCI layout directory (podman save --format oci-dir), an OCI archive
 reference where a registry is reachable. An image's root file system becomes
 the sandbox's root, read-only, and its own python3 runs the sessions: every
 digest is checked, set-id bits and device nodes are dropped, and entries that
-would reach outside the tree are refused.`,
+would reach outside the tree are refused.
+
+--from-snapshot makes a configured session a template: the files of a
+durable snapshot (sandloop sessions snapshot) are kept read-only in the
+template, and its variables with them; each session of the template starts
+with a writable copy of the files and the variables loaded. --token names the
+snapshot's owner (the token its session was created with; none on a server
+without tokens). A snapshot of a session of template T makes a template with
+T's environment.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fromSnapshot != "" {
+				if image != "" || len(pips) > 0 || requirements != "" {
+					return usagef("--from-snapshot builds from a snapshot alone: drop --image, --pip and --requirements")
+				}
+				return buildSnapshotTemplate(cmd, tf, args[0], fromSnapshot, snapshotStore, token, preload, envs)
+			}
+			if snapshotStore != "" {
+				return usagef("--snapshot-store goes with --from-snapshot")
+			}
 			if image != "" {
 				if len(pips) > 0 || requirements != "" {
 					return usagef("--image builds from an image alone: drop --pip and --requirements (install packages in the image)")
@@ -160,7 +180,61 @@ would reach outside the tree are refused.`,
 	f.StringVar(&image, "image", "", "an OCI image: layout directory, OCI archive, docker save tarball or registry reference")
 	f.StringVar(&python, "python", "", "with --image: the interpreter in the image (default /usr/local/bin/python3, else /usr/bin/python3)")
 	f.StringVar(&maxSize, "max-size", "", "with --image: the most it may unpack to (default 4GiB)")
+	f.StringVar(&fromSnapshot, "from-snapshot", "", "a durable snapshot's id (snap-...): its files and variables become the template's")
+	f.StringVar(&snapshotStore, "snapshot-store", "", "with --from-snapshot: serve's snapshot store, a directory or s3://... (default DATA-DIR/snapshots)")
+	f.StringVar(&token, "token", os.Getenv("SANDLOOP_TOKEN"), "with --from-snapshot: the token the snapshot's session was created with (also SANDLOOP_TOKEN)")
 	return cmd
+}
+
+func buildSnapshotTemplate(cmd *cobra.Command, tf *templateFlags, name, id, storeSpec, token string, preload, envs []string) error {
+	o := &template.SnapshotBuildOptions{Preload: preload}
+	for _, kv := range envs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return usagef("--env %q: give NAME=VALUE", kv)
+		}
+		if o.Env == nil {
+			o.Env = map[string]string{}
+		}
+		o.Env[k] = v
+	}
+	if storeSpec == "" {
+		storeSpec = filepath.Join(tf.dataDir, "snapshots")
+		if _, err := os.Stat(storeSpec); err != nil {
+			return usagef("no snapshot store at %s (give --snapshot-store, as serve has it)", storeSpec)
+		}
+	}
+	b, err := snapshot.OpenBackend(cmd.Context(), storeSpec)
+	if err != nil {
+		return usagef("--snapshot-store: %v", err)
+	}
+	snaps, err := snapshot.New(b, nil)
+	if err != nil {
+		return err
+	}
+	st, err := tf.open()
+	if err != nil {
+		return err
+	}
+	owner := ""
+	if token != "" {
+		owner = server.OwnerOf(token)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "building template %s from the snapshot %s...\n", name, id)
+	t, err := st.BuildFromSnapshot(cmd.Context(), name, template.SnapshotSource{Store: snaps, Owner: owner}, id, o)
+	var sae *snapshot.ArgumentError
+	switch {
+	case errors.As(err, &sae):
+		return usagef("--from-snapshot: %v", err)
+	case errors.Is(err, snapshot.ErrNotFound):
+		return usagef("%v: %s (sandloop sessions snapshots lists the token's snapshots; --token must be the one the session was created with)", err, id)
+	case errors.Is(err, snapshot.ErrCorrupt):
+		return fmt.Errorf("%v", err)
+	case err != nil:
+		return templateError(err)
+	}
+	printTemplate(cmd.OutOrStdout(), t, 0)
+	return nil
 }
 
 func buildImageTemplate(cmd *cobra.Command, tf *templateFlags, name, image, python, maxSize string, preload, envs []string) error {
@@ -304,7 +378,28 @@ func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Templa
 	} else {
 		fmt.Fprintf(w, "  python   %s\n", t.Python)
 	}
-	fmt.Fprintf(w, "  size     %s in %d files\n", sizeText(t.Size), t.Files)
+	if fs := t.Snapshot; fs != nil {
+		from := "snapshot " + fs.ID
+		if fs.Session != "" {
+			from += " (of session " + fs.Session + ")"
+		}
+		if fs.Base != "" {
+			from += ", based on template " + fs.Base
+		}
+		fmt.Fprintf(w, "  from     %s\n", from)
+		fmt.Fprintf(w, "  files    %d (%s), copied into each session's workspace\n", fs.FileCount, sizeText(fs.FileBytes))
+		vars := "none"
+		if len(fs.Variables) > 0 {
+			vars = strings.Join(fs.Variables, ", ") + " (" + sizeText(fs.StateBytes) + ", loaded into each session)"
+		}
+		fmt.Fprintf(w, "  variables %s\n", vars)
+		for _, ns := range fs.NotSaved {
+			fmt.Fprintf(w, "  not restorable %s\n", ns)
+		}
+	}
+	if t.Kind != template.KindSnapshot {
+		fmt.Fprintf(w, "  size     %s in %d files\n", sizeText(t.Size), t.Files)
+	}
 	preload := "numpy, pandas, matplotlib (the default)"
 	if m := t.Modules(); m != nil {
 		preload = strings.Join(m, ", ")
@@ -326,6 +421,8 @@ func printTemplate(w interface{ Write([]byte) (int, error) }, t *template.Templa
 	fmt.Fprintf(w, "  created  %s\n", t.Created.Format("2006-01-02 15:04:05 MST"))
 	if t.Kind == template.KindImage {
 		fmt.Fprintf(w, "  packages %d (the image's Python's)\n", len(t.Packages))
+	} else if t.Kind == template.KindSnapshot {
+		fmt.Fprintf(w, "  packages the system's (the sandbox's own Python)\n")
 	} else {
 		fmt.Fprintf(w, "  packages %d (beside the system's)\n", len(t.Packages))
 	}

@@ -19,11 +19,31 @@ type templateJSON struct {
 	Created  time.Time          `json:"created_at"`
 	Sessions int                `json:"sessions"`
 	Warm     bool               `json:"warm"`
+	// FromSnapshot: what a template built from a snapshot gives each
+	// session (not the snapshot's or its session's id: those are its
+	// owner's).
+	FromSnapshot *templateSeedJSON `json:"from_snapshot,omitempty"`
+}
+
+type templateSeedJSON struct {
+	Base      string   `json:"base,omitempty"`
+	Files     int      `json:"files"`
+	FilesMB   float64  `json:"files_mb"`
+	Variables []string `json:"variables"`
+	NotSaved  []string `json:"not_saved,omitempty"`
 }
 
 func (s *Server) templateJSON(t *template.Template, warm map[string]bool) templateJSON {
+	var seed *templateSeedJSON
+	if fs := t.Snapshot; fs != nil {
+		seed = &templateSeedJSON{Base: fs.Base, Files: fs.FileCount, FilesMB: float64(fs.FileBytes*10>>20) / 10, Variables: fs.Variables, NotSaved: fs.NotSaved}
+		if seed.Variables == nil {
+			seed.Variables = []string{}
+		}
+	}
 	return templateJSON{
-		Name: t.Name, ID: t.ID, Python: t.Python, Packages: t.Packages, Preload: t.Preload,
+		FromSnapshot: seed,
+		Name:         t.Name, ID: t.ID, Python: t.Python, Packages: t.Packages, Preload: t.Preload,
 		SizeMB: float64(t.Size*10>>20) / 10, Files: t.Files, Created: t.Created, Sessions: s.opts.Templates.Store().InUse(t.Name), Warm: warm[t.Name],
 	}
 }

@@ -580,17 +580,18 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		if err := m.checkSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
 			return nil, err
 		}
-		ms, err := m.create(ctx, opts)
-		if err != nil {
-			return nil, err
-		}
+	}
+	ms, err := m.create(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Snapshot != "" {
 		if err := m.fromSnapshot(ctx, ms, opts.Snapshot); err != nil {
 			ms.Close()
 			return nil, err
 		}
-		return ms, nil
 	}
-	return m.create(ctx, opts)
+	return ms, nil
 }
 
 func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {

@@ -303,6 +303,14 @@ func New(ctx context.Context, o *Options) (*Session, error) {
 		return nil, err
 	}
 	s.k = k
+	if u := opts.Template; u != nil && u.Seed != nil {
+		// A template built from a snapshot: its files and variables
+		// before anyone has the session (seed.go).
+		if _, err := s.loadSeed(ctx, u); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	s.log.Debug("session started", "workspace", s.workspace)
 	return s, nil
 }

@@ -71,7 +71,7 @@ func (s *Session) writeSnapshot(ctx context.Context, st *snapshot.Store, owner, 
 	}
 	defer ws.Close()
 	man, err := st.Write(ctx, owner, snapshot.WorkspaceSource(ws), &snapshot.WriteOptions{
-		Session: s.id, Name: name, Held: held,
+		Session: s.id, Name: name, Held: held, Template: s.templateName(),
 		State: func(ctx context.Context, w io.Writer) (any, error) {
 			sm, err := kc.ExportState(ctx, w, 0)
 			if err != nil {

@@ -3,6 +3,7 @@ package session
 import (
 	"cmp"
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -41,8 +42,29 @@ type TemplateUse struct {
 	// is told it has: Session.Environment).
 	PythonVersion string
 	Packages      []Package
+	// Seed, if set, is what every session of the template starts with
+	// (a template built from a snapshot): files and variables.
+	Seed *TemplateSeed
 	// Release ends the use; Session.Close calls it. Safe to call twice.
 	Release func()
+}
+
+// TemplateSeed is the workspace and the variables a template built from a
+// snapshot gives each of its sessions before it is handed out.
+type TemplateSeed struct {
+	// Files is a read-only tree on the host, copied into the session's
+	// workspace (a writable copy of its own).
+	Files string
+	// State, if set, is the variables: a sealed kernel.NewStateFile that
+	// every session's kernel maps copy-on-write (kernel.ImportStateFile),
+	// so they share its pages. It stays the Templates' (never closed by
+	// a session).
+	State *os.File
+	// Variables are the names State holds.
+	Variables []string
+	// NotSaved are the variables the snapshot could not carry
+	// ("name: reason").
+	NotSaved []string
 }
 
 // Package is a distribution a template installed.
@@ -144,4 +166,12 @@ func (m *Manager) useTemplate(ctx context.Context, name string) (*TemplateUse, e
 		return nil, ErrNoTemplates
 	}
 	return m.opts.Templates.Use(ctx, name)
+}
+
+// templateName is the session's template's name ("" for none).
+func (s *Session) templateName() string {
+	if u := s.opts.Template; u != nil {
+		return u.Name
+	}
+	return ""
 }

@@ -153,7 +153,11 @@ type Manifest struct {
 	// Held: the snapshot is the only copy of a hibernated session, so
 	// retention (MaxAge, MaxPerSession) leaves it alone; the session
 	// deletes it when it wakes or is closed. The quota still counts it.
-	Held      bool      `json:"held,omitempty"`
+	Held bool `json:"held,omitempty"`
+	// Template is the template of the source session ("" for none): a
+	// session restored from it, or a template built from it, needs that
+	// environment.
+	Template  string    `json:"template,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	Files     []File    `json:"files"`
 	State     *State    `json:"state,omitempty"`
@@ -425,10 +429,13 @@ func (s *Store) Delete(ctx context.Context, owner, id string) error {
 
 // WriteOptions say what else goes into a snapshot.
 type WriteOptions struct {
-	Session string    // the source session's id, kept in the manifest (retention counts by it)
-	Name    string    // kept in the manifest
-	Held    bool      // Manifest.Held
-	State   StateFunc // the kernel's state; nil for files only
+	Session string // the source session's id, kept in the manifest (retention counts by it)
+	Name    string // kept in the manifest
+	Held    bool   // Manifest.Held
+	// Template is the source session's template ("" for none), kept in
+	// the manifest.
+	Template string
+	State    StateFunc // the kernel's state; nil for files only
 }
 
 // Write takes a snapshot of src (and of the kernel's state) for owner
@@ -454,7 +461,7 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	}
 	w.start()
 
-	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, Name: wo.Name, Held: wo.Held, CreatedAt: time.Now().UTC()}
+	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, Name: wo.Name, Held: wo.Held, Template: wo.Template, CreatedAt: time.Now().UTC()}
 	var chunks [][]*Chunk // of m.Files[i]
 	walkErr := src.Walk(ctx, func(e Entry) error {
 		if err := context.Cause(ctx); err != nil {

@@ -2,14 +2,20 @@ package template
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
@@ -39,7 +45,8 @@ type Pool struct {
 	log   *slog.Logger
 
 	mu     sync.Mutex
-	warm   map[string]*warmZygote // by template id
+	warm   map[string]*warmZygote // by zygoteKey
+	states map[string]*os.File    // sealed state files, by sha256 (seedOf)
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -57,7 +64,7 @@ type warmZygote struct {
 
 // NewPool returns a pool of store's templates.
 func NewPool(store *Store, o *PoolOptions) *Pool {
-	p := &Pool{store: store, warm: map[string]*warmZygote{}}
+	p := &Pool{store: store, warm: map[string]*warmZygote{}, states: map[string]*os.File{}}
 	if o != nil {
 		p.opts = *o
 	}
@@ -84,10 +91,18 @@ func (p *Pool) Use(ctx context.Context, name string) (*session.TemplateUse, erro
 	if err != nil {
 		return nil, err
 	}
-	u := &session.TemplateUse{Name: t.Name, Python: t.PythonPath(), Mounts: []jail.Mount{t.Mount()}, Env: t.SessionEnv(), Limits: t.Limits,
+	u := &session.TemplateUse{Name: t.Name, Python: t.PythonPath(), Mounts: t.Mounts(), Env: t.SessionEnv(), Limits: t.Limits,
 		PythonVersion: t.Python, Packages: make([]session.Package, len(t.Packages))}
 	for i, p := range t.Packages {
 		u.Packages[i] = session.Package(p)
+	}
+	if t.Snapshot != nil {
+		seed, err := p.seedOf(t)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		u.Seed = seed
 	}
 	w := p.zygoteFor(t)
 	if w != nil {
@@ -167,7 +182,7 @@ func (p *Pool) zygoteFor(t *Template) *warmZygote {
 	if p.closed {
 		return nil
 	}
-	if w := p.warm[t.ID]; w != nil {
+	if w := p.warm[zygoteKey(t)]; w != nil {
 		w.users++
 		w.lastUsed = time.Now()
 		return w
@@ -176,9 +191,9 @@ func (p *Pool) zygoteFor(t *Template) *warmZygote {
 		return nil
 	}
 	w := &warmZygote{name: t.Name, ready: make(chan struct{}), users: 1, lastUsed: time.Now()}
-	p.warm[t.ID] = w
+	p.warm[zygoteKey(t)] = w
 	opts := &zygote.Options{Modules: t.Modules(), Env: append(session.KernelEnv(), t.SessionEnv()...), Python: t.PythonPath(),
-		Mounts: []jail.Mount{t.Mount()}, Spares: p.opts.Spares, Limits: p.opts.Limits, Logger: p.log.With("template", t.Name)}
+		Mounts: t.Mounts(), Spares: p.opts.Spares, Limits: p.opts.Limits, Logger: p.log.With("template", t.Name)}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -236,14 +251,14 @@ func (p *Pool) Remove(name string) error {
 		return nil
 	}
 	for _, o := range p.store.listLocked() {
-		if o.ID == t.ID {
+		if zygoteKey(o) == zygoteKey(t) {
 			return nil
 		}
 	}
 	p.mu.Lock()
-	w := p.warm[t.ID]
+	w := p.warm[zygoteKey(t)]
 	if w != nil && w.users <= 0 {
-		delete(p.warm, t.ID)
+		delete(p.warm, zygoteKey(t))
 	} else {
 		w = nil
 	}
@@ -263,7 +278,12 @@ func (p *Pool) Close() {
 	p.closed = true
 	ws := p.warm
 	p.warm = map[string]*warmZygote{}
+	states := p.states
+	p.states = map[string]*os.File{}
 	p.mu.Unlock()
+	for _, f := range states {
+		f.Close() // kernels that mapped it keep their mappings
+	}
 	p.wg.Wait() // every zygote being started is ready (or failed)
 	for _, w := range ws {
 		if w.z != nil {
@@ -276,4 +296,71 @@ func (p *Pool) Close() {
 func (p *Pool) Has(name string) bool {
 	_, err := p.store.Get(name)
 	return err == nil
+}
+
+// seedOf is what t (built from a snapshot) gives each session: its files'
+// tree, and its variables in a sealed state file loaded once from the
+// store and shared by every session's kernel (each maps it
+// copy-on-write).
+func (p *Pool) seedOf(t *Template) (*session.TemplateSeed, error) {
+	fs := t.Snapshot
+	seed := &session.TemplateSeed{Files: t.SeedFiles(p.store), Variables: fs.Variables, NotSaved: fs.NotSaved}
+	if fs.State == "" {
+		return seed, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if f := p.states[fs.State]; f != nil {
+		seed.State = f
+		return seed, nil
+	}
+	f, err := loadState(p.store.statePath(fs.State), fs.State)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: its variables: %w", t.Name, err)
+	}
+	p.states[fs.State] = f
+	seed.State = f
+	return seed, nil
+}
+
+// loadState copies the state file at path into a sealed kernel state file,
+// checking its sha256.
+func loadState(path, sum string) (*os.File, error) {
+	in, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	f, err := kernel.NewStateFile("sandloop-template-" + sum[:12])
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(f, h), in); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		f.Close()
+		return nil, fmt.Errorf("%s is damaged (sha256 %s, not %s): rebuild the template", path, got, sum)
+	}
+	if err := kernel.SealStateFile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// zygoteKey says which templates can share a zygote: those of one tree
+// (its id), and the KindSnapshot ones (the system's Python, no tree) with
+// the same preloads and environment, whatever their files.
+func zygoteKey(t *Template) string {
+	if t.Kind != KindSnapshot {
+		return t.ID
+	}
+	mods := "(default)"
+	if m := t.Modules(); m != nil {
+		mods = strings.Join(m, ",")
+	}
+	return "system\x00" + mods + "\x00" + strings.Join(t.SessionEnv(), "\x00")
 }

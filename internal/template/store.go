@@ -136,12 +136,8 @@ func (s *Store) Remove(name string) error {
 	if err := os.Remove(s.manifestPath(name)); err != nil {
 		return err
 	}
-	for _, o := range s.listLocked() {
-		if o.ID == t.ID {
-			return nil
-		}
-	}
-	return removeTree(t.Dir)
+	s.sweepLocked(t)
+	return nil
 }
 
 func (s *Store) listLocked() []*Template {
@@ -165,10 +161,7 @@ func (s *Store) install(m *Manifest, tree string) (*Template, error) {
 		removeTree(tree)
 		return nil, err
 	}
-	var old *Template
-	if o, err := s.Get(m.Name); err == nil && o.ID != m.ID {
-		old = o
-	}
+	old, _ := s.Get(m.Name)
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return nil, err
@@ -181,13 +174,7 @@ func (s *Store) install(m *Manifest, tree string) (*Template, error) {
 		return nil, err
 	}
 	if old != nil {
-		shared := false
-		for _, o := range s.listLocked() {
-			shared = shared || o.ID == old.ID
-		}
-		if !shared {
-			removeTree(old.Dir)
-		}
+		s.sweepLocked(old)
 	}
 	return &Template{Manifest: *m, Dir: final}, nil
 }

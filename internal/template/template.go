@@ -131,6 +131,10 @@ type Manifest struct {
 	Size     int64             `json:"size"`
 	Files    int               `json:"files"`
 	Created  time.Time         `json:"created"`
+	// Snapshot, if set, is the snapshot the template was built from
+	// (BuildFromSnapshot): the files and variables each of its sessions
+	// starts with.
+	Snapshot *FromSnapshot `json:"snapshot,omitempty"`
 }
 
 // Template is a stored template.
@@ -141,7 +145,8 @@ type Template struct {
 }
 
 // Mount is how a sandbox sees the template: at EnvDir, or as the
-// sandbox's system root (an image).
+// sandbox's system root (an image). A KindSnapshot template has no
+// environment to mount: see Mounts.
 func (t *Template) Mount() jail.Mount {
 	if t.Kind == KindImage {
 		return jail.Mount{Host: t.Dir, Path: "/", Root: true}
@@ -149,8 +154,19 @@ func (t *Template) Mount() jail.Mount {
 	return jail.Mount{Host: t.Dir, Path: EnvDir}
 }
 
+// Mounts are the template's mounts in a sandbox (none for KindSnapshot).
+func (t *Template) Mounts() []jail.Mount {
+	if t.Kind == KindSnapshot {
+		return nil
+	}
+	return []jail.Mount{t.Mount()}
+}
+
 // PythonPath is the interpreter of the template's kernels.
 func (t *Template) PythonPath() string {
+	if t.Kind == KindSnapshot {
+		return jail.DefaultPython
+	}
 	if t.Kind == KindImage {
 		return t.Interpreter
 	}
@@ -173,9 +189,12 @@ const imagePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:
 // the kernel's: the environment's bin first on PATH, VIRTUAL_ENV (or an
 // image's PATH), and the template's own variables in key order.
 func (t *Template) SessionEnv() []string {
-	env := []string{"PATH=" + EnvDir + "/bin:/usr/local/bin:/usr/bin:/bin:" + jail.ToolsDir, "VIRTUAL_ENV=" + EnvDir}
-	if t.Kind == KindImage {
+	env := []string{"PATH=" + EnvDir + "/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV=" + EnvDir}
+	switch t.Kind {
+	case KindImage:
 		env = []string{"PATH=" + imagePath}
+	case KindSnapshot:
+		env = nil
 	}
 	keys := make([]string, 0, len(t.Env))
 	for k := range t.Env {
