@@ -7,6 +7,7 @@ pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask pyth
   python3-pip python3-setuptools python3-wheel curl # pip in the sandbox; the egress tests build a wheel and use curl through the proxy
   chromium # chromium: the web UI's browser tests (internal/webui)
   python3-dill # python3-dill: a session's variables move to a forked session (internal/kernel ExportState: lambdas, classes defined in cells)
+  s3fs # s3fs: Mastra's default E2B template installs s3fs and fuse (fuse3 provides fuse); present in the sandbox root, its build is the plain environment (cmd/sandloop TestFrameworks)
   python3-sklearn # python3-sklearn: scikit-learn in every sandbox; the templates benchmark preloads it (internal/template BenchmarkTemplateSession)
   python3-nbformat # python3-nbformat: validates the notebook's .ipynb export (internal/server TestNotebookIpynb)
   crun # crun: sandloop inside a container (cmd/sandloop TestInContainer)

@@ -340,10 +340,12 @@ func buildSpec(req *buildStart, dpkgStatus string) (template.Spec, error) {
 		}
 	}
 	if len(spec.Pip) == 0 {
-		if apt {
-			return template.Spec{}, fmt.Errorf("nothing to install: the Debian packages named are in sandloop's sandboxes already (create the sandbox from 'base'); %s", supportedBuilds)
+		if !apt {
+			return template.Spec{}, fmt.Errorf("nothing to install: %s", supportedBuilds)
 		}
-		return template.Spec{}, fmt.Errorf("nothing to install: %s", supportedBuilds)
+		// The Debian packages named are in the sandbox already: the
+		// template is the sandbox's own environment under its name.
+		spec.AsIs = true
 	}
 	return spec, nil
 }

@@ -58,7 +58,8 @@ spec = json.load(open("/workspace/.sandloop-build.json"))
 args = ["/usr/bin/python3", "-m", "pip", "--python", env + "/bin/python3", "install", "--no-input", "--no-cache-dir", "--disable-pip-version-check"]
 if spec["requirements"]:
     args += ["-r", "/workspace/requirements.txt"]
-run("pip install", args + spec["pip"])
+if spec["requirements"] or spec["pip"]:
+    run("pip install", args + spec["pip"])
 if spec["preload"]:
     run("import the preloads", [env + "/bin/python3", "-c", "import " + ", ".join(spec["preload"])])
 import importlib.metadata as md

@@ -86,6 +86,11 @@ type Spec struct {
 	// Limits are the default limits of its sessions (zero fields: the
 	// server's defaults). Stored only; see Manifest.
 	Limits jail.Limits
+	// AsIs allows a template with nothing to install: the sandbox's own
+	// environment under a name, with Env and Preload (E2B's builds of
+	// Debian packages the sandbox has already). Otherwise a build without
+	// requirements or packages is refused.
+	AsIs bool
 }
 
 // Package is one distribution installed in a template.
@@ -220,7 +225,7 @@ func ValidName(name string) error {
 var moduleRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
 func (s *Spec) validate() error {
-	if strings.TrimSpace(s.Requirements) == "" && len(s.Pip) == 0 {
+	if strings.TrimSpace(s.Requirements) == "" && len(s.Pip) == 0 && !s.AsIs {
 		return &ArgumentError{"build", errors.New("nothing to install: give a requirements file or packages")}
 	}
 	for _, p := range s.Pip {
