@@ -440,35 +440,12 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	case !st.Ready:
 		return abort(errors.New("join the sandbox: the process ended before it started (is the sandbox at its process or memory limit?)"))
 	}
-	if limits.Timeout > 0 {
-		p.timer = time.AfterFunc(limits.Timeout, func() {
-			p.mu.Lock()
-			p.timedOut = true
-			p.mu.Unlock()
-			p.Kill()
-		})
-	}
-	if ctx.Done() != nil {
-		go func() {
-			select {
-			case <-ctx.Done():
-				p.Kill()
-			case <-p.done:
-			}
-		}()
-	}
+	p.killAt(ctx, limits.Timeout)
 	return p, nil
 }
 
 func readJoinStatus(r *bufio.Reader, st *joinStatus) error {
-	line, err := r.ReadBytes('\n')
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("the join ended without a report")
-		}
-		return err
-	}
-	return json.Unmarshal(line, st)
+	return readReport(r, st, "the join ended without a report")
 }
 
 // waitJoined is wait's part for a joined process: the script's last

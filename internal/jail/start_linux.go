@@ -402,8 +402,15 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			return abort(fmt.Errorf("the jail's listener: %w", err))
 		}
 	}
-	if limits.Timeout > 0 {
-		p.timer = time.AfterFunc(limits.Timeout, func() {
+	p.killAt(ctx, limits.Timeout)
+	return p, nil
+}
+
+// killAt kills the process when timeout (if > 0) has passed, marking it
+// timed out, or when ctx ends, whichever comes first while it runs.
+func (p *Process) killAt(ctx context.Context, timeout time.Duration) {
+	if timeout > 0 {
+		p.timer = time.AfterFunc(timeout, func() {
 			p.mu.Lock()
 			p.timedOut = true
 			p.mu.Unlock()
@@ -419,14 +426,19 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			}
 		}()
 	}
-	return p, nil
 }
 
 func readStatus(r *bufio.Reader, st *initStatus) error {
+	return readReport(r, st, "the jail's init exited without a report")
+}
+
+// readReport reads one JSON line into st; eof says what an end before
+// it means.
+func readReport[T any](r *bufio.Reader, st *T, eof string) error {
 	line, err := r.ReadBytes('\n')
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return errors.New("the jail's init exited without a report")
+			return errors.New(eof)
 		}
 		return err
 	}

@@ -89,11 +89,19 @@ func (c *callSession) Restore(ctx context.Context, id string) (*tools.Restored, 
 // Fork makes a copy of the connection's session and continues in it; the
 // session left is kept (and closed with the connection).
 func (c *callSession) Fork(ctx context.Context) (child, parent string, r *tools.Restored, err error) {
-	s := c.s
-	f, ok := s.src.(Forker)
+	f, ok := c.s.src.(Forker)
 	if !ok {
 		return "", "", nil, errors.New("this server cannot fork sessions")
 	}
+	return c.continueIn(ctx, "fork_session", func(cur Session) (Session, *tools.Restored, error) { return f.Fork(ctx, cur) })
+}
+
+// continueIn makes the connection continue in the session next returns
+// (made from its current one); the session left is kept (and closed with
+// the connection). again is the tool to call again when another call
+// changed the connection's session meanwhile.
+func (c *callSession) continueIn(ctx context.Context, again string, next func(cur Session) (Session, *tools.Restored, error)) (child, parent string, r *tools.Restored, err error) {
+	s := c.s
 	cur, err := s.session(ctx, c.req.Session)
 	if err != nil {
 		return "", "", nil, err
@@ -105,9 +113,9 @@ func (c *callSession) Fork(ctx context.Context) (child, parent string, r *tools.
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	if cn.gone || cn.sess != cur {
-		return "", "", nil, errors.New("the session changed meanwhile; call fork_session again")
+		return "", "", nil, errors.New("the session changed meanwhile; call " + again + " again")
 	}
-	kid, r, err := f.Fork(ctx, cur)
+	kid, r, err := next(cur)
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -175,29 +183,9 @@ func (c *callSession) Snapshot(ctx context.Context, name string) (*tools.Snapsho
 // FromSnapshot starts a new session from snapshot id and continues in it;
 // the session left is kept, as fork_session keeps it.
 func (c *callSession) FromSnapshot(ctx context.Context, id string) (child, parent string, r *tools.Restored, err error) {
-	s := c.s
-	sn, ok := s.src.(Snapshotter)
+	sn, ok := c.s.src.(Snapshotter)
 	if !ok {
 		return "", "", nil, errors.New("this server keeps no snapshots")
 	}
-	cur, err := s.session(ctx, c.req.Session)
-	if err != nil {
-		return "", "", nil, err
-	}
-	cn := s.conn(c.req.Session)
-	if cn == nil {
-		return "", "", nil, ErrClosed
-	}
-	cn.mu.Lock()
-	defer cn.mu.Unlock()
-	if cn.gone || cn.sess != cur {
-		return "", "", nil, errors.New("the session changed meanwhile; call snapshot again")
-	}
-	kid, r, err := sn.FromSnapshot(ctx, id)
-	if err != nil {
-		return "", "", nil, err
-	}
-	cn.kept = append(cn.kept, cur)
-	cn.sess = kid
-	return sessionID(kid), sessionID(cur), r, nil
+	return c.continueIn(ctx, "snapshot", func(Session) (Session, *tools.Restored, error) { return sn.FromSnapshot(ctx, id) })
 }
