@@ -2,12 +2,9 @@ package template
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -191,19 +188,7 @@ func copyState(ctx context.Context, src SnapshotSource, id, path string) (string
 		return "", 0, err
 	}
 	defer rc.Close()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return "", 0, err
-	}
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), rc)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(path, 0o444)
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, err
+	return writeHashed(rc, path, 0o444)
 }
 
 // installSnapshot moves a snapshot template's files tree and state into

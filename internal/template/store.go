@@ -286,12 +286,18 @@ func copyFile(src, dst string, perm fs.FileMode) (string, int64, error) {
 		return "", 0, err
 	}
 	defer in.Close()
+	return writeHashed(in, dst, perm)
+}
+
+// writeHashed copies r to a new file dst, gives it perm once whole, and
+// returns its sha256 and size.
+func writeHashed(r io.Reader, dst string, perm fs.FileMode) (string, int64, error) {
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", 0, err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(out, h), in)
+	n, err := io.Copy(io.MultiWriter(out, h), r)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
