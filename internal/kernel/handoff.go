@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 )
@@ -64,30 +63,9 @@ func (k *Kernel) Handoff() (Handoff, []*os.File, error) {
 // Handoff's files (which it owns from now on), and resyncs it in the
 // background (see above); done, if not nil, gets what it found.
 func Attach(proc Process, h Handoff, files []*os.File, opts *Options, done func(Resynced, error)) (*Kernel, error) {
-	k := &Kernel{
-		exited: make(chan struct{}),
-		sem:    make(chan struct{}, 1),
-		start:  time.Now(),
-	}
-	if opts != nil {
-		k.opts = *opts
-	}
-	if k.opts.InterruptGrace <= 0 {
-		k.opts.InterruptGrace = 2 * time.Second
-	}
-	if k.opts.MaxOutputBytes <= 0 {
-		k.opts.MaxOutputBytes = 1 << 20
-	}
-	k.opts.MaxEventBytes = h.MaxEventBytes
-	if k.opts.MaxEventBytes <= 0 {
-		k.opts.MaxEventBytes = 32 << 20
-	}
+	k := newKernel(opts, h.MaxEventBytes)
 	if k.opts.ResyncTimeout <= 0 {
 		k.opts.ResyncTimeout = 5 * time.Minute
-	}
-	k.log = k.opts.Logger
-	if k.log == nil {
-		k.log = slog.New(slog.DiscardHandler)
 	}
 	p, err := attachPipes(files, k.opts.MaxEventBytes, h.Token)
 	if err != nil {

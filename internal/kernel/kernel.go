@@ -142,9 +142,9 @@ type wireEvent struct {
 	Checkpoints []int `json:"checkpoints"`
 }
 
-// Start launches a kernel and waits until it is ready. ctx bounds only the
-// start; the kernel lives until Close or until it dies.
-func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error) {
+// newKernel is a Kernel not yet started, with opts' defaults filled in;
+// maxEventBytes, if > 0, is the one of the kernel it attaches to.
+func newKernel(opts *Options, maxEventBytes int) *Kernel {
 	k := &Kernel{
 		exited: make(chan struct{}),
 		sem:    make(chan struct{}, 1),
@@ -159,6 +159,9 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	if k.opts.MaxOutputBytes <= 0 {
 		k.opts.MaxOutputBytes = 1 << 20
 	}
+	if maxEventBytes > 0 {
+		k.opts.MaxEventBytes = maxEventBytes
+	}
 	if k.opts.MaxEventBytes <= 0 {
 		k.opts.MaxEventBytes = 32 << 20
 	}
@@ -166,6 +169,13 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
+	return k
+}
+
+// Start launches a kernel and waits until it is ready. ctx bounds only the
+// start; the kernel lives until Close or until it dies.
+func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error) {
+	k := newKernel(opts, 0)
 	var tok [12]byte
 	rand.Read(tok[:])
 	p, files, err := newPipes(k.opts.MaxEventBytes, hex.EncodeToString(tok[:]))
