@@ -39,6 +39,8 @@ type Cluster interface {
 	PutPlacement(ctx context.Context, p store.Placement) error
 	GetPlacement(ctx context.Context, id string) (*store.Placement, error)
 	DeletePlacement(ctx context.Context, id string) error
+	SetSnapshot(ctx context.Context, id, snap string) error
+	SetRestoredAs(ctx context.Context, id, to string) (string, error)
 	FenceHost(ctx context.Context, host, keep string) ([]store.Placement, error)
 	PutHost(ctx context.Context, h store.HostRecord) error
 	GetHost(ctx context.Context, name string) (*store.HostRecord, error)
@@ -412,6 +414,10 @@ func (g *Gateway) afterResponse(resp *http.Response) error {
 		}
 	}
 	if req.Method == http.MethodPost && resp.StatusCode == http.StatusCreated && t.pl.Kind == store.KindSession &&
+		strings.HasSuffix(req.URL.Path, "/snapshots") && strings.Count(strings.Trim(req.URL.Path, "/"), "/") == 3 {
+		return g.noteSnapshot(req, t.pl, resp)
+	}
+	if req.Method == http.MethodPost && resp.StatusCode == http.StatusCreated && t.pl.Kind == store.KindSession &&
 		strings.HasSuffix(req.URL.Path, "/fork") && strings.Count(strings.Trim(req.URL.Path, "/"), "/") == 3 {
 		return g.placeForks(req, t.pl, resp)
 	}
@@ -447,6 +453,30 @@ func (g *Gateway) placeForks(req *http.Request, parent *store.Placement, resp *h
 		g.routes.put(pl)
 		g.hosts.placedOn(parent.Host)
 	}
+	return nil
+}
+
+// noteSnapshot records the snapshot a host just wrote of a session as
+// its latest, from which it is restored if its host is lost.
+func (g *Gateway) noteSnapshot(req *http.Request, pl *store.Placement, resp *http.Response) error {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	resp.Body.Close()
+	if err != nil {
+		return err // the proxy answers 502
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	var made struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(b, &made) != nil || made.ID == "" {
+		g.log.Warn("snapshot: the host's answer has no id", "session", pl.ID)
+		return nil
+	}
+	if err := g.opts.Cluster.SetSnapshot(req.Context(), pl.ID, made.ID); err != nil {
+		g.log.Warn("record a session's snapshot", "session", pl.ID, "snapshot", made.ID, "err", err)
+		return nil
+	}
+	g.routes.drop(pl.ID)
 	return nil
 }
 
@@ -516,13 +546,13 @@ func (g *Gateway) resolveFor(w http.ResponseWriter, r *http.Request, id, kind st
 		return target{}, false
 	}
 	if pl.Lost {
-		writeGone(w, pl)
+		g.lost(w, r, pl, mine)
 		return target{}, false
 	}
 	u, epoch, reachable, known := g.hosts.get(pl.Host)
 	if known && epoch != "" && epoch != pl.Epoch {
 		go g.fence(context.WithoutCancel(r.Context()), pl.Host, epoch)
-		writeGone(w, pl)
+		g.lost(w, r, pl, mine)
 		return target{}, false
 	}
 	if !known || !reachable {

@@ -36,6 +36,11 @@ type Placement struct {
 	// Lost is set once that epoch ended: the session is gone.
 	Lost      bool
 	CreatedAt time.Time
+	// Snapshot is the session's latest durable snapshot ("" if none):
+	// a lost session with one is restored from it on another host.
+	Snapshot string
+	// RestoredAs is the session a lost one was restored as ("" if not).
+	RestoredAs string
 }
 
 // HostRecord is a host as a gateway last saw it.
@@ -51,9 +56,9 @@ type HostRecord struct {
 
 // PutPlacement records where a new session lives.
 func (p *Postgres) PutPlacement(ctx context.Context, pl Placement) error {
-	_, err := p.pool.Exec(ctx, `INSERT INTO sessions (id, kind, owner, host, epoch, created_at, lost) VALUES ($1,$2,$3,$4,$5,$6,$7)
-		ON CONFLICT (id) DO UPDATE SET kind=$2, owner=$3, host=$4, epoch=$5, created_at=$6, lost=$7`,
-		pl.ID, pl.Kind, pl.Owner, pl.Host, pl.Epoch, toMillis(p.nowMillis()), pl.Lost)
+	_, err := p.pool.Exec(ctx, `INSERT INTO sessions (id, kind, owner, host, epoch, created_at, lost, snapshot) VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
+		ON CONFLICT (id) DO UPDATE SET kind=$2, owner=$3, host=$4, epoch=$5, created_at=$6, lost=$7, snapshot=$8, restored_as=''`,
+		pl.ID, pl.Kind, pl.Owner, pl.Host, pl.Epoch, toMillis(p.nowMillis()), pl.Lost, pl.Snapshot)
 	if err != nil {
 		return fmt.Errorf("record session %s: %w", pl.ID, err)
 	}
@@ -64,8 +69,8 @@ func (p *Postgres) PutPlacement(ctx context.Context, pl Placement) error {
 func (p *Postgres) GetPlacement(ctx context.Context, id string) (*Placement, error) {
 	pl := Placement{ID: id}
 	var created int64
-	err := p.pool.QueryRow(ctx, `SELECT kind, owner, host, epoch, lost, created_at FROM sessions WHERE id = $1`, id).
-		Scan(&pl.Kind, &pl.Owner, &pl.Host, &pl.Epoch, &pl.Lost, &created)
+	err := p.pool.QueryRow(ctx, `SELECT kind, owner, host, epoch, lost, created_at, snapshot, restored_as FROM sessions WHERE id = $1`, id).
+		Scan(&pl.Kind, &pl.Owner, &pl.Host, &pl.Epoch, &pl.Lost, &created, &pl.Snapshot, &pl.RestoredAs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("session %s: %w", id, ErrNotFound)
 	}
@@ -74,6 +79,42 @@ func (p *Postgres) GetPlacement(ctx context.Context, id string) (*Placement, err
 	}
 	pl.CreatedAt = fromMillis(created)
 	return &pl, nil
+}
+
+// SetSnapshot records snap as the latest durable snapshot of session id
+// and tells the gateways. A session not recorded is ErrNotFound.
+func (p *Postgres) SetSnapshot(ctx context.Context, id, snap string) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE sessions SET snapshot = $2 WHERE id = $1`, id, snap)
+		if err != nil {
+			return fmt.Errorf("record the snapshot of session %s: %w", id, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("session %s: %w", id, ErrNotFound)
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, "s:"+id)
+		return err
+	})
+}
+
+// SetRestoredAs records that the lost session id was restored as the
+// session to, unless it already was: it returns the session it was
+// restored as (to, or the one another gateway recorded first).
+func (p *Postgres) SetRestoredAs(ctx context.Context, id, to string) (string, error) {
+	var got string
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `UPDATE sessions SET restored_as = CASE WHEN restored_as = '' THEN $2 ELSE restored_as END
+			WHERE id = $1 RETURNING restored_as`, id, to).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("session %s: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("record the restore of session %s: %w", id, err)
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, "s:"+id)
+		return err
+	})
+	return got, err
 }
 
 // DeletePlacement forgets a session (it was deleted) and tells the gateways.

@@ -170,6 +170,13 @@ CREATE INDEX sessions_by_lost_at ON sessions (lost_at) WHERE lost;
 	// 6: the templates a registered host has (comma-separated names), so
 	// that gateways place a session naming one on a host that has it.
 	`ALTER TABLE host_heartbeats ADD COLUMN templates TEXT NOT NULL DEFAULT '';`,
+	// 7: a session's latest durable snapshot (in the cell's shared
+	// snapshot store), from which a gateway restores it if its host is
+	// lost; and the session it was restored as, where its old id leads.
+	`
+ALTER TABLE sessions ADD COLUMN snapshot TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN restored_as TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers
