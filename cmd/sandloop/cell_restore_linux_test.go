@@ -45,6 +45,7 @@ func TestCellRestoreLostHost(t *testing.T) {
 		gw    *proc
 		id    string // snapshotted
 		bare  string // not snapshotted, on the same host
+		hib   string // hibernated, on the same host
 		snap  string
 	)
 	c.phase("start", 3*time.Minute, func(t *testing.T) {
@@ -69,17 +70,32 @@ func TestCellRestoreLostHost(t *testing.T) {
 	c.phase("snapshot", 3*time.Minute, func(t *testing.T) {
 		id = c.create(gw)
 		host := c.hostOf(id)
-		// A session without a snapshot on the same host.
-		for range 20 {
-			if s := c.create(gw); s != "" && c.hostOf(s) == host {
-				bare = s
-				break
-			} else if s != "" {
-				c.call(gw, "DELETE", "/v1/sessions/"+s, nil, nil)
+		// Sessions on the same host: one never snapshotted, one hibernated.
+		sameHost := func() string {
+			for range 20 {
+				if s := c.create(gw); s != "" && c.hostOf(s) == host {
+					return s
+				} else if s != "" {
+					c.call(gw, "DELETE", "/v1/sessions/"+s, nil, nil)
+				}
 			}
+			t.Fatal("no session landed on the first one's host in 20 tries")
+			return ""
 		}
-		if bare == "" {
-			t.Fatal("no second session landed on the first one's host in 20 tries")
+		bare, hib = sameHost(), sameHost()
+		if st, r := c.exec(gw, hib, "x = 7\nopen('f.txt','w').write('hib')"); st != 200 || r.Status != "ok" {
+			t.Fatalf("execute: %d %+v", st, r)
+		}
+		var hs struct {
+			State string `json:"state"`
+		}
+		if st := c.call(gw, "POST", "/v1/sessions/"+hib+"/hibernate", nil, &hs); st != 200 || hs.State != "hibernated" {
+			t.Fatalf("hibernate through the gateway: %d %+v", st, hs)
+		}
+		// The host recorded the hibernation's snapshot in the cell.
+		var hsnap string
+		if err := pgQuery(c, `SELECT snapshot FROM sessions WHERE id = $1`, hib, &hsnap); err != nil || hsnap == "" {
+			t.Fatalf("sessions.snapshot of the hibernated %s = %q (%v)", hib, hsnap, err)
 		}
 		if st, r := c.exec(gw, id, "import os, hashlib\nos.makedirs('d', exist_ok=True)\nopen('d/a.bin','wb').write(os.urandom(1 << 20))\nh = hashlib.sha256(open('d/a.bin','rb').read()).hexdigest()\nanswer = 42\nprint(h)"); st != 200 || r.Status != "ok" {
 			t.Fatalf("execute: %d %+v", st, r)
@@ -155,6 +171,10 @@ func TestCellRestoreLostHost(t *testing.T) {
 		r2.Body.Close()
 		if r2.StatusCode != http.StatusTemporaryRedirect || r2.Header.Get("Sandloop-Session-Id") != newID {
 			t.Errorf("second request of the old id: %d -> %q, want 307 -> %s", r2.StatusCode, r2.Header.Get("Sandloop-Session-Id"), newID)
+		}
+		// The hibernated one comes back too (its host reported it).
+		if st, r := c.exec(gw, hib, "print(x, open('f.txt').read())"); st != 200 || r.Status != "ok" || strings.TrimSpace(r.Stdout) != "7 hib" {
+			t.Errorf("the hibernated session of the lost host, redirected: %d %+v", st, r)
 		}
 		var n int
 		if err := pgQuery(c, `SELECT count(*) FROM sessions WHERE snapshot = $1 AND NOT lost`, snap, &n); err != nil || n != 1 {

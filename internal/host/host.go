@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/e2b"
@@ -170,11 +171,14 @@ type Host struct {
 	srv    *server.Server
 	hs     *http.Server
 
-	mu        sync.Mutex
-	served    chan struct{} // closed when hs.Serve has returned; nil before Serve
-	serveErr  error
-	stopBeat  func()
-	keeper    *keeperLink // with KeepSessions
+	mu       sync.Mutex
+	served   chan struct{} // closed when hs.Serve has returned; nil before Serve
+	serveErr error
+	stopBeat func()
+	keeper   *keeperLink // with KeepSessions
+	// cellPG is the cell's database once opened (cell): snapshots
+	// written before are not recorded there.
+	cellPG    atomic.Pointer[store.Postgres]
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -245,6 +249,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		FixedPool:   h.cfg.OldPipeline,
 		Checkpoints: h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
 		CheckpointMemory: h.cfg.CheckpointMemory,
+		OnSnapshot:       h.recordSnapshot,
 	}
 	if h.tmpl != nil {
 		mo.Templates = h.tmpl
@@ -296,6 +301,9 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		})
 
 		undo = append(undo, h.runs.Close)
+	}
+	if pg, ok := h.cell().(*store.Postgres); ok {
+		h.cellPG.Store(pg)
 	}
 	pg, _ := h.st.(*store.Postgres)
 	if h.cfg.Register != nil && pg == nil {
@@ -351,6 +359,22 @@ func (h *Host) cell() runs.Placements {
 		return pg
 	}
 	return nil
+}
+
+// recordSnapshot records in the cell's sessions table the snapshot just
+// written of a session as its latest: a gateway restores the session
+// from it if this host is lost. Sessions not in the table (this host's
+// runs' sandboxes) are left alone.
+func (h *Host) recordSnapshot(session, snap string) {
+	pg := h.cellPG.Load()
+	if pg == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pg.SetSnapshot(ctx, session, snap); err != nil && !errors.Is(err, store.ErrNotFound) {
+		h.log.Warn("record a session's snapshot in the cell", "session", session, "snapshot", snap, "err", err)
+	}
 }
 
 // openSnapshots opens the snapshot store the config names (nil: none).

@@ -186,7 +186,11 @@ func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
 	if busy {
 		return nil, ErrBusy
 	}
-	return m.Session.hibernate(ctx, st, m.Owner)
+	man, err := m.Session.hibernate(ctx, st, m.Owner)
+	if err == nil && m.mgr.opts.OnSnapshot != nil {
+		m.mgr.opts.OnSnapshot(m.ID(), man.ID)
+	}
+	return man, err
 }
 
 // Wake restores a hibernated session and returns what came back; nil if

@@ -170,6 +170,11 @@ type ManagerOptions struct {
 	// enforced and its garbage collected (snapshot.Store.Maintain). If
 	// zero, 10 minutes; negative, never.
 	SnapshotMaintenance time.Duration
+	// OnSnapshot, if set, is told of every snapshot written of a session
+	// (Manager.Snapshot and hibernation), once it is stored: a cell's
+	// host records it as the session's latest, from which a gateway
+	// restores the session if this host is lost. It must not block long.
+	OnSnapshot func(session, snapshot string)
 }
 
 // What ManagerOptions.IdleAction may be.

@@ -55,7 +55,11 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id, name string) (*snapsh
 		return nil, err
 	}
 	defer ms.Session.release()
-	return ms.Session.writeSnapshot(ctx, m.opts.Snapshots, owner, name, false)
+	man, err := ms.Session.writeSnapshot(ctx, m.opts.Snapshots, owner, name, false)
+	if err == nil && m.opts.OnSnapshot != nil {
+		m.opts.OnSnapshot(ms.ID(), man.ID)
+	}
+	return man, err
 }
 
 // writeSnapshot writes the session to st, under its turn (held by the
