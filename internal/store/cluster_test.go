@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -173,5 +174,43 @@ func TestNumbered(t *testing.T) {
 		if got := numbered(in); got != want {
 			t.Errorf("numbered(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestSessionSnapshots: a session's latest snapshot is recorded and
+// survives its fencing; the first restore recorded wins, a later one is
+// told the winner; an unknown session is ErrNotFound.
+func TestSessionSnapshots(t *testing.T) {
+	p, _ := openCell(t)
+	ctx := t.Context()
+	if err := p.PutPlacement(ctx, Placement{ID: "s1", Kind: KindSession, Owner: "o", Host: "h", Epoch: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, snap := range []string{"snap-a", "snap-b"} {
+		if err := p.SetSnapshot(ctx, "s1", snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.SetSnapshot(ctx, "nope", "snap-a"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("snapshot of an unknown session: %v, want ErrNotFound", err)
+	}
+	if _, err := p.FenceHost(ctx, "h", ""); err != nil {
+		t.Fatal(err)
+	}
+	pl, err := p.GetPlacement(ctx, "s1")
+	if err != nil || !pl.Lost || pl.Snapshot != "snap-b" || pl.RestoredAs != "" {
+		t.Fatalf("after the fence: %+v %v", pl, err)
+	}
+	if got, err := p.SetRestoredAs(ctx, "s1", "s2"); err != nil || got != "s2" {
+		t.Fatalf("first restore: %q %v", got, err)
+	}
+	if got, err := p.SetRestoredAs(ctx, "s1", "s3"); err != nil || got != "s2" {
+		t.Errorf("second restore: %q %v, want the first's s2", got, err)
+	}
+	if pl, err := p.GetPlacement(ctx, "s1"); err != nil || pl.RestoredAs != "s2" {
+		t.Errorf("restored_as: %+v %v", pl, err)
+	}
+	if _, err := p.SetRestoredAs(ctx, "nope", "s2"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("restore of an unknown session: %v, want ErrNotFound", err)
 	}
 }
