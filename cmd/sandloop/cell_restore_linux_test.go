@@ -86,6 +86,12 @@ func TestCellRestoreLostHost(t *testing.T) {
 		if st, r := c.exec(gw, hib, "x = 7\nopen('f.txt','w').write('hib')"); st != 200 || r.Status != "ok" {
 			t.Fatalf("execute: %d %+v", st, r)
 		}
+		var hsn struct {
+			ID string `json:"id"`
+		}
+		if st := c.call(gw, "POST", "/v1/sessions/"+hib+"/snapshots", nil, &hsn); st != http.StatusCreated {
+			t.Fatalf("snapshot: %d", st)
+		}
 		var hs struct {
 			State string `json:"state"`
 		}
@@ -94,8 +100,13 @@ func TestCellRestoreLostHost(t *testing.T) {
 		}
 		// The host recorded the hibernation's snapshot in the cell.
 		var hsnap string
-		if err := pgQuery(c, `SELECT snapshot FROM sessions WHERE id = $1`, hib, &hsnap); err != nil || hsnap == "" {
-			t.Fatalf("sessions.snapshot of the hibernated %s = %q (%v)", hib, hsnap, err)
+		if err := pgQuery(c, `SELECT snapshot FROM sessions WHERE id = $1`, hib, &hsnap); err != nil || hsnap == "" || hsnap == hsn.ID {
+			t.Fatalf("sessions.snapshot of the hibernated %s = %q (%v), want its hibernation's, not %s", hib, hsnap, err, hsn.ID)
+		}
+		// It wakes: the hibernation's snapshot is deleted, the cell still
+		// names it; a restore falls back to the newest one stored.
+		if st, r := c.exec(gw, hib, "print(x)"); st != 200 || strings.TrimSpace(r.Stdout) != "7" {
+			t.Fatalf("wake: %d %+v", st, r)
 		}
 		if st, r := c.exec(gw, id, "import os, hashlib\nos.makedirs('d', exist_ok=True)\nopen('d/a.bin','wb').write(os.urandom(1 << 20))\nh = hashlib.sha256(open('d/a.bin','rb').read()).hexdigest()\nanswer = 42\nprint(h)"); st != 200 || r.Status != "ok" {
 			t.Fatalf("execute: %d %+v", st, r)
@@ -172,7 +183,8 @@ func TestCellRestoreLostHost(t *testing.T) {
 		if r2.StatusCode != http.StatusTemporaryRedirect || r2.Header.Get("Sandloop-Session-Id") != newID {
 			t.Errorf("second request of the old id: %d -> %q, want 307 -> %s", r2.StatusCode, r2.Header.Get("Sandloop-Session-Id"), newID)
 		}
-		// The hibernated one comes back too (its host reported it).
+		// The one hibernated and woken comes back too, from its explicit
+		// snapshot (its hibernation's is gone).
 		if st, r := c.exec(gw, hib, "print(x, open('f.txt').read())"); st != 200 || r.Status != "ok" || strings.TrimSpace(r.Stdout) != "7 hib" {
 			t.Errorf("the hibernated session of the lost host, redirected: %d %+v", st, r)
 		}

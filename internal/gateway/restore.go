@@ -57,7 +57,14 @@ func (g *Gateway) lost(w http.ResponseWriter, r *http.Request, pl *store.Placeme
 		redirectRestored(w, r, pl.ID, pl.RestoredAs, "", nil)
 		return
 	}
-	newID, summary, body, err := g.restore(r.Context(), pl)
+	newID, summary, body, err := g.restore(r.Context(), pl, pl.Snapshot)
+	if errors.Is(err, errSnapshotGone) {
+		// A hibernation's snapshot is deleted when the session wakes:
+		// its newest snapshot still in the store, if any, is the one.
+		if snap := g.latestSnapshot(r.Context(), pl); snap != "" && snap != pl.Snapshot {
+			newID, summary, body, err = g.restore(r.Context(), pl, snap)
+		}
+	}
 	if err != nil {
 		g.log.Warn("restore a lost session from its snapshot", "session", pl.ID, "snapshot", pl.Snapshot, "err", err)
 		server.WriteError(w, http.StatusGone, "host_lost", fmt.Sprintf(
@@ -81,11 +88,14 @@ func (g *Gateway) lost(w http.ResponseWriter, r *http.Request, pl *store.Placeme
 	redirectRestored(w, r, pl.ID, newID, summary, body)
 }
 
-// restore starts a session from pl's snapshot on a live host other than
-// pl's and records where it went. It returns its id, the host's
+// errSnapshotGone: a host answered 404 for the snapshot to restore.
+var errSnapshotGone = errors.New("the snapshot is no longer stored")
+
+// restore starts a session from pl's snapshot snap on a live host other
+// than pl's and records where it went. It returns its id, the host's
 // Sandloop-Restored summary and the session as the host showed it.
-func (g *Gateway) restore(ctx context.Context, pl *store.Placement) (id, summary string, session json.RawMessage, err error) {
-	reqBody, _ := json.Marshal(map[string]string{"snapshot": pl.Snapshot})
+func (g *Gateway) restore(ctx context.Context, pl *store.Placement, snap string) (id, summary string, session json.RawMessage, err error) {
+	reqBody, _ := json.Marshal(map[string]string{"snapshot": snap})
 	tried := map[string]bool{pl.Host: true}
 	err = errors.New("no live host can take a session now")
 	for {
@@ -125,7 +135,10 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement) (id, summary
 			}
 			_ = json.Unmarshal(b, &e)
 			err = fmt.Errorf("a host answered %d: %s", resp.StatusCode, cmpOr(e.Error.Message, "no reason given"))
-			if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity {
+			if resp.StatusCode == http.StatusNotFound {
+				return "", "", nil, fmt.Errorf("%w: %w", errSnapshotGone, err)
+			}
+			if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity {
 				return "", "", nil, err // the snapshot itself: another host says the same
 			}
 			continue
@@ -137,7 +150,7 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement) (id, summary
 			return "", "", nil, fmt.Errorf("host %s made a session but did not say its id", name)
 		}
 		g.hosts.placedOn(name)
-		npl := store.Placement{ID: made.ID, Kind: store.KindSession, Owner: pl.Owner, Host: name, Epoch: epoch, Snapshot: pl.Snapshot}
+		npl := store.Placement{ID: made.ID, Kind: store.KindSession, Owner: pl.Owner, Host: name, Epoch: epoch, Snapshot: snap}
 		if perr := g.opts.Cluster.PutPlacement(ctx, npl); perr != nil {
 			g.deleteOn(ctx, pl.Owner, made.ID)
 			return "", "", nil, perr
@@ -145,6 +158,40 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement) (id, summary
 		g.routes.put(npl)
 		return made.ID, resp.Header.Get(server.HeaderRestored), b, nil
 	}
+}
+
+// latestSnapshot asks a live host (the snapshot store is the cell's) for
+// pl's newest snapshot; "" if none or no host answers.
+func (g *Gateway) latestSnapshot(ctx context.Context, pl *store.Placement) string {
+	for _, u := range g.hosts.reachableHosts() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.JoinPath("/v1/sessions", pl.ID, "snapshots").String(), nil)
+		if err != nil {
+			return ""
+		}
+		req.Header.Set(server.HeaderGatewaySecret, g.opts.Secret)
+		req.Header.Set(server.HeaderOwner, pl.Owner)
+		resp, err := g.client.Do(req)
+		if err != nil {
+			continue
+		}
+		var list struct {
+			Snapshots []struct {
+				ID string `json:"id"`
+			} `json:"snapshots"`
+		}
+		err = json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&list)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			return ""
+		}
+		if resp.StatusCode == http.StatusOK && err == nil {
+			if len(list.Snapshots) == 0 {
+				return ""
+			}
+			return list.Snapshots[0].ID // newest first
+		}
+	}
+	return ""
 }
 
 func cmpOr(a, b string) string {
