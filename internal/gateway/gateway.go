@@ -110,6 +110,10 @@ type Gateway struct {
 	rndMu    sync.Mutex
 	rnd      *rand.Rand
 	metrics  http.Handler
+	// restoreMu serializes this gateway's restores of lost sessions
+	// (restore.go), so requests racing for one make one new session;
+	// gateways racing are settled by Cluster.SetRestoredAs.
+	restoreMu sync.Mutex
 }
 
 // New returns a gateway; call Run to start its health rounds and its

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/store"
@@ -35,11 +34,6 @@ const (
 	HeaderSessionID    = "Sandloop-Session-Id"
 )
 
-// restoreMu serializes this gateway's restores, so that requests racing
-// for one lost session make one new session (gateways racing are settled
-// by SetRestoredAs).
-var restoreMu sync.Mutex
-
 // lost answers a request for a session whose host epoch ended: a
 // redirect to the session it was (or now is) restored as, or 410.
 func (g *Gateway) lost(w http.ResponseWriter, r *http.Request, pl *store.Placement, mine bool) {
@@ -47,8 +41,8 @@ func (g *Gateway) lost(w http.ResponseWriter, r *http.Request, pl *store.Placeme
 		writeGone(w, pl)
 		return
 	}
-	restoreMu.Lock()
-	defer restoreMu.Unlock()
+	g.restoreMu.Lock()
+	defer g.restoreMu.Unlock()
 	// The table, not the cache: another request may have restored it.
 	if cur, err := g.opts.Cluster.GetPlacement(r.Context(), pl.ID); err == nil {
 		pl = cur
