@@ -84,6 +84,26 @@ await step('a private sandbox needs its traffic token', async () => {
   assert.equal(ok.status, 200, ok.body)
   assert.equal(ok.body, 'app on 8080 saw /x')
 })
+await step('a server a background command started: runCode reaches it, its preview needs this sandbox\'s token', async () => {
+  const src = app(8081).replace('threading.Thread(target=srv.serve_forever, daemon=True).start()', 'srv.serve_forever()')
+  await priv.files.write('/tmp/srv.py', src)
+  await priv.commands.run('python3 /tmp/srv.py', { background: true })
+  let ok
+  for (let i = 0; i < 300; i++) {
+    ok = await get(priv.getHost(8081), '/cmd', { 'e2b-traffic-access-token': priv.trafficAccessToken })
+    if (ok.status === 200) break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.equal(ok.status, 200, ok.body)
+  assert.equal(ok.body, 'app on 8081 saw /cmd')
+  const ex = await priv.runCode('import urllib.request\nprint(urllib.request.urlopen("http://127.0.0.1:8081/k").read().decode())')
+  assert.equal(ex.error, undefined)
+  assert.equal(ex.logs.stdout.join('').trim(), 'app on 8081 saw /k')
+  const other = await Sandbox.create({ network: { allowPublicTraffic: false } })
+  const wrong = await get(priv.getHost(8081), '/', { 'e2b-traffic-access-token': other.trafficAccessToken })
+  await other.kill()
+  assert.equal(wrong.status, 403, wrong.body)
+})
 await step('one sandbox cannot be reached under another\'s id', async () => {
   // the public sandbox's port 8080 is not the private one's
   const r = await get(sbx.getHost(8080), '/')
