@@ -366,6 +366,15 @@ func TestZygoteRestarts(t *testing.T) {
 	z.mu.Lock()
 	inst := z.cur
 	z.mu.Unlock()
+	// A session in that jail's PID namespace (second may come from a spare
+	// the killed template had left ready, in the jail before it).
+	victim := second
+	for i := 0; !descendsFrom(victim.proc.HostPids()[0], inst.proc.Pid()); i++ {
+		if i == 20 {
+			t.Fatal("no session forked in the restarted template's jail")
+		}
+		victim = newSession(t, z, session.Options{})
+	}
 	inst.proc.Kill()
 	<-inst.ended // (a spare it left ready dies with it, not at once)
 	third := newSession(t, z, session.Options{})
@@ -373,9 +382,28 @@ func TestZygoteRestarts(t *testing.T) {
 		t.Fatalf("after the template's jail was killed: %q", got)
 	}
 	// Sessions in the killed jail's PID namespace die with it.
-	if res, err := second.Execute(context.Background(), kernel.Request{Code: "print(1)"}, nil); err == nil && res.Status == "ok" {
+	if res, err := victim.Execute(context.Background(), kernel.Request{Code: "print(1)"}, nil); err == nil && res.Status == "ok" {
 		t.Errorf("a session of the killed jail still runs")
 	}
+}
+
+// descendsFrom reports whether pid is a descendant of ancestor (host PIDs).
+func descendsFrom(pid, ancestor int) bool {
+	for pid > 1 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 2 {
+			return false
+		}
+		pid, _ = strconv.Atoi(f[1])
+		if pid == ancestor {
+			return true
+		}
+	}
+	return false
 }
 
 // Closing a session leaves no process and no cgroup behind.
