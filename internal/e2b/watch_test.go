@@ -142,6 +142,20 @@ func TestWatcherRPCs(t *testing.T) {
 	// Bounded: a queue left undrained stops its watcher, saying so; and a
 	// sandbox has at most maxWatchers.
 	ts.runCell(t, c, fmt.Sprintf("for i in range(%d):\n    open(f'moved/n{i}', 'w').close()", maxQueuedEvents+10))
+	// Wait for the watcher to have read them all without draining its
+	// queue (a GetWatcherEvents between two of its reads would): it stops.
+	sb := ts.h.lookup(c.SandboxID)
+	sb.mu.Lock()
+	wt := sb.watches[all.id]
+	sb.mu.Unlock()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		wt.mu.Lock()
+		defer wt.mu.Unlock()
+		if wt.err == nil {
+			return fmt.Errorf("still running: %d events queued", len(wt.queued))
+		}
+		return nil
+	})
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		st, m := ts.rpc(t, c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": all.id})
 		if st == 200 {
@@ -160,7 +174,7 @@ func TestWatcherRPCs(t *testing.T) {
 		t.Errorf("watcher %d: %d %v", maxWatchers+1, st, m)
 	}
 	// Killing the sandbox stops them all.
-	sb := ts.h.lookup(c.SandboxID)
+	sb = ts.h.lookup(c.SandboxID)
 	ts.control(t, "DELETE", "/sandboxes/"+c.SandboxID, "", keyA)
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		sb.mu.Lock()

@@ -494,13 +494,6 @@ func runJoin() int {
 	if err := setRlimits(&initConfig{Limits: cfg.Limits}); err != nil {
 		return failed(err)
 	}
-	extra := make([]rlimit, len(cfg.Extra))
-	for i, r := range cfg.Extra {
-		extra[i] = rlimit{r.Name, r.Res, r.Val}
-	}
-	if err := applyRlimits(extra); err != nil {
-		return failed(err)
-	}
 	if err := unix.Chdir(cfg.Dir); err != nil {
 		return failed(fmt.Errorf("chdir %s: %w", cfg.Dir, err))
 	}
@@ -522,6 +515,16 @@ func runJoin() int {
 		return failed(err)
 	}
 	if err := loadSeccomp(); err != nil {
+		return failed(err)
+	}
+	// DATA and NPROC bind the program, not this Go code: set last, as a
+	// new jail's init does for its program (programRlimits), since the
+	// runtime dies when its heap needs to grow under a small DATA limit.
+	extra := make([]rlimit, len(cfg.Extra))
+	for i, r := range cfg.Extra {
+		extra[i] = rlimit{r.Name, r.Res, r.Val}
+	}
+	if err := applyRlimits(extra); err != nil {
 		return failed(err)
 	}
 	report(joinStatus{Ready: true})

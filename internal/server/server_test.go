@@ -22,6 +22,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 	"gopkg.in/yaml.v3"
 )
 
@@ -580,9 +581,13 @@ func TestGracefulShutdownLeavesNothing(t *testing.T) {
 	if err := mgr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if pids := jail.RunningInits(); len(pids) != 0 {
-		t.Errorf("jails still running after shutdown: %v", pids)
-	}
+	// A jail killed by Close may take a moment to be gone on a loaded host.
+	testutil.WaitFor(t, 15*time.Second, func() error {
+		if pids := jail.RunningInits(); len(pids) != 0 {
+			return fmt.Errorf("jails still running after shutdown: %v", pids)
+		}
+		return nil
+	})
 	for _, ws := range wss {
 		if _, err := os.Stat(ws); err == nil {
 			t.Errorf("workspace %s left behind", ws)
