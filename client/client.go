@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -29,13 +30,36 @@ type Options struct {
 	// timeout (executions may be long; bound them with the context) whose
 	// transport keeps up to 64 idle connections to the server.
 	HTTPClient *http.Client
+	// OnRestored, if set, is called when a session's host was lost and a
+	// gateway restored the session from its latest snapshot under a new
+	// id (it answers 307 to the same path under that id). The client has
+	// then already followed the redirect (re-sending the request's body),
+	// and from then on sends the old id's requests to the new id; see
+	// Client.SessionID. It is called once per restore and per Client, on
+	// the goroutine of the request that met the restore.
+	OnRestored func(Restore)
+}
+
+// Restore is a session restored from its latest snapshot under a new id,
+// its host having been lost.
+type Restore struct {
+	// From is the session's old id, To its new one.
+	From, To string
+	// Summary says what came back: "from snapshot snap-...: files exact
+	// (3 files); variables restored: df, model; not restorable: conn
+	// (...)". Work done after that snapshot is not in it.
+	Summary string
 }
 
 // Client calls one sandloop server. It is safe for concurrent use.
 type Client struct {
-	base  *url.URL
-	token string
-	hc    *http.Client
+	base       *url.URL
+	token      string
+	hc         *http.Client
+	onRestored func(Restore)
+
+	mu       sync.Mutex
+	restored map[string]string // old session id → the id it was restored as
 }
 
 // defaultHTTPClient keeps more idle connections per host than
@@ -60,10 +84,15 @@ func New(baseURL string, opts *Options) (*Client, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	c := &Client{base: u, token: opts.Token, hc: opts.HTTPClient}
-	if c.hc == nil {
-		c.hc = defaultHTTPClient
+	c := &Client{base: u, token: opts.Token, onRestored: opts.OnRestored, restored: map[string]string{}}
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = defaultHTTPClient
 	}
+	// A copy of it that notes the restores it is redirected to (restore.go).
+	c.hc = new(http.Client)
+	*c.hc = *hc
+	c.hc.CheckRedirect = c.checkRedirect(hc.CheckRedirect)
 	return c, nil
 }
 
@@ -137,9 +166,10 @@ func (c *Client) endpoint(escapedPath string, q url.Values) string {
 	return u.String()
 }
 
-// sessionPath is /v1/sessions/{id} followed by suffix (already escaped).
-func sessionPath(id, suffix string) string {
-	return "/v1/sessions/" + url.PathEscape(id) + suffix
+// sessionPath is /v1/sessions/{id} followed by suffix (already escaped),
+// under the id session id was restored as, if it was.
+func (c *Client) sessionPath(id, suffix string) string {
+	return "/v1/sessions/" + url.PathEscape(c.SessionID(id)) + suffix
 }
 
 // filePath escapes a workspace path segment by segment, so "/" keeps
@@ -173,6 +203,9 @@ func (c *Client) request(ctx context.Context, method, escapedPath string, q url.
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if req.Body != nil && req.GetBody == nil {
+		replayable(req, body) // a redirect to a restored session sends it again
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

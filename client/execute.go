@@ -123,7 +123,7 @@ type executeRequest struct {
 // Globals persist between executions of a session.
 func (c *Client) Execute(ctx context.Context, id, code string, opts *ExecuteOptions) (*Result, error) {
 	var r Result
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/execute"), nil, executeRequest{code, opts}, &r); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/execute"), nil, executeRequest{code, opts}, &r); err != nil {
 		return nil, err
 	}
 	return &r, nil
@@ -141,7 +141,7 @@ func (c *Client) ExecuteStream(ctx context.Context, id, code string, opts *Execu
 		return nil, err
 	}
 	hdr := http.Header{"Accept": {"application/x-ndjson"}}
-	resp, err := c.request(ctx, http.MethodPost, sessionPath(id, "/execute"), nil, strings.NewReader(string(body)), "application/json", hdr)
+	resp, err := c.request(ctx, http.MethodPost, c.sessionPath(id, "/execute"), nil, strings.NewReader(string(body)), "application/json", hdr)
 	if err != nil {
 		return nil, err
 	}

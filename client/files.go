@@ -38,7 +38,7 @@ func (c *Client) Upload(ctx context.Context, id, path string, r io.Reader) (*Fil
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.request(ctx, http.MethodPut, sessionPath(id, "/files/"+fp), nil, r, "application/octet-stream", nil)
+	resp, err := c.request(ctx, http.MethodPut, c.sessionPath(id, "/files/"+fp), nil, r, "application/octet-stream", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func (c *Client) Download(ctx context.Context, id, path string, w io.Writer) (in
 	if err != nil {
 		return 0, err
 	}
-	resp, err := c.request(ctx, http.MethodGet, sessionPath(id, "/files/"+fp), nil, nil, "", nil)
+	resp, err := c.request(ctx, http.MethodGet, c.sessionPath(id, "/files/"+fp), nil, nil, "", nil)
 	if err != nil {
 		return 0, err
 	}
@@ -88,7 +88,7 @@ func (c *Client) ListFiles(ctx context.Context, id, dir string) ([]File, error) 
 	if dir != "" {
 		q.Set("path", dir)
 	}
-	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, "/files"), q, nil, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, c.sessionPath(id, "/files"), q, nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Files, nil
@@ -100,7 +100,7 @@ func (c *Client) DeleteFile(ctx context.Context, id, path string) error {
 	if err != nil {
 		return err
 	}
-	return c.doJSON(ctx, http.MethodDelete, sessionPath(id, "/files/"+fp), nil, nil, nil)
+	return c.doJSON(ctx, http.MethodDelete, c.sessionPath(id, "/files/"+fp), nil, nil, nil)
 }
 
 // ArchiveOptions choose what Archive writes. A nil *ArchiveOptions means
@@ -126,7 +126,7 @@ func (c *Client) Archive(ctx context.Context, id string, w io.Writer, opts *Arch
 			q.Set("path", opts.Path)
 		}
 	}
-	resp, err := c.request(ctx, http.MethodGet, sessionPath(id, "/archive"), q, nil, "", nil)
+	resp, err := c.request(ctx, http.MethodGet, c.sessionPath(id, "/archive"), q, nil, "", nil)
 	if err != nil {
 		return 0, err
 	}

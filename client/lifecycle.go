@@ -54,19 +54,19 @@ type Restored struct {
 // Pause freezes session id: it uses no CPU and keeps its memory. Any
 // request to it (Execute, files, Resume) resumes it.
 func (c *Client) Pause(ctx context.Context, id string) (*Session, error) {
-	return c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/pause"), nil)
+	return c.sessionCall(ctx, http.MethodPost, c.sessionPath(id, "/pause"), nil)
 }
 
 // Resume thaws a paused session; a running one is left as it is.
 func (c *Client) Resume(ctx context.Context, id string) (*Session, error) {
-	return c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/resume"), nil)
+	return c.sessionCall(ctx, http.MethodPost, c.sessionPath(id, "/resume"), nil)
 }
 
 // Undo reverts session id's last execution, to its newest automatic
 // checkpoint (a session created with Checkpoints "auto"), which is then
 // dropped. With nothing to undo it returns an *APIError with status 409.
 func (c *Client) Undo(ctx context.Context, id string) (*Restored, error) {
-	s, err := c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/undo"), nil)
+	s, err := c.sessionCall(ctx, http.MethodPost, c.sessionPath(id, "/undo"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (c *Client) Checkpoint(ctx context.Context, id, name string) (*Checkpoint, 
 		Name string `json:"name,omitempty"`
 	}{name}
 	var cp Checkpoint
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/checkpoints"), nil, in, &cp); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/checkpoints"), nil, in, &cp); err != nil {
 		return nil, err
 	}
 	return &cp, nil
@@ -91,7 +91,7 @@ func (c *Client) Checkpoints(ctx context.Context, id string) ([]Checkpoint, erro
 	var out struct {
 		Checkpoints []Checkpoint `json:"checkpoints"`
 	}
-	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, "/checkpoints"), nil, nil, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, c.sessionPath(id, "/checkpoints"), nil, nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Checkpoints, nil
@@ -101,7 +101,7 @@ func (c *Client) Checkpoints(ctx context.Context, id string) ([]Checkpoint, erro
 // variables and its files (those written since are removed, those deleted
 // come back). The checkpoint is kept, so it can be restored again.
 func (c *Client) RestoreCheckpoint(ctx context.Context, id, cid string) (*Restored, error) {
-	s, err := c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/checkpoints/"+url.PathEscape(cid)+"/restore"), nil)
+	s, err := c.sessionCall(ctx, http.MethodPost, c.sessionPath(id, "/checkpoints/"+url.PathEscape(cid)+"/restore"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func (c *Client) RestoreCheckpoint(ctx context.Context, id, cid string) (*Restor
 
 // DeleteCheckpoint drops checkpoint cid of session id.
 func (c *Client) DeleteCheckpoint(ctx context.Context, id, cid string) error {
-	return c.doJSON(ctx, http.MethodDelete, sessionPath(id, "/checkpoints/"+url.PathEscape(cid)), nil, nil, nil)
+	return c.doJSON(ctx, http.MethodDelete, c.sessionPath(id, "/checkpoints/"+url.PathEscape(cid)), nil, nil, nil)
 }
 
 // Fork makes count new sessions (0 means 1), each with session id's
@@ -127,7 +127,7 @@ func (c *Client) Fork(ctx context.Context, id string, count int, checkpoint stri
 		Sessions []Session `json:"sessions"`
 		Restored *Restored `json:"restored"`
 	}
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/fork"), nil, in, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/fork"), nil, in, &out); err != nil {
 		return nil, nil, err
 	}
 	return out.Sessions, out.Restored, nil

@@ -43,7 +43,7 @@ func (c *Client) Metrics(ctx context.Context, id string, since time.Time) (*Metr
 		q = url.Values{"since": {strconv.FormatFloat(float64(since.UnixMilli())/1000, 'f', 3, 64)}}
 	}
 	var m Metrics
-	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, "/metrics"), q, nil, &m); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, c.sessionPath(id, "/metrics"), q, nil, &m); err != nil {
 		return nil, err
 	}
 	return &m, nil

@@ -39,7 +39,7 @@ func (c *Client) UpdateNetwork(ctx context.Context, id string, allow []string) (
 		allow = []string{}
 	}
 	var s Session
-	if err := c.doJSON(ctx, http.MethodPatch, sessionPath(id, "/network"), nil, map[string][]string{"allow": allow}, &s); err != nil {
+	if err := c.doJSON(ctx, http.MethodPatch, c.sessionPath(id, "/network"), nil, map[string][]string{"allow": allow}, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil

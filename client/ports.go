@@ -25,7 +25,7 @@ func (c *Client) Ports(ctx context.Context, id string) ([]Port, error) {
 	var out struct {
 		Ports []Port `json:"ports"`
 	}
-	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, "/ports"), nil, nil, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, c.sessionPath(id, "/ports"), nil, nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Ports, nil
@@ -47,7 +47,7 @@ func (c *Client) Preview(ctx context.Context, id string, port int, d time.Durati
 		in["expires_in_s"] = d.Seconds()
 	}
 	var p Preview
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/previews"), nil, in, &p); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/previews"), nil, in, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil

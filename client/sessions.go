@@ -90,7 +90,7 @@ func (c *Client) CreateSession(ctx context.Context, opts *CreateOptions) (*Sessi
 // GetSession describes session id.
 func (c *Client) GetSession(ctx context.Context, id string) (*Session, error) {
 	var s Session
-	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id, ""), nil, nil, &s); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, c.sessionPath(id, ""), nil, nil, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil
@@ -109,20 +109,20 @@ func (c *Client) ListSessions(ctx context.Context) ([]Session, error) {
 
 // DeleteSession closes session id: its kernel is killed and its workspace removed.
 func (c *Client) DeleteSession(ctx context.Context, id string) error {
-	return c.doJSON(ctx, http.MethodDelete, sessionPath(id, ""), nil, nil, nil)
+	return c.doJSON(ctx, http.MethodDelete, c.sessionPath(id, ""), nil, nil, nil)
 }
 
 // Interrupt interrupts session id's running execution (which then ends
 // with status "interrupted"); the session's state survives.
 func (c *Client) Interrupt(ctx context.Context, id string) error {
-	return c.doJSON(ctx, http.MethodPost, sessionPath(id, "/interrupt"), nil, nil, nil)
+	return c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/interrupt"), nil, nil, nil)
 }
 
 // Restart starts session id's kernel afresh: its variables are gone, its
 // workspace stays.
 func (c *Client) Restart(ctx context.Context, id string) (*Session, error) {
 	var s Session
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/restart"), nil, nil, &s); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/restart"), nil, nil, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil

@@ -59,7 +59,7 @@ func (c *Client) Snapshot(ctx context.Context, id, name string) (*Snapshot, erro
 		Name string `json:"name,omitempty"`
 	}{name}
 	var out Snapshot
-	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id, "/snapshots"), nil, in, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, c.sessionPath(id, "/snapshots"), nil, in, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -70,7 +70,7 @@ func (c *Client) Snapshot(ctx context.Context, id, name string) (*Snapshot, erro
 func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, error) {
 	p := "/v1/snapshots"
 	if id != "" {
-		p = sessionPath(id, "/snapshots")
+		p = c.sessionPath(id, "/snapshots")
 	}
 	var out struct {
 		Snapshots []Snapshot `json:"snapshots"`
@@ -109,5 +109,5 @@ func (c *Client) RestoreSnapshot(ctx context.Context, sid string, opts *CreateOp
 // Hibernate writes session id to the snapshot store and frees its
 // processes and files; the next request to it restores it on the same id.
 func (c *Client) Hibernate(ctx context.Context, id string) (*Session, error) {
-	return c.sessionCall(ctx, http.MethodPost, sessionPath(id, "/hibernate"), nil)
+	return c.sessionCall(ctx, http.MethodPost, c.sessionPath(id, "/hibernate"), nil)
 }
