@@ -228,7 +228,9 @@ func withClient(cmd *cobra.Command, f *sessionsFlags, call func(context.Context,
 	if token == "" {
 		token = strings.TrimSpace(os.Getenv("SANDLOOP_TOKEN"))
 	}
-	c, err := client.New(f.url, &client.Options{Token: token})
+	c, err := client.New(f.url, &client.Options{Token: token, OnRestored: func(r client.Restore) {
+		printRestore(cmd.ErrOrStderr(), r)
+	}})
 	if err != nil {
 		return usagef("--url: %v", err)
 	}
@@ -337,6 +339,17 @@ func printRestored(w io.Writer, who string, r *client.Restored) {
 	for _, n := range r.NotRestored {
 		fmt.Fprintf(w, "  not restored: %s\n", n)
 	}
+}
+
+// printRestore says that a session's host was lost and the session
+// restored from its latest snapshot under a new id, which the user must
+// use from now on.
+func printRestore(w io.Writer, r client.Restore) {
+	what := "from its latest snapshot"
+	if r.Summary != "" {
+		what = r.Summary // "from snapshot snap-...: files exact (...); variables restored: ..."
+	}
+	fmt.Fprintf(w, "session %s was restored as %s %s (its host was lost; use %s from now on)\n", r.From, r.To, what, r.To)
 }
 
 func printNotCarried(w io.Writer, list []string) {
