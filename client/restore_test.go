@@ -31,6 +31,7 @@ type onlyReader struct{ io.Reader }
 // re-sends a seekable body (a file) by seeking it back.
 func TestClientFollowsARestore(t *testing.T) {
 	cell := restoretest.New(t, nil)
+	cell.Lose(t)
 	var mu sync.Mutex
 	var got []client.Restore
 	c, err := client.New(cell.URL, &client.Options{Token: cell.Token, OnRestored: func(r client.Restore) {
@@ -46,21 +47,21 @@ func TestClientFollowsARestore(t *testing.T) {
 
 	data := make([]byte, 1<<20)
 	rand.Read(data)
-	f, err := c.Upload(ctx, cell.Lost, "up/data.bin", onlyReader{bytes.NewReader(data)})
+	f, err := c.Upload(ctx, cell.Session, "up/data.bin", onlyReader{bytes.NewReader(data)})
 	if err != nil {
 		t.Fatalf("upload through the restore: %v", err)
 	}
 	if f.Size != int64(len(data)) {
 		t.Errorf("uploaded %d bytes, want %d", f.Size, len(data))
 	}
-	newID := c.SessionID(cell.Lost)
-	if newID == cell.Lost || newID == "" {
-		t.Fatalf("SessionID(%s) = %q after the restore", cell.Lost, newID)
+	newID := c.SessionID(cell.Session)
+	if newID == cell.Session || newID == "" {
+		t.Fatalf("SessionID(%s) = %q after the restore", cell.Session, newID)
 	}
 	mu.Lock()
-	if len(got) != 1 || got[0].From != cell.Lost || got[0].To != newID ||
+	if len(got) != 1 || got[0].From != cell.Session || got[0].To != newID ||
 		!strings.Contains(got[0].Summary, "files exact") || !strings.Contains(got[0].Summary, "answer") {
-		t.Errorf("OnRestored got %+v, want one restore %s → %s saying files exact and the variable answer", got, cell.Lost, newID)
+		t.Errorf("OnRestored got %+v, want one restore %s → %s saying files exact and the variable answer", got, cell.Session, newID)
 	}
 	mu.Unlock()
 
@@ -68,16 +69,16 @@ func TestClientFollowsARestore(t *testing.T) {
 	if err != nil || !bytes.Equal(back, data) {
 		t.Errorf("the uploaded file on the restored session: %d bytes, %v; want the %d sent", len(back), err, len(data))
 	}
-	r, err := c.Execute(ctx, cell.Lost, "print(answer, open('kept.txt').read())", nil)
+	r, err := c.Execute(ctx, cell.Session, "print(answer, open('kept.txt').read())", nil)
 	if err != nil || strings.TrimSpace(r.Stdout) != "42 kept" {
 		t.Errorf("execute by the old id: %v %+v", err, r)
 	}
 	var events int
-	r, err = c.ExecuteStream(ctx, cell.Lost, "answer + 1", nil, func(client.Event) { events++ })
+	r, err = c.ExecuteStream(ctx, cell.Session, "answer + 1", nil, func(client.Event) { events++ })
 	if err != nil || r.Text() != "43" || events == 0 {
 		t.Errorf("stream by the old id: %v %+v (%d events)", err, r, events)
 	}
-	s, err := c.GetSession(ctx, cell.Lost)
+	s, err := c.GetSession(ctx, cell.Session)
 	if err != nil || s.ID != newID || s.Restored == nil || s.Restored.Snapshot == "" {
 		t.Errorf("GetSession(old) = %+v, %v; want session %s restored from a snapshot", s, err, newID)
 	}
@@ -98,10 +99,10 @@ func TestClientFollowsARestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fh.Close()
-	if _, err := c2.Upload(ctx, cell.Lost, "seek.txt", fh); err != nil {
+	if _, err := c2.Upload(ctx, cell.Session, "seek.txt", fh); err != nil {
 		t.Fatalf("upload of a file through a later redirect: %v", err)
 	}
-	if b, err := c2.ReadFile(ctx, cell.Lost, "seek.txt"); err != nil || string(b) != "sent twice, whole" {
+	if b, err := c2.ReadFile(ctx, cell.Session, "seek.txt"); err != nil || string(b) != "sent twice, whole" {
 		t.Errorf("the file re-sent after seeking back: %q, %v", b, err)
 	}
 	if len(later) != 1 || later[0].To != newID || !strings.Contains(later[0].Summary, "variables restored: answer") {

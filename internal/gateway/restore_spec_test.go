@@ -22,6 +22,7 @@ import (
 // a POST with a body and on a GET.
 func TestRestoreRedirectMatchesOpenAPI(t *testing.T) {
 	cell := restoretest.New(t, nil)
+	cell.Lose(t)
 	doc, err := openapi3.NewLoader().LoadFromData(server.OpenAPI())
 	if err != nil {
 		t.Fatal(err)
@@ -83,13 +84,13 @@ func TestRestoreRedirectMatchesOpenAPI(t *testing.T) {
 		}
 		return resp.Header
 	}
-	first := check("POST", "/v1/sessions/"+cell.Lost+"/execute", `{"code": "answer"}`)
+	first := check("POST", "/v1/sessions/"+cell.Session+"/execute", `{"code": "answer"}`)
 	newID := first.Get("Sandloop-Session-Id")
-	if first.Get("Location") != "/v1/sessions/"+newID+"/execute" || first.Get("Sandloop-Restored-From") != cell.Lost ||
+	if first.Get("Location") != "/v1/sessions/"+newID+"/execute" || first.Get("Sandloop-Restored-From") != cell.Session ||
 		!strings.Contains(first.Get("Sandloop-Restored"), "files exact") {
 		t.Errorf("the restoring 307's headers: %v", first)
 	}
-	later := check("GET", "/v1/sessions/"+cell.Lost+"/files?path=", "")
+	later := check("GET", "/v1/sessions/"+cell.Session+"/files?path=", "")
 	if later.Get("Sandloop-Session-Id") != newID || later.Get("Location") != "/v1/sessions/"+newID+"/files?path=" {
 		t.Errorf("a later 307 of the same id: %v, want to %s", later, newID)
 	}

@@ -1,6 +1,6 @@
 // Package restoretest starts the smallest real cell that restores a lost
-// session: PostgreSQL, two real hosts sharing a snapshot directory and a
-// gateway in this process, for the tests of the faces that follow the
+// session: PostgreSQL, two real hosts (real jails and kernels) sharing a
+// snapshot directory and a gateway in this process, for the tests of the faces that follow the
 // gateway's 307 (client, CLI, web UI).
 package restoretest
 
@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,26 +17,30 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/gateway"
-	"github.com/sandloop/sandloop/internal/host"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/store"
 	"github.com/sandloop/sandloop/internal/store/pgtest"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
-// Cell is a gateway with a lost session that has a snapshot.
+// Cell is a gateway and a session that has a snapshot, whose host Lose
+// closes.
 type Cell struct {
 	// URL is the gateway's; Token its token.
 	URL, Token string
-	// Lost is the session whose host was closed after a snapshot of it
-	// holding the variable answer = 42 and the file kept.txt ("kept").
-	Lost string
-	// Handler is the gateway (to serve it under another server).
-	Handler http.Handler
+	// Session was snapshotted holding the variable answer = 42 and the
+	// file kept.txt ("kept").
+	Session string
+
+	pg   *store.Postgres
+	lose func()
 }
 
-// New starts the cell and loses the session's host; t's cleanup stops
-// everything. The caller's TestMain runs jail.MaybeInit. mounts, if set,
-// are served by the gateway beside the API (the web UI's).
+// New starts the cell and the session; t's cleanup stops everything. The
+// caller's TestMain runs jail.MaybeInit. mounts, if set, are served by the
+// gateway beside the API (the web UI's).
 func New(t *testing.T, mounts map[string]http.Handler) *Cell {
 	t.Helper()
 	if testing.Short() {
@@ -54,29 +57,37 @@ func New(t *testing.T, mounts map[string]http.Handler) *Cell {
 	snaps := t.TempDir()
 	var static gateway.Static
 	hosts := map[string]func(){} // name → close (once)
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for i := range 2 {
+		// Each host as sandloop serve makes it (internal/host imports the
+		// web UI, which tests this package): a session manager with its
+		// own handle on the shared snapshot store, and the API server.
+		d, err := snapshot.NewDir(snaps)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := host.New(context.Background(), ln, &host.Config{GatewaySecret: secret, SnapshotStore: snaps, MaxSessions: 4})
+		st, err := snapshot.New(d, nil)
 		if err != nil {
-			ln.Close()
 			t.Fatal(err)
 		}
-		go h.Serve(context.Background()) // until Close
+		mgr := session.NewManager(&session.ManagerOptions{MaxSessions: 4, Snapshots: st})
+		srv, err := server.New(&server.Options{Manager: mgr, GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%d-%p", i, mgr)})
+		if err != nil {
+			mgr.Close()
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(srv)
 		var once sync.Once
 		closeHost := func() {
 			once.Do(func() {
-				if err := h.Close(); err != nil {
-					t.Errorf("host close: %v", err)
-				}
+				ts.CloseClientConnections()
+				ts.Close()
+				mgr.Close()
 			})
 		}
 		t.Cleanup(closeHost)
-		u, _ := url.Parse(h.URL())
+		u, _ := url.Parse(ts.URL)
 		hosts[u.Host] = closeHost
-		static = append(static, gateway.Target{Name: u.Host, URL: h.URL()})
+		static = append(static, gateway.Target{Name: u.Host, URL: ts.URL})
 	}
 	gw, err := gateway.New(&gateway.Options{Discovery: static, Cluster: pg, Secret: secret, Tokens: []string{token},
 		HealthInterval: 100 * time.Millisecond, LostAfter: time.Second, PublicMounts: mounts})
@@ -90,7 +101,7 @@ func New(t *testing.T, mounts map[string]http.Handler) *Cell {
 	gw.Refresh(t.Context())
 	ts := httptest.NewServer(gw)
 	t.Cleanup(ts.Close)
-	c := &Cell{URL: ts.URL, Token: token, Handler: gw}
+	c := &Cell{URL: ts.URL, Token: token, pg: pg}
 
 	var s struct {
 		ID string `json:"id"`
@@ -108,15 +119,21 @@ func New(t *testing.T, mounts map[string]http.Handler) *Cell {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hosts[pl.Host]()
+	c.Session, c.lose = s.ID, hosts[pl.Host]
+	return c
+}
+
+// Lose closes the session's host and waits until the gateway has declared
+// the session lost: its next request is answered by a restore (307).
+func (c *Cell) Lose(t *testing.T) {
+	t.Helper()
+	c.lose()
 	testutil.WaitFor(t, 60*time.Second, func() error {
-		if pl, err := pg.GetPlacement(t.Context(), s.ID); err != nil || !pl.Lost {
+		if pl, err := c.pg.GetPlacement(t.Context(), c.Session); err != nil || !pl.Lost {
 			return fmt.Errorf("the gateway has not declared the closed host's session lost (%v)", err)
 		}
 		return nil
 	})
-	c.Lost = s.ID
-	return c
 }
 
 // call sends one request to the gateway and wants a 2xx.

@@ -31,6 +31,14 @@ let unauthorized = () => {};
 // onUnauthorized sets what happens when a request is refused for its token.
 export function onUnauthorized(fn) { unauthorized = fn; }
 
+let restored = () => {};
+// onSessionRestored sets what happens when a request for a session was
+// redirected to the session it was restored as: a gateway whose host of
+// the session was lost restored it from its latest snapshot under a new
+// id and answered 307 (fetch follows it, body and token included).
+export function onSessionRestored(fn) { restored = fn; }
+const sessionIn = p => /^\/v1\/sessions\/([^/?#]+)/.exec(p)?.[1];
+
 // api sends a request and returns the response, or throws an APIError
 // carrying the server's error code and message.
 export async function api(method, path, { json, body, headers, signal } = {}) {
@@ -47,6 +55,10 @@ export async function api(method, path, { json, body, headers, signal } = {}) {
   } catch (e) {
     if (e.name === 'AbortError') throw e;
     throw new APIError(0, 'network', 'cannot reach the server: ' + e.message);
+  }
+  if (resp.redirected) {
+    const from = sessionIn(path), to = sessionIn(new URL(resp.url).pathname);
+    if (from && to && from !== to) restored(decodeURIComponent(from), decodeURIComponent(to));
   }
   if (!resp.ok) {
     let code = 'http_' + resp.status, message = resp.statusText || ('HTTP ' + resp.status);

@@ -1,7 +1,7 @@
 // The Notebook page: a sandbox session used like Jupyter, with a file browser.
 
 import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
-import { api, getJSON, postJSON, ndjson, download, filePath, APIError } from './api.js';
+import { api, getJSON, postJSON, ndjson, download, filePath, APIError, onSessionRestored } from './api.js';
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
@@ -71,9 +71,24 @@ async function newSession(btn, env) {
   }
 }
 
+// handoff carries a notebook's cells to the notebook of the session it
+// was restored as (the server kept them with the lost host).
+let handoff = null;
+
 class Notebook {
   constructor(root, id) {
     this.id = id;
+    this.carried = handoff?.to === id ? handoff : null;
+    handoff = null;
+    this.moving = false; // restored under another id: leaving for it
+    onSessionRestored((from, to) => { if (from === this.id) this.restoredAs(to); });
+    this.movedEl = h('div', { id: 'nb-moved-slot' });
+    if (this.carried) {
+      this.movedEl.append(h('div', { class: 'callout callout-note', id: 'nb-moved', role: 'status' },
+        h('strong', {}, 'Restored under a new id. '),
+        `The host of session ${this.carried.from} was lost; the session was restored from its latest snapshot as ${id}. ` +
+        'Work done after that snapshot is not in it. This notebook continues here, with its cells.'));
+    }
     this.base = '/v1/sessions/' + encodeURIComponent(id);
     this.queue = Promise.resolve();
     this.cells = [];
@@ -119,7 +134,7 @@ class Notebook {
             btn('Import .ipynb', 'nb-import', () => this.importInput.click(), 'btn btn-ghost'), this.importInput,
             btn('Close session', 'nb-close', () => this.closeSession(), 'btn btn-ghost')),
           this.saveState),
-        this.ck.el, this.restoredEl,
+        this.ck.el, this.movedEl, this.restoredEl,
         this.goneNote, this.conflict,
         h('p', { class: 'hint nb-live' }, 'Shift+Enter runs a cell and moves on; Ctrl+Enter runs it in place. Tab moves focus out of the editor.'),
         this.cellsEl,
@@ -152,6 +167,7 @@ class Notebook {
   }
 
   dispose() {
+    onSessionRestored(() => {});
     document.removeEventListener('visibilitychange', this.onVisible);
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
@@ -173,8 +189,33 @@ class Notebook {
     return !!this.saveError;
   }
 
+  // restoredAs leaves for session to, which this one was restored as,
+  // once the cells queued have run (they reach it too), taking the cells.
+  async restoredAs(to) {
+    if (this.moving) return;
+    this.moving = true;
+    toast(`The host of this session was lost: it was restored from its latest snapshot as ${to}.`);
+    await this.queue.catch(() => {});
+    handoff = { from: this.id, to, cells: this.cells.map(c => c.toJSON()) };
+    clearTimeout(this.saveTimer);
+    this.saveTimer = null;
+    this.dirty = false;
+    this.saveError = null;
+    location.hash = '#/notebook/' + encodeURIComponent(to);
+  }
+
   // load shows the notebook the server holds (one empty cell if none).
   async load() {
+    if (this.carried?.cells) {
+      // The lost host's cells, saved to the new session over whatever
+      // the redirected requests saved there.
+      const cells = this.carried.cells;
+      this.carried.cells = null;
+      this.show({ cells, revision: 0 });
+      this.rev = null;
+      this.changed(true);
+      return;
+    }
     let nb;
     try {
       nb = await getJSON(this.base + '/notebook');
@@ -215,6 +256,7 @@ class Notebook {
   async save() {
     clearTimeout(this.saveTimer);
     this.saveTimer = null;
+    if (this.moving) return; // the next notebook saves the cells
     if (this.layout.classList.contains('nb-gone')) return;
     while (this.saving) await this.saving.catch(() => {});
     if (!this.dirty && !this.saveError) return;
