@@ -35,6 +35,9 @@ type sandbox struct {
 	transition sync.Mutex
 	pausing    atomic.Bool  // a timeout's pause is under way
 	network    networkState // under mu (network.go)
+	networkSet bool         // under mu: changed since create (state.go)
+	// persist writes the sandbox's record (state.go); nil: none kept.
+	persist func()
 
 	mu       sync.Mutex
 	endAt    time.Time
@@ -324,6 +327,8 @@ func (h *Handler) register(sb *sandbox) (*sandbox, error) {
 		return nil, errShuttingDown
 	}
 	h.sandboxes[sb.id] = sb
+	sb.persist = h.persistFunc(sb)
+	sb.saved()
 	return sb, nil
 }
 
@@ -423,6 +428,7 @@ func (sb *sandbox) setDeadline(t time.Time) {
 	sb.mu.Lock()
 	sb.endAt = t
 	sb.mu.Unlock()
+	sb.saved()
 }
 
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) {

@@ -91,6 +91,12 @@ type Options struct {
 	Network NetworkOptions
 	// Keepalive is the interval of keepalive lines in /execute. If zero, 5 seconds.
 	Keepalive time.Duration
+	// StateDir, if set, keeps each sandbox's record there (state.go), and
+	// New adopts the recorded sandboxes whose sessions the Manager holds
+	// (re-attached from the keeper after a restart: serve
+	// --keep-sessions). Detach leaves them there for the next server.
+	// If empty, sandboxes end with the handler.
+	StateDir string
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -155,6 +161,15 @@ func New(o *Options) (*Handler, error) {
 	h.control = h.controlRoutes()
 	h.envd = h.envdRoutes()
 	h.interp = h.interpreterRoutes()
+	if opts.StateDir != "" {
+		n, err := h.adopt()
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			h.log.Info("e2b: sandboxes adopted after a restart", "sandboxes", n)
+		}
+	}
 	h.wg.Add(1)
 	go h.reapLoop()
 	return h, nil
@@ -261,6 +276,7 @@ func (h *Handler) kill(sb *sandbox, reason string) {
 	}
 	delete(h.sandboxes, sb.id)
 	h.mu.Unlock()
+	h.forget(sb.id)
 	sb.shutdown()
 	if err := h.opts.Manager.Delete(sb.owner, sb.id); err != nil && !errors.Is(err, session.ErrNotFound) {
 		h.log.Warn("e2b: close session", "sandbox", sb.id, "err", err)

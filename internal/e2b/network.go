@@ -212,8 +212,9 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request, owner st
 		return
 	}
 	sb.mu.Lock()
-	sb.network = st
+	sb.network, sb.networkSet = st, true
 	sb.mu.Unlock()
+	sb.saved()
 	h.log.Info("e2b: sandbox network updated", "sandbox", sb.id, "allow", al.Entries())
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -91,6 +91,7 @@ func (sb *sandbox) pause(keepMemory bool) error {
 	sb.mu.Lock()
 	sb.paused, sb.coldResume = true, !keepMemory
 	sb.mu.Unlock()
+	sb.saved()
 	return nil
 }
 
@@ -141,6 +142,7 @@ func (sb *sandbox) resume(ctx context.Context, ttl time.Duration) (bool, error) 
 	sb.paused, sb.coldResume = false, false
 	sb.endAt = time.Now().Add(ttl)
 	sb.mu.Unlock()
+	sb.saved()
 	return true, errors.Join(errs...)
 }
 

@@ -321,6 +321,11 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 			network.Default = eg.Default
 		}
 		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}
+		if h.keeper != nil {
+			// The keeper keeps the sandboxes' sessions; these records what
+			// E2B adds (tokens, metadata, time to live), for the next server.
+			eo.StateDir = filepath.Join(h.cfg.DataDir, "e2b")
+		}
 		if h.tmpl != nil {
 			eo.HasTemplate = h.tmpl.Has
 			eo.BuildTemplate = h.templateBuilder(eg)
@@ -547,7 +552,9 @@ func (h *Host) Close() error {
 				<-served
 			}()
 		}
-		if h.e2b != nil {
+		if h.e2b != nil && h.keeper != nil && h.keeper.alive() {
+			h.e2b.Detach() // the sandboxes' sessions stay in the keeper
+		} else if h.e2b != nil {
 			h.e2b.Close() // before the manager closes the sessions
 		}
 		if h.runs != nil {

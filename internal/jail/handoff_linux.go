@@ -128,6 +128,9 @@ type Handoff struct {
 	Enforce  string    `json:"enforce"`
 	Warn     []string  `json:"warn,omitempty"`
 	Listener bool      `json:"listener,omitempty"` // a third file: the listener
+	// Limits are the jail's: a command joined into it after a takeover
+	// (JoinTarget) gets them, as one joined before did.
+	Limits Limits `json:"limits"`
 }
 
 // Handoff returns how another server takes the jail over, and copies of
@@ -138,7 +141,7 @@ func (p *Process) Handoff() (Handoff, []*os.File, error) {
 	if p.pidfd == nil || p.tty != nil || p.stdin != nil {
 		return Handoff{}, nil, errors.New("this jail was not started by a keeper")
 	}
-	h := Handoff{Pid: p.pid, Cgroup: p.cgName, Start: p.start, Network: p.network, Netns: p.netns, Enforce: p.enforce, Warn: p.warn}
+	h := Handoff{Pid: p.pid, Cgroup: p.cgName, Start: p.start, Network: p.network, Netns: p.netns, Enforce: p.enforce, Warn: p.warn, Limits: p.limits}
 	var files []*os.File
 	for _, f := range []*os.File{p.pidfd, p.statusF} {
 		d, err := dupFile(f)
@@ -181,7 +184,9 @@ func Attach(h Handoff, files []*os.File) (*Process, error) {
 		closeAll(files)
 		return nil, fmt.Errorf("attach jail %d: want %d descriptors, got %d", h.Pid, want, len(files))
 	}
-	p := &Process{done: make(chan struct{}), cgName: h.Cgroup, start: h.Start,
+	// A record written before Limits was: the defaults, not zero (a
+	// joined command under NPROC 0 could not start).
+	p := &Process{done: make(chan struct{}), cgName: h.Cgroup, start: h.Start, limits: h.Limits.WithDefaults(),
 		network: h.Network, netns: h.Netns, enforce: h.Enforce, warn: h.Warn, statusF: files[1]}
 	if err := p.held(files[0], h.Pid); err != nil {
 		closeAll(files)

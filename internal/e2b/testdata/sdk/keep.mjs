@@ -1,0 +1,92 @@
+// E2B sandboxes across a restart of `sandloop serve --keep-sessions`, with
+// E2B's own SDK (@e2b/code-interpreter), unchanged:
+//
+//   node keep.mjs create          a sandbox (metadata, envs, a 10-minute timeout, a variable, a
+//                                 file, a background command) and a paused one; prints
+//                                 "ids RUNNING PAUSED"
+//   node keep.mjs after RUNNING PAUSED
+//                                 after the restart: getInfo (metadata, time to live, the paused
+//                                 one still paused), connect + runCode on the same ids with the
+//                                 variables, file and envs back; the command is reported ended
+//   node keep.mjs again RUNNING   after another restart: connect + runCode once more, then kill
+//
+// Each step prints "ok <step>"; a failure prints the error and exits 1.
+import assert from 'node:assert/strict'
+import { Sandbox } from '@e2b/code-interpreter'
+
+async function step(name, fn) {
+  try {
+    await fn()
+    console.log(`ok ${name}`)
+  } catch (e) {
+    console.log(`FAIL ${name}: ${e?.name}: ${e?.message}`)
+    console.log(e?.stack)
+    process.exit(1)
+  }
+}
+
+const text = (ex) => ex.results.find((r) => r.isMainResult)?.text ?? ex.text
+
+switch (process.argv[2]) {
+  case 'create': {
+    let sbx, paused
+    await step('create', async () => {
+      sbx = await Sandbox.create({ metadata: { who: 'keep' }, envs: { GREETING: 'hi' }, timeoutMs: 600_000 })
+      const ex = await sbx.runCode('x = 41\nimport os\nos.environ["GREETING"]')
+      assert.equal(text(ex), "'hi'")
+      await sbx.files.write('kept.txt', 'kept')
+      await sbx.commands.run('sleep 600', { background: true })
+      assert.equal((await sbx.commands.list()).length, 1)
+    })
+    await step('pause one', async () => {
+      paused = await Sandbox.create({ timeoutMs: 600_000 })
+      await paused.runCode('y = 7')
+      await paused.pause()
+      assert.equal((await paused.getInfo()).state, 'paused')
+    })
+    console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
+    break
+  }
+  case 'after': {
+    const [id, pid] = process.argv.slice(3)
+    await step('getInfo after the restart', async () => {
+      const info = await Sandbox.getInfo(id)
+      assert.equal(info.metadata.who, 'keep')
+      assert.equal(info.state, 'running')
+      // The time to live asked at create, not a fresh default of 5 minutes.
+      assert.ok(new Date(info.endAt) - Date.now() > 6 * 60_000, `endAt ${info.endAt}`)
+      assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
+    })
+    await step('connect and runCode on the same id', async () => {
+      const sbx = await Sandbox.connect(id)
+      assert.equal(sbx.sandboxId, id)
+      assert.equal(text(await sbx.runCode('x + 1')), '42')
+      assert.equal(text(await sbx.runCode('import os\nos.environ["GREETING"]')), "'hi'")
+      assert.equal(await sbx.files.read('kept.txt'), 'kept')
+      // The old server's commands are not this one's: reported as none.
+      assert.equal((await sbx.commands.list()).length, 0)
+      const r = await sbx.commands.run('echo $GREETING').catch((e) => { console.log('command failed', e.exitCode, e.stdout, e.stderr, e.error); throw e })
+      assert.equal(r.stdout.trim(), 'hi')
+    })
+    await step('connect resumes the paused one', async () => {
+      const p = await Sandbox.connect(pid)
+      assert.equal(text(await p.runCode('y')), '7')
+      assert.equal((await p.getInfo()).state, 'running')
+      await p.kill()
+    })
+    break
+  }
+  case 'again': {
+    await step('connect after another restart', async () => {
+      const sbx = await Sandbox.connect(process.argv[3])
+      assert.equal(text(await sbx.runCode('x + 2')), '43')
+      await sbx.kill()
+    })
+    break
+  }
+  default:
+    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING')
+    process.exit(2)
+}
+console.log('done')
+process.exit(0)
