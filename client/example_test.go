@@ -257,3 +257,27 @@ func ExampleClient_UpdateNetwork() {
 	// allow []
 	// allow [pypi.org files.pythonhosted.org]
 }
+
+// Behind a gateway, a session whose host was lost comes back from its
+// latest snapshot under a new id: the client follows the gateway's 307,
+// keeps using the old id for the new one, and says what came back.
+func ExampleOptions_onRestored() {
+	c, err := client.New(serverURL, &client.Options{OnRestored: func(r client.Restore) {
+		log.Printf("session %s was restored as %s %s", r.From, r.To, r.Summary)
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSession(ctx, s.ID)
+	r, err := c.Execute(ctx, s.ID, "1 + 1", nil) // the same call after a restore
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(r.Text(), c.SessionID(s.ID) == s.ID) // no restore here: the same id
+	// Output: 2 true
+}
