@@ -5,8 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
-	"syscall"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
