@@ -96,6 +96,7 @@ class Config:
     workspaces = None  # without root: where the host's workspaces are seen
     last_cap = 63  # /proc/sys/kernel/cap_last_cap, read once by the template
     lockdown = None  # the _Lockdown every child uses, built once by the template
+    numpy_state = None  # see _numpy_state
 
 
 C = Config()
@@ -313,6 +314,62 @@ def _above_kernel_fds(s):
     return socket.socket(fileno=fd)
 
 
+def _numpy_state():
+    """The address of numpy's global generator's MT19937 state (624 words
+    of key, then the position), checked against numpy's own view of it;
+    None if numpy is not imported or the check fails (then a fork reseeds
+    it the slow way). Called once, by the template."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    try:
+        bg = np.random.mtrand._rand._bit_generator
+        addr = bg.ctypes.state_address
+        saved = bg.state
+        key = (ctypes.c_uint32 * 624).from_address(addr)
+        ctypes.memmove(key, bytes(range(256)) * 9 + bytes(range(192)), 624 * 4)
+        ctypes.c_int.from_address(addr + 624 * 4).value = 624
+        st = bg.state["state"]
+        ok = bytes(st["key"].astype("<u4").tobytes()) == bytes(range(256)) * 9 + bytes(range(192)) and st["pos"] == 624
+        bg.state = saved
+        return addr if ok else None
+    except Exception:
+        return None
+
+
+def _reseed_numpy():
+    """Reseeds numpy's global generator in a fork, as np.random.seed() does
+    (2496 bytes from the kernel's generator into its MT19937 key, first bit
+    set so that the key is never zero) without numpy's Python-level
+    seeding, which cost a fork ~150 copied pages."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return
+    if C.numpy_state is None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+        return
+    key = (ctypes.c_uint32 * 624).from_address(C.numpy_state)
+    ctypes.memmove(key, os.urandom(624 * 4), 624 * 4)
+    key[0] = 0x80000000
+    ctypes.c_int.from_address(C.numpy_state + 624 * 4).value = 624
+
+
+def _fork_bare():
+    """fork(2) without the interpreter's after-fork work in the child (its
+    at-fork hooks: threading's bookkeeping, random's reseed, logging's and
+    matplotlib's). For the reaper only, a copy of the single-threaded
+    template that never runs user code nor those modules: that work cost it
+    ~300 copied pages, half of its faults. Its kernel is forked with
+    os.fork, hooks and all."""
+    pid = libc.fork()
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "fork: " + os.strerror(ctypes.get_errno()))
+    return pid
+
+
 def _kernel(sock, peer, kmod):
     """PID 2, forked ahead: armed (no capabilities, the filter) before any
     session exists, it waits for its session's descriptors from the
@@ -330,12 +387,7 @@ def _kernel(sock, peer, kmod):
             signal.signal(s, signal.SIG_DFL)
         # Random state is copied by fork: reseed what the template seeded.
         # (The random module reseeds itself after fork.)
-        np = sys.modules.get("numpy")
-        if np is not None:
-            try:
-                np.random.seed()
-            except Exception:
-                pass
+        _reseed_numpy()
         _lock_bounding()
         sock.send(b'{"hello":"kernel"}')
         _armed_cgroup(peer)
@@ -501,6 +553,7 @@ def main():
             errors.append("import %s: %s: %s" % (name, type(e).__name__, e))
     if "matplotlib" in sys.modules:
         _warm_first_plot(kmod)
+    C.numpy_state = _numpy_state()
     if _threads() != 1 or threading.active_count() != 1:
         errors.append("%d threads after the imports: fork would copy a process whose other threads are gone" % _threads())
     # Objects that exist now are never collected: the collector does not
@@ -531,7 +584,7 @@ def main():
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             _check(libc.unshare(CLONE_NEWPID), "unshare pid namespace")
-            pid = os.fork()
+            pid = _fork_bare()
             if pid == 0:
                 try:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
