@@ -96,6 +96,8 @@ class Config:
     workspaces = None  # without root: where the host's workspaces are seen
     last_cap = 63  # /proc/sys/kernel/cap_last_cap, read once by the template
     lockdown = None  # the _Lockdown every child uses, built once by the template
+    proc_masks = ()  # see _proc_plan
+    proc_readonly = ()
     numpy_state = None  # see _numpy_state
 
 
@@ -124,6 +126,25 @@ def _locked(path):
     return out
 
 
+def _proc_plan():
+    """The mounts that mask /proc's entries in a spare's fresh /proc (see
+    _prepare), worked out once by the template from its own /proc (a proc
+    of the same kernel, with the same masks): which names exist, and which
+    are directories (an empty read-only tmpfs) or files (/dev/null)."""
+    masks, readonly = [], []
+    for name in C.masked:
+        p = "/proc/" + name
+        path = ("/tmp/.proc/" + name).encode()
+        if os.path.isdir(p) and not os.path.islink(p):
+            masks.append((b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=0"))
+        elif os.path.lexists(p):
+            masks.append((b"/dev/null", path, None, MS_BIND, None))
+    for name in C.readonly:
+        if os.path.lexists("/proc/" + name):
+            readonly.append("/tmp/.proc/" + name)
+    return masks, readonly
+
+
 def _bind_ro(path, extra):
     _mount(path, path, None, MS_BIND | MS_REC)
     _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | extra | _locked(path))
@@ -148,16 +169,11 @@ def _prepare():
     proc = "/tmp/.proc"
     os.mkdir(proc)
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in C.masked:
-        p = proc + "/" + name
-        if os.path.isdir(p) and not os.path.islink(p):
-            _mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
-        elif os.path.lexists(p):
-            _mount("/dev/null", p, None, MS_BIND)
-    for name in C.readonly:
-        p = proc + "/" + name
-        if os.path.lexists(p):
-            _bind_ro(p, MS_NODEV | MS_NOEXEC)
+    for src, path, fstype, flags, data in C.proc_masks:
+        if libc.mount(src, path, fstype, flags, data) != 0:
+            _check(-1, "mask %s" % path.decode())
+    for path in C.proc_readonly:
+        _bind_ro(path, MS_NODEV | MS_NOEXEC)
     # (Lazy unmounts wait for an RCU grace period: all of them are done
     # here, before any session waits.)
     _check(libc.umount2(b"/dev/shm", MNT_DETACH), "detach the template's /dev/shm")
@@ -531,6 +547,7 @@ def main():
     C.filter = base64.b64decode(cfg["filter"])
     C.masked = cfg.get("masked", ())
     C.readonly = cfg.get("readonly", ())
+    C.proc_masks, C.proc_readonly = _proc_plan()
     C.workspaces = cfg.get("workspaces")
     with open("/proc/sys/kernel/cap_last_cap") as f:
         C.last_cap = int(f.read())
