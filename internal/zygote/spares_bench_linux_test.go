@@ -2,7 +2,11 @@ package zygote
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"runtime/pprof"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +34,7 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 		var wg sync.WaitGroup
 		errs := make(chan error, burst)
 		sessions := make(chan *session.Session, burst)
+		stop := profileSpares(b, fixed)
 		start := time.Now()
 		for range burst {
 			wg.Go(func() {
@@ -43,6 +48,7 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 		}
 		wg.Wait()
 		took := time.Since(start)
+		stop()
 		close(sessions)
 		for s := range sessions {
 			s.Close()
@@ -63,4 +69,41 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 	b.ReportMetric(cur/old, "ratio")
 	b.ReportMetric(0, "ns/op")
 	b.Logf("a burst of %d forks: %.1f sessions/s before, %.1f now (%.1fx)", burst, old, cur, cur/old)
+}
+
+// profileSpares, when SPARES_PROFILE names a path prefix, records where the
+// time goes during one burst: the whole machine with perf
+// (PREFIX.old.perf, PREFIX.new.perf) and this process with Go's CPU
+// profiler (PREFIX.old.pprof, PREFIX.new.pprof). It returns what stops
+// them.
+func profileSpares(b *testing.B, fixed bool) (stop func()) {
+	prefix := os.Getenv("SPARES_PROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	name := prefix + ".new"
+	if fixed {
+		name = prefix + ".old"
+	}
+	f, err := os.Create(name + ".pprof")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	perf := exec.Command("perf", "record", "-a", "-g", "-F", "999", "-o", name+".perf")
+	if err := perf.Start(); err != nil {
+		b.Logf("no system-wide profile: %v", err)
+		perf = nil
+	}
+	time.Sleep(300 * time.Millisecond) // perf is recording
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if perf != nil {
+			_ = perf.Process.Signal(syscall.SIGINT)
+			_ = perf.Wait()
+		}
+	}
 }

@@ -8,11 +8,13 @@
 // code. It keeps spare children forked ahead of any request (Options.Spares),
 // each prepared and armed before a session exists:
 //
-//   - the spare's reaper unshares new mount, PID (it is PID 1, a reaper as
-//     a cold jail's init is), network, IPC and UTS namespaces, mounts a
-//     fresh /proc (with the jail's masks), a /tmp and /dev/shm of its own,
-//     brings up loopback, empties its bounding and ambient capability sets,
-//     locks the securebits, sets no_new_privs and forks the kernel (PID 2);
+//   - the spare's reaper is made in a new PID namespace (it is PID 1, a
+//     reaper as a cold jail's init is), unshares new mount, network, IPC
+//     and UTS namespaces and forks the kernel (PID 2) into them; then it
+//     mounts a fresh /proc (with the jail's masks), a /tmp and /dev/shm of
+//     their own, and brings up loopback, while the kernel waits; each of
+//     the two empties its bounding and ambient capability sets, locks the
+//     securebits and sets no_new_privs before it reports;
 //   - the host learns both PIDs from SO_PASSCRED on a socket only that
 //     spare holds, moves both into a new cgroup (memory, pids and CPU
 //     limits), and only then lets them arm: each unshares its cgroup
@@ -89,35 +91,71 @@
 // RefillDelay after the previous take. The current pipeline, in the same
 // runs: p50 0.8-2.2 s, p95 2.1-4.4 s, last 2.2-4.5 s (22-46 sessions/s),
 // 100/100 each time. BenchmarkSparesPerSecond (40 forks at once from the
-// pandas template): 3.9-4.2 sessions/s before, 17-56 now. A system-wide
-// perf profile of the new burst (BURST_PROFILE=prefix) puts ~20 ms of CPU
-// per session in the spares' python3 processes and ~3.5 ms in the Go
-// host (pprof: a third of it system calls, the rest HTTP, JSON and the
-// collector). Of the python3 time:
-//   - 37%: fork itself (copy_process → dup_mmap → copy_page_range),
-//     copying the page tables and 634 mappings of the pandas template
-//     (~60 MiB anonymous), twice per spare (template → reaper, reaper →
-//     kernel); a fork+exit of that template alone takes 10-20 ms here;
-//   - 21%: copy-on-write faults (do_wp_page), mostly reference-count
-//     writes of the Python objects the reaper and the kernel touch after
-//     the fork (gc.freeze already keeps the collector from walking them);
-//   - 7.5%: the interpreter (_PyEval_EvalFrameDefault): zygote.py's
-//     _prepare/_spare and kernel.py's _setup, which build little. The
-//     modules, kernel.py, the lockdown's objects and (now) what a first
-//     plot imports (kernel.py's backend, Pillow's plugins) are all made in
-//     the template: after the fork a session imports no module for `1+1`
-//     or for a plot (TestFirstPlotImportsNothing), so moving more Python
-//     work before the fork saves little;
-//   - ~3%: the namespaces (unshare, a network namespace's setup_net) and
-//     ~3%: the mounts (/proc with its masks, /tmp, /dev/shm).
+// pandas template): 3.9-4.2 sessions/s before, 17-56 now.
 //
-// So a spare costs little more than its two forks and their faults; what
-// would cut it further is fewer page tables to copy (one fork per spare:
-// a reaper made with CLONE_VM that execs a small program, or the
-// template's heap in huge pages: MADV_COLLAPSE cut a fork+exit by ~20% in
-// a trial, not adopted, since it populates whole 2 MiB ranges) and fewer
-// written pages. With ~25 ms of CPU per session and the CPUs shared, a
-// burst of 100 cannot answer at p50 ≤ 150 ms on this machine.
+// Where a spare's CPU goes. perf, recording the whole machine while 30
+// spares were made one after another, each taken by a session that ran
+// `1+1`, its samples split by process (template, reaper, kernel) and by
+// what they were in; the code before and after the changes below, run in
+// turn in one script (load 13-16, 2999 samples/s):
+//
+//	                           before             after
+//	python3, per spare         24.4 ms            20.2 ms
+//	  fork (copy_process)       9.6 ms  39.5%      8.5 ms  42.0%
+//	  page faults               7.4 ms  30.5%      5.6 ms  27.7%
+//	  interpreter, libraries    4.3 ms  17.7%      3.2 ms  15.7%
+//	  other system calls        1.2 ms   5.0%      1.1 ms   5.4%
+//	  namespaces (unshare)      0.8 ms   3.3%      0.8 ms   3.8%
+//	  mounts                    0.6 ms   2.6%      0.5 ms   2.5%
+//	  seccomp, prctl, capset    0.4 ms   1.5%      0.6 ms   2.8%
+//	minor faults per spare     1885               1310
+//	  template / reaper / kernel  145 / 910 / 830    130 / 590 / 755
+//
+// A second pair of runs (load 12-20, the final code): 32.5 ms before,
+// 23.5 ms after, in the same proportions; the fault counts are steady from
+// run to run (1870-1890 before, 1310-1350 after), the milliseconds follow
+// the machine's load. The Go host adds ~3 ms per spare (pprof during a burst: arm's cgroup
+// mkdirs and writes in four v1 hierarchies, the socket messages, JSON).
+// What changed: the reaper forks its kernel as soon as their namespaces
+// exist, before it runs anything else (a page either writes is copied
+// once, for the one that writes it, not first for the reaper and again for
+// the kernel); the template forks the reaper without the interpreter's
+// after-fork hooks (threading's bookkeeping, random's reseed, logging's
+// and matplotlib's: the reaper never runs user code or those modules); a
+// fork reseeds numpy's global generator by writing its MT19937 key (the
+// template checks the address once against numpy's own view) rather than
+// through numpy's seeding (~70 pages); the lockdown's objects and
+// cap_last_cap are made once in the template.
+//
+// What is left, and what it would take:
+//   - The forks: the template's page tables (15.6k pages of anonymous
+//     memory, 62 MiB, in 643 mappings) are copied twice per spare, ~4.3 ms
+//     each (copy_page_range is three quarters of it; per-mapping work the
+//     rest). One copy per spare needs a reaper that is not a copy of the
+//     template: clone(CLONE_VM|CLONE_VFORK) with the spare's namespaces,
+//     the child forks the kernel (the one copy) and executes a small
+//     reaper program (a static Go program starts in ~1.3 ms of CPU here)
+//     that does the reaper's part (mounts, the session's workspace, its
+//     lockdown, reaping, reports). Python cannot run that sequence (the
+//     vfork child shares the template's stack until it executes), so it
+//     takes a few instructions of machine code or a C helper: not built.
+//     It would save a fork, the reaper's faults and interpreter work and
+//     ~2 MiB per idle session, ~6 ms of the 20.
+//   - Huge pages: MADV_COLLAPSE on the template's anonymous memory
+//     collapsed 15-18 ranges of 2 MiB (the rest lies in smaller or
+//     unaligned mappings) and left the fork's cost within the noise; not
+//     adopted. malloc_trim frees nothing (the Python objects fill their
+//     arenas: 0.3 of 36 MiB free).
+//   - Faults: any Python that runs after a fork first writes ~130 pages
+//     (the interpreter's state, the allocator's pools), os.fork's hooks
+//     ~110 more in the kernel (threading's); the rest are the objects the
+//     reaper and kernel touch. gc.freeze already keeps the collector off
+//     the template's objects.
+//   - Namespaces, mounts and the filter (~2 ms together) are the jail.
+//
+// At ~20 ms of python3 CPU and ~3 ms of Go per session, a burst of 100
+// needs more than a second of both cores: p50 ≤ 150 ms is out of reach
+// with a fork per session at this cost.
 //
 // Memory (BenchmarkIdleMemory, 40 idle sessions with numpy and pandas
 // imported): a forked session costs 5.1 MiB of private memory (USS, the

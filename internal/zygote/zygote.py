@@ -94,6 +94,11 @@ class Config:
     masked = ()
     readonly = ()
     workspaces = None  # without root: where the host's workspaces are seen
+    last_cap = 63  # /proc/sys/kernel/cap_last_cap, read once by the template
+    lockdown = None  # the _Lockdown every child uses, built once by the template
+    proc_masks = ()  # see _proc_plan
+    proc_readonly = ()
+    numpy_state = None  # see _numpy_state
 
 
 C = Config()
@@ -121,6 +126,25 @@ def _locked(path):
     return out
 
 
+def _proc_plan():
+    """The mounts that mask /proc's entries in a spare's fresh /proc (see
+    _prepare), worked out once by the template from its own /proc (a proc
+    of the same kernel, with the same masks): which names exist, and which
+    are directories (an empty read-only tmpfs) or files (/dev/null)."""
+    masks, readonly = [], []
+    for name in C.masked:
+        p = "/proc/" + name
+        path = ("/tmp/.proc/" + name).encode()
+        if os.path.isdir(p) and not os.path.islink(p):
+            masks.append((b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=0"))
+        elif os.path.lexists(p):
+            masks.append((b"/dev/null", path, None, MS_BIND, None))
+    for name in C.readonly:
+        if os.path.lexists("/proc/" + name):
+            readonly.append("/tmp/.proc/" + name)
+    return masks, readonly
+
+
 def _bind_ro(path, extra):
     _mount(path, path, None, MS_BIND | MS_REC)
     _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | extra | _locked(path))
@@ -131,9 +155,9 @@ def _bind_ro(path, extra):
 
 def _prepare():
     """Runs in a spare child, PID 1 of its own PID namespace, before any
-    session asks for it: new mount, network, IPC and UTS namespaces, a
-    fresh /proc, loopback. Nothing here depends on the session."""
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    session asks for it: in its new mount, network, IPC and UTS
+    namespaces, a fresh /proc, loopback (the namespaces are the spare's own already:
+    see _spare). Nothing here depends on the session."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     # Replace the template's /tmp and /proc rather than cover them, so the
     # mount table is a cold jail's. The new /proc (for this PID namespace,
@@ -145,16 +169,11 @@ def _prepare():
     proc = "/tmp/.proc"
     os.mkdir(proc)
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in C.masked:
-        p = proc + "/" + name
-        if os.path.isdir(p) and not os.path.islink(p):
-            _mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
-        elif os.path.lexists(p):
-            _mount("/dev/null", p, None, MS_BIND)
-    for name in C.readonly:
-        p = proc + "/" + name
-        if os.path.lexists(p):
-            _bind_ro(p, MS_NODEV | MS_NOEXEC)
+    for src, path, fstype, flags, data in C.proc_masks:
+        if libc.mount(src, path, fstype, flags, data) != 0:
+            _check(-1, "mask %s" % path.decode())
+    for path in C.proc_readonly:
+        _bind_ro(path, MS_NODEV | MS_NOEXEC)
     # (Lazy unmounts wait for an RCU grace period: all of them are done
     # here, before any session waits.)
     _check(libc.umount2(b"/dev/shm", MNT_DETACH), "detach the template's /dev/shm")
@@ -250,9 +269,7 @@ def _lock_bounding():
     """The half of the jail's dropPrivileges that can be done ahead: empty
     bounding and ambient sets, locked securebits, no_new_privs. The
     effective set stays until _Lockdown."""
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for c in range(last + 1):
+    for c in range(C.last_cap + 1):
         if libc.prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
             _check(-1, "drop capability %d" % c)
     _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
@@ -313,6 +330,64 @@ def _above_kernel_fds(s):
     return socket.socket(fileno=fd)
 
 
+def _numpy_state():
+    """The address of numpy's global generator's MT19937 state (624 words
+    of key, then the position), checked against numpy's own view of it;
+    None if numpy is not imported or the check fails (then a fork reseeds
+    it the slow way). Called once, by the template."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    try:
+        if np.random.get_state()[3] != 0:
+            return None  # a cached Gaussian: only numpy's seeding clears it
+        bg = np.random.mtrand._rand._bit_generator
+        addr = bg.ctypes.state_address
+        saved = bg.state
+        key = (ctypes.c_uint32 * 624).from_address(addr)
+        ctypes.memmove(key, bytes(range(256)) * 9 + bytes(range(192)), 624 * 4)
+        ctypes.c_int.from_address(addr + 624 * 4).value = 624
+        st = bg.state["state"]
+        ok = bytes(st["key"].astype("<u4").tobytes()) == bytes(range(256)) * 9 + bytes(range(192)) and st["pos"] == 624
+        bg.state = saved
+        return addr if ok else None
+    except Exception:
+        return None
+
+
+def _reseed_numpy():
+    """Reseeds numpy's global generator in a fork, as np.random.seed() does
+    (2496 bytes from the kernel's generator into its MT19937 key, first bit
+    set so that the key is never zero) without numpy's Python-level
+    seeding, which cost a fork ~150 copied pages."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return
+    if C.numpy_state is None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+        return
+    key = (ctypes.c_uint32 * 624).from_address(C.numpy_state)
+    ctypes.memmove(key, os.urandom(624 * 4), 624 * 4)
+    key[0] = 0x80000000
+    ctypes.c_int.from_address(C.numpy_state + 624 * 4).value = 624
+
+
+def _fork_bare():
+    """fork(2) without the interpreter's after-fork work in the child (its
+    at-fork hooks: threading's bookkeeping, random's reseed, logging's and
+    matplotlib's). For the reaper only, a copy of the single-threaded
+    template that never runs user code nor those modules: that work cost it
+    ~300 copied pages, half of its faults. Its kernel is forked with
+    os.fork, hooks and all."""
+    pid = libc.fork()
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "fork: " + os.strerror(ctypes.get_errno()))
+    return pid
+
+
 def _kernel(sock, peer, kmod):
     """PID 2, forked ahead: armed (no capabilities, the filter) before any
     session exists, it waits for its session's descriptors from the
@@ -330,15 +405,11 @@ def _kernel(sock, peer, kmod):
             signal.signal(s, signal.SIG_DFL)
         # Random state is copied by fork: reseed what the template seeded.
         # (The random module reseeds itself after fork.)
-        np = sys.modules.get("numpy")
-        if np is not None:
-            try:
-                np.random.seed()
-            except Exception:
-                pass
+        _reseed_numpy()
+        _lock_bounding()
         sock.send(b'{"hello":"kernel"}')
         _armed_cgroup(peer)
-        _Lockdown()()
+        C.lockdown()
         sock.send(b'{"armed":true}')
     except BaseException as e:
         _fail(sock, 127, "arm the kernel", e)
@@ -379,12 +450,16 @@ def _spare(sock, kmod):
     process until the kernel ends. When it exits, the kernel kills whatever
     is left in the PID namespace."""
     try:
-        _prepare()
-        _lock_bounding()
-        lockdown = _Lockdown()
-        json.loads(b'{"warm": ["the parser, ahead"]}')
+        # The kernel is forked first, as soon as the namespaces it shares
+        # with the reaper exist: a page either of them writes is then
+        # copied once, for the one that writes it, rather than first for
+        # the reaper and again for the kernel (copy-on-write faults are a
+        # fifth of a spare's CPU). The mounts below are made in the mount
+        # namespace both share, before the kernel needs them (it does not
+        # touch the filesystem until its session, which the reaper hands
+        # it after its own mounts).
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.send(b'{"hello":"reaper"}')
         kpid = os.fork()
     except BaseException as e:
         _fail(sock, 125, "prepare the spare", e)
@@ -397,6 +472,12 @@ def _spare(sock, kmod):
     try:
         peer.close()
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _prepare()
+        _lock_bounding()
+        sock.send(b'{"hello":"reaper"}')
+    except BaseException as e:
+        _fail(sock, 125, "prepare the spare", e)
+    try:
         _armed_cgroup(sock)
         ours.send(b"arm")
     except BaseException as e:
@@ -411,7 +492,7 @@ def _spare(sock, kmod):
             os.close(fd)
         ours.close()
         _set_rlimits(req)
-        lockdown()
+        C.lockdown()
         if listener is None:
             sock.send(b'{"locked":true}')
         else:
@@ -468,7 +549,14 @@ def main():
     C.filter = base64.b64decode(cfg["filter"])
     C.masked = cfg.get("masked", ())
     C.readonly = cfg.get("readonly", ())
+    C.proc_masks, C.proc_readonly = _proc_plan()
     C.workspaces = cfg.get("workspaces")
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        C.last_cap = int(f.read())
+    # Built once here: a fork pays for every page it writes, and building
+    # these in each child cost it milliseconds of copied pages.
+    C.lockdown = _Lockdown()
+    json.loads(b'{"warm": ["the parser, ahead"]}')
     errors = []
     spec = importlib.util.spec_from_file_location("sandloop_kernel", KERNEL_PATH)
     kmod = importlib.util.module_from_spec(spec)
@@ -484,6 +572,7 @@ def main():
             errors.append("import %s: %s: %s" % (name, type(e).__name__, e))
     if "matplotlib" in sys.modules:
         _warm_first_plot(kmod)
+    C.numpy_state = _numpy_state()
     if _threads() != 1 or threading.active_count() != 1:
         errors.append("%d threads after the imports: fork would copy a process whose other threads are gone" % _threads())
     # Objects that exist now are never collected: the collector does not
@@ -514,7 +603,7 @@ def main():
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             _check(libc.unshare(CLONE_NEWPID), "unshare pid namespace")
-            pid = os.fork()
+            pid = _fork_bare()
             if pid == 0:
                 try:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
