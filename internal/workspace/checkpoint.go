@@ -503,9 +503,15 @@ func (t *taking) copy(f *os.File, p string) (string, int64, error) {
 
 // copyBuffered is io.Copy in 1 MiB reads: files are read under the
 // session's turn, and io.Copy's 32 KiB would take 32 system calls a MiB.
+// The buffers are reused: a fresh 1 MiB for every file read cost more
+// (allocating and zeroing it) than reading a small file.
 func copyBuffered(w io.Writer, r io.Reader) (int64, error) {
-	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, make([]byte, 1<<20))
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, *buf)
 }
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 // keptMode is the part of a mode a checkpoint keeps: permission bits and
 // the sticky bit. Setuid and setgid are dropped: restored files are
@@ -696,12 +702,20 @@ func (rs *restoring) put(e *cpEntry) error {
 func (rs *restoring) sameContent(e *cpEntry, fi fs.FileInfo) (bool, error) {
 	id := idOf(fi)
 	if old, ok := rs.old[e.path]; ok && id.ino != 0 {
+		// A file is never wrongly left alone, but may be rewritten when
+		// it did hold the checkpoint's content: rewriting is always right,
+		// reading first is only to spare a write.
 		switch {
 		case old.id == id && old.trusted:
 			return old.hash == e.hash, nil
-		case old.id != id && old.trusted:
+		case old.id != id:
 			// Written since the store saw it: rewrite it without reading
 			// it (its new content is unlikely to be the checkpoint's).
+			return false, nil
+		case old.hash != e.hash:
+			// Racily clean: it held other content when seen, and a write
+			// since (within the clock's tick) could only have made it the
+			// checkpoint's by chance. Rewritten without reading.
 			return false, nil
 		}
 	}
@@ -741,6 +755,11 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 		return mapErr(e.path, err)
 	}
 	err = copyBlob(dst, src)
+	if err == nil {
+		// On the open file: path calls through the root would walk the
+		// path again, three times.
+		err = rs.setMeta(dst, e)
+	}
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -752,16 +771,6 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 			return rs.writeInPlace(e, src)
 		}
 	}
-	if err == nil {
-		err = rs.w.chown(tmp)
-	}
-	if err == nil {
-		err = root.Chmod(tmp, e.mode)
-	}
-	if err == nil {
-		mt := time.Unix(0, e.mtime)
-		err = root.Chtimes(tmp, mt, mt)
-	}
 	if err != nil {
 		root.Remove(tmp)
 		var pe *PathError
@@ -771,6 +780,20 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 		return mapErr(e.path, err)
 	}
 	return rs.replace(tmp, e.path, isDir, e)
+}
+
+// setMeta gives f, a file written for e, e's owner (the workspace's),
+// permission bits and mtime.
+func (rs *restoring) setMeta(f *os.File, e *cpEntry) error {
+	if rs.w.opts.OwnerSet {
+		if err := f.Chown(rs.w.opts.UID, rs.w.opts.GID); err != nil {
+			return err
+		}
+	}
+	if err := f.Chmod(e.mode); err != nil {
+		return err
+	}
+	return setMtime(f, e.mtime)
 }
 
 // writeInPlace writes e at its path directly (nothing is there).
