@@ -472,6 +472,18 @@ func (s *CheckpointStore) has(hash string, fresh map[string]*blob) bool {
 // copy writes f's content to the store (unless a blob has it already) and
 // returns its hash and size.
 func (t *taking) copy(f *os.File, p string) (string, int64, error) {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	got, err := io.ReadFull(f, *buf)
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return t.copySmall((*buf)[:got], p)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", 0, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
 	tmp, err := os.CreateTemp(filepath.Join(t.s.dir, "blobs"), "tmp-")
 	if err != nil {
 		return "", 0, fmt.Errorf("checkpoint store: %w", err)
@@ -496,6 +508,33 @@ func (t *taking) copy(f *os.File, p string) (string, int64, error) {
 	if err != nil {
 		os.Remove(tmp.Name())
 		return "", 0, fmt.Errorf("checkpoint store: %w", err)
+	}
+	t.fresh[hash] = &blob{size: n}
+	return hash, n, nil
+}
+
+// copySmall stores content read whole (smaller than a read buffer): hashed
+// first, written under its final name only if the store lacks it (no
+// temporary name, rename and chmod for each small file).
+func (t *taking) copySmall(content []byte, p string) (string, int64, error) {
+	sum := sha256.Sum256(content)
+	hash := hex.EncodeToString(sum[:])
+	n := int64(len(content))
+	if t.s.has(hash, t.fresh) {
+		return hash, n, nil
+	}
+	name := t.s.blobPath(hash)
+	b, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return "", 0, fmt.Errorf("checkpoint store: %w", err)
+	}
+	_, err = b.Write(content)
+	if cerr := b.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(name)
+		return "", 0, fmt.Errorf("checkpoint store: %s: %w", p, err)
 	}
 	t.fresh[hash] = &blob{size: n}
 	return hash, n, nil
