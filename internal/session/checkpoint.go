@@ -518,8 +518,11 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 	return res, nil
 }
 
-// restore puts the session back at r, under the turn: the kernel first
-// (a copy that is gone leaves the files untouched), then the files.
+// restore puts the session back at r, under the turn: the kernel and the
+// files at once, but no file changes where the sandbox sees it before the
+// kernel is back (a copy that is gone leaves the files untouched): the
+// checkpoint's content of the changed files is written beside them while
+// the kernel restores, and put in place after (workspace.PreparedRestore).
 func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Restored, error) {
 	kc, err := s.liveCheckpoints()
 	if err != nil {
@@ -529,9 +532,22 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 	if err != nil {
 		return nil, err
 	}
+	var prep *workspace.PreparedRestore
+	var perr error
+	prepared := make(chan struct{})
+	go func() {
+		defer close(prepared)
+		t0 := time.Now()
+		prep, perr = st.PrepareRestore(ws, r.fileID)
+		forkStage("restore-files-prepare", t0)
+	}()
 	t0 := time.Now()
 	ki, err := kc.Restore(ctx, r.kernelID)
 	forkStage("restore-kernel", t0)
+	<-prepared
+	if err != nil && perr == nil {
+		prep.Abort()
+	}
 	if errors.Is(err, errCheckpointGone) {
 		s.drop(ctx, kc, r)
 		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel was killed (most likely by the out-of-memory killer: the session's memory limit counts what checkpoints hold)", r.ID)}
@@ -540,7 +556,13 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 		return nil, s.kernelErr("restore "+r.ID, err)
 	}
 	t0 = time.Now()
-	if _, err := st.Restore(ws, r.fileID); err != nil {
+	if perr == nil {
+		_, err = prep.Commit()
+	} else {
+		s.log.Warn("restore the workspace without preparing it", "checkpoint", r.ID, "err", perr)
+		_, err = st.Restore(ws, r.fileID)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("session %s: restore the workspace of %s (the kernel's state was restored): %w", s.id, r.ID, err)
 	}
 	forkStage("restore-files", t0)
