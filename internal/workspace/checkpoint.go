@@ -728,18 +728,18 @@ func (p *PreparedRestore) Abort() {
 }
 
 type restoring struct {
-	s       *CheckpointStore
-	w       *Workspace
-	cp      *fileCheckpoint
-	home    bool // w is the workspace the store takes checkpoints of
-	want    map[string]*cpEntry
+	s    *CheckpointStore
+	w    *Workspace
+	cp   *fileCheckpoint
+	home bool // w is the workspace the store takes checkpoints of
+	want map[string]*cpEntry
 	// prepared holds the copies PrepareRestore wrote, by path; each is
 	// removed from it once used (or found changed).
 	prepared map[string]preparedFile
-	skipped map[string]bool
-	old     map[string]seenFile // what the store last saw (nil: another workspace)
-	seen    map[string]seenFile
-	res     FileRestore
+	skipped  map[string]bool
+	old      map[string]seenFile // what the store last saw (nil: another workspace)
+	seen     map[string]seenFile
+	res      FileRestore
 }
 
 // prune removes what directory rel (r) holds that the checkpoint does not
