@@ -712,6 +712,8 @@ def _processes_now():
     for name in names:
         if not name.isdigit():
             continue
+        if S.jailed and int(name) in ours:
+            continue  # in a jail ours are left out whatever their parent: no need to read their stat
         try:
             with open("/proc/%s/stat" % name, "rb") as f:
                 raw = f.read()
