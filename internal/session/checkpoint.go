@@ -421,6 +421,15 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 
 // drop forgets r, freeing its kernel copy and its files.
 func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
+	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
+		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
+	}
+	s.forget(r)
+}
+
+// forget drops r from the list and frees its files (its kernel copy is
+// gone already).
+func (s *Session) forget(r *cpRecord) {
 	c := &s.cps
 	c.mu.Lock()
 	for i, x := range c.list {
@@ -431,9 +440,6 @@ func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
 	}
 	st := c.store
 	c.mu.Unlock()
-	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
-		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
-	}
 	if st != nil {
 		if err := st.Drop(r.fileID); err != nil {
 			s.log.Warn("drop a checkpoint's files", "checkpoint", r.ID, "err", err)
@@ -479,7 +485,7 @@ func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, 
 	if err != nil {
 		return nil, err
 	}
-	return s.restore(ctx, r, "checkpoint "+r.ID)
+	return s.restore(ctx, r, "checkpoint "+r.ID, false)
 }
 
 // Undo reverts the last execution: the session goes back to its newest
@@ -507,15 +513,7 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 		}
 		return nil, &notFoundError{"nothing to undo: undo goes back to the automatic checkpoint taken before the last execution, and " + why}
 	}
-	res, err := s.restore(ctx, r, "undo")
-	if err != nil {
-		return nil, err
-	}
-	k, kerr := s.kernel()
-	if kerr == nil {
-		s.drop(ctx, checkpointsOf(k), r)
-	}
-	return res, nil
+	return s.restore(ctx, r, "undo", true)
 }
 
 // restore puts the session back at r, under the turn: the kernel and the
@@ -523,7 +521,9 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 // kernel is back (a copy that is gone leaves the files untouched): the
 // checkpoint's content of the changed files is written beside them while
 // the kernel restores, and put in place after (workspace.PreparedRestore).
-func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Restored, error) {
+// With drop, r is used up (an undo): its kernel copy becomes the live
+// kernel without leaving a copy to restore again, and r is forgotten.
+func (s *Session) restore(ctx context.Context, r *cpRecord, from string, drop bool) (*Restored, error) {
 	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
@@ -542,7 +542,12 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 		forkStage("restore-files-prepare", t0)
 	}()
 	t0 := time.Now()
-	ki, err := kc.Restore(ctx, r.kernelID)
+	var ki *kernelCheckpointInfo
+	if drop {
+		ki, err = kc.RestoreAndDrop(ctx, r.kernelID)
+	} else {
+		ki, err = kc.Restore(ctx, r.kernelID)
+	}
 	forkStage("restore-kernel", t0)
 	<-prepared
 	if err != nil && perr == nil {
@@ -561,6 +566,9 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 	} else {
 		s.log.Warn("restore the workspace without preparing it", "checkpoint", r.ID, "err", perr)
 		_, err = st.Restore(ws, r.fileID)
+	}
+	if drop {
+		s.forget(r)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("session %s: restore the workspace of %s (the kernel's state was restored): %w", s.id, r.ID, err)
