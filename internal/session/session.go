@@ -386,7 +386,10 @@ func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kerne
 	if err := s.acquire(ctx); err != nil {
 		return nil, err
 	}
-	defer s.release()
+	defer func() {
+		s.release()
+		s.fitAfterCell()
+	}()
 	if err := s.Resume(); err != nil {
 		return nil, err
 	}
