@@ -37,8 +37,7 @@ type Checkpoint struct {
 	ExecutionCount int       `json:"execution_count"`
 	// MemoryBytes is the private memory its kernel copy held when last
 	// measured, at MemoryMeasuredAt (zero: not yet measured). All are
-	// measured when a checkpoint is taken (an automatic one: once its cell
-	// is done), but at most once a second while
+	// measured when a checkpoint is taken, but at most once a second while
 	// what checkpoints hold is far from the bound (a measure walks the
 	// copies' page tables under the session's turn, so a listing does not
 	// measure); it grows as the live kernel changes memory the copy still
@@ -114,9 +113,6 @@ type checkpoints struct {
 	restored *Restored
 	measured time.Time // when the kernel copies' memory was last measured
 	memory   int64     // what they held then
-	// fitDue: an automatic checkpoint's fit was left for after its cell
-	// (fitAfterCell).
-	fitDue bool
 }
 
 // measureEvery: measuring the copies' memory walks their page tables
@@ -357,66 +353,16 @@ func (s *Session) oldestAuto(except *cpRecord) *cpRecord {
 // and their files' distinct bytes) within CheckpointMemory: the oldest
 // automatic ones go first; if the new one still does not fit it goes too,
 // and a named one is then a *LimitError.
-//
-// Far from the bound (what was last measured, with the files held now, is
-// at most half of it) the copies are measured at most once a second; and
-// for an automatic checkpoint, after its cell rather than before it:
-// measuring walks every copy's page tables (milliseconds each), which
-// would delay every cell of a session in "auto" mode.
 func (s *Session) fit(ctx context.Context, kc kernelCheckpoints, added *cpRecord) error {
 	limit := s.checkpointMemory()
 	c := &s.cps
 	c.mu.Lock()
 	estimate := c.memory + c.store.HeldBytes()
 	recent := time.Since(c.measured) < measureEvery
-	if !recent && estimate <= limit/2 && added.Auto {
-		c.fitDue = true
-		recent = true
-	}
 	c.mu.Unlock()
 	if recent && estimate <= limit/2 {
 		return nil
 	}
-	return s.fitNow(ctx, kc, added)
-}
-
-// fitAfterCell runs the fit an automatic checkpoint left for after its
-// cell, once the session's turn is free (Execute calls it after releasing
-// the turn). A session paused or closed meanwhile is left alone: its next
-// checkpoint fits again.
-func (s *Session) fitAfterCell() {
-	c := &s.cps
-	c.mu.Lock()
-	due := c.fitDue
-	c.fitDue = false
-	c.mu.Unlock()
-	if !due {
-		return
-	}
-	go func() {
-		select {
-		case s.turn <- struct{}{}:
-		case <-s.done:
-			return
-		}
-		defer s.release()
-		if s.isClosed() || s.State() != StateRunning {
-			return
-		}
-		kc, err := s.liveCheckpoints()
-		if err != nil {
-			return
-		}
-		if err := s.fitNow(context.Background(), kc, nil); err != nil {
-			s.log.Warn("fit the checkpoints to their memory bound", "err", err)
-		}
-	}()
-}
-
-// fitNow measures what the checkpoints hold and drops the oldest automatic
-// ones while it is over the bound; then added (if not nil) if it still is.
-func (s *Session) fitNow(ctx context.Context, kc kernelCheckpoints, added *cpRecord) error {
-	limit := s.checkpointMemory()
 	for {
 		held, err := s.measure(ctx, kc)
 		if err != nil {
@@ -429,9 +375,6 @@ func (s *Session) fitNow(ctx context.Context, kc kernelCheckpoints, added *cpRec
 			s.log.Info("checkpoint memory over its bound: dropping the oldest automatic checkpoint", "checkpoint", old.ID, "held", held, "limit", limit)
 			s.drop(ctx, kc, old)
 			continue
-		}
-		if added == nil {
-			return nil // only named checkpoints left: each was refused if it did not fit when taken
 		}
 		s.drop(ctx, kc, added)
 		what := "an automatic checkpoint"

@@ -367,30 +367,3 @@ func TestAutoCheckpointSkippedOverTheBound(t *testing.T) {
 		t.Errorf("the store holds %d bytes: the big file was copied", held)
 	}
 }
-
-// An automatic checkpoint's copies are measured after its cell, not
-// before it: the measure is not on the cell's path, and still happens.
-func TestAutoCheckpointMeasuredAfterItsCell(t *testing.T) {
-	s := newSession(t, Options{Checkpoints: CheckpointsAuto})
-	mustOK(t, runCode(t, s, "x = 1"))
-	cps := s.Checkpoints()
-	if len(cps) != 1 {
-		t.Fatalf("checkpoints %+v: want the one before the cell", cps)
-	}
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		if cps := s.Checkpoints(); len(cps) != 1 || cps[0].MemoryMeasuredAt.IsZero() {
-			return fmt.Errorf("not measured after its cell: %+v", cps)
-		}
-		return nil
-	})
-	s.cps.mu.Lock()
-	due := s.cps.fitDue
-	s.cps.mu.Unlock()
-	if due {
-		t.Error("a fit is still due after it ran")
-	}
-	mustOK(t, runCode(t, s, "x = 2"))
-	if got := textOf(t, s, "x"); got != "2" {
-		t.Errorf("x = %s after the cells", got)
-	}
-}

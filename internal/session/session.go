@@ -386,10 +386,7 @@ func (s *Session) Execute(ctx context.Context, req kernel.Request, onEvent kerne
 	if err := s.acquire(ctx); err != nil {
 		return nil, err
 	}
-	defer func() {
-		s.release()
-		s.fitAfterCell()
-	}()
+	defer s.release()
 	if err := s.Resume(); err != nil {
 		return nil, err
 	}
