@@ -90,6 +90,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench CreateAllow -benchtime 10x ./internal/session
 	$(GO) test -run '^$$' -bench Checkpoint -benchtime 20x ./internal/workspace
 	$(GO) test -run '^$$' -bench CheckpointSession -benchtime 20x ./internal/session
+	$(GO) test -run '^$$' -bench UndoSession -benchtime 20x ./internal/session
 	$(GO) test -run '^$$' -bench '^BenchmarkFork$$' -benchtime 5x ./internal/session
 	$(GO) test -run '^$$' -bench SessionSnapshot -benchtime 3x ./internal/session
 	$(GO) test -run '^$$' -bench TemplateSession -benchtime 1x ./internal/template

@@ -69,7 +69,19 @@ func (k *Kernel) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
 // Restore puts the kernel back at checkpoint id (kept: it can be restored
 // again). The kernel's execution count becomes the checkpoint's.
 func (k *Kernel) Restore(ctx context.Context, id int) (*CheckpointInfo, error) {
-	ev, err := k.call(ctx, map[string]any{"op": "restore", "id": id}, "restore", "a restore", checkpointDeadline, func(ev *wireEvent) {
+	return k.restore(ctx, id, false)
+}
+
+// RestoreAndDrop is Restore then DropCheckpoint, in one step and cheaper
+// (what an undo does): the checkpoint's copy becomes the live kernel and
+// no fresh copy is made to keep it restorable. If it fails the checkpoint
+// is kept, as after a failed Restore.
+func (k *Kernel) RestoreAndDrop(ctx context.Context, id int) (*CheckpointInfo, error) {
+	return k.restore(ctx, id, true)
+}
+
+func (k *Kernel) restore(ctx context.Context, id int, drop bool) (*CheckpointInfo, error) {
+	ev, err := k.call(ctx, map[string]any{"op": "restore", "id": id, "drop": drop}, "restore", "a restore", checkpointDeadline, func(ev *wireEvent) {
 		if ev.Reason == "" && !ev.Gone {
 			k.count = ev.ExecutionCount
 		}

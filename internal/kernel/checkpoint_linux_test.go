@@ -766,3 +766,48 @@ print(f(1), p.x, isinstance(p, Point), len(big), big[99999][:5], df.a.sum(), df.
 		t.Errorf("import of a cut state file: %v", err)
 	}
 }
+
+// RestoreAndDrop (an undo) restores a checkpoint and forgets it, leaving
+// no copy of it behind; the other checkpoints stay restorable.
+func TestCheckpointRestoreAndDrop(t *testing.T) {
+	k := startJailed(t, jail.Limits{Memory: 1 << 30})
+	ctx := context.Background()
+	execOK(t, k, "x = 1")
+	first, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "x = 2")
+	second, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "x = 3")
+	for round, cp := range []*CheckpointInfo{second, first} {
+		info, err := k.RestoreAndDrop(ctx, cp.ID)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if info.ID != cp.ID || info.ExecutionCount != cp.ExecutionCount {
+			t.Errorf("round %d: restored %+v, want %+v", round, info, cp)
+		}
+		if got, want := execOK(t, k, "print(x)"), fmt.Sprint(2-round); got != want {
+			t.Fatalf("round %d: x = %s, want %s", round, got, want)
+		}
+		if _, err := k.Restore(ctx, cp.ID); !errors.Is(err, ErrNoCheckpoint) {
+			t.Fatalf("round %d: restore of a checkpoint restored and dropped: %v, want ErrNoCheckpoint", round, err)
+		}
+		execOK(t, k, "x = 3")
+	}
+	// Left: the init, the anchor and the live kernel; no copy, no zombie.
+	got := execOK(t, k, `import os, time
+for _ in range(50):
+    states = [open('/proc/%s/stat' % p).read().split(') ')[1][0] for p in os.listdir('/proc') if p.isdigit()]
+    if len(states) == 3 and 'Z' not in states:
+        break
+    time.sleep(0.1)
+print(len(states), states.count('Z'))`)
+	if got != "3 0" {
+		t.Fatalf("processes, zombies: %s; want 3 (init, anchor, live kernel), 0", got)
+	}
+}

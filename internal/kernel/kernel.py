@@ -712,6 +712,8 @@ def _processes_now():
     for name in names:
         if not name.isdigit():
             continue
+        if S.jailed and int(name) in ours:
+            continue  # in a jail ours are left out whatever their parent: no need to read their stat
         try:
             with open("/proc/%s/stat" % name, "rb") as f:
                 raw = f.read()
@@ -873,6 +875,17 @@ def _dormant(ns, sock):
                     pass  # user code closed it: signals then reach the old live kernel's pid
             sock.send(_encode({"ok": True, "pid": pid}).encode())
             _wake(req, fds)
+            if req.get("drop"):
+                # Used up by this restore (an undo): no fresh copy is
+                # made, the checkpoint is forgotten.
+                me = _CP.table.pop(int(req["id"]), None)
+                if me is not None:
+                    me.sock.close()
+                sock.close()
+                _CP.reap.extend(exporting)
+                if gc_was:
+                    gc.enable()
+                return
             # The reply is sent: now the fresh dormant copy that keeps the
             # checkpoint restorable (off the restore's path: the next
             # request is read after it). Nothing of the user's has run
@@ -996,7 +1009,7 @@ def restore(req):
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     order = list(_CP.table.values())
-    msg = {"op": "wake", "id": cid, "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+    msg = {"op": "wake", "id": cid, "drop": bool(req.get("drop")), "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
     S.lock.acquire()  # kept to the end on success: our threads send no more events
     try:

@@ -421,6 +421,15 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 
 // drop forgets r, freeing its kernel copy and its files.
 func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
+	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
+		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
+	}
+	s.forget(r)
+}
+
+// forget drops r from the list and frees its files (its kernel copy is
+// gone already).
+func (s *Session) forget(r *cpRecord) {
 	c := &s.cps
 	c.mu.Lock()
 	for i, x := range c.list {
@@ -431,9 +440,6 @@ func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
 	}
 	st := c.store
 	c.mu.Unlock()
-	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
-		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
-	}
 	if st != nil {
 		if err := st.Drop(r.fileID); err != nil {
 			s.log.Warn("drop a checkpoint's files", "checkpoint", r.ID, "err", err)
@@ -479,7 +485,7 @@ func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, 
 	if err != nil {
 		return nil, err
 	}
-	return s.restore(ctx, r, "checkpoint "+r.ID)
+	return s.restore(ctx, r, "checkpoint "+r.ID, false)
 }
 
 // Undo reverts the last execution: the session goes back to its newest
@@ -507,20 +513,17 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 		}
 		return nil, &notFoundError{"nothing to undo: undo goes back to the automatic checkpoint taken before the last execution, and " + why}
 	}
-	res, err := s.restore(ctx, r, "undo")
-	if err != nil {
-		return nil, err
-	}
-	k, kerr := s.kernel()
-	if kerr == nil {
-		s.drop(ctx, checkpointsOf(k), r)
-	}
-	return res, nil
+	return s.restore(ctx, r, "undo", true)
 }
 
-// restore puts the session back at r, under the turn: the kernel first
-// (a copy that is gone leaves the files untouched), then the files.
-func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Restored, error) {
+// restore puts the session back at r, under the turn: the kernel and the
+// files at once, but no file changes where the sandbox sees it before the
+// kernel is back (a copy that is gone leaves the files untouched): the
+// checkpoint's content of the changed files is written beside them while
+// the kernel restores, and put in place after (workspace.PreparedRestore).
+// With drop, r is used up (an undo): its kernel copy becomes the live
+// kernel without leaving a copy to restore again, and r is forgotten.
+func (s *Session) restore(ctx context.Context, r *cpRecord, from string, drop bool) (*Restored, error) {
 	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
@@ -529,9 +532,27 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 	if err != nil {
 		return nil, err
 	}
+	var prep *workspace.PreparedRestore
+	var perr error
+	prepared := make(chan struct{})
+	go func() {
+		defer close(prepared)
+		t0 := time.Now()
+		prep, perr = st.PrepareRestore(ws, r.fileID)
+		forkStage("restore-files-prepare", t0)
+	}()
 	t0 := time.Now()
-	ki, err := kc.Restore(ctx, r.kernelID)
+	var ki *kernelCheckpointInfo
+	if drop {
+		ki, err = kc.RestoreAndDrop(ctx, r.kernelID)
+	} else {
+		ki, err = kc.Restore(ctx, r.kernelID)
+	}
 	forkStage("restore-kernel", t0)
+	<-prepared
+	if err != nil && perr == nil {
+		prep.Abort()
+	}
 	if errors.Is(err, errCheckpointGone) {
 		s.drop(ctx, kc, r)
 		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel was killed (most likely by the out-of-memory killer: the session's memory limit counts what checkpoints hold)", r.ID)}
@@ -540,7 +561,16 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string) (*Resto
 		return nil, s.kernelErr("restore "+r.ID, err)
 	}
 	t0 = time.Now()
-	if _, err := st.Restore(ws, r.fileID); err != nil {
+	if perr == nil {
+		_, err = prep.Commit()
+	} else {
+		s.log.Warn("restore the workspace without preparing it", "checkpoint", r.ID, "err", perr)
+		_, err = st.Restore(ws, r.fileID)
+	}
+	if drop {
+		s.forget(r)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("session %s: restore the workspace of %s (the kernel's state was restored): %w", s.id, r.ID, err)
 	}
 	forkStage("restore-files", t0)

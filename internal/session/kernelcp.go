@@ -14,6 +14,7 @@ import (
 type kernelCheckpoints interface {
 	Checkpoint(ctx context.Context) (*kernelCheckpointInfo, error)
 	Restore(ctx context.Context, id int) (*kernelCheckpointInfo, error)
+	RestoreAndDrop(ctx context.Context, id int) (*kernelCheckpointInfo, error)
 	DropCheckpoint(ctx context.Context, id int) error
 	CheckpointMemory(ctx context.Context) (map[int]int64, error)
 	ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*stateManifest, error)

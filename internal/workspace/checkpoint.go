@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -472,6 +473,18 @@ func (s *CheckpointStore) has(hash string, fresh map[string]*blob) bool {
 // copy writes f's content to the store (unless a blob has it already) and
 // returns its hash and size.
 func (t *taking) copy(f *os.File, p string) (string, int64, error) {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	got, err := io.ReadFull(f, *buf)
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return t.copySmall((*buf)[:got], p)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", 0, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
 	tmp, err := os.CreateTemp(filepath.Join(t.s.dir, "blobs"), "tmp-")
 	if err != nil {
 		return "", 0, fmt.Errorf("checkpoint store: %w", err)
@@ -501,11 +514,44 @@ func (t *taking) copy(f *os.File, p string) (string, int64, error) {
 	return hash, n, nil
 }
 
+// copySmall stores content read whole (smaller than a read buffer): hashed
+// first, written under its final name only if the store lacks it (no
+// temporary name, rename and chmod for each small file).
+func (t *taking) copySmall(content []byte, p string) (string, int64, error) {
+	sum := sha256.Sum256(content)
+	hash := hex.EncodeToString(sum[:])
+	n := int64(len(content))
+	if t.s.has(hash, t.fresh) {
+		return hash, n, nil
+	}
+	name := t.s.blobPath(hash)
+	b, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return "", 0, fmt.Errorf("checkpoint store: %w", err)
+	}
+	_, err = b.Write(content)
+	if cerr := b.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(name)
+		return "", 0, fmt.Errorf("checkpoint store: %s: %w", p, err)
+	}
+	t.fresh[hash] = &blob{size: n}
+	return hash, n, nil
+}
+
 // copyBuffered is io.Copy in 1 MiB reads: files are read under the
 // session's turn, and io.Copy's 32 KiB would take 32 system calls a MiB.
+// The buffers are reused: a fresh 1 MiB for every file read cost more
+// (allocating and zeroing it) than reading a small file.
 func copyBuffered(w io.Writer, r io.Reader) (int64, error) {
-	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, make([]byte, 1<<20))
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, *buf)
 }
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 // keptMode is the part of a mode a checkpoint keeps: permission bits and
 // the sticky bit. Setuid and setgid are dropped: restored files are
@@ -524,6 +570,15 @@ func keptMode(m fs.FileMode) fs.FileMode { return m & (fs.ModePerm | fs.ModeStic
 // may run at the same time as each other and as the store's other calls;
 // the checkpoint must not be dropped meanwhile (see Dup).
 func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error) {
+	rs, err := s.restoring(w, id)
+	if err != nil {
+		return nil, err
+	}
+	return rs.run()
+}
+
+// restoring starts a Restore of checkpoint id into w.
+func (s *CheckpointStore) restoring(w *Workspace, id string) (*restoring, error) {
 	s.mu.Lock()
 	cp, ok := s.cps[id]
 	home := s.home == w.root.Name()
@@ -543,27 +598,148 @@ func (s *CheckpointStore) Restore(w *Workspace, id string) (*FileRestore, error)
 	for _, p := range cp.info.Skipped {
 		skipped[p] = true
 	}
-	rs := &restoring{s: s, w: w, want: want, skipped: skipped, old: seen, seen: map[string]seenFile{}}
-	err := rs.prune(w.root, ".")
-	for i := 0; err == nil && i < len(cp.entries); i++ {
-		err = rs.put(&cp.entries[i])
+	return &restoring{s: s, w: w, cp: cp, home: home, want: want, skipped: skipped, old: seen, seen: map[string]seenFile{}}, nil
+}
+
+// run does the restore: what is not in the checkpoint goes, then each
+// entry is put back.
+func (rs *restoring) run() (*FileRestore, error) {
+	err := rs.prune(rs.w.root, ".")
+	for i := 0; err == nil && i < len(rs.cp.entries); i++ {
+		err = rs.put(&rs.cp.entries[i])
 	}
-	if home {
-		s.mu.Lock()
-		s.setSeen(rs.seen)
-		s.mu.Unlock()
+	for _, pf := range rs.prepared {
+		rs.w.root.Remove(pf.tmp) // not used: the file was as the checkpoint has it by then
+	}
+	rs.prepared = nil
+	if rs.home {
+		rs.s.mu.Lock()
+		rs.s.setSeen(rs.seen)
+		rs.s.mu.Unlock()
 	}
 	return &rs.res, err
 }
 
+// A PreparedRestore is a Restore split in two, so that its slow part can
+// run while the caller does something it may still have to call off (a
+// session restores its kernel meanwhile): PrepareRestore writes the
+// checkpoint's content of every file that needs rewriting, under
+// temporary names beside it, and changes nothing else; Commit finishes
+// the restore exactly as Restore would (using those copies); Abort
+// removes them, leaving the workspace as it was.
+type PreparedRestore struct {
+	rs *restoring
+}
+
+// preparedFile is a file's content written under a temporary name.
+type preparedFile struct {
+	tmp string
+	id  fileID // the copy as written
+}
+
+// PrepareRestore prepares a Restore of checkpoint id into w. The
+// checkpoint must not be dropped before Commit or Abort.
+func (s *CheckpointStore) PrepareRestore(w *Workspace, id string) (*PreparedRestore, error) {
+	rs, err := s.restoring(w, id)
+	if err != nil {
+		return nil, err
+	}
+	rs.prepared = map[string]preparedFile{}
+	p := &PreparedRestore{rs: rs}
+	for i := range rs.cp.entries {
+		e := &rs.cp.entries[i]
+		if e.typ != 'f' {
+			continue
+		}
+		if err := rs.prepare(e); err != nil {
+			p.Abort()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// prepare writes e's content under a temporary name beside it if the file
+// there differs. Where that cannot be done now (its directory is not
+// there yet, the quota is full) Commit writes it.
+func (rs *restoring) prepare(e *cpEntry) error {
+	root := rs.w.root
+	fi, err := root.Lstat(e.path)
+	if err == nil && fi.Mode().IsRegular() && fi.Size() == e.size {
+		same, err := rs.sameContent(e, fi)
+		if err != nil || same {
+			return err
+		}
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return mapErr(e.path, err)
+	}
+	if dir, err := root.Lstat(path.Dir(e.path)); err != nil || !dir.IsDir() {
+		return nil
+	}
+	src, err := os.Open(rs.s.blobPath(e.hash))
+	if err != nil {
+		return fmt.Errorf("checkpoint store: %w", err)
+	}
+	defer src.Close()
+	tmp := tempName(e.path)
+	dst, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil // Commit writes it
+	}
+	err = copyBlob(dst, src)
+	if err == nil {
+		err = rs.setMeta(dst, e)
+	}
+	var written fs.FileInfo
+	if err == nil {
+		written, err = dst.Stat()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		root.Remove(tmp)
+		return nil // Commit writes it, and says why if it still cannot
+	}
+	rs.prepared[e.path] = preparedFile{tmp: tmp, id: idOf(written)}
+	return nil
+}
+
+// Commit finishes the restore: the workspace becomes what it was at the
+// checkpoint, as after Restore.
+func (p *PreparedRestore) Commit() (*FileRestore, error) {
+	if p.rs == nil {
+		return nil, errors.New("checkpoint store: a prepared restore committed or aborted already")
+	}
+	rs := p.rs
+	p.rs = nil
+	return rs.run()
+}
+
+// Abort removes what PrepareRestore wrote.
+func (p *PreparedRestore) Abort() {
+	if p.rs == nil {
+		return
+	}
+	for _, pf := range p.rs.prepared {
+		p.rs.w.root.Remove(pf.tmp)
+	}
+	p.rs = nil
+}
+
 type restoring struct {
-	s       *CheckpointStore
-	w       *Workspace
-	want    map[string]*cpEntry
-	skipped map[string]bool
-	old     map[string]seenFile // what the store last saw (nil: another workspace)
-	seen    map[string]seenFile
-	res     FileRestore
+	s    *CheckpointStore
+	w    *Workspace
+	cp   *fileCheckpoint
+	home bool // w is the workspace the store takes checkpoints of
+	want map[string]*cpEntry
+	// prepared holds the copies PrepareRestore wrote, by path; each is
+	// removed from it once used (or found changed).
+	prepared map[string]preparedFile
+	skipped  map[string]bool
+	old      map[string]seenFile // what the store last saw (nil: another workspace)
+	seen     map[string]seenFile
+	res      FileRestore
 }
 
 // prune removes what directory rel (r) holds that the checkpoint does not
@@ -591,6 +767,8 @@ func (rs *restoring) prune(r *os.Root, rel string) error {
 		mode := fi.Mode()
 		keep := false
 		switch {
+		case e == nil && rs.isPrepared(p, fi):
+			continue
 		case e == nil:
 			keep = rs.skipped[p] && !mode.IsRegular() && !mode.IsDir() && mode&fs.ModeSymlink == 0
 		case e.typ == 'd':
@@ -620,6 +798,35 @@ func (rs *restoring) prune(r *os.Root, rel string) error {
 		}
 	}
 	return nil
+}
+
+// isPrepared reports whether p (lstat fi) is a copy PrepareRestore wrote,
+// unchanged since.
+func (rs *restoring) isPrepared(p string, fi fs.FileInfo) bool {
+	if len(rs.prepared) == 0 || !strings.HasPrefix(path.Base(p), ".sandloop-restore-") {
+		return false
+	}
+	for _, pf := range rs.prepared {
+		if pf.tmp == p {
+			return idOf(fi) == pf.id
+		}
+	}
+	return false
+}
+
+// takePrepared returns the copy PrepareRestore wrote of e, if it is still
+// as written ("" if none); a changed one is removed.
+func (rs *restoring) takePrepared(e *cpEntry) string {
+	pf, ok := rs.prepared[e.path]
+	if !ok {
+		return ""
+	}
+	delete(rs.prepared, e.path)
+	if fi, err := rs.w.root.Lstat(pf.tmp); err == nil && fi.Mode().IsRegular() && idOf(fi) == pf.id && pf.id.ino != 0 {
+		return pf.tmp
+	}
+	rs.w.root.Remove(pf.tmp)
+	return ""
 }
 
 // put makes entry e as the checkpoint has it.
@@ -688,6 +895,9 @@ func (rs *restoring) put(e *cpEntry) error {
 			return nil
 		}
 	}
+	if tmp := rs.takePrepared(e); tmp != "" {
+		return rs.replace(tmp, e.path, exists && fi.IsDir(), e)
+	}
 	return rs.write(e, exists && fi.IsDir())
 }
 
@@ -696,12 +906,20 @@ func (rs *restoring) put(e *cpEntry) error {
 func (rs *restoring) sameContent(e *cpEntry, fi fs.FileInfo) (bool, error) {
 	id := idOf(fi)
 	if old, ok := rs.old[e.path]; ok && id.ino != 0 {
+		// A file is never wrongly left alone, but may be rewritten when
+		// it did hold the checkpoint's content: rewriting is always right,
+		// reading first is only to spare a write.
 		switch {
 		case old.id == id && old.trusted:
 			return old.hash == e.hash, nil
-		case old.id != id && old.trusted:
+		case old.id != id:
 			// Written since the store saw it: rewrite it without reading
 			// it (its new content is unlikely to be the checkpoint's).
+			return false, nil
+		case old.hash != e.hash:
+			// Racily clean: it held other content when seen, and a write
+			// since (within the clock's tick) could only have made it the
+			// checkpoint's by chance. Rewritten without reading.
 			return false, nil
 		}
 	}
@@ -741,6 +959,11 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 		return mapErr(e.path, err)
 	}
 	err = copyBlob(dst, src)
+	if err == nil {
+		// On the open file: path calls through the root would walk the
+		// path again, three times.
+		err = rs.setMeta(dst, e)
+	}
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -752,16 +975,6 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 			return rs.writeInPlace(e, src)
 		}
 	}
-	if err == nil {
-		err = rs.w.chown(tmp)
-	}
-	if err == nil {
-		err = root.Chmod(tmp, e.mode)
-	}
-	if err == nil {
-		mt := time.Unix(0, e.mtime)
-		err = root.Chtimes(tmp, mt, mt)
-	}
 	if err != nil {
 		root.Remove(tmp)
 		var pe *PathError
@@ -771,6 +984,20 @@ func (rs *restoring) write(e *cpEntry, isDir bool) error {
 		return mapErr(e.path, err)
 	}
 	return rs.replace(tmp, e.path, isDir, e)
+}
+
+// setMeta gives f, a file written for e, e's owner (the workspace's),
+// permission bits and mtime.
+func (rs *restoring) setMeta(f *os.File, e *cpEntry) error {
+	if rs.w.opts.OwnerSet {
+		if err := f.Chown(rs.w.opts.UID, rs.w.opts.GID); err != nil {
+			return err
+		}
+	}
+	if err := f.Chmod(e.mode); err != nil {
+		return err
+	}
+	return setMtime(f, e.mtime)
 }
 
 // writeInPlace writes e at its path directly (nothing is there).

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
+	"unsafe"
 )
 
 // idOf is the identity of the file fi describes.
@@ -35,4 +36,15 @@ func copyBlob(dst, src *os.File) error {
 			return err
 		}
 	}
+}
+
+// setMtime sets f's modification time (and its access time) to mtime, in
+// nanoseconds: futimens(2), utimensat on the descriptor itself.
+func setMtime(f *os.File, mtime int64) error {
+	ts := [2]syscall.Timespec{syscall.NsecToTimespec(mtime), syscall.NsecToTimespec(mtime)}
+	_, _, errno := syscall.Syscall6(syscall.SYS_UTIMENSAT, f.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return &os.PathError{Op: "futimens", Path: f.Name(), Err: errno}
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"time"
 )
 
 // idOf is the identity of the file fi describes. Without an inode number
@@ -19,4 +20,11 @@ func idOf(fi fs.FileInfo) fileID {
 func copyBlob(dst, src *os.File) error {
 	_, err := io.Copy(dst, src)
 	return err
+}
+
+// setMtime sets f's modification time (and its access time) to mtime, in
+// nanoseconds.
+func setMtime(f *os.File, mtime int64) error {
+	t := time.Unix(0, mtime)
+	return os.Chtimes(f.Name(), t, t)
 }

@@ -656,3 +656,81 @@ func TestCheckpointRestoreIntoFullQuota(t *testing.T) {
 		t.Errorf("restored %d bytes (%d as the checkpoint's), %d written", len(got), len(want), res.Written)
 	}
 }
+
+// A prepared restore changes nothing the workspace shows until Commit
+// (Abort leaves it exactly as it was), and Commit makes it the
+// checkpoint's even when the sandbox removed or changed the prepared
+// copies meanwhile.
+func TestCheckpointPreparedRestore(t *testing.T) {
+	w, dir := newWS(t, Options{})
+	s := newStore(t)
+	writeFile(t, dir, "a.txt", "alpha\n", 0o644)
+	writeFile(t, dir, "b.txt", "beta\n", 0o600)
+	writeFile(t, dir, "c.txt", "gamma\n", 0o644)
+	writeFile(t, dir, "sub/d.txt", "delta\n", 0o644)
+	writeFile(t, dir, "gone/e.txt", "epsilon\n", 0o644)
+	want := treeOf(t, dir)
+	cp, err := s.Take(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, "a.txt", "ALPHA\n", 0o644)
+	writeFile(t, dir, "b.txt", "BETA!\n", 0o600)
+	writeFile(t, dir, "c.txt", "GAMMA\n", 0o644)
+	writeFile(t, dir, "new.txt", "added\n", 0o644)
+	os.Remove(filepath.Join(dir, "sub/d.txt"))
+	os.RemoveAll(filepath.Join(dir, "gone"))
+	changed := treeOf(t, dir)
+
+	temps := func() []string {
+		var out []string
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && strings.HasPrefix(d.Name(), ".sandloop-restore-") {
+				out = append(out, p)
+			}
+			return nil
+		})
+		return out
+	}
+	p, err := s.PrepareRestore(w, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(temps()); n != 4 { // a, b, c and sub/d; gone/e's directory is not there yet
+		t.Errorf("prepared %d copies, want 4: %v", n, temps())
+	}
+	p.Abort()
+	if d := diffTrees(changed, treeOf(t, dir)); d != "" {
+		t.Fatalf("after an aborted restore the workspace changed:\n%s", d)
+	}
+	if left := temps(); len(left) != 0 {
+		t.Fatalf("an aborted restore left %v", left)
+	}
+
+	p, err = s.PrepareRestore(w, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox meddles: one copy removed, one rewritten.
+	ts := temps()
+	if len(ts) != 4 {
+		t.Fatalf("prepared %v", ts)
+	}
+	os.Remove(ts[0])
+	if err := os.WriteFile(ts[1], []byte("meddled"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := diffTrees(want, treeOf(t, dir)); d != "" {
+		t.Fatalf("after the prepared restore (%+v), the workspace differs from the checkpoint:\n%s", res, d)
+	}
+	if left := temps(); len(left) != 0 {
+		t.Errorf("temp files left: %v", left)
+	}
+	if _, err := p.Commit(); err == nil {
+		t.Error("a second Commit did not fail")
+	}
+}
