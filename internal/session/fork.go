@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -25,7 +27,11 @@ type ForkOptions struct {
 // serialized once into a state file in memory, and its files, as a
 // checkpoint in the parent's store.
 type forkSource struct {
+	owner      *Session
 	parent     string
+	serial     uint64             // state's, among the session's state files (exportCache)
+	bases      []kernel.StateBase // earlier exports given to this one (its own copies of the files)
+	refs       []kernel.StateBase // those of bases the export refers to: its children need them
 	from       string
 	state      *os.File       // the serialized variables (kernel.NewStateFile), sealed once complete
 	export     *kernel.Export // streaming into state
@@ -46,6 +52,19 @@ func (f *forkSource) stream(ctx context.Context) {
 	if f.exportErr == nil {
 		f.exportErr = kernel.SealStateFile(f.state)
 	}
+	if f.exportErr != nil {
+		return
+	}
+	for _, n := range f.exported.Refs {
+		i := slices.IndexFunc(f.bases, func(b kernel.StateBase) bool { return b.Serial == n })
+		if i < 0 {
+			f.exportErr = fmt.Errorf("the export refers to state file %d, which it was not given", n)
+			return
+		}
+		f.refs = append(f.refs, f.bases[i])
+	}
+	// The next fork of the parent compares its buffers with these.
+	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...))
 }
 
 // wait returns once the variables are all in the state file.
@@ -71,6 +90,7 @@ func (f *forkSource) close() {
 	if f.state != nil {
 		f.state.Close() // the children's mappings keep what they use
 	}
+	closeBases(f.bases)
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
 	}
@@ -208,7 +228,7 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 	}
 	t0 := time.Now()
 	defer forkStage("source-turn", t0)
-	src := &forkSource{parent: s.id, store: st, from: "fork of " + s.id}
+	src := &forkSource{owner: s, parent: s.id, store: st, from: "fork of " + s.id, serial: stateSerial.Add(1)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -238,13 +258,16 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		}
 	}
 	forkStage("source-files", t0)
-	if src.state, err = kernel.NewStateFile("sandloop-fork-" + s.id); err != nil {
+	if src.state, err = kernel.NewStateFile(fmt.Sprintf("sandloop-fork-%s-%d", s.id, src.serial)); err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
 	// The kernel forks a copy that serializes the variables, and answers:
 	// the files taken above and the variables are of the same moment.
 	// The copy streams them to the state file after this turn.
-	src.export, err = kc.StartExport(ctx, src.state, from, from == 0)
+	if from == 0 {
+		src.bases = s.exports.get()
+	}
+	src.export, err = kc.StartExportOver(ctx, src.state, from, from == 0, src.bases)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
 	}
@@ -290,7 +313,7 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 		return nil, err
 	}
 	t0 = time.Now()
-	imported, err := kc.ImportStateFile(ctx, src.state)
+	imported, err := kc.ImportStateFiles(ctx, src.state, src.refs)
 	forkStage("import", t0)
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
@@ -307,6 +330,80 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 	s.setRestored(res)
 	out := *res
 	return &out, nil
+}
+
+// stateSerial names the state files of forks (kernel.StateBase).
+var stateSerial atomic.Uint64
+
+// exportCache keeps a session's last fork export, sealed (and the earlier
+// ones it refers to), so that the next fork's export refers to the
+// buffers that have not changed since instead of copying them again
+// (kernel.StartExportOver): a 100 MB DataFrame untouched between two
+// forks is compared, not copied. The files are in the host's memory (not
+// the session's, like every fork's state file) until the next fork
+// replaces them or the session closes; the pages are shared with the
+// children that mapped them.
+type exportCache struct {
+	mu     sync.Mutex
+	bases  []kernel.StateBase // [0] the last export, then the files it refers to; the cache's own descriptors
+	closed bool
+}
+
+// get returns copies of the cached files (the caller closes them), nil if
+// none.
+func (c *exportCache) get() []kernel.StateBase {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []kernel.StateBase
+	for _, b := range c.bases {
+		f, err := dupFile(b.File)
+		if err != nil {
+			closeBases(out)
+			return nil
+		}
+		out = append(out, kernel.StateBase{Serial: b.Serial, File: f})
+	}
+	return out
+}
+
+// keep replaces the cache with copies of bases. More than the kernel takes
+// at once empties it: the next export copies everything again and starts
+// a new chain.
+func (c *exportCache) keep(bases []kernel.StateBase) {
+	var mine []kernel.StateBase
+	if len(bases) <= kernel.MaxStateBases {
+		for _, b := range bases {
+			f, err := dupFile(b.File)
+			if err != nil {
+				closeBases(mine)
+				mine = nil
+				break
+			}
+			mine = append(mine, kernel.StateBase{Serial: b.Serial, File: f})
+		}
+	}
+	c.mu.Lock()
+	old := c.bases
+	if c.closed {
+		old, mine = mine, nil
+	}
+	c.bases = mine
+	c.mu.Unlock()
+	closeBases(old)
+}
+
+func (c *exportCache) close() {
+	c.mu.Lock()
+	old := c.bases
+	c.bases, c.closed = nil, true
+	c.mu.Unlock()
+	closeBases(old)
+}
+
+func closeBases(bases []kernel.StateBase) {
+	for _, b := range bases {
+		b.File.Close()
+	}
 }
 
 // forkStageHook, if set (by benchmarks), is told how long each stage of a
