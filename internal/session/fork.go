@@ -114,7 +114,18 @@ func (f *forkSource) close() {
 // child maps it copy-on-write (kernel.ImportStateFile): the large buffers
 // (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
 // so the children share those pages until one writes to them, and a
-// child's write stays its own. What did not
+// child's write stays its own.
+//
+// The session keeps its last export (exportCache): the next fork's copy
+// compares each large buffer with the one at the same place in it and
+// writes a reference to those bytes instead of a copy when they are equal
+// (kernel.StartExportOver), so a DataFrame unchanged since the last fork
+// costs a read of its memory, not 100 MB of new pages; the children map
+// the earlier file for it. A child keeps the files it was loaded from in
+// the same way, so its own forks compare against them. Trade-off: the
+// last export stays in the host's memory (not charged to the session,
+// like every fork's state file) until the session forks again or closes,
+// even once its children are gone. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
@@ -318,6 +329,9 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
+	// The child's buffers are mappings of these files: its own first fork
+	// compares against them rather than copying them again.
+	s.exports.keep(append([]kernel.StateBase{{Serial: src.serial, File: src.state}}, src.refs...))
 	res := &Restored{From: src.from, Files: src.files, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
 	said := map[string]bool{}
 	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {

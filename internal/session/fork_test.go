@@ -284,12 +284,24 @@ func TestForkReusesExport(t *testing.T) {
 	if f2[0] != f1[0] || f2[1] == f1[0] || !strings.Contains(f2[1], "memfd:sandloop-fork-") || f2[2] != sum || f2[3] != "7.0" {
 		t.Errorf("second child: %v; want v_a in the first fork's state file %s, v_c in its own, sums %s and 7.0", f2, f1[0], sum)
 	}
+	// A fork of the second child compares against the files it was loaded
+	// from: v_a is still the first fork's.
+	grand, _, err := m.Fork(ctx, "alice", second[0].ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f3 := strings.Fields(strings.Trim(managedText(t, grand[0], show), "'")); !slices.Equal(f3, f2) {
+		t.Errorf("the second child's fork: %v, want %v", f3, f2)
+	}
 	mustOK(t, runCode(t, second[0].Session, "v_a[:] = -1"))
 	if got := managedText(t, first[0], "float(v_a.sum())"); got != sum {
 		t.Errorf("the first child sees the second's write: %s", got)
 	}
 	if got := managedText(t, parent, "float(v_a.sum())"); got != sum {
 		t.Errorf("the parent sees the second child's write: %s", got)
+	}
+	if got := managedText(t, grand[0], "float(v_a.sum())"); got != sum {
+		t.Errorf("the second child's fork sees its parent's write: %s", got)
 	}
 	parent.Close()
 	if n := parent.Session.exports.bases; n != nil {
