@@ -176,23 +176,25 @@ func BenchmarkFork(b *testing.B) {
 	// cache), then again with the first export to compare against.
 	var forkT, copyT, stallT, copyStallT []time.Duration
 	var childMem []int64
-	var copyStages, reuseStages []string
-	var turns []time.Duration
-	for b.Loop() {
+	copied, compared := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
+	var first string
+	for i := 0; b.Loop(); i++ {
 		kids, d, stall := fork(1, true)
 		copyT, copyStallT = append(copyT, d), append(copyStallT, stall)
 		kids[0].Close()
-		turns = append(turns, stages.get("source-turn")...)
-		copyStages = append(copyStages, stages.reset())
+		if i == 0 {
+			first = stages.reset() // the files were new to the parent's store
+		} else {
+			copied.merge(stages)
+		}
 		kids, d, stall = fork(1, false)
 		forkT, stallT = append(forkT, d), append(stallT, stall)
 		childMem = append(childMem, privateMemory(b, kids[0].Session))
 		kids[0].Close()
-		turns = append(turns, stages.get("source-turn")...)
-		reuseStages = append(reuseStages, stages.reset())
+		compared.merge(stages)
 	}
 	b.StopTimer()
-	turn := median(turns[1:]) // the first took the files into the store
+	turn := median(append(copied.get("source-turn"), compared.get("source-turn")...))
 	fresh, err := m.Create(ctx, CreateOptions{Owner: "b"})
 	if err != nil {
 		b.Fatal(err)
@@ -214,9 +216,9 @@ func BenchmarkFork(b *testing.B) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("load average: %s", strings.TrimSpace(string(load)))
-	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", copyStages[0], turn.Round(100*time.Microsecond))
-	b.Logf("stages of one fork, the DataFrame copied (the last): %s", copyStages[len(copyStages)-1])
-	b.Logf("stages of one fork, the DataFrame compared with the last export (the last): %s", reuseStages[len(reuseStages)-1])
+	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", first, turn.Round(100*time.Microsecond))
+	b.Logf("stages of one fork, the DataFrame copied (p50 of the next ones): %s", copied.reset())
+	b.Logf("stages of one fork, the DataFrame compared with the last export (p50): %s", compared.reset())
 	b.Logf("stages of a fork into 10, copied (p50 of each child's): %s", tenStages[true])
 	b.Logf("stages of a fork into 10, compared (p50 of each child's): %s", tenStages[false])
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
@@ -251,6 +253,19 @@ func (s *stageTimes) get(stage string) []time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.d[stage])
+}
+
+// merge moves o's durations into s.
+func (s *stageTimes) merge(o *stageTimes) {
+	o.mu.Lock()
+	d := o.d
+	o.d = map[string][]time.Duration{}
+	o.mu.Unlock()
+	s.mu.Lock()
+	for k, v := range d {
+		s.d[k] = append(s.d[k], v...)
+	}
+	s.mu.Unlock()
 }
 
 // reset returns the medians so far, by stage, and forgets them.
