@@ -125,7 +125,19 @@ func (f *forkSource) close() {
 // the same way, so its own forks compare against them. Trade-off: the
 // last export stays in the host's memory (not charged to the session,
 // like every fork's state file) until the session forks again or closes,
-// even once its children are gone. What did not
+// even once its children are gone.
+//
+// Files are still copied into each child's own workspace (its tmpfs):
+// 50 MB costs each child 50 MB of new pages. Sharing one read-only copy
+// per fork as the lower layer of an overlayfs per child (upper: the
+// child's tmpfs) was weighed and not done here: a child's jail attaches
+// its workspace when it starts (a clone of the tree, private
+// propagation; the zygote's children get theirs as a mount descriptor at
+// their fork), before the fork gives it files, so the overlay would have
+// to be built (fsopen("overlay") and fsmount, as root or in the quota
+// holder's user namespace) and handed to the jail at its start by a
+// Create path of its own; and the workspace's caps and usage would then
+// count the shared lower files. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
