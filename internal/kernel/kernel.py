@@ -1700,6 +1700,7 @@ def _export_fork(ns, req, cp, info, bases):
                     os.close(r)
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
                     _export_child(ns, _RawOut(w), bases)
+                    os.close(w)  # the end, before the exit tears the copy of the memory down
                 finally:
                     os._exit(0)
             os.close(w)
