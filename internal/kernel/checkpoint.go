@@ -40,7 +40,26 @@ type StateManifest struct {
 	Variables      []string   `json:"variables"`  // names saved (or loaded)
 	NotSaved       []NotSaved `json:"not_saved,omitempty"`
 	ExecutionCount int        `json:"execution_count"`
+	// Refs are the serials of the earlier state files (StateBase) the
+	// export refers to instead of copying their bytes (StartExportOver);
+	// an import of it needs them (ImportStateFiles).
+	Refs []uint64 `json:"refs,omitempty"`
 }
+
+// A StateBase is an earlier, sealed state file given to an export
+// (StartExportOver) or an import (ImportStateFiles), named by a serial the
+// caller chooses, unique among the files it keeps.
+type StateBase struct {
+	Serial uint64
+	File   *os.File
+}
+
+// maxStateFiles bounds the files passed with one request (a state file
+// and its bases), as kernel.py's MAX_STATE_FILES.
+const maxStateFiles = 16
+
+// MaxStateBases is the most bases an export or import takes.
+const MaxStateBases = maxStateFiles - 1
 
 // NotSaved is a variable that could not be saved or loaded, and why.
 type NotSaved struct {
@@ -158,7 +177,23 @@ type Export struct {
 // not pass Files.State) streams on its event pipe instead: then
 // StartExport returns when the whole state is written.
 func (k *Kernel) StartExport(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool) (*Export, error) {
+	return k.StartExportOver(ctx, w, fromCheckpoint, describe, nil)
+}
+
+// StartExportOver is StartExport given earlier exports of this or any
+// kernel, in sealed state files (bases[0] the last one, then the files
+// it refers to): a large buffer (a numpy array's, a pandas block's) whose
+// bytes equal those at the same place (variable, buffer) of bases[0] is
+// written as a reference to them instead of a copy, so an unchanged
+// DataFrame costs a comparison of its memory, not a new copy of it. The
+// manifest's Refs name the bases referred to; an import needs them
+// (ImportStateFiles). Bases are used only on the state channel, for the
+// live kernel's state (fromCheckpoint 0); otherwise ignored.
+func (k *Kernel) StartExportOver(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool, bases []StateBase) (*Export, error) {
 	e := &Export{w: w}
+	if fromCheckpoint != 0 || len(bases) > MaxStateBases {
+		bases = nil
+	}
 	if !k.stateChannel {
 		if describe {
 			ev, err := k.call(ctx, map[string]any{"op": "describe"}, "describe", "a description", checkpointDeadline, nil)
@@ -185,10 +220,18 @@ func (k *Kernel) StartExport(ctx context.Context, w io.Writer, fromCheckpoint in
 		return e, nil
 	}
 	var f *os.File
-	var ferr error
+	var ferr, sendErr error
+	req := map[string]any{"op": "export_state", "checkpoint": fromCheckpoint, "channel": true, "describe": describe}
+	var before func(int64)
+	if len(bases) > 0 {
+		req["bases"] = len(bases)
+		files, serials := baseFiles(bases)
+		before = func(tag int64) { sendErr = k.p.sendFiles(tag, files, 0, serials) }
+	}
 	ev, err := k.converse(ctx, conversation{
-		req:  map[string]any{"op": "export_state", "checkpoint": fromCheckpoint, "channel": true, "describe": describe},
+		req:  req,
 		sink: &replySink{typ: "state_export", tagged: true}, what: "an export of its state", deadline: time.Now().Add(checkpointDeadline),
+		before: before,
 		onReply: func(ev *wireEvent) {
 			if ev.Reason == "" && !ev.Gone {
 				f, ferr = k.p.recvStream(k.tag)
@@ -200,11 +243,26 @@ func (k *Kernel) StartExport(ctx context.Context, w io.Writer, fromCheckpoint in
 	if err := exportErr(ev, fromCheckpoint); err != nil {
 		return nil, err
 	}
+	if sendErr != nil {
+		if f != nil {
+			f.Close()
+		}
+		return nil, fmt.Errorf("export state: pass its bases: %w", sendErr)
+	}
 	if ferr != nil {
 		return nil, fmt.Errorf("export state: %w", ferr)
 	}
 	e.f, e.Threads, e.Processes = f, ev.Threads, ev.Processes
 	return e, nil
+}
+
+func baseFiles(bases []StateBase) ([]*os.File, []uint64) {
+	files := make([]*os.File, len(bases))
+	serials := make([]uint64, len(bases))
+	for i, b := range bases {
+		files[i], serials[i] = b.File, b.Serial
+	}
+	return files, serials
 }
 
 func exportErr(ev *wireEvent, fromCheckpoint int) error {
@@ -447,6 +505,26 @@ func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, 
 // f is the caller's: it can be given to other kernels, and closed at any
 // time after (the mappings keep what they need).
 func (k *Kernel) ImportStateFile(ctx context.Context, f *os.File) (*StateManifest, error) {
+	return k.ImportStateFiles(ctx, f, nil)
+}
+
+// ImportStateFiles is ImportStateFile of an export that refers to earlier
+// state files (its manifest's Refs, StartExportOver): bases holds them,
+// sealed, and the kernel maps them as it maps f.
+func (k *Kernel) ImportStateFiles(ctx context.Context, f *os.File, bases []StateBase) (*StateManifest, error) {
+	if len(bases) > 0 {
+		if !k.stateChannel || !sealedStateFile(f) {
+			return nil, errors.New("import state: an export that refers to other state files needs the state channel and a sealed state file")
+		}
+		if len(bases) > MaxStateBases {
+			return nil, fmt.Errorf("import state: %d state files it refers to: at most %d", len(bases), MaxStateBases)
+		}
+		for _, b := range bases {
+			if !sealedStateFile(b.File) {
+				return nil, fmt.Errorf("import state: state file %d is not sealed", b.Serial)
+			}
+		}
+	}
 	if !k.stateChannel || !sealedStateFile(f) {
 		fi, err := f.Stat()
 		if err != nil {
@@ -456,7 +534,10 @@ func (k *Kernel) ImportStateFile(ctx context.Context, f *os.File) (*StateManifes
 	}
 	var sendErr error
 	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "import_state", "channel": true}, sink: &replySink{typ: "import_state", tagged: true}, what: "an import of state",
-		before: func(tag int64) { sendErr = k.p.sendStream(tag, f) },
+		before: func(tag int64) {
+			files, serials := baseFiles(bases)
+			sendErr = k.p.sendFiles(tag, append([]*os.File{f}, files...), 1, serials)
+		},
 		onReply: func(ev *wireEvent) {
 			if ev.Reason == "" && ev.Manifest != nil {
 				k.count = ev.Manifest.ExecutionCount

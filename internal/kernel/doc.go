@@ -145,6 +145,25 @@
 // memory). An unsealed file, or a kernel without the state
 // channel, is read as ImportState reads.
 //
+// StartExportOver gives an export earlier state files (StateBase: sealed,
+// named by the caller's serials; the last export first, then the files
+// it refers to). The copy that serializes maps them (shared, read-only,
+// populated at once) and indexes the last export's buffers by variable
+// name and position; a buffer of the same size at the same place whose
+// bytes are equal (memcmp against the mapping) is written as an R record
+// (serial, offset, length) instead of a B record with its bytes. The
+// decision is by content only, so nothing that ran between the two
+// exports (cells, a restore, a fork of another kernel) can make it wrong;
+// the cost of an unchanged 100 MB DataFrame is a read of it and of the
+// earlier file (tens of milliseconds) instead of 100 MB of new pages
+// (hundreds under load). The manifest's Refs name the files referred to;
+// ImportStateFiles passes them with the stream's file, and the importer
+// maps them as it maps the stream, so the loaded arrays are views of the
+// earliest file that holds their bytes. A buffer changed in place, even
+// by one byte, is copied whole (no page-level reuse: an array must stay
+// one contiguous run of memory). Bases are ignored for a checkpoint's
+// export and for a kernel without the state channel.
+//
 // StartExport into a regular file (a state file) moves the bytes from the
 // pipe with splice(2), not through the server's memory, and follows the
 // records from the file afterwards. dill is imported only when a value

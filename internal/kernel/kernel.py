@@ -1217,6 +1217,9 @@ def _become_anchor(live):
 #   F  the variable is complete: load it
 #   X  the variable failed: forget its pieces
 #   P  padding before a B record (its payload starts at a multiple of BUF_ALIGN)
+#   R  a buffer already in an earlier state file: big-endian 8-byte serial
+#      of that file (the host's), offset and length of the bytes in it;
+#      written instead of a B record when the bytes are equal (see _Reuse)
 #   E  the end, JSON: the manifest (variables, not_saved, execution_count)
 # Each variable is serialized on its own: one that fails does not stop the
 # others. The C pickler (protocol 5, large buffers out of band: written
@@ -1236,6 +1239,7 @@ RAW_SMALL = 256 << 10  # raw records are gathered up to this, larger parts writt
 BUF_ALIGN = 64  # where buffers start in a stream (a cache line; numpy wants at most 16)
 F_SETPIPE_SZ = 1031
 STATE_PIPE = 1 << 20
+MAX_STATE_FILES = 16  # a stream's file and the earlier files it refers to, passed at once
 
 
 def _serializers():
@@ -1394,8 +1398,120 @@ def _c_pickler(pickle):
     return P
 
 
-def _export_child(ns, out):
-    """In a forked copy: write ns's variables to out, then the end."""
+class _Reuse:
+    """The buffers of earlier state files (the host's, passed with the
+    export request: the last export's file first, then the files it refers
+    to), by variable and position, so that a buffer whose bytes are equal
+    to the one at the same place last time is written as an R record
+    referring to those bytes instead of a copy of them. Equality is of the
+    bytes (memcmp), not of where they live or when they were written: it
+    holds whatever ran between the two exports (a restore, another
+    process), and costs a read of both, no new page."""
+
+    def __init__(self, bases):
+        import ctypes
+        import mmap
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None)
+        self.libc.memcmp.restype = ctypes.c_int
+        self.libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        self.maps = {}  # serial -> (address, size)
+        self.keep = []
+        for serial, fd in bases:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            # Shared and read-only (the file is sealed): populated at once,
+            # a fault per page would cost more than the comparison.
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+            pb = _PyBuffer()
+            if _get_buffer(ctypes, m, pb, 0) != 0:
+                raise OSError("cannot address a state file")
+            self.keep.append(pb)  # released with the process: it exits after the export
+            self.maps[serial] = (pb.buf, size, m)
+        self.index = {}  # (name, i) -> (serial, offset, length)
+        if bases and bases[0][0] in self.maps:
+            self._scan(bases[0][0])
+
+    def _scan(self, serial):
+        """Indexes the buffers of the stream in file serial."""
+        _, size, m = self.maps[serial]
+        off, name, i = 0, None, 0
+        while off + 9 <= size:
+            kind = m[off]
+            n = struct.unpack_from(">Q", m, off + 1)[0]
+            start = off + 9
+            if start + n > size:
+                break
+            if kind in (ord("V"), ord("W")):
+                name, i = bytes(m[start : start + n]), 0
+            elif kind == ord("B") and name is not None:
+                self.index[(name, i)] = (serial, start, n)
+                i += 1
+            elif kind == ord("R") and name is not None and n == 24:
+                self.index[(name, i)] = struct.unpack_from(">QQQ", m, start)
+                i += 1
+            elif kind == ord("E"):
+                break
+            off = start + n
+
+    def find(self, name, i, raw):
+        """(serial, offset) of bytes equal to raw's at (name, i), or None."""
+        at = self.index.get((name, i))
+        if at is None or at[2] != raw.nbytes or raw.nbytes == 0:
+            return None
+        base = self.maps.get(at[0])
+        if base is None or at[1] + at[2] > base[1]:
+            return None
+        pb = _PyBuffer()
+        if _get_buffer(self.ctypes, raw, pb, 0x1C) != 0:  # PyBUF_STRIDES|PyBUF_FORMAT: raw() is one contiguous run
+            return None
+        try:
+            same = self.libc.memcmp(pb.buf, base[0] + at[1], raw.nbytes) == 0
+        finally:
+            _release_buffer(self.ctypes, pb)
+        return (at[0], at[1]) if same else None
+
+
+_PyBufferType = None
+
+
+def _PyBuffer():
+    global _PyBufferType
+    import ctypes
+
+    if _PyBufferType is None:
+
+        class Py_buffer(ctypes.Structure):
+            _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                        ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                        ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+        _PyBufferType = Py_buffer
+    return _PyBufferType()
+
+
+def _get_buffer(ctypes, obj, pb, flags):
+    """PyObject_GetBuffer: pb.buf is the address of obj's memory."""
+    f = ctypes.pythonapi.PyObject_GetBuffer
+    f.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+    f.restype = ctypes.c_int
+    return f(obj, ctypes.addressof(pb), flags)
+
+
+def _release_buffer(ctypes, pb):
+    f = ctypes.pythonapi.PyBuffer_Release
+    f.argtypes = [ctypes.c_void_p]
+    f.restype = None
+    f(ctypes.addressof(pb))
+
+
+def _export_child(ns, out, bases=None):
+    """In a forked copy: write ns's variables to out, then the end. bases
+    are earlier state files (serial, fd) whose equal buffers are referred
+    to rather than copied (_Reuse)."""
     import warnings
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
@@ -1407,6 +1523,12 @@ def _export_child(ns, out):
     fast = _c_pickler(pickle) if dill is not None else pickle.Pickler
     out.record(b"H", _encode({"version": 2, "serializer": name}).encode())
     saved, not_saved = [], []
+    reuse, refs = None, set()
+    if bases:
+        try:
+            reuse = _Reuse(bases)
+        except Exception:
+            reuse = None  # copied, as without bases
     for key, value in list(ns.items()):
         if key.startswith("__") and key.endswith("__"):
             continue
@@ -1422,12 +1544,18 @@ def _export_child(ns, out):
                 if kind == b"V":
                     bufs = []
                     fast(_Pieces(out), protocol=5, buffer_callback=bufs.append).dump(value)
-                    for b in bufs:
+                    for i, b in enumerate(bufs):
+                        raw = b.raw()
+                        at = reuse.find(kb, i, raw) if reuse is not None else None
+                        if at is not None:
+                            out.record(b"R", struct.pack(">QQQ", at[0], at[1], raw.nbytes))
+                            refs.add(at[0])
+                            continue
                         # A P record first, so that the buffer starts at a
                         # multiple of BUF_ALIGN in the stream: a kernel that
                         # maps the stream loads aligned arrays over it.
                         out.record(b"P", bytes(-(out.pos + 18) % BUF_ALIGN))
-                        out.record(b"B", b.raw())
+                        out.record(b"B", raw)
                     del bufs
                 else:
                     dill.Pickler(_Pieces(out), protocol=5, **kw).dump(value)
@@ -1443,6 +1571,8 @@ def _export_child(ns, out):
         else:
             not_saved.append({"name": key, "reason": _reason(err)})
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
+    if refs:
+        manifest["refs"] = sorted(refs)
     out.record(b"E", _encode(manifest).encode())
     out.end(manifest)
 
@@ -1529,6 +1659,23 @@ def _export_channel(ns, req, cp):
     its write end to a forked copy that writes the records raw; the reply
     comes as soon as the copy exists."""
     info = _describe() if req.get("describe") else {}
+    bases = []
+    if req.get("bases"):
+        fds, m = _channel_fds(S.tag)
+        if fds is not None:
+            try:
+                bases = _serials(m, fds, 0)
+            except ValueError:
+                for fd in fds:
+                    os.close(fd)
+    try:
+        _export_fork(ns, req, cp, info, bases)
+    finally:
+        for _, fd in bases:
+            os.close(fd)
+
+
+def _export_fork(ns, req, cp, info, bases):
     r, w = os.pipe()
     try:
         fcntl.fcntl(w, F_SETPIPE_SZ, STATE_PIPE)
@@ -1565,7 +1712,8 @@ def _export_channel(ns, req, cp):
                 try:
                     os.close(r)
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
-                    _export_child(ns, _RawOut(w))
+                    _export_child(ns, _RawOut(w), bases)
+                    os.close(w)  # the end, before the exit tears the copy of the memory down
                 finally:
                     os._exit(0)
             os.close(w)
@@ -1675,7 +1823,7 @@ class _FdSource:
         self.f.close()
 
 
-_KINDS = frozenset(b"HMVWDBFXEP")
+_KINDS = frozenset(b"HMVWDBFXEPR")
 
 
 class _MapSource:
@@ -1713,6 +1861,16 @@ class _MapSource:
         weakref.finalize(mem, libc.munmap, addr, size).atexit = False
         self.view = memoryview(mem).cast("B")
         self.off = 0
+        self.bases = {}  # serial -> _MapSource: the earlier state files R records refer to
+
+    def ref(self, serial, off, n):
+        """The bytes an R record refers to: a view of a base's mapping."""
+        base = self.bases.get(serial)
+        if base is None:
+            raise ValueError("a reference to a state file the host did not pass")
+        if off + n > len(base.view):
+            raise ValueError("a reference past the end of a state file")
+        return base.view[off : off + n]
 
     def readinto(self, view):
         n = max(0, min(len(view), len(self.view) - self.off))
@@ -1729,6 +1887,9 @@ class _MapSource:
 
     def finish(self):
         self.view = memoryview(b"")
+        for b in self.bases.values():
+            b.finish()
+        self.bases = {}
 
 
 def _load_stream(ns, src):
@@ -1778,6 +1939,13 @@ def _load_stream(ns, src):
                     data += payload
                 else:
                     data = payload
+            elif kind == ord("R"):
+                if bufs is None:
+                    raise ValueError("a buffer outside a variable")
+                ref = getattr(src, "ref", None)
+                if ref is None or n != 24:
+                    raise ValueError("a reference to another state file in a stream that is not mapped")
+                bufs.append(ref(*struct.unpack(">QQQ", payload)))
             elif kind == ord("B"):
                 if bufs is None:
                     raise ValueError("a buffer outside a variable")
@@ -1832,25 +2000,46 @@ def _load_stream(ns, src):
 
 def _channel_fd(tag):
     """The pipe the host passed on the state channel for request tag."""
+    fds, _ = _channel_fds(tag)
+    if fds is None:
+        return None
+    if len(fds) == 1:
+        return fds[0]
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
+def _channel_fds(tag):
+    """The descriptors the host passed on the state channel for request
+    tag, and its message; (None, None) if none came."""
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     S.state_sock.settimeout(10)
     try:
         while True:
-            msg, fds, _, _ = socket.recv_fds(S.state_sock, 4096, 4, flags)
+            msg, fds, _, _ = socket.recv_fds(S.state_sock, 4096, MAX_STATE_FILES, flags)
             if not msg:
-                return None
+                return None, None
             try:
-                t = json.loads(msg).get("tag")
+                m = json.loads(msg)
             except ValueError:
-                t = None
-            if t == tag and len(fds) == 1:
-                return fds[0]
+                m = {}
+            if m.get("tag") == tag and fds:
+                return fds, m
             for fd in fds:
                 os.close(fd)
     except OSError:
-        return None
+        return None, None
     finally:
         S.state_sock.settimeout(None)
+
+
+def _serials(m, fds, first):
+    """Pairs the serials of the host's message m with fds[first:]."""
+    serials = m.get("serials") or []
+    if not isinstance(serials, list) or len(serials) != len(fds) - first:
+        raise ValueError("the host passed %d state files for %d serials" % (len(fds) - first, len(serials)))
+    return [(int(n), fd) for n, fd in zip(serials, fds[first:])]
 
 
 def import_state(ns, req):
@@ -1858,18 +2047,34 @@ def import_state(ns, req):
     passed on the state channel, or from request lines {"chunk": base64}
     up to {"end": true}. Returns False if the request pipe ended."""
     if req.get("channel") and S.state_sock is not None:
-        fd = _channel_fd(S.tag)
-        if fd is None:
+        fds, m = _channel_fds(S.tag)
+        if fds is None:
             _reply({"type": "import_state", "reason": "the host passed no state stream"})
+            return True
+        fd = fds[0]
+        try:
+            bases = _serials(m, fds, 1)
+        except ValueError as e:
+            for f in fds:
+                os.close(f)
+            _reply({"type": "import_state", "reason": _reason(e)})
             return True
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+            left = list(bases)  # each _MapSource closes its descriptor
             try:
                 src = _MapSource(fd, st.st_size)
+                while left:
+                    serial, bfd = left.pop(0)
+                    src.bases[serial] = _MapSource(bfd, os.fstat(bfd).st_size)
             except (OSError, ValueError) as e:
+                for _, bfd in left:
+                    os.close(bfd)
                 _reply({"type": "import_state", "reason": "cannot map the state: %s" % _reason(e)})
                 return True
         else:
+            for _, bfd in bases:
+                os.close(bfd)
             src = _FdSource(fd)
     else:
         src = _LineSource()

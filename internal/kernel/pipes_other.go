@@ -31,7 +31,10 @@ func (p *pipes) writeRequestListening([]byte, time.Time, sink) (bool, error) {
 
 func (p *pipes) recvStream(int64) (*os.File, error) { return nil, errNeedsLinux }
 func (p *pipes) sendStream(int64, *os.File) error   { return errNeedsLinux }
-func newStatePipe() (r, w *os.File, err error)      { return nil, nil, errNeedsLinux }
+func (p *pipes) sendFiles(int64, []*os.File, int, []uint64) error {
+	return errNeedsLinux
+}
+func newStatePipe() (r, w *os.File, err error) { return nil, nil, errNeedsLinux }
 
 func (p *pipes) handoff() ([]*os.File, string, error)     { return nil, "", errNeedsLinux }
 func attachPipes([]*os.File, int, string) (*pipes, error) { return nil, errNeedsLinux }

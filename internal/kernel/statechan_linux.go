@@ -77,6 +77,29 @@ func (p *pipes) sendStream(tag int64, f *os.File) error {
 	}
 }
 
+// sendFiles passes the kernel files for the request tagged tag, in one
+// message: files[skip:] are state files, named by serials.
+func (p *pipes) sendFiles(tag int64, files []*os.File, skip int, serials []uint64) error {
+	if len(files) > maxStateFiles {
+		return fmt.Errorf("%d state files at once: at most %d", len(files), maxStateFiles)
+	}
+	msg, _ := json.Marshal(map[string]any{"tag": tag, "serials": serials})
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	for {
+		err := unix.Sendmsg(p.state, msg, unix.UnixRights(fds...), nil, unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("state channel: %w", err)
+		}
+		return nil
+	}
+}
+
 // newStatePipe makes a pipe for a state stream to a kernel: w ours
 // (nonblocking, for the runtime's poller), r for the kernel.
 func newStatePipe() (r, w *os.File, err error) {

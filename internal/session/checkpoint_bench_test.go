@@ -139,9 +139,14 @@ func BenchmarkFork(b *testing.B) {
 	stages := &stageTimes{d: map[string][]time.Duration{}}
 	forkStageHook = stages.add
 	b.Cleanup(func() { forkStageHook = nil })
-	var forkT, stallT []time.Duration
-	var childMem []int64
-	for b.Loop() {
+	// fork forks the parent into n while it runs cells, and returns how
+	// long the fork took and the parent's longest cell wait. copyAll
+	// forgets the parent's last export first, so that the DataFrame is
+	// copied into the state file again (the baseline: no exportCache).
+	fork := func(n int, copyAll bool) ([]*Managed, time.Duration, time.Duration) {
+		if copyAll {
+			parent.Session.exports.keep(nil)
+		}
 		stop := make(chan struct{})
 		var stall time.Duration
 		var wg sync.WaitGroup
@@ -158,60 +163,78 @@ func BenchmarkFork(b *testing.B) {
 			}
 		})
 		t0 := time.Now()
-		kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{})
-		forkT = append(forkT, time.Since(t0))
+		kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{Count: n})
+		d := time.Since(t0)
 		close(stop)
 		wg.Wait()
 		if err != nil {
 			b.Fatal(err)
 		}
-		stallT = append(stallT, stall)
+		return kids, d, stall
+	}
+	// Each round forks twice: first copying the DataFrame (as without the
+	// cache), then again with the first export to compare against.
+	var forkT, copyT, stallT, copyStallT []time.Duration
+	var childMem []int64
+	copied, compared := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
+	var first string
+	for i := 0; b.Loop(); i++ {
+		kids, d, stall := fork(1, true)
+		copyT, copyStallT = append(copyT, d), append(copyStallT, stall)
+		kids[0].Close()
+		if i == 0 {
+			first = stages.reset() // the files were new to the parent's store
+		} else {
+			copied.merge(stages)
+		}
+		kids, d, stall = fork(1, false)
+		forkT, stallT = append(forkT, d), append(stallT, stall)
 		childMem = append(childMem, privateMemory(b, kids[0].Session))
 		kids[0].Close()
+		compared.merge(stages)
 	}
 	b.StopTimer()
-	turns := stages.get("source-turn")
-	turn := median(turns)
-	if len(turns) > 1 {
-		b.Logf("the parent's turn at the first fork (50 MB of files new to its store: copied and hashed): %v; at the next ones p50 %v", turns[0].Round(100*time.Microsecond), median(turns[1:]).Round(100*time.Microsecond))
-	}
-	one := stages.reset()
+	turn := median(append(copied.get("source-turn"), compared.get("source-turn")...))
 	fresh, err := m.Create(ctx, CreateOptions{Owner: "b"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	freshMem := privateMemory(b, fresh.Session)
 	fresh.Close()
-	t0 := time.Now()
-	kids, _, err := m.Fork(ctx, "b", parent.ID(), ForkOptions{Count: 10})
-	ten := time.Since(t0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tenStages := stages.reset()
+	ten := map[bool]time.Duration{}
+	tenStages := map[bool]string{}
 	var tenMem []int64
-	for _, k := range kids {
-		tenMem = append(tenMem, privateMemory(b, k.Session))
-	}
-	for _, k := range kids {
-		k.Close()
+	for _, copyAll := range []bool{true, false} {
+		kids, d, _ := fork(10, copyAll)
+		ten[copyAll], tenStages[copyAll] = d, stages.reset()
+		for _, k := range kids {
+			if !copyAll {
+				tenMem = append(tenMem, privateMemory(b, k.Session))
+			}
+			k.Close()
+		}
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("load average: %s", strings.TrimSpace(string(load)))
-	b.Logf("stages of one fork (p50): %s", one)
-	b.Logf("stages of a fork into 10 (p50 of each child's): %s", tenStages)
+	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", first, turn.Round(100*time.Microsecond))
+	b.Logf("stages of one fork, the DataFrame copied (p50 of the next ones): %s", copied.reset())
+	b.Logf("stages of one fork, the DataFrame compared with the last export (p50): %s", compared.reset())
+	b.Logf("stages of a fork into 10, copied (p50 of each child's): %s", tenStages[true])
+	b.Logf("stages of a fork into 10, compared (p50 of each child's): %s", tenStages[false])
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
 		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
 	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
 	b.ReportMetric(float64(turn.Microseconds())/1e3, "parent-turn-ms")
-	mf, mn, ms := median(forkT), median(newT), median(stallT)
+	mf, mc, mn, ms := median(forkT), median(copyT), median(newT), median(stallT)
 	b.ReportMetric(float64(mf.Microseconds())/1e3, "fork-ms")
-	b.ReportMetric(float64(ten.Microseconds())/1e3, "fork10-ms")
+	b.ReportMetric(float64(mc.Microseconds())/1e3, "fork-copied-ms")
+	b.ReportMetric(float64(ten[false].Microseconds())/1e3, "fork10-ms")
+	b.ReportMetric(float64(ten[true].Microseconds())/1e3, "fork10-copied-ms")
 	b.ReportMetric(float64(ms.Microseconds())/1e3, "parent-stall-ms")
 	b.ReportMetric(float64(mn.Microseconds())/1e3, "new+rebuild-ms")
 	b.ReportMetric(float64(mn)/float64(mf), "new+rebuild/fork")
-	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; new session + re-running the cells p50 %v (n=%d); ratio (new+rebuild)/fork %.2f",
-		how, mf, len(forkT), ten, ms, mn, len(newT), float64(mn)/float64(mf))
+	b.Logf("100 MB DataFrame + 50 MB of files, %s children: fork p50 %v (n=%d), 10 children %v, parent's longest cell wait p50 %v; the DataFrame copied again (no export to compare with): fork p50 %v, 10 children %v, parent's wait p50 %v; ratio copied/compared %.2f; new session + re-running the cells p50 %v (n=%d); ratio (new+rebuild)/fork %.2f",
+		how, mf, len(forkT), ten[false], ms, mc, ten[true], median(copyStallT), float64(mc)/float64(mf), mn, len(newT), float64(mn)/float64(mf))
 }
 
 // stageTimes gathers forkStageHook's reports.
@@ -230,6 +253,19 @@ func (s *stageTimes) get(stage string) []time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.d[stage])
+}
+
+// merge moves o's durations into s.
+func (s *stageTimes) merge(o *stageTimes) {
+	o.mu.Lock()
+	d := o.d
+	o.d = map[string][]time.Duration{}
+	o.mu.Unlock()
+	s.mu.Lock()
+	for k, v := range d {
+		s.d[k] = append(s.d[k], v...)
+	}
+	s.mu.Unlock()
 }
 
 // reset returns the medians so far, by stage, and forgets them.

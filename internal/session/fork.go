@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -25,7 +27,11 @@ type ForkOptions struct {
 // serialized once into a state file in memory, and its files, as a
 // checkpoint in the parent's store.
 type forkSource struct {
+	owner      *Session
 	parent     string
+	serial     uint64             // state's, among the session's state files (exportCache)
+	bases      []kernel.StateBase // earlier exports given to this one (its own copies of the files)
+	refs       []kernel.StateBase // those of bases the export refers to: its children need them
 	from       string
 	state      *os.File       // the serialized variables (kernel.NewStateFile), sealed once complete
 	export     *kernel.Export // streaming into state
@@ -46,6 +52,19 @@ func (f *forkSource) stream(ctx context.Context) {
 	if f.exportErr == nil {
 		f.exportErr = kernel.SealStateFile(f.state)
 	}
+	if f.exportErr != nil {
+		return
+	}
+	for _, n := range f.exported.Refs {
+		i := slices.IndexFunc(f.bases, func(b kernel.StateBase) bool { return b.Serial == n })
+		if i < 0 {
+			f.exportErr = fmt.Errorf("the export refers to state file %d, which it was not given", n)
+			return
+		}
+		f.refs = append(f.refs, f.bases[i])
+	}
+	// The next fork of the parent compares its buffers with these.
+	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...))
 }
 
 // wait returns once the variables are all in the state file.
@@ -71,6 +90,7 @@ func (f *forkSource) close() {
 	if f.state != nil {
 		f.state.Close() // the children's mappings keep what they use
 	}
+	closeBases(f.bases)
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
 	}
@@ -94,7 +114,30 @@ func (f *forkSource) close() {
 // child maps it copy-on-write (kernel.ImportStateFile): the large buffers
 // (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
 // so the children share those pages until one writes to them, and a
-// child's write stays its own. What did not
+// child's write stays its own.
+//
+// The session keeps its last export (exportCache): the next fork's copy
+// compares each large buffer with the one at the same place in it and
+// writes a reference to those bytes instead of a copy when they are equal
+// (kernel.StartExportOver), so a DataFrame unchanged since the last fork
+// costs a read of its memory, not 100 MB of new pages; the children map
+// the earlier file for it. A child keeps the files it was loaded from in
+// the same way, so its own forks compare against them. Trade-off: the
+// last export stays in the host's memory (not charged to the session,
+// like every fork's state file) until the session forks again or closes,
+// even once its children are gone.
+//
+// Files are still copied into each child's own workspace (its tmpfs):
+// 50 MB costs each child 50 MB of new pages. Sharing one read-only copy
+// per fork as the lower layer of an overlayfs per child (upper: the
+// child's tmpfs) was weighed and not done here: a child's jail attaches
+// its workspace when it starts (a clone of the tree, private
+// propagation; the zygote's children get theirs as a mount descriptor at
+// their fork), before the fork gives it files, so the overlay would have
+// to be built (fsopen("overlay") and fsmount, as root or in the quota
+// holder's user namespace) and handed to the jail at its start by a
+// Create path of its own; and the workspace's caps and usage would then
+// count the shared lower files. What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).
@@ -208,7 +251,7 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 	}
 	t0 := time.Now()
 	defer forkStage("source-turn", t0)
-	src := &forkSource{parent: s.id, store: st, from: "fork of " + s.id}
+	src := &forkSource{owner: s, parent: s.id, store: st, from: "fork of " + s.id, serial: stateSerial.Add(1)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -238,13 +281,16 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 		}
 	}
 	forkStage("source-files", t0)
-	if src.state, err = kernel.NewStateFile("sandloop-fork-" + s.id); err != nil {
+	if src.state, err = kernel.NewStateFile(fmt.Sprintf("sandloop-fork-%s-%d", s.id, src.serial)); err != nil {
 		return nil, fmt.Errorf("session %s: fork: %w", s.id, err)
 	}
 	// The kernel forks a copy that serializes the variables, and answers:
 	// the files taken above and the variables are of the same moment.
 	// The copy streams them to the state file after this turn.
-	src.export, err = kc.StartExport(ctx, src.state, from, from == 0)
+	if from == 0 {
+		src.bases = s.exports.get()
+	}
+	src.export, err = kc.StartExportOver(ctx, src.state, from, from == 0, src.bases)
 	if err != nil {
 		return nil, s.kernelErr("export its variables", err)
 	}
@@ -290,11 +336,14 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 		return nil, err
 	}
 	t0 = time.Now()
-	imported, err := kc.ImportStateFile(ctx, src.state)
+	imported, err := kc.ImportStateFiles(ctx, src.state, src.refs)
 	forkStage("import", t0)
 	if err != nil {
 		return nil, s.kernelErr("import the variables of "+src.parent, err)
 	}
+	// The child's buffers are mappings of these files: its own first fork
+	// compares against them rather than copying them again.
+	s.exports.keep(append([]kernel.StateBase{{Serial: src.serial, File: src.state}}, src.refs...))
 	res := &Restored{From: src.from, Files: src.files, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
 	said := map[string]bool{}
 	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {
@@ -307,6 +356,80 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 	s.setRestored(res)
 	out := *res
 	return &out, nil
+}
+
+// stateSerial names the state files of forks (kernel.StateBase).
+var stateSerial atomic.Uint64
+
+// exportCache keeps a session's last fork export, sealed (and the earlier
+// ones it refers to), so that the next fork's export refers to the
+// buffers that have not changed since instead of copying them again
+// (kernel.StartExportOver): a 100 MB DataFrame untouched between two
+// forks is compared, not copied. The files are in the host's memory (not
+// the session's, like every fork's state file) until the next fork
+// replaces them or the session closes; the pages are shared with the
+// children that mapped them.
+type exportCache struct {
+	mu     sync.Mutex
+	bases  []kernel.StateBase // [0] the last export, then the files it refers to; the cache's own descriptors
+	closed bool
+}
+
+// get returns copies of the cached files (the caller closes them), nil if
+// none.
+func (c *exportCache) get() []kernel.StateBase {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []kernel.StateBase
+	for _, b := range c.bases {
+		f, err := dupFile(b.File)
+		if err != nil {
+			closeBases(out)
+			return nil
+		}
+		out = append(out, kernel.StateBase{Serial: b.Serial, File: f})
+	}
+	return out
+}
+
+// keep replaces the cache with copies of bases. More than the kernel takes
+// at once empties it: the next export copies everything again and starts
+// a new chain.
+func (c *exportCache) keep(bases []kernel.StateBase) {
+	var mine []kernel.StateBase
+	if len(bases) <= kernel.MaxStateBases {
+		for _, b := range bases {
+			f, err := dupFile(b.File)
+			if err != nil {
+				closeBases(mine)
+				mine = nil
+				break
+			}
+			mine = append(mine, kernel.StateBase{Serial: b.Serial, File: f})
+		}
+	}
+	c.mu.Lock()
+	old := c.bases
+	if c.closed {
+		old, mine = mine, nil
+	}
+	c.bases = mine
+	c.mu.Unlock()
+	closeBases(old)
+}
+
+func (c *exportCache) close() {
+	c.mu.Lock()
+	old := c.bases
+	c.bases, c.closed = nil, true
+	c.mu.Unlock()
+	closeBases(old)
+}
+
+func closeBases(bases []kernel.StateBase) {
+	for _, b := range bases {
+		b.File.Close()
+	}
 }
 
 // forkStageHook, if set (by benchmarks), is told how long each stage of a

@@ -237,3 +237,74 @@ func TestForkSharesBuffers(t *testing.T) {
 		t.Errorf("the state file still mapped after its arrays were deleted: %s", got)
 	}
 }
+
+// mappedFrom defines mapped_from(array): the file its memory is a mapping
+// of ('anon' if none).
+const mappedFrom = `def mapped_from(a):
+    for line in open('/proc/self/maps'):
+        f = line.split()
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+        if lo <= a.ctypes.data < hi:
+            return f[5] if len(f) > 5 else 'anon'
+`
+
+// TestForkReusesExport forks a session twice: the array unchanged since
+// the first fork is not copied again (the second fork's child maps it
+// from the first fork's state file), the one changed in place is (from
+// its own), and both have the values of the moment of their fork; a
+// write in the second child is seen by neither the first child nor the
+// parent. Once the session closes, no state file is left open.
+func TestForkReusesExport(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, "import numpy as np\nv_a = np.arange(1 << 20, dtype=np.float64)\nv_c = np.zeros(1 << 18)"))
+	first, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, "v_c[7] = 7"))
+	second, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	show := mappedFrom + "\" \".join(str(x) for x in (mapped_from(v_a), mapped_from(v_c), float(v_a.sum()), float(v_c.sum())))"
+	f1 := strings.Fields(strings.Trim(managedText(t, first[0], show), "'"))
+	f2 := strings.Fields(strings.Trim(managedText(t, second[0], show), "'"))
+	if len(f1) != 4 || len(f2) != 4 {
+		t.Fatalf("first child %v, second %v", f1, f2)
+	}
+	sum := fmt.Sprintf("%d.0", (1<<20)*((1<<20)-1)/2)
+	if !strings.Contains(f1[0], "memfd:sandloop-fork-") || f1[1] != f1[0] || f1[2] != sum || f1[3] != "0.0" {
+		t.Errorf("first child: %v; want both arrays in its state file, sums %s and 0.0", f1, sum)
+	}
+	if f2[0] != f1[0] || f2[1] == f1[0] || !strings.Contains(f2[1], "memfd:sandloop-fork-") || f2[2] != sum || f2[3] != "7.0" {
+		t.Errorf("second child: %v; want v_a in the first fork's state file %s, v_c in its own, sums %s and 7.0", f2, f1[0], sum)
+	}
+	// A fork of the second child compares against the files it was loaded
+	// from: v_a is still the first fork's.
+	grand, _, err := m.Fork(ctx, "alice", second[0].ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f3 := strings.Fields(strings.Trim(managedText(t, grand[0], show), "'")); !slices.Equal(f3, f2) {
+		t.Errorf("the second child's fork: %v, want %v", f3, f2)
+	}
+	mustOK(t, runCode(t, second[0].Session, "v_a[:] = -1"))
+	if got := managedText(t, first[0], "float(v_a.sum())"); got != sum {
+		t.Errorf("the first child sees the second's write: %s", got)
+	}
+	if got := managedText(t, parent, "float(v_a.sum())"); got != sum {
+		t.Errorf("the parent sees the second child's write: %s", got)
+	}
+	if got := managedText(t, grand[0], "float(v_a.sum())"); got != sum {
+		t.Errorf("the second child's fork sees its parent's write: %s", got)
+	}
+	parent.Close()
+	if n := parent.Session.exports.bases; n != nil {
+		t.Errorf("state files kept after the session closed: %v", n)
+	}
+}

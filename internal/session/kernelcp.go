@@ -19,8 +19,10 @@ type kernelCheckpoints interface {
 	CheckpointMemory(ctx context.Context) (map[int]int64, error)
 	ExportState(ctx context.Context, w io.Writer, fromCheckpoint int) (*stateManifest, error)
 	StartExport(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool) (*kernel.Export, error)
+	StartExportOver(ctx context.Context, w io.Writer, fromCheckpoint int, describe bool, bases []kernel.StateBase) (*kernel.Export, error)
 	ImportState(ctx context.Context, r io.Reader) (*stateManifest, error)
 	ImportStateFile(ctx context.Context, f *os.File) (*stateManifest, error)
+	ImportStateFiles(ctx context.Context, f *os.File, bases []kernel.StateBase) (*stateManifest, error)
 }
 
 // The kernel's types.

@@ -244,6 +244,8 @@ type Session struct {
 	keptExtra []byte
 
 	hib hibernation // hibernate.go
+
+	exports exportCache // fork.go: the last fork's export, for the next one
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -533,6 +535,7 @@ func (s *Session) Close() error {
 	}
 	s.closeStandby()
 	s.opts.Template.release()
+	s.exports.close()
 	return errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
 }
 
