@@ -244,6 +244,9 @@ type Session struct {
 	keptExtra []byte
 
 	hib hibernation // hibernate.go
+	// keepSnapshots: Close leaves the session's held snapshot in the
+	// store (a server letting go of it for the next one: durable.go).
+	keepSnapshots atomic.Bool
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
