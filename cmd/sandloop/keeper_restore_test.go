@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -242,4 +243,34 @@ func TestHibernatedSessionAdoptedAfterRestart(t *testing.T) {
 	checkRestored(t, c, f, false)
 	c.mustCall(t, "DELETE", "/v1/sessions/"+f.id, nil, 204)
 	c.term(t)
+}
+
+// TestKeeperInitNoexec puts serve's cached small init on a noexec mount
+// (a tmpfs of the test's own, through SANDLOOP_INIT_CACHE: the machine's
+// /run/sandloop is not touched): the keeper cannot execute it, and falls
+// back to its own binary; sessions start and run.
+func TestKeeperInitNoexec(t *testing.T) {
+	needKeeper(t)
+	dir := filepath.Join(t.TempDir(), "noexec")
+	os.Mkdir(dir, 0o755)
+	for d := filepath.Dir(dir); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // the sandbox user reaches it: only noexec stops it
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "noexec,size=64m,mode=755", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKeptEnv(t, dataDir, []string{"SANDLOOP_INIT_CACHE=" + dir}, "--pool", "0")
+	id := a.create(t)
+	if got := a.execute(t, id, "6*7"); got != "42" {
+		t.Errorf("6*7 = %s", got)
+	}
+	inits, _ := filepath.Glob(filepath.Join(dir, "sandloop-init-*"))
+	if len(inits) == 0 {
+		t.Errorf("no init was cached in %s: the noexec mount was not tried", dir)
+	}
+	a.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	a.term(t)
 }

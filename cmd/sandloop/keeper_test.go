@@ -37,7 +37,14 @@ var servingRE = regexp.MustCompile(`sandloop serving on (http://\S+)`)
 // still running.
 func startKept(t testing.TB, dataDir string, args ...string) *keptServe {
 	t.Helper()
+	return startKeptEnv(t, dataDir, nil, args...)
+}
+
+// startKeptEnv is startKept with env added to serve's environment.
+func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *keptServe {
+	t.Helper()
 	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--keep-sessions", "--e2b=false"}, args...)...)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Cancel = func() error { return cmd.Process.Kill() }
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
