@@ -68,7 +68,7 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 	}
 	want := wsTree(t, ms.Workspace())
 	managedRun(t, ms, "v_c = 3") // after the snapshot: lost with the processes
-	m.Detach()                    // its processes go; its record stays
+	m.Detach()                   // its processes go; its record stays
 
 	m2 := forkManager(t, o)
 	if n, err := m2.Restore(ctx); n != 1 || err != nil {
