@@ -37,7 +37,14 @@ var servingRE = regexp.MustCompile(`sandloop serving on (http://\S+)`)
 // still running.
 func startKept(t testing.TB, dataDir string, args ...string) *keptServe {
 	t.Helper()
+	return startKeptEnv(t, dataDir, nil, args...)
+}
+
+// startKeptEnv is startKept with env added to serve's environment.
+func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *keptServe {
+	t.Helper()
 	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--keep-sessions", "--e2b=false"}, args...)...)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Cancel = func() error { return cmd.Process.Kill() }
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -342,8 +349,8 @@ func TestKeepSessionsKill9(t *testing.T) {
 	a.kill9()
 	pw.CloseWithError(errors.New("the server is gone"))
 	<-upload
-	// Session 5 dies while no server holds it: it is gone after the
-	// restart, its workspace too.
+	// Session 5 dies while no server holds it: its workspace is gone
+	// after the restart, and the session comes back from storage.
 	dead := readKept(t, dataDir, ids[5])
 	syscall.Kill(dead.Jail.Pid, syscall.SIGKILL)
 	testutil.WaitFor(t, 30*time.Second, func() error {
@@ -365,7 +372,21 @@ func TestKeepSessionsKill9(t *testing.T) {
 	}
 
 	bserve := startKept(t, dataDir, "--pool", "2")
-	bserve.mustCall(t, "GET", "/v1/sessions/"+deadID, nil, 404)
+	// It comes back from storage, asleep, on its id; it was lost before
+	// its first automatic snapshot (30s): its first use says so.
+	var deadSess struct{ State string }
+	json.Unmarshal(bserve.mustCall(t, "GET", "/v1/sessions/"+deadID, nil, 200), &deadSess)
+	if deadSess.State != "hibernated" {
+		t.Errorf("the dead session after the restart: state %q, want hibernated", deadSess.State)
+	}
+	if resp, err := http.Post(bserve.url+"/v1/sessions/"+deadID+"/execute", "application/json", strings.NewReader(`{"code":"1"}`)); err != nil {
+		t.Error(err)
+	} else {
+		resp.Body.Close()
+		if said := resp.Header.Get("Sandloop-Restored"); resp.StatusCode != 200 || !strings.Contains(said, "lost: everything") {
+			t.Errorf("the dead session's first use after the restart: %d, Sandloop-Restored %q (want what was lost)", resp.StatusCode, said)
+		}
+	}
 	if _, err := os.Stat(dead.Workspace); err == nil {
 		t.Errorf("the dead session's workspace %s is left", dead.Workspace)
 	}

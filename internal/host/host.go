@@ -84,6 +84,13 @@ type Config struct {
 	// IdleHibernate hibernates sessions idle (or paused) this long
 	// (session.ManagerOptions.IdleHibernate); zero: never.
 	IdleHibernate time.Duration
+	// SnapshotEvery writes an automatic snapshot of a session used since
+	// its last one at most this often (session.ManagerOptions.
+	// SnapshotEvery), so that a session whose processes are lost (its
+	// keeper or this server killed) comes back from it at the next start.
+	// If zero, 30 seconds with KeepSessions and never otherwise; negative,
+	// never. It needs a snapshot store and a DataDir.
+	SnapshotEvery time.Duration
 	// AllowNetwork lets sessions ask for the host's whole network.
 	AllowNetwork bool
 	// Egress configures allow mode. New adds the listener's address to
@@ -152,6 +159,9 @@ type ArgumentError struct {
 
 func (e *ArgumentError) Error() string { return e.Name + ": " + e.Err.Error() }
 func (e *ArgumentError) Unwrap() error { return e.Err }
+
+// DefaultSnapshotEvery is Config.SnapshotEvery's default with KeepSessions.
+const DefaultSnapshotEvery = 30 * time.Second
 
 // Host is a running sandloop server. Its parts are built by New and
 // stopped, in order, by Close.
@@ -241,7 +251,22 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if err != nil {
 		return nil, err
 	}
+	every := h.cfg.SnapshotEvery
+	if every == 0 && h.cfg.KeepSessions {
+		every = DefaultSnapshotEvery
+	}
+	if every > 0 && snaps == nil {
+		return nil, &ArgumentError{"snapshot-every", errors.New("needs a snapshot store (--data-dir or --snapshot-store)")}
+	}
+	if every > 0 && h.cfg.DataDir == "" {
+		return nil, &ArgumentError{"snapshot-every", errors.New("needs a data directory (--data-dir) for the sessions' records")}
+	}
+	var records string
+	if snaps != nil && h.cfg.DataDir != "" && (h.cfg.KeepSessions || every > 0 || h.cfg.IdleHibernate > 0) {
+		records = filepath.Join(h.cfg.DataDir, "session-records")
+	}
 	mo := &session.ManagerOptions{
+		Records: records, SnapshotEvery: max(every, 0),
 		Snapshots: snaps, IdleHibernate: h.cfg.IdleHibernate,
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
@@ -263,6 +288,12 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	h.mgr = session.NewManager(mo)
 	if h.keeper != nil {
 		h.reattach(ctx, kept)
+	}
+	if n, err := h.mgr.Restore(ctx); n > 0 || err != nil {
+		h.log.Info("sessions restored from their snapshots: each wakes at its first use", "sessions", n)
+		if err != nil {
+			h.log.Warn("some sessions could not be restored (their records are kept)", "err", err)
+		}
 	}
 
 	undo = append(undo, func() { h.mgr.Close() })
@@ -560,8 +591,10 @@ func (h *Host) Close() error {
 		if h.runs != nil {
 			h.runs.Close()
 		}
-		if h.keeper != nil && h.keeper.alive() {
-			// Kept for the next server (an upgrade): not closed.
+		if h.keeper != nil {
+			// Kept for the next server (an upgrade): not closed. Those
+			// whose keeper died are left to their records and snapshots:
+			// the next server restores them.
 			h.closeErr = h.mgr.Detach()
 		} else {
 			h.closeErr = h.mgr.Close()

@@ -108,6 +108,12 @@ func (l *keeperLink) Keep(id string, pid int, meta []byte, files []*os.File) err
 }
 
 func (l *keeperLink) Drop(id string) error {
+	if !l.alive() {
+		// The keeper that held it is gone, and its record with it (a
+		// new keeper moves them to lost/): nothing to drop, and no new
+		// keeper to start for it (a shutdown after the keeper died).
+		return nil
+	}
 	c, err := l.client()
 	if err != nil {
 		return err

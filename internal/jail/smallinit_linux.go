@@ -89,9 +89,17 @@ func InitInfo() string {
 	return about
 }
 
+// InitCacheEnv, if set to an absolute path, is where the generated init is
+// cached instead of the default (/run/sandloop for root): for a host whose
+// /run is mounted noexec.
+const InitCacheEnv = "SANDLOOP_INIT_CACHE"
+
 // initCacheDir is where the generated init is written: a directory only
 // this user may write to.
 func initCacheDir() string {
+	if d := os.Getenv(InitCacheEnv); filepath.IsAbs(d) {
+		return d
+	}
 	uid := os.Geteuid()
 	if uid == 0 {
 		return "/run/sandloop"

@@ -321,7 +321,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 		return c
 	}
 	if cfg.Spawn != nil && !ws.holder {
-		err = p.spawnBy(cfg.Spawn, initCmd(initPath()))
+		err = spawnInit(p, cfg.Spawn, initCmd)
 	} else if ws.holder {
 		var h *quotaHolder
 		if h, err = theHolder(); err == nil {
@@ -697,6 +697,25 @@ func wrapWriter(w io.Writer) io.Writer {
 
 // startInit starts the command that cmd makes for the init program: the
 // cached small init, or this binary where that cannot be executed.
+// spawnInit starts the init by spawn (the keeper) as startInit does
+// here: if the keeper cannot execute the cached small init (its directory
+// mounted noexec, removed, or not reachable by the sandbox user), it
+// executes its own binary (the keeper is this program, started by a
+// server of the same directory), and from then on this process's jails
+// do so too.
+func spawnInit(p *Process, spawn SpawnFunc, cmd func(path string) *exec.Cmd) error {
+	path := initPath()
+	err := p.spawnBy(spawn, cmd(path))
+	if err == nil || path == selfExe || !(errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
+		return err
+	}
+	giveUpSmallInit(err)
+	if err2 := p.spawnBy(spawn, cmd(selfExe)); err2 != nil {
+		return fmt.Errorf("the keeper could not execute the jail's init %s (%w; is its directory mounted noexec?), nor its own binary: %w", path, err, err2)
+	}
+	return nil
+}
+
 func startInit(cmd func(path string) *exec.Cmd) (*exec.Cmd, error) {
 	c := cmd(initPath())
 	err := c.Start()

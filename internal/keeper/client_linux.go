@@ -204,6 +204,9 @@ func (c *Client) callLocked(req *request, files []*os.File, r *reply, got *[]*os
 	}
 	if r.Error != "" {
 		closeFiles(fs)
+		if r.Errno != 0 {
+			return &keeperError{r.Error, syscall.Errno(r.Errno)}
+		}
 		return fmt.Errorf("keeper: %s", r.Error)
 	}
 	return nil
@@ -336,3 +339,13 @@ func (c *Client) List() ([]Record, error) {
 	}
 	return out, nil
 }
+
+// keeperError is a failure the keeper reported with its errno: errors.Is
+// matches it as the errno (fs.ErrPermission for EACCES...).
+type keeperError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *keeperError) Error() string { return "keeper: " + e.msg }
+func (e *keeperError) Unwrap() error { return e.errno }

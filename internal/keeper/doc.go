@@ -37,8 +37,8 @@
 //     token...), replacing the record of the same id (a restarted
 //     kernel). The metadata is also written to sessions/ID.json; at its
 //     start a keeper moves the files a dead one left to lost/: the
-//     sessions that died with it, for restoring them from their
-//     snapshots (not built yet).
+//     sessions that died with it (for diagnosis: the server restores
+//     them from its own records and their snapshots).
 //   - list: a server starting on the same directory asks for every
 //     record, descriptors included, and rebuilds its sessions from them.
 //
@@ -79,8 +79,13 @@
 // If the keeper itself dies, every jail it spawned dies with it
 // (Pdeathsig): the sessions report that their kernel is gone, and
 // deleting them (or the server's shutdown) removes their workspaces and
-// cgroups; the next session starts a new keeper. Restoring those sessions
-// from snapshots is the fallback to come.
+// cgroups; the next session starts a new keeper. The sessions are not
+// lost: the server writes them to the snapshot store as they change
+// (session.ManagerOptions.SnapshotEvery) and keeps a record of each
+// (DATA-DIR/session-records), and the next server brings back every
+// recorded session it did not take over from its latest snapshot
+// (session.Manager.Restore), saying what was lost. The records in lost/
+// are the keeper's own account, kept for diagnosis.
 package keeper
 
 // Arg0 is argv[0] of the keeper process.

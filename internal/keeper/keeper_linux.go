@@ -40,6 +40,7 @@ type request struct {
 // reply is one reply; list sends one per record, then one with End.
 type reply struct {
 	Error  string          `json:"error,omitempty"`
+	Errno  int             `json:"errno,omitempty"` // of Error, if it was a system call's
 	Pid    int             `json:"pid,omitempty"`
 	ID     string          `json:"id,omitempty"`
 	Meta   json.RawMessage `json:"meta,omitempty"`

@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -285,7 +286,11 @@ func (s *server) handle(c *conn, req *request, files []*os.File) error {
 		r := <-done
 		closeFiles(files)
 		if r.err != nil {
-			return send(c.sock, reply{Error: r.err.Error()}, nil)
+			// The errno goes too: the server tells an init it cannot
+			// execute (EACCES, ENOENT) from other failures.
+			var errno syscall.Errno
+			errors.As(r.err, &errno)
+			return send(c.sock, reply{Error: r.err.Error(), Errno: int(errno)}, nil)
 		}
 		// (The child may have ended already: its pidfd, closed with it,
 		// would be another descriptor's now; send a copy made under the

@@ -548,3 +548,8 @@ func partialPrefix(b, prefix []byte) int {
 	}
 	return 0
 }
+
+// closedPipes are the pipes of a kernel that has none (Gone).
+func closedPipes() *pipes {
+	return &pipes{req: -1, fds: [3]int{-1, -1, -1}, wakeFD: -1, state: -1, closed: true}
+}

@@ -62,6 +62,12 @@ type Restored struct {
 	Variables      []string `json:"variables,omitempty"`
 	NotRestored    []string `json:"not_restored,omitempty"`
 	ExecutionCount int      `json:"execution_count"`
+	// AsOf is when the snapshot it came from was taken, for a session
+	// brought back after its processes were lost (durable.go).
+	AsOf time.Time `json:"as_of,omitzero"`
+	// Lost says what did not come back beyond NotRestored: what was done
+	// after AsOf. Empty when nothing was.
+	Lost string `json:"lost,omitempty"`
 }
 
 // ArgumentError reports bad input to a session call: what is wrong, and

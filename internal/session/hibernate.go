@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,7 +47,15 @@ type hibernation struct {
 type hibernating struct {
 	store *snapshot.Store
 	owner string
-	m     *snapshot.Manifest
+	m     *snapshot.Manifest // nil: a session lost before its first snapshot (durable.go)
+	// keep: the wake leaves the snapshot in the store (the manager's
+	// durable records name it until a newer one replaces it).
+	keep bool
+	// from, asOf and lost say, in Restored, what the snapshot is: ""
+	// for a hibernation (nothing lost); an automatic snapshot of a
+	// session whose processes were lost says what was lost.
+	from, lost string
+	asOf       time.Time
 }
 
 // Hibernated says whether the session is hibernated.
@@ -55,7 +64,7 @@ func (s *Session) Hibernated() bool { return s.hib.on.Load() }
 // hibernate writes the session to st for owner and frees its processes and
 // files. It fails with ErrBusy while a call holds the session (an
 // execution), as Pause does; hibernating a hibernated session does nothing.
-func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string) (*snapshot.Manifest, error) {
+func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string, keep bool) (*snapshot.Manifest, error) {
 	select {
 	case s.turn <- struct{}{}:
 	default:
@@ -94,7 +103,7 @@ func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner strin
 		// until the wake replaces it.
 		s.log.Warn("hibernate: empty the workspace", "err", err)
 	}
-	s.hib.snap = &hibernating{store: st, owner: owner, m: m}
+	s.hib.snap = &hibernating{store: st, owner: owner, m: m, keep: keep}
 	s.hib.since = time.Now()
 	s.hib.on.Store(true)
 	s.log.Info("session hibernated", "snapshot", m.ID, "bytes", m.TotalBytes)
@@ -134,7 +143,12 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	}
 	s.k = k
 	s.mu.Unlock()
-	res, err := s.loadSnapshot(ctx, h.store, h.owner, h.m.ID, "hibernation")
+	var res *Restored
+	if h.m != nil {
+		res, err = s.loadSnapshot(ctx, h.store, h.owner, h.m.ID, cmp.Or(h.from, "hibernation"))
+	} else {
+		res = &Restored{From: h.from}
+	}
 	if err != nil {
 		k.Kill("the session's wake failed")
 		if cerr := s.clearWorkspace(); cerr != nil {
@@ -148,8 +162,20 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	}
 	s.hib.snap = nil
 	s.hib.on.Store(false)
-	if err := h.store.Delete(ctx, h.owner, h.m.ID); err != nil {
-		s.log.Warn("delete the snapshot of a session woken", "snapshot", h.m.ID, "err", err)
+	if h.lost != "" || !h.asOf.IsZero() {
+		res.Lost, res.AsOf = h.lost, h.asOf
+		s.setRestored(res)
+		out := *res
+		res = &out
+	}
+	if h.m == nil {
+		s.log.Info("session restarted empty: it was lost before its first snapshot")
+		return res, nil
+	}
+	if !h.keep {
+		if err := h.store.Delete(ctx, h.owner, h.m.ID); err != nil {
+			s.log.Warn("delete the snapshot of a session woken", "snapshot", h.m.ID, "err", err)
+		}
 	}
 	s.log.Info("session woke", "snapshot", h.m.ID, "variables", len(res.Variables), "not_restored", len(res.NotRestored))
 	return res, nil
@@ -160,7 +186,7 @@ func (s *Session) dropHibernation() error {
 	s.hib.mu.Lock()
 	defer s.hib.mu.Unlock()
 	h := s.hib.snap
-	if h == nil {
+	if h == nil || h.m == nil || s.keepSnapshots.Load() {
 		return nil
 	}
 	s.hib.snap = nil
@@ -186,11 +212,15 @@ func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
 	if busy {
 		return nil, ErrBusy
 	}
-	man, err := m.Session.hibernate(ctx, st, m.Owner)
-	if err == nil && m.mgr.opts.OnSnapshot != nil {
+	man, err := m.Session.hibernate(ctx, st, m.Owner, m.durable != nil)
+	if err != nil {
+		return nil, err
+	}
+	m.hibernated(man)
+	if m.mgr.opts.OnSnapshot != nil {
 		m.mgr.opts.OnSnapshot(m.ID(), man.ID)
 	}
-	return man, err
+	return man, nil
 }
 
 // Wake restores a hibernated session and returns what came back; nil if
@@ -198,7 +228,11 @@ func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
 // its latest restore). It counts as a use.
 func (m *Managed) Wake(ctx context.Context) (*Restored, error) {
 	m.Touch()
-	return m.Session.wake(ctx)
+	res, err := m.Session.wake(ctx)
+	if err == nil && res != nil {
+		m.woke(ctx, res)
+	}
+	return res, err
 }
 
 // hibernateIdle hibernates the sessions the reaper picked, two at a time

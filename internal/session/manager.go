@@ -175,6 +175,16 @@ type ManagerOptions struct {
 	// host records it as the session's latest, from which a gateway
 	// restores the session if this host is lost. It must not block long.
 	OnSnapshot func(session, snapshot string)
+	// Records, with Snapshots, is a directory where the manager keeps a
+	// small record of every session (durable.go), so that the next
+	// manager on it brings back, from their latest snapshots, the
+	// sessions whose processes were lost (a keeper or a server killed)
+	// and the hibernated ones (Restore). If empty, none.
+	Records string
+	// SnapshotEvery, with Records, writes an automatic snapshot of a
+	// session used since its last one, at most this often (durable.go).
+	// If zero, never.
+	SnapshotEvery time.Duration
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -269,6 +279,8 @@ type Managed struct {
 	busy      int
 	pinned    bool
 	hibFailed time.Time // the last failed hibernation
+
+	durable *durableState // with ManagerOptions.Records (durable.go)
 }
 
 // Touch marks the session used now.
@@ -285,6 +297,7 @@ func (m *Managed) Lease() (release func()) {
 	m.busy++
 	m.lastUsed = time.Now()
 	m.mu.Unlock()
+	m.markUsed()
 	if err := m.Session.Resume(); err != nil && !errors.Is(err, ErrClosed) {
 		m.Session.log.Warn("resume a paused session", "err", err)
 	}
@@ -375,6 +388,7 @@ func (m *Managed) Files(opts workspace.Options) (*workspace.Workspace, error) {
 	if err := m.Resume(); err != nil {
 		return nil, err
 	}
+	m.markUsed()
 	return m.Session.Files(opts)
 }
 
@@ -395,9 +409,11 @@ func (m *Managed) Pause() error {
 			// goes to storage instead (a hibernation keeps no memory).
 			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
 			defer cancel()
-			if _, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner); err != nil {
+			man, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner, m.durable != nil)
+			if err != nil {
 				return fmt.Errorf("%d sessions are paused already, this server's maximum, and hibernating this one instead failed: %w", mg.opts.MaxPaused, err)
 			}
+			m.hibernated(man)
 			return nil
 		}
 		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
@@ -528,6 +544,10 @@ func NewManager(o *ManagerOptions) *Manager {
 	if opts.Snapshots != nil && opts.SnapshotMaintenance >= 0 {
 		m.wg.Add(1)
 		go m.maintainLoop(cmp.Or(opts.SnapshotMaintenance, 10*time.Minute))
+	}
+	if opts.Snapshots != nil && opts.Records != "" && opts.SnapshotEvery > 0 {
+		m.wg.Add(1)
+		go m.autoSnapshotLoop(opts.SnapshotEvery)
 	}
 	m.kick()
 	return m
@@ -712,8 +732,12 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	now := cmp.Or(servedAt, time.Now())
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, Template: opts.Template, mgr: m, lastUsed: now}
+	if m.opts.Records != "" && m.opts.Snapshots != nil {
+		ms.durable = &durableState{}
+	}
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
+	m.saveRecord(ms)
 	m.keep(ctx, ms)
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
 	return ms, nil
@@ -783,9 +807,15 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 	go func() {
 		defer m.closing.Done()
 		if m.detaching.Load() {
+			if ms.durable != nil {
+				// Its record and snapshot stay for the next server,
+				// which restores it if its kernel is gone.
+				ms.Session.keepSnapshots.Store(true)
+			}
 			done <- ms.Session.Detach() // kept for the next server
 			return
 		}
+		m.forget(ms)
 		err := ms.Session.Close()
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {

@@ -109,6 +109,7 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 	now := time.Now()
 	ms := &Managed{Session: s, Owner: st.Owner, Created: st.Created, Limits: st.Limits, Network: st.Network, Egress: s.opts.Egress,
 		ExecTimeout: st.ExecTimeout, FromPool: st.FromPool, PortAccess: st.PortAccess, Template: st.Template, mgr: m, lastUsed: now}
+	ms.durable = m.durableOf(s.ID())
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()

@@ -246,6 +246,10 @@ type Session struct {
 	hib hibernation // hibernate.go
 
 	exports exportCache // fork.go: the last fork's export, for the next one
+
+	// keepSnapshots: Close leaves the session's held snapshot in the
+	// store (a server letting go of it for the next one: durable.go).
+	keepSnapshots atomic.Bool
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.

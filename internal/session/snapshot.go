@@ -196,6 +196,12 @@ func (r *Restored) Summary() string {
 	if len(r.NotRestored) > 0 {
 		b.WriteString("; not restorable: " + strings.Join(r.NotRestored, "; "))
 	}
+	if !r.AsOf.IsZero() {
+		b.WriteString("; as of " + r.AsOf.UTC().Format(time.RFC3339))
+	}
+	if r.Lost != "" {
+		b.WriteString("; lost: " + r.Lost)
+	}
 	return b.String()
 }
 

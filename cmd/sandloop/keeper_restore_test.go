@@ -1,0 +1,276 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/testutil"
+)
+
+// restoreFixture is what a test puts in a session before its processes
+// are lost, and checks after.
+type restoreFixture struct {
+	id     string
+	x      int
+	hashes map[string]string // path -> sha256, as the files API serves them
+}
+
+// sessionRecord is what the server keeps of a session for the next one
+// (DATA/session-records/ID.json).
+type sessionRecord struct {
+	Snapshot string    `json:"snapshot"`
+	UsedAt   time.Time `json:"used_at"`
+}
+
+func readSessionRecord(dataDir, id string) (sessionRecord, error) {
+	var r sessionRecord
+	b, err := os.ReadFile(filepath.Join(dataDir, "session-records", id+".json"))
+	if err == nil {
+		err = json.Unmarshal(b, &r)
+	}
+	return r, err
+}
+
+// fillSession makes a session with files (one uploaded through the files
+// API, others written by a cell) and variables, and waits until its
+// automatic snapshot holds them all.
+func fillSession(t *testing.T, s *keptServe, dataDir string, x int) restoreFixture {
+	t.Helper()
+	f := restoreFixture{id: s.create(t), x: x, hashes: map[string]string{}}
+	blob := make([]byte, 1<<20)
+	rand.Read(blob)
+	s.mustCall(t, "PUT", "/v1/sessions/"+f.id+"/files/data/upload.bin", string(blob), 201)
+	got := s.execute(t, f.id, fmt.Sprintf(`import os
+x = %d
+d = {"k": [1, 2, 3], "s": "é"}
+os.makedirs("deep/er", exist_ok=True)
+open("deep/er/notes.txt", "w").write("notes %d\n" * 1000)
+open("made.bin", "wb").write(os.urandom(300000))
+x`, x, x))
+	if got != fmt.Sprint(x) {
+		t.Fatalf("x = %s", got)
+	}
+	for _, p := range []string{"data/upload.bin", "deep/er/notes.txt", "made.bin"} {
+		f.hashes[p] = fileHash(t, s, f.id, p)
+	}
+	testutil.WaitFor(t, 120*time.Second, func() error {
+		r, err := readSessionRecord(dataDir, f.id)
+		if err != nil {
+			return err
+		}
+		if r.Snapshot == "" || !r.UsedAt.IsZero() {
+			return fmt.Errorf("session %s: no automatic snapshot since its last use yet (%+v)", f.id, r)
+		}
+		return nil
+	})
+	return f
+}
+
+// fileHash downloads path from session id and hashes it.
+func fileHash(t *testing.T, s *keptServe, id, path string) string {
+	t.Helper()
+	out := s.mustCall(t, "GET", "/v1/sessions/"+id+"/files/"+path, nil, 200)
+	h := sha256.Sum256(out)
+	return hex.EncodeToString(h[:])
+}
+
+// checkRestored checks that session f came back: the first request says
+// what came back (header), its variables and files are the same.
+func checkRestored(t *testing.T, s *keptServe, f restoreFixture, wantLost bool) {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"code": "x, d['s'], sorted(d)"})
+	req, _ := http.NewRequest("POST", s.url+"/v1/sessions/"+f.id+"/execute", strings.NewReader(string(b)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("session %s after the restart: %d %s", f.id, resp.StatusCode, out)
+	}
+	said := resp.Header.Get("Sandloop-Restored")
+	for _, want := range []string{"files exact (", "variables restored: ", "x"} {
+		if !strings.Contains(said, want) {
+			t.Errorf("session %s: Sandloop-Restored %q does not say %q", f.id, said, want)
+		}
+	}
+	if wantLost && !strings.Contains(said, "as of ") {
+		t.Errorf("session %s: Sandloop-Restored %q does not say as of when", f.id, said)
+	}
+	if !wantLost && strings.Contains(said, "lost: ") {
+		t.Errorf("session %s: Sandloop-Restored %q says something was lost", f.id, said)
+	}
+	if want := fmt.Sprintf(`(%d, 'é', ['k', 's'])`, f.x); !strings.Contains(string(out), want) {
+		t.Errorf("session %s: variables after the restore: %s (want %s)", f.id, out, want)
+	}
+	for p, h := range f.hashes {
+		if got := fileHash(t, s, f.id, p); got != h {
+			t.Errorf("session %s: %s has sha256 %s after the restore, %s before", f.id, p, got, h)
+		}
+	}
+	var sess struct {
+		Restored *struct {
+			From string    `json:"from"`
+			AsOf time.Time `json:"as_of"`
+			Lost string    `json:"lost"`
+		} `json:"restored"`
+	}
+	json.Unmarshal(s.mustCall(t, "GET", "/v1/sessions/"+f.id, nil, 200), &sess)
+	if sess.Restored == nil || sess.Restored.From == "" {
+		t.Errorf("session %s: GET says nothing of the restore", f.id)
+	} else if wantLost && sess.Restored.AsOf.IsZero() {
+		t.Errorf("session %s: restored %+v: no as_of", f.id, sess.Restored)
+	}
+}
+
+// TestKeeperKilledSessionsRestored kills the keeper (SIGKILL, by its PID)
+// holding sessions with files and variables, then restarts serve on the
+// same data directory: every session is back on its id from its
+// automatic snapshot, files exact (sha256 of each, through the files
+// API) and variables restored, and the first response says what came
+// back. Once with serve stopped by SIGTERM after the keeper's death, once
+// with serve and keeper both killed (-9). A session used after its last
+// snapshot says what was lost.
+func TestKeeperKilledSessionsRestored(t *testing.T) {
+	needKeeper(t)
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, s *keptServe, dataDir string)
+	}{
+		{"keeper-killed-then-sigterm", func(t *testing.T, s *keptServe, dataDir string) {
+			stopKeeper(t, dataDir)
+			s.term(t)
+		}},
+		{"serve-and-keeper-killed", func(t *testing.T, s *keptServe, dataDir string) {
+			s.kill9()
+			stopKeeper(t, dataDir)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			t.Cleanup(func() { stopKeeper(t, dataDir) })
+			a := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+			var fs []restoreFixture
+			for i := range 3 {
+				fs = append(fs, fillSession(t, a, dataDir, 40+i))
+			}
+			// Used after its snapshot, without waiting for the next one:
+			// the restore must say that what came after is lost. (The
+			// next snapshot may still come first: then nothing is lost.)
+			a.execute(t, fs[0].id, "1")
+			tc.stop(t, a, dataDir)
+
+			b := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+			var list struct{ Sessions []struct{ ID string } }
+			json.Unmarshal(b.mustCall(t, "GET", "/v1/sessions", nil, 200), &list)
+			if len(list.Sessions) != len(fs) {
+				t.Errorf("%d sessions after the restart, want %d: %+v", len(list.Sessions), len(fs), list)
+			}
+			for _, f := range fs {
+				checkRestored(t, b, f, true)
+			}
+			// Restored sessions are kept and snapshotted again: a new
+			// variable survives one more loss.
+			b.execute(t, fs[1].id, "y = 7\ny")
+			testutil.WaitFor(t, 120*time.Second, func() error {
+				if r, err := readSessionRecord(dataDir, fs[1].id); err != nil || !r.UsedAt.IsZero() {
+					return fmt.Errorf("no new snapshot of %s yet: %+v %v", fs[1].id, r, err)
+				}
+				return nil
+			})
+			b.kill9()
+			stopKeeper(t, dataDir)
+			c := startKept(t, dataDir, "--pool", "0")
+			if got := c.execute(t, fs[1].id, "x + y"); got != fmt.Sprint(fs[1].x+7) {
+				t.Errorf("after a second loss: x + y = %s", got)
+			}
+			// A deleted session is gone for good: its record and its
+			// snapshot too.
+			for _, f := range fs {
+				c.mustCall(t, "DELETE", "/v1/sessions/"+f.id, nil, 204)
+				if _, err := readSessionRecord(dataDir, f.id); !os.IsNotExist(err) {
+					t.Errorf("session %s deleted: its record is left (%v)", f.id, err)
+				}
+			}
+			c.term(t)
+			d := startKept(t, dataDir, "--pool", "0")
+			json.Unmarshal(d.mustCall(t, "GET", "/v1/sessions", nil, 200), &list)
+			if len(list.Sessions) != 0 {
+				t.Errorf("deleted sessions came back: %+v", list)
+			}
+			d.term(t)
+		})
+	}
+}
+
+// TestHibernatedSessionAdoptedAfterRestart hibernates a session, then
+// kills serve (-9) and, another time, stops it with SIGTERM: the next
+// serve still holds the session, hibernated, and it wakes on its id with
+// its files and variables, saying so; nothing was lost.
+func TestHibernatedSessionAdoptedAfterRestart(t *testing.T) {
+	needKeeper(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "-1s")
+	f := restoreFixture{id: a.create(t), x: 5, hashes: map[string]string{}}
+	a.mustCall(t, "PUT", "/v1/sessions/"+f.id+"/files/a.txt", "hello", 201)
+	a.execute(t, f.id, "x = 5\nd = {'k': 1, 's': 'é'}\nx")
+	f.hashes["a.txt"] = fileHash(t, a, f.id, "a.txt")
+	a.mustCall(t, "POST", "/v1/sessions/"+f.id+"/hibernate", nil, 200)
+	a.kill9()
+	b := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "-1s")
+	var sess struct{ State string }
+	json.Unmarshal(b.mustCall(t, "GET", "/v1/sessions/"+f.id, nil, 200), &sess)
+	if sess.State != "hibernated" {
+		t.Errorf("after kill -9: state %q, want hibernated", sess.State)
+	}
+	checkRestored(t, b, f, false)
+	b.mustCall(t, "POST", "/v1/sessions/"+f.id+"/hibernate", nil, 200)
+	b.term(t)
+	c := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "-1s")
+	checkRestored(t, c, f, false)
+	c.mustCall(t, "DELETE", "/v1/sessions/"+f.id, nil, 204)
+	c.term(t)
+}
+
+// TestKeeperInitNoexec puts serve's cached small init on a noexec mount
+// (a tmpfs of the test's own, through SANDLOOP_INIT_CACHE: the machine's
+// /run/sandloop is not touched): the keeper cannot execute it, and falls
+// back to its own binary; sessions start and run.
+func TestKeeperInitNoexec(t *testing.T) {
+	needKeeper(t)
+	dir := filepath.Join(t.TempDir(), "noexec")
+	os.Mkdir(dir, 0o755)
+	for d := filepath.Dir(dir); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // the sandbox user reaches it: only noexec stops it
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "noexec,size=64m,mode=755", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKeptEnv(t, dataDir, []string{"SANDLOOP_INIT_CACHE=" + dir}, "--pool", "0")
+	id := a.create(t)
+	if got := a.execute(t, id, "6*7"); got != "42" {
+		t.Errorf("6*7 = %s", got)
+	}
+	inits, _ := filepath.Glob(filepath.Join(dir, "sandloop-init-*"))
+	if len(inits) == 0 {
+		t.Errorf("no init was cached in %s: the noexec mount was not tried", dir)
+	}
+	a.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	a.term(t)
+}

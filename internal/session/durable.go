@@ -1,0 +1,505 @@
+package session
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/egress"
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/snapshot"
+)
+
+// Sessions brought back from storage (issue 28): when a session's
+// processes are lost with the process that held them (a keeper killed, a
+// server killed without a keeper), the next server brings the session
+// back on the same id from its latest snapshot.
+//
+// With ManagerOptions.Records, the manager keeps one small file per
+// session there (durableRecord: its owner, limits, network, environment,
+// its latest snapshot and whether it was used since), written at its
+// creation, after every snapshot and at its first use after one; it is
+// removed when the session is closed (deleted, reaped, or a shutdown that
+// ends sessions), and left when a server lets go of its sessions for the
+// next one (Detach). With SnapshotEvery, a session used since its last
+// snapshot (an execution, a files call: any lease) is written to the
+// snapshot store again, at most once every SnapshotEvery, as an
+// automatic snapshot: held (retention leaves it alone), its files
+// exactly and its variables as far as they serialize, incremental (only
+// changed chunks are stored); the one before it is deleted then. A
+// session whose kernel died is not written (its latest snapshot keeps
+// its variables) until its kernel is restarted. A session is not
+// written while a cell runs in it (its files and variables must be of
+// one moment), so a long cell's effects wait for its end.
+//
+// Manager.Restore, at a server's start (after the keeper's sessions are
+// taken over), adopts every record whose session is not held: as a
+// hibernated session on its snapshot (a hibernated one on its
+// hibernation's), which wakes at its first use; Restored then says what
+// came back and, for a session whose processes were lost, as of when and
+// what was lost (what was done after that snapshot). A session lost
+// before its first snapshot comes back empty, saying so.
+
+// autoSnapshotName names the automatic snapshots.
+const autoSnapshotName = "automatic"
+
+// durableRecord is a session's file in ManagerOptions.Records.
+type durableRecord struct {
+	ID          string            `json:"id"`
+	Owner       string            `json:"owner"`
+	Created     time.Time         `json:"created"`
+	Limits      jail.Limits       `json:"limits"`
+	Network     jail.Network      `json:"network,omitempty"`
+	Egress      *keptPolicy       `json:"egress,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	ExecTimeout time.Duration     `json:"exec_timeout"`
+	PortAccess  PortAccess        `json:"port_access"`
+	Template    string            `json:"template,omitempty"`
+	Checkpoints string            `json:"checkpoints,omitempty"`
+	// Snapshot is the latest snapshot of the session (automatic or its
+	// hibernation's), taken at SnapshotAt; "" for none yet.
+	Snapshot   string    `json:"snapshot,omitempty"`
+	SnapshotAt time.Time `json:"snapshot_at,omitzero"`
+	Hibernated bool      `json:"hibernated,omitempty"`
+	// UsedAt is the first use after Snapshot (zero: none since).
+	UsedAt time.Time `json:"used_at,omitzero"`
+}
+
+// durableState is a managed session's part of its record.
+type durableState struct {
+	write sync.Mutex // one record write at a time, in order
+
+	mu         sync.Mutex
+	snap       string
+	at         time.Time
+	hibernated bool
+	uses       uint64
+	usedAt     time.Time // the first use since snap
+	tried      time.Time // the last automatic snapshot tried
+	gone       bool      // the session was closed: no more writes
+}
+
+func (m *Manager) recordPath(id string) string {
+	return filepath.Join(m.opts.Records, id+".json")
+}
+
+// saveRecord writes ms's record (atomically: a temporary file renamed).
+func (m *Manager) saveRecord(ms *Managed) {
+	d := ms.durable
+	if d == nil {
+		return
+	}
+	d.write.Lock()
+	defer d.write.Unlock()
+	d.mu.Lock()
+	if d.gone {
+		d.mu.Unlock()
+		return
+	}
+	s := ms.Session
+	rec := durableRecord{ID: ms.ID(), Owner: ms.Owner, Created: ms.Created, Limits: ms.Limits, Network: ms.Network,
+		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
+		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
+		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt}
+	d.mu.Unlock()
+	b, err := json.Marshal(&rec)
+	if err == nil {
+		err = writeFileAtomic(m.recordPath(rec.ID), b)
+	}
+	if err != nil {
+		m.log.Warn("record of the session for the next server", "session", rec.ID, "err", err)
+	}
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// forget removes the record and the automatic snapshot of a session
+// being closed for good.
+func (m *Manager) forget(ms *Managed) {
+	d := ms.durable
+	if d == nil {
+		return
+	}
+	d.write.Lock()
+	d.mu.Lock()
+	d.gone = true
+	snap, hib := d.snap, d.hibernated
+	d.mu.Unlock()
+	if err := os.Remove(m.recordPath(ms.ID())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		m.log.Warn("remove the record of a closed session", "session", ms.ID(), "err", err)
+	}
+	d.write.Unlock()
+	if snap == "" || hib {
+		return // a hibernation's snapshot goes with the session (Close)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.opts.Snapshots.Delete(ctx, ms.Owner, snap); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+		m.log.Warn("delete the automatic snapshot of a closed session", "session", ms.ID(), "snapshot", snap, "err", err)
+	}
+}
+
+// markUsed notes a use of the session (its files or variables may
+// change): it is written again at the next automatic snapshot.
+func (m *Managed) markUsed() {
+	d := m.durable
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	d.uses++
+	first := d.usedAt.IsZero()
+	if first {
+		d.usedAt = time.Now()
+	}
+	d.mu.Unlock()
+	if first {
+		m.mgr.saveRecord(m)
+	}
+}
+
+// hibernated notes the snapshot ms hibernated to (its record names it;
+// the automatic one before it goes).
+func (m *Managed) hibernated(man *snapshot.Manifest) {
+	d := m.durable
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	old := d.snap
+	d.snap, d.at, d.hibernated, d.usedAt = man.ID, man.CreatedAt, true, time.Time{}
+	d.mu.Unlock()
+	m.mgr.saveRecord(m)
+	m.mgr.deleteSnapshot(m, old, man.ID)
+}
+
+// woke notes that ms woke: the snapshot it woke from stays its latest
+// (the wake left it in the store). A kept session is handed to the
+// keeper again (its new kernel is the keeper's child).
+func (m *Managed) woke(ctx context.Context, res *Restored) {
+	if d := m.durable; d != nil {
+		d.mu.Lock()
+		d.hibernated, d.usedAt = false, time.Time{}
+		d.mu.Unlock()
+		m.mgr.saveRecord(m)
+	}
+	if m.mgr.opts.Keeper != nil {
+		m.mgr.keep(ctx, m)
+	}
+}
+
+func (m *Manager) deleteSnapshot(ms *Managed, old, cur string) {
+	if old == "" || old == cur {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.opts.Snapshots.Delete(ctx, ms.Owner, old); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+		m.log.Warn("delete a replaced automatic snapshot", "session", ms.ID(), "snapshot", old, "err", err)
+	}
+}
+
+// autoSnapshotLoop writes the sessions used since their last snapshot,
+// until the manager closes.
+func (m *Manager) autoSnapshotLoop(every time.Duration) {
+	defer m.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	t := time.NewTicker(max(every/4, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.SnapshotChanged(ctx, every)
+	}
+}
+
+// SnapshotChanged writes an automatic snapshot of every session used
+// since its last one and not tried for every, and returns how many it
+// wrote. Sessions running a cell, paused or hibernated are skipped.
+func (m *Manager) SnapshotChanged(ctx context.Context, every time.Duration) int {
+	if m.opts.Snapshots == nil {
+		return 0
+	}
+	m.mu.Lock()
+	var due []*Managed
+	now := time.Now()
+	for _, ms := range m.sessions {
+		d := ms.durable
+		if ms.Session == nil || d == nil {
+			continue
+		}
+		d.mu.Lock()
+		ok := !d.usedAt.IsZero() && !d.hibernated && now.Sub(d.tried) >= every
+		d.mu.Unlock()
+		if ok && !ms.Session.paused.Load() && !ms.Session.hib.on.Load() {
+			due = append(due, ms)
+		}
+	}
+	m.mu.Unlock()
+	n := 0
+	for _, ms := range due {
+		if ctx.Err() != nil {
+			break
+		}
+		if m.autoSnapshot(ctx, ms) {
+			n++
+		}
+	}
+	return n
+}
+
+// autoSnapshot writes one automatic snapshot of ms, if its turn is free.
+func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
+	s, d, st := ms.Session, ms.durable, m.opts.Snapshots
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		return false // a cell runs: after it
+	}
+	d.mu.Lock()
+	uses := d.uses
+	start := time.Now()
+	d.tried = start
+	d.mu.Unlock()
+	var man *snapshot.Manifest
+	var err error
+	if s.paused.Load() || s.hib.on.Load() || s.Err() != nil {
+		// A dead kernel (restart required, or lost with its keeper):
+		// its last snapshot, variables and all, stays its latest.
+		err = ErrBusy
+	} else {
+		man, err = s.writeSnapshot(ctx, st, ms.Owner, autoSnapshotName, true)
+	}
+	s.release()
+	if err != nil {
+		if !errors.Is(err, ErrBusy) && ctx.Err() == nil {
+			m.log.Warn("automatic snapshot", "session", ms.ID(), "err", err)
+		}
+		return false
+	}
+	d.mu.Lock()
+	old := d.snap
+	d.snap, d.at = man.ID, man.CreatedAt
+	if d.uses == uses {
+		d.usedAt = time.Time{}
+	} else {
+		d.usedAt = start // used while it was written
+	}
+	gone := d.gone
+	d.mu.Unlock()
+	if gone {
+		m.deleteSnapshot(ms, man.ID, "")
+		return false
+	}
+	m.saveRecord(ms)
+	m.deleteSnapshot(ms, old, man.ID)
+	if m.opts.OnSnapshot != nil {
+		m.opts.OnSnapshot(ms.ID(), man.ID)
+	}
+	return true
+}
+
+// loadRecord reads session id's record, if it has one.
+func (m *Manager) loadRecord(id string) *durableRecord {
+	if m.opts.Records == "" || m.opts.Snapshots == nil {
+		return nil
+	}
+	b, err := os.ReadFile(m.recordPath(id))
+	if err != nil {
+		return nil
+	}
+	var rec durableRecord
+	if json.Unmarshal(b, &rec) != nil || rec.ID != id {
+		return nil
+	}
+	return &rec
+}
+
+// durableOf is the state of a session taken over from the keeper, from
+// its record (a new one if it had none).
+func (m *Manager) durableOf(id string) *durableState {
+	if m.opts.Records == "" || m.opts.Snapshots == nil {
+		return nil
+	}
+	d := &durableState{}
+	if rec := m.loadRecord(id); rec != nil {
+		d.snap, d.at, d.usedAt = rec.Snapshot, rec.SnapshotAt, rec.UsedAt
+	}
+	return d
+}
+
+// Restore brings back, asleep on their latest snapshots, the sessions
+// recorded in ManagerOptions.Records that this manager does not hold
+// (see above): a server's start calls it once its keeper's sessions are
+// taken over. It returns how many came back; those that could not are
+// in the error (their records stay, for a later start).
+func (m *Manager) Restore(ctx context.Context) (int, error) {
+	if m.opts.Records == "" || m.opts.Snapshots == nil {
+		return 0, nil
+	}
+	entries, err := os.ReadDir(m.opts.Records)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			if strings.HasSuffix(e.Name(), ".tmp") {
+				os.Remove(filepath.Join(m.opts.Records, e.Name()))
+			}
+			continue
+		}
+		m.mu.Lock()
+		_, held := m.sessions[id]
+		m.mu.Unlock()
+		if held {
+			continue // taken over from the keeper, alive
+		}
+		rec := m.loadRecord(id)
+		if rec == nil {
+			errs = append(errs, fmt.Errorf("restore session %s: its record is unreadable", id))
+			continue
+		}
+		if err := m.adopt(ctx, rec); err != nil {
+			errs = append(errs, fmt.Errorf("restore session %s: %w", id, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// adopt makes the session rec describes, asleep on its snapshot.
+func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
+	st := m.opts.Snapshots
+	var man *snapshot.Manifest
+	if rec.Snapshot != "" {
+		var err error
+		man, err = st.Get(ctx, rec.Owner, rec.Snapshot)
+		switch {
+		case errors.Is(err, snapshot.ErrNotFound):
+			man = nil
+		case err != nil:
+			return err
+		}
+	}
+	policy, err := rec.Egress.policy()
+	if err != nil {
+		return err
+	}
+	tmpl, err := m.useTemplate(ctx, rec.Template)
+	if err != nil {
+		return err
+	}
+	o := m.sessionOptions(rec.Limits, rec.Env, rec.Network, policy, rec.ExecTimeout)
+	o.Checkpoints = rec.Checkpoints
+	o.Template = tmpl
+	s, err := newAsleep(o, rec.ID)
+	if err != nil {
+		tmpl.release()
+		return err
+	}
+	h := &hibernating{store: st, owner: rec.Owner, m: man, keep: true}
+	switch {
+	case rec.Hibernated && man != nil:
+		// Hibernated before the server stopped: nothing was lost.
+	case man == nil:
+		h.from = "nothing: the session's processes were lost before its first snapshot"
+		h.lost = "everything (files and variables): it was lost before its first snapshot"
+	default:
+		h.from = "the automatic snapshot " + man.ID + " (the session's processes were lost)"
+		h.asOf = man.CreatedAt
+		if !rec.UsedAt.IsZero() {
+			h.lost = fmt.Sprintf("what was done in the session after %s (it was used from %s until its processes were lost)",
+				man.CreatedAt.UTC().Format(time.RFC3339), rec.UsedAt.UTC().Format(time.RFC3339))
+		}
+	}
+	s.hib.snap = h
+	s.hib.since = time.Now()
+	s.hib.on.Store(true)
+	now := time.Now()
+	snap := ""
+	if man != nil {
+		snap = man.ID
+	}
+	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
+		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: now,
+		durable: &durableState{snap: snap, at: rec.SnapshotAt, hibernated: true}}
+	if rec.UsedAt.IsZero() && man != nil {
+		ms.durable.at = man.CreatedAt
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		s.keepSnapshots.Store(true)
+		s.Close()
+		return ErrClosed
+	}
+	m.sessions[rec.ID] = ms
+	m.mu.Unlock()
+	m.log.Info("session restored from storage: it wakes at its first use", "session", rec.ID, "snapshot", snap, "hibernated", rec.Hibernated)
+	return nil
+}
+
+// newAsleep makes session id as New does, without a kernel (kernel.Gone):
+// a hibernated session's wake starts one.
+func newAsleep(o *Options, id string) (*Session, error) {
+	opts := *o
+	s := &Session{id: id, opts: opts, turn: make(chan struct{}, 1), done: make(chan struct{})}
+	s.log = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)).With("session", id)
+	l := opts.Limits.WithDefaults()
+	if err := l.DiskFits(); err != nil {
+		return nil, err
+	}
+	var q *jail.QuotaDir
+	var err error
+	if opts.Keeper != nil {
+		q, err = jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
+	} else {
+		q, err = jail.NewQuotaDir(l.Disk, l.Files)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.workspace, s.quota = q.Path, q
+	if opts.Egress != nil {
+		s.gate = egress.New(&egress.Options{Policy: *opts.Egress, LookupIP: opts.EgressLookup, Cache: opts.EgressCache, Logger: s.log})
+	}
+	s.launch = s.launcher()
+	s.k = kernel.Gone("the session is asleep: its next use restores it")
+	return s, nil
+}

@@ -1,0 +1,112 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// managedRun runs code through the manager's session (a use: Lease).
+func managedRun(t *testing.T, ms *Managed, code string) *kernel.Result {
+	t.Helper()
+	r, err := ms.Execute(context.Background(), kernel.Request{Code: code}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, r)
+	return r
+}
+
+// TestAutoSnapshotAndRestore: a session used since its last snapshot is
+// written again, incrementally (a 1 MB change of a 20 MB workspace
+// stores about 1 MB), replacing the automatic snapshot before; one not
+// used is not written. A manager that lets go of it (its processes lost)
+// leaves its record, and the next manager on the same records brings it
+// back on its id, asleep: its wake restores its files exactly and its
+// variables as of the snapshot, and says as of when and that what was
+// done after it is lost. Deleting it removes its record and snapshot.
+func TestAutoSnapshotAndRestore(t *testing.T) {
+	ctx := context.Background()
+	st, b, _ := snapshotStore(t, nil)
+	records := t.TempDir()
+	o := ManagerOptions{Snapshots: st, Records: records}
+	m := forkManager(t, o)
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managedRun(t, ms, "import os\nopen('/workspace/big.bin','wb').write(os.urandom(20<<20))\nv_a = {'k': 1}")
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written, want 1", n)
+	}
+	first, _ := st.List(ctx, "alice")
+	if len(first) != 1 || first[0].Name != autoSnapshotName || !first[0].Held || first[0].Session != ms.ID() {
+		t.Fatalf("snapshots after the first automatic one: %+v", first)
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 0 {
+		t.Errorf("a session not used since its snapshot was written again (%d)", n)
+	}
+	managedRun(t, ms, "open('/workspace/more.bin','wb').write(os.urandom(1<<20))\nv_b = [1, 2]")
+	before := b.put.Load()
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after a change, want 1", n)
+	}
+	wrote := b.put.Load() - before
+	t.Logf("second automatic snapshot after a 1 MiB change of a 21 MiB workspace: %d bytes written", wrote)
+	if wrote > 2<<20 {
+		t.Errorf("the second automatic snapshot wrote %d bytes after a 1 MiB change: want at most 2 MiB", wrote)
+	}
+	second, _ := st.List(ctx, "alice")
+	if len(second) != 1 || second[0].ID == first[0].ID {
+		t.Fatalf("snapshots after the second automatic one: %+v (the first one must be replaced)", second)
+	}
+	want := wsTree(t, ms.Workspace())
+	managedRun(t, ms, "v_c = 3") // after the snapshot: lost with the processes
+	m.Detach()                   // its processes go; its record stays
+
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(ctx); n != 1 || err != nil {
+		t.Fatalf("restore: %d, %v", n, err)
+	}
+	back, err := m2.Get("alice", ms.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.Hibernated() {
+		t.Errorf("a restored session is not asleep")
+	}
+	if _, err := m2.Get("bob", ms.ID()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob sees alice's restored session: %v", err)
+	}
+	res, err := back.Wake(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.AsOf.IsZero() || !strings.Contains(res.Lost, "after") || !slices.Contains(res.Variables, "v_b") {
+		t.Errorf("restored %+v: want as_of, what was lost and v_b", res)
+	}
+	if s := res.Summary(); !strings.Contains(s, "as of ") || !strings.Contains(s, "lost: ") {
+		t.Errorf("summary %q", s)
+	}
+	if d := treeDiff(want, wsTree(t, back.Workspace())); d != "" {
+		t.Fatalf("files differ from the snapshot's:\n%s", d)
+	}
+	if got := managedText(t, back, "v_a, v_b, 'v_c' in globals()"); got != "({'k': 1}, [1, 2], False)" {
+		t.Errorf("variables after the restore: %s", got)
+	}
+	if err := m2.Delete("alice", ms.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(records, ms.ID()+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted session's record is left: %v", err)
+	}
+	if left, _ := st.List(ctx, "alice"); len(left) != 0 {
+		t.Errorf("the deleted session's snapshots are left: %+v", left)
+	}
+}
