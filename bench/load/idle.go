@@ -48,6 +48,7 @@ type hostMemory struct {
 	goSys   uint64                      // memory the Go runtime holds from the OS
 	gorout  int
 	fds     int
+	fdKinds map[string]int // this process's open files by kind (pipe, socket, anon_inode:[pidfd], a path's first parts)
 }
 
 type procClassMemory struct {
@@ -87,8 +88,16 @@ func readHostMemory() hostMemory {
 		}
 		f.Close()
 	}
-	for _, p := range descendants() {
+	ds := descendants()
+	parents := map[int]bool{}
+	for _, p := range ds {
+		parents[p.ppid] = true
+	}
+	for _, p := range ds {
 		k := procKind(p)
+		if parents[p.pid] {
+			k += " (has children)" // a session's reaper, the template
+		}
 		c := m.procs[k]
 		if c == nil {
 			c = &procClassMemory{}
@@ -112,8 +121,23 @@ func readHostMemory() hostMemory {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	m.goHeap, m.goSys, m.gorout = ms.HeapInuse, ms.Sys, runtime.NumGoroutine()
+	m.fdKinds = map[string]int{}
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
 		m.fds = len(fds)
+		for _, fd := range fds {
+			l, err := os.Readlink("/proc/self/fd/" + fd.Name())
+			if err != nil {
+				continue
+			}
+			k, _, _ := strings.Cut(l, "[")
+			if strings.HasPrefix(l, "anon_inode:") {
+				k = l
+			} else if strings.HasPrefix(l, "/") {
+				parts := strings.SplitN(l, "/", 4)
+				k = strings.Join(parts[:min(len(parts), 3)], "/")
+			}
+			m.fdKinds[k]++
+		}
 	}
 	return m
 }
@@ -173,6 +197,11 @@ func smapsRollup(pid int) (uss, pss int64) {
 	return uss, pss
 }
 
+// idleTimeout bounds one create + import: on a shared machine under load
+// a create behind a thousand others can take long; a failure is a create
+// that fails, not a slow one.
+const idleTimeout = 3 * time.Minute
+
 // Idle holds cfg.Sessions idle pandas sessions, prints the host memory
 // each costs and its parts, deletes them and checks nothing is left.
 func Idle(ctx context.Context, cfg IdleConfig, w io.Writer) ([]string, error) {
@@ -215,7 +244,7 @@ func Idle(ctx context.Context, cfg IdleConfig, w io.Writer) ([]string, error) {
 	for range cfg.Creators {
 		wg.Go(func() {
 			for i := range next {
-				rctx, cancel := context.WithTimeout(ctx, reqTimeout)
+				rctx, cancel := context.WithTimeout(ctx, idleTimeout)
 				t0 := time.Now()
 				s, err := x.c.CreateSession(rctx, nil)
 				if err != nil {
@@ -359,4 +388,12 @@ func printMemory(w io.Writer, b, a hostMemory, n int) {
 	fmt.Fprintf(w, "  the Go host (this process): heap in use %.1f KiB, runtime from the OS %.1f KiB, goroutines %.1f, fds %.1f per session\n",
 		float64(int64(a.goHeap)-int64(b.goHeap))/float64(n)/1024, float64(int64(a.goSys)-int64(b.goSys))/float64(n)/1024,
 		float64(a.gorout-b.gorout)/float64(n), float64(a.fds-b.fds)/float64(n))
+	var fdParts []string
+	for k, v := range a.fdKinds {
+		if d := v - b.fdKinds[k]; d > n/10 {
+			fdParts = append(fdParts, fmt.Sprintf("%s %.2f", k, float64(d)/float64(n)))
+		}
+	}
+	slices.Sort(fdParts)
+	fmt.Fprintf(w, "  the host's open files per session, by kind: %s\n", strings.Join(fdParts, ", "))
 }
