@@ -112,6 +112,10 @@ type swapHost struct {
 	runs func(*runs.Options) (*runs.Service, store.History)
 	// pg is the cell's PostgreSQL (newFixture's).
 	pg *store.Postgres
+	// pool is the host's warm pool (--pool); zygote, if set, forks its
+	// kernels (from its next restart).
+	pool   int
+	zygote session.Zygote
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -132,7 +136,7 @@ func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions}
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote}
 	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
 	if sh.templates != nil {
 		mo.Templates, so.Templates = sh.templates, sh.templates

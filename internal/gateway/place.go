@@ -88,6 +88,11 @@ func (g *Gateway) place(kind string) http.Handler {
 		var last *http.Response
 		for {
 			cands := g.hosts.candidates(tried, tmpl)
+			if g.slotsOnly {
+				for i := range cands {
+					cands[i].ready = 0
+				}
+			}
 			g.rndMu.Lock()
 			i := choose(cands, g.rnd)
 			g.rndMu.Unlock()
