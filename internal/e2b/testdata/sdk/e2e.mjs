@@ -350,9 +350,11 @@ async function bench(n, code) {
 // ms apart and in a burst; the sandboxes are killed after, untimed.
 async function computesdk(n, burst) {
   const { Sandbox } = await import('e2b')
-  const one = async () => {
+  const creates = [] // Sandbox.create() alone, sequentially
+  const one = async (alone) => {
     const t0 = performance.now()
     const sbx = await Sandbox.create()
+    if (alone) creates.push(performance.now() - t0)
     try {
       const r = await sbx.commands.run('python3 -V')
       assert.match(r.stdout + r.stderr, /^Python 3\./)
@@ -375,12 +377,13 @@ async function computesdk(n, burst) {
   const seqFail = []
   for (let i = 0; i < n; i++) {
     try {
-      seq.push(await one())
+      seq.push(await one(true))
     } catch (e) {
       seqFail.push(String(e))
     }
   }
   out.push(stats('sequential', seq, seqFail))
+  out.push(stats('sequential, Sandbox.create() alone', creates, []))
   const staggered = []
   for (let i = 0; i < n; i++) {
     staggered.push(one())
