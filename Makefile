@@ -83,6 +83,9 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench GatewayExecute -benchtime 2000x ./internal/gateway
 	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
 	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench E2BComputeSDK -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench MCPBurst -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench GatewayBurst -benchtime 1x ./internal/gateway
 	$(GO) test -run '^$$' -bench Lessons -benchtime 1x ./internal/lessons
 	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x ./internal/snapshot
 	$(GO) test -run '^$$' -bench Egress -benchtime 5x ./internal/egress
@@ -96,7 +99,12 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench TemplateSession -benchtime 1x ./internal/template
 	$(GO) test -run '^$$' -bench TemplateBuildFromCache -benchtime 1x ./internal/template
 
-# Proof under load: 50 clients for 2 minutes, then leak checks.
+# Proof under load: 50 clients for 2 minutes, then leak checks; issue 26's
+# sustained creation (100/s offered for 30 s, --max-sessions 2000, the old
+# pipeline beside) and 2,000 idle pandas sessions (memory per session),
+# each with the same leak checks.
 load: deps gen
 	$(GO) run ./bench/load -duration 2m -clients 50
+	$(GO) run ./bench/load -mode sustain -duration 30s -max-sessions 2000
+	$(GO) run ./bench/load -mode idle -max-sessions 2000
 	SANDLOOP_SOAK_CYCLES=1000 $(GO) test -count=1 -timeout 3h -run '^TestHibernateSoak$$' ./internal/session

@@ -252,6 +252,11 @@ type Health struct {
 	Sessions int `json:"sessions"`
 	// PoolReady is how many started kernels wait in the warm pool.
 	PoolReady int `json:"pool_ready"`
+	// Starting is how many creates are under way (in line for a pooled
+	// kernel or starting one); each holds one of MaxSessions' slots.
+	Starting int `json:"starting"`
+	// MaxSessions is the server's cap on sessions held at once.
+	MaxSessions int `json:"max_sessions"`
 }
 
 // Health returns the server's health and gauges.

@@ -94,7 +94,8 @@ func takeSnapshot() snapshot {
 	return s
 }
 
-// sampler records, while the load runs, the cgroups our jails live in.
+// sampler records, while the load runs, the cgroups our jails and the
+// sessions forked from the zygote live in.
 type sampler struct {
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -110,13 +111,16 @@ func startSampler() *sampler {
 		defer s.wg.Done()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
+		read := map[int]bool{} // pids whose groups were read: a forked session's process stays in its group
 		for {
 			n := 0
 			for _, p := range descendants() {
-				if !isJailInit(p) {
+				if isJailInit(p) {
+					n++
+				} else if read[p.pid] {
 					continue
 				}
-				n++
+				read[p.pid] = true
 				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid))
 				for _, line := range strings.Split(string(b), "\n") {
 					if i := strings.LastIndex(line, "/sandloop-"); i >= 0 {

@@ -96,6 +96,9 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringArrayVar(&c.AllowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
 	f.IntVar(&c.PoolSize, "pool", 2, "sandboxes kept started ahead (0 = none)")
 	f.IntVar(&c.MaxSessions, "max-sessions", 64, "sessions held at once")
+	// The pipeline before issue 26, for benchmarks' baselines only.
+	f.BoolVar(&c.OldPipeline, "old-pipeline", false, "")
+	_ = f.MarkHidden("old-pipeline")
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
 	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
 	f.DurationVar(&c.IdleHibernate, "idle-hibernate", 0, "hibernate a session idle (or paused) this long: its files and variables go to the snapshot store, its processes and workspace are freed, and the next request restores it on the same id (0 = never)")

@@ -109,7 +109,10 @@ type Gateway struct {
 	listenOK atomic.Bool
 	rndMu    sync.Mutex
 	rnd      *rand.Rand
-	metrics  http.Handler
+	// slotsOnly places by free slots alone, as before issue 26: the
+	// baseline of BenchmarkGatewayBurst.
+	slotsOnly bool
+	metrics   http.Handler
 	// restoreMu serializes this gateway's restores of lost sessions
 	// (restore.go), so requests racing for one make one new session;
 	// gateways racing are settled by Cluster.SetRestoredAs.

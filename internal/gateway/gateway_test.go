@@ -32,27 +32,41 @@ func TestChoose(t *testing.T) {
 	if i := choose(nil, rnd); i != -1 {
 		t.Errorf("no candidates: %d", i)
 	}
-	if i := choose([]candidate{{"a", 0}, {"b", -1}}, rnd); i != -1 {
+	if i := choose([]candidate{{name: "a", free: 0}, {name: "b", free: -1}}, rnd); i != -1 {
 		t.Errorf("all full: %d", i)
 	}
-	if i := choose([]candidate{{"a", 0}, {"b", 3}}, rnd); i != 1 {
+	if i := choose([]candidate{{name: "a", free: 0}, {name: "b", free: 3}}, rnd); i != 1 {
 		t.Errorf("one open: %d", i)
 	}
 	// Of two, the freer always wins.
 	for range 100 {
-		if i := choose([]candidate{{"a", 1}, {"b", 5}}, rnd); i != 1 {
+		if i := choose([]candidate{{name: "a", free: 1}, {name: "b", free: 5}}, rnd); i != 1 {
 			t.Fatalf("picked the fuller host")
 		}
 	}
 	// Of many, the fullest open host is never picked (it loses every
 	// pair), and the freest is picked most often.
 	counts := make([]int, 4)
-	cands := []candidate{{"a", 1}, {"b", 10}, {"c", 5}, {"d", 0}}
+	cands := []candidate{{name: "a", free: 1}, {name: "b", free: 10}, {name: "c", free: 5}, {name: "d", free: 0}}
 	for range 3000 {
 		counts[choose(cands, rnd)]++
 	}
 	if counts[0] != 0 || counts[3] != 0 || counts[1] <= counts[2] {
 		t.Errorf("counts = %v", counts)
+	}
+	// Kernels ready come before free slots: of two, the one with more
+	// ready wins even with fewer free slots; a full host is never picked
+	// for its ready kernels.
+	for range 100 {
+		if i := choose([]candidate{{name: "a", free: 50, ready: 0}, {name: "b", free: 2, ready: 1}}, rnd); i != 1 {
+			t.Fatalf("picked the host with no kernel ready")
+		}
+		if i := choose([]candidate{{name: "a", free: 50, ready: -3}, {name: "b", free: 40, ready: 0}}, rnd); i != 0 {
+			t.Fatalf("a negative estimate of ready kernels counted below none")
+		}
+		if i := choose([]candidate{{name: "a", free: 0, ready: 5}, {name: "b", free: 1, ready: 0}}, rnd); i != 1 {
+			t.Fatalf("picked a full host")
+		}
 	}
 }
 
@@ -98,6 +112,10 @@ type swapHost struct {
 	runs func(*runs.Options) (*runs.Service, store.History)
 	// pg is the cell's PostgreSQL (newFixture's).
 	pg *store.Postgres
+	// pool is the host's warm pool (--pool); zygote, if set, forks its
+	// kernels (from its next restart).
+	pool   int
+	zygote session.Zygote
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -118,7 +136,7 @@ func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions}
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote}
 	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
 	if sh.templates != nil {
 		mo.Templates, so.Templates = sh.templates, sh.templates

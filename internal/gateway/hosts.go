@@ -27,6 +27,7 @@ type host struct {
 	draining  bool
 	slots     int
 	used      int
+	pool      int // kernels started ahead (pool_ready), at the last health answer
 	placed    int // sessions this gateway placed since the last health answer
 	lastOK    time.Time
 	firstBad  time.Time // when it stopped answering (zero while it answers)
@@ -117,7 +118,7 @@ func (hs *hosts) candidates(exclude map[string]bool, template string) []candidat
 	var out []candidate
 	for _, h := range hs.m {
 		if h.ready() && !exclude[h.name] && (template == "" || h.hasTemplate(template)) {
-			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed})
+			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed, ready: h.pool - h.placed})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
@@ -247,7 +248,8 @@ func (hs *hosts) check(ctx context.Context, h *host) {
 	changed := h.epoch != health.Epoch
 	wasFenced := h.fenced
 	h.epoch, h.reachable, h.draining = health.Epoch, true, health.Draining || health.Status != "ok"
-	h.slots, h.used, h.placed = health.MaxSessions, health.Sessions-health.Paused, 0 // paused sessions take no slot
+	// Paused sessions take no slot; creates under way hold one.
+	h.slots, h.used, h.pool, h.placed = health.MaxSessions, health.Sessions-health.Paused+health.Starting, health.PoolReady, 0
 	h.templates = health.Templates
 	h.lastOK, h.firstBad, h.fenced = now, time.Time{}, false
 	rec := store.HostRecord{Name: h.name, URL: u.String(), Epoch: h.epoch, Ready: h.ready(), Slots: h.slots, Used: h.used, SeenAt: now}

@@ -17,14 +17,20 @@ import (
 // candidate is a host that could take a new session.
 type candidate struct {
 	name string
-	free int // slots left, as last reported plus this gateway's placements since
+	free int // slots left, as last reported less this gateway's placements since
+	// ready is the kernels the host had started ahead (its warm pool, as
+	// last reported) less this gateway's placements since: a session
+	// placed there is served at once, elsewhere it waits for a fork.
+	ready int
 }
 
-// choose picks the better of two randomly chosen candidates by free slots
-// ("the power of two choices": load stays near even without every
-// gateway agreeing on one global view, and no herd piles onto the single
-// emptiest host after each health round). It returns -1 if none has a
-// free slot.
+// choose picks the better of two randomly chosen candidates: the one
+// with more kernels ready, then the one with more free slots ("the power
+// of two choices": load stays near even without every gateway agreeing
+// on one global view, and no herd piles onto the single emptiest host
+// after each health round). So a burst goes first to the hosts' ready
+// kernels, spread by how many each has, then by free slots. It returns
+// -1 if none has a free slot.
 func choose(cands []candidate, rnd *rand.Rand) int {
 	var open []int
 	for i, c := range cands {
@@ -44,7 +50,8 @@ func choose(cands []candidate, rnd *rand.Rand) int {
 		b++
 	}
 	ia, ib := open[a], open[b]
-	if cands[ib].free > cands[ia].free {
+	ra, rb := max(cands[ia].ready, 0), max(cands[ib].ready, 0)
+	if rb > ra || rb == ra && cands[ib].free > cands[ia].free {
 		return ib
 	}
 	return ia
@@ -81,6 +88,11 @@ func (g *Gateway) place(kind string) http.Handler {
 		var last *http.Response
 		for {
 			cands := g.hosts.candidates(tried, tmpl)
+			if g.slotsOnly {
+				for i := range cands {
+					cands[i].ready = 0
+				}
+			}
 			g.rndMu.Lock()
 			i := choose(cands, g.rnd)
 			g.rndMu.Unlock()

@@ -434,7 +434,7 @@ func OwnerOf(token string) string {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
+	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady, Starting: st.Starting,
 		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()}
 	// The templates are told to the cell's gateways only (the probe is
 	// public): they place a session that names one on a host that has it.
@@ -455,8 +455,11 @@ type Health struct {
 	Status   string `json:"status"`
 	Sessions int    `json:"sessions"`
 	// Paused of them take no slot: free slots are MaxSessions - (Sessions - Paused).
-	Paused      int    `json:"paused"`
-	PoolReady   int    `json:"pool_ready"`
+	Paused    int `json:"paused"`
+	PoolReady int `json:"pool_ready"`
+	// Starting are creates under way (in line for a pooled kernel or
+	// starting one); each holds a slot.
+	Starting    int    `json:"starting"`
 	MaxSessions int    `json:"max_sessions"`
 	Epoch       string `json:"epoch,omitempty"`
 	Draining    bool   `json:"draining"`

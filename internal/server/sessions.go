@@ -178,6 +178,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if r.Context().Err() != nil {
+		// The client gave up while the session started: nobody knows its
+		// id, so it would hold a slot until --idle-timeout.
+		s.opts.Manager.Delete(opts.Owner, ms.ID())
+		return
+	}
 	s.metrics.created.Inc()
 	if req.Snapshot != "" {
 		sayRestored(w, ms.Restored())

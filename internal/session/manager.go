@@ -661,10 +661,12 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
 	var pooled *Session
+	var servedAt time.Time
 	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0
 	if poolable && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
+		servedAt = time.Now() // under m.mu, as a waiter's: Created orders all handouts
 	}
 	var waiter *poolWaiter
 	if !m.opts.FixedPool && poolable {
@@ -674,7 +676,6 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		}
 	}
 	m.mu.Unlock()
-	var servedAt time.Time
 	switch {
 	case waiter != nil:
 		if pooled, servedAt, err = m.awaitPooled(ctx, waiter); err != nil {
@@ -727,9 +728,13 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		s.Close()
 		return nil, ErrClosed
 	}
-	// A create that waited in line is created when it was served, so
-	// Created orders them as they were served.
-	now := cmp.Or(servedAt, time.Now())
+	// A session from the pool is created when it was handed its kernel
+	// (under m.mu, at once or after waiting in line), so Created orders
+	// them as they were served.
+	now := time.Now()
+	if s == pooled && !servedAt.IsZero() {
+		now = servedAt
+	}
 	ms := &Managed{Session: s, Owner: opts.Owner, Created: now, Limits: limits, Network: opts.Network, Egress: opts.Egress,
 		ExecTimeout: execTimeout, FromPool: pooled != nil && s == pooled, PortAccess: opts.PortAccess, Template: opts.Template, mgr: m, lastUsed: now}
 	if m.opts.Records != "" && m.opts.Snapshots != nil {
@@ -844,6 +849,9 @@ type Stats struct {
 	// Hibernated are the hibernated ones: on storage only, no slot.
 	Hibernated int
 	PoolReady  int
+	// Starting are creates under way (in line for a pooled kernel or
+	// starting one): each holds a slot.
+	Starting int
 	// MaxSessions is the cap on running sessions (ManagerOptions.MaxSessions).
 	MaxSessions int
 }
@@ -856,13 +864,15 @@ func (st Stats) Busy() int { return st.Sessions - st.Paused - st.Hibernated }
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
+	n, starting := 0, 0
 	for _, ms := range m.sessions {
 		if ms.Session != nil {
 			n++
+		} else {
+			starting++
 		}
 	}
-	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool), MaxSessions: m.opts.MaxSessions}
+	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool), Starting: starting, MaxSessions: m.opts.MaxSessions}
 }
 
 // pausedLocked counts the paused sessions held (m.mu held).

@@ -19,6 +19,9 @@
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
+//   node e2e.mjs computesdk N BURST  ComputeSDK's method: Sandbox.create() (e2b) + a first command
+//                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once;
+//                                prints median/p95/p99 ms and failures of each, one JSON line
 //
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
@@ -341,6 +344,56 @@ async function bench(n, code) {
   console.log(JSON.stringify({ sdk_ms: median(sdk), native_ms: median(native), runs: n, pool: full }))
 }
 
+// computesdk measures as the public ComputeSDK benchmark does: the time
+// from Sandbox.create() to the first command's answer (it runs `node -v`;
+// here `python3 -V`, which every sandbox has), sequentially, staggered 200
+// ms apart and in a burst; the sandboxes are killed after, untimed.
+async function computesdk(n, burst) {
+  const { Sandbox } = await import('e2b')
+  const creates = [] // Sandbox.create() alone, sequentially
+  const one = async (alone) => {
+    const t0 = performance.now()
+    const sbx = await Sandbox.create()
+    if (alone) creates.push(performance.now() - t0)
+    try {
+      const r = await sbx.commands.run('python3 -V')
+      assert.match(r.stdout + r.stderr, /^Python 3\./)
+      return performance.now() - t0
+    } finally {
+      await sbx.kill()
+    }
+  }
+  const stats = (name, times, failures) => {
+    const s = [...times].sort((x, y) => x - y)
+    const at = (p) => (s.length ? s[Math.min(s.length - 1, Math.ceil((s.length * p) / 100) - 1)] : null)
+    return { name, n: s.length, failures: failures.length, first_error: failures[0], median_ms: at(50), p95_ms: at(95), p99_ms: at(99) }
+  }
+  const settled = async (promises) => {
+    const rs = await Promise.allSettled(promises)
+    return [rs.filter((r) => r.status === 'fulfilled').map((r) => r.value), rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))]
+  }
+  const out = []
+  const seq = []
+  const seqFail = []
+  for (let i = 0; i < n; i++) {
+    try {
+      seq.push(await one(true))
+    } catch (e) {
+      seqFail.push(String(e))
+    }
+  }
+  out.push(stats('sequential', seq, seqFail))
+  out.push(stats('sequential, Sandbox.create() alone', creates, []))
+  const staggered = []
+  for (let i = 0; i < n; i++) {
+    staggered.push(one())
+    await new Promise((r) => setTimeout(r, 200))
+  }
+  out.push(stats('staggered', ...(await settled(staggered))))
+  out.push(stats('burst', ...(await settled(Array.from({ length: burst }, () => one())))))
+  console.log(JSON.stringify(out))
+}
+
 // stdin drives commands started with `stdin: true`, which hold a pipe the
 // client never closes: their ends and kills must be reported at once, and
 // killing or timing out a sandbox that holds one must not wait on it.
@@ -610,8 +663,11 @@ switch (mode) {
   case 'bench':
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
+  case 'computesdk':
+    await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
+    break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|computesdk N BURST')
     process.exit(2)
 }
 console.log('done')
