@@ -35,7 +35,7 @@ func (s *Store) readBlob(ctx context.Context, id string, c Chunk, of string) ([]
 		}
 		return nil, err
 	}
-	b, err := s.dec.DecodeAll(z, make([]byte, 0, c.Size))
+	b, err := s.decodeBlob(z, c.Size)
 	if err != nil {
 		return nil, bad("a blob cannot be decompressed: " + err.Error())
 	}

@@ -7,9 +7,9 @@
 //
 // A snapshot is a manifest and blobs. Every file and the kernel's state
 // stream are cut into content-defined chunks (128 KiB to 2 MiB, ~640 KiB
-// on average, chunk.go); each chunk is one blob, compressed with zstd and
-// stored under its address, the SHA-256 of its uncompressed bytes
-// (blobs/ab/abcd…). A chunk already stored, by this snapshot or any
+// on average, chunk.go); each chunk is one blob, compressed with zstd (or
+// stored as is when zstd would not make it smaller: blob.go) under its
+// address, the SHA-256 of its uncompressed bytes (blobs/ab/abcd…). A chunk already stored, by this snapshot or any
 // other, of any owner, is not stored again: the 50th snapshot of a mostly
 // unchanged workspace writes only the chunks around the changes. The
 // manifest (manifests/<owner key>/<id>.json: JSON after a line holding
@@ -89,6 +89,7 @@ import (
 	"log/slog"
 	"path"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -289,11 +290,15 @@ func New(b Backend, o *Options) (*Store, error) {
 	if opts.Quota < 0 || opts.MaxAge < 0 || opts.MaxPerSession < 0 {
 		return nil, &ArgumentError{"snapshot options", errors.New("quota, max age and max per session must not be negative")}
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	// One encoder per core: EncodeAll waits for a free one, so a single
+	// encoder made the workers compress one chunk at a time. No frame
+	// checksums, written or checked: every blob is verified against its
+	// SHA-256 address, which the frame's xxhash would only repeat.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)), zstd.WithEncoderCRC(false))
 	if err != nil {
 		return nil, err
 	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxChunk+1<<20))
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxChunk+1<<20), zstd.IgnoreChecksum(true))
 	if err != nil {
 		return nil, err
 	}
@@ -595,8 +600,8 @@ type writer struct {
 }
 
 type job struct {
-	data []byte
-	out  *Chunk
+	buf []byte // rawHead bytes of room, then the chunk
+	out *Chunk
 }
 
 func (w *writer) loadUsage(owner string) error {
@@ -666,11 +671,12 @@ func (w *writer) stream(r io.Reader, what string) (int64, []*Chunk, error) {
 		if err != nil {
 			return n, nil, fmt.Errorf("read %s: %w", what, err)
 		}
-		n += int64(len(b))
-		out := &Chunk{Size: int64(len(b))}
+		size := int64(len(b) - rawHead)
+		n += size
+		out := &Chunk{Size: size}
 		outs = append(outs, out)
 		select {
-		case w.jobs <- job{data: b, out: out}:
+		case w.jobs <- job{buf: b, out: out}:
 		case <-w.ctx.Done():
 			return n, nil, context.Cause(w.ctx)
 		}
@@ -679,7 +685,7 @@ func (w *writer) stream(r io.Reader, what string) (int64, []*Chunk, error) {
 
 // store hashes one chunk and stores it unless it is stored already.
 func (w *writer) store(j job) error {
-	sum := sha256.Sum256(j.data)
+	sum := sha256.Sum256(j.buf[rawHead:])
 	hash := hex.EncodeToString(sum[:])
 	j.out.Hash = hash
 	w.mu.Lock()
@@ -699,7 +705,7 @@ func (w *writer) store(j job) error {
 	case err == nil:
 		stored = info.Size
 	case errors.Is(err, fs.ErrNotExist):
-		fresh = w.s.enc.EncodeAll(j.data, make([]byte, 0, len(j.data)/2))
+		fresh = w.s.encodeBlob(j.buf)
 		stored = int64(len(fresh))
 		err = nil
 	default:

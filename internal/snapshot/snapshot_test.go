@@ -858,6 +858,7 @@ func TestChunkerCuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		b = b[rawHead:]
 		all = append(all, b...)
 		sizes = append(sizes, len(b))
 	}
