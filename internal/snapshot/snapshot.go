@@ -31,7 +31,8 @@
 //     *CorruptError naming the snapshot, the object and the file it
 //     belongs to. Restore builds the files in a staging directory of the
 //     destination and moves them into place only when every one of them
-//     was verified and written: never half-restored. The state stream is
+//     was verified and written: never half-restored. A restore reads its
+//     blobs ahead of their use (Options.ReadAhead), Workers at once. The state stream is
 //     handed out chunk by chunk, each verified before any of its bytes is
 //     (a consumer that fails on a corrupt stream must discard what it
 //     loaded; the session layer loads it into a new kernel).
@@ -261,6 +262,10 @@ type Options struct {
 	LockTTL time.Duration
 	// Workers writing or reading blobs at once. If zero, 4.
 	Workers int
+	// ReadAhead bounds the bytes a restore reads (and verifies) ahead of
+	// their use: while a new session starts, a file is written, the
+	// kernel loads the variables. If zero, 16 MiB.
+	ReadAhead int64
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -283,6 +288,9 @@ func New(b Backend, o *Options) (*Store, error) {
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 4
+	}
+	if opts.ReadAhead <= 0 {
+		opts.ReadAhead = 16 << 20
 	}
 	if opts.HeldMaxAge == 0 {
 		opts.HeldMaxAge = 7 * 24 * time.Hour
