@@ -149,3 +149,80 @@ func TestReadingReadsAhead(t *testing.T) {
 	}
 	b.Put(ctx, fk, fo)
 }
+
+// TestWriteStateAndFilesStopEachOther: the kernel's state streams while
+// the files are walked; a file that fails stops the state's stream (its
+// StateFunc sees its context end), a state that fails stops the walk, and
+// neither leaves a snapshot.
+func TestWriteStateAndFilesStopEachOther(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, b, nil)
+	w, dir := newWorkspace(t)
+	files50(t, dir)
+
+	// A state that streams until it is stopped, and a file that fails.
+	stopped := make(chan error, 1)
+	endless := func(ctx context.Context, w io.Writer) (any, error) {
+		buf := randBytes(80, 1<<20)
+		for {
+			if _, err := w.Write(buf); err != nil {
+				stopped <- ctx.Err()
+				return nil, err
+			}
+		}
+	}
+	_, err = s.Write(ctx, "o", &failingSource{Source: WorkspaceSource(w), n: 5}, &WriteOptions{State: endless})
+	if err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("write with a failing file and an endless state: %v", err)
+	}
+	if e := <-stopped; e == nil {
+		t.Fatal("the state's stream stopped but its context was not done")
+	}
+
+	// A state that fails: the walk stops (the first file's Open waits for
+	// the Write's context to end, which only the state's failure ends).
+	src := &waitingSource{Source: WorkspaceSource(w)}
+	failing := func(ctx context.Context, w io.Writer) (any, error) {
+		w.Write(randBytes(81, 3<<20))
+		return nil, errors.New("the kernel died (injected)")
+	}
+	_, err = s.Write(ctx, "o", src, &WriteOptions{State: failing})
+	if err == nil || !strings.Contains(err.Error(), "kernel's state") || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("write with a failing state: %v", err)
+	}
+	if src.opened != 1 || !src.ended {
+		t.Fatalf("the walk opened %d files (its context ended: %v)", src.opened, src.ended)
+	}
+	if ls := mustList(t, s, "o"); len(ls) != 0 {
+		t.Fatalf("%d snapshots after failed writes", len(ls))
+	}
+}
+
+// waitingSource's first Open waits for the walk's context to end (for a
+// minute at most), and counts the files opened.
+type waitingSource struct {
+	Source
+	ctx    context.Context
+	opened int
+	ended  bool
+}
+
+func (w *waitingSource) Walk(ctx context.Context, fn func(Entry) error) error {
+	w.ctx = ctx
+	return w.Source.Walk(ctx, fn)
+}
+
+func (w *waitingSource) Open(p string) (io.ReadCloser, error) {
+	if w.opened++; w.opened == 1 {
+		select {
+		case <-w.ctx.Done():
+			w.ended = true
+		case <-time.After(time.Minute):
+		}
+	}
+	return w.Source.Open(p)
+}

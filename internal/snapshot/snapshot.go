@@ -475,6 +475,41 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	w.start()
 
 	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, Name: wo.Name, Held: wo.Held, Template: wo.Template, CreatedAt: time.Now().UTC()}
+	// The kernel's state streams while the files are walked (the source
+	// holds still for both: the session's turn is held).
+	var (
+		stateChunks []*Chunk
+		stateErr    error
+		stateDone   chan struct{}
+	)
+	if wo.State != nil {
+		st := &State{}
+		m.State = st
+		stateDone = make(chan struct{})
+		go func() {
+			defer close(stateDone)
+			pr, pw := io.Pipe()
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				st.Size, stateChunks, err = w.stream(pr, "kernel state")
+				pr.CloseWithError(cmp.Or(err, io.ErrClosedPipe)) // a StateFunc still writing stops
+				done <- err
+			}()
+			man, err := wo.State(ctx, pw)
+			pw.CloseWithError(cmp.Or(err, io.EOF))
+			if serr := <-done; err == nil {
+				err = serr
+			}
+			if err == nil {
+				st.Manifest, err = json.Marshal(man)
+			}
+			if err != nil {
+				stateErr = err
+				cancel(fmt.Errorf("snapshot of the kernel's state: %w", err)) // the walk stops
+			}
+		}()
+	}
 	var chunks [][]*Chunk // of m.Files[i]
 	walkErr := src.Walk(ctx, func(e Entry) error {
 		if err := context.Cause(ctx); err != nil {
@@ -513,29 +548,14 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 		chunks = append(chunks, cs)
 		return nil
 	})
-	var stateChunks []*Chunk
-	if walkErr == nil && wo.State != nil {
-		st := &State{}
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			var err error
-			st.Size, stateChunks, err = w.stream(pr, "kernel state")
-			pr.CloseWithError(cmp.Or(err, io.ErrClosedPipe)) // a StateFunc still writing stops
-			done <- err
-		}()
-		man, err := wo.State(ctx, pw)
-		pw.CloseWithError(cmp.Or(err, io.EOF))
-		if serr := <-done; err == nil {
-			err = serr
+	if walkErr != nil {
+		cancel(walkErr) // the state's stream stops
+	}
+	if stateDone != nil {
+		<-stateDone
+		if walkErr == nil && stateErr != nil {
+			walkErr = fmt.Errorf("snapshot of the kernel's state: %w", stateErr)
 		}
-		if err == nil {
-			st.Manifest, err = json.Marshal(man)
-		}
-		if err != nil {
-			walkErr = fmt.Errorf("snapshot of the kernel's state: %w", err)
-		}
-		m.State = st
 	}
 	// The storage's own error (a quota exceeded, a failed PUT) is the
 	// cause: the source's is then only the cancellation it led to.
