@@ -584,14 +584,20 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	var rd *snapshot.Reading
 	if opts.Snapshot != "" {
 		// Its blobs are read (and verified) while the session starts.
+		t0 := time.Now()
 		if rd, err = m.openSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
 			return nil, err
 		}
 		defer rd.Close()
+		snapshotStage("open", t0)
 	}
+	t0 := time.Now()
 	ms, err := m.create(ctx, opts)
 	if err != nil {
 		return nil, err
+	}
+	if rd != nil {
+		snapshotStage("create", t0)
 	}
 	if rd != nil {
 		if err := m.fromSnapshot(ctx, ms, rd); err != nil {
