@@ -131,6 +131,15 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
+	// The snapshot's blobs are read (and verified) while the kernel starts.
+	var rd *snapshot.Reading
+	if h.m != nil {
+		var err error
+		if rd, err = h.store.Open(ctx, h.owner, h.m.ID); err != nil {
+			return nil, s.wakeErr(h, err)
+		}
+		defer rd.Close()
+	}
 	k, err := s.start(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("wake session %s: %w", s.id, err)
@@ -144,8 +153,8 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	s.k = k
 	s.mu.Unlock()
 	var res *Restored
-	if h.m != nil {
-		res, err = s.loadSnapshot(ctx, h.store, h.owner, h.m.ID, cmp.Or(h.from, "hibernation"))
+	if rd != nil {
+		res, err = s.loadSnapshot(ctx, rd, cmp.Or(h.from, "hibernation"))
 	} else {
 		res = &Restored{From: h.from}
 	}
@@ -154,11 +163,7 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 		if cerr := s.clearWorkspace(); cerr != nil {
 			s.log.Warn("wake failed: empty the workspace", "err", cerr)
 		}
-		var ce *snapshot.CorruptError
-		if errors.As(err, &ce) {
-			return nil, fmt.Errorf("session %s cannot wake: %w", s.id, err)
-		}
-		return nil, fmt.Errorf("wake session %s from snapshot %s: %w", s.id, h.m.ID, err)
+		return nil, s.wakeErr(h, err)
 	}
 	s.hib.snap = nil
 	s.hib.on.Store(false)
@@ -179,6 +184,14 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	}
 	s.log.Info("session woke", "snapshot", h.m.ID, "variables", len(res.Variables), "not_restored", len(res.NotRestored))
 	return res, nil
+}
+
+func (s *Session) wakeErr(h *hibernating, err error) error {
+	var ce *snapshot.CorruptError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("session %s cannot wake: %w", s.id, err)
+	}
+	return fmt.Errorf("wake session %s from snapshot %s: %w", s.id, h.m.ID, err)
 }
 
 // dropHibernation deletes the held snapshot of a session being closed.

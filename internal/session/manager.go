@@ -601,17 +601,26 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	case NoTemplate:
 		opts.Template = ""
 	}
+	var rd *snapshot.Reading
 	if opts.Snapshot != "" {
-		if err := m.checkSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
+		// Its blobs are read (and verified) while the session starts.
+		t0 := time.Now()
+		if rd, err = m.openSnapshot(ctx, opts.Owner, opts.Snapshot); err != nil {
 			return nil, err
 		}
+		defer rd.Close()
+		snapshotStage("open", t0)
 	}
+	t0 := time.Now()
 	ms, err := m.create(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Snapshot != "" {
-		if err := m.fromSnapshot(ctx, ms, opts.Snapshot); err != nil {
+	if rd != nil {
+		snapshotStage("create", t0)
+	}
+	if rd != nil {
+		if err := m.fromSnapshot(ctx, ms, rd); err != nil {
 			ms.Close()
 			return nil, err
 		}

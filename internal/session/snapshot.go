@@ -91,12 +91,13 @@ func (s *Session) writeSnapshot(ctx context.Context, st *snapshot.Store, owner, 
 	return man, nil
 }
 
-// loadSnapshot puts owner's snapshot id into the session: its files into
+// loadSnapshot puts the snapshot rd reads into the session: its files into
 // the workspace (replacing entries of the same names), then its variables
-// into the kernel. The caller holds the turn (or the session is not yet
-// anyone's). On an error the session may hold part of it: callers discard
-// the session (a new one) or clear it again (a wake).
-func (s *Session) loadSnapshot(ctx context.Context, st *snapshot.Store, owner, id, from string) (*Restored, error) {
+// into the kernel, their blobs read ahead meanwhile. The caller holds the
+// turn (or the session is not yet anyone's). On an error the session may
+// hold part of it: callers discard the session (a new one) or clear it
+// again (a wake).
+func (s *Session) loadSnapshot(ctx context.Context, rd *snapshot.Reading, from string) (*Restored, error) {
 	k, err := s.kernel()
 	if err != nil {
 		return nil, err
@@ -106,25 +107,26 @@ func (s *Session) loadSnapshot(ctx context.Context, st *snapshot.Store, owner, i
 	if err != nil {
 		return nil, err
 	}
-	man, fr, err := st.Restore(ctx, owner, id, ws)
+	man := rd.Manifest()
+	t0 := time.Now()
+	fr, err := rd.Restore(ctx, ws)
 	ws.Close()
+	snapshotStage("load-files", t0)
 	if err != nil {
 		return nil, err
 	}
 	res := &Restored{From: from, Files: fr.Files, Snapshot: man.ID}
-	rc, _, err := st.OpenState(ctx, owner, id)
-	if err != nil {
-		return nil, err
-	}
-	if rc != nil {
+	if rc := rd.State(); rc != nil {
 		r := &errReader{r: rc}
+		t0 = time.Now()
 		imported, err := kc.ImportState(ctx, r)
 		rc.Close()
+		snapshotStage("load-state", t0)
 		if r.err != nil && !errors.Is(r.err, io.EOF) {
 			return nil, r.err // a corrupt chunk: say so, not what the kernel made of it
 		}
 		if err != nil {
-			return nil, s.kernelErr("import the variables of "+id, err)
+			return nil, s.kernelErr("import the variables of "+man.ID, err)
 		}
 		res.Variables, res.ExecutionCount = imported.Variables, imported.ExecutionCount
 		said := map[string]bool{}
@@ -144,6 +146,18 @@ func (s *Session) loadSnapshot(ctx context.Context, st *snapshot.Store, owner, i
 	return &out, nil
 }
 
+// snapshotStageHook, if set (by benchmarks), is told how long each stage
+// of a restore took: "open" (the manifest read, the reading started),
+// "create" (the new session), "load-files", "load-state" (the kernel's
+// import, reading the state as it goes).
+var snapshotStageHook func(stage string, d time.Duration)
+
+func snapshotStage(stage string, since time.Time) {
+	if h := snapshotStageHook; h != nil {
+		h(stage, time.Since(since))
+	}
+}
+
 // errReader keeps the first error of r other than io.EOF.
 type errReader struct {
 	r   io.Reader
@@ -158,25 +172,27 @@ func (e *errReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// fromSnapshot loads snapshot id into ms, a session Create just made.
-func (m *Manager) fromSnapshot(ctx context.Context, ms *Managed, id string) error {
+// fromSnapshot loads the snapshot rd reads into ms, a session Create
+// just made.
+func (m *Manager) fromSnapshot(ctx context.Context, ms *Managed, rd *snapshot.Reading) error {
 	defer ms.Lease()()
 	if err := ms.Session.acquireRunning(ctx); err != nil {
 		return err
 	}
 	defer ms.Session.release()
-	_, err := ms.Session.loadSnapshot(ctx, m.opts.Snapshots, ms.Owner, id, "snapshot "+id)
+	id := rd.Manifest().ID
+	_, err := ms.Session.loadSnapshot(ctx, rd, "snapshot "+id)
 	return err
 }
 
-// checkSnapshot says whether owner may start a session from snapshot id,
-// before a kernel is started for it.
-func (m *Manager) checkSnapshot(ctx context.Context, owner, id string) error {
+// openSnapshot starts reading owner's snapshot id for a new session,
+// before its kernel is started (which the reading overlaps): an error if
+// owner may not start a session from it.
+func (m *Manager) openSnapshot(ctx context.Context, owner, id string) (*snapshot.Reading, error) {
 	if m.opts.Snapshots == nil {
-		return ErrNoSnapshots
+		return nil, ErrNoSnapshots
 	}
-	_, err := m.opts.Snapshots.Get(ctx, owner, id)
-	return err
+	return m.opts.Snapshots.Open(ctx, owner, id)
 }
 
 // Summary says in one line what came back: "files exact (3 files);

@@ -91,6 +91,9 @@ func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 	if err == nil && !blob {
 		err = f.Sync()
 	}
+	if err == nil && blob {
+		startWriteback(f)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -75,8 +75,8 @@ func (c *chunker) reset(r io.Reader) {
 	c.r, c.n, c.eof = r, 0, false
 }
 
-// next returns the next chunk as a fresh slice (the caller may keep it),
-// or io.EOF after the last one.
+// next returns the next chunk as a fresh slice (the caller may keep it)
+// after rawHead bytes of room (encodeBlob's), or io.EOF after the last one.
 func (c *chunker) next() ([]byte, error) {
 	for !c.eof && c.n < len(c.buf) {
 		m, err := c.r.Read(c.buf[c.n:])
@@ -91,8 +91,8 @@ func (c *chunker) next() ([]byte, error) {
 		return nil, io.EOF
 	}
 	k := cut(c.buf[:c.n])
-	out := make([]byte, k)
-	copy(out, c.buf[:k])
+	out := make([]byte, rawHead+k)
+	copy(out[rawHead:], c.buf[:k])
 	c.n = copy(c.buf, c.buf[k:c.n])
 	return out, nil
 }

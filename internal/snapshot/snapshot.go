@@ -7,9 +7,9 @@
 //
 // A snapshot is a manifest and blobs. Every file and the kernel's state
 // stream are cut into content-defined chunks (128 KiB to 2 MiB, ~640 KiB
-// on average, chunk.go); each chunk is one blob, compressed with zstd and
-// stored under its address, the SHA-256 of its uncompressed bytes
-// (blobs/ab/abcd…). A chunk already stored, by this snapshot or any
+// on average, chunk.go); each chunk is one blob, compressed with zstd (or
+// stored as is when zstd would not make it smaller: blob.go) under its
+// address, the SHA-256 of its uncompressed bytes (blobs/ab/abcd…). A chunk already stored, by this snapshot or any
 // other, of any owner, is not stored again: the 50th snapshot of a mostly
 // unchanged workspace writes only the chunks around the changes. The
 // manifest (manifests/<owner key>/<id>.json: JSON after a line holding
@@ -31,7 +31,8 @@
 //     *CorruptError naming the snapshot, the object and the file it
 //     belongs to. Restore builds the files in a staging directory of the
 //     destination and moves them into place only when every one of them
-//     was verified and written: never half-restored. The state stream is
+//     was verified and written: never half-restored. A restore reads its
+//     blobs ahead of their use (Options.ReadAhead), Workers at once. The state stream is
 //     handed out chunk by chunk, each verified before any of its bytes is
 //     (a consumer that fails on a corrupt stream must discard what it
 //     loaded; the session layer loads it into a new kernel).
@@ -89,6 +90,7 @@ import (
 	"log/slog"
 	"path"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -260,6 +262,10 @@ type Options struct {
 	LockTTL time.Duration
 	// Workers writing or reading blobs at once. If zero, 4.
 	Workers int
+	// ReadAhead bounds the bytes a restore reads (and verifies) ahead of
+	// their use: while a new session starts, a file is written, the
+	// kernel loads the variables. If zero, 16 MiB.
+	ReadAhead int64
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -283,17 +289,24 @@ func New(b Backend, o *Options) (*Store, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
+	if opts.ReadAhead <= 0 {
+		opts.ReadAhead = 16 << 20
+	}
 	if opts.HeldMaxAge == 0 {
 		opts.HeldMaxAge = 7 * 24 * time.Hour
 	}
 	if opts.Quota < 0 || opts.MaxAge < 0 || opts.MaxPerSession < 0 {
 		return nil, &ArgumentError{"snapshot options", errors.New("quota, max age and max per session must not be negative")}
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	// One encoder per core: EncodeAll waits for a free one, so a single
+	// encoder made the workers compress one chunk at a time. No frame
+	// checksums, written or checked: every blob is verified against its
+	// SHA-256 address, which the frame's xxhash would only repeat.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)), zstd.WithEncoderCRC(false))
 	if err != nil {
 		return nil, err
 	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxChunk+1<<20))
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxChunk+1<<20), zstd.IgnoreChecksum(true))
 	if err != nil {
 		return nil, err
 	}
@@ -462,6 +475,41 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 	w.start()
 
 	m := &Manifest{Version: 1, ID: "snap-" + strings.ToLower(rand.Text()[:20]), Owner: owner, Session: wo.Session, Name: wo.Name, Held: wo.Held, Template: wo.Template, CreatedAt: time.Now().UTC()}
+	// The kernel's state streams while the files are walked (the source
+	// holds still for both: the session's turn is held).
+	var (
+		stateChunks []*Chunk
+		stateErr    error
+		stateDone   chan struct{}
+	)
+	if wo.State != nil {
+		st := &State{}
+		m.State = st
+		stateDone = make(chan struct{})
+		go func() {
+			defer close(stateDone)
+			pr, pw := io.Pipe()
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				st.Size, stateChunks, err = w.stream(pr, "kernel state")
+				pr.CloseWithError(cmp.Or(err, io.ErrClosedPipe)) // a StateFunc still writing stops
+				done <- err
+			}()
+			man, err := wo.State(ctx, pw)
+			pw.CloseWithError(cmp.Or(err, io.EOF))
+			if serr := <-done; err == nil {
+				err = serr
+			}
+			if err == nil {
+				st.Manifest, err = json.Marshal(man)
+			}
+			if err != nil {
+				stateErr = err
+				cancel(fmt.Errorf("snapshot of the kernel's state: %w", err)) // the walk stops
+			}
+		}()
+	}
 	var chunks [][]*Chunk // of m.Files[i]
 	walkErr := src.Walk(ctx, func(e Entry) error {
 		if err := context.Cause(ctx); err != nil {
@@ -500,29 +548,14 @@ func (s *Store) Write(ctx context.Context, owner string, src Source, o *WriteOpt
 		chunks = append(chunks, cs)
 		return nil
 	})
-	var stateChunks []*Chunk
-	if walkErr == nil && wo.State != nil {
-		st := &State{}
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			var err error
-			st.Size, stateChunks, err = w.stream(pr, "kernel state")
-			pr.CloseWithError(cmp.Or(err, io.ErrClosedPipe)) // a StateFunc still writing stops
-			done <- err
-		}()
-		man, err := wo.State(ctx, pw)
-		pw.CloseWithError(cmp.Or(err, io.EOF))
-		if serr := <-done; err == nil {
-			err = serr
+	if walkErr != nil {
+		cancel(walkErr) // the state's stream stops
+	}
+	if stateDone != nil {
+		<-stateDone
+		if walkErr == nil && stateErr != nil {
+			walkErr = fmt.Errorf("snapshot of the kernel's state: %w", stateErr)
 		}
-		if err == nil {
-			st.Manifest, err = json.Marshal(man)
-		}
-		if err != nil {
-			walkErr = fmt.Errorf("snapshot of the kernel's state: %w", err)
-		}
-		m.State = st
 	}
 	// The storage's own error (a quota exceeded, a failed PUT) is the
 	// cause: the source's is then only the cancellation it led to.
@@ -595,8 +628,8 @@ type writer struct {
 }
 
 type job struct {
-	data []byte
-	out  *Chunk
+	buf []byte // rawHead bytes of room, then the chunk
+	out *Chunk
 }
 
 func (w *writer) loadUsage(owner string) error {
@@ -666,11 +699,12 @@ func (w *writer) stream(r io.Reader, what string) (int64, []*Chunk, error) {
 		if err != nil {
 			return n, nil, fmt.Errorf("read %s: %w", what, err)
 		}
-		n += int64(len(b))
-		out := &Chunk{Size: int64(len(b))}
+		size := int64(len(b) - rawHead)
+		n += size
+		out := &Chunk{Size: size}
 		outs = append(outs, out)
 		select {
-		case w.jobs <- job{data: b, out: out}:
+		case w.jobs <- job{buf: b, out: out}:
 		case <-w.ctx.Done():
 			return n, nil, context.Cause(w.ctx)
 		}
@@ -679,7 +713,7 @@ func (w *writer) stream(r io.Reader, what string) (int64, []*Chunk, error) {
 
 // store hashes one chunk and stores it unless it is stored already.
 func (w *writer) store(j job) error {
-	sum := sha256.Sum256(j.data)
+	sum := sha256.Sum256(j.buf[rawHead:])
 	hash := hex.EncodeToString(sum[:])
 	j.out.Hash = hash
 	w.mu.Lock()
@@ -699,7 +733,7 @@ func (w *writer) store(j job) error {
 	case err == nil:
 		stored = info.Size
 	case errors.Is(err, fs.ErrNotExist):
-		fresh = w.s.enc.EncodeAll(j.data, make([]byte, 0, len(j.data)/2))
+		fresh = w.s.encodeBlob(j.buf)
 		stored = int64(len(fresh))
 		err = nil
 	default:

@@ -456,7 +456,10 @@ func TestCrashMidWrite(t *testing.T) {
 			}
 		}
 		t.Logf("after the crash: %d blobs, %d of them collected", blobs, c.Deleted)
-		if c.Skipped || c.Deleted < 5 || c.Blobs != blobs {
+		// (More blobs than counted: an upload the killed writer had
+		// already sent can land at an S3 server after the kill. They are
+		// garbage too, and collected: the count below checks that.)
+		if c.Skipped || c.Deleted < 5 || c.Blobs < blobs {
 			t.Fatalf("collection: %+v (of %d blobs)", c, blobs)
 		}
 		if n := countBlobs(b); n != m1.Blobs {
@@ -858,6 +861,7 @@ func TestChunkerCuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		b = b[rawHead:]
 		all = append(all, b...)
 		sizes = append(sizes, len(b))
 	}
