@@ -242,6 +242,10 @@ type Session struct {
 	// keptExtra is the caller's part of the keeper's record (Keep; nil:
 	// not kept). Under mu.
 	keptExtra []byte
+	// keeperPid is the keeper that spawned the current kernel (0: none):
+	// the sessions a dead keeper held are those whose kernels it spawned
+	// (Manager.KeeperDied).
+	keeperPid atomic.Int64
 
 	hib hibernation // hibernate.go
 
