@@ -218,6 +218,25 @@ func (m *Managed) woke(ctx context.Context, res *Restored) {
 	}
 }
 
+// wokeInUse is woke for a session woken by a call on it (Session.Resume:
+// an execution or a files call through the Session, as E2B and MCP make):
+// the call is a use, so the session is written again at the next
+// automatic snapshot.
+func (m *Managed) wokeInUse(res *Restored) {
+	if d := m.durable; d != nil {
+		d.mu.Lock()
+		d.hibernated = false
+		if d.usedAt.IsZero() {
+			d.usedAt = time.Now()
+		}
+		d.mu.Unlock()
+		m.mgr.saveRecord(m)
+	}
+	if m.mgr.opts.Keeper != nil {
+		m.mgr.keep(context.Background(), m)
+	}
+}
+
 func (m *Manager) deleteSnapshot(ms *Managed, old, cur string) {
 	if old == "" || old == cur {
 		return
@@ -441,6 +460,7 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
 		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: time.Now(),
 		durable: d}
+	s.woken = ms.wokeInUse
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()

@@ -246,6 +246,10 @@ type Session struct {
 	// the sessions a dead keeper held are those whose kernels it spawned
 	// (Manager.KeeperDied).
 	keeperPid atomic.Int64
+	// woken, if set, is told of a wake that Resume made (not the
+	// manager's own Managed.Wake): the manager's bookkeeping. Set before
+	// the session is shared.
+	woken func(*Restored)
 
 	hib hibernation // hibernate.go
 
