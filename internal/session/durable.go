@@ -41,6 +41,10 @@ import (
 // written while a cell runs in it (its files and variables must be of
 // one moment), so a long cell's effects wait for its end.
 //
+// Manager.KeeperDied, when the keeper dies under a running server, puts
+// the sessions whose kernels it spawned to sleep in place, the same way
+// (lostState), on a new workspace in the next keeper.
+//
 // Manager.Restore, at a server's start (after the keeper's sessions are
 // taken over), adopts every record whose session is not held: as a
 // hibernated session on its snapshot (a hibernated one on its
