@@ -274,3 +274,125 @@ func TestKeeperInitNoexec(t *testing.T) {
 	a.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
 	a.term(t)
 }
+
+// TestKeeperKilledUnderRunningServe kills the keeper (SIGKILL, by its
+// PID) while serve keeps running, with sessions holding files and
+// variables, one with a cell running and one never snapshotted: without
+// a restart of serve, each session goes to sleep on its latest automatic
+// snapshot and answers on its id, files exact (sha256) and variables
+// back, the first response saying what came back, as of when and what
+// was lost; the cell in flight ends "killed"; the session never
+// snapshotted comes back empty, saying everything was lost. A new keeper
+// holds the sessions woken and new ones: a woken session survives a kill
+// of serve (-9) alive, taken over rather than restored.
+func TestKeeperKilledUnderRunningServe(t *testing.T) {
+	needKeeper(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+	var fs []restoreFixture
+	for i := range 2 {
+		fs = append(fs, fillSession(t, a, dataDir, 60+i))
+	}
+	empty := a.create(t) // never used: never snapshotted
+	if r, err := readSessionRecord(dataDir, empty); err != nil || r.Snapshot != "" {
+		t.Fatalf("the unused session's record: %+v %v", r, err)
+	}
+	// A cell runs in fs[0] when the keeper dies.
+	type reply struct {
+		code int
+		out  []byte
+		err  error
+	}
+	inflight := make(chan reply, 1)
+	go func() {
+		b, _ := json.Marshal(map[string]any{"code": "import time\nopen('started', 'w').write('1')\ntime.sleep(600)"})
+		code, out, err := a.call("POST", "/v1/sessions/"+fs[0].id+"/execute", string(b))
+		inflight <- reply{code, out, err}
+	}()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		code, _, err := a.call("GET", "/v1/sessions/"+fs[0].id+"/files/started", nil)
+		if err != nil || code != 200 {
+			return fmt.Errorf("the long cell has not started: %d %v", code, err)
+		}
+		return nil
+	})
+	old := keeperPid(t, dataDir)
+	stopKeeper(t, dataDir)
+
+	var r reply
+	select {
+	case r = <-inflight:
+	case <-time.After(120 * time.Second):
+		t.Fatal("the cell running when the keeper died did not end")
+	}
+	if r.err != nil || r.code != 200 || !strings.Contains(string(r.out), `"killed"`) {
+		t.Errorf("the cell running when the keeper died: %d %s %v (want status killed)", r.code, r.out, r.err)
+	}
+	for _, id := range []string{fs[0].id, fs[1].id, empty} {
+		testutil.WaitFor(t, 120*time.Second, func() error {
+			var sess struct{ State string }
+			json.Unmarshal(a.mustCall(t, "GET", "/v1/sessions/"+id, nil, 200), &sess)
+			if sess.State != "hibernated" {
+				return fmt.Errorf("session %s: state %q, want hibernated (asleep on its snapshot)", id, sess.State)
+			}
+			return nil
+		})
+	}
+	for _, f := range fs {
+		checkRestored(t, a, f, true)
+	}
+	if pid := keeperPid(t, dataDir); pid == old || !processAlive(pid) {
+		t.Errorf("no new keeper after the wakes: pid %d (the dead one %d)", pid, old)
+	}
+	// fs[0] was used after its snapshot (the long cell): the wake says so.
+	var sess struct {
+		Restored *struct{ Lost string } `json:"restored"`
+	}
+	json.Unmarshal(a.mustCall(t, "GET", "/v1/sessions/"+fs[0].id, nil, 200), &sess)
+	if sess.Restored == nil || !strings.Contains(sess.Restored.Lost, "after ") {
+		t.Errorf("session %s, used after its snapshot: restored %+v does not say what was lost", fs[0].id, sess.Restored)
+	}
+
+	// Never snapshotted: it comes back empty, saying so.
+	b, _ := json.Marshal(map[string]any{"code": "import os\nsorted(os.listdir('.')), 'x' in globals()"})
+	req, _ := http.NewRequest("POST", a.url+"/v1/sessions/"+empty+"/execute", strings.NewReader(string(b)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if said := resp.Header.Get("Sandloop-Restored"); resp.StatusCode != 200 || !strings.Contains(said, "lost: everything") {
+		t.Errorf("the session never snapshotted: %d, Sandloop-Restored %q (want lost: everything): %s", resp.StatusCode, said, out)
+	}
+	if !strings.Contains(string(out), "([], False)") {
+		t.Errorf("the session never snapshotted is not empty: %s", out)
+	}
+
+	// The new keeper holds the woken sessions and new ones: they
+	// survive serve's death alive (taken over, nothing restored).
+	a.execute(t, fs[1].id, "z = 99\nz")
+	fresh := a.create(t)
+	a.execute(t, fresh, "w = 5\nw")
+	a.kill9()
+	c := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+	for id, want := range map[string]string{fs[1].id: fmt.Sprint(fs[1].x + 99), fresh: "5"} {
+		code := map[bool]string{true: "x + z", false: "w"}[id == fs[1].id]
+		b, _ := json.Marshal(map[string]any{"code": code})
+		req, _ := http.NewRequest("POST", c.url+"/v1/sessions/"+id+"/execute", strings.NewReader(string(b)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(out), `"text/plain":"`+want+`"`) {
+			t.Errorf("session %s after serve's death: %d %s (want %s)", id, resp.StatusCode, out, want)
+		}
+		if said := resp.Header.Get("Sandloop-Restored"); said != "" {
+			t.Errorf("session %s after serve's death was restored (%q), not taken over alive from the new keeper", id, said)
+		}
+	}
+	c.term(t)
+}

@@ -288,6 +288,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	h.mgr = session.NewManager(mo)
 	if h.keeper != nil {
 		h.reattach(ctx, kept)
+		h.keeper.onDeath(h.keeperDied)
 	}
 	if n, err := h.mgr.Restore(ctx); n > 0 || err != nil {
 		h.log.Info("sessions restored from their snapshots: each wakes at its first use", "sessions", n)

@@ -18,11 +18,18 @@ import (
 // keeperLink is the host's connection to its keeper (Config.KeepSessions),
 // reconnected (a new keeper started) when the keeper has died: sessions
 // created from then on are held by the new one. It is a session.Keeper.
+//
+// Its keeper's death is learned at once (keeper.Client.Dead): died is
+// called with the dead keeper's PID, so the sessions it held are put to
+// sleep on their snapshots without waiting for a restart of the server.
 type keeperLink struct {
 	dir, exe string
 
-	mu sync.Mutex
-	c  *keeper.Client
+	mu     sync.Mutex
+	c      *keeper.Client
+	closed bool
+	died   func(pid int) // under mu; nil: not told
+	wg     sync.WaitGroup
 }
 
 func openKeeper(cfg *Config) (*keeperLink, error) {
@@ -59,12 +66,38 @@ func (l *keeperLink) client() (*keeper.Client, error) {
 			return l.c, nil
 		}
 	}
+	if l.closed {
+		return nil, errors.New("keeper: the server is shutting down")
+	}
 	c, err := keeper.Connect(l.dir, l.exe)
 	if err != nil {
 		return nil, err
 	}
 	l.c = c
+	l.wg.Go(func() { l.watch(c) })
 	return c, nil
+}
+
+// watch waits for c's keeper to die and says so (died), unless the link
+// closed c itself.
+func (l *keeperLink) watch(c *keeper.Client) {
+	<-c.Dead()
+	l.mu.Lock()
+	died := l.died
+	if l.closed {
+		died = nil
+	}
+	l.mu.Unlock()
+	if died != nil {
+		died(c.Pid())
+	}
+}
+
+// onDeath sets what the link calls when its keeper dies.
+func (l *keeperLink) onDeath(f func(pid int)) {
+	l.mu.Lock()
+	l.died = f
+	l.mu.Unlock()
 }
 
 // alive says whether the keeper the host holds sessions in still runs.
@@ -84,11 +117,14 @@ func (l *keeperLink) alive() bool {
 
 func (l *keeperLink) close() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.c != nil {
-		l.c.Close()
-		l.c = nil
+	l.closed = true
+	c := l.c
+	l.c = nil
+	l.mu.Unlock()
+	if c != nil {
+		c.Close()
 	}
+	l.wg.Wait()
 }
 
 func (l *keeperLink) Spawn(cmd *exec.Cmd) (int, *os.File, error) {
@@ -157,6 +193,20 @@ func (h *Host) keptSessions() []session.KeptRecord {
 		h.log.Info("keeper: workspaces of sessions that died meanwhile removed", "workspaces", n)
 	}
 	return kept
+}
+
+// keeperDied puts to sleep, on their latest snapshots, the sessions the
+// dead keeper pid held (session.Manager.KeeperDied): each wakes at its
+// first use, in a new keeper.
+func (h *Host) keeperDied(pid int) {
+	h.log.Warn("keeper: it died; the sessions it held go to sleep on their latest snapshots and wake at their next use", "keeper", pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n, err := h.mgr.KeeperDied(ctx, pid)
+	h.log.Info("keeper: sessions of the dead keeper asleep on their snapshots", "sessions", n)
+	if err != nil {
+		h.log.Warn("keeper: some sessions of the dead keeper cannot come back", "err", err)
+	}
 }
 
 // reattach takes over the kept sessions.

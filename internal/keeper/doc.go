@@ -77,15 +77,16 @@
 // and a message saying that the cell goes on.
 //
 // If the keeper itself dies, every jail it spawned dies with it
-// (Pdeathsig): the sessions report that their kernel is gone, and
-// deleting them (or the server's shutdown) removes their workspaces and
-// cgroups; the next session starts a new keeper. The sessions are not
-// lost: the server writes them to the snapshot store as they change
-// (session.ManagerOptions.SnapshotEvery) and keeps a record of each
-// (DATA-DIR/session-records), and the next server brings back every
-// recorded session it did not take over from its latest snapshot
-// (session.Manager.Restore), saying what was lost. The records in lost/
-// are the keeper's own account, kept for diagnosis.
+// (Pdeathsig). The sessions are not lost: the server writes them to the
+// snapshot store as they change (session.ManagerOptions.SnapshotEvery)
+// and keeps a record of each (DATA-DIR/session-records). A server still
+// running learns of the death at once (Client.Dead: the keeper's end of
+// the watch socket closes) and puts the dead keeper's sessions to sleep
+// on their latest snapshots (session.Manager.KeeperDied): each wakes at
+// its next use in a new keeper, saying what was lost. A server started
+// after brings back every recorded session it did not take over the same
+// way (session.Manager.Restore). The records in lost/ are the keeper's
+// own account, kept for diagnosis.
 package keeper
 
 // Arg0 is argv[0] of the keeper process.

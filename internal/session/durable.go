@@ -41,6 +41,10 @@ import (
 // written while a cell runs in it (its files and variables must be of
 // one moment), so a long cell's effects wait for its end.
 //
+// Manager.KeeperDied, when the keeper dies under a running server, puts
+// the sessions whose kernels it spawned to sleep in place, the same way
+// (lostState), on a new workspace in the next keeper.
+//
 // Manager.Restore, at a server's start (after the keeper's sessions are
 // taken over), adopts every record whose session is not held: as a
 // hibernated session on its snapshot (a hibernated one on its
@@ -105,11 +109,7 @@ func (m *Manager) saveRecord(ms *Managed) {
 		d.mu.Unlock()
 		return
 	}
-	s := ms.Session
-	rec := durableRecord{ID: ms.ID(), Owner: ms.Owner, Created: ms.Created, Limits: ms.Limits, Network: ms.Network,
-		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
-		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
-		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt}
+	rec := m.recordOfLocked(ms)
 	d.mu.Unlock()
 	b, err := json.Marshal(&rec)
 	if err == nil {
@@ -118,6 +118,22 @@ func (m *Manager) saveRecord(ms *Managed) {
 	if err != nil {
 		m.log.Warn("record of the session for the next server", "session", rec.ID, "err", err)
 	}
+}
+
+// recordOf is ms's record as it stands.
+func (m *Manager) recordOf(ms *Managed) durableRecord {
+	ms.durable.mu.Lock()
+	defer ms.durable.mu.Unlock()
+	return m.recordOfLocked(ms)
+}
+
+// recordOfLocked is recordOf with ms.durable.mu held.
+func (m *Manager) recordOfLocked(ms *Managed) durableRecord {
+	d, s := ms.durable, ms.Session
+	return durableRecord{ID: ms.ID(), Owner: ms.Owner, Created: ms.Created, Limits: ms.Limits, Network: ms.Network,
+		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
+		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
+		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt}
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -203,6 +219,25 @@ func (m *Managed) woke(ctx context.Context, res *Restored) {
 	}
 	if m.mgr.opts.Keeper != nil {
 		m.mgr.keep(ctx, m)
+	}
+}
+
+// wokeInUse is woke for a session woken by a call on it (Session.Resume:
+// an execution or a files call through the Session, as E2B and MCP make):
+// the call is a use, so the session is written again at the next
+// automatic snapshot.
+func (m *Managed) wokeInUse(res *Restored) {
+	if d := m.durable; d != nil {
+		d.mu.Lock()
+		d.hibernated = false
+		if d.usedAt.IsZero() {
+			d.usedAt = time.Now()
+		}
+		d.mu.Unlock()
+		m.mgr.saveRecord(m)
+	}
+	if m.mgr.opts.Keeper != nil {
+		m.mgr.keep(context.Background(), m)
 	}
 }
 
@@ -405,17 +440,9 @@ func (m *Manager) Restore(ctx context.Context) (int, error) {
 
 // adopt makes the session rec describes, asleep on its snapshot.
 func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
-	st := m.opts.Snapshots
-	var man *snapshot.Manifest
-	if rec.Snapshot != "" {
-		var err error
-		man, err = st.Get(ctx, rec.Owner, rec.Snapshot)
-		switch {
-		case errors.Is(err, snapshot.ErrNotFound):
-			man = nil
-		case err != nil:
-			return err
-		}
+	h, d, err := m.lostState(ctx, rec)
+	if err != nil {
+		return err
 	}
 	policy, err := rec.Egress.policy()
 	if err != nil {
@@ -433,6 +460,42 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 		tmpl.release()
 		return err
 	}
+	s.sleepOn(h)
+	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
+		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: time.Now(),
+		durable: d}
+	s.woken = ms.wokeInUse
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		s.keepSnapshots.Store(true)
+		s.Close()
+		return ErrClosed
+	}
+	m.sessions[rec.ID] = ms
+	m.mu.Unlock()
+	m.log.Info("session restored from storage: it wakes at its first use", "session", rec.ID, "snapshot", d.snap, "hibernated", rec.Hibernated)
+	return nil
+}
+
+// lostState is what the session rec describes comes back as, from its
+// latest snapshot: the hibernation its wake loads (saying, for a session
+// whose processes were lost, from what, as of when and what was lost),
+// and its durable state from then on. Restore (a server's start) and
+// KeeperDied (a keeper's death under a running server) both use it.
+func (m *Manager) lostState(ctx context.Context, rec *durableRecord) (*hibernating, *durableState, error) {
+	st := m.opts.Snapshots
+	var man *snapshot.Manifest
+	if rec.Snapshot != "" {
+		var err error
+		man, err = st.Get(ctx, rec.Owner, rec.Snapshot)
+		switch {
+		case errors.Is(err, snapshot.ErrNotFound):
+			man = nil
+		case err != nil:
+			return nil, nil, err
+		}
+	}
 	h := &hibernating{store: st, owner: rec.Owner, m: man, keep: true}
 	switch {
 	case rec.Hibernated && man != nil:
@@ -448,30 +511,94 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 				man.CreatedAt.UTC().Format(time.RFC3339), rec.UsedAt.UTC().Format(time.RFC3339))
 		}
 	}
-	s.hib.snap = h
-	s.hib.since = time.Now()
-	s.hib.on.Store(true)
-	now := time.Now()
-	snap := ""
+	d := &durableState{at: rec.SnapshotAt, hibernated: true}
 	if man != nil {
-		snap = man.ID
+		d.snap = man.ID
+		if rec.UsedAt.IsZero() {
+			d.at = man.CreatedAt
+		}
 	}
-	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
-		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: now,
-		durable: &durableState{snap: snap, at: rec.SnapshotAt, hibernated: true}}
-	if rec.UsedAt.IsZero() && man != nil {
-		ms.durable.at = man.CreatedAt
+	return h, d, nil
+}
+
+// KeeperDied puts to sleep, on their latest snapshots, the sessions whose
+// kernels the keeper pid spawned: they died with it (its jails die with
+// the keeper). Each keeps its id, owner and holders, and wakes at its
+// first use as a session Restore brought back at a server's start would,
+// saying what came back and what was lost; one lost before its first
+// snapshot comes back empty, saying so. The server calls it as soon as it
+// learns of the keeper's death, so the sessions need no restart of the
+// server; their wakes start in the next keeper (and are handed to it). It
+// returns how many were put to sleep; sessions without a record (no
+// ManagerOptions.Records) stay as they are: their kernels are gone.
+func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
+	if pid <= 0 {
+		return 0, nil
 	}
 	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		s.keepSnapshots.Store(true)
-		s.Close()
-		return ErrClosed
+	var lost []*Managed
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.Session.keeperPid.Load() == int64(pid) && !ms.Session.hib.on.Load() {
+			lost = append(lost, ms)
+		}
 	}
-	m.sessions[rec.ID] = ms
 	m.mu.Unlock()
-	m.log.Info("session restored from storage: it wakes at its first use", "session", rec.ID, "snapshot", snap, "hibernated", rec.Hibernated)
+	var (
+		mu   sync.Mutex
+		n    int
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, 8)
+	)
+	for _, ms := range lost {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			err := m.sleepLost(ctx, ms)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				n++
+			case !errors.Is(err, ErrClosed):
+				errs = append(errs, fmt.Errorf("session %s: %w", ms.ID(), err))
+			}
+		})
+	}
+	wg.Wait()
+	return n, errors.Join(errs...)
+}
+
+// sleepLost puts ms to sleep on its latest snapshot (KeeperDied).
+func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
+	d := ms.durable
+	if d == nil || m.opts.Snapshots == nil {
+		return errors.New("its processes were lost and it has no snapshot to come back from (the server keeps none: --snapshot-every)")
+	}
+	rec := m.recordOf(ms)
+	h, nd, err := m.lostState(ctx, &rec)
+	if err != nil {
+		return err
+	}
+	// A new workspace, in the keeper that will hold the session woken
+	// (started here if none runs): the old one is named after the dead
+	// keeper, and any sandloop starting sweeps those.
+	var q *jail.QuotaDir
+	if old := ms.Session.quota; old != nil && ms.Session.opts.Keeper != nil {
+		if q, err = jail.NewQuotaDirFor(old.Disk, old.Files, ms.Session.opts.Keeper.Pid()); err != nil {
+			return err
+		}
+	}
+	if err := ms.Session.sleepLost(ctx, h, q); err != nil {
+		if q != nil {
+			q.Remove()
+		}
+		return err
+	}
+	d.mu.Lock()
+	d.snap, d.at, d.hibernated, d.usedAt = nd.snap, nd.at, true, time.Time{}
+	d.mu.Unlock()
+	m.log.Info("session lost with its keeper, asleep on its latest snapshot: it wakes at its first use", "session", ms.ID(), "snapshot", nd.snap)
 	return nil
 }
 

@@ -3,13 +3,16 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // managedRun runs code through the manager's session (a use: Lease).
@@ -108,5 +111,46 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 	}
 	if left, _ := st.List(ctx, "alice"); len(left) != 0 {
 		t.Errorf("the deleted session's snapshots are left: %+v", left)
+	}
+}
+
+// TestWakeByUseIsRecorded wakes a hibernated session by executing in it
+// (Managed.Execute: Session.Resume wakes it, as an E2B or MCP call does,
+// not Managed.Wake): the manager learns of the wake, so its record says
+// awake and the session, used since, is written at the next automatic
+// snapshot with what the cell did.
+func TestWakeByUseIsRecorded(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	records := t.TempDir()
+	m := forkManager(t, ManagerOptions{Snapshots: st, Records: records})
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managedRun(t, ms, "v_a = 1")
+	if _, err := ms.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	managedRun(t, ms, "v_b = v_a + 1")
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		rec := m.loadRecord(ms.ID())
+		if rec == nil || rec.Hibernated {
+			return fmt.Errorf("the record still says hibernated: %+v", rec)
+		}
+		return nil
+	})
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if n := m.SnapshotChanged(ctx, 0); n != 1 {
+			return fmt.Errorf("%d automatic snapshots written of a session used after its wake, want 1", n)
+		}
+		return nil
+	})
+	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if man.State == nil || !strings.Contains(string(man.State.Manifest), "v_b") {
+		t.Errorf("the automatic snapshot after the wake does not hold v_b: %+v", man.State)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
@@ -108,6 +110,71 @@ func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner strin
 	s.hib.on.Store(true)
 	s.log.Info("session hibernated", "snapshot", m.ID, "bytes", m.TotalBytes)
 	return m, nil
+}
+
+// sleepOn makes the session hibernated on h (the caller holds hib.mu, or
+// the session is not shared yet).
+func (s *Session) sleepOn(h *hibernating) {
+	s.hib.snap = h
+	s.hib.since = time.Now()
+	s.hib.on.Store(true)
+}
+
+// sleepLost puts to sleep, in place, a session whose processes were lost
+// (the keeper that held its jail died): its kernel is killed if it is not
+// dead yet (an execution in flight ends "killed"), its checkpoints and
+// workspace emptied, and the session is hibernated on h, what its latest
+// snapshot brings back (Manager.lostState). The next call wakes it.
+// Whoever holds the session (an E2B sandbox, a client's stream) keeps it:
+// same id, owner, limits and network. q, if not nil, is its new
+// workspace (the old one is named after the dead keeper: any sandloop
+// starting sweeps it), swapped in while the session is asleep and holds
+// its turn, and then q is the session's; on an error the caller removes q.
+func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDir) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	k := s.k
+	s.mu.Unlock()
+	k.Kill("the session's processes were lost (the process that held them died)")
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	s.hib.mu.Lock()
+	defer s.hib.mu.Unlock()
+	if s.hib.snap != nil {
+		return nil // hibernated: its snapshot has it all
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	k = s.k // a Restart may have replaced it meanwhile
+	s.k = kernel.Gone("the session is asleep: its next use restores it")
+	s.paused.Store(false)
+	oldQuota := s.quota
+	if q != nil {
+		s.workspace, s.quota = q.Path, q
+	}
+	s.mu.Unlock()
+	k.Kill("the session's processes were lost (the process that held them died)")
+	k.Close()
+	if err := s.closeCheckpoints(); err != nil {
+		s.log.Warn("lost session: remove the checkpoint store", "err", err)
+	}
+	if q != nil && oldQuota != nil {
+		if err := oldQuota.Remove(); err != nil {
+			s.log.Warn("lost session: remove the workspace of the dead keeper", "err", err)
+		}
+	} else if err := s.clearWorkspace(); err != nil {
+		s.log.Warn("lost session: empty the workspace", "err", err)
+	}
+	s.sleepOn(h)
+	return nil
 }
 
 func (s *Session) clearWorkspace() error {

@@ -267,6 +267,9 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("session", s.id)
+	if o.Keeper != nil {
+		s.keeperPid.Store(int64(o.Keeper.Pid()))
+	}
 	if st.Disk > 0 {
 		s.quota = jail.AdoptQuotaDir(st.Workspace, st.Disk, st.Files, st.Enforced)
 	}

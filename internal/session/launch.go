@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"sort"
 	"strings"
 
@@ -242,9 +243,16 @@ func (s *Session) jailLauncher() kernel.Launcher {
 	env := s.kernelEnviron()
 	var spawn jail.SpawnFunc
 	var stderr io.Writer = logWriter{s.log}
-	if s.opts.Keeper != nil {
+	if kp := s.opts.Keeper; kp != nil {
 		// The keeper's child must not write to a pipe of ours.
-		spawn, stderr = s.opts.Keeper.Spawn, nil
+		stderr = nil
+		spawn = func(cmd *exec.Cmd) (int, *os.File, error) {
+			pid, fd, err := kp.Spawn(cmd)
+			if err == nil {
+				s.keeperPid.Store(int64(kp.Pid()))
+			}
+			return pid, fd, err
+		}
 	}
 	return func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
 		p, err := jail.Start(ctx, &jail.Config{

@@ -749,6 +749,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	if m.opts.Records != "" && m.opts.Snapshots != nil {
 		ms.durable = &durableState{}
 	}
+	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.saveRecord(ms)

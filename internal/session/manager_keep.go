@@ -121,6 +121,7 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 		s.Detach()
 		return errors.New("reattach: session " + s.ID() + " is held already")
 	}
+	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
 	m.log.Info("session reattached", "session", s.ID())

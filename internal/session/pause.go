@@ -79,7 +79,13 @@ func (s *Session) Resume() error {
 	if s.hib.on.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
 		defer cancel()
-		_, err := s.wake(ctx)
+		res, err := s.wake(ctx)
+		if err == nil && res != nil && s.woken != nil {
+			// Woken by a call on the session itself (Execute, Files...),
+			// which may hold its turn: the manager's part (its record,
+			// the keeper) waits for the turn, so it runs beside.
+			go s.woken(res)
+		}
 		return err
 	}
 	if !s.paused.Load() {

@@ -242,6 +242,14 @@ type Session struct {
 	// keptExtra is the caller's part of the keeper's record (Keep; nil:
 	// not kept). Under mu.
 	keptExtra []byte
+	// keeperPid is the keeper that spawned the current kernel (0: none):
+	// the sessions a dead keeper held are those whose kernels it spawned
+	// (Manager.KeeperDied).
+	keeperPid atomic.Int64
+	// woken, if set, is told of a wake that Resume made (not the
+	// manager's own Managed.Wake): the manager's bookkeeping. Set before
+	// the session is shared.
+	woken func(*Restored)
 
 	hib hibernation // hibernate.go
 
