@@ -352,21 +352,34 @@ func (h *Handler) reap(now time.Time) int {
 	return len(victims)
 }
 
-// Close stops the reaper and kills every sandbox.
-func (h *Handler) Close() error {
+// stopAll marks the handler closed and stops its reaper, and returns the
+// sandboxes it had (forgotten if forget), or false if it was closed before.
+func (h *Handler) stopAll(forget bool) ([]*sandbox, bool) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil
+		return nil, false
 	}
 	h.closed = true
 	all := make([]*sandbox, 0, len(h.sandboxes))
 	for _, sb := range h.sandboxes {
 		all = append(all, sb)
 	}
+	if forget {
+		h.sandboxes = map[string]*sandbox{}
+	}
 	h.mu.Unlock()
 	close(h.stop)
 	h.wg.Wait()
+	return all, true
+}
+
+// Close stops the reaper and kills every sandbox.
+func (h *Handler) Close() error {
+	all, ok := h.stopAll(false)
+	if !ok {
+		return nil
+	}
 	for _, sb := range all {
 		h.killing.Go(func() { h.kill(sb, "shutdown") })
 	}

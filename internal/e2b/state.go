@@ -209,20 +209,10 @@ func (h *Handler) adoptOne(rec *record, ms *session.Managed) error {
 // keeper holds the sessions): their commands, terminals and extra code
 // contexts end, as they would with this process.
 func (h *Handler) Detach() error {
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
+	all, ok := h.stopAll(true)
+	if !ok {
 		return nil
 	}
-	h.closed = true
-	all := make([]*sandbox, 0, len(h.sandboxes))
-	for _, sb := range h.sandboxes {
-		all = append(all, sb)
-	}
-	h.sandboxes = map[string]*sandbox{}
-	h.mu.Unlock()
-	close(h.stop)
-	h.wg.Wait()
 	for _, sb := range all {
 		h.killing.Go(sb.shutdown)
 	}

@@ -608,17 +608,7 @@ func newAsleep(o *Options, id string) (*Session, error) {
 	opts := *o
 	s := &Session{id: id, opts: opts, turn: make(chan struct{}, 1), done: make(chan struct{})}
 	s.log = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)).With("session", id)
-	l := opts.Limits.WithDefaults()
-	if err := l.DiskFits(); err != nil {
-		return nil, err
-	}
-	var q *jail.QuotaDir
-	var err error
-	if opts.Keeper != nil {
-		q, err = jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
-	} else {
-		q, err = jail.NewQuotaDir(l.Disk, l.Files)
-	}
+	q, err := newWorkspaceDir(&opts)
 	if err != nil {
 		return nil, err
 	}

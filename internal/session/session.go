@@ -260,6 +260,20 @@ type Session struct {
 	keepSnapshots atomic.Bool
 }
 
+// newWorkspaceDir makes a session's own workspace directory with the
+// disk and file limits of opts (in the keeper's view where a keeper holds
+// the sessions).
+func newWorkspaceDir(opts *Options) (*jail.QuotaDir, error) {
+	l := opts.Limits.WithDefaults()
+	if err := l.DiskFits(); err != nil {
+		return nil, err
+	}
+	if opts.Keeper != nil {
+		return jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
+	}
+	return jail.NewQuotaDir(l.Disk, l.Files)
+}
+
 // New starts a session: a workspace, a jail and a kernel ready to execute.
 func New(ctx context.Context, o *Options) (*Session, error) {
 	opts := *cmp.Or(o, &Options{}) // nil: every default
@@ -270,17 +284,7 @@ func New(ctx context.Context, o *Options) (*Session, error) {
 	}
 	s.log = s.log.With("session", s.id)
 	if opts.Workspace == "" {
-		l := opts.Limits.WithDefaults()
-		if err := l.DiskFits(); err != nil {
-			return nil, err
-		}
-		var q *jail.QuotaDir
-		var err error
-		if opts.Keeper != nil {
-			q, err = jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
-		} else {
-			q, err = jail.NewQuotaDir(l.Disk, l.Files)
-		}
+		q, err := newWorkspaceDir(&opts)
 		if err != nil {
 			return nil, err
 		}
