@@ -1,14 +1,9 @@
 package session
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
-	"io/fs"
-	"os"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
 )
 
 // Measuring what checkpoints hold, off the request path.
@@ -22,9 +17,8 @@ import (
 // while checkpoints are held (after a cell, a checkpoint, a restore): the
 // kernel is not asked, the turn is not held, and by the next checkpoint
 // at a human's or a model's pace the figure is of the memory as it is.
-// The host finds the copies in the session's process tree by their name:
-// kernel.py names each dormant copy "sl-cpN" (N its checkpoint's id in
-// the kernel), and a process can rename only itself.
+// The host finds the copies in the session's process tree by their name
+// (kernel.CopiesMemory).
 //
 // The bound check (fit) sums those figures, with a generous estimate for
 // a copy not yet measured; only when that sum may be over the bound, or
@@ -49,92 +43,6 @@ const newCopyEstimate = 16 << 20
 type hostRooted interface{ HostPids() []int }
 
 func (j *jailProcess) HostPids() []int { return []int{j.p.Pid()} }
-
-// errNoCopies: the session's processes cannot be found or read from the
-// host (no host PID known, or another user's): the kernel measures.
-var errNoCopies = errors.New("the session's processes cannot be read from the host")
-
-// copiesMemory reads, from the host, the private memory of each dormant
-// checkpoint copy among the descendants of roots, by the kernel's
-// checkpoint id. A copy not found (not yet named, or gone) is left out.
-func copiesMemory(roots []int) (map[int]int64, error) {
-	mem := map[int]int64{}
-	seen := map[int]bool{}
-	queue := append([]int(nil), roots...)
-	found := false
-	for len(queue) > 0 && len(seen) < 1<<14 {
-		pid := queue[0]
-		queue = queue[1:]
-		if pid <= 0 || seen[pid] {
-			continue
-		}
-		seen[pid] = true
-		dir := "/proc/" + strconv.Itoa(pid)
-		tasks, err := os.ReadDir(dir + "/task")
-		if err != nil {
-			continue // gone
-		}
-		found = true
-		for _, t := range tasks {
-			b, _ := os.ReadFile(dir + "/task/" + t.Name() + "/children")
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					queue = append(queue, c)
-				}
-			}
-		}
-		comm, err := os.ReadFile(dir + "/comm")
-		if err != nil {
-			continue
-		}
-		id, ok := strings.CutPrefix(strings.TrimSpace(string(comm)), "sl-cp")
-		n, err := strconv.Atoi(id)
-		if !ok || err != nil || n <= 0 {
-			continue
-		}
-		m, err := smapsPrivate(dir + "/smaps_rollup")
-		if errors.Is(err, fs.ErrPermission) {
-			return nil, errNoCopies
-		}
-		if err != nil {
-			continue // gone meanwhile
-		}
-		mem[n] += m // a user's process that took the name is counted too: more, never less
-	}
-	if !found {
-		return nil, errNoCopies
-	}
-	return mem, nil
-}
-
-// smapsPrivate is Private_Clean+Private_Dirty of an smaps_rollup, in bytes.
-func smapsPrivate(path string) (int64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	var total int64
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("Private_Clean:")) && !bytes.HasPrefix(line, []byte("Private_Dirty:")) {
-			continue
-		}
-		f := bytes.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, err := strconv.ParseInt(string(f[1]), 10, 64)
-		if err != nil {
-			return 0, err
-		}
-		total += kb << 10
-	}
-	if len(b) == 0 {
-		return 0, errors.New(path + ": empty")
-	}
-	return total, nil
-}
 
 // measureLater starts a background measure of the checkpoint copies (or
 // asks the running one to go again): called as the turn is given back,
@@ -167,7 +75,7 @@ func (s *Session) measureInBackground(roots []int, done chan struct{}) {
 	c := &s.cps
 	for tries := 0; ; tries++ {
 		start := time.Now().UTC()
-		mem, err := copiesMemory(roots)
+		mem, err := kernel.CopiesMemory(roots)
 		c.mu.Lock()
 		if err != nil {
 			c.hostErr = err
