@@ -378,17 +378,31 @@ func TestAutoCheckpointSkippedOverTheBound(t *testing.T) {
 // the old 30 MiB; with a 64 MiB bound the oldest ones go, and what the
 // kept ones hold, measured once things are still, stays within it.
 func TestAutoCheckpointsFitTheBoundMemory(t *testing.T) {
+	t.Run("background", func(t *testing.T) { testAutoCheckpointsFitTheBoundMemory(t, true) })
+	// Where the host cannot read the copies, the kernel measures them.
+	t.Run("kernel", func(t *testing.T) { testAutoCheckpointsFitTheBoundMemory(t, false) })
+}
+
+func testAutoCheckpointsFitTheBoundMemory(t *testing.T, host bool) {
 	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 5, CheckpointMemory: 64 << 20})
+	if !host {
+		s.cps.hostErr = kernel.ErrNoCopies
+	}
+	wait := func() {
+		if host {
+			// Wait for the background figures to be of now (as at a
+			// model's pace), so the check before the cell uses them.
+			waitMeasured(t, s)
+		}
+	}
 	mustOK(t, runCode(t, s, "v_big = bytearray(b'y' * (30 << 20))"))
 	for i := range 4 {
-		// Wait for the background figures to be of now (as at a model's
-		// pace), so the check before the cell uses them.
-		waitMeasured(t, s)
+		wait()
 		mustOK(t, runCode(t, s, fmt.Sprintf("v_big[:] = b'%d' * len(v_big)", i)))
 	}
-	waitMeasured(t, s)
+	wait()
 	mustOK(t, runCode(t, s, "1")) // the check, on the figures after the last rewrite
-	waitMeasured(t, s)
+	wait()
 	cps := s.Checkpoints()
 	if len(cps) == 0 || len(cps) >= 5 || cps[0].ExecutionCount == 0 {
 		t.Fatalf("%d automatic checkpoints (first at execution %d): want the oldest dropped (4 copies of 30 MiB, bound 64 MiB)", len(cps), cps[0].ExecutionCount)

@@ -58,10 +58,16 @@ func (s *Session) measureLater() {
 	c := &s.cps
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.list) == 0 || closed || p == nil || c.hostErr != nil {
+	if len(c.list) == 0 || closed {
 		return
 	}
+	// Figures older than this are stale, measured here or not: with no
+	// background measure (no host PIDs known, or not readable from the
+	// host) fit measures by asking the kernel, as before.
 	c.released = time.Now()
+	if p == nil || c.hostErr != nil {
+		return
+	}
 	if c.bgDone != nil {
 		c.bgAgain = true
 		return
