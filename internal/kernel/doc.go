@@ -12,7 +12,10 @@
 // at first almost nothing (the page tables), then every page the live
 // kernel writes after the checkpoint, which the checkpoint keeps the old
 // copy of (CheckpointMemory measures it: the Private_Clean and
-// Private_Dirty of its smaps_rollup).
+// Private_Dirty of its smaps_rollup). Each dormant copy names itself
+// "sl-cpN" (its comm), so the host can also read that figure itself,
+// without the kernel's turn (CopiesMemory); a copy that wakes takes the
+// live kernel's name back.
 //
 // Restore to N: the live kernel points its own ends of the host's pipes at
 // /dev/null (its threads may run until it exits: nothing they write may

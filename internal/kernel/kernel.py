@@ -816,7 +816,7 @@ def checkpoint(ns):
             ours.close()
             if threads:
                 _fresh_streams()
-            _dormant(ns, theirs)  # returns when restored
+            _dormant(ns, theirs, _CP.next_id)  # returns when restored
             return
     theirs.close()
     if pid < 0:
@@ -840,8 +840,26 @@ def _fresh_streams():
         sys.stderr = sys.__stderr__ = _text_stream(2)
 
 
-def _dormant(ns, sock):
+def _name_self(name):
+    """Sets this process's name (its comm, at most 15 bytes). A dormant
+    copy is named "sl-cpN" (N its checkpoint's id): the host finds the
+    copies by name to measure their memory without asking the live kernel
+    (a process can rename only itself)."""
+    try:
+        with open("/proc/self/comm", "wb", buffering=0) as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
+def _dormant(ns, sock, cid):
     """The checkpoint's life: wait on sock; return as the live kernel when woken."""
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            live_name = f.read().strip() or b"python3"
+    except OSError:
+        live_name = b"python3"
+    _name_self(b"sl-cp%d" % cid)
     gc_was = gc.isenabled()
     gc.disable()  # a collection would write to (and so copy) every page it walks
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
@@ -867,6 +885,7 @@ def _dormant(ns, sock):
         if op == "wake":
             # The anchor learns the new live kernel first, then the old one
             # may go.
+            _name_self(live_name)
             pid = os.getpid()
             if _CP.ctl_w >= 0:
                 try:
@@ -899,6 +918,7 @@ def _dormant(ns, sock):
                 for cp in _CP.table.values():
                     cp.sock.close()  # the live kernel's ends: its own come with its wake
                 _CP.table = {}
+                _name_self(b"sl-cp%d" % int(req["id"]))
                 continue  # the fresh dormant copy
             sock.close()
             me = _CP.table.get(int(req["id"]))
@@ -925,6 +945,7 @@ def _dormant(ns, sock):
                 err = e
             if child == 0:
                 try:
+                    _name_self(live_name)  # not a checkpoint's copy
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
                     _export_child(ns, _RawOut(fds[0]) if raw else _StateOut(fds[0]))
                 finally:

@@ -36,12 +36,12 @@ type Checkpoint struct {
 	CreatedAt      time.Time `json:"created_at"`
 	ExecutionCount int       `json:"execution_count"`
 	// MemoryBytes is the private memory its kernel copy held when last
-	// measured, at MemoryMeasuredAt (zero: not yet measured). All are
-	// measured when a checkpoint is taken, but at most once a second while
-	// what checkpoints hold is far from the bound (a measure walks the
-	// copies' page tables under the session's turn, so a listing does not
-	// measure); it grows as the live kernel changes memory the copy still
-	// shares.
+	// measured, at MemoryMeasuredAt (zero: not yet measured). The host
+	// measures all copies in the background each time a call on the
+	// session ends (a measure walks the copies' page tables: milliseconds,
+	// so a listing does not measure), and exactly, before a checkpoint is
+	// taken, when they may be near the bound; it grows as the live kernel
+	// changes memory the copy still shares.
 	MemoryBytes      int64     `json:"memory_bytes"`
 	MemoryMeasuredAt time.Time `json:"memory_measured_at,omitzero"`
 	FileBytes        int64     `json:"file_bytes"` // bytes of its files
@@ -117,8 +117,13 @@ type checkpoints struct {
 	store    *workspace.CheckpointStore // made at the first checkpoint
 	ws       *workspace.Workspace
 	restored *Restored
-	measured time.Time // when the kernel copies' memory was last measured
+	measured time.Time // when the kernel copies' memory was last measured (measureOnRequest)
 	memory   int64     // what they held then
+	// The background measure (cpmeasure.go).
+	released time.Time     // when the turn was last given back with checkpoints held
+	bgDone   chan struct{} // the running measure's; nil when none runs
+	bgAgain  bool          // the turn was given back while it ran: measure again
+	hostErr  error         // the host cannot read the copies: the kernel measures
 }
 
 // measureEvery: measuring the copies' memory walks their page tables
@@ -361,13 +366,33 @@ func (s *Session) oldestAuto(except *cpRecord) *cpRecord {
 // and a named one is then a *LimitError.
 func (s *Session) fit(ctx context.Context, kc kernelCheckpoints, added *cpRecord) error {
 	limit := s.checkpointMemory()
-	c := &s.cps
-	c.mu.Lock()
-	estimate := c.memory + c.store.HeldBytes()
-	recent := time.Since(c.measured) < measureEvery
-	c.mu.Unlock()
-	if recent && estimate <= limit/2 {
-		return nil
+	if measureOnRequest {
+		c := &s.cps
+		c.mu.Lock()
+		estimate := c.memory + c.store.HeldBytes()
+		recent := time.Since(c.measured) < measureEvery
+		c.mu.Unlock()
+		if recent && estimate <= limit/2 {
+			return nil
+		}
+	} else {
+		// The background figures (cpmeasure.go): fresh ones within the
+		// bound, or ones under a second old far from it, need no measure
+		// here; a running measure is waited for rather than repeated.
+		for {
+			held, stale, oldest, running := s.estimateHeld()
+			if held <= limit && (!stale || time.Since(oldest) < measureEvery && held <= limit/2) {
+				return nil
+			}
+			if held > limit || !stale || running == nil {
+				break
+			}
+			select {
+			case <-running:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 	}
 	for {
 		held, err := s.measure(ctx, kc)

@@ -101,6 +101,59 @@ func BenchmarkCheckpointSession(b *testing.B) {
 		mt, mr, len(takeT), mb, len(rebuildT), float64(mb)/float64(mr))
 }
 
+// BenchmarkCheckpointSpaced takes checkpoints of a session holding a
+// 100 MB DataFrame and 50 MB of files 1.1 s apart (a human's or a model's
+// pace), a small change between them, three kept: with the memory bound
+// checked on the background figures (now), and, alternately in the same
+// run, by asking the kernel to measure every copy when the last figure is
+// over a second old (before). It reports both medians and their ratio.
+func BenchmarkCheckpointSpaced(b *testing.B) {
+	ctx := context.Background()
+	s, err := New(ctx, &Options{Limits: benchLimits})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	b.Cleanup(func() { measureOnRequest = false })
+	mustRun(b, s, buildDataFrame)
+	mustRun(b, s, buildFiles)
+	var kept []string
+	var before, now []time.Duration
+	for i := 0; b.Loop(); i++ {
+		for _, old := range []bool{i%2 == 0, i%2 != 0} {
+			measureOnRequest = old
+			mustRun(b, s, fmt.Sprintf("v_df.iloc[%d, 0] = %d\nopen('/workspace/small.txt', 'w').write('%d')", i, i, i))
+			time.Sleep(1100 * time.Millisecond)
+			t0 := time.Now()
+			cp, err := s.Checkpoint(ctx, "")
+			d := time.Since(t0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if old {
+				before = append(before, d)
+			} else {
+				now = append(now, d)
+			}
+			if kept = append(kept, cp.ID); len(kept) > 3 {
+				if err := s.DeleteCheckpoint(ctx, kept[0]); err != nil {
+					b.Fatal(err)
+				}
+				kept = kept[1:]
+			}
+		}
+	}
+	b.StopTimer()
+	measureOnRequest = false
+	load, _ := os.ReadFile("/proc/loadavg")
+	mb, mn := median(before), median(now)
+	b.ReportMetric(float64(mb.Microseconds())/1e3, "before-ms")
+	b.ReportMetric(float64(mn.Microseconds())/1e3, "checkpoint-ms")
+	b.ReportMetric(float64(mb)/float64(mn), "before/now")
+	b.Logf("load average: %s; checkpoints 1.1 s apart, 100 MB DataFrame + 50 MB of files, 3 kept: p50 %v now (background measure), %v before (measured on the request) (n=%d each); ratio %.1f",
+		strings.TrimSpace(string(load)), mn, mb, len(now), float64(mb)/float64(mn))
+}
+
 // BenchmarkFork forks a session holding a 100 MB DataFrame and 50 MB of
 // files into one child, and once into ten, beside making a new session and
 // re-running the cells that built the state; it reports the medians, the

@@ -88,10 +88,15 @@ os.symlink("a.txt", "/workspace/link")
 	if cp.ID != "cp1" || cp.Name != "before" || cp.Auto || cp.Files != 2 || cp.FileBytes != 300005 || cp.ExecutionCount != 1 {
 		t.Errorf("checkpoint %+v", cp)
 	}
-	// The first checkpoint is measured: its memory figure says when.
-	if cp.MemoryMeasuredAt.IsZero() || cp.MemoryMeasuredAt.Before(cp.CreatedAt) || time.Since(cp.MemoryMeasuredAt) > time.Hour {
-		t.Errorf("memory of the checkpoint measured at %v (taken at %v)", cp.MemoryMeasuredAt, cp.CreatedAt)
-	}
+	// The checkpoint is measured (by the host, in the background once the
+	// call has ended): its memory figure says when.
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		got := s.Checkpoints()[0]
+		if got.MemoryMeasuredAt.IsZero() || got.MemoryMeasuredAt.Before(got.CreatedAt) || time.Since(got.MemoryMeasuredAt) > time.Hour {
+			return fmt.Errorf("memory of the checkpoint measured at %v (taken at %v)", got.MemoryMeasuredAt, got.CreatedAt)
+		}
+		return nil
+	})
 	wantState := textOf(t, s, stateOf) // also draws from the generator
 
 	mustOK(t, runCode(t, s, `
@@ -366,4 +371,63 @@ func TestAutoCheckpointSkippedOverTheBound(t *testing.T) {
 	if held := s.cps.store.HeldBytes(); held != 0 {
 		t.Errorf("the store holds %d bytes: the big file was copied", held)
 	}
+}
+
+// The bound holds on the figures the host measures in the background:
+// each cell rewrites 30 MiB, so the automatic checkpoint before it keeps
+// the old 30 MiB; with a 64 MiB bound the oldest ones go, and what the
+// kept ones hold, measured once things are still, stays within it.
+func TestAutoCheckpointsFitTheBoundMemory(t *testing.T) {
+	t.Run("background", func(t *testing.T) { testAutoCheckpointsFitTheBoundMemory(t, true) })
+	// Where the host cannot read the copies, the kernel measures them.
+	t.Run("kernel", func(t *testing.T) { testAutoCheckpointsFitTheBoundMemory(t, false) })
+}
+
+func testAutoCheckpointsFitTheBoundMemory(t *testing.T, host bool) {
+	s := newSession(t, Options{Checkpoints: CheckpointsAuto, AutoCheckpoints: 5, CheckpointMemory: 64 << 20})
+	if !host {
+		s.cps.hostErr = kernel.ErrNoCopies
+	}
+	wait := func() {
+		if host {
+			// Wait for the background figures to be of now (as at a
+			// model's pace), so the check before the cell uses them.
+			waitMeasured(t, s)
+		}
+	}
+	mustOK(t, runCode(t, s, "v_big = bytearray(b'y' * (30 << 20))"))
+	for i := range 4 {
+		wait()
+		mustOK(t, runCode(t, s, fmt.Sprintf("v_big[:] = b'%d' * len(v_big)", i)))
+	}
+	wait()
+	mustOK(t, runCode(t, s, "1")) // the check, on the figures after the last rewrite
+	wait()
+	cps := s.Checkpoints()
+	if len(cps) == 0 || len(cps) >= 5 || cps[0].ExecutionCount == 0 {
+		t.Fatalf("%d automatic checkpoints (first at execution %d): want the oldest dropped (4 copies of 30 MiB, bound 64 MiB)", len(cps), cps[0].ExecutionCount)
+	}
+	var held int64
+	for _, c := range cps {
+		held += c.MemoryBytes
+	}
+	if held+s.cps.store.HeldBytes() > 64<<20 {
+		t.Errorf("the checkpoints hold %d bytes of memory and %d of files: over the 64 MiB bound: %+v", held, s.cps.store.HeldBytes(), cps)
+	}
+	if held < 25<<20 {
+		t.Errorf("the checkpoints hold %d bytes of memory: want at least the 30 MiB of one rewritten copy (the background measure sees it): %+v", held, cps)
+	}
+}
+
+// waitMeasured waits until the host has measured every checkpoint's copy
+// since the last call on s ended.
+func waitMeasured(t *testing.T, s *Session) {
+	t.Helper()
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		_, stale, _, running := s.estimateHeld()
+		if stale || running != nil {
+			return fmt.Errorf("the checkpoints' memory figures are older than the last call (measure running: %v)", running != nil)
+		}
+		return nil
+	})
 }

@@ -391,7 +391,10 @@ func (s *Session) acquire(ctx context.Context) error {
 	}
 }
 
-func (s *Session) release() { <-s.turn }
+func (s *Session) release() {
+	s.measureLater() // what checkpoints hold may have changed meanwhile
+	<-s.turn
+}
 
 // Execute runs one cell and returns its result, calling onEvent (if not
 // nil) with each event as it happens. A second call waits until the first

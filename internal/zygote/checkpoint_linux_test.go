@@ -2,6 +2,7 @@ package zygote
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // TestCheckpointForkedKernel checkpoints and restores a kernel forked from
@@ -20,8 +22,11 @@ func TestCheckpointForkedKernel(t *testing.T) {
 	z := newZygote(t, light)
 	ws := t.TempDir()
 	ctx := context.Background()
+	var proc *Process
 	k, err := kernel.Start(ctx, func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
-		return z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
+		p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
+		proc = p
+		return p, err
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +66,23 @@ func TestCheckpointForkedKernel(t *testing.T) {
 	}
 	if got := run("import os; print(os.getppid() != 1, os.getpid() != 2, open('/proc/2/cmdline').read().split('\\0')[1])").Stdout; got != "True True -I\n" {
 		t.Errorf("the anchor: %q, want PID 2 the live kernel's parent, running python3 -I", got)
+	}
+	// The host finds and reads the checkpoint's fresh dormant copy by its
+	// name, as a session's background measure does (rootless: the same
+	// user's processes in its user namespace); the live kernel took its
+	// own name back.
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		mem, err := kernel.CopiesMemory(proc.HostPids())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := mem[cp.ID]; !ok || len(mem) != 1 {
+			return fmt.Errorf("copies found from the host: %v, want checkpoint %d's", mem, cp.ID)
+		}
+		return nil
+	})
+	if got := run("print(open('/proc/self/comm').read().strip())").Stdout; strings.HasPrefix(got, "sl-cp") {
+		t.Errorf("the live kernel is named %q, a checkpoint copy's name", got)
 	}
 	r := run("import os; os.kill(os.getpid(), 11)")
 	if r.Status != kernel.StatusKilled || r.Error == nil || !strings.Contains(r.Error.Value, "SIGSEGV") {
