@@ -157,13 +157,23 @@ type joinStatus struct {
 // forks the child that becomes the program. It imports before it enters:
 // nothing of the jail's is read after that.
 const joinScript = `
-import ctypes, json, os, sys
+import ctypes, os, sys
 PIDFD, ROOT, EXE, CONFIG, STATUS = 3, 4, 5, 6, 7
+# A JSON object of ints, true and strings, written by hand: the json
+# module's imports (re, enum) cost more than the rest of the script.
+def quote(v):
+    return '"' + "".join(c if " " <= c < "\x7f" and c not in '"\\' else "\\u%04x" % min(ord(c), 0xfffd) for c in str(v)) + '"'
 def report(**kw):
-    os.write(STATUS, (json.dumps(kw) + "\n").encode())
+    fields = ('"%s":%s' % (k, "true" if v is True else str(v) if type(v) is int else quote(v)) for k, v in kw.items())
+    os.write(STATUS, ("{" + ",".join(fields) + "}\n").encode())
 libc = ctypes.CDLL(None, use_errno=True)
 flags, uid, gid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 try:
+    # Nothing is entered until the host has moved this process into the
+    # jail's cgroup (where the child is then born) and says so: a
+    # newline before the configuration.
+    if os.read(CONFIG, 1) != b"\n":
+        raise OSError("no configuration")
     if flags and libc.setns(PIDFD, flags) != 0:
         e = ctypes.get_errno()
         raise OSError(e, "enter the sandbox's namespaces: " + os.strerror(e))
@@ -207,6 +217,7 @@ if os.WIFSIGNALED(st):
 else:
     out["code"] = os.WEXITSTATUS(st)
 report(**out)
+os._exit(0)
 `
 
 // joinFlags are the namespaces of pid that the host does not share
@@ -357,6 +368,53 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	if err != nil {
 		return fail(fmt.Errorf("join the sandbox: %w", err))
 	}
+	jc := joinConfig{Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir, Limits: limits, Terminal: cfg.Terminal != nil}
+	if len(jc.Args) == 0 {
+		jc.Args = []string{cfg.Path}
+	}
+	if jc.Dir == "" {
+		jc.Dir = WorkspaceDir
+	}
+	if t.cg == nil {
+		// No cgroup: the program's memory and processes are held by
+		// rlimits, as a new jail's program is (programRlimits).
+		jc.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids)}}
+		p.warn = append(p.warn, RlimitsWarning)
+	} else if t.nproc {
+		// The NPROC a new jail's program gets: its share, plus room for
+		// the init's threads (counted with it in the user namespace).
+		jc.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids + initThreads)}}
+	}
+	traceJoin("started")
+	// Into the jail's cgroup before it enters the jail and forks (the
+	// child, and all of the program's, are born there): the move waits
+	// for an RCU grace period of the kernel's (~10 ms under cgroup v1's
+	// percpu lock), which passes meanwhile as the interpreter starts.
+	moved, configured := make(chan error, 1), make(chan error, 1)
+	go func() {
+		defer cfgW.Close()
+		if t.cg != nil {
+			if err := t.cg.add(cmd.Process.Pid); err != nil {
+				moved <- fmt.Errorf("join the sandbox's cgroup: %w", err)
+				configured <- nil
+				return
+			}
+		}
+		if _, err := cfgW.WriteString("\n"); err != nil {
+			moved <- fmt.Errorf("join the sandbox: %w", err)
+			configured <- nil
+			return
+		}
+		moved <- nil
+		// The configuration follows at once: runJoin reads it as soon
+		// as it starts (a pipe's buffer holds it; a larger one is written
+		// as it reads).
+		if err := json.NewEncoder(cfgW).Encode(&jc); err != nil {
+			configured <- fmt.Errorf("configure the joined process: %w", err)
+			return
+		}
+		configured <- nil
+	}()
 	p.proc = osProcess{cmd.Process}
 	p.pid = cmd.Process.Pid
 	p.waitProc = func() (*os.ProcessState, error) {
@@ -393,6 +451,10 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		stR.Close()
 		return fail(err)
 	}
+	if err := <-moved; err != nil {
+		return abort(err)
+	}
+	traceJoin("cgroup")
 	var st joinStatus
 	if err := readJoinStatus(p.status, &st); err != nil {
 		return abort(fmt.Errorf("join the sandbox: %w", err))
@@ -400,36 +462,12 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	if st.Error != "" || st.Pid == 0 {
 		return abort(fmt.Errorf("join the sandbox: %s", st.Error))
 	}
+	traceJoin("pid")
 	p.joinPid = st.Pid
 	p.joinGroup = t.cg != nil
-	// Into the jail's cgroup before anything of the program's runs (the
-	// child waits for its configuration, below).
-	if t.cg != nil {
-		if err := t.cg.add(p.joinPid); err != nil {
-			return abort(fmt.Errorf("join the sandbox's cgroup: %w", err))
-		}
+	if err := <-configured; err != nil {
+		return abort(err)
 	}
-	jc := joinConfig{Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir, Limits: limits, Terminal: cfg.Terminal != nil}
-	if len(jc.Args) == 0 {
-		jc.Args = []string{cfg.Path}
-	}
-	if jc.Dir == "" {
-		jc.Dir = WorkspaceDir
-	}
-	if t.cg == nil {
-		// No cgroup: the program's memory and processes are held by
-		// rlimits, as a new jail's program is (programRlimits).
-		jc.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids)}}
-		p.warn = append(p.warn, RlimitsWarning)
-	} else if t.nproc {
-		// The NPROC a new jail's program gets: its share, plus room for
-		// the init's threads (counted with it in the user namespace).
-		jc.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids + initThreads)}}
-	}
-	if err := json.NewEncoder(cfgW).Encode(&jc); err != nil {
-		return abort(fmt.Errorf("configure the joined process: %w", err))
-	}
-	cfgW.Close()
 	st = joinStatus{}
 	if err := readJoinStatus(p.status, &st); err != nil {
 		return abort(fmt.Errorf("join the sandbox: %w", err))
@@ -440,8 +478,21 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	case !st.Ready:
 		return abort(errors.New("join the sandbox: the process ended before it started (is the sandbox at its process or memory limit?)"))
 	}
+	traceJoin("ready")
 	p.killAt(ctx, limits.Timeout)
 	return p, nil
+}
+
+// joinTrace, when set (benchmarks only), is called at each stage of
+// startJoined: "started" (the script's process forked), "pid" (the
+// script entered the jail and forked), "cgroup" (the child is in the
+// jail's cgroup), "ready" (runJoin is about to execute the program).
+var joinTrace func(stage string)
+
+func traceJoin(stage string) {
+	if joinTrace != nil {
+		joinTrace(stage)
+	}
 }
 
 func readJoinStatus(r *bufio.Reader, st *joinStatus) error {
