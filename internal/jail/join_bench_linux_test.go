@@ -14,7 +14,11 @@ import (
 // BenchmarkJoinStages times one joined `true` (and `bash -l -c true`, as
 // E2B's SDK runs a command) in a running jail, stage by stage, beside a
 // plain fork/exec of `true` on the host (the baseline) and the host's
-// python3 -I -S start-up (what the joiner pays before it enters):
+// python3 -I -S start-up (what the joiner pays before it enters). The
+// stages are the time since the one before: "started" the script forked,
+// "cgroup" it is in the jail's cgroup (a goroutine, while it starts),
+// "pid" it entered and forked, "ready" runJoin is about to execute the
+// program, "exited" Wait returned:
 //
 //	go test ./internal/jail -run '^$' -bench JoinStages -benchtime 30x
 func BenchmarkJoinStages(b *testing.B) {
@@ -84,11 +88,12 @@ func BenchmarkJoinStages(b *testing.B) {
 	b.ResetTimer()
 	base := host("/bin/true")
 	py := host(DefaultPython, "-I", "-S", "-c", "pass")
-	pyImp := host(DefaultPython, "-I", "-S", "-c", "import ctypes, json, os, sys")
+	pyImp := host(DefaultPython, "-I", "-S", "-c", "import ctypes, os, sys")
+	pyJSON := host(DefaultPython, "-I", "-S", "-c", "import ctypes, json, os, sys")
 	st, tot := joined("/bin/true", "true")
 	_, bash := joined("/bin/bash", "/bin/bash", "-l", "-c", "true")
 	b.StopTimer()
-	fmt.Printf("host fork/exec true: %v; host python3 -I -S pass: %v, + imports of the joiner: %v\n", base, py, pyImp)
+	fmt.Printf("host fork/exec true: %v; host python3 -I -S: pass %v, the joiner's imports %v (with json, as before: %v)\n", base, py, pyImp, pyJSON)
 	fmt.Printf("joined true: %v (%.1fx the host's)  stages (median of each):", tot, float64(tot)/float64(base))
 	for _, s := range []string{"started", "cgroup", "pid", "ready", "exited"} {
 		fmt.Printf(" %s %v", s, st[s])

@@ -63,14 +63,14 @@ import (
 // v1's migration lock waits for an RCU grace period), which now passes
 // while the interpreter starts.
 //
-// Where a command's time goes (BenchmarkJoinStages, `true` at load 10
-// on 2 cores, a host fork/exec of `true` is ~1 ms): the interpreter's
-// start and its ctypes import (~15-20 ms; the json module is not
-// imported: its re and enum cost ~9 ms), the cgroup move (~10 ms,
-// overlapped with that start), the init's start and runJoin (~10 ms),
-// the end's report (~3 ms). What is left to cut is the interpreter: a
-// joiner kept warm per jail, already in its namespaces and cgroup, would
-// fork per command.
+// Where a joined command's time goes (BenchmarkJoinStages, `true` at
+// load ~8 on 2 cores, 35-37 ms, was 50-72 ms; a host fork/exec of `true`
+// is ~1 ms): the interpreter's start, its ctypes import, setns and the
+// fork (13-15 ms; the json module is no longer imported: its re and enum
+// cost ~9 ms), the cgroup move (6-10 ms, in parallel with that start),
+// the init's start and runJoin (8-10 ms), the end's report (~4 ms).
+// What is left to cut is the interpreter: a joiner kept warm per jail,
+// already in its namespaces and cgroup, would only fork per command.
 //
 // The jail's PID 1 becomes the parent of whatever the program leaves
 // running when it ends (a `nohup server &`), reaps it, and ends it when
