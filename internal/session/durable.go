@@ -536,6 +536,11 @@ func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
 		return 0, nil
 	}
 	m.mu.Lock()
+	// Marked under the same lock as the sweep: a session registered
+	// after the sweep (its kernel started in this keeper just before it
+	// died) sees the mark at its registration, one registered before is
+	// in the sweep.
+	m.keeperDeaths = append(m.keeperDeaths, int64(pid))
 	var lost []*Managed
 	for _, ms := range m.sessions {
 		if ms.Session != nil && ms.Session.keeperPid.Load() == int64(pid) && !ms.Session.hib.on.Load() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -453,6 +454,12 @@ type Manager struct {
 	pool     []*Session
 	starting int // pooled kernels being started
 	closed   bool
+	// keeperDeaths are the keepers KeeperDied was told of, in order: a
+	// session whose kernel one that died while it was created spawned,
+	// registered after its sweep, is put to sleep at its registration
+	// (Create). Only deaths since the create began count: a later keeper
+	// may reuse a dead one's PID.
+	keeperDeaths []int64
 
 	fair fairPool // without FixedPool (pool.go)
 
@@ -669,6 +676,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	placeholder := &Managed{}
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
+	deaths := len(m.keeperDeaths) // keepers dead before it began
 	var pooled *Session
 	var servedAt time.Time
 	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0
@@ -751,9 +759,18 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	}
 	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
+	// Its kernel was started in a keeper that died before it was
+	// registered here: KeeperDied's sweep missed it (see there).
+	lost := slices.Contains(m.keeperDeaths[deaths:], s.keeperPid.Load())
 	m.mu.Unlock()
 	m.saveRecord(ms)
-	m.keep(ctx, ms)
+	if lost {
+		if err := m.sleepLost(ctx, ms); err != nil {
+			m.log.Warn("keeper: a session created as its keeper died cannot come back", "session", s.ID(), "err", err)
+		}
+	} else {
+		m.keep(ctx, ms)
+	}
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
 	return ms, nil
 }
