@@ -69,7 +69,8 @@ func TestKeepSessionsE2B(t *testing.T) {
 // with its metadata and connect + runCode on the same id with its
 // variable, files (one from the files API, one from a cell) and envs back
 // from its automatic snapshot, its first cell saying on stderr that it
-// was restored, from what and as of when. Then serve and the new keeper
+// was restored, from what and as of when; a sandbox paused then is still
+// paused, and connect resumes it with its variable. Then serve and the new keeper
 // are both killed (-9) and serve restarted: the sandbox, restored asleep
 // by the manager, is adopted again by the E2B layer, with what was done
 // after the first loss (z = 2, set by a cell alone: a cell is a use, so
@@ -103,10 +104,10 @@ func TestKeepSessionsE2BKeeperKilled(t *testing.T) {
 	if err != nil {
 		t.Fatalf("keep.mjs kcreate: %v\n%s", err, out)
 	}
-	var id string
+	var id, paused string
 	for _, l := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "ids" {
-			id = f[1]
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "ids" {
+			id, paused = f[1], f[2]
 		}
 	}
 	if id == "" {
@@ -130,7 +131,7 @@ func TestKeepSessionsE2BKeeperKilled(t *testing.T) {
 		}
 		return nil
 	})
-	out, err = e2btest.RunScript(t, env, 3*time.Minute, "keep.mjs", "kafter", id)
+	out, err = e2btest.RunScript(t, env, 3*time.Minute, "keep.mjs", "kafter", id, paused)
 	if err != nil || !strings.Contains(string(out), "done") {
 		t.Fatalf("keep.mjs kafter the keeper's death: %v\n%s", err, out)
 	}

@@ -419,7 +419,35 @@ func (m *Managed) Pause() error {
 		}
 		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
 	}
-	return m.Session.Pause()
+	m.snapshotBeforePause()
+	for {
+		err := m.Session.Pause()
+		if !errors.Is(err, ErrBusy) || m.durable == nil || m.durable.writing.Load() == 0 {
+			return err
+		}
+		// An automatic snapshot holds the turn, not a cell: it ends soon.
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// snapshotBeforePause writes an automatic snapshot of a session used
+// since its last one (with ManagerOptions.SnapshotEvery): a paused
+// session is not written (its kernel is frozen), so what was done
+// between its last snapshot and the pause would be lost with its keeper.
+func (m *Managed) snapshotBeforePause() {
+	d := m.durable
+	if d == nil || m.mgr.opts.SnapshotEvery <= 0 {
+		return
+	}
+	d.mu.Lock()
+	used := !d.usedAt.IsZero()
+	d.mu.Unlock()
+	if !used {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+	defer cancel()
+	m.mgr.autoSnapshot(ctx, m) // a cell running: none (the pause fails busy too)
 }
 
 // Resume is Session.Resume; it counts as a use.

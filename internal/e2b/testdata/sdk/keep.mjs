@@ -13,11 +13,13 @@
 // A keeper's death (serve --keep-sessions --snapshot-every; TestKeepSessionsE2B/keeper-killed):
 //
 //   node keep.mjs kcreate         a sandbox (metadata, envs, a variable, a file written by the
-//                                 files API, one by a cell); prints "ids ID"
-//   node keep.mjs kafter ID       after the keeper's death, the same serve running: getInfo
+//                                 files API, one by a cell) and a paused one; prints "ids ID PAUSED"
+//   node keep.mjs kafter ID PAUSED
+//                                 after the keeper's death, the same serve running: getInfo
 //                                 (metadata), connect + runCode on the same id with the variable,
 //                                 files and envs back, the first cell saying on stderr that the
-//                                 sandbox was restored
+//                                 sandbox was restored; the paused one is still paused, and
+//                                 connect resumes it with its variable
 //   node keep.mjs kset ID         connect + runCode('z = 2'), nothing else (a cell alone is a use)
 //   node keep.mjs kagain ID       after serve and keeper were both killed and serve restarted:
 //                                 the same, x + z = 43, then kill
@@ -103,7 +105,14 @@ switch (process.argv[2]) {
       await sbx.runCode('x = 41\nopen("made.txt", "w").write("by a cell")')
       await sbx.files.write('kept.txt', 'kept')
     })
-    console.log(`ids ${sbx.sandboxId}`)
+    let paused
+    await step('pause one', async () => {
+      paused = await Sandbox.create({ timeoutMs: 600_000 })
+      await paused.runCode('y = 7')
+      await paused.pause()
+      assert.equal((await paused.getInfo()).state, 'paused')
+    })
+    console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
     break
   }
   case 'kafter':
@@ -136,6 +145,18 @@ switch (process.argv[2]) {
         await sbx.kill()
       }
     })
+    const pid = process.argv[4]
+    if (pid) {
+      await step('the paused one is still paused; connect resumes it', async () => {
+        assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
+        const p = await Sandbox.connect(pid)
+        const ex = await p.runCode('y')
+        assert.equal(text(ex), '7')
+        assert.match(ex.logs.stderr.join(''), /processes were lost and it was restored/)
+        assert.equal((await p.getInfo()).state, 'running')
+        await p.kill()
+      })
+    }
     break
   }
   case 'kset': {
@@ -146,7 +167,7 @@ switch (process.argv[2]) {
     break
   }
   default:
-    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING | kcreate | kafter ID | kset ID | kagain ID')
+    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING | kcreate | kafter ID PAUSED | kset ID | kagain ID')
     process.exit(2)
 }
 console.log('done')
