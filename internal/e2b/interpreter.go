@@ -257,7 +257,7 @@ func (sb *sandbox) lossNotice() string {
 		return ""
 	}
 	sb.lossSaid = key
-	return "[sandloop] this sandbox's processes were lost and it was restored " + res.Summary() + "\n"
+	return "[sandloop] this sandbox was restored " + res.Summary() + "\n"
 }
 
 func timestamp() string { return time.Now().UTC().Format(time.RFC3339Nano) }

@@ -132,7 +132,7 @@ switch (process.argv[2]) {
       // Not silent: the first cell says the sandbox was restored, from
       // what and as of when.
       const said = ex.logs.stderr.join('')
-      assert.match(said, /processes were lost and it was restored from the automatic snapshot/, `stderr: ${said}`)
+      assert.match(said, /^\[sandloop\] this sandbox was restored from the automatic snapshot \S+ \(the session's processes were lost\)/, `stderr: ${said}`)
       assert.match(said, /as of /)
       const ex2 = await sbx.runCode('1')
       assert.equal(ex2.logs.stderr.join(''), '', 'the restore is told once')
@@ -152,7 +152,7 @@ switch (process.argv[2]) {
         const p = await Sandbox.connect(pid)
         const ex = await p.runCode('y')
         assert.equal(text(ex), '7')
-        assert.match(ex.logs.stderr.join(''), /processes were lost and it was restored/)
+        assert.match(ex.logs.stderr.join(''), /this sandbox was restored from/)
         assert.equal((await p.getInfo()).state, 'running')
         await p.kill()
       })
