@@ -309,6 +309,10 @@ func (m *Managed) Lease() (release func()) {
 			m.busy--
 			m.lastUsed = time.Now()
 			m.mu.Unlock()
+			// Again at its end: an automatic snapshot that took the turn
+			// between the start and the work (a cell waiting for it)
+			// counted the use without its effects.
+			m.markUsed()
 		})
 	}
 }
