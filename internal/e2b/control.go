@@ -50,6 +50,9 @@ type sandbox struct {
 	// coldResume: paused with memory: false; the next resume restarts
 	// the kernels and ends the commands.
 	coldResume bool
+	// lossSaid: the restore of a lost sandbox that runCode told of
+	// (lossNotice), so that it is told once.
+	lossSaid string
 }
 
 func (sb *sandbox) deadline() time.Time {

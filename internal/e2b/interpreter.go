@@ -242,6 +242,24 @@ func resultLine(e kernel.Event) outputLine {
 	return line
 }
 
+// lossNotice is, once per restore, what a restore of the sandbox after
+// its processes were lost brought back and what it lost ("" if its
+// latest restore was no such restore, or was told already).
+func (sb *sandbox) lossNotice() string {
+	res := sb.ms.Session.Restored()
+	if res == nil || (res.AsOf.IsZero() && res.Lost == "") {
+		return ""
+	}
+	key := res.From + " " + res.AsOf.String()
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.lossSaid == key {
+		return ""
+	}
+	sb.lossSaid = key
+	return "[sandloop] this sandbox was restored " + res.Summary() + "\n"
+}
+
 func timestamp() string { return time.Now().UTC().Format(time.RFC3339Nano) }
 
 // execute runs a cell, streaming NDJSON lines as they happen. The headers
@@ -299,6 +317,24 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	out.AbortOn(c.s.Done())
 	out.Keepalive(h.opts.Keepalive, frame(outputLine{"type": "keepalive"}))
 	defer out.Close()
+	if c.s == sb.ms.Session {
+		// A sandbox whose processes were lost (its keeper died) sleeps on
+		// its latest snapshot: woken here rather than inside the cell, so
+		// that what came back, and what did not, is said before the
+		// cell's output (E2B's wire has no place of its own for it).
+		if sb.ms.Hibernated() {
+			if _, err := sb.ms.Wake(r.Context()); err != nil {
+				write(outputLine{"type": "error", "name": "SandboxError", "value": "the sandbox could not be restored: " + err.Error(), "traceback": ""})
+				return
+			}
+		}
+		if n := sb.lossNotice(); n != "" {
+			write(outputLine{"type": "stderr", "text": n, "timestamp": timestamp()})
+		}
+		// A cell is a use: the sandbox is written to its next automatic
+		// snapshot (serve --snapshot-every).
+		defer sb.ms.Lease()()
+	}
 	res, err := c.s.Execute(r.Context(), kernel.Request{Code: *req.Code, Env: req.EnvVars}, func(e kernel.Event) {
 		switch e.Type {
 		case kernel.EventStdout, kernel.EventStderr:

@@ -18,9 +18,11 @@ import (
 // to it, one record per sandbox in Options.StateDir: its access tokens,
 // template, metadata, envs, time to live, lifecycle, pause state and
 // network configuration. A new Handler adopts every record whose session
-// the manager re-attached, so Sandbox.connect(id) and runCode go on on
-// the same id with the same tokens; records of sessions that did not come
-// back are removed. What does not survive: the sandbox's commands and
+// the manager holds (re-attached from the keeper, or, if the keeper died
+// too, brought back asleep on its latest snapshot by Manager.Restore, which
+// runs first), so Sandbox.connect(id) and runCode go on on the same id
+// with the same tokens; records of sessions that did not come back are
+// removed. What does not survive: the sandbox's commands and
 // terminals (their processes are the old server's: a restarted server
 // reports none, and their ids are unknown to it), extra code contexts
 // (kernels of their own, not kept: only the default context is), file
@@ -123,8 +125,8 @@ func (h *Handler) forget(id string) {
 }
 
 // adopt takes over the sandboxes recorded in StateDir whose sessions the
-// manager holds (re-attached from the keeper), and removes the records of
-// the others. It returns how many it adopted.
+// manager holds (re-attached from the keeper, or restored asleep), and
+// removes the records of the others. It returns how many it adopted.
 func (h *Handler) adopt() (int, error) {
 	if err := os.MkdirAll(h.opts.StateDir, 0o700); err != nil {
 		return 0, fmt.Errorf("e2b: state directory: %w", err)

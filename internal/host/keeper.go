@@ -128,11 +128,19 @@ func (l *keeperLink) close() {
 }
 
 func (l *keeperLink) Spawn(cmd *exec.Cmd) (int, *os.File, error) {
+	pid, fd, _, err := l.SpawnIn(cmd)
+	return pid, fd, err
+}
+
+// SpawnIn is Spawn, also saying which keeper holds the process (the
+// link's Pid may be a newer one's by the time the caller asks).
+func (l *keeperLink) SpawnIn(cmd *exec.Cmd) (int, *os.File, int, error) {
 	c, err := l.client()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
-	return c.Spawn(cmd)
+	pid, fd, err := c.Spawn(cmd)
+	return pid, fd, c.Pid(), err
 }
 
 func (l *keeperLink) Keep(id string, pid int, meta []byte, files []*os.File) error {

@@ -98,5 +98,6 @@ func (m *Managed) StartCommand(ctx context.Context, c Command) (*jail.Process, e
 	if err := m.Resume(); err != nil {
 		return nil, err
 	}
+	m.markUsed() // a command may change the files: snapshot them again
 	return m.Session.StartCommand(ctx, c)
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
@@ -90,6 +91,10 @@ type durableState struct {
 	usedAt     time.Time // the first use since snap
 	tried      time.Time // the last automatic snapshot tried
 	gone       bool      // the session was closed: no more writes
+
+	// writing: automatic snapshots holding (or taking) the session's
+	// turn, which a Pause then waits for rather than fail busy.
+	writing atomic.Int32
 }
 
 func (m *Manager) recordPath(id string) string {
@@ -315,6 +320,8 @@ func (m *Manager) SnapshotChanged(ctx context.Context, every time.Duration) int 
 // autoSnapshot writes one automatic snapshot of ms, if its turn is free.
 func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	s, d, st := ms.Session, ms.durable, m.opts.Snapshots
+	d.writing.Add(1)
+	defer d.writing.Add(-1)
 	select {
 	case s.turn <- struct{}{}:
 	default:
@@ -536,6 +543,11 @@ func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
 		return 0, nil
 	}
 	m.mu.Lock()
+	// Marked under the same lock as the sweep: a session registered
+	// after the sweep (its kernel started in this keeper just before it
+	// died) sees the mark at its registration, one registered before is
+	// in the sweep.
+	m.keeperDeaths = append(m.keeperDeaths, int64(pid))
 	var lost []*Managed
 	for _, ms := range m.sessions {
 		if ms.Session != nil && ms.Session.keeperPid.Load() == int64(pid) && !ms.Session.hib.on.Load() {

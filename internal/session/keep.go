@@ -52,6 +52,14 @@ type Keeper interface {
 	Pid() int
 }
 
+// keeperSpawnIn is a Keeper that says which keeper a Spawn started its
+// process in: one that reconnects to a new keeper when its keeper died
+// would answer Pid with the new one's, hiding from KeeperDied a kernel
+// started in the dead one just before it died.
+type keeperSpawnIn interface {
+	SpawnIn(cmd *exec.Cmd) (pid int, pidfd *os.File, keeper int, err error)
+}
+
 // keptState is a kept session's metadata. Its descriptors are the
 // jail's (jail.Handoff: 2 or 3), then the kernel's (5).
 type keptState struct {

@@ -247,6 +247,13 @@ func (s *Session) jailLauncher() kernel.Launcher {
 		// The keeper's child must not write to a pipe of ours.
 		stderr = nil
 		spawn = func(cmd *exec.Cmd) (int, *os.File, error) {
+			if in, ok := kp.(keeperSpawnIn); ok {
+				pid, fd, keeper, err := in.SpawnIn(cmd)
+				if err == nil {
+					s.keeperPid.Store(int64(keeper))
+				}
+				return pid, fd, err
+			}
 			pid, fd, err := kp.Spawn(cmd)
 			if err == nil {
 				s.keeperPid.Store(int64(kp.Pid()))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -308,6 +309,10 @@ func (m *Managed) Lease() (release func()) {
 			m.busy--
 			m.lastUsed = time.Now()
 			m.mu.Unlock()
+			// Again at its end: an automatic snapshot that took the turn
+			// between the start and the work (a cell waiting for it)
+			// counted the use without its effects.
+			m.markUsed()
 		})
 	}
 }
@@ -418,7 +423,35 @@ func (m *Managed) Pause() error {
 		}
 		return fmt.Errorf("%w: %d sessions are paused already, this server's maximum (close or resume one)", ErrCapacity, mg.opts.MaxPaused)
 	}
-	return m.Session.Pause()
+	m.snapshotBeforePause()
+	for {
+		err := m.Session.Pause()
+		if !errors.Is(err, ErrBusy) || m.durable == nil || m.durable.writing.Load() == 0 {
+			return err
+		}
+		// An automatic snapshot holds the turn, not a cell: it ends soon.
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// snapshotBeforePause writes an automatic snapshot of a session used
+// since its last one (with ManagerOptions.SnapshotEvery): a paused
+// session is not written (its kernel is frozen), so what was done
+// between its last snapshot and the pause would be lost with its keeper.
+func (m *Managed) snapshotBeforePause() {
+	d := m.durable
+	if d == nil || m.mgr.opts.SnapshotEvery <= 0 {
+		return
+	}
+	d.mu.Lock()
+	used := !d.usedAt.IsZero()
+	d.mu.Unlock()
+	if !used {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
+	defer cancel()
+	m.mgr.autoSnapshot(ctx, m) // a cell running: none (the pause fails busy too)
 }
 
 // Resume is Session.Resume; it counts as a use.
@@ -453,6 +486,12 @@ type Manager struct {
 	pool     []*Session
 	starting int // pooled kernels being started
 	closed   bool
+	// keeperDeaths are the keepers KeeperDied was told of, in order: a
+	// session whose kernel one that died while it was created spawned,
+	// registered after its sweep, is put to sleep at its registration
+	// (Create). Only deaths since the create began count: a later keeper
+	// may reuse a dead one's PID.
+	keeperDeaths []int64
 
 	fair fairPool // without FixedPool (pool.go)
 
@@ -669,6 +708,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	placeholder := &Managed{}
 	key := "starting-" + newID()
 	m.sessions[key] = placeholder
+	deaths := len(m.keeperDeaths) // keepers dead before it began
 	var pooled *Session
 	var servedAt time.Time
 	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0
@@ -751,9 +791,18 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	}
 	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
+	// Its kernel was started in a keeper that died before it was
+	// registered here: KeeperDied's sweep missed it (see there).
+	lost := slices.Contains(m.keeperDeaths[deaths:], s.keeperPid.Load())
 	m.mu.Unlock()
 	m.saveRecord(ms)
-	m.keep(ctx, ms)
+	if lost {
+		if err := m.sleepLost(ctx, ms); err != nil {
+			m.log.Warn("keeper: a session created as its keeper died cannot come back", "session", s.ID(), "err", err)
+		}
+	} else {
+		m.keep(ctx, ms)
+	}
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
 	return ms, nil
 }

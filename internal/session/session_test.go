@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/keeper"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
 func TestMain(m *testing.M) {
 	jail.MaybeInit()
+	keeper.MaybeRun() // the keepers TestKeeperDiedWhileCreating starts are this binary
 	code := m.Run()
 	if shared.s != nil {
 		shared.s.Close() // its cgroup too: nothing may be left behind

@@ -10,6 +10,20 @@
 //                                 variables, file and envs back; the command is reported ended
 //   node keep.mjs again RUNNING   after another restart: connect + runCode once more, then kill
 //
+// A keeper's death (serve --keep-sessions --snapshot-every; TestKeepSessionsE2B/keeper-killed):
+//
+//   node keep.mjs kcreate         a sandbox (metadata, envs, a variable, a file written by the
+//                                 files API, one by a cell) and a paused one; prints "ids ID PAUSED"
+//   node keep.mjs kafter ID PAUSED
+//                                 after the keeper's death, the same serve running: getInfo
+//                                 (metadata), connect + runCode on the same id with the variable,
+//                                 files and envs back, the first cell saying on stderr that the
+//                                 sandbox was restored; the paused one is still paused, and
+//                                 connect resumes it with its variable
+//   node keep.mjs kset ID         connect + runCode('z = 2'), nothing else (a cell alone is a use)
+//   node keep.mjs kagain ID       after serve and keeper were both killed and serve restarted:
+//                                 the same, x + z = 43, then kill
+//
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
 import { Sandbox } from '@e2b/code-interpreter'
@@ -84,8 +98,76 @@ switch (process.argv[2]) {
     })
     break
   }
+  case 'kcreate': {
+    let sbx
+    await step('create', async () => {
+      sbx = await Sandbox.create({ metadata: { who: 'keeper' }, envs: { GREETING: 'hi' }, timeoutMs: 600_000 })
+      await sbx.runCode('x = 41\nopen("made.txt", "w").write("by a cell")')
+      await sbx.files.write('kept.txt', 'kept')
+    })
+    let paused
+    await step('pause one', async () => {
+      paused = await Sandbox.create({ timeoutMs: 600_000 })
+      await paused.runCode('y = 7')
+      await paused.pause()
+      assert.equal((await paused.getInfo()).state, 'paused')
+    })
+    console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
+    break
+  }
+  case 'kafter':
+  case 'kagain': {
+    const id = process.argv[3]
+    const again = process.argv[2] === 'kagain'
+    await step('getInfo after the keeper died', async () => {
+      const info = await Sandbox.getInfo(id)
+      assert.equal(info.metadata.who, 'keeper')
+      assert.equal(info.state, 'running')
+    })
+    await step('connect and runCode on the same id', async () => {
+      const sbx = await Sandbox.connect(id)
+      assert.equal(sbx.sandboxId, id)
+      const ex = await sbx.runCode(again ? 'x + z' : 'x + 1')
+      assert.equal(text(ex), again ? '43' : '42')
+      // Not silent: the first cell says the sandbox was restored, from
+      // what and as of when.
+      const said = ex.logs.stderr.join('')
+      assert.match(said, /^\[sandloop\] this sandbox was restored from the automatic snapshot \S+ \(the session's processes were lost\)/, `stderr: ${said}`)
+      assert.match(said, /as of /)
+      const ex2 = await sbx.runCode('1')
+      assert.equal(ex2.logs.stderr.join(''), '', 'the restore is told once')
+      assert.equal(text(await sbx.runCode('import os\nos.environ["GREETING"]')), "'hi'")
+      assert.equal(await sbx.files.read('kept.txt'), 'kept')
+      assert.equal(await sbx.files.read('made.txt'), 'by a cell')
+      const r = await sbx.commands.run('echo $GREETING')
+      assert.equal(r.stdout.trim(), 'hi')
+      if (again) {
+        await sbx.kill()
+      }
+    })
+    const pid = process.argv[4]
+    if (pid) {
+      await step('the paused one is still paused; connect resumes it', async () => {
+        assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
+        const p = await Sandbox.connect(pid)
+        const ex = await p.runCode('y')
+        assert.equal(text(ex), '7')
+        assert.match(ex.logs.stderr.join(''), /this sandbox was restored from/)
+        assert.equal((await p.getInfo()).state, 'running')
+        await p.kill()
+      })
+    }
+    break
+  }
+  case 'kset': {
+    await step('runCode alone', async () => {
+      const sbx = await Sandbox.connect(process.argv[3])
+      await sbx.runCode('z = 2')
+    })
+    break
+  }
   default:
-    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING')
+    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING | kcreate | kafter ID PAUSED | kset ID | kagain ID')
     process.exit(2)
 }
 console.log('done')
