@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/session"
@@ -71,7 +72,10 @@ func (h *Handler) persistFunc(sb *sandbox) func() {
 	if h.opts.StateDir == "" {
 		return nil
 	}
+	var writing sync.Mutex // two saves in turn: an older record never renamed over a newer one
 	return func() {
+		writing.Lock()
+		defer writing.Unlock()
 		sb.mu.Lock()
 		rec := record{ID: sb.id, Owner: sb.owner, TemplateID: sb.templateID, EnvdToken: sb.envdToken, TrafficToken: sb.trafficToken,
 			Metadata: sb.metadata, EnvVars: sb.envVars, Started: sb.started, EndAt: sb.endAt, TTL: sb.ttl,
