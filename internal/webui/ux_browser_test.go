@@ -149,10 +149,9 @@ func TestBrowserSessionGone(t *testing.T) {
 		t.Helper()
 		p.do("new session", chromedp.Navigate(ts.URL+"/#/notebook"), chromedp.Click(chromedp.CSS("#session-new")),
 			chromedp.WaitVisible(chromedp.CSS("#session-status")))
+		// (The new notebook renders after its status: wait for each.)
 		for _, c := range controls {
-			if !p.shown(c) {
-				t.Errorf("a live session: %s is hidden", c)
-			}
+			p.until("a live session: "+c+" shown", shown+"("+jsString(c)+")")
 		}
 		id := eval[string](p, `decodeURIComponent(location.hash.split('/')[2])`)
 		return func() {
