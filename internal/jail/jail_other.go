@@ -97,3 +97,13 @@ func Attach(Handoff, []*os.File) (*Process, error)     { return nil, ErrUnsuppor
 
 // SweepWorkspacesOf does nothing: keepers need Linux.
 func SweepWorkspacesOf(int, map[string]bool) int { return 0 }
+
+// OverlayUnsupported: overlay workspaces need Linux.
+func OverlayUnsupported() string { return "needs Linux" }
+
+// NewFrozenDir fails: overlay workspaces need Linux.
+func NewFrozenDir(int64, int) (*QuotaDir, error) { return nil, ErrUnsupported }
+
+func (q *QuotaDir) Freeze() error             { return ErrUnsupported }
+func (q *QuotaDir) Overlay() bool             { return false }
+func (q *QuotaDir) MountOverlay(string) error { return ErrUnsupported }

@@ -68,6 +68,8 @@ type QuotaDir struct {
 	// Made by the holder (quota_holder_linux.go): the workspace's tmpfs's
 	// directory under the holder's base (mount is then the tmpfs's root).
 	holderName string
+	// overlay: an overlay is mounted over the tmpfs (MountOverlay).
+	overlay bool
 	// overhead is the inodes the workspace's own directories take (the
 	// root; the directory in it): not the user's files.
 	overhead int64

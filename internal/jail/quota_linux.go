@@ -59,7 +59,7 @@ func SweepWorkspacesOf(pid int, keep map[string]bool) (removed int) {
 			continue
 		}
 		if mounted[d] {
-			if err := unix.Unmount(d, unix.MNT_DETACH); err != nil {
+			if err := unmountAll(d); err != nil {
 				continue
 			}
 		}
@@ -174,7 +174,7 @@ func sweepQuotaDirs(dir string) (removed int) {
 		}
 		p := filepath.Join(dir, e.Name())
 		if mounted[p] {
-			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			if err := unmountAll(p); err != nil {
 				continue
 			}
 		}
@@ -301,7 +301,8 @@ func (q *QuotaDir) Remove() error {
 			return
 		}
 		if q.Enforced {
-			if e := unix.Unmount(q.Path, unix.MNT_DETACH); e != nil && !errors.Is(e, unix.EINVAL) && !errors.Is(e, unix.ENOENT) {
+			// An overlay (MountOverlay) over the tmpfs: both.
+			if e := unmountAll(q.Path); e != nil {
 				err = fmt.Errorf("unmount workspace: %w", e)
 				return
 			}

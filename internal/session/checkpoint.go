@@ -57,8 +57,12 @@ type Checkpoint struct {
 type Restored struct {
 	From string `json:"from"` // "checkpoint cp2", "fork of s-abc", "undo", "snapshot snap-…", "hibernation"
 	// Snapshot is the snapshot it came from, if it did.
-	Snapshot       string   `json:"snapshot,omitempty"`
-	Files          int      `json:"files"`
+	Snapshot string `json:"snapshot,omitempty"`
+	Files    int    `json:"files"`
+	// FilesBy, for a fork's child, is how it got the parent's files:
+	// "overlay" (a read-only copy shared with its siblings, under a layer
+	// of its own that takes its writes) or "copy" (its own copy).
+	FilesBy        string   `json:"files_by,omitempty"`
 	Variables      []string `json:"variables,omitempty"`
 	NotRestored    []string `json:"not_restored,omitempty"`
 	ExecutionCount int      `json:"execution_count"`

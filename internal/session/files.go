@@ -25,6 +25,11 @@ func (s *Session) Files(opts workspace.Options) (*workspace.Workspace, error) {
 	if opts.MaxTotalBytes == 0 || opts.MaxTotalBytes > q.Disk {
 		opts.MaxTotalBytes = q.Disk
 	}
+	if s.quota != nil && s.quota.Overlay() && opts.Usage == nil {
+		// A fork's child: its own bytes are its upper layer's, not the
+		// shared files under it.
+		opts.Usage = s.overlayUsage
+	}
 	return OpenWorkspace(s.workspace, opts)
 }
 

@@ -39,7 +39,8 @@ type forkSource struct {
 	exported   *stateManifest
 	exportErr  error
 	store      *workspace.CheckpointStore
-	fileID     string // a handle of the parent's store, dropped after the fork
+	fileID     string       // a handle of the parent's store, dropped after the fork (copy path, or a checkpoint's)
+	frozen     *frozenFiles // the children's shared lower layer (overlay path), held until the fork ends
 	files      int
 	notCarried []string
 }
@@ -93,6 +94,9 @@ func (f *forkSource) close() {
 	closeBases(f.bases)
 	if f.fileID != "" {
 		f.store.Drop(f.fileID)
+	}
+	if f.frozen != nil {
+		f.frozen.release() // the children hold their own
 	}
 }
 
@@ -170,12 +174,21 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		return nil, nil, fmt.Errorf("%w: a fork into %d sessions needs %d free, %d are", ErrCapacity, n, n, max(room, 0))
 	}
 	t0 := time.Now()
-	src, err := parent.Session.forkSource(ctx, o.Checkpoint)
+	overlay := m.forkOverlay(parent.Session)
+	src, err := parent.Session.forkSource(ctx, o.Checkpoint, overlay)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.close()
 	forkStage("source", t0)
+	if overlay && src.frozen == nil {
+		// From a checkpoint: its files, frozen outside the parent's turn.
+		t0 := time.Now()
+		if src.frozen, err = parent.Session.frozenFromCheckpoint(src.store, src.fileID); err != nil {
+			return nil, nil, err
+		}
+		forkStage("source-frozen", t0)
+	}
 	// The parent is free again: its state streams to the state file while
 	// the children start.
 	go func() {
@@ -200,6 +213,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
 				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
 				PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
+				frozen:     src.frozen,
 			})
 			if err != nil {
 				errs[i] = err
@@ -234,9 +248,22 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	return children, reports[0], nil
 }
 
+// forkOverlay says whether a fork of parent gives its children its files
+// as overlays over one frozen copy (ManagerOptions.ForkFiles).
+func (m *Manager) forkOverlay(parent *Session) bool {
+	if m.opts.ForkFiles == ForkFilesCopy || m.opts.Keeper != nil || m.opts.DefaultTemplate != "" {
+		return false
+	}
+	if how, _ := ForkFilesSupport(); how != ForkFilesOverlay {
+		return false
+	}
+	// The frozen copy is sized by the parent's own capped workspace.
+	return parent.quota != nil && parent.quota.Enforced
+}
+
 // forkSource serializes the session's variables and checkpoints its files
 // (or takes both from checkpoint cp), under its turn.
-func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error) {
+func (s *Session) forkSource(ctx context.Context, cp string, overlay bool) (*forkSource, error) {
 	if err := s.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
@@ -270,6 +297,16 @@ func (s *Session) forkSource(ctx context.Context, cp string) (*forkSource, error
 			return nil, err
 		}
 		src.files, src.notCarried = r.Files, append([]string(nil), r.NotCarried...)
+	} else if overlay {
+		// One plain copy for all the children (or the last one, if
+		// nothing changed since): their workspaces are overlays over it.
+		if src.frozen, err = s.freezeFiles(ws); err != nil {
+			return nil, err
+		}
+		src.files = src.frozen.copy.Files
+		for _, p := range src.frozen.copy.Skipped {
+			src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+		}
 	} else {
 		fc, err := st.Take(ws)
 		if err != nil {
@@ -324,7 +361,14 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 		return nil, err
 	}
 	t0 := time.Now()
-	_, err = src.store.Restore(ws, src.fileID)
+	filesBy := ForkFilesCopy
+	if src.frozen != nil && s.frozen.Load() == src.frozen {
+		filesBy = ForkFilesOverlay // its workspace is an overlay over them already
+	} else if src.fileID == "" {
+		err = errors.New("its workspace is not an overlay over the fork's files")
+	} else {
+		_, err = src.store.Restore(ws, src.fileID)
+	}
 	ws.Close()
 	forkStage("files", t0)
 	filesDone()
@@ -344,7 +388,7 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 	// The child's buffers are mappings of these files: its own first fork
 	// compares against them rather than copying them again.
 	s.exports.keep(append([]kernel.StateBase{{Serial: src.serial, File: src.state}}, src.refs...))
-	res := &Restored{From: src.from, Files: src.files, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
+	res := &Restored{From: src.from, Files: src.files, FilesBy: filesBy, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
 	said := map[string]bool{}
 	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {
 		if !said[ns.Name] { // the import repeats what the export could not save

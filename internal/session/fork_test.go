@@ -51,6 +51,9 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 	if res.From != "fork of "+parent.ID() || res.Files != 2 || !slices.Contains(res.Variables, "v_x") || !slices.Contains(res.Variables, "json") {
 		t.Errorf("restored %+v: want v_x and json among the variables, 2 files", res)
 	}
+	if want, why := ForkFilesSupport(); res.FilesBy != want {
+		t.Errorf("files by %q, want %q here (%s)", res.FilesBy, want, why)
+	}
 	if !strings.Contains(strings.Join(res.NotRestored, "\n"), "v_gen") {
 		t.Errorf("not restored %q: want the generator v_gen (it does not serialize)", res.NotRestored)
 	}

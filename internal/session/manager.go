@@ -186,6 +186,13 @@ type ManagerOptions struct {
 	// session used since its last one, at most this often (durable.go).
 	// If zero, never.
 	SnapshotEvery time.Duration
+	// ForkFiles is how a fork gives its children the parent's files:
+	// ForkFilesOverlay (the default where it runs: as root, without a
+	// Keeper or DefaultTemplate) shares one read-only copy per fork under
+	// each child's own overlay layer; ForkFilesCopy copies them into each
+	// child's workspace. Where the overlay cannot run, forks copy
+	// (ForkFilesSupport says why; Restored.FilesBy says which ran).
+	ForkFiles string
 }
 
 // What ManagerOptions.IdleAction may be.
@@ -240,6 +247,10 @@ type CreateOptions struct {
 	// fails (a corrupted snapshot: *snapshot.CorruptError), the session is
 	// closed and Create fails: never half-restored.
 	Snapshot string
+
+	// frozen: a fork's child, whose workspace is an overlay over its
+	// parent's frozen files (forkfiles.go). Never from the pool.
+	frozen *frozenFiles
 }
 
 // NoTemplate, as CreateOptions.Template, asks for the plain environment
@@ -711,7 +722,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	deaths := len(m.keeperDeaths) // keepers dead before it began
 	var pooled *Session
 	var servedAt time.Time
-	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0
+	poolable := limits == m.defaults && len(opts.Env) == 0 && opts.Network == jail.NetworkNone && tmpl == nil && m.opts.PoolSize > 0 && opts.frozen == nil
 	if poolable && len(m.pool) > 0 {
 		pooled = m.pool[len(m.pool)-1]
 		m.pool = m.pool[:len(m.pool)-1]
@@ -764,6 +775,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		o := m.sessionOptions(limits, opts.Env, opts.Network, opts.Egress, execTimeout)
 		o.Checkpoints = mode
 		o.Template = tmpl
+		o.frozen = opts.frozen
 		s, err = New(ctx, o)
 	}
 	m.mu.Lock()

@@ -213,6 +213,10 @@ type Options struct {
 	// their files. Over it the oldest automatic ones are dropped. If
 	// zero, 1 GiB.
 	CheckpointMemory int64
+
+	// frozen, if set, is a fork's frozen copy of its parent's files: the
+	// new workspace is an overlay over it (forkfiles.go).
+	frozen *frozenFiles
 }
 
 // Session is one sandboxed Python kernel and its workspace. Its methods are
@@ -255,6 +259,13 @@ type Session struct {
 
 	exports exportCache // fork.go: the last fork's export, for the next one
 
+	// forkfiles.go: the last frozen copy of the files a fork of this
+	// session made (no hold on it: reused while a child keeps it), and
+	// the one this session's workspace is an overlay over (held).
+	frozenMu   sync.Mutex
+	lastFrozen *frozenFiles
+	frozen     atomic.Pointer[frozenFiles]
+
 	// keepSnapshots: Close leaves the session's held snapshot in the
 	// store (a server letting go of it for the next one: durable.go).
 	keepSnapshots atomic.Bool
@@ -289,6 +300,14 @@ func New(ctx context.Context, o *Options) (*Session, error) {
 			return nil, err
 		}
 		s.workspace, s.quota = q.Path, q
+		if opts.frozen != nil {
+			if err := s.mountFrozen(opts.frozen); err != nil {
+				s.removeWorkspace()
+				return nil, fmt.Errorf("session %s: %w", s.id, err)
+			}
+		}
+	} else if opts.frozen != nil {
+		return nil, errors.New("a fork's child has a workspace of its own, not the caller's")
 	} else {
 		fi, err := os.Stat(opts.Workspace)
 		if err != nil {
@@ -562,7 +581,11 @@ func (s *Session) removeWorkspace() error {
 	if s.quota == nil {
 		return nil
 	}
-	if err := s.quota.Remove(); err != nil {
+	err := s.quota.Remove()
+	// The fork's frozen files: unmounted once no workspace holds them (a
+	// workspace not unmounted keeps them in the kernel all the same).
+	s.releaseFrozen()
+	if err != nil {
 		return fmt.Errorf("remove workspace: %w", err)
 	}
 	return nil

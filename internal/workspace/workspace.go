@@ -78,6 +78,10 @@ type Options struct {
 	// (EOVERFLOW); renames too. It also does so with the sandbox user's
 	// rights.
 	CreateAsOwner bool
+	// Usage, if set, reports the bytes the workspace holds (for
+	// MaxTotalBytes) instead of a walk of its files: for an overlay
+	// workspace, whose shared lower files are not its own.
+	Usage func() (int64, error)
 }
 
 // Workspace is one directory, accessed without ever leaving it.
@@ -427,8 +431,12 @@ func (w *Workspace) Clear() error {
 	return nil
 }
 
-// Usage is the total size of the regular files in the workspace.
+// Usage is the total size of the regular files in the workspace (or
+// what Options.Usage says).
 func (w *Workspace) Usage() (int64, error) {
+	if w.opts.Usage != nil {
+		return w.opts.Usage()
+	}
 	var total int64
 	err := fs.WalkDir(w.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -477,6 +478,14 @@ func chownTree(root string, uid, gid int) error {
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		// What the sandbox user owns already is left alone: on an overlay
+		// workspace (a fork's child) a chown would copy a shared lower
+		// file up into the child's own layer.
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
+				return nil
+			}
 		}
 		return os.Lchown(path, uid, gid)
 	})
