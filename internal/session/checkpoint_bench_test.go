@@ -227,9 +227,11 @@ func BenchmarkFork(b *testing.B) {
 	}
 	// Each round forks twice: first copying the DataFrame (as without the
 	// cache), then again with the first export to compare against.
-	var forkT, copyT, stallT, copyStallT []time.Duration
+	var forkT, copyT, stallT, copyStallT, liveT, liveStallT, filesCopyT, filesCopyStallT []time.Duration
 	var childMem []int64
 	copied, compared := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
+	live, filesCopied := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
+	filesBy, _ := ForkFilesSupport()
 	var first string
 	for i := 0; b.Loop(); i++ {
 		kids, d, stall := fork(1, true)
@@ -243,8 +245,20 @@ func BenchmarkFork(b *testing.B) {
 		kids, d, stall = fork(1, false)
 		forkT, stallT = append(forkT, d), append(stallT, stall)
 		childMem = append(childMem, privateMemory(b, kids[0].Session))
-		kids[0].Close()
 		compared.merge(stages)
+		// Again while that child lives: its frozen files are reused.
+		again, d, stall := fork(1, false)
+		liveT, liveStallT = append(liveT, d), append(liveStallT, stall)
+		live.merge(stages)
+		again[0].Close()
+		kids[0].Close()
+		// Baseline: the files copied into the child (ForkFilesCopy).
+		m.opts.ForkFiles = ForkFilesCopy
+		kids, d, stall = fork(1, false)
+		m.opts.ForkFiles = ""
+		filesCopyT, filesCopyStallT = append(filesCopyT, d), append(filesCopyStallT, stall)
+		kids[0].Close()
+		filesCopied.merge(stages)
 	}
 	b.StopTimer()
 	turn := median(append(copied.get("source-turn"), compared.get("source-turn")...))
@@ -267,6 +281,13 @@ func BenchmarkFork(b *testing.B) {
 			k.Close()
 		}
 	}
+	m.opts.ForkFiles = ForkFilesCopy
+	kids, tenFilesCopy, _ := fork(10, false)
+	m.opts.ForkFiles = ""
+	tenFilesCopyStages := stages.reset()
+	for _, k := range kids {
+		k.Close()
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("load average: %s", strings.TrimSpace(string(load)))
 	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", first, turn.Round(100*time.Microsecond))
@@ -274,6 +295,11 @@ func BenchmarkFork(b *testing.B) {
 	b.Logf("stages of one fork, the DataFrame compared with the last export (p50): %s", compared.reset())
 	b.Logf("stages of a fork into 10, copied (p50 of each child's): %s", tenStages[true])
 	b.Logf("stages of a fork into 10, compared (p50 of each child's): %s", tenStages[false])
+	b.Logf("files by %s (the default here); baseline ForkFilesCopy: stages of one fork (p50): %s; of a fork into 10: %s", filesBy, filesCopied.reset(), tenFilesCopyStages)
+	b.Logf("stages of one fork while the last one's child lives (its frozen files reused; p50): %s", live.reset())
+	b.Logf("files by %s: fork p50 %v, 10 children %v, parent's longest cell wait p50 %v; while a child of the last fork lives: fork p50 %v, wait p50 %v; files copied into each child (baseline): fork p50 %v, 10 children %v, wait p50 %v; ratio copy/%s: 1 child %.2f, 10 children %.2f",
+		filesBy, median(forkT), ten[false], median(stallT), median(liveT), median(liveStallT), median(filesCopyT), tenFilesCopy, median(filesCopyStallT), filesBy,
+		float64(median(filesCopyT))/float64(median(forkT)), float64(tenFilesCopy)/float64(ten[false]))
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
 		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
 	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
@@ -326,7 +352,7 @@ func (s *stageTimes) reset() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for _, k := range []string{"source", "source-turn", "source-files", "export", "create", "files", "import", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
+	for _, k := range []string{"source", "source-turn", "source-prefreeze", "source-files", "source-frozen", "export", "create", "files", "import", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
 		if d := s.d[k]; len(d) > 0 {
 			out = append(out, fmt.Sprintf("%s %v", k, median(d).Round(100*time.Microsecond)))
 		}

@@ -175,13 +175,27 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	}
 	t0 := time.Now()
 	overlay := m.forkOverlay(parent.Session)
-	src, err := parent.Session.forkSource(ctx, o.Checkpoint, overlay)
+	var pre *preFrozen
+	if overlay && o.Checkpoint == "" {
+		// The files are copied before the parent's turn, while it may
+		// still run; its turn only brings the copy up to date.
+		t0 := time.Now()
+		if pre, err = parent.Session.preFreeze(); err != nil {
+			return nil, nil, err
+		}
+		forkStage("source-prefreeze", t0)
+	}
+	src, err := parent.Session.forkSource(ctx, o.Checkpoint, overlay, pre)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.close()
 	forkStage("source", t0)
-	if overlay && src.frozen == nil {
+	if src.frozen != nil {
+		if err := parent.Session.publishFrozen(src.frozen); err != nil {
+			return nil, nil, err
+		}
+	} else if overlay {
 		// From a checkpoint: its files, frozen outside the parent's turn.
 		t0 := time.Now()
 		if src.frozen, err = parent.Session.frozenFromCheckpoint(src.store, src.fileID); err != nil {
@@ -263,11 +277,19 @@ func (m *Manager) forkOverlay(parent *Session) bool {
 
 // forkSource serializes the session's variables and checkpoints its files
 // (or takes both from checkpoint cp), under its turn.
-func (s *Session) forkSource(ctx context.Context, cp string, overlay bool) (*forkSource, error) {
+func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *preFrozen) (*forkSource, error) {
 	if err := s.acquireRunning(ctx); err != nil {
+		if pre != nil {
+			pre.close()
+		}
 		return nil, err
 	}
 	defer s.release()
+	defer func() {
+		if pre != nil { // not taken
+			pre.close()
+		}
+	}()
 	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
@@ -300,7 +322,9 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool) (*for
 	} else if overlay {
 		// One plain copy for all the children (or the last one, if
 		// nothing changed since): their workspaces are overlays over it.
-		if src.frozen, err = s.freezeFiles(ws); err != nil {
+		p := pre
+		pre = nil
+		if src.frozen, err = s.freezeFiles(ws, p); err != nil {
 			return nil, err
 		}
 		src.files = src.frozen.copy.Files

@@ -35,8 +35,9 @@ func ForkFilesSupport() (how, why string) {
 // holder (the fork while it runs, each child while it lives) lets go; the
 // kernel frees its pages once the last overlay over it is unmounted.
 type frozenFiles struct {
-	dir  *jail.QuotaDir
-	copy *workspace.TreeCopy // what it holds, nil if restored from a checkpoint (never reused)
+	dir    *jail.QuotaDir
+	copy   *workspace.TreeCopy // what it holds, nil if restored from a checkpoint (never reused)
+	frozen bool                // read-only (freeze)
 
 	mu   sync.Mutex
 	refs int // 0: removed
@@ -64,63 +65,134 @@ func (f *frozenFiles) release() {
 	}
 }
 
-// newFrozenFiles makes an empty frozen directory sized like the session's
-// workspace, and fills it with fill before freezing it.
-func (s *Session) newFrozenFiles(fill func(*workspace.Workspace) error) (*frozenFiles, error) {
+// newFrozenFiles makes an empty directory for a frozen copy, sized like
+// the session's workspace, opened for filling (the caller closes it and
+// then calls freeze).
+func (s *Session) newFrozenFiles() (*frozenFiles, *workspace.Workspace, error) {
 	q, err := jail.NewFrozenDir(s.quota.Disk, s.quota.Files)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ws, err := OpenWorkspace(q.Path, workspace.Options{MaxFileBytes: s.quota.Disk + 1, MaxTotalBytes: s.quota.Disk + 1})
-	if err == nil {
-		err = fill(ws)
-		ws.Close()
-	}
-	if err == nil {
-		err = q.Freeze()
-	}
 	if err != nil {
 		q.Remove()
-		return nil, err
+		return nil, nil, err
 	}
-	return &frozenFiles{dir: q, refs: 1}, nil
+	return &frozenFiles{dir: q, refs: 1}, ws, nil
 }
 
-// freezeFiles returns a frozen copy of the workspace ws (the session's,
-// under its turn): the session's last one if nothing changed since
-// (no copy at all), else a plain copy (no hashing). The caller holds it.
-func (s *Session) freezeFiles(ws *workspace.Workspace) (*frozenFiles, error) {
+// freeze makes f read-only (once).
+func (f *frozenFiles) freeze() error {
+	if f.frozen {
+		return nil
+	}
+	if err := f.dir.Freeze(); err != nil {
+		return err
+	}
+	f.frozen = true
+	return nil
+}
+
+// preFrozen is a frozen copy for the next fork made before its turn:
+// the session's last one (if it looks unchanged), or a fresh copy of the
+// workspace made while the session may still run (fill open on it).
+type preFrozen struct {
+	f    *frozenFiles
+	fill *workspace.Workspace // nil: the last fork's copy, reused
+}
+
+// preFreeze copies the session's files for a fork, outside its turn, so
+// that the turn only brings the copy up to date (freezeFiles): a walk,
+// and a copy of what changed meanwhile. A copy of the last fork whose
+// files still look the same is reused instead, while a child holds it.
+func (s *Session) preFreeze() (*preFrozen, error) {
+	_, ws, err := s.checkpointFiles()
+	if err != nil {
+		return nil, err
+	}
 	s.frozenMu.Lock()
 	last := s.lastFrozen
 	s.frozenMu.Unlock()
 	if last != nil && last.copy.Unchanged(ws) && last.acquire() {
-		return last, nil
+		return &preFrozen{f: last}, nil
 	}
-	var tc *workspace.TreeCopy
-	f, err := s.newFrozenFiles(func(dst *workspace.Workspace) (err error) {
-		tc, err = workspace.CopyTree(dst, ws)
-		return err
-	})
+	f, fill, err := s.newFrozenFiles()
 	if err != nil {
-		return nil, fmt.Errorf("session %s: freeze its files for a fork: %w", s.id, err)
+		return nil, fmt.Errorf("session %s: copy its files for a fork: %w", s.id, err)
 	}
-	f.copy = tc
-	// Not a hold: the next fork reuses it only while a child keeps it.
-	s.frozenMu.Lock()
-	s.lastFrozen = f
-	s.frozenMu.Unlock()
-	return f, nil
+	if f.copy, err = workspace.CopyTree(fill, ws); err != nil {
+		fill.Close()
+		f.release()
+		return nil, fmt.Errorf("session %s: copy its files for a fork: %w", s.id, err)
+	}
+	return &preFrozen{f: f, fill: fill}, nil
+}
+
+// close lets go of a pre-frozen copy a fork did not take.
+func (p *preFrozen) close() {
+	if p.fill != nil {
+		p.fill.Close()
+	}
+	p.f.release()
+}
+
+// freezeFiles returns the frozen copy of the session's workspace ws for
+// a fork, under its turn, from pre (which it takes): the last fork's, if
+// nothing changed since; else pre's copy brought up to date (what changed
+// since it was made is copied again: no hashing). It is frozen by
+// publishFrozen, after the turn.
+func (s *Session) freezeFiles(ws *workspace.Workspace, pre *preFrozen) (*frozenFiles, error) {
+	if pre.fill == nil {
+		if pre.f.copy.Unchanged(ws) {
+			return pre.f, nil
+		}
+		pre.f.release() // changed since preFreeze looked: copy here
+		f, fill, err := s.newFrozenFiles()
+		if err != nil {
+			return nil, fmt.Errorf("session %s: copy its files for a fork: %w", s.id, err)
+		}
+		f.copy = &workspace.TreeCopy{}
+		pre = &preFrozen{f: f, fill: fill}
+	}
+	_, err := pre.f.copy.Update(pre.fill, ws)
+	pre.fill.Close()
+	if err != nil {
+		pre.f.release()
+		return nil, fmt.Errorf("session %s: copy its files for a fork: %w", s.id, err)
+	}
+	return pre.f, nil
+}
+
+// publishFrozen freezes f (read-only from now on) and makes it the copy
+// the session's next fork may reuse.
+func (s *Session) publishFrozen(f *frozenFiles) error {
+	if err := f.freeze(); err != nil {
+		return fmt.Errorf("session %s: %w", s.id, err)
+	}
+	if f.copy != nil {
+		// Not a hold: the next fork reuses it only while a child keeps it.
+		s.frozenMu.Lock()
+		s.lastFrozen = f
+		s.frozenMu.Unlock()
+	}
+	return nil
 }
 
 // frozenFromCheckpoint builds a fork's frozen copy from a checkpoint of
 // the session's store (outside the session's turn).
 func (s *Session) frozenFromCheckpoint(st *workspace.CheckpointStore, id string) (*frozenFiles, error) {
-	f, err := s.newFrozenFiles(func(dst *workspace.Workspace) error {
-		_, err := st.Restore(dst, id)
-		return err
-	})
+	f, fill, err := s.newFrozenFiles()
 	if err != nil {
-		return nil, fmt.Errorf("session %s: freeze a checkpoint's files for a fork: %w", s.id, err)
+		return nil, fmt.Errorf("session %s: copy a checkpoint's files for a fork: %w", s.id, err)
+	}
+	_, err = st.Restore(fill, id)
+	fill.Close()
+	if err == nil {
+		err = f.freeze()
+	}
+	if err != nil {
+		f.release()
+		return nil, fmt.Errorf("session %s: copy a checkpoint's files for a fork: %w", s.id, err)
 	}
 	return f, nil
 }

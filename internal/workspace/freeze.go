@@ -19,23 +19,38 @@ type TreeCopy struct {
 	Bytes   int64    // their bytes
 	Skipped []string // entries not copied: FIFOs, sockets, devices
 	seen    map[string]fileID
-	racy    bool // an entry changed within racyWindow of the copy: never called unchanged
+	start   time.Time // of the last copy or update
+	racy    bool      // an entry changed within racyWindow of it: never called unchanged
 }
 
 // CopyTree copies every directory, regular file and symlink of src into
 // dst (an empty workspace), keeping modes and modification times; dst's
 // Options give the owner. FIFOs, sockets and devices are skipped (listed
 // in Skipped). Nothing of src is followed out of it, and nothing blocks
-// on a FIFO. The copy is plain (no hashing): it is made in the turn of
-// the session it copies.
+// on a FIFO. The copy is plain (no hashing).
 func CopyTree(dst, src *Workspace) (*TreeCopy, error) {
-	start := time.Now()
 	c := &TreeCopy{seen: map[string]fileID{}}
+	if _, err := c.Update(dst, src); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Update makes dst (which c was copied into, and nothing else has
+// changed) a copy of src as it is now, copying again only what changed
+// in src since (or was changing as it was copied), and returns how many
+// entries it copied or removed. It lets a copy made while src was still
+// in use be brought up to date in a moment, once src is held still.
+func (c *TreeCopy) Update(dst, src *Workspace) (int, error) {
+	start := time.Now()
 	type dirTime struct {
 		p     string
 		mtime time.Time
 	}
 	var dirs []dirTime
+	seen := map[string]fileID{}
+	changed, files, bytes := 0, 0, int64(0)
+	var skipped []string
 	err := fs.WalkDir(src.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -50,25 +65,46 @@ func CopyTree(dst, src *Workspace) (*TreeCopy, error) {
 			}
 			return err
 		}
+		id := idOf(fi)
+		mode := fi.Mode()
+		if !mode.IsDir() && !mode.IsRegular() && mode&fs.ModeSymlink == 0 {
+			skipped = append(skipped, p)
+			return nil
+		}
+		if mode.IsRegular() {
+			files++
+			bytes += fi.Size()
+		}
+		if mode.IsDir() {
+			// Its time again at the end: copying into it changes it.
+			dirs = append(dirs, dirTime{p, fi.ModTime()})
+		}
+		old, had := c.seen[p]
+		if had && old == id && !c.racyEntry(old) {
+			seen[p] = id // as copied
+			return nil
+		}
+		changed++
+		if had && (old.mode.Type() != mode.Type() || !mode.IsDir()) {
+			if err := dst.root.RemoveAll(p); err != nil {
+				return err
+			}
+		}
 		switch {
-		case fi.IsDir():
-			if p != "." {
+		case mode.IsDir():
+			if p != "." && !(had && old.mode.IsDir()) {
 				if err := dst.root.Mkdir(p, 0o700); err != nil {
 					return err
 				}
 			}
-			if err := dst.root.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSticky)); err != nil {
+			if err := dst.root.Chmod(p, mode&(fs.ModePerm|fs.ModeSticky)); err != nil {
 				return err
 			}
-			dirs = append(dirs, dirTime{p, fi.ModTime()})
-		case fi.Mode().IsRegular():
-			n, err := copyFile(dst, src, p, fi)
-			if err != nil {
+		case mode.IsRegular():
+			if _, err := copyFile(dst, src, p, fi); err != nil {
 				return err
 			}
-			c.Files++
-			c.Bytes += n
-		case fi.Mode()&fs.ModeSymlink != 0:
+		default:
 			target, err := src.root.Readlink(p)
 			if err != nil {
 				return err
@@ -76,32 +112,53 @@ func CopyTree(dst, src *Workspace) (*TreeCopy, error) {
 			if err := dst.root.Symlink(target, p); err != nil {
 				return err
 			}
-		default:
-			c.Skipped = append(c.Skipped, p)
-			return nil
 		}
 		if err := dst.chown(p); err != nil {
 			return err
 		}
-		c.seen[p] = idOf(fi)
+		seen[p] = id
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("copy the workspace: %w", err)
+		return 0, fmt.Errorf("copy the workspace: %w", err)
+	}
+	// What src no longer has, deepest first.
+	var gone []string
+	for p := range c.seen {
+		if _, ok := seen[p]; !ok {
+			gone = append(gone, p)
+		}
+	}
+	slices.Sort(gone)
+	for _, p := range slices.Backward(gone) {
+		// (Under a directory replaced by a file: gone with it.)
+		if err := dst.root.RemoveAll(p); err != nil && !errors.Is(err, syscall.ENOTDIR) {
+			return 0, fmt.Errorf("copy the workspace: %w", err)
+		}
+		changed++
 	}
 	// Directories last, deepest first: filling them changed their times.
 	for _, d := range slices.Backward(dirs) {
 		if err := dst.root.Chtimes(d.p, d.mtime, d.mtime); err != nil {
-			return nil, fmt.Errorf("copy the workspace: %w", err)
+			return 0, fmt.Errorf("copy the workspace: %w", err)
 		}
 	}
-	for _, id := range c.seen {
-		if id.ino == 0 || time.Unix(0, max(id.mtime, id.ctime)).After(start.Add(-racyWindow)) {
+	c.seen, c.start, c.Files, c.Bytes, c.Skipped = seen, start, files, bytes, skipped
+	c.racy = false
+	for _, id := range seen {
+		if c.racyEntry(id) {
 			c.racy = true
 			break
 		}
 	}
-	return c, nil
+	return changed, nil
+}
+
+// racyEntry says whether the entry with id may have changed, unseen,
+// just after the copy looked at it: it changed within racyWindow of the
+// copy (timestamps come from a coarse clock), or has no identity.
+func (c *TreeCopy) racyEntry(id fileID) bool {
+	return id.ino == 0 || time.Unix(0, max(id.mtime, id.ctime)).After(c.start.Add(-racyWindow))
 }
 
 // copyFile copies regular file p of src (fi: its Lstat) to dst.

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // TestCopyTree copies a tree with a subdirectory, modes, times, a symlink
@@ -86,6 +88,32 @@ func TestCopyTree(t *testing.T) {
 	must(os.WriteFile(filepath.Join(src, "new"), nil, 0o600))
 	if c.Unchanged(sw) {
 		t.Error("a new file is not seen")
+	}
+
+	// Update brings a copy up to date with what changed since: a file
+	// rewritten, one removed, a directory replaced by a file, a new one.
+	dw3 := mustEmpty(t)
+	c, err = CopyTree(dw3, sw)
+	must(err)
+	must(os.WriteFile(filepath.Join(src, "top"), []byte("short now"), 0o644))
+	must(os.Remove(filepath.Join(src, "new")))
+	must(os.RemoveAll(filepath.Join(src, "d/e")))
+	must(os.WriteFile(filepath.Join(src, "d/e"), []byte("a file"), 0o600))
+	must(os.Mkdir(filepath.Join(src, "n"), 0o700))
+	must(os.WriteFile(filepath.Join(src, "n/x"), []byte("x"), 0o600))
+	must(os.Chtimes(filepath.Join(src, "n/x"), old, old))
+	n, err := c.Update(dw3, sw)
+	must(err)
+	if n == 0 {
+		t.Error("Update copied nothing")
+	}
+	want := testutil.Tree(t, src, true)
+	delete(want, "fifo")
+	if d := diffTrees(want, testutil.Tree(t, dw3.root.Name(), true)); d != "" {
+		t.Errorf("after Update the copy differs:\n%s", d)
+	}
+	if c.Files != 3 || len(c.Skipped) != 1 {
+		t.Errorf("after Update: %d files, skipped %q; want 3, [fifo]", c.Files, c.Skipped)
 	}
 }
 
