@@ -44,6 +44,10 @@ type Restored struct {
 	// Snapshot is the snapshot it came from, if it did.
 	Snapshot string `json:"snapshot,omitempty"`
 	Files    int    `json:"files"`
+	// FilesBy, for a fork's child, is how it got the parent's files:
+	// "overlay" (a read-only copy shared with its siblings, under a layer
+	// of its own) or "copy".
+	FilesBy string `json:"files_by,omitempty"`
 	// Variables are those carried (a fork: those that serialized).
 	Variables []string `json:"variables,omitempty"`
 	// NotRestored lists what did not come back, each with the reason.

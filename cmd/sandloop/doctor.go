@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/template"
 	"github.com/sandloop/sandloop/internal/zygote"
 	"github.com/spf13/cobra"
@@ -142,6 +143,11 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, template
 	quota := jail.QuotaSupport()
 	quota.Detail = fmt.Sprintf("%s and %d files per workspace by default (--disk, --files): %s", formatSize(jail.DefaultDisk), jail.DefaultFiles, quota.Detail)
 	line(quota, "workspace quota")
+	if how, why := session.ForkFilesSupport(); how == session.ForkFilesOverlay {
+		line(jail.Check{OK: true, Detail: "a fork's children share one read-only copy of the parent's files (an overlayfs each; what a child writes goes to its own capped tmpfs)"}, "fork files")
+	} else {
+		info("fork files", "each child of a fork gets its own copy of the parent's files (shared only as root: "+why+")")
+	}
 	if err := zygote.Supported(); err == nil {
 		line(jail.Check{OK: true, Detail: "serve, mcp and agent fork sessions from a template with numpy, pandas and matplotlib imported (--zygote=off to start them cold)"}, "zygote")
 	} else {

@@ -90,7 +90,8 @@ func TestRootlessFallbackIsAWarning(t *testing.T) {
 	// namespace (detached, or held by the holder before 6.15), and the
 	// zygote is not used: said, not failed.
 	if !strings.Contains(out, "ok    workspace quota   256M and 20000 files per workspace by default (--disk, --files): a size- and inode-capped tmpfs per workspace, made in a user namespace") ||
-		!strings.Contains(out, "--    zygote            not used: ") {
+		!strings.Contains(out, "--    zygote            not used: ") ||
+		!strings.Contains(out, "--    fork files        each child of a fork gets its own copy of the parent's files (shared only as root: ") {
 		t.Errorf("rootless doctor does not say how the quota is enforced and that the zygote is not used:\n%s", out)
 	}
 	if !strings.Contains(out, "of which importing 6 packages took") {
@@ -238,7 +239,7 @@ func TestDoctor(t *testing.T) {
 	}
 	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "ok    egress proxy      allow mode: a round trip", "numpy", "a safe sandbox can be built",
 		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions",
-		"ok    pause             cgroup v"} {
+		"ok    pause             cgroup v", "ok    fork files        a fork's children share one read-only copy"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}

@@ -110,11 +110,10 @@ func (f *forkSource) close() {
 // The variables cross by serialization in the kernel (the C pickler
 // first, dill where installed for what it refuses; modules by name),
 // written once by a forked copy of the parent's kernel, and its files are
-// checkpointed once. The parent's turn is held for the file checkpoint
-// and the kernel's fork() only: the copy streams the state on the
-// kernel's state channel into a state file in memory (a memfd) while the
-// parent runs on and the children start; each child restores its files
-// meanwhile. Once the state is complete the file is sealed and every
+// copied once (see Files below). The parent's turn is held for bringing
+// that copy up to date and the kernel's fork() only: the copy streams the
+// state on the kernel's state channel into a state file in memory (a
+// memfd) while the parent runs on and the children start. Once the state is complete the file is sealed and every
 // child maps it copy-on-write (kernel.ImportStateFile): the large buffers
 // (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
 // so the children share those pages until one writes to them, and a
@@ -131,17 +130,38 @@ func (f *forkSource) close() {
 // like every fork's state file) until the session forks again or closes,
 // even once its children are gone.
 //
-// Files are still copied into each child's own workspace (its tmpfs):
-// 50 MB costs each child 50 MB of new pages. Sharing one read-only copy
-// per fork as the lower layer of an overlayfs per child (upper: the
-// child's tmpfs) was weighed and not done here: a child's jail attaches
-// its workspace when it starts (a clone of the tree, private
-// propagation; the zygote's children get theirs as a mount descriptor at
-// their fork), before the fork gives it files, so the overlay would have
-// to be built (fsopen("overlay") and fsmount, as root or in the quota
-// holder's user namespace) and handed to the jail at its start by a
-// Create path of its own; and the workspace's caps and usage would then
-// count the shared lower files. What did not
+// Files (ManagerOptions.ForkFiles, forkfiles.go). Where it runs (root,
+// workspaces that are host tmpfs mounts; doctor says), the children share
+// one read-only copy of the parent's files: the fork copies the parent's
+// workspace once, plainly (no hashing), into a tmpfs of the server's own
+// (jail.NewFrozenDir), remounts it read-only, and each child's workspace
+// is its own capped tmpfs with an overlayfs over it, mounted by Create
+// before the child's jail attaches it (a cold jail clones the mount on
+// the path; the zygote's spare gets a detached clone of it): the frozen
+// copy is the lower layer, the upper and work directories are in the
+// child's tmpfs. A child reads the shared pages; what it writes (new
+// files, a shared file it changes, copied up whole at its first write,
+// and a whiteout per shared file it deletes) goes to its own tmpfs,
+// charged to its cgroup and bounded by its caps, and nobody else sees
+// it. Its usage (Session.Usage, the files API's size cap) counts its own
+// layer only, not the shared files; listings, snapshots, checkpoints and
+// restores see the merged view (a restore writes and whites out in the
+// child's layer). The copy is made before the parent's turn, while it may
+// still run (preFreeze), and brought up to date in its turn (a walk of
+// the workspace comparing inode, size, mode and times, and a copy of
+// only what changed since or was changing; TreeCopy.Update), so the turn
+// holds no bulk copy and no hashing. A fork of files unchanged since the
+// last fork reuses that copy, as long as a child of it lives; a copy is
+// removed once the last child using it is closed (the kernel frees its
+// pages when the last overlay over it goes). Its pages are the server's
+// (like the state file), at most one parent's Disk per fork with a child
+// alive. A file written through a shared writable mapping without a
+// write(2) keeps its times and may be taken as unchanged (as the
+// checkpoint store would). Where the overlay cannot run (without root:
+// an overlay in the quota holder's user namespace is not built), or with
+// ForkFilesCopy, each child's workspace gets a copy of the files from a
+// checkpoint of the parent's store (Restored.FilesBy says which ran).
+// What did not
 // cross (a name that does not serialize, the parent's threads and child
 // processes) is listed in the Restored report, which each child also
 // keeps (Session.Restored).

@@ -97,6 +97,10 @@ os.mkfifo("/workspace/fifo")
 			t.Errorf("child %d's usage at the fork %+v: want nothing of its own (the shared files are not its)", i, u)
 		}
 	}
+	cpA, err := a.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Child a writes, overwrites and deletes; the parent deletes and
 	// writes too.
 	mustOK(t, runCode(t, a.Session, `
@@ -151,6 +155,16 @@ open("/workspace/parent-later.txt", "w").write("later")
 	if got := managedText(t, b, "sorted(os.listdir('/workspace'))"); got != "['big.bin', 'd', 'link', 'up.bin']" {
 		t.Errorf("the sibling after its upload: %s", got)
 	}
+
+	// a's checkpoint brings back the shared files it deleted (whiteouts
+	// gone) and removes what it wrote.
+	if _, err := a.RestoreCheckpoint(ctx, cpA.ID); err != nil {
+		t.Fatal(err)
+	}
+	if d := treeDiff(before, wsTree(t, a.Workspace())); d != "" {
+		t.Errorf("child a after restoring its checkpoint:\n%s", d)
+	}
+	mustOK(t, runCode(t, a.Session, "os.remove('/workspace/big.bin')\nopen('/workspace/a2', 'w').write('a2')"))
 
 	// A child forks in turn: its grandchild gets the merged view.
 	grand, _, err := m.Fork(ctx, "alice", a.ID(), ForkOptions{})

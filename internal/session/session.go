@@ -48,8 +48,10 @@
 // creating namespaces, by design), so its children are new sessions, made
 // as [Manager.Create] makes any (pooled, zygote-forked or cold; the
 // parent's limits, environment, network and owner), each as isolated as
-// any other. The parent's files are checkpointed into its store and
-// restored into each child's workspace; its variables are serialized once
+// any other. The parent's files are copied once into a read-only tmpfs
+// that the children share as the lower layer of an overlayfs workspace
+// each (as root; without root they are checkpointed into its store and
+// restored into each child's workspace: fork.go); its variables are serialized once
 // (the C pickler, protocol 5, with large buffers such as numpy arrays and
 // pandas blocks out of band; dill, where installed and only for what the
 // C pickler refuses: lambdas, functions and classes defined in cells;
@@ -79,14 +81,17 @@
 // kernel's copy writing the file) would make a fork of a session near its
 // limit wake the OOM killer in it. A parent's variables cross only if
 // they serialize; the others are named in the [Restored] report with the
-// reason. The files are copied into each child's workspace (a workspace is
-// a tmpfs of its own: no reflink, and a hard link would let a child's write
-// in place reach the parent's copy), so each child's files cost their size
-// in memory and copying time; the parent's files are copied and hashed
-// into the store only where they changed since the store last saw them
-// (it keeps the copies of the last-seen files while no checkpoint holds
-// them), so a second fork, or a fork after a checkpoint, copies only what
-// changed under the parent's turn. The state is written to the state file
+// reason. As root the children share the fork's one copy of the files
+// (an overlay each: a child's writes cost it their size, the shared files
+// nothing). Without root (or with ForkFiles "copy") the files are copied
+// into each child's workspace (a workspace is a tmpfs of its own: no
+// reflink, and a hard link would let a child's write in place reach the
+// parent's copy), so each child's files cost their size in memory and
+// copying time; the parent's files are copied and hashed into the store
+// only where they changed since the store last saw them (it keeps the
+// copies of the last-seen files while no checkpoint holds them), so a
+// second fork, or a fork after a checkpoint, copies only what changed
+// under the parent's turn. The state is written to the state file
 // through a pipe by the server (two copies of every byte, beside the
 // parent's and the children's CPU): the one remaining cost that grows with
 // the state's size. Measured with BenchmarkFork (a 100 MB DataFrame, 50 MB
