@@ -51,7 +51,11 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 	if res.From != "fork of "+parent.ID() || res.Files != 2 || !slices.Contains(res.Variables, "v_x") || !slices.Contains(res.Variables, "json") {
 		t.Errorf("restored %+v: want v_x and json among the variables, 2 files", res)
 	}
-	if want, why := ForkFilesSupport(); res.FilesBy != want {
+	want, why := ForkFilesSupport()
+	if m.opts.ForkFiles == ForkFilesCopy {
+		want, why = ForkFilesCopy, "asked for"
+	}
+	if res.FilesBy != want {
 		t.Errorf("files by %q, want %q here (%s)", res.FilesBy, want, why)
 	}
 	if !strings.Contains(strings.Join(res.NotRestored, "\n"), "v_gen") {
@@ -127,6 +131,12 @@ open("/workspace/sub/data.bin", "wb").write(os.urandom(100000))
 
 func TestFork(t *testing.T) {
 	testFork(t, forkManager(t, ManagerOptions{}))
+}
+
+// TestForkCopyFiles: the same with the files copied into each child
+// (ForkFilesCopy, the only way without root).
+func TestForkCopyFiles(t *testing.T) {
+	testFork(t, forkManager(t, ManagerOptions{ForkFiles: ForkFilesCopy}))
 }
 
 func TestForkZygote(t *testing.T) {
