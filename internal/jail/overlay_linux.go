@@ -112,8 +112,7 @@ func (q *QuotaDir) MountOverlay(lower string) error {
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return fmt.Errorf("overlay workspace: %w", err)
 	}
-	// Room for the layers' own directories (root, upper, work and
-	// work/work), so the user keeps Files inodes.
+	// Room for the layers' own inodes, so the user keeps Files.
 	if err := unix.Mount("", q.Path, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("nr_inodes=%d", q.Files+overlayInodes)); err != nil {
 		return fmt.Errorf("overlay workspace: make room for its directories: %w", err)
 	}
@@ -127,7 +126,8 @@ func (q *QuotaDir) MountOverlay(lower string) error {
 	}
 	q.overlay = true
 	// The inodes the layers' own directories take (the tmpfs's root,
-	// upper, work and what the overlay made in it) are not the user's.
+	// upper, work, work/work and what the overlay keeps there) are not
+	// the user's files.
 	var st unix.Statfs_t
 	if err := unix.Statfs(q.Path, &st); err == nil {
 		q.overhead = int64(st.Files - st.Ffree)
@@ -135,8 +135,10 @@ func (q *QuotaDir) MountOverlay(lower string) error {
 	return nil
 }
 
-// overlayInodes is the inodes an overlay workspace's own directories take.
-const overlayInodes = 4
+// overlayInodes is the inodes an overlay workspace's own layers take
+// (measured on 6.18: the root, upper, work, work/work, one the overlay
+// keeps from its mount and one at its first whiteout).
+const overlayInodes = 6
 
 // unmountAll unmounts every mount stacked on dir (an overlay over a
 // tmpfs: two), lazily.
