@@ -69,11 +69,16 @@ func (f *frozenFiles) release() {
 // the session's workspace, opened for filling (the caller closes it and
 // then calls freeze).
 func (s *Session) newFrozenFiles() (*frozenFiles, *workspace.Workspace, error) {
-	q, err := jail.NewFrozenDir(s.quota.Disk, s.quota.Files)
+	// A fork's child sees more than its own cap: the shared files too.
+	disk, files := s.quota.Disk, s.quota.Files
+	if f := s.frozen.Load(); f != nil {
+		disk, files = disk+f.dir.Disk, files+f.dir.Files
+	}
+	q, err := jail.NewFrozenDir(disk, files)
 	if err != nil {
 		return nil, nil, err
 	}
-	ws, err := OpenWorkspace(q.Path, workspace.Options{MaxFileBytes: s.quota.Disk + 1, MaxTotalBytes: s.quota.Disk + 1})
+	ws, err := OpenWorkspace(q.Path, workspace.Options{MaxFileBytes: disk + 1, MaxTotalBytes: disk + 1})
 	if err != nil {
 		q.Remove()
 		return nil, nil, err

@@ -166,12 +166,13 @@ open("/workspace/parent-later.txt", "w").write("later")
 	}
 	mustOK(t, runCode(t, a.Session, "os.remove('/workspace/big.bin')\nopen('/workspace/a2', 'w').write('a2')"))
 
-	// A child forks in turn: its grandchild gets the merged view.
-	grand, _, err := m.Fork(ctx, "alice", a.ID(), ForkOptions{})
+	// A child forks in turn: its grandchild gets the merged view (b's 20
+	// MB: more than b's own cap, which counts only its 10).
+	grand, _, err := m.Fork(ctx, "alice", b.ID(), ForkOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := treeDiff(wsTree(t, a.Workspace()), wsTree(t, grand[0].Workspace())); d != "" {
+	if d := treeDiff(wsTree(t, b.Workspace()), wsTree(t, grand[0].Workspace())); d != "" {
 		t.Errorf("the grandchild's files differ from its parent's:\n%s", d)
 	}
 	// The parent's next fork: its files changed, so a new frozen copy;
