@@ -58,6 +58,9 @@ func TestLifecycle(t *testing.T) {
 	for _, k := range kids {
 		t.Cleanup(func() { c.DeleteSession(ctx, k.ID) })
 	}
+	if r.FilesBy != "overlay" && r.FilesBy != "copy" {
+		t.Errorf("fork's files_by %q, want overlay or copy", r.FilesBy)
+	}
 	text(kids[0].ID, "rows.append('kid')")
 	if got := text(kids[1].ID, "rows"); got != "[1, 2, 3]" {
 		t.Errorf("the sibling sees %s", got)
