@@ -105,10 +105,10 @@
 // export (0.2-0.5 s at that load, mostly allocating the state file's
 // pages) and the copy of the files (50 MB a child) were what was left.
 // With the files shared (an overlay per child over one frozen copy), at
-// load 8-11 and beside the copy in the same run: ten children 0.55-0.61 s
-// (copy 0.72-1.01 s), the files stage 0 (55-105 ms a child), the
-// parent's turn 7-11 ms; one child is not faster when the last fork's
-// children are gone (its files are copied again, 40-210 ms, outside the
+// load 8-14 and beside the copy in the same run: ten children 0.29-0.84 s
+// (copy 0.72-1.39 s), the files stage 0 (50-360 ms a child), the
+// parent's turn 4-11 ms; one child is not faster when the last fork's
+// children are gone (its files are copied again, 40-250 ms, outside the
 // turn). The export and the children's creates remain, so the issue's
 // targets (30 ms a child, 300 ms for ten) are not met. Each child reseeds random and
 // numpy's global generator, so forks do not repeat each other's draws
