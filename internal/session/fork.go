@@ -113,8 +113,8 @@ func (f *forkSource) close() {
 // copied once (see Files below). The parent's turn is held for bringing
 // that copy up to date and the kernel's fork() only: the copy streams the
 // state on the kernel's state channel into a state file in memory (a
-// memfd) while the parent runs on and the children start. Once the state is complete the file is sealed and every
-// child maps it copy-on-write (kernel.ImportStateFile): the large buffers
+// memfd) while the parent runs on and the children start. Once the state
+// is complete the file is sealed and every child maps it copy-on-write (kernel.ImportStateFile): the large buffers
 // (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
 // so the children share those pages until one writes to them, and a
 // child's write stays its own.
@@ -161,10 +161,10 @@ func (f *forkSource) close() {
 // an overlay in the quota holder's user namespace is not built), or with
 // ForkFilesCopy, each child's workspace gets a copy of the files from a
 // checkpoint of the parent's store (Restored.FilesBy says which ran).
-// What did not
-// cross (a name that does not serialize, the parent's threads and child
-// processes) is listed in the Restored report, which each child also
-// keeps (Session.Restored).
+//
+// What did not cross (a name that does not serialize, the parent's
+// threads and child processes) is listed in the Restored report, which
+// each child also keeps (Session.Restored).
 //
 // A fork waits for a running execution of the parent to end. The children
 // are made four at a time (their jails and files), and each loads the
