@@ -114,10 +114,11 @@ func (f *forkSource) close() {
 // that copy up to date and the kernel's fork() only: the copy streams the
 // state on the kernel's state channel into a state file in memory (a
 // memfd) while the parent runs on and the children start. Once the state
-// is complete the file is sealed and every child maps it copy-on-write (kernel.ImportStateFile): the large buffers
-// (numpy arrays, pandas blocks) are loaded over the mapping, not copied,
-// so the children share those pages until one writes to them, and a
-// child's write stays its own.
+// is complete the file is sealed and every child maps it copy-on-write
+// (kernel.ImportStateFile): the large buffers (numpy arrays, pandas
+// blocks) are loaded over the mapping, not copied, so the children share
+// those pages until one writes to them, and a child's write stays its
+// own.
 //
 // The session keeps its last export (exportCache): the next fork's copy
 // compares each large buffer with the one at the same place in it and
