@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,7 +102,8 @@ type sampler struct {
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	seen map[string]bool
-	peak int // most jail inits below us at once
+	peak int           // most jail inits below us at once
+	cpu  time.Duration // the sampler's own CPU time (not the host's)
 }
 
 func startSampler() *sampler {
@@ -109,10 +111,15 @@ func startSampler() *sampler {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		// On a thread of its own, so that its CPU time can be told from
+		// the host's (both run in this process).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		read := map[int]bool{} // pids whose groups were read: a forked session's process stays in its group
 		for {
+			t0 := threadCPU()
 			n := 0
 			for _, p := range descendants() {
 				if isJailInit(p) {
@@ -132,6 +139,7 @@ func startSampler() *sampler {
 			}
 			s.mu.Lock()
 			s.peak = max(s.peak, n)
+			s.cpu += threadCPU() - t0
 			s.mu.Unlock()
 			select {
 			case <-s.done:
@@ -141,6 +149,13 @@ func startSampler() *sampler {
 		}
 	}()
 	return s
+}
+
+// CPU is the sampler's own CPU time so far.
+func (s *sampler) CPU() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cpu
 }
 
 func (s *sampler) stop() { close(s.done); s.wg.Wait() }
