@@ -97,7 +97,7 @@ func takeSnapshot() snapshot {
 
 // sampler records, while the load runs, the cgroups our jails and the
 // sessions forked from the zygote live in: each tick it lists the sandbox
-// groups (sandloop-*) under our cgroup parents, and classifies each new
+// groups (sandloop-*) under our cgroup parent (of one hierarchy), and classifies each new
 // one once, by the first process found in it: ours if that process
 // descends from this one. It reads no file per process of the machine
 // (an earlier sampler read every process's stat and command line each
@@ -113,7 +113,13 @@ type sampler struct {
 
 func startSampler() *sampler {
 	s := &sampler{done: make(chan struct{}), seen: map[string]bool{}}
+	// One hierarchy is enough: a sandbox's group has the same name in
+	// each, and other programs' groups (a shared machine's load tests:
+	// thousands) make every listing longer.
 	parents := cgroupParents()
+	if len(parents) > 1 {
+		parents = parents[:1]
+	}
 	self := os.Getpid()
 	s.wg.Add(1)
 	go func() {
