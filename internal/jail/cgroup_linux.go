@@ -617,12 +617,7 @@ func (cg *cgroup) kill() {
 			return
 		}
 	}
-	killIn(cg.dirs)
-}
-
-// killIn sends SIGKILL to every process in the groups dirs.
-func killIn(dirs []string) {
-	for _, d := range dirs {
+	for _, d := range cg.dirs {
 		for _, f := range strings.Fields(readFileString(filepath.Join(d, "cgroup.procs"))) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				_ = unix.Kill(pid, unix.SIGKILL)
@@ -638,15 +633,15 @@ func killIn(dirs []string) {
 // that still holds a process, so a group whose processes are gone (the
 // usual case: the caller killed them and waited for them) is removed
 // without reading its process lists, which on cgroup v1 costs a sorted
-// pid list built per hierarchy (and a worker to free it). Only the
-// directories still there after a refusal are read and their processes
-// killed, and tried again.
+// pid list built per hierarchy (and a worker to free it). Only after a
+// refusal are the process lists read, their processes killed (the group
+// thawed if frozen) and the directories still there tried again.
 func (cg *cgroup) remove() error {
 	var err error
 	left := cg.dirs
 	for attempt := 0; attempt < 200; attempt++ {
 		if attempt > 0 {
-			killIn(left)
+			cg.kill() // and thaw: a frozen task dies of SIGKILL only once thawed
 		}
 		err = nil
 		var busy []string
