@@ -175,9 +175,11 @@
 // create, `1+1`, delete; server and client in one process; getrusage and
 // pprof of that process, the harness's leak sampler left out), the code
 // before and after the changes below run alternately: per session 10.9
-// and 11.3 ms of CPU before, 8.7 and 6.4 ms after (load 12-15); an
-// earlier pair of pairs at load 10-18: 10.5 and 11.6 before, 6.7 and 7.8
-// after. Where it went (pprof, ms per session, the two runs of each):
+// and 11.3 ms of CPU before, 8.7 and 6.4 ms after (load 12-15); in
+// other pairs of pairs, 10.5 and 11.6 vs 6.7 and 7.8 (load 10-18), and
+// with the final code 9.6 and 9.5 vs 6.9 and 7.1 (load 11-13; pprof's
+// samples 7.1 and 6.7 ms vs 4.5 and 4.6). Where it went (pprof, ms per
+// session, the two runs of each at load 12-15):
 //
 //	                                           before       after
 //	close: Process.Wait                       1.46-1.67    0.22-0.35
