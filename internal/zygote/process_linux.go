@@ -66,14 +66,16 @@ func (p *Process) Signal(sig os.Signal) error {
 }
 
 // Kill kills every process of the session: the reaper is PID 1 of the
-// PID namespace every process of the session lives in (the kernel's
-// children, its checkpoint copies, joined commands: none can leave it,
-// and seccomp forbids new namespaces), and when it dies the kernel kills
-// the rest. The group is thawed if it was ever frozen, so the signals are
-// not left pending. The cgroup's process list is not read here (on v1 a
-// list per hierarchy, built and sorted by the kernel: a large share of a
-// session's host CPU in issue 26's profile): Wait removes the group, and
-// kills whatever it still holds then.
+// PID namespace the session's processes live in (the kernel's children,
+// its checkpoint copies, joined commands: none can leave it, and seccomp
+// forbids new namespaces), and when it dies the kernel kills the rest.
+// The group is thawed if it was ever frozen, so the signals are not left
+// pending. The cgroup's process list is not read here (on v1 a list per
+// hierarchy, built and sorted by the kernel: a large share of a session's
+// host CPU in issue 26's profile): Wait removes the group, and kills
+// whatever it still holds then, such as a joined command's launcher on
+// the host's side of the namespace (package jail's join), which ends by
+// itself once its child in the namespace has died.
 func (p *Process) Kill() error {
 	p.mu.Lock()
 	if !p.closed {
