@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,43 +96,70 @@ func takeSnapshot() snapshot {
 }
 
 // sampler records, while the load runs, the cgroups our jails and the
-// sessions forked from the zygote live in.
+// sessions forked from the zygote live in: each tick it lists the sandbox
+// groups (sandloop-*) under our cgroup parent (of one hierarchy), and classifies each new
+// one once, by the first process found in it: ours if that process
+// descends from this one. It reads no file per process of the machine
+// (an earlier sampler read every process's stat and command line each
+// tick, which with hundreds of sessions in flight took a large share of
+// a core from the host it measured).
 type sampler struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	seen map[string]bool
-	peak int // most jail inits below us at once
+	cpu  time.Duration // the sampler's own CPU time (not the host's)
 }
 
 func startSampler() *sampler {
 	s := &sampler{done: make(chan struct{}), seen: map[string]bool{}}
+	// One hierarchy is enough: a sandbox's group has the same name in
+	// each, and other programs' groups (a shared machine's load tests:
+	// thousands) make every listing longer.
+	parents := cgroupParents()
+	if len(parents) > 1 {
+		parents = parents[:1]
+	}
+	self := os.Getpid()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		t := time.NewTicker(100 * time.Millisecond)
+		// On a thread of its own, so that its CPU time can be told from
+		// the host's (both run in this process).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		// Often enough to see most groups of sessions that live tens
+		// of milliseconds.
+		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
-		read := map[int]bool{} // pids whose groups were read: a forked session's process stays in its group
+		decided := map[string]bool{} // groups classified, ours or not
 		for {
-			n := 0
-			for _, p := range descendants() {
-				if isJailInit(p) {
-					n++
-				} else if read[p.pid] {
+			t0 := threadCPU()
+			for _, parent := range parents {
+				f, err := os.Open(parent)
+				if err != nil {
 					continue
 				}
-				read[p.pid] = true
-				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid))
-				for _, line := range strings.Split(string(b), "\n") {
-					if i := strings.LastIndex(line, "/sandloop-"); i >= 0 {
+				names, _ := f.Readdirnames(-1)
+				f.Close()
+				for _, n := range names {
+					if !strings.HasPrefix(n, "sandloop-") || n == "sandloop-supervisor" || decided[n] {
+						continue
+					}
+					ours, known := groupOwner(filepath.Join(parent, n), self)
+					if !known {
+						continue // empty for now, or its process just ended: next tick
+					}
+					decided[n] = true
+					if ours {
 						s.mu.Lock()
-						s.seen[line[i+1:]] = true
+						s.seen[n] = true
 						s.mu.Unlock()
 					}
 				}
 			}
 			s.mu.Lock()
-			s.peak = max(s.peak, n)
+			s.cpu += threadCPU() - t0
 			s.mu.Unlock()
 			select {
 			case <-s.done:
@@ -141,6 +169,44 @@ func startSampler() *sampler {
 		}
 	}()
 	return s
+}
+
+// groupOwner says whether the first process in cgroup dir descends from
+// process self; known is false when that cannot be told now (no process
+// in the group, or it ended while its ancestry was read).
+func groupOwner(dir string, self int) (ours, known bool) {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	first, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	pid, err := strconv.Atoi(first)
+	if err != nil {
+		return false, false
+	}
+	for hops := 0; hops < 64; hops++ {
+		if pid == self {
+			return true, true
+		}
+		if pid <= 1 {
+			return false, true
+		}
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return false, false
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
+		if len(f) < 2 {
+			return false, false
+		}
+		pid, _ = strconv.Atoi(f[1])
+	}
+	return false, true
+}
+
+// CPU is the sampler's own CPU time so far.
+func (s *sampler) CPU() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cpu
 }
 
 func (s *sampler) stop() { close(s.done); s.wg.Wait() }

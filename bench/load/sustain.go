@@ -33,6 +33,9 @@ type SustainConfig struct {
 	PoolSize int
 	// Log receives progress lines. If nil, none.
 	Log io.Writer
+	// CPUProfile, if set, is where the CPU profile (pprof) of the new
+	// pipeline's run is written: this whole process, host and client.
+	CPUProfile string
 }
 
 // SustainResult is one pipeline's run.
@@ -41,10 +44,20 @@ type SustainResult struct {
 	Offered, Done          int // cycles asked for and completed
 	Elapsed                time.Duration
 	P50, P95, P99, Max     time.Duration // create + 1+1
+	DelP50, DelP95         time.Duration // the delete
 	Failures               []string
 	Leaks                  Leaks
 	Problems               []string // from the shutdown
 	MaxInFlight, Throttled int      // arrivals that waited for the in-flight cap
+	// CPU is this process's CPU time over the run (the host, in this
+	// process, and the client), user and system (kernel work our Go code
+	// caused: mounts, cgroups, pipes, sockets).
+	User, Sys time.Duration
+	// Sampler is the part of User+Sys the leak checks' sampler took
+	// (reading /proc every 100 ms): not the host's.
+	Sampler time.Duration
+	// Load is the load average (1 min) at the start and at the end.
+	LoadStart, LoadEnd float64
 }
 
 // Rate is the completed cycles per second over the run (its drain included).
@@ -54,6 +67,10 @@ func (r *SustainResult) print(w io.Writer) {
 	fmt.Fprintf(w, "%-13s offered %d, done %d in %v: %.1f sessions/s; create+1+1 p50 %.0f ms, p95 %.0f ms, p99 %.0f ms, max %.0f ms; failures %d; waited for the in-flight cap %d, most in flight %d\n",
 		r.Name, r.Offered, r.Done, r.Elapsed.Round(time.Millisecond), r.Rate(), ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max),
 		len(r.Failures), r.Throttled, r.MaxInFlight)
+	if n := float64(r.Done); n > 0 {
+		fmt.Fprintf(w, "  host CPU per session (this process: server and client, the leak sampler's %.2f ms left out) %.2f ms (user %.2f, system %.2f, the sampler in them); delete p50 %.1f ms, p95 %.1f ms; load %.1f -> %.1f\n",
+			ms(r.Sampler)/n, ms(r.User+r.Sys-r.Sampler)/n, ms(r.User)/n, ms(r.Sys)/n, ms(r.DelP50), ms(r.DelP95), r.LoadStart, r.LoadEnd)
+	}
 	for i, f := range r.Failures {
 		if i == 10 {
 			fmt.Fprintf(w, "  ... and %d more\n", len(r.Failures)-10)
@@ -146,6 +163,7 @@ func sustainOnce(ctx context.Context, cfg SustainConfig, old bool, d time.Durati
 	var (
 		mu       sync.Mutex
 		lat      []time.Duration
+		dels     []time.Duration
 		wg       sync.WaitGroup
 		inFlight atomic.Int64
 	)
@@ -155,6 +173,17 @@ func sustainOnce(ctx context.Context, cfg SustainConfig, old bool, d time.Durati
 		res.Failures = append(res.Failures, fmt.Sprintf(format, args...))
 		mu.Unlock()
 	}
+	if !old && cfg.CPUProfile != "" {
+		stop, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			x.finish(ctx)
+			return nil, err
+		}
+		defer stop()
+	}
+	res.LoadStart = loadAverage()
+	user0, sys0 := cpuTimes()
+	sampler0 := x.sampler.CPU()
 	start := time.Now()
 	tick := time.Second / time.Duration(cfg.Rate)
 	for i := 0; ; i++ {
@@ -194,16 +223,27 @@ func sustainOnce(ctx context.Context, cfg SustainConfig, old bool, d time.Durati
 				lat = append(lat, lt)
 				mu.Unlock()
 			}
+			t1 := time.Now()
 			if err := x.c.DeleteSession(rctx, s.ID); err != nil {
 				fail("cycle %d: delete %s: %v", i, s.ID, err)
+			} else {
+				mu.Lock()
+				dels = append(dels, time.Since(t1))
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(start)
+	user1, sys1 := cpuTimes()
+	res.User, res.Sys, res.Sampler = user1-user0, sys1-sys0, x.sampler.CPU()-sampler0
+	res.LoadEnd = loadAverage()
 	res.Done = len(lat)
 	if len(lat) > 0 {
 		res.P50, res.P95, res.P99, res.Max = percentile(lat, 50), percentile(lat, 95), percentile(lat, 99), slices.Max(lat)
+	}
+	if len(dels) > 0 {
+		res.DelP50, res.DelP95 = percentile(dels, 50), percentile(dels, 95)
 	}
 	res.Leaks, res.Problems = x.finish(ctx)
 	return res, nil

@@ -487,15 +487,25 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 	default:
 		return nil, errors.New("no cgroups")
 	}
-	if err := cg.setLimits(l); err != nil {
+	if err := cg.writeLimits(l, true); err != nil {
 		return fail(err)
 	}
 	return cg, nil
 }
 
 // setLimits writes l's memory (swap included), pids and CPU limits.
-func (cg *cgroup) setLimits(l Limits) error {
-	const period = 100000
+func (cg *cgroup) setLimits(l Limits) error { return cg.writeLimits(l, false) }
+
+// cfsPeriod is the CPU quota's period, the kernel's default for a new v1
+// group (so a group just made needs no write of it).
+const cfsPeriod = 100000
+
+// writeLimits writes l's limits; fresh says the group was just made (its
+// memory limits are the kernel's unlimited defaults, its CPU period is
+// cfsPeriod), which spares a read and a write: a spare's group is made
+// for every session (issue 26).
+func (cg *cgroup) writeLimits(l Limits, fresh bool) error {
+	const period = cfsPeriod
 	quota := int(l.CPUs * period)
 	type write struct{ dir, file, val string }
 	var writes []write
@@ -504,17 +514,21 @@ func (cg *cgroup) setLimits(l Limits) error {
 		limit := write{cg.byC["memory"], "memory.limit_in_bytes", mem}
 		memsw := write{cg.byC["memory"], "memory.memsw.limit_in_bytes", mem} // swap included
 		// memory.limit_in_bytes may never exceed memsw: raise memsw
-		// first, lower it last.
+		// first, lower it last. A fresh group's are unlimited: lowered.
 		first, second := limit, memsw
-		if cur, err := strconv.ParseInt(readFileString(filepath.Join(limit.dir, limit.file)), 10, 64); err == nil && l.Memory > cur {
-			first, second = memsw, limit
+		if !fresh {
+			if cur, err := strconv.ParseInt(readFileString(filepath.Join(limit.dir, limit.file)), 10, 64); err == nil && l.Memory > cur {
+				first, second = memsw, limit
+			}
 		}
 		writes = []write{first, second,
 			{cg.byC["memory"], "memory.swappiness", "0"},
 			{cg.byC["pids"], "pids.max", strconv.Itoa(l.Pids)},
-			{cg.byC["cpu"], "cpu.cfs_period_us", strconv.Itoa(period)},
-			{cg.byC["cpu"], "cpu.cfs_quota_us", strconv.Itoa(quota)},
 		}
+		if !fresh {
+			writes = append(writes, write{cg.byC["cpu"], "cpu.cfs_period_us", strconv.Itoa(period)})
+		}
+		writes = append(writes, write{cg.byC["cpu"], "cpu.cfs_quota_us", strconv.Itoa(quota)})
 	} else {
 		d := cg.dirs[0]
 		writes = []write{
@@ -526,7 +540,7 @@ func (cg *cgroup) setLimits(l Limits) error {
 	}
 	for _, w := range writes {
 		p := filepath.Join(w.dir, w.file)
-		if err := os.WriteFile(p, []byte(w.val), 0); err != nil {
+		if err := writeFileString(p, w.val); err != nil {
 			switch {
 			case w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist),
 				w.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist):
@@ -543,7 +557,7 @@ func (cg *cgroup) setLimits(l Limits) error {
 // add moves pid (and all its threads) into the group.
 func (cg *cgroup) add(pid int) error {
 	for _, d := range cg.dirs {
-		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		if err := writeFileString(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return fmt.Errorf("add %d to %s: %w", pid, d, err)
 		}
 	}
@@ -599,7 +613,7 @@ func keyedValue(text, key string) int64 {
 func (cg *cgroup) kill() {
 	defer cg.thawForKill()
 	if cg.mode == "cgroup v2" {
-		if os.WriteFile(filepath.Join(cg.dirs[0], "cgroup.kill"), []byte("1"), 0) == nil {
+		if writeFileString(filepath.Join(cg.dirs[0], "cgroup.kill"), "1") == nil {
 			return
 		}
 	}
@@ -612,28 +626,29 @@ func (cg *cgroup) kill() {
 	}
 }
 
-// empty reports whether no process is left in the group.
-func (cg *cgroup) empty() bool {
-	for _, d := range cg.dirs {
-		if readFileString(filepath.Join(d, "cgroup.procs")) != "" {
-			return false
-		}
-	}
-	return true
-}
-
 // remove kills what is left and deletes the group, waiting (bounded) for
 // the kernel to finish tearing dead processes down.
+//
+// It tries rmdir first: the kernel refuses (EBUSY) to remove a group
+// that still holds a process, so a group whose processes are gone (the
+// usual case: the caller killed them and waited for them) is removed
+// without reading its process lists, which on cgroup v1 costs a sorted
+// pid list built per hierarchy (and a worker to free it). Only after a
+// refusal are the process lists read, their processes killed (the group
+// thawed if frozen) and the directories still there tried again.
 func (cg *cgroup) remove() error {
 	var err error
+	left := cg.dirs
 	for attempt := 0; attempt < 200; attempt++ {
-		if !cg.empty() {
-			cg.kill()
+		if attempt > 0 {
+			cg.kill() // and thaw: a frozen task dies of SIGKILL only once thawed
 		}
 		err = nil
-		for _, d := range cg.dirs {
+		var busy []string
+		for _, d := range left {
 			if e := unix.Rmdir(d); e != nil && !errors.Is(e, unix.ENOENT) {
 				err = fmt.Errorf("remove cgroup %s: %w", d, e)
+				busy = append(busy, d)
 			} else {
 				liveGroups.Delete(d)
 			}
@@ -641,7 +656,19 @@ func (cg *cgroup) remove() error {
 		if err == nil {
 			return nil
 		}
-		time.Sleep(time.Duration(attempt+1) * 500 * time.Microsecond)
+		left = busy
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 500 * time.Microsecond)
+		}
 	}
 	return err
+}
+
+// oomKilled says whether the out-of-memory killer fired in the group
+// (stats' third answer, one file read instead of three).
+func (cg *cgroup) oomKilled() bool {
+	if cg.mode == "cgroup v1" {
+		return keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.oom_control")), "oom_kill") > 0
+	}
+	return keyedValue(readFileString(filepath.Join(cg.dirs[0], "memory.events")), "oom_kill") > 0
 }

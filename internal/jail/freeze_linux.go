@@ -114,7 +114,10 @@ func (p *Process) Thaw() error {
 }
 
 // Freeze stops every process of the group until Thaw.
-func (g *Group) Freeze() error { return g.cg.freeze() }
+func (g *Group) Freeze() error {
+	g.frozen.Store(true) // first: a kill from now on thaws the group
+	return g.cg.freeze()
+}
 
 // Thaw lets a frozen group run again.
 func (g *Group) Thaw() error { return g.cg.thaw() }
@@ -145,9 +148,9 @@ func (cg *cgroup) thaw() error {
 func (cg *cgroup) thawForKill() {
 	switch {
 	case cg.mode == "cgroup v2":
-		_ = os.WriteFile(filepath.Join(cg.dirs[0], "cgroup.freeze"), []byte("0"), 0)
+		_ = writeFileString(filepath.Join(cg.dirs[0], "cgroup.freeze"), "0")
 	case cg.byC["freezer"] != "":
-		_ = os.WriteFile(filepath.Join(cg.byC["freezer"], "freezer.state"), []byte("THAWED"), 0)
+		_ = writeFileString(filepath.Join(cg.byC["freezer"], "freezer.state"), "THAWED")
 	}
 }
 
@@ -163,7 +166,7 @@ func (cg *cgroup) pids() []int {
 }
 
 func writeCgroupFile(dir, file, val string) error {
-	if err := os.WriteFile(filepath.Join(dir, file), []byte(val), 0); err != nil {
+	if err := writeFileString(filepath.Join(dir, file), val); err != nil {
 		return fmt.Errorf("write %s to %s: %w", val, filepath.Join(dir, file), err)
 	}
 	return nil

@@ -152,10 +152,63 @@ func loopbackUp() error {
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
 
+// readFileString returns the file at path, trimmed, or "" if it cannot be
+// read. It reads with plain system calls: the files it is for (cgroup and
+// /proc files, a few per session created and closed) gain nothing from
+// os.File's poller registration and stat, which took about as long as the
+// read itself (issue 26's profile).
 func readFileString(path string) string {
-	b, err := os.ReadFile(path)
+	fd, err := openRaw(path, unix.O_RDONLY)
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(b))
+	defer unix.Close(fd)
+	var buf [512]byte
+	var out []byte
+	for {
+		n, err := unix.Read(fd, buf[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ""
+		}
+		if n == 0 {
+			break
+		}
+		out = append(out, buf[:n]...)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// writeFileString writes val to the existing file at path (a cgroup's
+// interface file) in one write, with plain system calls (see
+// readFileString). Its errors are *os.PathError, as os.WriteFile's.
+func writeFileString(path, val string) error {
+	fd, err := openRaw(path, unix.O_WRONLY)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	for {
+		_, err = unix.Write(fd, []byte(val))
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if cerr := unix.Close(fd); err == nil && cerr != nil && cerr != unix.EINTR {
+		err = cerr
+	}
+	if err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
+}
+
+func openRaw(path string, flags int) (int, error) {
+	for {
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,7 +50,10 @@ func GroupsSupported() error {
 
 // Group is a cgroup with a jail's limits, for processes a zygote forks
 // rather than Start.
-type Group struct{ cg *cgroup }
+type Group struct {
+	cg     *cgroup
+	frozen atomic.Bool // Freeze was called at least once (ThawForKill)
+}
 
 // NewGroup creates a group enforcing l's memory, pids and CPU limits (zero
 // fields take the defaults). It fails with ErrUnsupported where no cgroup
@@ -66,7 +70,7 @@ func NewGroup(l Limits) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Group{cg}, nil
+	return &Group{cg: cg}, nil
 }
 
 // SetLimits replaces the group's memory, pids and CPU limits with l's
@@ -84,6 +88,18 @@ func (g *Group) Add(pid int) error { return g.cg.add(pid) }
 
 // Kill sends SIGKILL to every process in the group.
 func (g *Group) Kill() { g.cg.kill() }
+
+// ThawForKill thaws the group if it was ever frozen, for a kill: a task
+// frozen by the v1 freezer does not die of a SIGKILL until thawed. The
+// caller has sent SIGKILL to what it knows of the group (see Kill).
+func (g *Group) ThawForKill() {
+	if g.frozen.Load() {
+		g.cg.thawForKill()
+	}
+}
+
+// OOMKilled says whether the out-of-memory killer fired in the group.
+func (g *Group) OOMKilled() bool { return g.cg.oomKilled() }
 
 // Stats returns the group's CPU time, peak memory and whether the OOM
 // killer fired in it.

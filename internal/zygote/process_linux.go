@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 	"golang.org/x/sys/unix"
@@ -64,15 +65,28 @@ func (p *Process) Signal(sig os.Signal) error {
 	return unix.PidfdSendSignal(p.kernelFD, s, nil, 0)
 }
 
-// Kill kills every process of the session (the reaper is PID 1 of its
-// PID namespace: when it dies, the kernel kills the rest).
+// Kill kills every process of the session: the reaper is PID 1 of the
+// PID namespace the session's processes live in (the kernel's children,
+// its checkpoint copies, joined commands: none can leave it, and seccomp
+// forbids new namespaces), and when it dies the kernel kills the rest.
+// The group is thawed if it was ever frozen, so the signals are not left
+// pending. The cgroup's process list is not read here (on v1 a list per
+// hierarchy, built and sorted by the kernel: a large share of a session's
+// host CPU in issue 26's profile): Wait removes the group, and kills
+// whatever it still holds then, such as a joined command's launcher on
+// the host's side of the namespace (package jail's join), which ends by
+// itself once its child in the namespace has died.
 func (p *Process) Kill() error {
 	p.mu.Lock()
-	if !p.closed && p.reaperFD >= 0 {
-		_ = unix.PidfdSendSignal(p.reaperFD, unix.SIGKILL, nil, 0)
+	if !p.closed {
+		for _, fd := range []int{p.reaperFD, p.kernelFD} {
+			if fd >= 0 {
+				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			}
+		}
 	}
 	p.mu.Unlock()
-	p.group.Kill()
+	p.group.ThawForKill()
 	return nil
 }
 
@@ -93,7 +107,11 @@ func (p *Process) closeFDs() {
 
 // Wait blocks until the session's reaper has exited (and with it every
 // process of the session), removes the session's cgroup and says why the
-// kernel ended.
+// kernel ended. After the reaper's socket closes it waits (bounded) for
+// the reaper's pidfd to say it has ended: the kernel reports a PID
+// namespace's init ended only once every other process of the namespace
+// has been reaped, so the group is empty then and its removal succeeds at
+// the first rmdir, with no process list read and no retry.
 func (p *Process) Wait() error {
 	p.once.Do(func() {
 		var st struct {
@@ -111,7 +129,13 @@ func (p *Process) Wait() error {
 				exited = true
 			}
 		}
-		_, _, oom := p.group.Stats()
+		if fd, err := p.dupReaper(); err == nil {
+			if err := awaitPidfd(fd, reaperExitWait); err != nil {
+				// Remove kills what is left, and retries.
+				p.group.Kill()
+			}
+		}
+		oom := p.group.OOMKilled()
 		rmErr := p.group.Remove()
 		p.closeFDs()
 		if p.listener != nil {
@@ -131,6 +155,34 @@ func (p *Process) Wait() error {
 		}
 	})
 	return p.waitErr
+}
+
+// reaperExitWait bounds Wait's wait for the reaper's end after its socket
+// closed (its namespaces' teardown: the kernel process's memory, mounts).
+const reaperExitWait = 10 * time.Second
+
+// awaitPidfd waits until the process of pidfd has ended (a pidfd polls
+// readable then), at most d, and closes pidfd. It waits in Go's poller,
+// not in a blocked thread: hundreds of sessions may close at once.
+func awaitPidfd(pidfd int, d time.Duration) error {
+	if err := unix.SetNonblock(pidfd, true); err != nil {
+		unix.Close(pidfd)
+		return err
+	}
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	defer f.Close()
+	if err := f.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return err // not in the poller
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 0)
+		return err != unix.EINTR && (err != nil || n > 0)
+	})
 }
 
 // reaperFD returns a duplicate of the reaper's pidfd (the caller closes

@@ -1,12 +1,14 @@
 package zygote
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,12 +52,14 @@ func readMsg(c *net.UnixConn) ([]byte, int, error) {
 // readMsgFDs reads one message, the sender's host PID (SO_PASSCRED) and the
 // descriptors it carries (close-on-exec).
 func readMsgFDs(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
-	buf := make([]byte, 64<<10)
+	bp := msgBufs.Get().(*[64 << 10]byte)
+	defer msgBufs.Put(bp)
 	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn, _, _, err := c.ReadMsgUnix(bp[:], oob)
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	buf := bytes.Clone(bp[:n])
 	if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
 		for i := range msgs {
 			if uc, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
@@ -68,8 +72,14 @@ func readMsgFDs(c *net.UnixConn) (msg []byte, pid int, fds []int, err error) {
 	if n == 0 {
 		err = io.EOF
 	}
-	return buf[:n], pid, fds, err
+	return buf, pid, fds, err
 }
+
+// msgBufs are read buffers for readMsgFDs: a message may be up to 64 KiB
+// (a SOCK_SEQPACKET message arrives whole or truncated), but most are a
+// few bytes, and a session's ~7 reads each allocated and zeroed 64 KiB
+// (issue 26's profile: allocation and GC work per session).
+var msgBufs = sync.Pool{New: func() any { return new([64 << 10]byte) }}
 
 func closeAll(fds []int) {
 	for _, fd := range fds {

@@ -164,6 +164,82 @@
 // per session (noisy: the host's other work counts). A cold one: 42.8
 // MiB USS, 40.9 MiB of MemAvailable.
 //
+// The host's side of a session (issue 26). Beside the python3 work above,
+// the Go host spends CPU, and causes kernel work, over every session's
+// life: arming its spare (a cgroup directory in each of four v1
+// hierarchies, the limits, the two processes moved in), the workspace (a
+// directory and a tmpfs), the hand-over, the HTTP requests and the
+// kernel's pipes, and the close (kill, wait, the cgroup's removal, the
+// workspace's unmount and removal). Measured with bench/load -mode
+// sustain run short (100 creates/s offered for 10 s: 1000 sessions, each
+// create, `1+1`, delete; server and client in one process; getrusage and
+// pprof of that process, the harness's leak sampler left out), the code
+// before and after the changes below run alternately: per session 10.9
+// and 11.3 ms of CPU before, 8.7 and 6.4 ms after (load 12-15); in
+// other pairs of pairs, 10.5 and 11.6 vs 6.7 and 7.8 (load 10-18), and
+// with the final code 9.6 and 9.5 vs 6.9 and 7.1 (load 11-13; pprof's
+// samples 7.1 and 6.7 ms vs 4.5 and 4.6). Where it went (pprof, ms per
+// session, the two runs of each at load 12-15):
+//
+//	                                           before       after
+//	close: Process.Wait                       1.46-1.67    0.22-0.35
+//	  of it the cgroup's removal              1.32-1.41    0.10-0.19
+//	close: Session.Close                      0.57-0.67    0.20-0.22
+//	  of it Kernel.Kill (the group's kill)    0.49-0.51    ~0
+//	arm a spare (cgroup, limits, moves)       0.77-0.88    0.57-0.64
+//	pooled session.New (workspace, fork)      0.86-0.94    0.68-0.91
+//	  of it the workspace (mkdir, tmpfs)      0.38-0.43    0.24-0.37
+//	HTTP server (net/http's conn.serve)       0.72-1.01    0.69-1.12
+//	GC (background marking)                   0.68-0.69    0.07-0.21
+//	allocation (mallocgc)                     0.51-0.57    0.26-0.33
+//	the load's client (create, 1+1, delete)   0.27-0.28    0.34-0.36
+//
+// The same samples by system call (kernel time included): openat 0.72-0.86
+// → 0.25-0.30 (cgroup and /proc files), epoll_ctl 0.39-0.40 → 0.07-0.13
+// (os.File registering each of them with the poller), read 0.44-0.46 →
+// 0.14-0.24, close 0.19-0.37 → 0.13-0.17, rmdir 0.27-0.43 → 0.10-0.18,
+// kill 0.08-0.15 → 0 (the pids the group listed); unchanged: mkdir
+// 0.27-0.53 (four cgroups; the workspace's directory on the disk), write
+// ~0.3 (cgroup files, pipes), mount ~0.1 and umount ~0.03 (the
+// workspace's tmpfs). Where the host's threads blocked (perf sched, off
+// CPU): each write to a v1 cgroup.procs waits for an RCU grace period when
+// none was recent (percpu_down_write → rcu_sync_enter → synchronize_rcu,
+// ~11 ms, on arm's path, not a request's; the cgroup mount option
+// favordynmods, a host setting, would spare it); the workspace's umount,
+// even lazy, waits for an expedited grace period (namespace_unlock →
+// synchronize_rcu_expedited, ~1.6 ms, on the delete's path); its
+// directory's rmdir, on this machine's ext4 mounted with discard, for a
+// synchronous discard (~1 ms). A delete's 30-40 ms (p50) are mostly the
+// sandbox's processes ending (the kernel process's mappings, its
+// namespaces), not the host's work.
+//
+// What changed: Process.Kill signals the reaper and the kernel by their
+// pidfds (every process of a session lives in the reaper's PID
+// namespace, and dies with it) instead of reading the group's process
+// list in each hierarchy (on v1 the kernel builds, sorts and caches a pid
+// list per read); Wait waits for the reaper's pidfd (the kernel reports a
+// namespace's init ended only once the namespace is empty), then removes
+// the group by rmdir at once, reading process lists and killing what is
+// left only if the kernel refuses (TestCloseKillsWhatTheGroupHolds); the
+// OOM check reads one file, not three; cgroup and /proc files are read
+// and written with plain system calls; a new group's CPU period and
+// memory limit are not rewritten and read back; capget replaces a read of
+// /proc/self/status per workspace; and each message from a spare is read
+// into a pooled 64 KiB buffer rather than a new one (~7 per session: most
+// of the GC's work).
+//
+// What is left: the cgroup's four mkdirs and rmdirs (and the kernel's
+// teardown of them in workers): recycling a closed session's emptied
+// group for the next spare would spare both, but carries the memory
+// cgroup's charges and counters (oom_kill, the peak) into the next
+// session; the workspace's directory on the disk (a tmpfs parent would
+// spare ext4's journal and discard); the pool's sizing reads
+// /proc/meminfo at every decision (~0.1-0.2 ms per session); net/http and
+// JSON. Closing in the background after the kill would shorten the
+// delete but move no CPU, and the sustained rate here is CPU-bound (at
+// 100/s offered, cycles wait 10-25 s in line for the two cores); not
+// done.
+//
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
 // kills every session it forked.
