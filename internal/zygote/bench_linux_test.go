@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,33 +52,41 @@ func BenchmarkCreateImportPandas(b *testing.B) {
 }
 
 // BenchmarkIdleMemory holds N idle sessions with numpy and pandas imported
-// (N = $SANDLOOP_BENCH_SESSIONS, default 50), forked and then cold, and
-// reports the private memory (USS: Private_Clean + Private_Dirty) and PSS
-// per session from /proc/PID/smaps_rollup, summed over every process of
-// the session (a forked session's reaper and kernel; a cold one's init and
-// kernel). The template's own memory is reported apart (shared by all).
+// (N = $SANDLOOP_BENCH_SESSIONS, default 50), forked (with the small
+// reaper, then with the reaper's Python loop: the pipeline before it, from
+// a second template) and then cold, and reports the private memory (USS:
+// Private_Clean + Private_Dirty), PSS and page tables per session from
+// /proc/PID/smaps_rollup and status, summed over every process of the
+// session (a forked session's reaper and kernel; a cold one's init and
+// kernel). The templates' own memory is left out (shared by all).
 func BenchmarkIdleMemory(b *testing.B) {
 	n := 50
 	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SESSIONS")); err == nil && v > 0 {
 		n = v
 	}
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
 	z := newZygote(b, nil)
-	z.mu.Lock()
-	zInit, zPid := z.cur.proc.Pid(), z.cur.pid
-	z.mu.Unlock()
-	if memoryCgroup(zPid) == "" {
+	old := newZygoteWith(b, &Options{Env: session.KernelEnv(), pythonReaper: true})
+	if memoryCgroup(z.Pid()) == "" {
 		b.Skip("no v1 memory cgroup to tell sessions from the template's spare child")
 	}
-	measure := func(zy session.Zygote) (uss, pss float64) {
+	type figures struct{ uss, pss, pte float64 }
+	measure := func(zy *Zygote) figures {
 		var ss []*session.Session
 		defer func() {
 			for _, s := range ss {
 				s.Close()
 			}
 		}()
+		var launch session.Zygote
+		if zy != nil {
+			launch = zy
+		}
 		availBefore := memAvailable(b)
 		for i := 0; i < n; i++ {
-			s, err := session.New(context.Background(), &session.Options{Zygote: zy})
+			s, err := session.New(context.Background(), &session.Options{Zygote: launch})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -91,11 +98,29 @@ func BenchmarkIdleMemory(b *testing.B) {
 		}
 		lost := availBefore - memAvailable(b)
 		var u, p, pte int64
-		zcg := memoryCgroup(zPid)
-		spares := z.armedSparePids(b)
+		// Not the sessions': the other template's jail and everything in
+		// it; this one's template, its init and its spare children.
+		skip := map[int]bool{}
+		var zcg string
+		for _, t := range []*Zygote{z, old} {
+			t.mu.Lock()
+			init := t.cur.proc.Pid()
+			t.mu.Unlock()
+			skip[init], skip[t.Pid()] = true, true
+			if t == zy {
+				zcg = memoryCgroup(t.Pid())
+				for _, pid := range t.armedSparePids(b) {
+					skip[pid] = true
+				}
+				continue
+			}
+			for _, pid := range descendants(init) {
+				skip[pid] = true
+			}
+		}
 		for _, pid := range descendants(os.Getpid()) {
-			if pid == zInit || pid == zPid || memoryCgroup(pid) == zcg || slices.Contains(spares, pid) {
-				continue // the template, its init, its spare children
+			if skip[pid] || (zcg != "" && memoryCgroup(pid) == zcg) {
+				continue
 			}
 			pu, pp := smaps(pid)
 			u += pu
@@ -104,24 +129,32 @@ func BenchmarkIdleMemory(b *testing.B) {
 		}
 		mib := func(v int64) float64 { return float64(v) / float64(n) / (1 << 20) }
 		how := "cold"
-		if zy != nil {
-			how = "forked"
+		switch {
+		case zy == old:
+			how = "forked (Python reaper)"
+		case zy != nil:
+			how = "forked (small reaper)"
 		}
-		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.1f MiB, page tables %.2f MiB per session",
+		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.2f MiB, page tables %.2f MiB per session",
 			n, how, mib(lost), mib(u), mib(pte))
-		return float64(u) / float64(n) / (1 << 20), float64(p) / float64(n) / (1 << 20)
+		return figures{mib(u), mib(p), mib(pte)}
 	}
 	for i := 0; i < b.N; i++ {
-		zu, zp := measure(z)
-		cu, cp := measure(nil)
-		tu, tp := smaps(zPid)
-		b.ReportMetric(zu, "zygote-USS-MiB")
-		b.ReportMetric(zp, "zygote-PSS-MiB")
-		b.ReportMetric(cu, "cold-USS-MiB")
-		b.ReportMetric(cp, "cold-PSS-MiB")
-		b.ReportMetric(cu/zu, "cold/zygote-USS")
-		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.1f MiB PSS %.1f MiB; cold USS %.1f MiB PSS %.1f MiB; USS %.1fx smaller; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
-			n, zu, zp, cu, cp, cu/zu, float64(tu)/(1<<20), float64(tp)/(1<<20))
+		zf := measure(z)
+		of := measure(old)
+		cf := measure(nil)
+		tu, tp := smaps(z.Pid())
+		b.ReportMetric(zf.uss, "zygote-USS-MiB")
+		b.ReportMetric(zf.pss, "zygote-PSS-MiB")
+		b.ReportMetric(zf.pte, "zygote-PTE-MiB")
+		b.ReportMetric(of.uss, "python-reaper-USS-MiB")
+		b.ReportMetric(of.pte, "python-reaper-PTE-MiB")
+		b.ReportMetric(cf.uss, "cold-USS-MiB")
+		b.ReportMetric(cf.pss, "cold-PSS-MiB")
+		b.ReportMetric(cf.uss/zf.uss, "cold/zygote-USS")
+		b.ReportMetric((of.uss+of.pte)/(zf.uss+zf.pte), "python/small-reaper")
+		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.2f MiB + page tables %.2f MiB (PSS %.1f MiB); with the Python reaper USS %.2f MiB + page tables %.2f MiB; cold USS %.1f MiB PSS %.1f MiB; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
+			n, zf.uss, zf.pte, zf.pss, of.uss, of.pte, cf.uss, cf.pss, float64(tu)/(1<<20), float64(tp)/(1<<20))
 	}
 }
 

@@ -182,6 +182,10 @@ import (
 //go:embed zygote.py
 var Source []byte
 
+// The small reaper a taken session's PID 1 executes (reaperexe/README.md).
+//
+//go:generate go run ./reapergen
+
 // Paths inside the template's jail (read-only).
 const (
 	ZygotePath = "/opt/sandloop/zygote.py"
@@ -231,4 +235,8 @@ type Options struct {
 	Mounts []jail.Mount
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
+
+	// pythonReaper keeps the reaper's Python loop after the take even
+	// where the small reaper was generated (the benchmarks' baseline).
+	pythonReaper bool
 }

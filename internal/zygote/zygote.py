@@ -26,7 +26,9 @@ host sends "more". On a spare's socket:
             directory: see _clone_workspace)
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
                                   (with a listener on the session's loopback
-                                  when the settings ask for one: "listen")
+                                  when the settings ask for one: "listen");
+                                  sent by the small reaper (REAPER_PATH) the
+                                  reaper executes, where there is one
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
@@ -48,6 +50,9 @@ import sys
 import threading
 
 KERNEL_PATH = "/opt/sandloop/kernel.py"
+# The small reaper (reaperexe/reaper.c), where the host placed it: a taken
+# session's reaper executes it rather than looping in a copy of the template.
+REAPER_PATH = "/opt/sandloop/reaper"
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -99,6 +104,7 @@ class Config:
     proc_masks = ()  # see _proc_plan
     proc_readonly = ()
     numpy_state = None  # see _numpy_state
+    reaper = None  # REAPER_PATH if the host placed it there
 
 
 C = Config()
@@ -442,6 +448,24 @@ def _kernel(sock, peer, kmod):
     os._exit(0)
 
 
+def _exec_reaper(sock, kpid, listener):
+    """Replaces this copy of the template (its copied pages and page tables,
+    ~2 MiB per idle session) with the small reaper, which sends "locked"
+    (with the listener) and then does what the loop at the end of _spare
+    does. It sends "locked" itself: a freshly executed program is dumpable
+    until it says otherwise, and no user code runs before the host has
+    that message. Returns if the program could not be executed: the
+    caller goes on in Python."""
+    fds = [sock.fileno()] + ([listener.fileno()] if listener is not None else [])
+    try:
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        os.execv(C.reaper, [C.reaper, str(kpid), str(fds[0]), str(fds[1] if len(fds) > 1 else -1)])
+    except OSError:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+
+
 def _spare(sock, kmod):
     """A spare child: PID 1 of a new PID namespace, prepared ahead with its
     kernel forked and armed, waiting for its session. Then it is the
@@ -493,6 +517,8 @@ def _spare(sock, kmod):
         ours.close()
         _set_rlimits(req)
         C.lockdown()
+        if C.reaper:
+            _exec_reaper(sock, kpid, listener)  # returns only if it could not
         if listener is None:
             sock.send(b'{"locked":true}')
         else:
@@ -551,6 +577,8 @@ def main():
     C.readonly = cfg.get("readonly", ())
     C.proc_masks, C.proc_readonly = _proc_plan()
     C.workspaces = cfg.get("workspaces")
+    if os.access(REAPER_PATH, os.X_OK):
+        C.reaper = REAPER_PATH
     with open("/proc/sys/kernel/cap_last_cap") as f:
         C.last_cap = int(f.read())
     # Built once here: a fork pays for every page it writes, and building

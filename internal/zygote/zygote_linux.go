@@ -165,14 +165,19 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		// No thread may exist when the template forks.
 		"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1", "NUMEXPR_NUM_THREADS=1")
 	logw := logWriter{z.log}
+	files := []jail.File{
+		{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
+		{Path: ZygotePath, Data: Source, Mode: 0o444},
+	}
+	// The jail's root is read-only: no session can change the program its
+	// PID 1 executes. Without it, zygote.py keeps its own loop.
+	if bin, _ := reaperProgram(); bin != nil && !z.opts.pythonReaper {
+		files = append(files, jail.File{Path: ReaperPath, Data: bin, Mode: 0o555})
+	}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
 		Path: cmp.Or(z.opts.Python, jail.DefaultPython), Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,
 		Limits: z.opts.Limits, Mounts: z.opts.Mounts,
-		Files: []jail.File{
-			{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
-			{Path: ZygotePath, Data: Source, Mode: 0o444},
-		},
-		Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true, ZygoteWorkspaces: z.shared,
+		Files: files, Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true, ZygoteWorkspaces: z.shared,
 	})
 	if err != nil {
 		ctl.Close()

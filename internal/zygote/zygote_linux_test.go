@@ -39,13 +39,24 @@ func newZygote(t testing.TB, modules []string) *Zygote {
 // newZygoteWithin is newZygote with a bound on the template's start.
 func newZygoteWithin(t testing.TB, modules []string, timeout time.Duration) *Zygote {
 	t.Helper()
+	return newZygoteOpts(t, &Options{Modules: modules, Env: session.KernelEnv()}, timeout)
+}
+
+// newZygoteWith is newZygote with options.
+func newZygoteWith(t testing.TB, opts *Options) *Zygote {
+	t.Helper()
+	return newZygoteOpts(t, opts, startTimeout)
+}
+
+func newZygoteOpts(t testing.TB, opts *Options, timeout time.Duration) *Zygote {
+	t.Helper()
 	if err := Supported(); err != nil {
 		t.Skipf("no zygote on this host: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
-	z, err := New(ctx, &Options{Modules: modules, Env: session.KernelEnv()})
+	z, err := New(ctx, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

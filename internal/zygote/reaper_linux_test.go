@@ -1,0 +1,80 @@
+package zygote
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
+)
+
+// Once its session has taken it, a forked session's PID 1 is the small
+// reaper rather than a copy of the template: it keeps only a few pages,
+// its descriptors stay out of the session's reach, it forwards signals to
+// the kernel, and it reports how the kernel ended as the Python loop did.
+func TestSmallReaper(t *testing.T) {
+	if bin, why := reaperProgram(); bin == nil {
+		t.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	z := newZygote(t, light)
+	cases := []struct {
+		name, code, want string
+	}{
+		{"exit code", "import os; os._exit(3)", "exited with status 3"},
+		{"signal", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by signal SIGSEGV"},
+		{"kill -9", "", "killed by signal SIGKILL"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ws := t.TempDir()
+			s := newSession(t, z, session.Options{Workspace: ws})
+			pids := s.proc.HostPids()
+			reaper, kpid := pids[0], pids[1]
+			if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", reaper))); comm != "reaper" {
+				t.Fatalf("the session's PID 1 runs %q, want the small reaper", comm)
+			}
+			// A copy of the template holds ~2 MiB of its own; this one, pages.
+			if rss := statusKB(reaper, "RssAnon:"); rss == 0 || rss > 512 {
+				t.Errorf("the reaper's RssAnon is %d kB, want a few pages", rss)
+			}
+			// Not dumpable: the session cannot reach its PID 1's
+			// descriptors (the socket to the host).
+			if got := out(t, s.Session, "import os\ntry:\n    print(os.listdir('/proc/1/fd'))\nexcept PermissionError:\n    print('denied')"); got != "denied" {
+				t.Errorf("the session lists its reaper's descriptors: %s", got)
+			}
+			if i == 0 {
+				// A signal sent to the reaper reaches the kernel: SIGINT
+				// interrupts the running cell.
+				done := make(chan *kernel.Result, 1)
+				go func() {
+					res, _ := s.Execute(t.Context(), kernel.Request{Code: "import time\nopen('started', 'w').close()\nwhile True: time.sleep(0.05)", Timeout: 5 * time.Minute}, nil)
+					done <- res
+				}()
+				testutil.WaitFor(t, z.patience(30*time.Second), func() error {
+					_, err := os.Stat(filepath.Join(ws, "started"))
+					return err
+				})
+				if err := syscall.Kill(reaper, syscall.SIGINT); err != nil {
+					t.Fatal(err)
+				}
+				if res := <-done; res == nil || res.Status != kernel.StatusInterrupted {
+					t.Fatalf("SIGINT to the reaper: %+v, want the cell interrupted", res)
+				}
+			}
+			if c.code != "" {
+				s.Execute(t.Context(), kernel.Request{Code: c.code, Timeout: time.Minute}, nil)
+			} else if err := syscall.Kill(kpid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.proc.Wait(); err == nil || err.Error() != c.want {
+				t.Errorf("the session's end: %v, want %s", err, c.want)
+			}
+		})
+	}
+}
