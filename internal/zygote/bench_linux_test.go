@@ -118,6 +118,7 @@ func BenchmarkIdleMemory(b *testing.B) {
 				skip[pid] = true
 			}
 		}
+		var reapers int64
 		for _, pid := range descendants(os.Getpid()) {
 			if skip[pid] || (zcg != "" && memoryCgroup(pid) == zcg) {
 				continue
@@ -126,6 +127,9 @@ func BenchmarkIdleMemory(b *testing.B) {
 			u += pu
 			p += pp
 			pte += statusKB(pid, "VmPTE:") << 10
+			if zy != nil && nsPid(pid) == 1 {
+				reapers += pu
+			}
 		}
 		mib := func(v int64) float64 { return float64(v) / float64(n) / (1 << 20) }
 		how := "cold"
@@ -135,8 +139,8 @@ func BenchmarkIdleMemory(b *testing.B) {
 		case zy != nil:
 			how = "forked (small reaper)"
 		}
-		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.2f MiB, page tables %.2f MiB per session",
-			n, how, mib(lost), mib(u), mib(pte))
+		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.2f MiB (the reaper's %.2f), page tables %.2f MiB per session",
+			n, how, mib(lost), mib(u), mib(reapers), mib(pte))
 		return figures{mib(u), mib(p), mib(pte)}
 	}
 	for i := 0; i < b.N; i++ {
@@ -156,6 +160,17 @@ func BenchmarkIdleMemory(b *testing.B) {
 		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.2f MiB + page tables %.2f MiB (PSS %.1f MiB); with the Python reaper USS %.2f MiB + page tables %.2f MiB; cold USS %.1f MiB PSS %.1f MiB; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
 			n, zf.uss, zf.pte, zf.pss, of.uss, of.pte, cf.uss, cf.pss, float64(tu)/(1<<20), float64(tp)/(1<<20))
 	}
+}
+
+// nsPid returns a process's PID in its own PID namespace (the last of
+// NSpid in /proc/PID/status), 0 if unknown.
+func nsPid(pid int) int {
+	f := strings.Fields(statusField(readFile(fmt.Sprintf("/proc/%d/status", pid)), "NSpid"))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
 }
 
 // memAvailable is the host's MemAvailable in bytes.

@@ -36,9 +36,13 @@ func TestSmallReaper(t *testing.T) {
 			s := newSession(t, z, session.Options{Workspace: ws})
 			pids := s.proc.HostPids()
 			reaper, kpid := pids[0], pids[1]
-			if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", reaper))); comm != "reaper" {
-				t.Fatalf("the session's PID 1 runs %q, want the small reaper", comm)
-			}
+			// (It executes the program once it has reported the take.)
+			testutil.WaitFor(t, z.patience(30*time.Second), func() error {
+				if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", reaper))); comm != "reaper" {
+					return fmt.Errorf("the session's PID 1 runs %q, want the small reaper", comm)
+				}
+				return nil
+			})
 			// A copy of the template holds ~2 MiB of its own; this one, pages.
 			if rss := statusKB(reaper, "RssAnon:"); rss == 0 || rss > 512 {
 				t.Errorf("the reaper's RssAnon is %d kB, want a few pages", rss)

@@ -27,8 +27,8 @@ host sends "more". On a spare's socket:
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
                                   (with a listener on the session's loopback
                                   when the settings ask for one: "listen");
-                                  sent by the small reaper (REAPER_PATH) the
-                                  reaper executes, where there is one
+                                  then it executes the small reaper
+                                  (REAPER_PATH), where there is one
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
@@ -448,22 +448,20 @@ def _kernel(sock, peer, kmod):
     os._exit(0)
 
 
-def _exec_reaper(sock, kpid, listener):
+def _exec_reaper(sock, kpid):
     """Replaces this copy of the template (its copied pages and page tables,
-    ~2 MiB per idle session) with the small reaper, which sends "locked"
-    (with the listener) and then does what the loop at the end of _spare
-    does. It sends "locked" itself: a freshly executed program is dumpable
-    until it says otherwise, and no user code runs before the host has
-    that message. Returns if the program could not be executed: the
+    ~1.5 MiB per idle session) with the small reaper, which does what the
+    loop at the end of _spare does. The session may already run code: the
+    program is execute-only, so the reaper stays non-dumpable across the
+    execve (its descriptors, the socket to the host, out of the session's
+    reach through /proc/1). Returns if it could not be executed: the
     caller goes on in Python."""
-    fds = [sock.fileno()] + ([listener.fileno()] if listener is not None else [])
+    fd = sock.fileno()
     try:
-        for fd in fds:
-            os.set_inheritable(fd, True)
-        os.execv(C.reaper, [C.reaper, str(kpid), str(fds[0]), str(fds[1] if len(fds) > 1 else -1)])
+        os.set_inheritable(fd, True)
+        os.execv(C.reaper, [C.reaper, str(kpid), str(fd)])
     except OSError:
-        for fd in fds:
-            os.set_inheritable(fd, False)
+        os.set_inheritable(fd, False)
 
 
 def _spare(sock, kmod):
@@ -517,8 +515,6 @@ def _spare(sock, kmod):
         ours.close()
         _set_rlimits(req)
         C.lockdown()
-        if C.reaper:
-            _exec_reaper(sock, kpid, listener)  # returns only if it could not
         if listener is None:
             sock.send(b'{"locked":true}')
         else:
@@ -526,6 +522,8 @@ def _spare(sock, kmod):
             listener.close()
     except BaseException as e:
         _fail(sock, 126, "build the session's jail", e)
+    if C.reaper:
+        _exec_reaper(sock, kpid)  # returns only if it could not
     for s in FORWARDED:
         signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
     while True:

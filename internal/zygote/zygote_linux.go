@@ -170,9 +170,12 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		{Path: ZygotePath, Data: Source, Mode: 0o444},
 	}
 	// The jail's root is read-only: no session can change the program its
-	// PID 1 executes. Without it, zygote.py keeps its own loop.
+	// PID 1 executes. Execute-only: a program its user may not read leaves
+	// the process non-dumpable across execve (the kernel's would_dump), so
+	// the session, which may already run code, never reaches its reaper's
+	// descriptors through /proc/1. Without it, zygote.py keeps its loop.
 	if bin, _ := reaperProgram(); bin != nil && !z.opts.pythonReaper {
-		files = append(files, jail.File{Path: ReaperPath, Data: bin, Mode: 0o555})
+		files = append(files, jail.File{Path: ReaperPath, Data: bin, Mode: 0o111})
 	}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
 		Path: cmp.Or(z.opts.Python, jail.DefaultPython), Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,

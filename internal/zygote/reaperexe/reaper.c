@@ -2,26 +2,26 @@
  * sandloop-reaper: a forked session's PID 1 once its session has taken it.
  *
  * The spare's Python reaper (zygote.py, _spare) builds the session's jail,
- * locks itself down and then executes this program, which replaces the
- * copy of the template it was (~2 MiB of copied pages and page tables per
- * idle session) with a few pages. It does what the Python loop did:
+ * locks itself down, reports {"locked":true} and then executes this
+ * program, which replaces the copy of the template it was (~1.5 MiB of
+ * copied pages and page tables per idle session) with a few pages:
  *
- *   sandloop-reaper KERNEL_PID SOCKET_FD LISTENER_FD
+ *   reaper KERNEL_PID SOCKET_FD
  *
- * sends {"locked":true} on the spare's socket (with the session's loopback
- * listener, when LISTENER_FD is not -1), forwards SIGINT, SIGTERM, SIGHUP,
+ * It does what the Python loop did: forwards SIGINT, SIGTERM, SIGHUP,
  * SIGQUIT, SIGUSR1 and SIGUSR2 to the kernel, reaps every process of the
- * PID namespace (it is its init) and, when the kernel ends, reports how in
- * exactly the Python loop's words:
+ * PID namespace (it is its init) and, when the kernel ends, reports how on
+ * the spare's socket in exactly the Python loop's words:
  *
  *   {"exited": true, "code": N}  or  {"exited": true, "code": 0, "signal": S}
  *
  * then exits (the kernel kills whatever is left in the namespace).
  *
- * Built static with libc only (reapergen: gcc -static -Os), so that it
- * runs in any jail's root. It runs under the session's seccomp filter,
- * without capabilities and with no_new_privs, as any program user code
- * starts would.
+ * Built static with libc only (reapergen: gcc -static -Os), so that it runs
+ * in any jail's root. It runs under the session's seccomp filter, without
+ * capabilities and with no_new_privs, as any program user code starts. The
+ * host installs it execute-only, so the process stays non-dumpable across
+ * the execve; it says so again first thing in case the file was readable.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,53 +49,16 @@ static int number(const char *s, long *out) {
 	return errno == 0 && end != s && *end == 0;
 }
 
-/* send_locked reports that the session's jail is built, handing over the
- * listener if there is one. */
-static int send_locked(int sock, int listener) {
-	static const char msg[] = "{\"locked\":true}";
-	struct iovec iov = {(void *)msg, sizeof msg - 1};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr mh = {0};
-	mh.msg_iov = &iov;
-	mh.msg_iovlen = 1;
-	if (listener >= 0) {
-		memset(&u, 0, sizeof u);
-		mh.msg_control = u.buf;
-		mh.msg_controllen = sizeof u.buf;
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &listener, sizeof(int));
-	}
-	while (sendmsg(sock, &mh, MSG_NOSIGNAL) < 0) {
-		if (errno != EINTR)
-			return -1;
-	}
-	return 0;
-}
-
 int main(int argc, char **argv) {
-	/* First: a freshly executed program is dumpable, and this one holds
-	 * the spare's socket to the host. (No user code runs before the
-	 * "locked" below: the host sends none until the take has ended.) */
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-	long kpid, sock, listener;
-	if (argc != 4 || !number(argv[1], &kpid) || !number(argv[2], &sock) || !number(argv[3], &listener) || kpid <= 1 ||
-	    sock < 0) {
-		static const char usage[] = "usage: sandloop-reaper KERNEL_PID SOCKET_FD LISTENER_FD\n";
+	long kpid, sock;
+	if (argc != 3 || !number(argv[1], &kpid) || !number(argv[2], &sock) || kpid <= 1 || sock < 0) {
+		static const char usage[] = "usage: reaper KERNEL_PID SOCKET_FD\n";
 		if (write(2, usage, sizeof usage - 1) < 0) {
 		}
 		return 2;
 	}
 	kernel_pid = (pid_t)kpid;
-	if (send_locked((int)sock, (int)listener) != 0)
-		_exit(126);
-	if (listener >= 0)
-		close((int)listener);
 	/* Handlers, not SIG_DFL: an init receives only the signals it
 	 * handles. */
 	static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
