@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // BenchmarkCreateImportPandas times creating a session and running
@@ -95,6 +96,22 @@ func BenchmarkIdleMemory(b *testing.B) {
 			if err != nil || res.Status != "ok" {
 				b.Fatalf("import: %v %+v", err, res)
 			}
+		}
+		if zy == z {
+			// Each reaper executes the small one defaultReaperDelay after
+			// its take.
+			testutil.WaitFor(b, defaultReaperDelay+z.patience(time.Minute), func() error {
+				small := 0
+				for _, pid := range descendants(os.Getpid()) {
+					if strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pid))) == "reaper" {
+						small++
+					}
+				}
+				if small < n {
+					return fmt.Errorf("%d of %d reapers are the small one", small, n)
+				}
+				return nil
+			})
 		}
 		lost, slab := availBefore-memAvailable(b), meminfo(b, "SUnreclaim:")-slabBefore
 		var u, p, pte int64
@@ -259,4 +276,68 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// BenchmarkReaperFirstCommand times creating a forked session and running
+// `1+1` in it from three templates in turn in the same run (run with
+// -benchtime=40x): the small reaper as configured (executed
+// defaultReaperDelay after the take), the small reaper executed at once
+// after the take (its execve and the release of the reaper's copy of the
+// template then compete with the session's start), and the Python reaper.
+// It reports the medians and their ratios to the Python reaper's.
+func BenchmarkReaperFirstCommand(b *testing.B) {
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	kinds := []struct {
+		name string
+		z    *Zygote
+	}{
+		{"small reaper", newZygote(b, nil)},
+		{"small reaper at once", newZygoteWith(b, &Options{Env: session.KernelEnv(), reaperDelay: time.Millisecond})},
+		{"Python reaper", newZygoteWith(b, &Options{Env: session.KernelEnv(), pythonReaper: true})},
+	}
+	created := make([][]time.Duration, len(kinds))
+	total := make([][]time.Duration, len(kinds))
+	one := func(k int) {
+		start := time.Now()
+		s, err := session.New(context.Background(), &session.Options{Zygote: kinds[k].z})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		created[k] = append(created[k], time.Since(start))
+		res, err := s.Execute(context.Background(), kernel.Request{Code: "1+1"}, nil)
+		if err != nil || res.Status != "ok" {
+			b.Fatalf("1+1: %v %+v", err, res)
+		}
+		total[k] = append(total[k], time.Since(start))
+		// (A command or two more, as an agent would, while the at-once
+		// reaper executes.)
+		if _, err := s.Execute(context.Background(), kernel.Request{Code: "2+2"}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for k := range kinds {
+		one(k)
+		created[k], total[k] = nil, nil
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range kinds { // each goes first in turn
+			one((i + j) % len(kinds))
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	py := median(total[len(kinds)-1])
+	for k, kind := range kinds {
+		m := median(total[k])
+		unit := strings.ReplaceAll(kind.name, " ", "-")
+		b.ReportMetric(ms(m), unit+"-ms")
+		if k < len(kinds)-1 {
+			b.ReportMetric(float64(py)/float64(m), "python/"+unit)
+		}
+		b.Logf("create + 1+1, median of %d: %s %.1f ms (create %.1f)", b.N, kind.name, ms(m), ms(median(created[k])))
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // The generated reaper (see reaperexe/README.md), when this binary was
@@ -20,6 +21,13 @@ var reaperexe embed.FS
 // (read-only, like zygote.py): a session's reaper executes it once the
 // session has taken it.
 const ReaperPath = "/opt/sandloop/reaper"
+
+// defaultReaperDelay is how long after its take a session's reaper keeps
+// its Python loop before it executes the small reaper. Dropping its copy
+// of the template (an execve that unmaps it) costs ~3 ms of CPU, as its
+// exit would: not while the session runs its first commands or a burst
+// of sessions starts. A session closed before never executes it.
+const defaultReaperDelay = 5 * time.Second
 
 // reaperProgram returns the generated reaper, or nil and why not (the
 // Python loop then reaps: more memory per idle session, never wrong).

@@ -252,4 +252,6 @@ type Options struct {
 	// pythonReaper keeps the reaper's Python loop after the take even
 	// where the small reaper was generated (the benchmarks' baseline).
 	pythonReaper bool
+	// reaperDelay replaces defaultReaperDelay (tests).
+	reaperDelay time.Duration
 }

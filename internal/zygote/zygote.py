@@ -27,8 +27,8 @@ host sends "more". On a spare's socket:
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
                                   (with a listener on the session's loopback
                                   when the settings ask for one: "listen");
-                                  then it executes the small reaper
-                                  (REAPER_PATH), where there is one
+                                  a few seconds later it executes the small
+                                  reaper (REAPER_PATH), where there is one
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
@@ -48,6 +48,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 KERNEL_PATH = "/opt/sandloop/kernel.py"
 # The small reaper (reaperexe/reaper.c), where the host placed it: a taken
@@ -105,6 +106,7 @@ class Config:
     proc_readonly = ()
     numpy_state = None  # see _numpy_state
     reaper = None  # REAPER_PATH if the host placed it there
+    reaper_delay = 5.0  # seconds after the take before the reaper executes it
 
 
 C = Config()
@@ -451,11 +453,13 @@ def _kernel(sock, peer, kmod):
 def _exec_reaper(sock, kpid):
     """Replaces this copy of the template (its copied pages and page tables,
     ~1.5 MiB per idle session) with the small reaper, which does what the
-    loop at the end of _spare does. The session may already run code: the
-    program is execute-only, so the reaper stays non-dumpable across the
-    execve (its descriptors, the socket to the host, out of the session's
-    reach through /proc/1). Returns if it could not be executed: the
-    caller goes on in Python."""
+    loop at the end of _spare does. Called C.reaper_delay after the take:
+    unmapping the copy costs ~3 ms of CPU (as the reaper's exit would),
+    not to be spent while the session starts. The session may already run
+    code: the program is execute-only, so the reaper stays non-dumpable
+    across the execve (its descriptors, the socket to the host, out of the
+    session's reach through /proc/1). Returns if it could not be executed:
+    the caller goes on in Python."""
     fd = sock.fileno()
     try:
         os.set_inheritable(fd, True)
@@ -522,24 +526,39 @@ def _spare(sock, kmod):
             listener.close()
     except BaseException as e:
         _fail(sock, 126, "build the session's jail", e)
-    if C.reaper:
-        _exec_reaper(sock, kpid)  # returns only if it could not
     for s in FORWARDED:
         signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
+    # Children are reaped when SIGCHLD says so (blocked: it waits for
+    # sigtimedwait); the small reaper is executed C.reaper_delay after the
+    # take, not now (see _exec_reaper), once everything ended is reaped.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    exec_at = time.monotonic() + C.reaper_delay
     while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            os._exit(0)
-        if pid != kpid:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid != kpid:
+                continue
+            msg = {"exited": True, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0}
+            if os.WIFSIGNALED(status):
+                msg["signal"] = os.WTERMSIG(status)
+            try:
+                sock.send(json.dumps(msg).encode())
+            finally:
+                os._exit(0)
+        if not C.reaper:
+            signal.sigwaitinfo([signal.SIGCHLD])
             continue
-        msg = {"exited": True, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0}
-        if os.WIFSIGNALED(status):
-            msg["signal"] = os.WTERMSIG(status)
-        try:
-            sock.send(json.dumps(msg).encode())
-        finally:
-            os._exit(0)
+        left = exec_at - time.monotonic()
+        if left > 0:
+            signal.sigtimedwait([signal.SIGCHLD], left)
+            continue
+        _exec_reaper(sock, kpid)  # returns only if it could not
+        C.reaper = None
 
 
 # ---------------------------------------------------------------- the template
@@ -577,6 +596,7 @@ def main():
     C.workspaces = cfg.get("workspaces")
     if os.access(REAPER_PATH, os.X_OK):
         C.reaper = REAPER_PATH
+        C.reaper_delay = float(cfg.get("reaper_delay", C.reaper_delay))
     with open("/proc/sys/kernel/cap_last_cap") as f:
         C.last_cap = int(f.read())
     # Built once here: a fork pays for every page it writes, and building

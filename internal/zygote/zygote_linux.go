@@ -114,7 +114,8 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	masked, ro := jail.ProcMasks()
-	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares}
+	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
+		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds()}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)

@@ -59,6 +59,11 @@ int main(int argc, char **argv) {
 		return 2;
 	}
 	kernel_pid = (pid_t)kpid;
+	/* The Python reaper blocked SIGCHLD (it waited for it with
+	 * sigtimedwait); nothing here needs any signal blocked. */
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
 	/* Handlers, not SIG_DFL: an init receives only the signals it
 	 * handles. */
 	static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
