@@ -24,7 +24,7 @@ const ReaperPath = "/opt/sandloop/reaper"
 
 // defaultReaperDelay is how long after its take a session's reaper keeps
 // its Python loop before it executes the small reaper. Dropping its copy
-// of the template (an execve that unmaps it) costs ~3 ms of CPU, as its
+// of the template (an execve that unmaps it) costs 3-7 ms of CPU, as its
 // exit would: not while the session runs its first commands or a burst
 // of sessions starts. A session closed before never executes it.
 const defaultReaperDelay = 5 * time.Second

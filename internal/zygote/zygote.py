@@ -454,7 +454,7 @@ def _exec_reaper(sock, kpid):
     """Replaces this copy of the template (its copied pages and page tables,
     ~1.5 MiB per idle session) with the small reaper, which does what the
     loop at the end of _spare does. Called C.reaper_delay after the take:
-    unmapping the copy costs ~3 ms of CPU (as the reaper's exit would),
+    unmapping the copy costs 3-7 ms of CPU (as the reaper's exit would),
     not to be spent while the session starts. The session may already run
     code: the program is execute-only, so the reaper stays non-dumpable
     across the execve (its descriptors, the socket to the host, out of the
