@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,6 +68,17 @@ func testReaper(t *testing.T, z *Zygote, small bool) {
 				t.Errorf("the session lists its reaper's descriptors: %s", got)
 			}
 			if i == 0 {
+				// The host reaches the session's loopback through its
+				// PID 1 (its ports, a connection).
+				out(t, s.Session, "import socket\nl = socket.socket()\nl.bind(('127.0.0.1', 8123))\nl.listen()")
+				if ports, err := s.proc.ListeningPorts(); err != nil || !slices.Contains(ports, 8123) {
+					t.Errorf("listening ports %v, %v: want 8123", ports, err)
+				}
+				c, err := s.proc.DialLoopback(t.Context(), 8123)
+				if err != nil {
+					t.Fatalf("dial the session's loopback: %v", err)
+				}
+				c.Close()
 				// A signal sent to the reaper reaches the kernel: SIGINT
 				// interrupts the running cell.
 				done := make(chan *kernel.Result, 1)
