@@ -24,9 +24,20 @@ func TestSmallReaper(t *testing.T) {
 	if bin, why := reaperProgram(); bin == nil {
 		t.Fatalf("no small reaper in this test binary: %s (make gen)", why)
 	}
-	// (It executes the program a few seconds after the take; here at once.)
 	t.Run("small", func(t *testing.T) {
-		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond}), true)
+		z := newZygote(t, light)
+		// The spare's reaper is the program from the start: it prepared
+		// the spare and is armed.
+		if pids := z.armedSparePids(t); len(pids) == 0 {
+			t.Fatal("no armed spare")
+		} else if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))); comm != "reaper" {
+			t.Fatalf("an armed spare's reaper runs %q, want the small reaper", comm)
+		}
+		testReaper(t, z, true)
+	})
+	// Executed after the take instead (a few seconds after; here at once).
+	t.Run("late", func(t *testing.T) {
+		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, lateReaper: true}), true)
 	})
 	t.Run("python", func(t *testing.T) {
 		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, pythonReaper: true}), false)

@@ -259,4 +259,7 @@ type Options struct {
 	pythonReaper bool
 	// reaperDelay replaces defaultReaperDelay (tests).
 	reaperDelay time.Duration
+	// lateReaper has the reaper run Python until the take and execute the
+	// small reaper only reaperDelay after it (the benchmarks' baseline).
+	lateReaper bool
 }

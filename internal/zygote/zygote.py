@@ -107,6 +107,7 @@ class Config:
     numpy_state = None  # see _numpy_state
     reaper = None  # REAPER_PATH if the host placed it there
     reaper_delay = 5.0  # seconds after the take before the reaper executes it
+    reaper_spare = None  # its arguments as a spare's whole reaper (see _proc_plan)
 
 
 C = Config()
@@ -139,17 +140,21 @@ def _proc_plan():
     _prepare), worked out once by the template from its own /proc (a proc
     of the same kernel, with the same masks): which names exist, and which
     are directories (an empty read-only tmpfs) or files (/dev/null)."""
-    masks, readonly = [], []
+    masks, readonly, spec = [], [], []
     for name in C.masked:
         p = "/proc/" + name
         path = ("/tmp/.proc/" + name).encode()
         if os.path.isdir(p) and not os.path.islink(p):
             masks.append((b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=0"))
+            spec.append("d" + name)
         elif os.path.lexists(p):
             masks.append((b"/dev/null", path, None, MS_BIND, None))
+            spec.append("f" + name)
     for name in C.readonly:
         if os.path.lexists("/proc/" + name):
             readonly.append("/tmp/.proc/" + name)
+    # The same, for the small reaper (reaper.c: "spare").
+    C.reaper_spare = ["\n".join(spec), "\n".join(n for n in C.readonly if os.path.lexists("/proc/" + n))]
     return masks, readonly
 
 
@@ -468,6 +473,23 @@ def _exec_reaper(sock, kpid):
         os.set_inheritable(fd, False)
 
 
+def _exec_spare(sock, ours, kpid):
+    """The spare's reaper becomes the small reaper at once (reaper.c,
+    "spare"), which does its whole part, so that it runs no Python after
+    the fork: its faults and interpreter work are spared. Returns if it
+    could not be executed."""
+    fds = (sock.fileno(), ours.fileno())
+    argv = list(C.reaper_spare)
+    argv[2:5] = [str(kpid), str(fds[0]), str(fds[1])]
+    try:
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        os.execv(C.reaper, argv)
+    except OSError:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+
+
 def _spare(sock, kmod):
     """A spare child: PID 1 of a new PID namespace, prepared ahead with its
     kernel forked and armed, waiting for its session. Then it is the
@@ -495,6 +517,8 @@ def _spare(sock, kmod):
             _kernel(sock, peer, kmod)
         finally:
             os._exit(127)
+    if C.reaper_spare:
+        _exec_spare(sock, ours, kpid)  # returns only if it could not
     try:
         peer.close()
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -594,11 +618,16 @@ def main():
     C.readonly = cfg.get("readonly", ())
     C.proc_masks, C.proc_readonly = _proc_plan()
     C.workspaces = cfg.get("workspaces")
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        C.last_cap = int(f.read())
     if os.access(REAPER_PATH, os.X_OK):
         C.reaper = REAPER_PATH
         C.reaper_delay = float(cfg.get("reaper_delay", C.reaper_delay))
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        C.last_cap = int(f.read())
+    if C.reaper and cfg.get("reaper_spare"):
+        C.reaper_spare = [REAPER_PATH, "spare", None, None, None, C.filter.hex()] + C.reaper_spare + [
+            str(C.last_cap), C.workspaces or ""]
+    else:
+        C.reaper_spare = None
     # Built once here: a fork pays for every page it writes, and building
     # these in each child cost it milliseconds of copied pages.
     C.lockdown = _Lockdown()
