@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -345,5 +346,62 @@ func BenchmarkReaperFirstCommand(b *testing.B) {
 			b.ReportMetric(float64(py)/float64(m), "python/"+unit)
 		}
 		b.Logf("create + 1+1, median of %d: %s %.1f ms (create %.1f)", b.N, kind.name, ms(m), ms(median(created[k])))
+	}
+}
+
+// BenchmarkSpareReaper reports what a spare's reaper costs from its fork
+// until it is armed (CPU time from /proc/PID/schedstat, minor faults,
+// private memory), with the pandas template: the small reaper executed
+// right after the fork (earlyReaper) against the Python reaper that runs
+// until the take (the default), SANDLOOP_BENCH_SPARES spares (default 10)
+// of each, from two templates in the same run. The template's fork is the
+// same for both and not counted.
+func BenchmarkSpareReaper(b *testing.B) {
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	n := 10
+	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SPARES")); err == nil && v > 0 {
+		n = v
+	}
+	type cost struct{ cpu, faults, uss []float64 }
+	measure := func(early bool) cost {
+		z := newZygoteWith(b, &Options{Env: session.KernelEnv(), Spares: n, earlyReaper: early})
+		defer z.Close()
+		var c cost
+		pids := z.armedSparePids(b) // reaper, kernel, reaper, kernel...
+		for i := 0; i+1 < len(pids); i += 2 {
+			r := pids[i]
+			sched := strings.Fields(readFile(fmt.Sprintf("/proc/%d/schedstat", r)))
+			stat := readFile(fmt.Sprintf("/proc/%d/stat", r))
+			if len(sched) == 0 || strings.LastIndexByte(stat, ')') < 0 {
+				continue
+			}
+			ns, _ := strconv.ParseFloat(sched[0], 64)
+			f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+2:])
+			minflt, _ := strconv.ParseFloat(f[7], 64) // field 10 of stat
+			u, _ := smaps(r)
+			c.cpu = append(c.cpu, ns/1e6)
+			c.faults = append(c.faults, minflt)
+			c.uss = append(c.uss, float64(u)/(1<<20))
+		}
+		if len(c.cpu) == 0 {
+			b.Fatal("no spare measured")
+		}
+		return c
+	}
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	for i := 0; i < b.N; i++ {
+		small, late := measure(true), measure(false)
+		b.ReportMetric(med(small.cpu), "small-reaper-CPU-ms")
+		b.ReportMetric(med(late.cpu), "python-reaper-CPU-ms")
+		b.ReportMetric(med(small.faults), "small-reaper-faults")
+		b.ReportMetric(med(late.faults), "python-reaper-faults")
+		b.Logf("a spare's reaper until armed, median of %d: small reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB; Python reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB",
+			len(small.cpu), med(small.cpu), med(small.faults), med(small.uss), med(late.cpu), med(late.faults), med(late.uss))
 	}
 }

@@ -24,10 +24,10 @@ func TestSmallReaper(t *testing.T) {
 	if bin, why := reaperProgram(); bin == nil {
 		t.Fatalf("no small reaper in this test binary: %s (make gen)", why)
 	}
-	t.Run("small", func(t *testing.T) {
-		z := newZygote(t, light)
-		// The spare's reaper is the program from the start: it prepared
-		// the spare and is armed.
+	// Executed right after the kernel's fork: the spare's reaper is the
+	// program from the start (it prepared the spare and is armed).
+	t.Run("early", func(t *testing.T) {
+		z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), earlyReaper: true})
 		if pids := z.armedSparePids(t); len(pids) == 0 {
 			t.Fatal("no armed spare")
 		} else if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))); comm != "reaper" {
@@ -35,9 +35,10 @@ func TestSmallReaper(t *testing.T) {
 		}
 		testReaper(t, z, true)
 	})
-	// Executed after the take instead (a few seconds after; here at once).
+	// Executed after the take (the default: a few seconds after; here at
+	// once).
 	t.Run("late", func(t *testing.T) {
-		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, lateReaper: true}), true)
+		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond}), true)
 	})
 	t.Run("python", func(t *testing.T) {
 		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, pythonReaper: true}), false)

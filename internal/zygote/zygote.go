@@ -134,13 +134,21 @@
 //     rest). One copy per spare needs a reaper that is not a copy of the
 //     template: clone(CLONE_VM|CLONE_VFORK) with the spare's namespaces,
 //     the child forks the kernel (the one copy) and executes the small
-//     reaper, grown to do the reaper's whole part (mounts, the session's
-//     workspace, its lockdown, then reaping and reports). Python cannot
-//     run that sequence (the vfork child shares the template's stack
-//     until it executes), so it takes a few instructions of machine code
-//     or a C helper: not built. It would save a fork, the reaper's faults
-//     and interpreter work, ~6 ms of the 20. (Only the reaping part is a
-//     program now, executed after the take: the memory, not the CPU.)
+//     reaper, which can already do the reaper's whole part (reaper.c's
+//     "spare" mode: mounts, the armed handshake, the session's workspace,
+//     its lockdown, then reaping and reports; tested, off by default:
+//     Options.earlyReaper). Python cannot run that sequence (the vfork
+//     child shares the template's stack until it executes), so it takes
+//     a few instructions of machine code or a C helper: not built. It
+//     would save a fork, the reaper's faults and interpreter work, ~6 ms
+//     of the 20. Executing the small reaper from the reaper as it is (a
+//     copy) right after it forks the kernel costs more than it saves
+//     (BenchmarkSpareReaper, 10 spares each, load 3-5: 9.0-13.5 ms of the
+//     reaper's CPU until armed against 5.1-7.7 with Python, 333-347
+//     faults against 427-439): the execve unmaps the fresh copy (~15.6k
+//     page-table entries), and ~300 of the faults come before it (the
+//     kernel's os.fork). So the reaper executes it only after the take
+//     (below), and only for the memory.
 //   - Huge pages: MADV_COLLAPSE on the template's anonymous memory
 //     collapsed 15-18 ranges of 2 MiB (the rest lies in smaller or
 //     unaligned mappings) and left the fork's cost within the noise; not
@@ -259,7 +267,11 @@ type Options struct {
 	pythonReaper bool
 	// reaperDelay replaces defaultReaperDelay (tests).
 	reaperDelay time.Duration
-	// lateReaper has the reaper run Python until the take and execute the
-	// small reaper only reaperDelay after it (the benchmarks' baseline).
-	lateReaper bool
+	// earlyReaper has a spare's reaper execute the small reaper right after
+	// forking the kernel ("spare" mode: it builds the spare and the
+	// session's jail itself). Off by default: dropping the fresh copy of
+	// the template costs that spare ~8 ms of CPU (BenchmarkSpareReaper),
+	// more than the Python it spares; the reaper's part for a spare that is
+	// never a copy (see "What is left").
+	earlyReaper bool
 }

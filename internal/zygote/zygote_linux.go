@@ -115,7 +115,7 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	}
 	masked, ro := jail.ProcMasks()
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
-		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": !z.opts.lateReaper}
+		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
