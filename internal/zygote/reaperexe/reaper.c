@@ -2,9 +2,10 @@
  * sandloop-reaper: a forked session's PID 1 once its session has taken it.
  *
  * The spare's Python reaper (zygote.py, _spare) builds the session's jail,
- * locks itself down, reports {"locked":true} and then executes this
- * program, which replaces the copy of the template it was (~1.5 MiB of
- * copied pages and page tables per idle session) with a few pages:
+ * locks itself down, reports {"locked":true} and, a few seconds later,
+ * executes this program, which replaces the copy of the template it was
+ * (~1.5 MiB of copied pages and page tables per idle session) with a few
+ * pages:
  *
  *   reaper KERNEL_PID SOCKET_FD
  *
@@ -18,7 +19,9 @@
  * then exits (the kernel kills whatever is left in the namespace).
  *
  * Or, as the spare's reaper from the start (zygote.py executes it right
- * after forking the kernel, when it has the program):
+ * after forking the kernel where the host asks for it: Options.earlyReaper,
+ * off by default, since the execve's unmapping of the fresh copy costs the
+ * spare more CPU than the Python it spares):
  *
  *   reaper spare KERNEL_PID SOCKET_FD KERNEL_SOCKET_FD FILTER_HEX MASKS
  *          READONLY LAST_CAP WORKSPACES
