@@ -13,8 +13,11 @@ deps:
 
 # The jail's small init, embedded into every binary that starts jails
 # (internal/jail/initexe/README.md). Without it they re-execute themselves.
+# And a forked session's small reaper, built with gcc (internal/zygote/
+# reaperexe/README.md). Without it the reaper stays a copy of the template.
 gen:
 	$(GO) generate ./internal/jail
+	$(GO) generate ./internal/zygote
 
 build: deps gen
 	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/sandloop ./cmd/sandloop

@@ -19,7 +19,7 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 version="$(cd "$root" && git describe --tags --always --dirty 2>/dev/null || echo dev)"
-(cd "$root" && CGO_ENABLED=0 go generate ./internal/jail &&
+(cd "$root" && CGO_ENABLED=0 go generate ./internal/jail && go generate ./internal/zygote &&
   CGO_ENABLED=0 go build -trimpath -ldflags "-X main.buildVersion=$version" -o "$work/sandloop" ./cmd/sandloop)
 # The same packages as the Dockerfile's second stage (mmdebstrap, like
 # --no-install-recommends, installs no recommends; the 1.4 GB come from

@@ -283,7 +283,9 @@ func Idle(ctx context.Context, cfg IdleConfig, w io.Writer) ([]string, error) {
 	close(next)
 	wg.Wait()
 	created := time.Since(start)
-	time.Sleep(5 * time.Second) // the pool and spares refill; freed pages settle
+	// The pool and spares refill, freed pages settle, and each reaper executes
+	// the small one (5 s after its take: internal/zygote).
+	time.Sleep(10 * time.Second)
 	after := readHostMemory()
 	held := len(lat)
 

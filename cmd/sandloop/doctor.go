@@ -154,6 +154,9 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, template
 		info("zygote", fmt.Sprintf("not used: %s; sessions start cold", host.UnsupportedReason(err)))
 	}
 	info("jail init", jail.InitInfo())
+	if zygote.Supported() == nil {
+		info("zygote reaper", zygote.ReaperInfo())
+	}
 	if r.Landlock.OK {
 		line(r.Landlock, "landlock")
 	} else {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // BenchmarkCreateImportPandas times creating a session and running
@@ -53,33 +54,41 @@ func BenchmarkCreateImportPandas(b *testing.B) {
 }
 
 // BenchmarkIdleMemory holds N idle sessions with numpy and pandas imported
-// (N = $SANDLOOP_BENCH_SESSIONS, default 50), forked and then cold, and
-// reports the private memory (USS: Private_Clean + Private_Dirty) and PSS
-// per session from /proc/PID/smaps_rollup, summed over every process of
-// the session (a forked session's reaper and kernel; a cold one's init and
-// kernel). The template's own memory is reported apart (shared by all).
+// (N = $SANDLOOP_BENCH_SESSIONS, default 50), forked (with the small
+// reaper, then with the reaper's Python loop: the pipeline before it, from
+// a second template) and then cold, and reports the private memory (USS:
+// Private_Clean + Private_Dirty), PSS and page tables per session from
+// /proc/PID/smaps_rollup and status, summed over every process of the
+// session (a forked session's reaper and kernel; a cold one's init and
+// kernel). The templates' own memory is left out (shared by all).
 func BenchmarkIdleMemory(b *testing.B) {
 	n := 50
 	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SESSIONS")); err == nil && v > 0 {
 		n = v
 	}
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
 	z := newZygote(b, nil)
-	z.mu.Lock()
-	zInit, zPid := z.cur.proc.Pid(), z.cur.pid
-	z.mu.Unlock()
-	if memoryCgroup(zPid) == "" {
+	old := newZygoteWith(b, &Options{Env: session.KernelEnv(), pythonReaper: true})
+	if memoryCgroup(z.Pid()) == "" {
 		b.Skip("no v1 memory cgroup to tell sessions from the template's spare child")
 	}
-	measure := func(zy session.Zygote) (uss, pss float64) {
+	type figures struct{ uss, pss, pte float64 }
+	measure := func(zy *Zygote) figures {
 		var ss []*session.Session
 		defer func() {
 			for _, s := range ss {
 				s.Close()
 			}
 		}()
-		availBefore := memAvailable(b)
+		var launch session.Zygote
+		if zy != nil {
+			launch = zy
+		}
+		availBefore, slabBefore := memAvailable(b), meminfo(b, "SUnreclaim:")
 		for i := 0; i < n; i++ {
-			s, err := session.New(context.Background(), &session.Options{Zygote: zy})
+			s, err := session.New(context.Background(), &session.Options{Zygote: launch})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -89,55 +98,115 @@ func BenchmarkIdleMemory(b *testing.B) {
 				b.Fatalf("import: %v %+v", err, res)
 			}
 		}
-		lost := availBefore - memAvailable(b)
+		if zy == z {
+			// Each reaper executes the small one defaultReaperDelay after
+			// its take.
+			testutil.WaitFor(b, defaultReaperDelay+z.patience(time.Minute), func() error {
+				small := 0
+				for _, pid := range descendants(os.Getpid()) {
+					if strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pid))) == "reaper" {
+						small++
+					}
+				}
+				if small < n {
+					return fmt.Errorf("%d of %d reapers are the small one", small, n)
+				}
+				return nil
+			})
+		}
+		lost, slab := availBefore-memAvailable(b), meminfo(b, "SUnreclaim:")-slabBefore
 		var u, p, pte int64
-		zcg := memoryCgroup(zPid)
-		spares := z.armedSparePids(b)
+		// Not the sessions': the other template's jail and everything in
+		// it; this one's template, its init and its spare children.
+		skip := map[int]bool{}
+		var zcg string
+		for _, t := range []*Zygote{z, old} {
+			t.mu.Lock()
+			init := t.cur.proc.Pid()
+			t.mu.Unlock()
+			skip[init], skip[t.Pid()] = true, true
+			if t == zy {
+				zcg = memoryCgroup(t.Pid())
+				for _, pid := range t.armedSparePids(b) {
+					skip[pid] = true
+				}
+				continue
+			}
+			for _, pid := range descendants(init) {
+				skip[pid] = true
+			}
+		}
+		var reapers int64
 		for _, pid := range descendants(os.Getpid()) {
-			if pid == zInit || pid == zPid || memoryCgroup(pid) == zcg || slices.Contains(spares, pid) {
-				continue // the template, its init, its spare children
+			if skip[pid] || (zcg != "" && memoryCgroup(pid) == zcg) {
+				continue
 			}
 			pu, pp := smaps(pid)
 			u += pu
 			p += pp
 			pte += statusKB(pid, "VmPTE:") << 10
+			if zy != nil && nsPid(pid) == 1 {
+				reapers += pu
+			}
 		}
 		mib := func(v int64) float64 { return float64(v) / float64(n) / (1 << 20) }
 		how := "cold"
-		if zy != nil {
-			how = "forked"
+		switch {
+		case zy == old:
+			how = "forked (Python reaper)"
+		case zy != nil:
+			how = "forked (small reaper)"
 		}
-		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.1f MiB, page tables %.2f MiB per session",
-			n, how, mib(lost), mib(u), mib(pte))
-		return float64(u) / float64(n) / (1 << 20), float64(p) / float64(n) / (1 << 20)
+		b.Logf("%d %s sessions: MemAvailable fell %.1f MiB per session (the whole host: other work counts too); USS %.2f MiB (the reaper's %.2f), page tables %.2f MiB, unreclaimable slab %.2f MiB (the whole host) per session",
+			n, how, mib(lost), mib(u), mib(reapers), mib(pte), mib(slab))
+		return figures{mib(u), mib(p), mib(pte)}
 	}
 	for i := 0; i < b.N; i++ {
-		zu, zp := measure(z)
-		cu, cp := measure(nil)
-		tu, tp := smaps(zPid)
-		b.ReportMetric(zu, "zygote-USS-MiB")
-		b.ReportMetric(zp, "zygote-PSS-MiB")
-		b.ReportMetric(cu, "cold-USS-MiB")
-		b.ReportMetric(cp, "cold-PSS-MiB")
-		b.ReportMetric(cu/zu, "cold/zygote-USS")
-		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.1f MiB PSS %.1f MiB; cold USS %.1f MiB PSS %.1f MiB; USS %.1fx smaller; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
-			n, zu, zp, cu, cp, cu/zu, float64(tu)/(1<<20), float64(tp)/(1<<20))
+		zf := measure(z)
+		of := measure(old)
+		cf := measure(nil)
+		tu, tp := smaps(z.Pid())
+		b.ReportMetric(zf.uss, "zygote-USS-MiB")
+		b.ReportMetric(zf.pss, "zygote-PSS-MiB")
+		b.ReportMetric(zf.pte, "zygote-PTE-MiB")
+		b.ReportMetric(of.uss, "python-reaper-USS-MiB")
+		b.ReportMetric(of.pte, "python-reaper-PTE-MiB")
+		b.ReportMetric(cf.uss, "cold-USS-MiB")
+		b.ReportMetric(cf.pss, "cold-PSS-MiB")
+		b.ReportMetric(cf.uss/zf.uss, "cold/zygote-USS")
+		b.ReportMetric((of.uss+of.pte)/(zf.uss+zf.pte), "python/small-reaper")
+		b.Logf("%d idle sessions with numpy+pandas, per session: zygote USS %.2f MiB + page tables %.2f MiB (PSS %.1f MiB); with the Python reaper USS %.2f MiB + page tables %.2f MiB; cold USS %.1f MiB PSS %.1f MiB; the template: USS %.1f MiB, PSS %.1f MiB (shared by all)",
+			n, zf.uss, zf.pte, zf.pss, of.uss, of.pte, cf.uss, cf.pss, float64(tu)/(1<<20), float64(tp)/(1<<20))
 	}
 }
 
+// nsPid returns a process's PID in its own PID namespace (the last of
+// NSpid in /proc/PID/status), 0 if unknown.
+func nsPid(pid int) int {
+	f := strings.Fields(statusField(readFile(fmt.Sprintf("/proc/%d/status", pid)), "NSpid"))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
+}
+
 // memAvailable is the host's MemAvailable in bytes.
-func memAvailable(b *testing.B) int64 {
+func memAvailable(b *testing.B) int64 { return meminfo(b, "MemAvailable:") }
+
+// meminfo returns a field of /proc/meminfo in bytes.
+func meminfo(b *testing.B, field string) int64 {
 	data, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+		if rest, ok := strings.CutPrefix(line, field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return kb << 10
 		}
 	}
-	b.Fatal("no MemAvailable in /proc/meminfo")
+	b.Fatalf("no %s in /proc/meminfo", field)
 	return 0
 }
 
@@ -208,4 +277,131 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// BenchmarkReaperFirstCommand times creating a forked session and running
+// `1+1` in it from three templates in turn in the same run (run with
+// -benchtime=40x): the small reaper as configured (executed
+// defaultReaperDelay after the take), the small reaper executed at once
+// after the take (its execve and the release of the reaper's copy of the
+// template then compete with the session's start), and the Python reaper;
+// each session from a ready spare.
+// It reports the medians and their ratios to the Python reaper's.
+func BenchmarkReaperFirstCommand(b *testing.B) {
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	kinds := []struct {
+		name string
+		z    *Zygote
+	}{
+		{"small reaper", newZygote(b, nil)},
+		{"small reaper at once", newZygoteWith(b, &Options{Env: session.KernelEnv(), reaperDelay: time.Millisecond})},
+		{"Python reaper", newZygoteWith(b, &Options{Env: session.KernelEnv(), pythonReaper: true})},
+	}
+	created := make([][]time.Duration, len(kinds))
+	total := make([][]time.Duration, len(kinds))
+	one := func(k int) {
+		// From a ready spare, so that what is measured is the session's
+		// start, not the making of a spare.
+		b.StopTimer()
+		kinds[k].z.armedSparePids(b)
+		b.StartTimer()
+		start := time.Now()
+		s, err := session.New(context.Background(), &session.Options{Zygote: kinds[k].z})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		created[k] = append(created[k], time.Since(start))
+		res, err := s.Execute(context.Background(), kernel.Request{Code: "1+1"}, nil)
+		if err != nil || res.Status != "ok" {
+			b.Fatalf("1+1: %v %+v", err, res)
+		}
+		total[k] = append(total[k], time.Since(start))
+		// (A command or two more, as an agent would, while the at-once
+		// reaper executes.)
+		if _, err := s.Execute(context.Background(), kernel.Request{Code: "2+2"}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for k := range kinds {
+		one(k)
+		created[k], total[k] = nil, nil
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range kinds { // each goes first in turn
+			one((i + j) % len(kinds))
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	py := median(total[len(kinds)-1])
+	for k, kind := range kinds {
+		m := median(total[k])
+		unit := strings.ReplaceAll(kind.name, " ", "-")
+		b.ReportMetric(ms(m), unit+"-ms")
+		if k < len(kinds)-1 {
+			b.ReportMetric(float64(py)/float64(m), "python/"+unit)
+		}
+		b.Logf("create + 1+1, median of %d: %s %.1f ms (create %.1f)", b.N, kind.name, ms(m), ms(median(created[k])))
+	}
+}
+
+// BenchmarkSpareReaper reports what a spare's reaper costs from its fork
+// until it is armed (CPU time from /proc/PID/schedstat, minor faults,
+// private memory), with the pandas template: the small reaper executed
+// right after the fork (earlyReaper) against the Python reaper that runs
+// until the take (the default), SANDLOOP_BENCH_SPARES spares (default 10)
+// of each, from two templates in the same run. The template's fork is the
+// same for both and not counted.
+func BenchmarkSpareReaper(b *testing.B) {
+	if bin, why := reaperProgram(); bin == nil {
+		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	n := 10
+	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SPARES")); err == nil && v > 0 {
+		n = v
+	}
+	type cost struct{ cpu, faults, uss []float64 }
+	measure := func(early bool) cost {
+		z := newZygoteWith(b, &Options{Env: session.KernelEnv(), Spares: n, earlyReaper: early})
+		defer z.Close()
+		var c cost
+		pids := z.armedSparePids(b) // reaper, kernel, reaper, kernel...
+		for i := 0; i+1 < len(pids); i += 2 {
+			r := pids[i]
+			sched := strings.Fields(readFile(fmt.Sprintf("/proc/%d/schedstat", r)))
+			stat := readFile(fmt.Sprintf("/proc/%d/stat", r))
+			if len(sched) == 0 || strings.LastIndexByte(stat, ')') < 0 {
+				continue
+			}
+			ns, _ := strconv.ParseFloat(sched[0], 64)
+			f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+2:])
+			minflt, _ := strconv.ParseFloat(f[7], 64) // field 10 of stat
+			u, _ := smaps(r)
+			c.cpu = append(c.cpu, ns/1e6)
+			c.faults = append(c.faults, minflt)
+			c.uss = append(c.uss, float64(u)/(1<<20))
+		}
+		if len(c.cpu) == 0 {
+			b.Fatal("no spare measured")
+		}
+		return c
+	}
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	for i := 0; i < b.N; i++ {
+		small, late := measure(true), measure(false)
+		b.ReportMetric(med(small.cpu), "small-reaper-CPU-ms")
+		b.ReportMetric(med(late.cpu), "python-reaper-CPU-ms")
+		b.ReportMetric(med(small.faults), "small-reaper-faults")
+		b.ReportMetric(med(late.faults), "python-reaper-faults")
+		b.Logf("a spare's reaper until armed, median of %d: small reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB; Python reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB",
+			len(small.cpu), med(small.cpu), med(small.faults), med(small.uss), med(late.cpu), med(late.faults), med(late.uss))
+	}
 }

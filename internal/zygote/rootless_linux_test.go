@@ -63,7 +63,7 @@ func rootlessZygote(t *testing.T) string {
 	setup, env := delegate(t, 65534)
 	tests := []string{"TestForkRuns", "TestRootlessWorkspaceOutsideTemp"}
 	if !testing.Short() { // (make test's smoke test of the VM runs it short)
-		tests = append(tests, "TestForkedSessionIsAJail", "TestSiblingsIsolated", "TestLimitsPerFork", "TestCloseCleansUp", "TestForkQuota", "TestJoinForkedSession")
+		tests = append(tests, "TestForkedSessionIsAJail", "TestSiblingsIsolated", "TestLimitsPerFork", "TestCloseCleansUp", "TestForkQuota", "TestJoinForkedSession", "TestSmallReaper")
 	}
 	out := asUser(t, "^("+strings.Join(tests, "|")+")$", env, setup)
 	for _, name := range tests {

@@ -26,7 +26,9 @@ host sends "more". On a spare's socket:
             directory: see _clone_workspace)
   reaper -> {"locked": true}      its own capabilities gone, filter loaded
                                   (with a listener on the session's loopback
-                                  when the settings ask for one: "listen")
+                                  when the settings ask for one: "listen");
+                                  a few seconds later it executes the small
+                                  reaper (REAPER_PATH), where there is one
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
@@ -46,8 +48,12 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 KERNEL_PATH = "/opt/sandloop/kernel.py"
+# The small reaper (reaperexe/reaper.c), where the host placed it: a taken
+# session's reaper executes it rather than looping in a copy of the template.
+REAPER_PATH = "/opt/sandloop/reaper"
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -99,6 +105,9 @@ class Config:
     proc_masks = ()  # see _proc_plan
     proc_readonly = ()
     numpy_state = None  # see _numpy_state
+    reaper = None  # REAPER_PATH if the host placed it there
+    reaper_delay = 5.0  # seconds after the take before the reaper executes it
+    reaper_spare = None  # its arguments as a spare's whole reaper (see _proc_plan)
 
 
 C = Config()
@@ -131,17 +140,21 @@ def _proc_plan():
     _prepare), worked out once by the template from its own /proc (a proc
     of the same kernel, with the same masks): which names exist, and which
     are directories (an empty read-only tmpfs) or files (/dev/null)."""
-    masks, readonly = [], []
+    masks, readonly, spec = [], [], []
     for name in C.masked:
         p = "/proc/" + name
         path = ("/tmp/.proc/" + name).encode()
         if os.path.isdir(p) and not os.path.islink(p):
             masks.append((b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=0"))
+            spec.append("d" + name)
         elif os.path.lexists(p):
             masks.append((b"/dev/null", path, None, MS_BIND, None))
+            spec.append("f" + name)
     for name in C.readonly:
         if os.path.lexists("/proc/" + name):
             readonly.append("/tmp/.proc/" + name)
+    # The same, for the small reaper (reaper.c: "spare").
+    C.reaper_spare = ["\n".join(spec), "\n".join(n for n in C.readonly if os.path.lexists("/proc/" + n))]
     return masks, readonly
 
 
@@ -442,6 +455,41 @@ def _kernel(sock, peer, kmod):
     os._exit(0)
 
 
+def _exec_reaper(sock, kpid):
+    """Replaces this copy of the template (its copied pages and page tables,
+    ~1.5 MiB per idle session) with the small reaper, which does what the
+    loop at the end of _spare does. Called C.reaper_delay after the take:
+    unmapping the copy costs 3-7 ms of CPU (as the reaper's exit would),
+    not to be spent while the session starts. The session may already run
+    code: the program is execute-only, so the reaper stays non-dumpable
+    across the execve (its descriptors, the socket to the host, out of the
+    session's reach through /proc/1). Returns if it could not be executed:
+    the caller goes on in Python."""
+    fd = sock.fileno()
+    try:
+        os.set_inheritable(fd, True)
+        os.execv(C.reaper, [C.reaper, str(kpid), str(fd)])
+    except OSError:
+        os.set_inheritable(fd, False)
+
+
+def _exec_spare(sock, ours, kpid):
+    """The spare's reaper becomes the small reaper at once (reaper.c,
+    "spare"), which does its whole part, so that it runs no Python after
+    the fork: its faults and interpreter work are spared. Returns if it
+    could not be executed."""
+    fds = (sock.fileno(), ours.fileno())
+    argv = list(C.reaper_spare)
+    argv[2:5] = [str(kpid), str(fds[0]), str(fds[1])]
+    try:
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        os.execv(C.reaper, argv)
+    except OSError:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+
+
 def _spare(sock, kmod):
     """A spare child: PID 1 of a new PID namespace, prepared ahead with its
     kernel forked and armed, waiting for its session. Then it is the
@@ -469,6 +517,8 @@ def _spare(sock, kmod):
             _kernel(sock, peer, kmod)
         finally:
             os._exit(127)
+    if C.reaper_spare:
+        _exec_spare(sock, ours, kpid)  # returns only if it could not
     try:
         peer.close()
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -502,20 +552,37 @@ def _spare(sock, kmod):
         _fail(sock, 126, "build the session's jail", e)
     for s in FORWARDED:
         signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
+    # Children are reaped when SIGCHLD says so (blocked: it waits for
+    # sigtimedwait); the small reaper is executed C.reaper_delay after the
+    # take, not now (see _exec_reaper), once everything ended is reaped.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    exec_at = time.monotonic() + C.reaper_delay
     while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            os._exit(0)
-        if pid != kpid:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid != kpid:
+                continue
+            msg = {"exited": True, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0}
+            if os.WIFSIGNALED(status):
+                msg["signal"] = os.WTERMSIG(status)
+            try:
+                sock.send(json.dumps(msg).encode())
+            finally:
+                os._exit(0)
+        if not C.reaper:
+            signal.sigwaitinfo([signal.SIGCHLD])
             continue
-        msg = {"exited": True, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0}
-        if os.WIFSIGNALED(status):
-            msg["signal"] = os.WTERMSIG(status)
-        try:
-            sock.send(json.dumps(msg).encode())
-        finally:
-            os._exit(0)
+        left = exec_at - time.monotonic()
+        if left > 0:
+            signal.sigtimedwait([signal.SIGCHLD], left)
+            continue
+        _exec_reaper(sock, kpid)  # returns only if it could not
+        C.reaper = None
 
 
 # ---------------------------------------------------------------- the template
@@ -553,6 +620,14 @@ def main():
     C.workspaces = cfg.get("workspaces")
     with open("/proc/sys/kernel/cap_last_cap") as f:
         C.last_cap = int(f.read())
+    if os.access(REAPER_PATH, os.X_OK):
+        C.reaper = REAPER_PATH
+        C.reaper_delay = float(cfg.get("reaper_delay", C.reaper_delay))
+    if C.reaper and cfg.get("reaper_spare"):
+        C.reaper_spare = [REAPER_PATH, "spare", None, None, None, C.filter.hex()] + C.reaper_spare + [
+            str(C.last_cap), C.workspaces or ""]
+    else:
+        C.reaper_spare = None
     # Built once here: a fork pays for every page it writes, and building
     # these in each child cost it milliseconds of copied pages.
     C.lockdown = _Lockdown()

@@ -114,7 +114,8 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 		return nil, fmt.Errorf("zygote: %w", err)
 	}
 	masked, ro := jail.ProcMasks()
-	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares}
+	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
+		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
@@ -165,14 +166,22 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		// No thread may exist when the template forks.
 		"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1", "NUMEXPR_NUM_THREADS=1")
 	logw := logWriter{z.log}
+	files := []jail.File{
+		{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
+		{Path: ZygotePath, Data: Source, Mode: 0o444},
+	}
+	// The jail's root is read-only: no session can change the program its
+	// PID 1 executes. Execute-only: a program its user may not read leaves
+	// the process non-dumpable across execve (the kernel's would_dump), so
+	// the session, which may already run code, never reaches its reaper's
+	// descriptors through /proc/1. Without it, zygote.py keeps its loop.
+	if bin, _ := reaperProgram(); bin != nil && !z.opts.pythonReaper {
+		files = append(files, jail.File{Path: ReaperPath, Data: bin, Mode: 0o111})
+	}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
 		Path: cmp.Or(z.opts.Python, jail.DefaultPython), Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,
 		Limits: z.opts.Limits, Mounts: z.opts.Mounts,
-		Files: []jail.File{
-			{Path: KernelPath, Data: kernel.Source, Mode: 0o444},
-			{Path: ZygotePath, Data: Source, Mode: 0o444},
-		},
-		Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true, ZygoteWorkspaces: z.shared,
+		Files: files, Stdout: logw, Stderr: logw, ExtraFiles: []*os.File{theirs}, Zygote: true, ZygoteWorkspaces: z.shared,
 	})
 	if err != nil {
 		ctl.Close()

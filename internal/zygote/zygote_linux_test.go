@@ -39,13 +39,24 @@ func newZygote(t testing.TB, modules []string) *Zygote {
 // newZygoteWithin is newZygote with a bound on the template's start.
 func newZygoteWithin(t testing.TB, modules []string, timeout time.Duration) *Zygote {
 	t.Helper()
+	return newZygoteOpts(t, &Options{Modules: modules, Env: session.KernelEnv()}, timeout)
+}
+
+// newZygoteWith is newZygote with options.
+func newZygoteWith(t testing.TB, opts *Options) *Zygote {
+	t.Helper()
+	return newZygoteOpts(t, opts, startTimeout)
+}
+
+func newZygoteOpts(t testing.TB, opts *Options, timeout time.Duration) *Zygote {
+	t.Helper()
 	if err := Supported(); err != nil {
 		t.Skipf("no zygote on this host: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
-	z, err := New(ctx, &Options{Modules: modules, Env: session.KernelEnv()})
+	z, err := New(ctx, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -687,9 +698,19 @@ func TestForkQuota(t *testing.T) {
 // reaper) is in the session: its /tmp, processes, cgroup, filter and
 // limits, and no capability; a sibling's are out of its reach.
 func TestJoinForkedSession(t *testing.T) {
-	z := newZygote(t, light)
+	// Joined through its reaper once that is the small one (the host
+	// still reaches a non-dumpable program's namespaces).
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond})
 	a := newSession(t, z, session.Options{Limits: jail.Limits{Pids: 64}})
 	b := newSession(t, z, session.Options{})
+	if bin, _ := reaperProgram(); bin != nil {
+		testutil.WaitFor(t, z.patience(30*time.Second), func() error {
+			if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", a.proc.HostPids()[0]))); comm != "reaper" {
+				return fmt.Errorf("the session's PID 1 runs %q, not yet the small reaper", comm)
+			}
+			return nil
+		})
+	}
 	kernel := out(t, a.Session, "import os; open('/tmp/k', 'w').write('kernel a'); print(os.getpid(), repr(open('/proc/self/limits').read()))")
 	out(t, b.Session, "open('/tmp/k', 'w').write('kernel b')")
 	target, err := a.proc.JoinTarget()

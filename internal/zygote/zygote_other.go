@@ -28,3 +28,6 @@ func (*Zygote) Close() error { return nil }
 
 // Supported fails: the zygote needs Linux namespaces.
 func Supported() error { return jail.ErrUnsupported }
+
+// ReaperInfo is empty: no zygote here.
+func ReaperInfo() string { return "" }
