@@ -573,7 +573,7 @@ for p in ('/opt/sandloop/bin/python', '/opt/sandloop/bin/evil'):
 type leftovers struct {
 	cgroups []string
 	inits   []int
-	mounts  int
+	mounts  map[string]bool // mount points, with their filesystem type
 }
 
 func takeLeftovers() leftovers {
@@ -587,9 +587,10 @@ func takeLeftovers() leftovers {
 	l.inits = RunningInits()
 	// Not the capped workspaces other sandloops on this host mount and
 	// unmount meanwhile (this package mounts none).
+	l.mounts = map[string]bool{}
 	for _, m := range readMountinfo() {
 		if !strings.HasPrefix(filepath.Base(m.point), "sandloop-ws-") {
-			l.mounts++
+			l.mounts[m.point+" "+m.fstype] = true
 		}
 	}
 	return l
@@ -615,8 +616,15 @@ func TestNothingLeftAfter200Runs(t *testing.T) {
 		}
 	}
 	after := takeLeftovers()
-	if len(after.cgroups) != len(before.cgroups) || len(after.inits) != len(before.inits) || after.mounts != before.mounts {
+	if len(after.cgroups) != len(before.cgroups) || len(after.inits) != len(before.inits) {
 		t.Errorf("left behind: before %+v after %+v", before, after)
+	}
+	// A mount another test process removed meanwhile is not ours to count;
+	// one that appeared is.
+	for m := range after.mounts {
+		if !before.mounts[m] {
+			t.Errorf("a mount appeared: %s", m)
+		}
 	}
 	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
 		t.Errorf("temp entries left: %v", entries)
