@@ -180,10 +180,10 @@ type joinStatus struct {
 	initStatus
 	// Prepared: runJoin is set up, its program's limits and confinement
 	// in place, and waits for its joinCommand.
-	Prepared bool `json:"prepared,omitempty"`
-	Ready    bool `json:"ready,omitempty"`
-	CPUMs  int64 `json:"cpu_ms,omitempty"`
-	MaxRSS int64 `json:"maxrss_kb,omitempty"`
+	Prepared bool  `json:"prepared,omitempty"`
+	Ready    bool  `json:"ready,omitempty"`
+	CPUMs    int64 `json:"cpu_ms,omitempty"`
+	MaxRSS   int64 `json:"maxrss_kb,omitempty"`
 }
 
 // joinScript enters the target's namespaces (argv: flags, uid, gid) and
