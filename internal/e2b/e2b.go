@@ -29,6 +29,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -97,6 +98,16 @@ type Options struct {
 	// --keep-sessions). Detach leaves them there for the next server.
 	// If empty, sandboxes end with the handler.
 	StateDir string
+	// ColdCommands: no command's join of its sandbox's jail is made
+	// ahead (session.Session.PrepareCommand; by default one is made when a
+	// sandbox is created and after each command ends, so that a command
+	// costs about the exec of its program). For benchmarks' baselines.
+	ColdCommands bool
+	// CommandTrace, if set, receives the stages of every command started
+	// by process.Start, one JSON object a line (commandTrace), for
+	// benchmarks (cmd/sandloop's BenchmarkE2BFirstCommand). Writes are
+	// serialized.
+	CommandTrace io.Writer
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -119,6 +130,16 @@ type Handler struct {
 	wg       sync.WaitGroup // the reaper, and its sampling
 	killing  sync.WaitGroup // sandboxes being killed
 	sampling atomic.Bool    // a sampleAll is under way
+
+	traceMu sync.Mutex // Options.CommandTrace's writes
+}
+
+// prepareCommand has sb's next command's join made ahead, unless
+// Options.ColdCommands.
+func (h *Handler) prepareCommand(sb *sandbox) {
+	if !h.opts.ColdCommands {
+		sb.ms.PrepareCommand()
+	}
 }
 
 // New returns a Handler and starts its reaper.

@@ -272,7 +272,27 @@ func (m *Manager) poolLoopFair() {
 				o.EgressStandby = true // for a session in allow mode or in none mode
 				s, err := New(ctx, o)
 				cancel()
-				done <- started{s, err, time.Since(t0)}
+				d := time.Since(t0)
+				if err == nil && m.opts.PrepareCommands {
+					// Not while creates wait: it would take the CPU
+					// their kernels need, and delay them. Otherwise the
+					// session is pooled with its join made (it would
+					// still be being made if handed out at once).
+					m.mu.Lock()
+					busy := len(m.fair.waiters) > 0
+					m.mu.Unlock()
+					if !busy {
+						if ready := s.prepareCommand(); ready != nil {
+							t := time.NewTimer(time.Second)
+							select {
+							case <-ready:
+							case <-t.C:
+							}
+							t.Stop()
+						}
+					}
+				}
+				done <- started{s, err, d}
 			}()
 		}
 	}

@@ -258,6 +258,11 @@ type Session struct {
 	// keepSnapshots: Close leaves the session's held snapshot in the
 	// store (a server letting go of it for the next one: durable.go).
 	keepSnapshots atomic.Bool
+
+	// warm is a join made ahead for the next command (commands.go), under
+	// mu; preparedStarts counts the commands started in one.
+	warm           *warmJoin
+	preparedStarts atomic.Int64
 }
 
 // newWorkspaceDir makes a session's own workspace directory with the
@@ -546,6 +551,7 @@ func (s *Session) Close() error {
 	close(s.done)
 	k.Kill("the session was closed")
 	k.Close()
+	s.closeWarm() // after the kernel: a frozen jail is thawed to die
 	// Wait for a Restart in progress to give up its turn: it sees closed.
 	s.turn <- struct{}{}
 	<-s.turn
