@@ -212,6 +212,26 @@ func (s *Session) prepareCommand() <-chan struct{} {
 	return w.ready
 }
 
+// PreparedPids are the host PIDs of the join made ahead, once made
+// (jail.Joiner's Pid and ScriptPid), nil if none is ready.
+func (s *Session) PreparedPids() []int {
+	s.mu.Lock()
+	w := s.warm
+	s.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	select {
+	case <-w.ready:
+	default:
+		return nil
+	}
+	if w.j == nil || w.j.Pid() == 0 {
+		return nil
+	}
+	return []int{w.j.Pid(), w.j.ScriptPid()}
+}
+
 // PreparedCommands is how many commands started in a join made ahead.
 func (s *Session) PreparedCommands() int64 { return s.preparedStarts.Load() }
 
