@@ -16,8 +16,12 @@
 // A sandbox is one sandloop session (its id is the session's id, so it is
 // also visible under /v1/sessions for the same token): its kernel is the
 // default code context, extra contexts are kernels of their own on the
-// same workspace, and each command runs in a jail of its own on that
-// workspace with the session's limits. Any templateID is accepted and
+// same workspace, and each command runs inside the kernel's jail
+// (session.Session.StartCommand), in a join of that jail made ahead when
+// the sandbox was created or its last command ended (ColdCommands: not),
+// so that a first command costs about the exec of its program (E2B's SDK
+// runs `/bin/bash -l -c CMD`; BenchmarkE2BFirstCommand of cmd/sandloop
+// prints where its time goes). Any templateID is accepted and
 // gives the default session. The workspace, /workspace, is the home and
 // working directory of kernels and commands, and the root of the files
 // API: absolute paths elsewhere are refused there.

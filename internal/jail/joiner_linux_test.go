@@ -73,6 +73,16 @@ func TestJoinerRunsTheCommandInThePreparedProcess(t *testing.T) {
 			t.Errorf("the waiting joiner's %s is %q, want %q", field, got, want)
 		}
 	}
+	// What it costs while it waits (a figure for the package doc).
+	for _, pid := range []int{pid, script} {
+		var mem []string
+		for _, l := range strings.Split(readFileString(fmt.Sprintf("/proc/%d/smaps_rollup", pid)), "\n") {
+			if f := strings.Fields(l); len(f) == 3 && (f[0] == "Rss:" || f[0] == "Pss:" || f[0] == "Private_Dirty:") {
+				mem = append(mem, f[0]+" "+f[1]+" kB")
+			}
+		}
+		t.Logf("waiting process %d: %s, %s threads", pid, strings.Join(mem, ", "), procField(pid, "Threads"))
+	}
 	var out, errb bytes.Buffer
 	p, err := w.Start(context.Background(), &Config{Path: "/bin/sh",
 		Args:  []string{"sh", "-c", `cat /tmp/kernel; echo " $(pwd)"; echo oops >&2; cat; exec sleep 1003`},

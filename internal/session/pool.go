@@ -274,26 +274,47 @@ func (m *Manager) poolLoopFair() {
 				cancel()
 				d := time.Since(t0)
 				if err == nil && m.opts.PrepareCommands {
-					// Not while creates wait: it would take the CPU
-					// their kernels need, and delay them. Otherwise the
-					// session is pooled with its join made (it would
-					// still be being made if handed out at once).
-					m.mu.Lock()
-					busy := len(m.fair.waiters) > 0
-					m.mu.Unlock()
-					if !busy {
-						if ready := s.prepareCommand(); ready != nil {
-							t := time.NewTimer(time.Second)
-							select {
-							case <-ready:
-							case <-t.C:
-							}
-							t.Stop()
-						}
-					}
+					m.prepareCommandPooled(s)
 				}
 				done <- started{s, err, d}
 			}()
+		}
+	}
+}
+
+// prepareCommandPooled makes a join ahead for the first command of s, a
+// pooled session (PrepareCommands), and waits until it is made, so that
+// the session is pooled with it (handed out at once, its first command
+// would still wait for it): not while creates wait, nor once one does
+// (the join would take the CPU their kernels need, and delay them; the
+// session goes to them, its join still being made).
+func (m *Manager) prepareCommandPooled(s *Session) {
+	waiting := func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.fair.waiters) > 0
+	}
+	if waiting() {
+		return
+	}
+	ready := s.prepareCommand()
+	if ready == nil {
+		return
+	}
+	give := time.NewTimer(time.Second)
+	defer give.Stop()
+	look := time.NewTicker(5 * time.Millisecond)
+	defer look.Stop()
+	for {
+		select {
+		case <-ready:
+			return
+		case <-give.C:
+			return
+		case <-look.C:
+			if waiting() {
+				return
+			}
 		}
 	}
 }
