@@ -74,10 +74,11 @@ import (
 // fork (13-15 ms; the json module is no longer imported: its re and enum
 // cost ~9 ms), the cgroup move (6-10 ms, in parallel with that start),
 // the init's start and runJoin (8-10 ms), the end's report (~4 ms). A
-// join made ahead (Joiner) leaves the exec and the end's report: at load
-// ~12, 15-22 ms for `true` against 114-138 ms joining (the same run),
-// most of it wake-ups of the three processes that hand over (host,
-// runJoin, the script reporting the end) on a loaded machine.
+// join made ahead (Joiner) leaves the exec and the end's report: 4-5 ms
+// for `true` at load ~5 against 29-63 ms joining in the same run (15-22
+// ms against 114-138 at load ~12), most of it wake-ups of the processes
+// that hand over (host, runJoin, the program, the script reporting the
+// end).
 //
 // The jail's PID 1 becomes the parent of whatever the program leaves
 // running when it ends (a `nohup server &`), reaps it, and ends it when
