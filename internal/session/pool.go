@@ -235,6 +235,7 @@ func (m *Manager) poolLoopFair() {
 		}
 		closed := m.closed
 		sinceTake := now.Sub(m.fair.lastTake)
+		pooled := len(m.pool)
 		m.mu.Unlock()
 		for _, s := range shrink {
 			go func() { defer m.closing.Done(); s.Close() }()
@@ -260,7 +261,7 @@ func (m *Manager) poolLoopFair() {
 			n = 1 // idle: one at a time
 		case missing > 0 && running == 0 && idle == nil:
 			idle = time.NewTimer(m.opts.RefillDelay - sinceTake)
-		case missing <= 0 && running == 0 && idle == nil && len(m.pool) > m.opts.PoolSize:
+		case missing <= 0 && running == 0 && idle == nil && pooled > m.opts.PoolSize:
 			idle = time.NewTimer(poolIdleShrink)
 		}
 		for range max(n, 0) {
