@@ -168,15 +168,28 @@ func (w *warmJoin) close() {
 	}
 }
 
+// A join made ahead holds 6 tasks of the jail's Pids (the script, the
+// init's runtime threads) and ~5 MiB of its memory while it waits: taken
+// from a sandbox with small limits, they would be missed by its programs,
+// so none is made below these.
+const (
+	prepareMinPids   = 64
+	prepareMinMemory = 128 << 20
+)
+
 // PrepareCommand makes a join of the session's jail for its next command
 // (see Commands above), in the background, unless one is made or being
-// made already, the session is paused or closed, or its kernel's jail
-// cannot be joined.
+// made already, the session is paused or closed, its limits are small
+// (prepareMinPids, prepareMinMemory), or its kernel's jail cannot be
+// joined.
 func (s *Session) PrepareCommand() { s.prepareCommand() }
 
 // prepareCommand is PrepareCommand; it returns a channel closed when the
 // join is made (or failed), nil if none is being made.
 func (s *Session) prepareCommand() <-chan struct{} {
+	if l := s.opts.Limits.WithDefaults(); l.Pids < prepareMinPids || l.Memory < prepareMinMemory {
+		return nil
+	}
 	s.mu.Lock()
 	j, ok := s.proc.(joinable)
 	if s.closed || s.paused.Load() || !ok {
