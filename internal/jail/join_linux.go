@@ -488,9 +488,20 @@ func (j *joining) wait() (*os.ProcessState, error) {
 }
 
 // abandon kills a join that never started its program and releases it.
+// The script is let end by itself: with its configuration closed, it, or
+// runJoin, reads its end and exits; runJoin (and a program already
+// executed) is killed. The script then reaps its child and ends. Killed
+// first, it would leave its child to the host's init (the reaper of the
+// script's namespace, not the jail's), a zombie that the jail's end then
+// waits for (~1 s here). It is killed only if it has not ended in a while.
 func (j *joining) abandon() {
-	j.kill()
 	j.cfgW.Close()
+	if j.joinPid != 0 {
+		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
+		_ = unix.Kill(j.joinPid, unix.SIGKILL)
+	}
+	t := time.AfterFunc(2*time.Second, j.kill)
+	defer t.Stop()
 	_, _ = j.wait()
 	j.stR.Close()
 }

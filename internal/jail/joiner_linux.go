@@ -8,8 +8,6 @@ import (
 	"os"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // A Joiner is a join of a running jail made ahead of its command
@@ -89,10 +87,10 @@ func PrepareJoin(ctx context.Context, t *JoinTarget) (*Joiner, error) {
 		return nil, err
 	}
 	j.outs = outs
-	// An end of ctx stops the script, and the init where it waits for
-	// its setup; the reports' end then ends await.
+	// An end of ctx closes the configuration (the script, or runJoin,
+	// reads its end and exits: see abandon) and ends await.
 	stop := context.AfterFunc(ctx, func() {
-		j.killScript()
+		j.cfgW.Close()
 		_ = j.stR.SetReadDeadline(time.Now())
 	})
 	setup, warn := t.setup(false)
@@ -105,7 +103,7 @@ func PrepareJoin(ctx context.Context, t *JoinTarget) (*Joiner, error) {
 	}
 	if err != nil {
 		stdinW.Close()
-		go j.abandon() // it waits for the jail to thaw, if frozen
+		j.abandon()
 		return nil, fmt.Errorf("prepare a join: %w", err)
 	}
 	w := &Joiner{pid: t.pid, enforce: t.enforce, warn: warn, stdinW: stdinW, j: j, claimed: make(chan struct{})}
@@ -140,13 +138,6 @@ func (w *Joiner) release(j *joining) {
 		w.stdinW.Close()
 		j.abandon()
 	}
-}
-
-// killScript kills the script's process group (its child too, before
-// runJoin's setsid), not the child's own.
-func (j *joining) killScript() {
-	_ = j.cmd.Process.Kill()
-	_ = unix.Kill(-j.cmd.Process.Pid, unix.SIGKILL)
 }
 
 // Pid is the host PID of the process that becomes the program: its init,

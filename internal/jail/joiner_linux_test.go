@@ -122,6 +122,12 @@ func TestJoinerEndsWithoutACommand(t *testing.T) {
 	unused := prepared(t, a)
 	pids := []int{unused.Pid(), unused.ScriptPid()}
 	unused.Close()
+	// Reaped by the script before it ended, which Close waited for: not
+	// left a zombie of the host's init, which the jail's end would wait
+	// for.
+	if st := procField(pids[0], "State"); st != "" {
+		t.Errorf("the closed joiner's init is still there: %s", st)
+	}
 	gone(t, pids...)
 	if _, err := unused.Start(context.Background(), &Config{Path: "/bin/true"}); !errors.Is(err, ErrJoinerUsed) {
 		t.Errorf("start after close: %v, want ErrJoinerUsed", err)

@@ -248,7 +248,7 @@ func (s *Session) PreparedPids() []int {
 // PreparedCommands is how many commands started in a join made ahead.
 func (s *Session) PreparedCommands() int64 { return s.preparedStarts.Load() }
 
-// closeWarm kills the join made ahead, if any (Close).
+// closeWarm kills the join made ahead, if any.
 func (s *Session) closeWarm() {
 	s.mu.Lock()
 	w := s.warm
@@ -257,6 +257,21 @@ func (s *Session) closeWarm() {
 	if w != nil {
 		w.close()
 	}
+}
+
+// dropWarm kills the join made ahead before the kernel is killed (Close,
+// Restart, hibernation): while the jail lives, whatever of it is orphaned
+// is reaped by the jail's PID 1. Killed with the jail, its init would be
+// a zombie of the host's until the host's init reaps it, and the jail's
+// cgroup could not be removed meanwhile (~1 s here). A paused session's
+// is frozen, and cannot die before the kernel's kill thaws the jail: it
+// is closed in the background.
+func (s *Session) dropWarm() {
+	if s.paused.Load() {
+		go s.closeWarm()
+		return
+	}
+	s.closeWarm()
 }
 
 // StartCommand is Session.StartCommand; a paused session is resumed first.

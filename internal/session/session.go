@@ -485,6 +485,7 @@ func (s *Session) Restart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.dropWarm()
 	old.Kill("the session was restarted")
 	if err := s.acquire(ctx); err != nil {
 		return err
@@ -549,9 +550,9 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.dropKept() // first: the next server must not take over a session closed
 	close(s.done)
+	s.dropWarm()
 	k.Kill("the session was closed")
 	k.Close()
-	s.closeWarm() // after the kernel: a frozen jail is thawed to die
 	// Wait for a Restart in progress to give up its turn: it sees closed.
 	s.turn <- struct{}{}
 	<-s.turn
