@@ -198,8 +198,14 @@ func BenchmarkE2BFirstCommand(b *testing.B) {
 			fmt.Printf("%s median / p95 / p99: %.1f / %.1f / %.1f vs %.1f / %.1f / %.1f\n", s, pct(res[true].by[s], 50), pct(res[true].by[s], 95), pct(res[true].by[s], 99),
 				pct(res[false].by[s], 50), pct(res[false].by[s], 95), pct(res[false].by[s], 99))
 		}
-		fmt.Printf("commands served by a join made ahead: %d of %d (baseline: %d); their join: median %.1f ms, the others' %.1f ms\n",
-			res[false].prepared, n*rounds, res[true].prepared, pct(res[false].warmJoin, 50), pct(append(res[false].coldJoin, -1), 50))
+		waited := 0
+		for _, d := range res[false].warmJoin {
+			if d > 10 {
+				waited++
+			}
+		}
+		fmt.Printf("commands served by a join made ahead: %d of %d (baseline: %d), %d of them waited > 10 ms for it (still being made: the pool ran dry); their join: median %.1f ms, the others' %.1f ms\n",
+			res[false].prepared, n*rounds, res[true].prepared, waited, pct(res[false].warmJoin, 50), pct(append(res[false].coldJoin, -1), 50))
 		b.ReportMetric(pct(res[false].by["total"], 50), "total-median-ms")
 		b.ReportMetric(pct(res[false].by["total"], 99), "total-p99-ms")
 		b.ReportMetric(pct(res[true].by["total"], 50)/pct(res[false].by["total"], 50), "cold/warm-median")
