@@ -3,6 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +79,135 @@ func BenchmarkE2BComputeSDK(b *testing.B) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkE2BFirstCommand breaks ComputeSDK's sequential method (create +
+// a first command through E2B's SDK) into its stages, on both sides of the
+// wire: the SDK's times (node e2e.mjs firstcommand) and the server's for the
+// same commands (serve --e2b-command-trace), joined by sandbox id, on one
+// clock. It runs `sandloop serve --zygote` with commands that join the
+// sandbox's jail when they come (--cold-commands: the baseline) and with
+// the join made ahead (the default), alternately, rounds times, and prints
+// the median of each stage and the totals' median/p95/p99 of each:
+//
+//	go test ./cmd/sandloop -run '^$' -bench E2BFirstCommand -benchtime 1x
+//
+// Stages (each since the one before): create (Sandbox.create() answered),
+// sdk->handler (commands.run until process.Start reaches the handler),
+// handler (the request's checks, the working directory), join
+// (StartCommand: the program about to be executed in the jail), start-sent
+// (the start event written), program->stdout (from the join to the first
+// output published: the exec, bash -l, python3 -V), ->exit (the program's
+// end, its Wait returned), end-sent (the end event written), sdk-resolve
+// (until commands.run resolved).
+func BenchmarkE2BFirstCommand(b *testing.B) {
+	e2btest.SDK(b)
+	if !jail.Probe().Cgroups.OK {
+		b.Skip("the zygote needs cgroups")
+	}
+	const n, rounds = 40, 2
+	type sdkTimes struct {
+		Sandbox     string  `json:"sandbox"`
+		T0          float64 `json:"t0"`
+		Created     float64 `json:"created"`
+		FirstStdout float64 `json:"first_stdout"`
+		Resolved    float64 `json:"resolved"`
+	}
+	type serverTimes struct {
+		Sandbox     string `json:"sandbox"`
+		Prepared    bool   `json:"prepared"`
+		Handler     int64  `json:"handler"`
+		Join        int64  `json:"join"`
+		Started     int64  `json:"started"`
+		StartSent   int64  `json:"start_sent"`
+		FirstOutput int64  `json:"first_output"`
+		Exited      int64  `json:"exited"`
+		EndSent     int64  `json:"end_sent"`
+	}
+	stages := []string{"create", "sdk->handler", "handler", "join", "start-sent", "program->stdout", "->exit", "end-sent", "sdk-resolve", "command", "total"}
+	type result struct {
+		by                 map[string][]float64
+		prepared           int
+		warmJoin, coldJoin []float64
+	}
+	run := func(cold bool, res *result) {
+		trace := filepath.Join(b.TempDir(), "trace")
+		args := []string{"--token", e2bTestToken, "--zygote", "--e2b-command-trace", trace}
+		if cold {
+			args = append(args, "--cold-commands")
+		}
+		env := startServe(b, args...)
+		time.Sleep(2 * time.Second) // the warm pool and the zygote's spares
+		out, err := e2btest.Run(b, env, 10*time.Minute, "firstcommand", strconv.Itoa(n), "python3 -V")
+		var sdk []sdkTimes
+		if err != nil || json.Unmarshal(bytes.SplitN(out, []byte("\n"), 2)[0], &sdk) != nil || len(sdk) != n {
+			b.Fatalf("node e2e.mjs firstcommand: %v\n%s", err, out)
+		}
+		raw, err := os.ReadFile(trace)
+		if err != nil {
+			b.Fatal(err)
+		}
+		server := map[string]serverTimes{}
+		for _, line := range bytes.Split(bytes.TrimSpace(raw), []byte("\n")) {
+			var st serverTimes
+			if err := json.Unmarshal(line, &st); err != nil {
+				b.Fatalf("trace line %q: %v", line, err)
+			}
+			server[st.Sandbox] = st
+		}
+		ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+		for _, c := range sdk {
+			st, ok := server[c.Sandbox]
+			if !ok || st.EndSent == 0 {
+				b.Fatalf("no trace of sandbox %s's command", c.Sandbox)
+			}
+			if st.Prepared {
+				res.prepared++
+				res.warmJoin = append(res.warmJoin, ms(st.Started-st.Join))
+			} else {
+				res.coldJoin = append(res.coldJoin, ms(st.Started-st.Join))
+			}
+			for i, v := range []float64{
+				c.Created - c.T0, ms(st.Handler) - c.Created, ms(st.Join - st.Handler), ms(st.Started - st.Join),
+				ms(st.StartSent - st.Started), ms(st.FirstOutput - st.Started), ms(st.Exited - st.FirstOutput),
+				ms(st.EndSent - st.Exited), c.Resolved - ms(st.EndSent), c.Resolved - c.Created, c.Resolved - c.T0,
+			} {
+				res.by[stages[i]] = append(res.by[stages[i]], v)
+			}
+		}
+	}
+	pct := func(v []float64, p float64) float64 {
+		s := append([]float64(nil), v...)
+		sort.Float64s(s)
+		return s[min(len(s)-1, max(0, int(math.Ceil(float64(len(s))*p/100))-1))]
+	}
+	for b.Loop() {
+		res := map[bool]*result{true: {by: map[string][]float64{}}, false: {by: map[string][]float64{}}}
+		for range rounds {
+			for _, cold := range []bool{true, false} {
+				run(cold, res[cold])
+			}
+		}
+		load, _ := os.ReadFile("/proc/loadavg")
+		fmt.Printf("load %s; %d sequential create + `python3 -V` each, in %d rounds; stage: median ms (p95), cold join (baseline) vs made ahead:\n", strings.TrimSpace(string(load)), n*rounds, rounds)
+		for _, s := range stages {
+			fmt.Printf("  %-16s %7.1f (%6.1f)  %7.1f (%6.1f)\n", s, pct(res[true].by[s], 50), pct(res[true].by[s], 95), pct(res[false].by[s], 50), pct(res[false].by[s], 95))
+		}
+		for _, s := range []string{"command", "total"} {
+			fmt.Printf("%s median / p95 / p99: %.1f / %.1f / %.1f vs %.1f / %.1f / %.1f\n", s, pct(res[true].by[s], 50), pct(res[true].by[s], 95), pct(res[true].by[s], 99),
+				pct(res[false].by[s], 50), pct(res[false].by[s], 95), pct(res[false].by[s], 99))
+		}
+		waited := 0
+		for _, d := range res[false].warmJoin {
+			if d > 10 {
+				waited++
+			}
+		}
+		fmt.Printf("commands served by a join made ahead: %d of %d (baseline: %d), %d of them waited > 10 ms for it (still being made: the pool ran dry); their join: median %.1f ms, the others' %.1f ms\n",
+			res[false].prepared, n*rounds, res[true].prepared, waited, pct(res[false].warmJoin, 50), pct(append(res[false].coldJoin, -1), 50))
+		b.ReportMetric(pct(res[false].by["total"], 50), "total-median-ms")
+		b.ReportMetric(pct(res[false].by["total"], 99), "total-p99-ms")
+		b.ReportMetric(pct(res[true].by["total"], 50)/pct(res[false].by["total"], 50), "cold/warm-median")
 	}
 }

@@ -41,6 +41,7 @@ type serveFlags struct {
 	zygote                                zygoteMode
 	jsonLogs                              bool
 	drainTimeout                          time.Duration
+	e2bTrace                              string
 }
 
 func newServeCmd() *cobra.Command {
@@ -99,6 +100,12 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	// The pipeline before issue 26, for benchmarks' baselines only.
 	f.BoolVar(&c.OldPipeline, "old-pipeline", false, "")
 	_ = f.MarkHidden("old-pipeline")
+	// E2B commands that join when they come, and a file of their stages
+	// (BenchmarkE2BFirstCommand): for benchmarks only.
+	f.BoolVar(&c.ColdCommands, "cold-commands", false, "")
+	_ = f.MarkHidden("cold-commands")
+	f.StringVar(&sf.e2bTrace, "e2b-command-trace", "", "")
+	_ = f.MarkHidden("e2b-command-trace")
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Minute, "close (or, with --idle-action pause, pause) a session unused this long")
 	f.StringVar(&c.IdleAction, "idle-action", "close", "what becomes of a session idle past --idle-timeout: close, or pause (it keeps its state and memory, uses no CPU, takes no slot of --max-sessions; the next request resumes it)")
 	f.DurationVar(&c.IdleHibernate, "idle-hibernate", 0, "hibernate a session idle (or paused) this long: its files and variables go to the snapshot store, its processes and workspace are freed, and the next request restores it on the same id (0 = never)")
@@ -153,6 +160,13 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	toks, err := server.LoadTokens(sf.tokens, sf.tokenFile)
 	if err != nil {
 		return nil, usagef("%v", err)
+	}
+	if sf.e2bTrace != "" {
+		f, err := os.OpenFile(sf.e2bTrace, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, usagef("--e2b-command-trace: %v", err)
+		}
+		cfg.E2BCommandTrace = f // open while the server runs
 	}
 	secret, err := loadGatewaySecret(sf.secretFile)
 	if err != nil {

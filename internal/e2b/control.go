@@ -281,7 +281,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	trafficToken := randomHex(16)
 	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
 	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy,
-		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl, Snapshot: snap})
+		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl, Snapshot: snap, Commands: !h.opts.ColdCommands})
 	if err != nil {
 		if snap != "" && !errors.Is(err, session.ErrCapacity) {
 			writeSnapshotError(w, err)
@@ -296,6 +296,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeControlError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	h.prepareCommand(sb) // in the background: the first command comes next
 	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
 	writeJSON(w, http.StatusCreated, sb.created(r))
 }

@@ -16,8 +16,12 @@
 // A sandbox is one sandloop session (its id is the session's id, so it is
 // also visible under /v1/sessions for the same token): its kernel is the
 // default code context, extra contexts are kernels of their own on the
-// same workspace, and each command runs in a jail of its own on that
-// workspace with the session's limits. Any templateID is accepted and
+// same workspace, and each command runs inside the kernel's jail
+// (session.Session.StartCommand), in a join of that jail made ahead when
+// the sandbox was created or its last command ended (ColdCommands: not),
+// so that a first command costs about the exec of its program (E2B's SDK
+// runs `/bin/bash -l -c CMD`; BenchmarkE2BFirstCommand of cmd/sandloop
+// prints where its time goes). Any templateID is accepted and
 // gives the default session. The workspace, /workspace, is the home and
 // working directory of kernels and commands, and the root of the files
 // API: absolute paths elsewhere are refused there.
@@ -29,6 +33,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -97,6 +102,16 @@ type Options struct {
 	// --keep-sessions). Detach leaves them there for the next server.
 	// If empty, sandboxes end with the handler.
 	StateDir string
+	// ColdCommands: no command's join of its sandbox's jail is made
+	// ahead (session.Session.PrepareCommand; by default one is made when a
+	// sandbox is created and after each command ends, so that a command
+	// costs about the exec of its program). For benchmarks' baselines.
+	ColdCommands bool
+	// CommandTrace, if set, receives the stages of every command started
+	// by process.Start, one JSON object a line (commandTrace), for
+	// benchmarks (cmd/sandloop's BenchmarkE2BFirstCommand). Writes are
+	// serialized.
+	CommandTrace io.Writer
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -119,6 +134,16 @@ type Handler struct {
 	wg       sync.WaitGroup // the reaper, and its sampling
 	killing  sync.WaitGroup // sandboxes being killed
 	sampling atomic.Bool    // a sampleAll is under way
+
+	traceMu sync.Mutex // Options.CommandTrace's writes
+}
+
+// prepareCommand has sb's next command's join made ahead, unless
+// Options.ColdCommands.
+func (h *Handler) prepareCommand(sb *sandbox) {
+	if !h.opts.ColdCommands {
+		sb.ms.PrepareCommand()
+	}
 }
 
 // New returns a Handler and starts its reaper.

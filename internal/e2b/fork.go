@@ -102,6 +102,7 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request, owner string) {
 				entries = append(entries, forkEntry{Error: &forkError{http.StatusServiceUnavailable, err.Error()}})
 				continue
 			}
+			h.prepareCommand(sb)
 			c := sb.created(r)
 			entries = append(entries, forkEntry{Sandbox: &c})
 		}

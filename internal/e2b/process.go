@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -134,9 +135,42 @@ type process struct {
 	pty   bool           // on a pseudo-terminal: input and output are input.pty and data.pty
 	ended chan struct{}
 
-	mu   sync.Mutex
-	subs map[chan processEvent]bool
-	end  *endEvent
+	mu    sync.Mutex
+	subs  map[chan processEvent]bool
+	end   *endEvent
+	trace *commandTrace // Options.CommandTrace's record; nil if none
+}
+
+// commandTrace is a command's stages, as Unix times in nanoseconds (0:
+// not reached): the Start request's arrival in the handler, the join
+// asked for (the working directory made), the program about to be
+// executed in the jail (StartCommand returned), the start event sent,
+// the first output published, the program's end (its Wait returned),
+// the end event sent. Prepared: the join was made ahead.
+type commandTrace struct {
+	Sandbox     string `json:"sandbox"`
+	Cmd         string `json:"cmd"`
+	Prepared    bool   `json:"prepared"`
+	Handler     int64  `json:"handler"`
+	Join        int64  `json:"join"`
+	Started     int64  `json:"started"`
+	StartSent   int64  `json:"start_sent"`
+	FirstOutput int64  `json:"first_output"`
+	Exited      int64  `json:"exited"`
+	EndSent     int64  `json:"end_sent"`
+}
+
+// mark sets *at to now, if tracing and not set yet.
+func (p *process) mark(at func(*commandTrace) *int64) {
+	if p.trace == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	p.mu.Lock()
+	if f := at(p.trace); *f == 0 {
+		*f = now
+	}
+	p.mu.Unlock()
 }
 
 // subBuffer is how many events a slow stream may lag behind before it is
@@ -206,6 +240,7 @@ func (w outWriter) Write(b []byte) (int, error) {
 	default:
 		d.Stdout = append([]byte(nil), b...)
 	}
+	w.p.mark(func(t *commandTrace) *int64 { return &t.FirstOutput })
 	w.p.publish(processEvent{Data: d})
 	return len(b), nil
 }
@@ -272,6 +307,7 @@ func program(cmd string) string {
 }
 
 func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[eventResponse]) error {
+	arrived := time.Now().UnixNano()
 	sb := sandboxOf(ctx)
 	m := req.Msg
 	var terminal *jail.WindowSize
@@ -320,6 +356,9 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		timeout = max(time.Until(dl), time.Millisecond)
 	}
 	p := &process{tag: m.Tag, cfg: *m.Process, ended: make(chan struct{}), subs: map[chan processEvent]bool{}}
+	if h.opts.CommandTrace != nil {
+		p.trace = &commandTrace{Sandbox: sb.id, Cmd: m.Process.Cmd, Handler: arrived}
+	}
 	if p.cfg.Args == nil {
 		p.cfg.Args = []string{}
 	}
@@ -340,6 +379,8 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	env := commandEnv(tenv, sb.envVars, p.cfg.Envs)
 	env = append([]string{"HOME=" + homeDir}, env...)
 	env = append(env, "PWD="+dir) // bash's pwd names the directory as it was asked for
+	p.mark(func(t *commandTrace) *int64 { return &t.Join })
+	prepared := sb.ms.PreparedCommands()
 	jp, err := sb.ms.StartCommand(context.Background(), session.Command{
 		Path:     program(p.cfg.Cmd),
 		Args:     append([]string{p.cfg.Cmd}, p.cfg.Args...),
@@ -362,6 +403,13 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		return connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: %w", p.cfg.Cmd, err))
 	}
 	p.jp = jp
+	p.mark(func(t *commandTrace) *int64 { return &t.Started })
+	if p.trace != nil {
+		warm := sb.ms.PreparedCommands() > prepared
+		p.mu.Lock()
+		p.trace.Prepared = warm
+		p.mu.Unlock()
+	}
 	sb.mu.Lock()
 	if sb.done {
 		sb.mu.Unlock()
@@ -378,7 +426,23 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		p.unsubscribe(sub)
 		return err
 	}
-	return relay(ctx, p, sub, stream)
+	p.mark(func(t *commandTrace) *int64 { return &t.StartSent })
+	err = relay(ctx, p, sub, stream)
+	if p.trace != nil {
+		h.writeTrace(p)
+	}
+	return err
+}
+
+// writeTrace writes p's stages to Options.CommandTrace.
+func (h *Handler) writeTrace(p *process) {
+	p.mark(func(t *commandTrace) *int64 { return &t.EndSent })
+	p.mu.Lock()
+	b, _ := json.Marshal(p.trace)
+	p.mu.Unlock()
+	h.traceMu.Lock()
+	defer h.traceMu.Unlock()
+	_, _ = h.opts.CommandTrace.Write(append(b, '\n'))
 }
 
 func readerOrNil(r *io.PipeReader) io.Reader {
@@ -422,6 +486,7 @@ func relay(ctx context.Context, p *process, sub chan processEvent, stream *conne
 // waitProcess reports a process's end to its streams and forgets it.
 func (h *Handler) waitProcess(sb *sandbox, p *process) {
 	r, err := p.jp.Wait()
+	p.mark(func(t *commandTrace) *int64 { return &t.Exited })
 	end := &endEvent{Exited: true, Status: "exit status 0"}
 	switch {
 	case err != nil:
@@ -445,10 +510,28 @@ func (h *Handler) waitProcess(sb *sandbox, p *process) {
 	if sb.procs[p.pid] == p {
 		delete(sb.procs, p.pid)
 	}
+	done := sb.done
 	sb.mu.Unlock()
 	p.publish(processEvent{End: end})
 	close(p.ended)
+	if !done {
+		// The next command's join, off this one's path, unless the
+		// sandbox is killed right after (ComputeSDK's create, command,
+		// kill: a join made then would be wasted CPU).
+		time.AfterFunc(prepareAfter, func() {
+			sb.mu.Lock()
+			done := sb.done
+			sb.mu.Unlock()
+			if !done {
+				h.prepareCommand(sb)
+			}
+		})
+	}
 }
+
+// prepareAfter is how long after a command ends the next one's join is
+// made ahead.
+const prepareAfter = 100 * time.Millisecond
 
 // find returns the running process a selector names.
 func (sb *sandbox) find(sel *processSelector) (*process, error) {

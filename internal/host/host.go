@@ -106,6 +106,12 @@ type Config struct {
 	// refill delay, one spare, one pooled kernel started at a time), so a
 	// benchmark can print its figures beside the current ones.
 	OldPipeline bool
+	// ColdCommands: E2B commands join their sandbox's jail when they come,
+	// none made ahead (e2b.Options.ColdCommands; so does OldPipeline):
+	// for benchmarks' baselines. E2BCommandTrace, if set, receives E2B
+	// commands' stages (e2b.Options.CommandTrace).
+	ColdCommands    bool
+	E2BCommandTrace io.Writer
 	// TemplatesDir is where templates are (package template). If empty,
 	// DataDir/templates; if both are empty, the host has none.
 	// WarmTemplates are started (each its zygote) before New returns;
@@ -271,8 +277,10 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-		FixedPool:   h.cfg.OldPipeline,
-		Checkpoints: h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
+		FixedPool: h.cfg.OldPipeline,
+		// E2B's sandboxes run commands: pooled kernels make a join ahead.
+		PrepareCommands: h.cfg.E2B && !h.cfg.ColdCommands && !h.cfg.OldPipeline,
+		Checkpoints:     h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
 		CheckpointMemory: h.cfg.CheckpointMemory,
 		OnSnapshot:       h.recordSnapshot,
 	}
@@ -352,7 +360,8 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		if eg.DefaultMode == egress.ModeAllow {
 			network.Default = eg.Default
 		}
-		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log}
+		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log,
+			ColdCommands: h.cfg.ColdCommands || h.cfg.OldPipeline, CommandTrace: h.cfg.E2BCommandTrace}
 		if h.keeper != nil {
 			// The keeper keeps the sandboxes' sessions; these records what
 			// E2B adds (tokens, metadata, time to live), for the next server.

@@ -25,6 +25,20 @@ func (*JoinTarget) Path(p string) string          { return p }
 func (*JoinTarget) Alive() bool                   { return false }
 func (*JoinTarget) Limits() Limits                { return Limits{} }
 
+// Joiner is a join made ahead (never, on this system).
+type Joiner struct{}
+
+// ErrJoinerUsed is returned by Joiner.Start of a Joiner used or closed.
+var ErrJoinerUsed = errors.New("jail: the prepared join was used or closed")
+
+// PrepareJoin fails: the jail needs Linux namespaces.
+func PrepareJoin(context.Context, *JoinTarget) (*Joiner, error) { return nil, ErrUnsupported }
+
+func (*Joiner) Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
+func (*Joiner) Close() error                                     { return nil }
+func (*Joiner) Pid() int                                         { return 0 }
+func (*Joiner) ScriptPid() int                                   { return 0 }
+
 // Start fails: the jail needs Linux namespaces.
 func Start(context.Context, *Config) (*Process, error) { return nil, ErrUnsupported }
 

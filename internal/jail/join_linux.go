@@ -47,12 +47,17 @@ import (
 //     ambient (in the jail's user namespace) only so that the next
 //     program can empty the bounding set, and executes the init program
 //     by descriptor (nothing of the jail's is executed yet);
-//  4. runJoin reads its configuration (already written), sets the
-//     rlimits, starts a session of its own (a process group the host
-//     kills as one), drops every
-//     capability and locks the securebits, loads the jail's seccomp
-//     filter, and executes the program: the same steps, from the same
-//     code, as the program of a new jail.
+//  4. runJoin reads its setup (the jail's limits, whether there is a
+//     terminal), sets the rlimits, starts a session of its own (a
+//     process group the host kills as one), drops every capability and
+//     locks the securebits, loads the jail's seccomp filter and reports
+//     {prepared}; then it reads its program (joinCommand), changes to its
+//     directory, sets its last rlimits and executes it: the same steps,
+//     from the same code, as the program of a new jail.
+//
+// A join can be made ahead of its command (PrepareJoin, joiner_linux.go):
+// steps 1-4 up to {prepared}, so that the command costs the program's
+// exec and a few syscalls. What it holds while it waits is said there.
 //
 // The script on the host's side is in the jail's cgroup while the
 // program runs (one process of the jail's Pids limit, its memory charged
@@ -68,9 +73,12 @@ import (
 // is ~1 ms): the interpreter's start, its ctypes import, setns and the
 // fork (13-15 ms; the json module is no longer imported: its re and enum
 // cost ~9 ms), the cgroup move (6-10 ms, in parallel with that start),
-// the init's start and runJoin (8-10 ms), the end's report (~4 ms).
-// What is left to cut is the interpreter: a joiner kept warm per jail,
-// already in its namespaces and cgroup, would only fork per command.
+// the init's start and runJoin (8-10 ms), the end's report (~4 ms). A
+// join made ahead (Joiner) leaves the exec and the end's report: 4-5 ms
+// for `true` at load ~5 against 29-63 ms joining in the same run (15-22
+// ms against 114-138 at load ~12), most of it wake-ups of the processes
+// that hand over (host, runJoin, the program, the script reporting the
+// end).
 //
 // The jail's PID 1 becomes the parent of whatever the program leaves
 // running when it ends (a `nohup server &`), reaps it, and ends it when
@@ -146,20 +154,27 @@ const (
 	joinPidFD    = 3 // the target's pidfd (script only)
 	joinRootFD   = 4 // the target's root, O_PATH (script only)
 	joinExeFD    = 5 // the init program, executed by descriptor (script only)
-	joinConfigFD = 6 // runJoin reads its joinConfig (JSON) until EOF
-	joinStatusFD = 7 // initStatus lines: the script's {pid}, runJoin's {ready} or {error}, the script's {exited}
+	joinConfigFD = 6 // runJoin reads its joinSetup, then its joinCommand (JSON)
+	joinStatusFD = 7 // initStatus lines: the script's {pid}, runJoin's {prepared}, {ready} or {error}, the script's {exited}
 )
 
-// joinConfig is what the host tells runJoin.
-type joinConfig struct {
-	Path     string
-	Args     []string
-	Env      []string
-	Dir      string
+// joinSetup is what runJoin needs before its program is known: the
+// jail's limits (Timeout is the host's), whether the program gets a
+// terminal, and the rlimits the program gets on top of setRlimits'
+// (DATA, NPROC). joinCommand follows it, at once or, for a Joiner, when a
+// command comes.
+type joinSetup struct {
 	Limits   Limits
 	Terminal bool
-	// Rlimits the program gets on top of setRlimits' (DATA, NPROC).
-	Extra []joinRlimit
+	Extra    []joinRlimit
+}
+
+// joinCommand is the program runJoin executes.
+type joinCommand struct {
+	Path string
+	Args []string
+	Env  []string
+	Dir  string
 }
 
 type joinRlimit struct {
@@ -171,9 +186,12 @@ type joinRlimit struct {
 // joinStatus is a line of the join's status pipe.
 type joinStatus struct {
 	initStatus
-	Ready  bool  `json:"ready,omitempty"`
-	CPUMs  int64 `json:"cpu_ms,omitempty"`
-	MaxRSS int64 `json:"maxrss_kb,omitempty"`
+	// Prepared: runJoin is set up, its program's limits and confinement
+	// in place, and waits for its joinCommand.
+	Prepared bool  `json:"prepared,omitempty"`
+	Ready    bool  `json:"ready,omitempty"`
+	CPUMs    int64 `json:"cpu_ms,omitempty"`
+	MaxRSS   int64 `json:"maxrss_kb,omitempty"`
 }
 
 // joinScript enters the target's namespaces (argv: flags, uid, gid) and
@@ -276,6 +294,243 @@ func joinFlags(pid int) int {
 	return flags
 }
 
+// joining is a join script started, and our ends of its pipes.
+type joining struct {
+	cmd    *exec.Cmd
+	cfgW   *os.File // the go-ahead newline, then runJoin's setup and command
+	stR    *os.File
+	status *bufio.Reader
+	outs   []*drain
+	cg     *cgroup
+	// What the script and runJoin reported so far (await).
+	joinPid         int
+	prepared, ready bool
+}
+
+// spawnJoin starts the join script for t, its standard descriptors
+// stdin, stdout and stderr (nil: /dev/null). It enters nothing before
+// enter.
+func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) {
+	flags := joinFlags(t.pid)
+	root, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", t.pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil || unix.PidfdSendSignal(t.pidfd, 0, nil, 0) != nil {
+		if root != nil {
+			root.Close()
+		}
+		return nil, fmt.Errorf("join the sandbox: %w", os.ErrProcessDone)
+	}
+	defer root.Close()
+	// A copy for the script: the target keeps its own.
+	dup, err := unix.FcntlInt(uintptr(t.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("join the sandbox: %w", err)
+	}
+	pidfd := os.NewFile(uintptr(dup), "jail-pidfd")
+	defer pidfd.Close()
+	exe, err := os.Open(initPath())
+	if err != nil {
+		return nil, fmt.Errorf("join the sandbox: the init program: %w", err)
+	}
+	defer exe.Close()
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer cfgR.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		cfgW.Close()
+		return nil, err
+	}
+	defer stW.Close()
+	cmd := &exec.Cmd{
+		Path:       DefaultPython,
+		Args:       []string{"python3", "-I", "-S", "-c", joinScript, strconv.Itoa(flags), strconv.Itoa(SandboxUID), strconv.Itoa(SandboxGID), joinArg0},
+		Env:        []string{},
+		ExtraFiles: []*os.File{pidfd, root, exe, cfgR, stW},
+		SysProcAttr: &syscall.SysProcAttr{
+			Pdeathsig: syscall.SIGKILL,
+			Setsid:    true,
+		},
+		WaitDelay: 2 * time.Second,
+	}
+	// Unset, not a nil *os.File: exec gives /dev/null then.
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	if stderr != nil {
+		cmd.Stderr = stderr
+	}
+	if err := cmd.Start(); err != nil {
+		cfgW.Close()
+		stR.Close()
+		return nil, fmt.Errorf("join the sandbox: %w", err)
+	}
+	return &joining{cmd: cmd, cfgW: cfgW, stR: stR, status: bufio.NewReader(io.LimitReader(stR, 1<<20)), cg: t.cg}, nil
+}
+
+// setup is runJoin's setup for a program in t, and the warnings of its
+// result.
+func (t *JoinTarget) setup(terminal bool) (joinSetup, []string) {
+	s := joinSetup{Limits: t.limits, Terminal: terminal}
+	s.Limits.Timeout = 0 // the host's to enforce
+	switch {
+	case t.cg == nil:
+		// No cgroup: the program's memory and processes are held by
+		// rlimits, as a new jail's program is (programRlimits).
+		s.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(t.limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(t.limits.Pids)}}
+		return s, []string{RlimitsWarning}
+	case t.nproc:
+		// The NPROC a new jail's program gets: its share, plus room for
+		// the init's threads (counted with it in the user namespace).
+		s.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(t.limits.Pids + initThreads)}}
+	}
+	return s, nil
+}
+
+// enter moves the script into the jail's cgroup, then lets it enter the
+// jail and sends runJoin its setup. The move waits for an RCU grace
+// period of the kernel's (~10 ms under cgroup v1's percpu lock), which
+// passes as the interpreter starts.
+func (j *joining) enter(s joinSetup) error {
+	if j.cg != nil {
+		if err := j.cg.add(j.cmd.Process.Pid); err != nil {
+			return fmt.Errorf("join the sandbox's cgroup: %w", err)
+		}
+	}
+	if _, err := j.cfgW.WriteString("\n"); err != nil {
+		return fmt.Errorf("join the sandbox: %w", err)
+	}
+	// A pipe's buffer holds it: runJoin reads it as soon as it starts.
+	if err := json.NewEncoder(j.cfgW).Encode(&s); err != nil {
+		return fmt.Errorf("configure the joined process: %w", err)
+	}
+	return nil
+}
+
+// send sends runJoin its program, the last of its configuration.
+func (j *joining) send(c joinCommand) error {
+	defer j.cfgW.Close()
+	if err := json.NewEncoder(j.cfgW).Encode(&c); err != nil {
+		return fmt.Errorf("configure the joined process: %w", err)
+	}
+	return nil
+}
+
+// command is cfg as runJoin executes it.
+func joinCommandOf(cfg *Config) joinCommand {
+	c := joinCommand{Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir}
+	if len(c.Args) == 0 {
+		c.Args = []string{cfg.Path}
+	}
+	if c.Dir == "" {
+		c.Dir = WorkspaceDir
+	}
+	return c
+}
+
+// await reads the join's reports until the script has reported its
+// child's PID and runJoin its {ready} (ready) or its {prepared}: the
+// script lets its child go on only once it has reported.
+func (j *joining) await(ready bool) error {
+	for j.joinPid == 0 || ready && !j.ready || !ready && !j.prepared {
+		var st joinStatus
+		if err := readJoinStatus(j.status, &st); err != nil {
+			return fmt.Errorf("join the sandbox: %w", err)
+		}
+		switch {
+		case st.Error != "":
+			return fmt.Errorf("join the sandbox: %s", st.Error)
+		case st.Pid != 0 && j.joinPid == 0:
+			traceJoin("pid")
+			j.joinPid = st.Pid
+		case st.Prepared && !j.prepared:
+			j.prepared = true
+		case st.Ready && !j.ready:
+			j.ready = true
+		default:
+			// {exited} before {ready}, or a report twice.
+			return errors.New("join the sandbox: the process ended before it started (is the sandbox at its process or memory limit?)")
+		}
+	}
+	return nil
+}
+
+// kill kills the script and its child: the script's group, and the
+// child's once it leads one of its own (runJoin's setsid).
+func (j *joining) kill() {
+	if j.joinPid != 0 {
+		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
+		_ = unix.Kill(j.joinPid, unix.SIGKILL)
+	}
+	_ = unix.Kill(-j.cmd.Process.Pid, unix.SIGKILL)
+	_ = j.cmd.Process.Kill()
+}
+
+// wait waits for the script, then for what the program wrote before it
+// ended (a little while: a job it left may hold the pipes for good).
+func (j *joining) wait() (*os.ProcessState, error) {
+	err := j.cmd.Wait()
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for _, d := range j.outs {
+		t := time.NewTimer(max(time.Until(deadline), 0))
+		select {
+		case <-d.done:
+		case <-t.C:
+		}
+		t.Stop()
+		d.stop()
+	}
+	return j.cmd.ProcessState, err
+}
+
+// abandon kills a join that never started its program and releases it.
+// The script is let end by itself: with its configuration closed, it, or
+// runJoin, reads its end and exits; runJoin (and a program already
+// executed) is killed. The script then reaps its child and ends. Killed
+// first, it would leave its child to the host's init (the reaper of the
+// script's namespace, not the jail's), a zombie that the jail's end then
+// waits for (~1 s here). It is killed only if it has not ended in a while.
+func (j *joining) abandon() {
+	j.cfgW.Close()
+	if j.joinPid != 0 {
+		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
+		_ = unix.Kill(j.joinPid, unix.SIGKILL)
+	}
+	t := time.AfterFunc(2*time.Second, j.kill)
+	defer t.Stop()
+	_, _ = j.wait()
+	j.stR.Close()
+}
+
+// process makes p the joined program of j.
+func (j *joining) process(p *Process) {
+	p.proc = osProcess{j.cmd.Process}
+	p.pid = j.cmd.Process.Pid
+	p.waitProc = j.wait
+	p.statusF = j.stR
+	p.status = j.status
+	p.joinPid = j.joinPid
+	p.joinGroup = j.cg != nil
+}
+
+// outPipe is a pipe for a joined program's output to w, drained until
+// every writer is gone: a job it left running (`nohup server &`) keeps
+// writing after the program's end, and must not die of a closed pipe;
+// what it writes then is discarded. It returns the write end.
+func outPipe(w io.Writer) (*os.File, *drain, error) {
+	r, wf, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &drain{w: w, done: make(chan struct{})}
+	go d.run(r)
+	return wf, d, nil
+}
+
 // startJoined starts cfg inside cfg.Join's jail, under the jail's limits
 // but for timeout's.
 func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Process, error) {
@@ -283,10 +538,7 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	if t.pidfd < 0 {
 		return nil, &ArgumentError{"join", errors.New("the target is closed")}
 	}
-	limits := t.limits
-	limits.Timeout = timeout
 	p := &Process{done: make(chan struct{}), enforce: t.enforce, network: NetworkNone}
-	uid, gid := SandboxUID, SandboxGID
 	fail := func(err error) (*Process, error) {
 		p.closeStdin()
 		if p.tty != nil {
@@ -294,29 +546,8 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 		}
 		return nil, err
 	}
-	flags := joinFlags(t.pid)
-	root, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", t.pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil || unix.PidfdSendSignal(t.pidfd, 0, nil, 0) != nil {
-		if root != nil {
-			root.Close()
-		}
-		return fail(fmt.Errorf("join the sandbox: %w", os.ErrProcessDone))
-	}
-	defer root.Close()
-	// A copy for the script: the target keeps its own.
-	dup, err := unix.FcntlInt(uintptr(t.pidfd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fail(fmt.Errorf("join the sandbox: %w", err))
-	}
-	pidfd := os.NewFile(uintptr(dup), "jail-pidfd")
-	defer pidfd.Close()
-	exe, err := os.Open(initPath())
-	if err != nil {
-		return fail(fmt.Errorf("join the sandbox: the init program: %w", err))
-	}
-	defer exe.Close()
-
 	var stdin, ttySlave *os.File
+	var err error
 	if cfg.Terminal != nil {
 		if p.tty, ttySlave, err = openTerminal(*cfg.Terminal); err != nil {
 			return fail(err)
@@ -331,188 +562,85 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 			defer stdin.Close()
 		}
 	}
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		return fail(err)
-	}
-	defer cfgR.Close()
-	defer cfgW.Close()
-	stR, stW, err := os.Pipe()
-	if err != nil {
-		return fail(err)
-	}
-	defer stW.Close()
-
-	// The program's output goes through pipes of ours, drained until
-	// every writer is gone: a job it left running (`nohup server &`)
-	// keeps writing after the program's end, and must not die of a
-	// closed pipe; what it writes then is discarded.
 	var outs []*drain
-	outPipe := func(w io.Writer) (*os.File, error) {
-		if w == nil || cfg.Terminal != nil {
-			return nil, nil
-		}
-		r, wf, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		d := &drain{w: w, done: make(chan struct{})}
-		outs = append(outs, d)
-		go d.run(r)
-		return wf, nil
-	}
-	stdoutW, err := outPipe(cfg.Stdout)
-	if err != nil {
-		return fail(err)
-	}
-	stderrW, err := outPipe(cfg.Stderr)
-	if err != nil {
-		stdoutW.Close()
-		return fail(err)
-	}
-	closeOuts := func() {
-		for _, f := range []*os.File{stdoutW, stderrW} {
+	var outW [2]*os.File
+	defer func() {
+		for _, f := range outW {
 			if f != nil {
-				f.Close()
+				f.Close() // the script's copies are the writers
 			}
 		}
-	}
-	cmd := &exec.Cmd{
-		Path:       DefaultPython,
-		Args:       []string{"python3", "-I", "-S", "-c", joinScript, strconv.Itoa(flags), strconv.Itoa(uid), strconv.Itoa(gid), joinArg0},
-		Env:        []string{},
-		Stdin:      readerOrNil(stdin),
-		Stdout:     fileOrNil(stdoutW),
-		Stderr:     fileOrNil(stderrW),
-		ExtraFiles: []*os.File{pidfd, root, exe, cfgR, stW},
-		SysProcAttr: &syscall.SysProcAttr{
-			Pdeathsig: syscall.SIGKILL,
-			Setsid:    true,
-		},
-		WaitDelay: 2 * time.Second,
+	}()
+	for i, w := range []io.Writer{cfg.Stdout, cfg.Stderr} {
+		if w == nil || cfg.Terminal != nil {
+			continue
+		}
+		wf, d, err := outPipe(w)
+		if err != nil {
+			return fail(err)
+		}
+		outW[i] = wf
+		outs = append(outs, d)
 	}
 	if ttySlave != nil {
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = ttySlave, ttySlave, ttySlave
+		stdin, outW[0], outW[1] = ttySlave, ttySlave, ttySlave
 	}
-	err = cmd.Start()
-	closeOuts() // the script's copies are the writers now
+	j, err := spawnJoin(t, stdin, outW[0], outW[1])
+	if ttySlave != nil {
+		outW = [2]*os.File{}
+	}
 	if err != nil {
-		return fail(fmt.Errorf("join the sandbox: %w", err))
+		for _, d := range outs {
+			d.stop()
+		}
+		return fail(err)
 	}
-	jc := joinConfig{Path: cfg.Path, Args: cfg.Args, Env: buildEnv(cfg.Env), Dir: cfg.Dir, Limits: limits, Terminal: cfg.Terminal != nil}
-	if len(jc.Args) == 0 {
-		jc.Args = []string{cfg.Path}
-	}
-	if jc.Dir == "" {
-		jc.Dir = WorkspaceDir
-	}
-	if t.cg == nil {
-		// No cgroup: the program's memory and processes are held by
-		// rlimits, as a new jail's program is (programRlimits).
-		jc.Extra = []joinRlimit{{"DATA", unix.RLIMIT_DATA, uint64(limits.Memory)}, {"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids)}}
-		p.warn = append(p.warn, RlimitsWarning)
-	} else if t.nproc {
-		// The NPROC a new jail's program gets: its share, plus room for
-		// the init's threads (counted with it in the user namespace).
-		jc.Extra = []joinRlimit{{"NPROC", unix.RLIMIT_NPROC, uint64(limits.Pids + initThreads)}}
-	}
+	j.outs = outs
+	setup, warn := t.setup(cfg.Terminal != nil)
+	p.warn = warn
 	traceJoin("started")
 	// Into the jail's cgroup before it enters the jail and forks (the
-	// child, and all of the program's, are born there): the move waits
-	// for an RCU grace period of the kernel's (~10 ms under cgroup v1's
-	// percpu lock), which passes meanwhile as the interpreter starts.
+	// child, and all of the program's, are born there), in a goroutine:
+	// the move's wait passes as the interpreter starts.
 	moved, configured := make(chan error, 1), make(chan error, 1)
 	go func() {
-		defer cfgW.Close()
-		if t.cg != nil {
-			if err := t.cg.add(cmd.Process.Pid); err != nil {
-				moved <- fmt.Errorf("join the sandbox's cgroup: %w", err)
-				configured <- nil
-				return
-			}
-		}
-		if _, err := cfgW.WriteString("\n"); err != nil {
-			moved <- fmt.Errorf("join the sandbox: %w", err)
+		if err := j.enter(setup); err != nil {
+			j.cfgW.Close()
+			moved <- err
 			configured <- nil
 			return
 		}
 		moved <- nil
-		// The configuration follows at once: runJoin reads it as soon
-		// as it starts (a pipe's buffer holds it; a larger one is written
-		// as it reads).
-		if err := json.NewEncoder(cfgW).Encode(&jc); err != nil {
-			configured <- fmt.Errorf("configure the joined process: %w", err)
-			return
-		}
-		configured <- nil
+		configured <- j.send(joinCommandOf(cfg))
 	}()
-	p.proc = osProcess{cmd.Process}
-	p.pid = cmd.Process.Pid
-	p.waitProc = func() (*os.ProcessState, error) {
-		err := cmd.Wait()
-		// What the program wrote before it ended is read (a little
-		// while: a job it left may hold the pipes for good).
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for _, d := range outs {
-			t := time.NewTimer(max(time.Until(deadline), 0))
-			select {
-			case <-d.done:
-			case <-t.C:
-			}
-			t.Stop()
-			d.stop()
-		}
-		return cmd.ProcessState, err
-	}
+	j.process(p)
 	p.start = time.Now()
 	if p.tty != nil {
 		ttySlave.Close()
 		p.serveTerminal(cfg.Stdin, cfg.Stdout)
 	}
-	cfgR.Close()
-	stW.Close()
-	p.statusF = stR
-	p.status = bufio.NewReader(io.LimitReader(stR, 1<<20))
+	configDone := false
 	abort := func(err error) (*Process, error) {
-		if p.joinPid != 0 {
-			_ = unix.Kill(-p.joinPid, unix.SIGKILL)
+		if !configDone {
+			<-configured
 		}
-		_ = p.proc.Kill()
-		_, _ = p.waitProc()
-		stR.Close()
+		j.abandon()
 		return fail(err)
 	}
 	if err := <-moved; err != nil {
 		return abort(err)
 	}
 	traceJoin("cgroup")
-	// Two reports: the script's {pid}, then runJoin's {ready} (the
-	// script lets its child go on only once it has reported).
-	ready := false
-	for p.joinPid == 0 || !ready {
-		var st joinStatus
-		if err := readJoinStatus(p.status, &st); err != nil {
-			return abort(fmt.Errorf("join the sandbox: %w", err))
-		}
-		switch {
-		case st.Error != "":
-			return abort(fmt.Errorf("join the sandbox: %s", st.Error))
-		case st.Pid != 0 && p.joinPid == 0:
-			traceJoin("pid")
-			p.joinPid = st.Pid
-			p.joinGroup = t.cg != nil
-		case st.Ready && !ready:
-			ready = true
-		default:
-			// {exited} before {ready}, or a report twice.
-			return abort(errors.New("join the sandbox: the process ended before it started (is the sandbox at its process or memory limit?)"))
-		}
+	if err := j.await(true); err != nil {
+		return abort(err)
 	}
+	configDone = true
 	if err := <-configured; err != nil {
 		return abort(err)
 	}
+	p.joinPid = j.joinPid
 	traceJoin("ready")
-	p.killAt(ctx, limits.Timeout)
+	p.killAt(ctx, timeout)
 	return p, nil
 }
 
@@ -560,8 +688,11 @@ func (p *Process) waitJoined(r *Result) {
 }
 
 // runJoin is the init program in join mode: inside the jail already (the
-// script entered it), in its cgroup once its configuration arrives. It
-// becomes the program.
+// script entered it), in its cgroup. It sets itself up as the jail's
+// program must run (limits, a session of its own, no capabilities, the
+// seccomp filter), reports {prepared}, and then waits for its program
+// (joinCommand), which it becomes: a Joiner's waits there, holding
+// nothing the jail's own programs do not hold.
 func runJoin() int {
 	status := os.NewFile(joinStatusFD, "status")
 	report := func(st joinStatus) { _ = json.NewEncoder(status).Encode(st) }
@@ -569,24 +700,21 @@ func runJoin() int {
 		report(joinStatus{initStatus: initStatus{Error: err.Error()}})
 		return 126
 	}
-	var cfg joinConfig
+	var setup joinSetup
 	cf := os.NewFile(joinConfigFD, "config")
-	if err := json.NewDecoder(cf).Decode(&cfg); err != nil {
+	dec := json.NewDecoder(cf)
+	if err := dec.Decode(&setup); err != nil {
 		return failed(fmt.Errorf("read config: %w", err))
 	}
-	cf.Close()
-	if err := setRlimits(&initConfig{Limits: cfg.Limits}); err != nil {
+	if err := setRlimits(&initConfig{Limits: setup.Limits}); err != nil {
 		return failed(err)
-	}
-	if err := unix.Chdir(cfg.Dir); err != nil {
-		return failed(fmt.Errorf("chdir %s: %w", cfg.Dir, err))
 	}
 	// A session of its own: its process group is what Kill ends, and a
 	// terminal becomes its controlling terminal.
 	if _, err := unix.Setsid(); err != nil {
 		return failed(fmt.Errorf("setsid: %w", err))
 	}
-	if cfg.Terminal {
+	if setup.Terminal {
 		if err := unix.IoctlSetInt(0, unix.TIOCSCTTY, 0); err != nil {
 			return failed(fmt.Errorf("controlling terminal: %w", err))
 		}
@@ -601,19 +729,28 @@ func runJoin() int {
 	if err := loadSeccomp(); err != nil {
 		return failed(err)
 	}
+	report(joinStatus{Prepared: true})
+	var c joinCommand
+	if err := dec.Decode(&c); err != nil {
+		return failed(fmt.Errorf("read config: %w", err))
+	}
+	cf.Close()
+	if err := unix.Chdir(c.Dir); err != nil {
+		return failed(fmt.Errorf("chdir %s: %w", c.Dir, err))
+	}
 	// DATA and NPROC bind the program, not this Go code: set last, as a
 	// new jail's init does for its program (programRlimits), since the
 	// runtime dies when its heap needs to grow under a small DATA limit.
-	extra := make([]rlimit, len(cfg.Extra))
-	for i, r := range cfg.Extra {
+	extra := make([]rlimit, len(setup.Extra))
+	for i, r := range setup.Extra {
 		extra[i] = rlimit{r.Name, r.Res, r.Val}
 	}
 	if err := applyRlimits(extra); err != nil {
 		return failed(err)
 	}
 	report(joinStatus{Ready: true})
-	err := syscall.Exec(cfg.Path, cfg.Args, cfg.Env)
-	report(joinStatus{initStatus: initStatus{Error: fmt.Sprintf("start %s: %v", cfg.Path, err)}})
+	err := syscall.Exec(c.Path, c.Args, c.Env)
+	report(joinStatus{initStatus: initStatus{Error: fmt.Sprintf("start %s: %v", c.Path, err)}})
 	return 127
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/workspace"
 	"github.com/sandloop/sandloop/internal/zygote"
@@ -81,5 +82,29 @@ for i in range(600):
 				return nil
 			})
 		})
+	}
+}
+
+// A session with small limits makes no join ahead (it would hold tasks
+// and memory its programs miss); one with the defaults does, and its
+// command starts in it.
+func TestPrepareCommandLimits(t *testing.T) {
+	small := newSession(t, Options{Limits: jail.Limits{Pids: 16}})
+	if small.prepareCommand() != nil {
+		t.Error("a join was made ahead in a session of 16 pids")
+	}
+	s := newSession(t, Options{})
+	ready := s.prepareCommand()
+	if ready == nil {
+		t.Fatal("no join made ahead with the default limits")
+	}
+	<-ready
+	var out bytes.Buffer
+	p, err := s.StartCommand(context.Background(), Command{Path: "/bin/sh", Args: []string{"sh", "-c", "echo $PWD"}, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.Wait(); err != nil || r.ExitCode != 0 || out.String() != "/workspace\n" || s.PreparedCommands() != 1 {
+		t.Fatalf("command: %+v %v %q, %d in a join made ahead", r, err, out.String(), s.PreparedCommands())
 	}
 }

@@ -95,6 +95,7 @@ func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner strin
 	}
 	k := s.k
 	s.mu.Unlock()
+	s.dropWarm()
 	k.Kill("the session hibernated")
 	k.Close()
 	if err := s.closeCheckpoints(); err != nil {

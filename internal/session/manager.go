@@ -54,6 +54,12 @@ type ManagerOptions struct {
 	// session with the default limits does not wait for a jail and an
 	// interpreter. If zero, none: every session starts cold.
 	PoolSize int
+	// PrepareCommands: a pooled session gets a join of its jail made
+	// ahead for its first command (Session.PrepareCommand) once started
+	// and while no create waits for the pool, kept by a create that asks
+	// for it (CreateOptions.Commands) and dropped by the others. Not with
+	// FixedPool.
+	PrepareCommands bool
 	// MaxSessions caps the running sessions held at once (pooled and
 	// paused ones not counted: see MaxPaused) when one is created: a
 	// paused session is resumed whenever it is called, even past it. If
@@ -241,6 +247,9 @@ type CreateOptions struct {
 	// session's. Never from the pool. If empty, the manager's
 	// DefaultTemplate; NoTemplate: none, whatever the default.
 	Template string
+	// Commands: the session will run commands (an E2B sandbox): it keeps
+	// the join a pooled session has made ahead (PrepareCommands).
+	Commands bool
 	// Snapshot, if set, is the id of one of Owner's snapshots the session
 	// starts from: its files, then its variables, are loaded before
 	// Create returns (Session.Restored says what came back). If loading
@@ -758,6 +767,9 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		} else {
 			s.opts.ExecTimeout = execTimeout
 			s.opts.Checkpoints = mode
+			if !opts.Commands {
+				go s.closeWarm() // a join made ahead, of no use here
+			}
 		}
 	}
 	if s != nil {

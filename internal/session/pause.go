@@ -65,6 +65,12 @@ func (s *Session) Pause() error {
 	if !ok {
 		return fmt.Errorf("session %s: its kernel's launcher cannot pause it", s.id)
 	}
+	if w := s.warm; w != nil {
+		// A join being made ahead (commands.go) is let finish first: the
+		// processes it moves into the jail's group would run a moment
+		// after the freeze. Made, it waits frozen with the jail.
+		<-w.ready
+	}
 	if err := f.Freeze(); err != nil {
 		return fmt.Errorf("pause session %s: %w", s.id, err)
 	}

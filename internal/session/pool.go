@@ -235,6 +235,7 @@ func (m *Manager) poolLoopFair() {
 		}
 		closed := m.closed
 		sinceTake := now.Sub(m.fair.lastTake)
+		pooled := len(m.pool)
 		m.mu.Unlock()
 		for _, s := range shrink {
 			go func() { defer m.closing.Done(); s.Close() }()
@@ -260,7 +261,7 @@ func (m *Manager) poolLoopFair() {
 			n = 1 // idle: one at a time
 		case missing > 0 && running == 0 && idle == nil:
 			idle = time.NewTimer(m.opts.RefillDelay - sinceTake)
-		case missing <= 0 && running == 0 && idle == nil && len(m.pool) > m.opts.PoolSize:
+		case missing <= 0 && running == 0 && idle == nil && pooled > m.opts.PoolSize:
 			idle = time.NewTimer(poolIdleShrink)
 		}
 		for range max(n, 0) {
@@ -272,8 +273,49 @@ func (m *Manager) poolLoopFair() {
 				o.EgressStandby = true // for a session in allow mode or in none mode
 				s, err := New(ctx, o)
 				cancel()
-				done <- started{s, err, time.Since(t0)}
+				d := time.Since(t0)
+				if err == nil && m.opts.PrepareCommands {
+					m.prepareCommandPooled(s)
+				}
+				done <- started{s, err, d}
 			}()
+		}
+	}
+}
+
+// prepareCommandPooled makes a join ahead for the first command of s, a
+// pooled session (PrepareCommands), and waits until it is made, so that
+// the session is pooled with it (handed out at once, its first command
+// would still wait for it): not while creates wait, nor once one does
+// (the join would take the CPU their kernels need, and delay them; the
+// session goes to them, its join still being made).
+func (m *Manager) prepareCommandPooled(s *Session) {
+	waiting := func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.fair.waiters) > 0
+	}
+	if waiting() {
+		return
+	}
+	ready := s.prepareCommand()
+	if ready == nil {
+		return
+	}
+	give := time.NewTimer(time.Second)
+	defer give.Stop()
+	look := time.NewTicker(5 * time.Millisecond)
+	defer look.Stop()
+	for {
+		select {
+		case <-ready:
+			return
+		case <-give.C:
+			return
+		case <-look.C:
+			if waiting() {
+				return
+			}
 		}
 	}
 }

@@ -3,6 +3,9 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,4 +117,68 @@ func TestPoolWaitEndsWithContext(t *testing.T) {
 	if st := m.Stats(); st.Sessions != 2 {
 		t.Errorf("stats %+v: the abandoned create holds a slot", st)
 	}
+}
+
+// With PrepareCommands, a pooled session is handed out with a join of its
+// jail made ahead: a create that runs commands keeps it (and its command
+// starts in it), another create drops it, leaving no process.
+func TestPoolPreparesCommands(t *testing.T) {
+	m := newForkingManager(t, ManagerOptions{PoolSize: 1, MaxSessions: 4, PrepareCommands: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prepared := func(s *Managed) []int {
+		var pids []int
+		testutil.WaitFor(t, 60*time.Second, func() error {
+			if pids = s.PreparedPids(); pids == nil {
+				return errors.New("no join made ahead")
+			}
+			return nil
+		})
+		return pids
+	}
+	cmds, err := m.Create(ctx, CreateOptions{Owner: "o", Commands: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cmds.FromPool {
+		t.Fatal("not from the pool")
+	}
+	prepared(cmds)
+	var out strings.Builder
+	p, err := cmds.StartCommand(ctx, Command{Path: "/bin/sh", Args: []string{"sh", "-c", "echo joined"}, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.Wait(); err != nil || r.ExitCode != 0 || out.String() != "joined\n" || cmds.PreparedCommands() != 1 {
+		t.Fatalf("command: %+v %v %q, %d served by a join made ahead", r, err, out.String(), cmds.PreparedCommands())
+	}
+	testutil.WaitFor(t, 60*time.Second, poolReady(m))
+	m.mu.Lock()
+	var pooled *Session
+	if len(m.pool) > 0 {
+		pooled = m.pool[0]
+	}
+	m.mu.Unlock()
+	if pooled == nil {
+		t.Fatal("no pooled session")
+	}
+	pids := prepared(&Managed{Session: pooled})
+	plain, err := m.Create(ctx, CreateOptions{Owner: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Session != pooled {
+		t.Fatal("the create did not take the pooled session")
+	}
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		for _, pid := range pids {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				return fmt.Errorf("process %d of a dropped join is left", pid)
+			}
+		}
+		if plain.PreparedPids() != nil {
+			return errors.New("the session still holds its join")
+		}
+		return nil
+	})
 }

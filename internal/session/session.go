@@ -280,6 +280,11 @@ type Session struct {
 	// keepSnapshots: Close leaves the session's held snapshot in the
 	// store (a server letting go of it for the next one: durable.go).
 	keepSnapshots atomic.Bool
+
+	// warm is a join made ahead for the next command (commands.go), under
+	// mu; preparedStarts counts the commands started in one.
+	warm           *warmJoin
+	preparedStarts atomic.Int64
 }
 
 // newWorkspaceDir makes a session's own workspace directory with the
@@ -510,6 +515,7 @@ func (s *Session) Restart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.dropWarm()
 	old.Kill("the session was restarted")
 	if err := s.acquire(ctx); err != nil {
 		return err
@@ -574,6 +580,7 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.dropKept() // first: the next server must not take over a session closed
 	close(s.done)
+	s.dropWarm()
 	k.Kill("the session was closed")
 	k.Close()
 	// Wait for a Restart in progress to give up its turn: it sees closed.

@@ -22,6 +22,11 @@
 //   node e2e.mjs computesdk N BURST  ComputeSDK's method: Sandbox.create() (e2b) + a first command
 //                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once;
 //                                prints median/p95/p99 ms and failures of each, one JSON line
+//   node e2e.mjs firstcommand N CMD  ComputeSDK's sequential method, timed stage by stage: for
+//                                each of N, Sandbox.create() + commands.run(CMD), the wall-clock
+//                                times (ms since the Unix epoch) of the start, create's answer, the
+//                                first stdout and run's answer, one JSON line (the server's side
+//                                of the same commands: serve --e2b-command-trace)
 //
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
@@ -394,6 +399,34 @@ async function computesdk(n, burst) {
   console.log(JSON.stringify(out))
 }
 
+// firstcommand is computesdk's sequential part, with the wall-clock time
+// of each stage, for cmd/sandloop's BenchmarkE2BFirstCommand to put beside
+// the server's trace of the same commands.
+async function firstcommand(n, cmd) {
+  const { Sandbox } = await import('e2b')
+  const now = () => performance.timeOrigin + performance.now()
+  const out = []
+  for (let i = 0; i < n; i++) {
+    const t0 = now()
+    const sbx = await Sandbox.create()
+    const created = now()
+    let firstStdout = 0
+    try {
+      const r = await sbx.commands.run(cmd, {
+        onStdout: () => {
+          if (!firstStdout) firstStdout = now()
+        },
+      })
+      const resolved = now()
+      assert.equal(r.exitCode, 0)
+      out.push({ sandbox: sbx.sandboxId, t0, created, first_stdout: firstStdout, resolved })
+    } finally {
+      await sbx.kill()
+    }
+  }
+  console.log(JSON.stringify(out))
+}
+
 // stdin drives commands started with `stdin: true`, which hold a pipe the
 // client never closes: their ends and kills must be reported at once, and
 // killing or timing out a sandbox that holds one must not wait on it.
@@ -663,11 +696,14 @@ switch (mode) {
   case 'bench':
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
+  case 'firstcommand':
+    await firstcommand(Number(process.argv[3] || 100), process.argv[4] || 'python3 -V')
+    break
   case 'computesdk':
     await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|computesdk N BURST')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|computesdk N BURST|firstcommand N CMD')
     process.exit(2)
 }
 console.log('done')
