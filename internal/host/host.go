@@ -290,7 +290,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-		FixedPool:   h.cfg.OldPipeline, PoolMemory: max(poolMem, 1),
+		FixedPool: h.cfg.OldPipeline, PoolMemory: max(poolMem, 1),
 		Checkpoints: h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
 		CheckpointMemory: h.cfg.CheckpointMemory,
 		OnSnapshot:       h.recordSnapshot,
