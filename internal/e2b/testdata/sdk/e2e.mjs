@@ -19,6 +19,11 @@
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
+//   node e2e.mjs burst N [once]  issue 26's burst: after 2 sandboxes one by one (the SDK warms up), N ×
+//                                (Sandbox.create() + runCode('1+1')) at once (@e2b/code-interpreter), the
+//                                sandboxes killed after, then (unless once) the
+//                                same once the server's warm pool holds its target again (its /healthz; at
+//                                most 2 minutes); prints p50/p95/last ms and sandboxes/s of each, one JSON line
 //   node e2e.mjs computesdk N BURST  ComputeSDK's method: Sandbox.create() (e2b) + a first command
 //                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once,
 //                                and BURST again once the server's pool has refilled (its /healthz);
@@ -411,6 +416,64 @@ async function computesdk(n, burst) {
   console.log(JSON.stringify(out))
 }
 
+// burst is issue 26's measure through E2B's code-interpreter SDK: n
+// creates + runCode('1+1') at once, then (the sandboxes killed) the same
+// once the server's pool has refilled to the target it set itself.
+async function burst(n, repeat) {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const one = async () => {
+    const t0 = performance.now()
+    const sbx = await Sandbox.create()
+    try {
+      const e = await sbx.runCode('1+1')
+      assert.equal(e.text, '2')
+      return [performance.now() - t0, sbx]
+    } catch (err) {
+      await sbx.kill()
+      throw err
+    }
+  }
+  const round = async (name) => {
+    const t0 = performance.now()
+    const rs = await Promise.allSettled(Array.from({ length: n }, one))
+    const end = performance.now()
+    const ok = rs.filter((r) => r.status === 'fulfilled').map((r) => r.value)
+    const failures = rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))
+    await Promise.all(ok.map(([, sbx]) => sbx.kill()))
+    const s = ok.map(([d]) => d).sort((x, y) => x - y)
+    const at = (p) => (s.length ? s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))] : null)
+    return { name, n: s.length, failures: failures.length, first_error: failures[0], p50_ms: at(50), p95_ms: at(95),
+      last_ms: s.length ? s[s.length - 1] : null, per_second: (s.length * 1000) / (end - t0), end }
+  }
+  const poolFull = async () => {
+    let pool = {}
+    for (const t0 = performance.now(); performance.now() - t0 < 120000; await new Promise((r) => setTimeout(r, 20))) {
+      pool = await (await fetch(`${process.env.E2B_API_URL}/healthz`)).json()
+      if (pool.pool_ready >= pool.pool_target) break
+    }
+    return pool
+  }
+  // The SDK's first calls load and compile its code: two sandboxes one
+  // after the other (no more than the server's pool of 2, so its target
+  // stays) before the first round, which starts with the pool full.
+  for (let i = 0; i < 2; i++) {
+    const [, sbx] = await one()
+    await sbx.kill()
+  }
+  await poolFull()
+  const first = await round('first')
+  if (!repeat) {
+    console.log(JSON.stringify([first]))
+    return
+  }
+  const pool = await poolFull()
+  const after = performance.now() - first.end
+  const again = await round('repeated')
+  again.after_ms = after
+  again.pool_target = pool.pool_target
+  console.log(JSON.stringify([first, again]))
+}
+
 // stdin drives commands started with `stdin: true`, which hold a pipe the
 // client never closes: their ends and kills must be reported at once, and
 // killing or timing out a sandbox that holds one must not wait on it.
@@ -680,11 +743,14 @@ switch (mode) {
   case 'bench':
     await bench(Number(process.argv[3] || 10), process.argv[4] || '1+1')
     break
+  case 'burst':
+    await burst(Number(process.argv[3] || 100), process.argv[4] !== 'once')
+    break
   case 'computesdk':
     await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|computesdk N BURST')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|burst N [once]|computesdk N BURST')
     process.exit(2)
 }
 console.log('done')
