@@ -90,27 +90,35 @@ func BenchmarkBurst100(b *testing.B) {
 			err = nil
 		}
 		refills = append(refills, time.Since(ended))
-		b.Logf("repeated burst sent %v after the first's last answer (its 100 deletes took %v): pool %d ready, target %d (%s)%s",
+		wait := fmt.Sprintf("sent %v after the first's last answer (its deletes took %v), pool %d ready of target %d%s",
 			time.Since(ended).Round(100*time.Millisecond), first[len(first)-1].deletes.Round(100*time.Millisecond),
-			h.PoolReady, h.PoolTarget, h.PoolReason, map[bool]string{true: "; not full: " + fmt.Sprint(err)}[err != nil])
+			h.PoolReady, h.PoolTarget, map[bool]string{true: " (not full: " + fmt.Sprint(err) + ")"}[err != nil])
 		again = append(again, runBurst(b, c, burst, "repeated"))
 		stop()
-	}
-	report := func(name string, rs []burstResult) (p50, p95 float64) {
-		for _, r := range rs {
-			b.Logf("%s: %d/%d ok, p50 %v, p95 %v, last %v, %.1f sessions/s, %d from the pool (first error: %v)",
-				name, r.ok, burst, r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.last.Round(time.Millisecond), r.perSecond, r.pooled, r.firstErr)
+		// Two lines an iteration: the testing package keeps only the first
+		// ten lines of a benchmark's log.
+		o, f, a := old[len(old)-1], first[len(first)-1], again[len(again)-1]
+		b.Logf("old pipeline: %s | first burst (fresh host): %s", o, f)
+		b.Logf("repeated burst (%s; %s): %s", wait, h.PoolReason, a)
+		for _, r := range []struct {
+			name string
+			burstResult
+		}{{"old pipeline", o}, {"first burst", f}, {"repeated burst", a}} {
 			if r.ok != burst {
-				b.Errorf("%s: %d of %d succeeded: %v", name, r.ok, burst, r.firstErr)
+				b.Errorf("%s: %d of %d succeeded: %v", r.name, r.ok, burst, r.firstErr)
 			}
+		}
+	}
+	mean := func(rs []burstResult) (p50, p95 float64) {
+		for _, r := range rs {
 			p50 += r.p50.Seconds() * 1000 / float64(len(rs))
 			p95 += r.p95.Seconds() * 1000 / float64(len(rs))
 		}
 		return p50, p95
 	}
-	op50, op95 := report("old pipeline", old)
-	fp50, fp95 := report("first burst (fresh host)", first)
-	rp50, rp95 := report("repeated burst (pool sized by the first)", again)
+	op50, op95 := mean(old)
+	fp50, fp95 := mean(first)
+	rp50, rp95 := mean(again)
 	var refill float64
 	for _, d := range refills {
 		refill += d.Seconds() / float64(len(refills))
@@ -129,13 +137,22 @@ func BenchmarkBurst100(b *testing.B) {
 
 // burstResult is one burst's figures.
 type burstResult struct {
-	ok             int
+	n, ok          int
 	pooled         int // sessions given a kernel started ahead (FromPool)
 	p50, p95, last time.Duration
 	perSecond      float64
 	firstErr       error
 	end            time.Time     // the last answer
 	deletes        time.Duration // deleting the sessions after
+}
+
+func (r burstResult) String() string {
+	s := fmt.Sprintf("%d/%d ok, p50 %v, p95 %v, last %v, %.1f sessions/s, %d from the pool", r.ok, r.n, r.p50.Round(time.Millisecond),
+		r.p95.Round(time.Millisecond), r.last.Round(time.Millisecond), r.perSecond, r.pooled)
+	if r.firstErr != nil {
+		s += fmt.Sprintf(" (first error: %v)", r.firstErr)
+	}
+	return s
 }
 
 // runBurst sends n creates + 1+1 at once to c, then deletes the sessions;
@@ -192,7 +209,7 @@ func runBurst(b *testing.B, c *client.Client, n int, name string) burstResult {
 		}
 	}
 	slices.Sort(lat)
-	r := burstResult{ok: len(lat), pooled: pooled, firstErr: ferr, perSecond: float64(len(lat)) / total.Seconds(),
+	r := burstResult{n: n, ok: len(lat), pooled: pooled, firstErr: ferr, perSecond: float64(len(lat)) / total.Seconds(),
 		end: end, deletes: time.Since(end)}
 	if len(lat) > 0 {
 		r.p50, r.p95, r.last = lat[len(lat)/2], lat[len(lat)*95/100], lat[len(lat)-1]
