@@ -34,7 +34,13 @@
 // Options.Parallel in the making: the children prepare themselves in
 // parallel); when nobody waits, RefillDelay later, so that the fork does
 // not compete with the new session for the CPU. How many spares are kept
-// ready follows the arrival rate (refill).
+// ready follows the arrival rate (refill), within Options.MaxSpares (serve
+// sets it from --spare-memory: at most half of it, up to 16). Bursts that
+// repeat are served one level up: the session manager's warm pool of
+// started kernels remembers the largest burst of creates of the last
+// minutes and keeps that many forked ahead, within the rest of
+// --spare-memory and the free session slots (PoolPeakHold and PoolMemory
+// in session.ManagerOptions); the spares only feed it.
 //
 // What forked sessions share, and what they do not:
 //   - Memory pages of the template (the interpreter, the imported modules)
@@ -155,7 +161,11 @@
 //
 // At ~20 ms of python3 CPU and ~3 ms of Go per session, a burst of 100
 // needs more than a second of both cores: p50 ≤ 150 ms is out of reach
-// with a fork per session at this cost.
+// with a fork per session at this cost, for a burst made from scratch. A
+// burst that repeats finds the pool the first one sized: BenchmarkBurst100's
+// repeated burst (the same host, a few seconds after the first) answered
+// at p50 53-105 ms, p95 65-116 ms (load 4-14), while the first burst on
+// the fresh host took p50 2.1-3.5 s and the old pipeline 11.3-12.4 s.
 //
 // Memory (BenchmarkIdleMemory, 40 idle sessions with numpy and pandas
 // imported): a forked session costs 5.1 MiB of private memory (USS, the
