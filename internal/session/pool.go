@@ -31,7 +31,8 @@ import (
 //     send bursts of the same size again and again (RL rollouts, evaluation
 //     runs) find the second and later ones ready. It is bounded by MaxPool,
 //     by the free session slots (MaxSessions less the sessions held), by
-//     PoolMemory (at PoolKernelMemory a kernel), and not above PoolSize
+//     PoolMemory (at ForkedKernelMemory a kernel, ColdKernelMemory without
+//     a zygote), and not above PoolSize
 //     while the host has less than poolMinAvailable of memory; it is never
 //     below PoolSize. After PoolIdleShrink without a take the kernels above
 //     the target are closed (the remembered burst keeps its kernels until
@@ -392,12 +393,12 @@ func (m *Manager) poolLoopFair() {
 			m.mu.Unlock()
 		case waiting > 0:
 			n = min(missing, m.opts.PoolParallel-running)
-		case missing > 0 && (delayedDue || sinceTake >= m.opts.RefillDelay):
+		case missing > 0 && sinceTake >= m.opts.RefillDelay:
 			n = min(missing, idlePar-running) // idle: fewer at once
 		case missing > 0 && running == 0:
 			arm(m.opts.RefillDelay - sinceTake)
-		case missing <= 0 && running == 0 && len(shrink) == 0 && recheck > 0:
-			arm(recheck)
+		case missing <= 0 && running == 0 && recheck > 0:
+			arm(recheck) // (after a shrink too: what it kept may go later)
 		}
 		for range max(n, 0) {
 			running++
