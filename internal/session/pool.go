@@ -191,7 +191,10 @@ type PoolTarget struct {
 // poolTargetLocked is how many kernels the pool should hold ready now;
 // m.mu is held.
 func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
-	if m.opts.FixedPool {
+	switch {
+	case m.opts.PoolSize == 0:
+		return PoolTarget{0, "no pool (--pool 0): every session starts on its own"}
+	case m.opts.FixedPool:
 		return PoolTarget{m.opts.PoolSize, "the pool size (fixed pool)"}
 	}
 	n := 0

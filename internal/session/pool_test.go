@@ -92,6 +92,11 @@ func TestPoolTargetRemembersBursts(t *testing.T) {
 		}
 	}
 
+	// No pool, no target: creates do not use it.
+	if got := target(newM(ManagerOptions{MaxSessions: 200}), t0); got.N != 0 {
+		t.Errorf("PoolSize 0: %+v, want 0", got)
+	}
+
 	// Without memory of bursts, the arrival rate alone: back to the pool
 	// size once the rate's window has passed.
 	m = newM(ManagerOptions{PoolSize: 2, MaxSessions: 200})
