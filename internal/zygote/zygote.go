@@ -164,8 +164,8 @@
 // with a fork per session at this cost, for a burst made from scratch. A
 // burst that repeats finds the pool the first one sized: BenchmarkBurst100's
 // repeated burst (the same host, a few seconds after the first) answered
-// at p50 52-105 ms, p95 65-116 ms (load 5-15), while the first burst on
-// the fresh host took p50 0.86-3.95 s and the old pipeline 11.2-12.4 s.
+// at p50 52-105 ms, p95 65-116 ms (load 2-15), while the first burst on
+// the fresh host took p50 0.72-3.95 s and the old pipeline 11.1-12.4 s.
 //
 // Memory (BenchmarkIdleMemory, 40 idle sessions with numpy and pandas
 // imported): a forked session costs 5.1 MiB of private memory (USS, the
