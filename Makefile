@@ -87,6 +87,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench SessionsPerSecond -benchtime 1x ./internal/gateway
 	$(GO) test -run '^$$' -bench E2BCreateRunCode -benchtime 1x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench E2BComputeSDK -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench E2BBurst100 -benchtime 1x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench JoinStages -benchtime 20x ./internal/jail
 	$(GO) test -run '^$$' -bench MCPBurst -benchtime 1x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench GatewayBurst -benchtime 1x ./internal/gateway

@@ -252,6 +252,11 @@ type Health struct {
 	Sessions int `json:"sessions"`
 	// PoolReady is how many started kernels wait in the warm pool.
 	PoolReady int `json:"pool_ready"`
+	// PoolTarget is how many kernels the warm pool keeps ready now: it
+	// grows with the arrival rate and with the largest burst of creates
+	// seen in the last minutes. PoolReason says why it is what it is.
+	PoolTarget int    `json:"pool_target"`
+	PoolReason string `json:"pool_reason,omitempty"`
 	// Starting is how many creates are under way (in line for a pooled
 	// kernel or starting one); each holds one of MaxSessions' slots.
 	Starting int `json:"starting"`

@@ -97,6 +97,7 @@ func (sf *serveFlags) flags(f *pflag.FlagSet) {
 	f.StringArrayVar(&c.AllowedHosts, "allowed-host", nil, "extra Host header accepted (DNS-rebinding defence; repeatable)")
 	f.IntVar(&c.PoolSize, "pool", 2, "sandboxes kept started ahead (0 = none)")
 	f.IntVar(&c.MaxSessions, "max-sessions", 64, "sessions held at once")
+	f.Var(sizeValue{n: &c.SpareMemory}, "spare-memory", "memory the sandboxes kept ready ahead may hold when bursts grow the pool past --pool (the pool remembers the largest burst of the last 5 minutes), at ~8 MiB each forked (48 MiB cold) (default: an eighth of the memory available at start)")
 	// The pipeline before issue 26, for benchmarks' baselines only.
 	f.BoolVar(&c.OldPipeline, "old-pipeline", false, "")
 	_ = f.MarkHidden("old-pipeline")

@@ -119,6 +119,7 @@ for p in ps: p.kill(); p.wait()`
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-sessions", "0"}, "--max-sessions 0 is not a limit"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-pids", "0"}, "--max-pids 0 is not a limit"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-files", "3"}, "--max-files must be at least 16"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--spare-memory", "0"}, `"0" is not a size (use e.g. 512M or 2G)`},
 		{[]string{"run"}, "give the script: sandloop run FILE"},
 	} {
 		if code, out, errOut := binary(t, "", "", tt.args...); code != 2 || out != "" || !strings.Contains(errOut, tt.want) || strings.Count(errOut, "\n") != 1 {

@@ -296,7 +296,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeControlError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	h.prepareCommand(sb) // in the background: the first command comes next
+	h.prepareFirstCommand(sb) // in the background: the first command comes next
 	h.log.Info("e2b: sandbox created", "sandbox", sb.id, "template", sb.templateID, "ttl", ttl)
 	writeJSON(w, http.StatusCreated, sb.created(r))
 }

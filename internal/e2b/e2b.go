@@ -18,8 +18,10 @@
 // default code context, extra contexts are kernels of their own on the
 // same workspace, and each command runs inside the kernel's jail
 // (session.Session.StartCommand), in a join of that jail made ahead when
-// the sandbox was created or its last command ended (ColdCommands: not),
-// so that a first command costs about the exec of its program (E2B's SDK
+// the sandbox was created (where sandboxes have run commands in the last
+// few minutes: session.Manager.CommandsRecent; a join costs ~25 ms of CPU
+// and a few MiB, of no use to a sandbox that only runs code) or when its
+// last command ended (ColdCommands: never), so that a first command costs about the exec of its program (E2B's SDK
 // runs `/bin/bash -l -c CMD`; BenchmarkE2BFirstCommand of cmd/sandloop
 // prints where its time goes). Any templateID is accepted and
 // gives the default session. The workspace, /workspace, is the home and
@@ -143,6 +145,17 @@ type Handler struct {
 func (h *Handler) prepareCommand(sb *sandbox) {
 	if !h.opts.ColdCommands {
 		sb.ms.PrepareCommand()
+	}
+}
+
+// prepareFirstCommand has a new sandbox's first command's join made
+// ahead, as prepareCommand, where sandboxes of this server have run
+// commands lately (session.Manager.CommandsRecent): a sandbox that only
+// runs code (the code interpreter's runCode) would pay its CPU and memory
+// for nothing.
+func (h *Handler) prepareFirstCommand(sb *sandbox) {
+	if h.opts.Manager.CommandsRecent() {
+		h.prepareCommand(sb)
 	}
 }
 

@@ -102,7 +102,7 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request, owner string) {
 				entries = append(entries, forkEntry{Error: &forkError{http.StatusServiceUnavailable, err.Error()}})
 				continue
 			}
-			h.prepareCommand(sb)
+			h.prepareFirstCommand(sb)
 			c := sb.created(r)
 			entries = append(entries, forkEntry{Sandbox: &c})
 		}

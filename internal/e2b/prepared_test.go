@@ -13,13 +13,23 @@ import (
 )
 
 // A sandbox's first command is served by the join made ahead when it was
-// created, the next one's is made after it, and killing the sandbox leaves
-// nothing of it: no process, no cgroup. With ColdCommands none is made.
+// created (once the server has seen a command: before, a new sandbox
+// makes none), the next one's is made after it, and killing the sandbox
+// leaves nothing of it: no process, no cgroup. With ColdCommands none is
+// made.
 func TestCommandsJoinMadeAhead(t *testing.T) {
 	t.Parallel()
 	for _, cold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("cold=%v", cold), func(t *testing.T) {
 			ts := newTestServer(t, Options{ColdCommands: cold})
+			// No command yet on this server: a sandbox that may only run
+			// code gets no join made ahead.
+			first := ts.create(t, keyA, `{}`)
+			time.Sleep(3 * prepareAfter)
+			if pids := ts.h.lookup(first.SandboxID).ms.PreparedPids(); pids != nil {
+				t.Fatalf("a join was made ahead before any command: %v", pids)
+			}
+			ts.stream(t, first, "process.Process/Start", bash(`true`, nil))
 			c := ts.create(t, keyA, `{}`)
 			sb := ts.h.lookup(c.SandboxID)
 			ready := func() ([]int, error) {

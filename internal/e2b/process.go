@@ -381,6 +381,7 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	env = append(env, "PWD="+dir) // bash's pwd names the directory as it was asked for
 	p.mark(func(t *commandTrace) *int64 { return &t.Join })
 	prepared := sb.ms.PreparedCommands()
+	h.opts.Manager.CommandsRun() // new sandboxes make their first command's join ahead
 	jp, err := sb.ms.StartCommand(context.Background(), session.Command{
 		Path:     program(p.cfg.Cmd),
 		Args:     append([]string{p.cfg.Cmd}, p.cfg.Args...),

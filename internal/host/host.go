@@ -102,6 +102,14 @@ type Config struct {
 	// Zygote is "on" (fail where the host cannot run one), "auto" (cold
 	// sessions there) or "off". If empty, off.
 	Zygote string
+	// SpareMemory is the memory the kernels kept ready ahead of requests
+	// may hold together when demand grows them past PoolSize: the warm
+	// pool (session.ManagerOptions.PoolMemory) and the zygote's spares
+	// (zygote.Options.MaxSpares: up to 16, at most half of it), at
+	// session.ForkedKernelMemory each (ColdKernelMemory without a zygote).
+	// If zero, session.DefaultPoolMemory (an eighth of MemAvailable at
+	// start).
+	SpareMemory int64
 	// OldPipeline selects the session pipeline before issue 26 (a fixed
 	// refill delay, one spare, one pooled kernel started at a time), so a
 	// benchmark can print its figures beside the current ones.
@@ -239,8 +247,19 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		undo = append(undo, func() { h.keeper.close() })
 		h.cfg.Zygote = "off" // a zygote's forks would die with this process
 	}
-	if h.zy, err = startZygote(ctx, h.cfg.Zygote, h.log, h.cfg.OldPipeline); err != nil {
+	spareMem := h.cfg.SpareMemory
+	if spareMem == 0 {
+		spareMem = session.DefaultPoolMemory()
+	}
+	// The zygote's spares take their share first (at most half, up to
+	// its default 16), the pool the rest.
+	maxSpares := int(min(16, spareMem/2/session.ForkedKernelMemory))
+	if h.zy, err = startZygote(ctx, h.cfg.Zygote, h.log, h.cfg.OldPipeline, max(maxSpares, 1)); err != nil {
 		return nil, err
+	}
+	poolMem := spareMem
+	if h.zy != nil {
+		poolMem -= int64(maxSpares) * session.ForkedKernelMemory
 	}
 	var zy session.Zygote
 	if h.zy != nil {
@@ -277,7 +296,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-		FixedPool: h.cfg.OldPipeline,
+		FixedPool: h.cfg.OldPipeline, PoolMemory: max(poolMem, 1),
 		// E2B's sandboxes run commands: pooled kernels make a join ahead.
 		PrepareCommands: h.cfg.E2B && !h.cfg.ColdCommands && !h.cfg.OldPipeline,
 		Checkpoints:     h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
@@ -650,11 +669,12 @@ func newEpoch() string {
 // "auto" on a host that cannot run one (logged in one line with the
 // reason); for "on" there, an *ArgumentError.
 func StartZygote(ctx context.Context, mode string, log *slog.Logger) (*zygote.Zygote, error) {
-	return startZygote(ctx, mode, log, false)
+	return startZygote(ctx, mode, log, false, 0)
 }
 
-// startZygote is StartZygote, with the pipeline before issue 26 if old.
-func startZygote(ctx context.Context, mode string, log *slog.Logger, old bool) (*zygote.Zygote, error) {
+// startZygote is StartZygote, with the pipeline before issue 26 if old,
+// keeping at most maxSpares spares (zygote's default if zero).
+func startZygote(ctx context.Context, mode string, log *slog.Logger, old bool, maxSpares int) (*zygote.Zygote, error) {
 	if mode == "" || mode == "off" {
 		return nil, nil
 	}
@@ -664,7 +684,7 @@ func startZygote(ctx context.Context, mode string, log *slog.Logger, old bool) (
 	err := zygote.Supported()
 	if err == nil {
 		var z *zygote.Zygote
-		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log, Fixed: old}); err == nil {
+		if z, err = zygote.New(ctx, &zygote.Options{Env: session.KernelEnv(), Logger: log, Fixed: old, MaxSpares: maxSpares}); err == nil {
 			return z, nil
 		}
 		err = fmt.Errorf("the zygote did not start: %w", err)

@@ -32,6 +32,8 @@ func newMetrics(reg *prometheus.Registry, m *session.Manager) *metrics {
 			func() float64 { return float64(m.Stats().Paused) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_pool_ready", Help: "Kernels started ahead, waiting in the pool."},
 			func() float64 { return float64(m.Stats().PoolReady) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_pool_target", Help: "Kernels the pool keeps ready now (the pool size, the arrival rate or the largest burst remembered; /healthz says which)."},
+			func() float64 { return float64(m.Stats().PoolTarget) }),
 		// The autoscaler's signal (deploy/helm: HPA on this per-pod metric).
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandloop_session_slots_used_ratio", Help: "Running sessions (paused ones take no slot) over --max-sessions."},
 			func() float64 { st := m.Stats(); return float64(st.Busy()) / float64(max(st.MaxSessions, 1)) }),

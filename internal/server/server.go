@@ -434,7 +434,8 @@ func OwnerOf(token string) string {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
-	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady, Starting: st.Starting,
+	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
+		PoolTarget: st.PoolTarget, PoolReason: st.PoolReason, Starting: st.Starting,
 		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()}
 	// The templates are told to the cell's gateways only (the probe is
 	// public): they place a session that names one on a host that has it.
@@ -457,6 +458,10 @@ type Health struct {
 	// Paused of them take no slot: free slots are MaxSessions - (Sessions - Paused).
 	Paused    int `json:"paused"`
 	PoolReady int `json:"pool_ready"`
+	// PoolTarget is how many kernels the pool keeps ready now, PoolReason
+	// why (session.Stats).
+	PoolTarget int    `json:"pool_target"`
+	PoolReason string `json:"pool_reason,omitempty"`
 	// Starting are creates under way (in line for a pooled kernel or
 	// starting one); each holds a slot.
 	Starting    int    `json:"starting"`

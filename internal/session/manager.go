@@ -57,8 +57,10 @@ type ManagerOptions struct {
 	// PrepareCommands: a pooled session gets a join of its jail made
 	// ahead for its first command (Session.PrepareCommand) once started
 	// and while no create waits for the pool, kept by a create that asks
-	// for it (CreateOptions.Commands) and dropped by the others. Not with
-	// FixedPool.
+	// for it (CreateOptions.Commands) and dropped by the others; only
+	// while sessions run commands (CommandsRun within PoolPeakHold): a
+	// join costs ~25 ms of CPU and a few MiB, of no use to sessions that
+	// only execute code. Not with FixedPool.
 	PrepareCommands bool
 	// MaxSessions caps the running sessions held at once (pooled and
 	// paused ones not counted: see MaxPaused) when one is created: a
@@ -95,9 +97,26 @@ type ManagerOptions struct {
 	// creates wait, which start cold meanwhile; the pool never grows past
 	// PoolSize.
 	FixedPool bool
-	// MaxPool bounds the pool when the arrival rate grows it (pool.go). If
-	// zero, min(32, MaxSessions), at least PoolSize.
+	// MaxPool bounds the pool when the demand grows it (pool.go). If
+	// zero, MaxSessions (PoolMemory and the free slots bound it too), at
+	// least PoolSize.
 	MaxPool int
+	// PoolMemory is the memory the pool's ready kernels may hold when the
+	// demand grows it past PoolSize: at most PoolMemory /
+	// ForkedKernelMemory kernels (ColdKernelMemory without a Zygote). If
+	// zero, DefaultPoolMemory (an eighth of MemAvailable now); negative:
+	// no bound.
+	PoolMemory int64
+	// PoolPeakHold is how long the pool remembers the largest burst of
+	// creates it has seen (the most within two seconds) and keeps that
+	// many kernels ready, so that bursts of the same size again and again
+	// are served from the pool; a burst as large renews it. If zero, 5
+	// minutes; negative: bursts are not remembered (the pool follows the
+	// arrival rate only).
+	PoolPeakHold time.Duration
+	// PoolIdleShrink is how long without a create before the kernels
+	// above the pool's target are closed. If zero, 30 seconds.
+	PoolIdleShrink time.Duration
 	// PoolParallel is how many pooled kernels may start at once while
 	// creates wait for one. If zero, twice the CPUs, between 2 and 8.
 	PoolParallel int
@@ -501,6 +520,8 @@ type Manager struct {
 
 	detaching atomic.Bool // Detach: Close lets go of kept sessions
 
+	commandsAt atomic.Int64 // when a session last started a command (CommandsRun), Unix ns
+
 	mu       sync.Mutex
 	sessions map[string]*Managed
 	pool     []*Session
@@ -554,7 +575,16 @@ func NewManager(o *ManagerOptions) *Manager {
 		opts.RefillDelay = 250 * time.Millisecond
 	}
 	if opts.MaxPool == 0 {
-		opts.MaxPool = min(32, opts.MaxSessions)
+		opts.MaxPool = opts.MaxSessions
+	}
+	if opts.PoolMemory == 0 {
+		opts.PoolMemory = DefaultPoolMemory()
+	}
+	if opts.PoolPeakHold == 0 {
+		opts.PoolPeakHold = 5 * time.Minute
+	}
+	if opts.PoolIdleShrink == 0 {
+		opts.PoolIdleShrink = 30 * time.Second
 	}
 	opts.MaxPool = max(opts.MaxPool, opts.PoolSize)
 	if opts.PoolParallel <= 0 {
@@ -905,6 +935,7 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 		}
 		m.forget(ms)
 		err := ms.Session.Close()
+		m.kick() // a slot is free: the pool may grow to its target
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {
 			m.opts.OnClose(ms.ID(), reason)
@@ -932,6 +963,11 @@ type Stats struct {
 	// Hibernated are the hibernated ones: on storage only, no slot.
 	Hibernated int
 	PoolReady  int
+	// PoolTarget is how many kernels the pool keeps ready now, and
+	// PoolReason why (the pool size, the arrival rate or the largest
+	// burst remembered, and what capped it).
+	PoolTarget int
+	PoolReason string
 	// Starting are creates under way (in line for a pooled kernel or
 	// starting one): each holds a slot.
 	Starting int
@@ -955,7 +991,9 @@ func (m *Manager) Stats() Stats {
 			starting++
 		}
 	}
-	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool), Starting: starting, MaxSessions: m.opts.MaxSessions}
+	t := m.poolTargetLocked(time.Now())
+	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool),
+		PoolTarget: t.N, PoolReason: t.Reason, Starting: starting, MaxSessions: m.opts.MaxSessions}
 }
 
 // pausedLocked counts the paused sessions held (m.mu held).

@@ -2,9 +2,13 @@ package session
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,19 +22,44 @@ import (
 //     reserved session slot, so at most MaxSessions) and gets the next
 //     pooled kernel, first come first served; its ctx ends its wait;
 //   - while anyone waits, poolLoop starts up to PoolParallel kernels at
-//     once, with no delay; when nobody waits it starts one at a time,
-//     RefillDelay after a take;
-//   - the pool's target follows the arrival rate (takes in the last
-//     poolRateWindow): twice the arrivals during one kernel's start,
-//     between PoolSize and MaxPool, and no more while the host has less
-//     than poolMinAvailable of memory; after poolIdleShrink without a
-//     take the kernels above PoolSize are closed.
+//     once, with no delay; when nobody waits it refills RefillDelay after
+//     the last take, up to half of PoolParallel at once;
+//   - the pool's target is the larger of two demands: the arrival rate
+//     (takes in the last poolRateWindow: twice the arrivals during one
+//     kernel's start) and the largest burst seen (the most takes within
+//     one poolRateWindow) in the last PoolPeakHold, so that workloads that
+//     send bursts of the same size again and again (RL rollouts, evaluation
+//     runs) find the second and later ones ready. It is bounded by MaxPool,
+//     by the free session slots (MaxSessions less the sessions held), by
+//     PoolMemory (at ForkedKernelMemory a kernel, ColdKernelMemory without
+//     a zygote), and not above PoolSize
+//     while the host has less than poolMinAvailable of memory; it is never
+//     below PoolSize. After PoolIdleShrink without a take the kernels above
+//     the target are closed (the remembered burst keeps its kernels until
+//     PoolPeakHold after it, unless a burst as large comes again).
 
 const (
 	poolRateWindow   = 2 * time.Second
-	poolIdleShrink   = 30 * time.Second
 	poolMinAvailable = 1 << 30 // bytes of MemAvailable below which the pool does not grow past PoolSize
 )
+
+// What one ready kernel holds, for ManagerOptions.PoolMemory: a forked one
+// (what MemAvailable lost per idle pandas session in the 2,000-session load
+// test: 7.3-7.7 MiB, docs/sandbox.md), a cold one (~43 MiB once pandas is
+// imported, BenchmarkIdleMemory). Stated, not measured at run time.
+const (
+	ForkedKernelMemory = 8 << 20
+	ColdKernelMemory   = 48 << 20
+)
+
+// DefaultPoolMemory is ManagerOptions.PoolMemory's default: an eighth of
+// the host's MemAvailable now.
+func DefaultPoolMemory() int64 {
+	if a := memAvailable(); a < 1<<62 {
+		return a / 8
+	}
+	return 1 << 30
+}
 
 // poolWaiter is a create waiting for a pooled kernel: it receives one, or
 // nil when the pool could not start one (it then starts its own).
@@ -46,6 +75,16 @@ type fairPool struct {
 	takes     []time.Time
 	lastTake  time.Time
 	startTime time.Duration // moving average of one pooled kernel's start
+	// peaks are the largest bursts seen in the last PoolPeakHold, oldest
+	// first, each larger than every later one: the first is the largest
+	// (a sliding-window maximum). A burst is how many takes arrived within
+	// poolRateWindow.
+	peaks []poolPeak
+}
+
+type poolPeak struct {
+	n  int
+	at time.Time
 }
 
 // enqueueLocked adds a waiter at the end of the line; m.mu is held.
@@ -111,17 +150,53 @@ func (m *Manager) deliverLocked(s *Session) {
 // tookLocked records a take from the pool (ready or waited for); m.mu is
 // held.
 func (m *Manager) tookLocked(now time.Time) {
-	m.fair.arrivals++
-	m.fair.lastTake = now
-	m.fair.takes = append(m.fair.takes, now)
-	for len(m.fair.takes) > 0 && now.Sub(m.fair.takes[0]) > poolRateWindow {
-		m.fair.takes = m.fair.takes[1:]
+	f := &m.fair
+	f.arrivals++
+	f.lastTake = now
+	f.takes = append(f.takes, now)
+	for len(f.takes) > 0 && now.Sub(f.takes[0]) > poolRateWindow {
+		f.takes = f.takes[1:]
 	}
+	if m.opts.PoolPeakHold < 0 {
+		return
+	}
+	// A burst as large as an earlier one renews its memory: the earlier
+	// ones no larger are forgotten.
+	n := len(f.takes)
+	for len(f.peaks) > 0 && f.peaks[len(f.peaks)-1].n <= n {
+		f.peaks = f.peaks[:len(f.peaks)-1]
+	}
+	f.peaks = append(f.peaks, poolPeak{n, now})
+}
+
+// peakLocked is the largest burst seen in the last PoolPeakHold (n 0 if
+// none); m.mu is held.
+func (m *Manager) peakLocked(now time.Time) poolPeak {
+	f := &m.fair
+	for len(f.peaks) > 0 && now.Sub(f.peaks[0].at) >= m.opts.PoolPeakHold {
+		f.peaks = f.peaks[1:]
+	}
+	if len(f.peaks) == 0 {
+		return poolPeak{}
+	}
+	return f.peaks[0]
+}
+
+// PoolTarget is how many kernels the pool keeps ready, and why.
+type PoolTarget struct {
+	N      int
+	Reason string
 }
 
 // poolTargetLocked is how many kernels the pool should hold ready now;
 // m.mu is held.
-func (m *Manager) poolTargetLocked(now time.Time) int {
+func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
+	switch {
+	case m.opts.PoolSize == 0:
+		return PoolTarget{0, "no pool (--pool 0): every session starts on its own"}
+	case m.opts.FixedPool:
+		return PoolTarget{m.opts.PoolSize, "the pool size (fixed pool)"}
+	}
 	n := 0
 	for _, t := range m.fair.takes {
 		if now.Sub(t) <= poolRateWindow {
@@ -133,11 +208,61 @@ func (m *Manager) poolTargetLocked(now time.Time) int {
 		st = 100 * time.Millisecond
 	}
 	want := int(float64(n)/poolRateWindow.Seconds()*st.Seconds()*2) + 1
-	if want > m.opts.PoolSize && memAvailable() < poolMinAvailable {
-		want = m.opts.PoolSize
+	why := fmt.Sprintf("the arrival rate (%d creates in the last %v)", n, poolRateWindow)
+	if p := m.peakLocked(now); p.n > 0 && p.n >= want {
+		want = p.n
+		why = fmt.Sprintf("the largest burst seen (%d creates within %v at %s, remembered until %s)",
+			p.n, poolRateWindow, p.at.UTC().Format("15:04:05"), p.at.Add(m.opts.PoolPeakHold).UTC().Format("15:04:05"))
+	}
+	if want <= m.opts.PoolSize {
+		return PoolTarget{m.opts.PoolSize, "the pool size (--pool)"}
+	}
+	if avail := memAvailable(); avail < poolMinAvailable {
+		return PoolTarget{m.opts.PoolSize, fmt.Sprintf("the pool size: the host has %d MiB of memory available, less than %d MiB", avail>>20, poolMinAvailable>>20)}
 	}
 	free := m.opts.MaxSessions - len(m.sessions)
-	return max(min(want, m.opts.MaxPool, free), m.opts.PoolSize)
+	budget := m.poolMemoryKernels()
+	caps := []poolCap{
+		{m.opts.MaxPool, fmt.Sprintf("the pool's maximum (%d)", m.opts.MaxPool)},
+		{free, fmt.Sprintf("the free session slots (%d of %d)", max(free, 0), m.opts.MaxSessions)},
+		{budget, fmt.Sprintf("the memory budget (%d kernels of %d MiB in %d MiB)", budget, m.kernelMemory()>>20, m.opts.PoolMemory>>20)},
+	}
+	if c := slices.MinFunc(caps, func(a, b poolCap) int { return cmp.Compare(a.n, b.n) }); c.n < want {
+		want, why = c.n, why+", capped by "+c.why
+	}
+	if want < m.opts.PoolSize {
+		return PoolTarget{m.opts.PoolSize, "the pool size (--pool): " + why}
+	}
+	return PoolTarget{want, why}
+}
+
+// poolCap is a bound on the pool's target.
+type poolCap struct {
+	n   int
+	why string
+}
+
+// kernelMemory is what one ready kernel of this pool holds (stated).
+func (m *Manager) kernelMemory() int64 {
+	if m.opts.Zygote != nil {
+		return ForkedKernelMemory
+	}
+	return ColdKernelMemory
+}
+
+// poolMemoryKernels is how many ready kernels PoolMemory holds.
+func (m *Manager) poolMemoryKernels() int {
+	if m.opts.PoolMemory < 0 {
+		return math.MaxInt
+	}
+	return int(min(m.opts.PoolMemory/m.kernelMemory(), math.MaxInt32))
+}
+
+// PoolTarget reports how many kernels the pool keeps ready now, and why.
+func (m *Manager) PoolTarget() PoolTarget {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.poolTargetLocked(time.Now())
 }
 
 // memAvailable is the host's MemAvailable in bytes, or a large number
@@ -172,13 +297,27 @@ func (m *Manager) poolLoopFair() {
 	done := make(chan started)
 	running := 0
 	backoff := time.Duration(0)
-	var idle *time.Timer // the delayed refill or shrink
+	var idle *time.Timer // the delayed refill, shrink or backoff: the earliest due
+	var idleAt time.Time
 	idleC := func() <-chan time.Time {
 		if idle == nil {
 			return nil
 		}
 		return idle.C
 	}
+	// arm makes the timer fire in d, unless it fires sooner already (a
+	// shrink due in minutes must not hold up a refill due in 250 ms).
+	arm := func(d time.Duration) {
+		at := time.Now().Add(d)
+		if idle != nil {
+			if !idleAt.After(at) {
+				return
+			}
+			idle.Stop()
+		}
+		idle, idleAt = time.NewTimer(d), at
+	}
+	idlePar := max(1, m.opts.PoolParallel/2) // kernels started at once while nobody waits
 	for {
 		delayedDue := false
 		select {
@@ -217,25 +356,25 @@ func (m *Manager) poolLoopFair() {
 				}
 			}
 			m.mu.Unlock()
-			if r.err != nil && idle == nil {
-				idle = time.NewTimer(backoff)
+			if r.err != nil {
+				arm(backoff)
 			}
 		}
 		m.mu.Lock()
 		now := time.Now()
 		waiting := len(m.fair.waiters)
-		target := m.poolTargetLocked(now)
+		target := m.poolTargetLocked(now).N
 		missing := waiting + target - len(m.pool) - running
 		var shrink []*Session
-		if waiting == 0 && len(m.pool) > m.opts.PoolSize && now.Sub(m.fair.lastTake) >= poolIdleShrink {
-			shrink = append(shrink, m.pool[m.opts.PoolSize:]...)
-			m.pool = m.pool[:m.opts.PoolSize]
+		if waiting == 0 && len(m.pool) > target && now.Sub(m.fair.lastTake) >= m.opts.PoolIdleShrink {
+			shrink = append(shrink, m.pool[target:]...)
+			m.pool = m.pool[:target]
 			m.closing.Add(len(shrink)) // under mu, as closeSession's callers
 			missing = 0
 		}
 		closed := m.closed
 		sinceTake := now.Sub(m.fair.lastTake)
-		pooled := len(m.pool)
+		recheck := m.shrinkRecheckLocked(now)
 		m.mu.Unlock()
 		for _, s := range shrink {
 			go func() { defer m.closing.Done(); s.Close() }()
@@ -257,12 +396,12 @@ func (m *Manager) poolLoopFair() {
 			m.mu.Unlock()
 		case waiting > 0:
 			n = min(missing, m.opts.PoolParallel-running)
-		case missing > 0 && running == 0 && (delayedDue || sinceTake >= m.opts.RefillDelay):
-			n = 1 // idle: one at a time
-		case missing > 0 && running == 0 && idle == nil:
-			idle = time.NewTimer(m.opts.RefillDelay - sinceTake)
-		case missing <= 0 && running == 0 && idle == nil && pooled > m.opts.PoolSize:
-			idle = time.NewTimer(poolIdleShrink)
+		case missing > 0 && sinceTake >= m.opts.RefillDelay:
+			n = min(missing, idlePar-running) // idle: fewer at once
+		case missing > 0 && running == 0:
+			arm(m.opts.RefillDelay - sinceTake)
+		case missing <= 0 && running == 0 && recheck > 0:
+			arm(recheck) // (after a shrink too: what it kept may go later)
 		}
 		for range max(n, 0) {
 			running++
@@ -290,6 +429,9 @@ func (m *Manager) poolLoopFair() {
 // (the join would take the CPU their kernels need, and delay them; the
 // session goes to them, its join still being made).
 func (m *Manager) prepareCommandPooled(s *Session) {
+	if !m.CommandsRecent() {
+		return
+	}
 	waiting := func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -318,6 +460,40 @@ func (m *Manager) prepareCommandPooled(s *Session) {
 			}
 		}
 	}
+}
+
+// CommandsRun tells the manager a session has started a command: pooled
+// sessions make a join ahead (PrepareCommands) for PoolPeakHold after it.
+func (m *Manager) CommandsRun() { m.commandsAt.Store(time.Now().UnixNano()) }
+
+// CommandsRecent tells whether a session started a command within
+// PoolPeakHold (CommandsRun).
+func (m *Manager) CommandsRecent() bool {
+	at := m.commandsAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < m.opts.PoolPeakHold
+}
+
+// shrinkRecheckLocked is when the pool should look again at kernels
+// above its target that it keeps for now (0: none kept): when
+// PoolIdleShrink has passed since the last take, when the arrival rate's
+// window has, or when the remembered burst is forgotten. m.mu is held.
+func (m *Manager) shrinkRecheckLocked(now time.Time) time.Duration {
+	if len(m.pool) <= m.opts.PoolSize {
+		return 0
+	}
+	since := now.Sub(m.fair.lastTake)
+	var next time.Duration
+	consider := func(d time.Duration) {
+		if d > 0 && (next == 0 || d < next) {
+			next = d
+		}
+	}
+	consider(m.opts.PoolIdleShrink - since)
+	consider(poolRateWindow - since + time.Millisecond)
+	if p := m.peakLocked(now); p.n > 0 {
+		consider(p.at.Add(m.opts.PoolPeakHold).Sub(now) + time.Millisecond)
+	}
+	return next
 }
 
 // defaultPoolParallel is PoolParallel's default: twice the CPUs, between 2

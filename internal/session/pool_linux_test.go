@@ -119,13 +119,29 @@ func TestPoolWaitEndsWithContext(t *testing.T) {
 	}
 }
 
-// With PrepareCommands, a pooled session is handed out with a join of its
-// jail made ahead: a create that runs commands keeps it (and its command
-// starts in it), another create drops it, leaving no process.
+// With PrepareCommands, once sessions run commands (CommandsRun), a pooled
+// session is handed out with a join of its jail made ahead: a create that
+// runs commands keeps it (and its command starts in it), another create
+// drops it, leaving no process. Before any command, none is made.
 func TestPoolPreparesCommands(t *testing.T) {
 	m := newForkingManager(t, ManagerOptions{PoolSize: 1, MaxSessions: 4, PrepareCommands: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	testutil.WaitFor(t, 60*time.Second, poolReady(m))
+	m.mu.Lock()
+	first := m.pool[0]
+	m.mu.Unlock()
+	time.Sleep(time.Second)
+	if pids := (&Managed{Session: first}).PreparedPids(); pids != nil {
+		t.Fatalf("a join was made ahead before any session ran a command: %v", pids)
+	}
+	m.CommandsRun()                                        // as E2B's handler does when a sandbox starts one
+	taken, err := m.Create(ctx, CreateOptions{Owner: "o"}) // the kernel pooled before it
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken.Close()
+	testutil.WaitFor(t, 60*time.Second, poolReady(m))
 	prepared := func(s *Managed) []int {
 		var pids []int
 		testutil.WaitFor(t, 60*time.Second, func() error {
@@ -181,4 +197,83 @@ func TestPoolPreparesCommands(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// After a burst the pool grows to the burst's size (the largest burst
+// remembered), within PoolMemory and the free session slots, and shrinks
+// back to PoolSize once the remembered burst is forgotten (PoolPeakHold
+// after it; the test shortens it to a few seconds once the pool is full).
+func TestPoolRemembersBurst(t *testing.T) {
+	if a := memAvailable(); a < poolMinAvailable {
+		t.Skipf("the host has %d MiB available: the pool does not grow past PoolSize below %d MiB", a>>20, poolMinAvailable>>20)
+	}
+	const pool, burst = 1, 6
+	for _, c := range []struct {
+		name        string
+		o           ManagerOptions
+		keep        bool // hold the burst's sessions while the pool refills
+		want, limit int  // the target after the burst; what bounds it
+		why         string
+	}{
+		{"grows to the burst", ManagerOptions{MaxSessions: 16, PoolMemory: -1}, false, burst, burst, "largest burst"},
+		{"memory budget", ManagerOptions{MaxSessions: 16, PoolMemory: 3 * ForkedKernelMemory}, false, 3, 3, "memory budget"},
+		{"free slots", ManagerOptions{MaxSessions: burst + 2, PoolMemory: -1}, true, 2, 2, "free session slots"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.o
+			o.PoolSize, o.PoolPeakHold, o.PoolIdleShrink = pool, 10*time.Minute, 100*time.Millisecond
+			m := newForkingManager(t, o)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			got := make([]*Managed, burst)
+			errs := make([]error, burst)
+			var wg sync.WaitGroup
+			for i := range burst {
+				wg.Go(func() { got[i], errs[i] = m.Create(ctx, CreateOptions{Owner: "o"}) })
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("create %d: %v", i, err)
+				}
+				if c.keep {
+					t.Cleanup(func() { got[i].Close() })
+				} else if err := m.Delete("o", got[i].ID()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The pool fills to the target, whose bound holds throughout.
+			// (With the free slots as the bound, the kernels started while
+			// more slots were free may be above it until PoolIdleShrink.)
+			testutil.WaitFor(t, 2*time.Minute, func() error {
+				st := m.Stats()
+				if st.PoolTarget > c.limit || (!c.keep && st.PoolReady > c.limit) {
+					t.Fatalf("the pool holds %d kernels, target %d (%s): more than %d", st.PoolReady, st.PoolTarget, st.PoolReason, c.limit)
+				}
+				if st.PoolReady != c.want || st.PoolTarget != c.want {
+					return fmt.Errorf("the pool holds %d kernels, target %d (%s), want %d", st.PoolReady, st.PoolTarget, st.PoolReason, c.want)
+				}
+				return nil
+			})
+			if st := m.Stats(); !strings.Contains(st.PoolReason, c.why) {
+				t.Errorf("the target's reason %q does not say %q", st.PoolReason, c.why)
+			}
+			// The burst is forgotten in two seconds: the pool shrinks back
+			// to PoolSize.
+			m.mu.Lock()
+			if p := m.peakLocked(time.Now()); p.n != burst {
+				t.Errorf("the burst remembered: %d creates, want %d", p.n, burst)
+			} else {
+				m.opts.PoolPeakHold = time.Since(p.at) + 2*time.Second
+			}
+			m.mu.Unlock()
+			m.kick()
+			testutil.WaitFor(t, 2*time.Minute, func() error {
+				if st := m.Stats(); st.PoolReady != pool || st.PoolTarget != pool {
+					return fmt.Errorf("the pool holds %d kernels, target %d (%s), want %d", st.PoolReady, st.PoolTarget, st.PoolReason, pool)
+				}
+				return nil
+			})
+		})
+	}
 }

@@ -19,8 +19,14 @@
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
+//   node e2e.mjs burst N [once]  issue 26's burst: after 2 sandboxes one by one (the SDK warms up), N ×
+//                                (Sandbox.create() + runCode('1+1')) at once (@e2b/code-interpreter), the
+//                                sandboxes killed after, then (unless once) the
+//                                same once the server's warm pool holds its target again (its /healthz; at
+//                                most 2 minutes); prints p50/p95/last ms and sandboxes/s of each, one JSON line
 //   node e2e.mjs computesdk N BURST  ComputeSDK's method: Sandbox.create() (e2b) + a first command
-//                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once;
+//                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once,
+//                                and BURST again once the server's pool has refilled (its /healthz);
 //                                prints median/p95/p99 ms and failures of each, one JSON line
 //   node e2e.mjs firstcommand N CMD  ComputeSDK's sequential method, timed stage by stage: for
 //                                each of N, Sandbox.create() + commands.run(CMD), the wall-clock
@@ -396,6 +402,22 @@ async function computesdk(n, burst) {
   }
   out.push(stats('staggered', ...(await settled(staggered))))
   out.push(stats('burst', ...(await settled(Array.from({ length: burst }, () => one())))))
+  // The same burst again once the server's warm pool has refilled to the
+  // target it set itself (its /healthz; at most 2 minutes), as RL rollouts
+  // and evaluation runs send bursts of one size again and again.
+  const ended = performance.now()
+  let pool = {}
+  while (performance.now() - ended < 120000) {
+    const r = await fetch(`${process.env.E2B_API_URL}/healthz`)
+    pool = await r.json()
+    if (pool.pool_ready >= pool.pool_target) break
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  const gap = performance.now() - ended
+  const again = stats('repeated-burst', ...(await settled(Array.from({ length: burst }, () => one()))))
+  again.after_ms = gap
+  again.pool_target = pool.pool_target
+  out.push(again)
   console.log(JSON.stringify(out))
 }
 
@@ -425,6 +447,64 @@ async function firstcommand(n, cmd) {
     }
   }
   console.log(JSON.stringify(out))
+}
+
+// burst is issue 26's measure through E2B's code-interpreter SDK: n
+// creates + runCode('1+1') at once, then (the sandboxes killed) the same
+// once the server's pool has refilled to the target it set itself.
+async function burst(n, repeat) {
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  const one = async () => {
+    const t0 = performance.now()
+    const sbx = await Sandbox.create()
+    try {
+      const e = await sbx.runCode('1+1')
+      assert.equal(e.text, '2')
+      return [performance.now() - t0, sbx]
+    } catch (err) {
+      await sbx.kill()
+      throw err
+    }
+  }
+  const round = async (name) => {
+    const t0 = performance.now()
+    const rs = await Promise.allSettled(Array.from({ length: n }, one))
+    const end = performance.now()
+    const ok = rs.filter((r) => r.status === 'fulfilled').map((r) => r.value)
+    const failures = rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))
+    await Promise.all(ok.map(([, sbx]) => sbx.kill()))
+    const s = ok.map(([d]) => d).sort((x, y) => x - y)
+    const at = (p) => (s.length ? s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))] : null)
+    return { name, n: s.length, failures: failures.length, first_error: failures[0], p50_ms: at(50), p95_ms: at(95),
+      last_ms: s.length ? s[s.length - 1] : null, per_second: (s.length * 1000) / (end - t0), end }
+  }
+  const poolFull = async () => {
+    let pool = {}
+    for (const t0 = performance.now(); performance.now() - t0 < 120000; await new Promise((r) => setTimeout(r, 20))) {
+      pool = await (await fetch(`${process.env.E2B_API_URL}/healthz`)).json()
+      if (pool.pool_ready >= pool.pool_target) break
+    }
+    return pool
+  }
+  // The SDK's first calls load and compile its code: two sandboxes one
+  // after the other (no more than the server's pool of 2, so its target
+  // stays) before the first round, which starts with the pool full.
+  for (let i = 0; i < 2; i++) {
+    const [, sbx] = await one()
+    await sbx.kill()
+  }
+  await poolFull()
+  const first = await round('first')
+  if (!repeat) {
+    console.log(JSON.stringify([first]))
+    return
+  }
+  const pool = await poolFull()
+  const after = performance.now() - first.end
+  const again = await round('repeated')
+  again.after_ms = after
+  again.pool_target = pool.pool_target
+  console.log(JSON.stringify([first, again]))
 }
 
 // stdin drives commands started with `stdin: true`, which hold a pipe the
@@ -699,11 +779,14 @@ switch (mode) {
   case 'firstcommand':
     await firstcommand(Number(process.argv[3] || 100), process.argv[4] || 'python3 -V')
     break
+  case 'burst':
+    await burst(Number(process.argv[3] || 100), process.argv[4] !== 'once')
+    break
   case 'computesdk':
     await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|computesdk N BURST|firstcommand N CMD')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|burst N [once]|computesdk N BURST|firstcommand N CMD')
     process.exit(2)
 }
 console.log('done')

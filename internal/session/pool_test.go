@@ -1,0 +1,111 @@
+package session
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The pool's target remembers the largest burst of creates for
+// PoolPeakHold (a burst as large renews it, a smaller later one takes over
+// when it is forgotten), and is bounded by PoolMemory, the free session
+// slots and MaxPool, never below PoolSize. Takes are recorded at made-up
+// times: no kernel is started.
+func TestPoolTargetRemembersBursts(t *testing.T) {
+	if a := memAvailable(); a < poolMinAvailable {
+		t.Skipf("the host has %d MiB available: the pool does not grow past PoolSize below %d MiB", a>>20, poolMinAvailable>>20)
+	}
+	const hold = time.Minute
+	newM := func(o ManagerOptions) *Manager {
+		o.PoolPeakHold = hold
+		if o.PoolMemory == 0 {
+			o.PoolMemory = -1
+		}
+		if o.MaxPool == 0 {
+			o.MaxPool = o.MaxSessions
+		}
+		return &Manager{opts: o, sessions: map[string]*Managed{}}
+	}
+	burst := func(m *Manager, at time.Time, n int) {
+		for i := range n {
+			m.tookLocked(at.Add(time.Duration(i) * time.Millisecond))
+		}
+	}
+	t0 := time.Date(2026, 12, 6, 7, 0, 0, 0, time.UTC)
+	target := func(m *Manager, at time.Time) PoolTarget {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.poolTargetLocked(at)
+	}
+
+	m := newM(ManagerOptions{PoolSize: 2, MaxSessions: 200})
+	if got := target(m, t0); got.N != 2 || !strings.Contains(got.Reason, "pool size") {
+		t.Errorf("before any create: %+v, want the pool size 2", got)
+	}
+	burst(m, t0, 100)
+	for _, after := range []time.Duration{time.Second, 10 * time.Second, hold - time.Second} {
+		if got := target(m, t0.Add(after)); got.N != 100 || !strings.Contains(got.Reason, "largest burst") {
+			t.Errorf("%v after a burst of 100: %+v, want 100 (the burst remembered)", after, got)
+		}
+	}
+	// A smaller burst later does not lower the target while the larger one
+	// is remembered; it takes over when that is forgotten.
+	burst(m, t0.Add(30*time.Second), 40)
+	if got := target(m, t0.Add(40*time.Second)); got.N != 100 {
+		t.Errorf("after bursts of 100 then 40: %+v, want 100", got)
+	}
+	if got := target(m, t0.Add(hold+time.Second)); got.N != 40 {
+		t.Errorf("once the burst of 100 is forgotten: %+v, want 40 (the later burst)", got)
+	}
+	if got := target(m, t0.Add(30*time.Second+hold+time.Second)); got.N != 2 {
+		t.Errorf("once both are forgotten: %+v, want the pool size 2", got)
+	}
+	// A burst as large renews the memory.
+	m = newM(ManagerOptions{PoolSize: 2, MaxSessions: 200})
+	burst(m, t0, 100)
+	burst(m, t0.Add(50*time.Second), 100)
+	if got := target(m, t0.Add(hold+10*time.Second)); got.N != 100 {
+		t.Errorf("a burst of 100 repeated 50 s later, %v after the first: %+v, want 100", hold+10*time.Second, got)
+	}
+
+	// Bounds.
+	for _, c := range []struct {
+		name string
+		o    ManagerOptions
+		held int // sessions held
+		want int
+		why  string
+	}{
+		{"memory budget", ManagerOptions{PoolSize: 2, MaxSessions: 200, PoolMemory: 10 * ColdKernelMemory}, 0, 10, "memory budget"},
+		{"budget below the pool size", ManagerOptions{PoolSize: 4, MaxSessions: 200, PoolMemory: 1}, 0, 4, "pool size"},
+		{"free slots", ManagerOptions{PoolSize: 2, MaxSessions: 120}, 90, 30, "free session slots"},
+		{"no free slot", ManagerOptions{PoolSize: 2, MaxSessions: 100}, 100, 2, "pool size"},
+		{"max pool", ManagerOptions{PoolSize: 2, MaxSessions: 200, MaxPool: 25}, 0, 25, "pool's maximum"},
+	} {
+		m := newM(c.o)
+		for i := range c.held {
+			m.sessions[string(rune('a'+i%26))+strings.Repeat("x", i/26)] = &Managed{}
+		}
+		burst(m, t0, 100)
+		if got := target(m, t0.Add(time.Second)); got.N != c.want || !strings.Contains(got.Reason, c.why) {
+			t.Errorf("%s: %+v, want %d (%s)", c.name, got, c.want, c.why)
+		}
+	}
+
+	// No pool, no target: creates do not use it.
+	if got := target(newM(ManagerOptions{MaxSessions: 200}), t0); got.N != 0 {
+		t.Errorf("PoolSize 0: %+v, want 0", got)
+	}
+
+	// Without memory of bursts, the arrival rate alone: back to the pool
+	// size once the rate's window has passed.
+	m = newM(ManagerOptions{PoolSize: 2, MaxSessions: 200})
+	m.opts.PoolPeakHold = -1
+	burst(m, t0, 100)
+	if got := target(m, t0.Add(time.Second)); got.N < 3 || !strings.Contains(got.Reason, "arrival rate") {
+		t.Errorf("just after a burst, bursts not remembered: %+v, want the arrival rate's", got)
+	}
+	if got := target(m, t0.Add(10*time.Second)); got.N != 2 {
+		t.Errorf("10 s after a burst, bursts not remembered: %+v, want the pool size", got)
+	}
+}
