@@ -74,8 +74,16 @@ func TestBrowserCheckpoints(t *testing.T) {
 	if got := x(); got != "2" {
 		t.Errorf("after Undo, x = %s", got)
 	}
-	p.do("restore the named checkpoint", chromedp.Click(chromedp.Search(`//ol[@id="ck-list"]/li[span[text()="after one"]]/button[contains(@class,"ck-restore")]`)),
-		chromedp.WaitVisible(chromedp.Search(`//div[@id="toast" and contains(., "Restored from checkpoint")]`)))
+	// Found and clicked in one step: the list is drawn again whenever it
+	// refreshes, and a button found first could be gone by the click.
+	p.until("the named checkpoint's restore clicked", `(() => {
+		const li = [...document.querySelectorAll('#ck-list li')].find(li => [...li.children].some(e => e.tagName === 'SPAN' && e.textContent === 'after one'));
+		const b = li && li.querySelector('button.ck-restore');
+		if (!b) return false;
+		b.click();
+		return true;
+	})()`)
+	p.do("restore the named checkpoint", chromedp.WaitVisible(chromedp.Search(`//div[@id="toast" and contains(., "Restored from checkpoint")]`)))
 	p.until("cells 2 and 3 marked undone", `document.querySelector('`+cell(2)+`').classList.contains('cell-undone')`)
 	if got := x(); got != "1" {
 		t.Errorf("after Restore, x = %s", got)
