@@ -151,12 +151,13 @@ func (f *forkSource) close() {
 // still run (preFreeze), and brought up to date in its turn (a walk of
 // the workspace comparing inode, size, mode and times, and a copy of
 // only what changed since or was changing; TreeCopy.Update), so the turn
-// holds no bulk copy and no hashing. A fork of files unchanged since the
-// last fork reuses that copy, as long as a child of it lives; a copy is
-// removed once the last child using it is closed (the kernel frees its
-// pages when the last overlay over it goes). Its pages are the server's
-// (like the state file), at most one parent's Disk per fork with a child
-// alive. A file written through a shared writable mapping without a
+// holds no bulk copy and no hashing. The parent keeps its last fork's
+// copy (as it keeps its last export) until it closes or forks changed
+// files, and a fork of files unchanged since reuses it, children or not;
+// a copy is removed once neither a child using it nor the parent keeping
+// it is left (the kernel frees its pages when the last overlay over it
+// goes). Its pages are the server's (like the state file), at most one
+// parent's Disk per fork with a child alive, plus the parent's last. A file written through a shared writable mapping without a
 // write(2) keeps its times and may be taken as unchanged (as the
 // checkpoint store would). Where the overlay cannot run (without root:
 // an overlay in the quota holder's user namespace is not built), or with

@@ -109,7 +109,7 @@ type preFrozen struct {
 // preFreeze copies the session's files for a fork, outside its turn, so
 // that the turn only brings the copy up to date (freezeFiles): a walk,
 // and a copy of what changed meanwhile. A copy of the last fork whose
-// files still look the same is reused instead, while a child holds it.
+// files still look the same is reused instead (publishFrozen keeps it).
 func (s *Session) preFreeze() (*preFrozen, error) {
 	_, ws, err := s.checkpointFiles()
 	if err != nil {
@@ -174,13 +174,31 @@ func (s *Session) publishFrozen(f *frozenFiles) error {
 	if err := f.freeze(); err != nil {
 		return fmt.Errorf("session %s: %w", s.id, err)
 	}
-	if f.copy != nil {
-		// Not a hold: the next fork reuses it only while a child keeps it.
+	if f.copy != nil && f.acquire() {
+		// Held while the session lives (or until its next fork's copy
+		// replaces it), as its last export is (exportCache): the next
+		// fork of unchanged files reuses it, even once every child of
+		// this one is gone, rather than copying them again.
 		s.frozenMu.Lock()
+		old := s.lastFrozen
 		s.lastFrozen = f
 		s.frozenMu.Unlock()
+		if old != nil {
+			old.release()
+		}
 	}
 	return nil
+}
+
+// dropLastFrozen lets go of the copy publishFrozen kept for the next fork.
+func (s *Session) dropLastFrozen() {
+	s.frozenMu.Lock()
+	f := s.lastFrozen
+	s.lastFrozen = nil
+	s.frozenMu.Unlock()
+	if f != nil {
+		f.release()
+	}
 }
 
 // frozenFromCheckpoint builds a fork's frozen copy from a checkpoint of

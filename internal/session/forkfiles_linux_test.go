@@ -193,10 +193,24 @@ open("/workspace/parent-later.txt", "w").write("later")
 	if kids3[0].Session.frozen.Load() != f2 {
 		t.Error("a fork of unchanged files made a new frozen copy")
 	}
-
-	// Closing: nothing left, the frozen copies gone once their last child is.
-	all := append(append(append(append([]*Managed{}, kids...), grand...), kids2...), kids3...)
+	// The parent keeps its last copy: once every child of it is gone, the
+	// next fork of the same files still reuses it.
 	var dirs []string
+	for _, c := range append(kids2, kids3...) {
+		dirs = append(dirs, c.Workspace())
+		c.Close()
+	}
+	kids4, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kids4[0].Session.frozen.Load() != f2 {
+		t.Error("a fork of unchanged files, its last fork's children gone, made a new frozen copy")
+	}
+
+	// Closing: nothing left, the frozen copies gone once their last child
+	// (and the parent, for its last one) is.
+	all := append(append(append([]*Managed{}, kids...), grand...), kids4...)
 	for _, c := range all {
 		dirs = append(dirs, c.Workspace())
 	}
@@ -208,6 +222,10 @@ open("/workspace/parent-later.txt", "w").write("later")
 	for _, c := range all {
 		c.Close()
 	}
+	if _, err := os.Stat(f2.dir.Path); err != nil {
+		t.Errorf("the parent's last frozen copy went while the parent lives: %v", err)
+	}
+	parent.Close()
 	if got := mountedUnder(t, dirs...); len(got) != 0 {
 		t.Errorf("still mounted after close: %q", got)
 	}

@@ -271,8 +271,9 @@ type Session struct {
 	exports exportCache // fork.go: the last fork's export, for the next one
 
 	// forkfiles.go: the last frozen copy of the files a fork of this
-	// session made (no hold on it: reused while a child keeps it), and
-	// the one this session's workspace is an overlay over (held).
+	// session made (held until the session closes or forks other files:
+	// the next fork reuses it), and the one this session's workspace is an
+	// overlay over (held).
 	frozenMu   sync.Mutex
 	lastFrozen *frozenFiles
 	frozen     atomic.Pointer[frozenFiles]
@@ -592,6 +593,7 @@ func (s *Session) Close() error {
 	s.closeStandby()
 	s.opts.Template.release()
 	s.exports.close()
+	s.dropLastFrozen()
 	return errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
 }
 
