@@ -60,17 +60,20 @@ func TestBrowserSnapshots(t *testing.T) {
 		t.Errorf("the notice: %q", got)
 	}
 
-	// Hibernate the first session over the API; its next cell wakes it.
+	// Hibernate the first session over the API. The next request of the
+	// page wakes it, here the files panel's (a panel's poll may come
+	// before a cell does): the notice says so all the same.
 	resp, err := http.Post(ts.URL+"/v1/sessions/"+id+"/hibernate", "application/json", nil)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("hibernate: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	p.do("refresh the files", chromedp.Click(chromedp.CSS("#files-refresh")))
+	p.until("the wake said", `document.querySelector('#nb-restored')?.textContent.includes('Woken from hibernation')`)
 	sel2 := chromedp.CSS(".cell:nth-child(2) textarea")
 	p.do("cell 2 after hibernation", chromedp.WaitVisible(sel2), chromedp.SetValue(sel2, "x + 1"), chromedp.Focus(sel2),
 		chromedp.KeyEvent(kb.Enter, chromedp.KeyModifiers(chromedp.ModifierShift)),
 		chromedp.WaitVisible(chromedp.CSS(".cell:nth-child(2) .cell-status .badge")))
-	p.until("the wake said", `document.querySelector('#nb-restored')?.textContent.includes('Woken from hibernation')`)
 	if got := p.text(".cell:nth-child(2)"); !strings.Contains(got, "8") {
 		t.Errorf("cell 2 after the wake: %q", got)
 	}

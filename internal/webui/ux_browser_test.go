@@ -28,7 +28,9 @@ const shown = `(sel => { const e = document.querySelector(sel); return !!e && e.
 // until waits for the JS expression js to be true.
 func (p *page) until(what, js string) {
 	p.t.Helper()
-	p.do(what, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(30*time.Second)))
+	// By interval, not on animation frames (the default): a tab in the
+	// background (another one opened) draws none, and its poll never ran.
+	p.do(what, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(30*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
 }
 
 func (p *page) shown(sel string) bool {

@@ -39,6 +39,13 @@ let restored = () => {};
 export function onSessionRestored(fn) { restored = fn; }
 const sessionIn = p => /^\/v1\/sessions\/([^/?#]+)/.exec(p)?.[1];
 
+let woken = () => {};
+// onSessionWoken sets what happens when a request woke a session that was
+// asleep (hibernated, or put to sleep when its keeper was lost): its answer
+// carries the Sandloop-Restored header, whichever request it was (a
+// cell's, or a panel's poll that came first).
+export function onSessionWoken(fn) { woken = fn; }
+
 // api sends a request and returns the response, or throws an APIError
 // carrying the server's error code and message.
 export async function api(method, path, { json, body, headers, signal } = {}) {
@@ -60,6 +67,8 @@ export async function api(method, path, { json, body, headers, signal } = {}) {
     const from = sessionIn(path), to = sessionIn(new URL(resp.url).pathname);
     if (from && to && from !== to) restored(decodeURIComponent(from), decodeURIComponent(to));
   }
+  const id = sessionIn(new URL(resp.url, location.href).pathname);
+  if (id && resp.headers.get('Sandloop-Restored')) woken(decodeURIComponent(id));
   if (!resp.ok) {
     let code = 'http_' + resp.status, message = resp.statusText || ('HTTP ' + resp.status);
     try {

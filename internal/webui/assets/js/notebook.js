@@ -1,7 +1,7 @@
 // The Notebook page: a sandbox session used like Jupyter, with a file browser.
 
 import { h, clear, toast, fmtBytes, fmtDuration, fmtAgo } from './dom.js';
-import { api, getJSON, postJSON, ndjson, download, filePath, APIError, onSessionRestored } from './api.js';
+import { api, getJSON, postJSON, ndjson, download, filePath, APIError, onSessionRestored, onSessionWoken } from './api.js';
 import { highlight } from './highlight.js';
 import { Output, statusBadge } from './render.js';
 import { CheckpointStrip } from './checkpoints.js';
@@ -82,6 +82,9 @@ class Notebook {
     handoff = null;
     this.moving = false; // restored under another id: leaving for it
     onSessionRestored((from, to) => { if (from === this.id) this.restoredAs(to); });
+    // Whichever request woke the session (a panel's poll may come before
+    // the cell), the notice says what came back.
+    onSessionWoken(id => { if (id === this.id) this.refreshInfo(); });
     this.movedEl = h('div', { id: 'nb-moved-slot' });
     if (this.carried) {
       this.movedEl.append(h('div', { class: 'callout callout-note', id: 'nb-moved', role: 'status' },
@@ -168,6 +171,7 @@ class Notebook {
 
   dispose() {
     onSessionRestored(() => {});
+    onSessionWoken(() => {});
     document.removeEventListener('visibilitychange', this.onVisible);
     window.removeEventListener('beforeunload', this.onUnload);
     clearTimeout(this.net.again);
