@@ -54,7 +54,7 @@ type SustainResult struct {
 	// caused: mounts, cgroups, pipes, sockets).
 	User, Sys time.Duration
 	// Sampler is the part of User+Sys the leak checks' sampler took
-	// (reading /proc every 100 ms): not the host's.
+	// (listing the sandbox cgroups every 20 ms): not the host's.
 	Sampler time.Duration
 	// Load is the load average (1 min) at the start and at the end.
 	LoadStart, LoadEnd float64

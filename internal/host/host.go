@@ -297,7 +297,8 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
 		FixedPool: h.cfg.OldPipeline, PoolMemory: max(poolMem, 1),
-		// E2B's sandboxes run commands: pooled kernels make a join ahead.
+		// E2B's sandboxes run commands: pooled kernels make a join ahead
+		// while sandboxes have started commands lately (CommandsRecent).
 		PrepareCommands: h.cfg.E2B && !h.cfg.ColdCommands && !h.cfg.OldPipeline,
 		Checkpoints:     h.cfg.Checkpoints, AutoCheckpoints: h.cfg.AutoCheckpoints, MaxCheckpoints: h.cfg.MaxCheckpoints,
 		CheckpointMemory: h.cfg.CheckpointMemory,
