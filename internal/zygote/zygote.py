@@ -466,11 +466,16 @@ def _exec_reaper(sock, kpid):
     session's reach through /proc/1). Returns if it could not be executed:
     the caller goes on in Python."""
     fd = sock.fileno()
+    # Blocked across the execve (the program handles them, then unblocks):
+    # a signal for the kernel sent meanwhile stays pending, where PID 1
+    # without a handler would drop it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         os.set_inheritable(fd, True)
         os.execv(C.reaper, [C.reaper, str(kpid), str(fd)])
     except OSError:
         os.set_inheritable(fd, False)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
 
 def _exec_spare(sock, ours, kpid):

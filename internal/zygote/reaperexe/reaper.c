@@ -81,11 +81,10 @@ static int number(const char *s, long *out) {
 /* reap forwards signals to the kernel, reaps every child and reports how
  * the kernel ended; it never returns. */
 static void reap(int sock) {
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
 	/* Handlers, not SIG_DFL: an init receives only the signals it
-	 * handles. */
+	 * handles. Installed before the mask is cleared: zygote.py blocks
+	 * these signals across its execve, so one sent meanwhile stays
+	 * pending and is forwarded here, not dropped. */
 	static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -94,6 +93,9 @@ static void reap(int sock) {
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
 		sigaction(forwarded[i], &sa, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
 	for (;;) {
 		int status;
 		pid_t pid = wait4(-1, &status, 0, NULL);
