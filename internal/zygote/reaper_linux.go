@@ -45,8 +45,46 @@ var reaperProgram = sync.OnceValues(func() ([]byte, string) {
 	return bin, fmt.Sprintf("a small program (%d KB) after the take", len(bin)>>10)
 })
 
-// ReaperInfo says what a forked session's PID 1 runs once taken.
+// TrampolinePath is where the template's jail holds the trampoline
+// (reaperexe/trampoline.c, read-only), which the template loads to make
+// each spare with one copy of its page tables: the spare's reaper is the
+// small reaper from the start, never a copy of the template.
+const TrampolinePath = "/opt/sandloop/trampoline.so"
+
+// trampolineProgram returns the generated trampoline, or nil and why not
+// (spares are then made the slower way: the reaper is a copy of the
+// template that forks the kernel, never wrong).
+var trampolineProgram = sync.OnceValues(func() ([]byte, string) {
+	so, err := reaperexe.ReadFile("reaperexe/sandloop-trampoline.so")
+	if err != nil || len(so) == 0 {
+		return nil, "built without `go generate ./internal/zygote`"
+	}
+	built, _ := reaperexe.ReadFile("reaperexe/trampoline-hash")
+	source, _ := reaperexe.ReadFile("reaperexe/trampoline.c")
+	sum := sha256.Sum256(source)
+	if string(bytes.TrimSpace(built)) != hex.EncodeToString(sum[:]) {
+		return nil, "its generated trampoline is stale: run `go generate ./internal/zygote`"
+	}
+	return so, ""
+})
+
+// useTrampoline says whether a template started with opts loads the
+// trampoline (it also needs the small reaper).
+func useTrampoline(opts *Options) bool {
+	bin, _ := reaperProgram()
+	so, _ := trampolineProgram()
+	return bin != nil && so != nil && !opts.pythonReaper && !opts.noTrampoline
+}
+
+// ReaperInfo says how a forked session's PID 1 is made and what it runs
+// once taken.
 func ReaperInfo() string {
-	_, about := reaperProgram()
-	return about
+	bin, about := reaperProgram()
+	if bin == nil {
+		return about + "; each spare copies the template twice"
+	}
+	if _, why := trampolineProgram(); why != "" {
+		return about + "; each spare copies the template twice (no trampoline: " + why + ")"
+	}
+	return fmt.Sprintf("a small program (%d KB) from the start, made by the trampoline: each spare copies the template once", len(bin)>>10)
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,10 +25,10 @@ func TestSmallReaper(t *testing.T) {
 	if bin, why := reaperProgram(); bin == nil {
 		t.Fatalf("no small reaper in this test binary: %s (make gen)", why)
 	}
-	// Executed right after the kernel's fork: the spare's reaper is the
-	// program from the start (it prepared the spare and is armed).
-	t.Run("early", func(t *testing.T) {
-		z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), earlyReaper: true})
+	// Made by the trampoline (the default): the spare's reaper is the
+	// program from the start, never a copy of the template.
+	t.Run("trampoline", func(t *testing.T) {
+		z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv()})
 		if pids := z.armedSparePids(t); len(pids) == 0 {
 			t.Fatal("no armed spare")
 		} else if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))); comm != "reaper" {
@@ -35,10 +36,21 @@ func TestSmallReaper(t *testing.T) {
 		}
 		testReaper(t, z, true)
 	})
-	// Executed after the take (the default: a few seconds after; here at
-	// once).
+	// Without the trampoline, executed by the reaper (a copy of the
+	// template) right after the kernel's fork.
+	t.Run("early", func(t *testing.T) {
+		z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), earlyReaper: true, noTrampoline: true})
+		if pids := z.armedSparePids(t); len(pids) == 0 {
+			t.Fatal("no armed spare")
+		} else if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))); comm != "reaper" {
+			t.Fatalf("an armed spare's reaper runs %q, want the small reaper", comm)
+		}
+		testReaper(t, z, true)
+	})
+	// Without the trampoline, executed after the take (the default: a few
+	// seconds after; here at once).
 	t.Run("late", func(t *testing.T) {
-		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond}), true)
+		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, noTrampoline: true}), true)
 	})
 	t.Run("python", func(t *testing.T) {
 		testReaper(t, newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), reaperDelay: time.Millisecond, pythonReaper: true}), false)
@@ -118,5 +130,109 @@ func testReaper(t *testing.T, z *Zygote, small bool) {
 				t.Errorf("the session's end: %v, want %s", err, c.want)
 			}
 		})
+	}
+}
+
+// Where the trampoline was generated, the template uses it: each armed
+// spare's reaper (PID 1) is the small reaper before any session takes it,
+// its kernel (PID 2, the reaper's child) a copy of the template, and the
+// template itself never left its PID namespace. Without it (noTrampoline,
+// as a binary built without `go generate`), the reaper is a copy of the
+// template until the take.
+func TestTrampoline(t *testing.T) {
+	if so, why := trampolineProgram(); so == nil {
+		t.Fatalf("no trampoline in this test binary: %s (make gen)", why)
+	}
+	for _, with := range []bool{true, false} {
+		t.Run(fmt.Sprint("trampoline=", with), func(t *testing.T) {
+			z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), Spares: 2, noTrampoline: !with})
+			pids := z.armedSparePids(t)
+			if len(pids) < 4 {
+				t.Fatalf("armed spares' pids %v, want two spares", pids)
+			}
+			want := "python3"
+			if with {
+				want = "reaper"
+			}
+			for i := 0; i+1 < len(pids); i += 2 {
+				reaper, kpid := pids[i], pids[i+1]
+				exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", reaper))
+				if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", reaper))); comm != want || !strings.Contains(exe, want) {
+					t.Errorf("an armed spare's reaper runs %q (%s), want %s", comm, exe, want)
+				}
+				if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", kpid))); comm != "python3" {
+					t.Errorf("an armed spare's kernel runs %q, want python3", comm)
+				}
+				if r, k := nsPid(reaper), nsPid(kpid); r != 1 || k != 2 {
+					t.Errorf("the reaper is PID %d and the kernel PID %d in their namespace, want 1 and 2", r, k)
+				}
+				if ppid := statusField(readFile(fmt.Sprintf("/proc/%d/status", kpid)), "PPid"); strings.TrimSpace(ppid) != strconv.Itoa(reaper) {
+					t.Errorf("the kernel's parent is %s, want the reaper %d", ppid, reaper)
+				}
+				// Of the template's descriptors the kernel holds only its
+				// own (the template's control socket was closed before its
+				// fork): 0-2 and its two sockets.
+				if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", kpid)); err != nil || len(fds) != 5 {
+					t.Errorf("the armed kernel holds %d descriptors (%v), want 5", len(fds), err)
+				}
+			}
+			z.mu.Lock()
+			init := z.cur.proc.Pid()
+			z.mu.Unlock()
+			mine, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", z.Pid()))
+			jails, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init))
+			if mine == "" || mine != jails {
+				t.Errorf("the template's PID namespace is %q, its jail's %q", mine, jails)
+			}
+		})
+	}
+}
+
+// A session forked through the trampoline runs code as one forked the
+// other way does: its variables, threads, subprocesses (SIGCHLD is not the
+// template's), the same descriptors, PID 2 with the reaper as parent;
+// and random generators (Python's and numpy's) are reseeded differently in
+// each fork.
+func TestTrampolineSession(t *testing.T) {
+	if so, why := trampolineProgram(); so == nil {
+		t.Fatalf("no trampoline in this test binary: %s (make gen)", why)
+	}
+	const code = `
+import os, random, subprocess, threading, numpy as np
+x = 41
+got = []
+th = threading.Thread(target=lambda: got.append(threading.get_native_id() != os.getpid()))
+th.start(); th.join()
+p = subprocess.run(["/bin/sh", "-c", "exit 3"])
+print(x + 1, os.getpid(), os.getppid(), threading.get_native_id(), threading.main_thread() is threading.current_thread(),
+      got, p.returncode, sorted(int(f) for f in os.listdir("/proc/self/fd")))`
+	const draw = `print(random.random(), np.random.rand(), np.random.default_rng().random())`
+	var results []string
+	for _, with := range []bool{true, false} {
+		z := newZygoteWith(t, &Options{Modules: []string{"numpy"}, Env: session.KernelEnv(), noTrampoline: !with})
+		if pids := z.armedSparePids(t); len(pids) == 0 || (strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))) == "reaper") != with {
+			t.Fatalf("trampoline %v: the armed spare's reaper is not what was asked for", with)
+		}
+		a := newSession(t, z, session.Options{})
+		b := newSession(t, z, session.Options{})
+		got := out(t, a.Session, code)
+		if want := "42 2 1 2 True [True] 3 ["; !strings.HasPrefix(got, want) {
+			t.Errorf("trampoline %v: %q, want %q and the descriptors", with, got, want)
+		}
+		out(t, b.Session, code)
+		x, y := out(t, a.Session, draw), out(t, b.Session, draw)
+		if x == y {
+			t.Errorf("trampoline %v: two forks drew the same random numbers: %s", with, x)
+		}
+		ax, bx := strings.Fields(x), strings.Fields(y)
+		for i := range ax {
+			if i < len(bx) && ax[i] == bx[i] {
+				t.Errorf("trampoline %v: generator %d drew %s in both forks", with, i, ax[i])
+			}
+		}
+		results = append(results, got)
+	}
+	if results[0] != results[1] {
+		t.Errorf("the trampoline's session printed %q, the other way's %q", results[0], results[1])
 	}
 }

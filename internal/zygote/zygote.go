@@ -360,4 +360,8 @@ type Options struct {
 	// more than the Python it spares; the reaper's part for a spare that is
 	// never a copy (see "What is left").
 	earlyReaper bool
+	// noTrampoline makes spares without the trampoline even where it was
+	// generated: the reaper is a copy of the template that forks the
+	// kernel (the benchmarks' baseline).
+	noTrampoline bool
 }

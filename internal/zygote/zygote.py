@@ -54,6 +54,10 @@ KERNEL_PATH = "/opt/sandloop/kernel.py"
 # The small reaper (reaperexe/reaper.c), where the host placed it: a taken
 # session's reaper executes it rather than looping in a copy of the template.
 REAPER_PATH = "/opt/sandloop/reaper"
+# The trampoline (reaperexe/trampoline.c), where the host placed it: the
+# template makes each spare through it, with one copy of itself (see
+# _Trampoline).
+TRAMPOLINE_PATH = "/opt/sandloop/trampoline.so"
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -108,6 +112,7 @@ class Config:
     reaper = None  # REAPER_PATH if the host placed it there
     reaper_delay = 5.0  # seconds after the take before the reaper executes it
     reaper_spare = None  # its arguments as a spare's whole reaper (see _proc_plan)
+    trampoline = None  # the _Trampoline, if the host placed it and it loaded
 
 
 C = Config()
@@ -590,6 +595,54 @@ def _spare(sock, kmod):
         C.reaper = None
 
 
+class _Trampoline:
+    """Makes a spare with one copy of the template's page tables rather
+    than two (trampoline.c, loaded with ctypes.PyDLL: the GIL stays held).
+    Its call clones a child that shares the template's memory (no copy) in
+    the spare's new PID, mount, network, IPC and UTS namespaces while the
+    template waits; the child forks the kernel (the one copy), which
+    returns 0 from the call in its own copy of the template, with the
+    interpreter's after-fork work done as os.fork does it
+    (PyOS_BeforeFork in the template, PyOS_AfterFork_Child in the kernel,
+    PyOS_AfterFork_Parent in the template: threading's bookkeeping,
+    random's reseed, logging's locks); the child then executes the small
+    reaper ("spare": the reaper's whole part, see reaper.c) and never runs
+    Python. The template gets the reaper's PID. Its own PID namespace never
+    changes (no unshare and setns back)."""
+
+    STAGES = {1: "clone the spare", 2: "fork the kernel", 3: "the reaper's descriptors", 4: "execute the small reaper"}
+
+    def __init__(self, path, argv):
+        lib = ctypes.PyDLL(path)
+        api = ctypes.pythonapi
+        hooks = [ctypes.cast(f, ctypes.c_void_p) for f in (api.PyOS_BeforeFork, api.PyOS_AfterFork_Parent, api.PyOS_AfterFork_Child)]
+        lib.sandloop_init.argtypes = [ctypes.c_void_p] * 3
+        lib.sandloop_init.restype = None
+        lib.sandloop_init(*hooks)
+        self.call = lib.sandloop_spare
+        self.call.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                              ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int)]
+        self.call.restype = ctypes.c_int
+        self.path = argv[0].encode()
+        self.argv = [a.encode() if a is not None else None for a in argv]
+        self.why = (ctypes.c_int * 2)()
+
+    def fork(self, close, sock, reaper_fd):
+        """The reaper's PID in the template, 0 in the kernel. close are
+        descriptors neither of them keeps (closed before the kernel's
+        fork); sock (the spare's socket) and reaper_fd are the reaper's
+        (every other descriptor is closed across its execve)."""
+        argv = list(self.argv)
+        argv[3:5] = [str(sock).encode(), str(reaper_fd).encode()]
+        args = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+        fds = (ctypes.c_int * len(close))(*close)
+        pid = self.call(fds, len(close), sock, reaper_fd, self.path, args, self.why)
+        if pid < 0:
+            e = self.why[1]
+            raise OSError(e, "%s: %s" % (self.STAGES.get(self.why[0], "make the spare"), os.strerror(e)))
+        return pid
+
+
 # ---------------------------------------------------------------- the template
 
 
@@ -628,11 +681,15 @@ def main():
     if os.access(REAPER_PATH, os.X_OK):
         C.reaper = REAPER_PATH
         C.reaper_delay = float(cfg.get("reaper_delay", C.reaper_delay))
-    if C.reaper and cfg.get("reaper_spare"):
-        C.reaper_spare = [REAPER_PATH, "spare", None, None, None, C.filter.hex()] + C.reaper_spare + [
-            str(C.last_cap), C.workspaces or ""]
-    else:
-        C.reaper_spare = None
+    spare_argv = [REAPER_PATH, "spare", None, None, None, C.filter.hex()] + C.reaper_spare + [
+        str(C.last_cap), C.workspaces or ""]
+    C.reaper_spare = spare_argv if C.reaper and cfg.get("reaper_spare") else None
+    trampoline_error = ""
+    if C.reaper and cfg.get("trampoline"):
+        try:
+            C.trampoline = _Trampoline(TRAMPOLINE_PATH, spare_argv)
+        except (OSError, AttributeError) as e:
+            trampoline_error = "%s: %s" % (type(e).__name__, e)
     # Built once here: a fork pays for every page it writes, and building
     # these in each child cost it milliseconds of copied pages.
     C.lockdown = _Lockdown()
@@ -659,7 +716,7 @@ def main():
     # walk (and so copy) their pages in every child.
     gc.collect()
     gc.freeze()
-    ctl.send(json.dumps({"ready": not errors, "errors": errors}).encode())
+    ctl.send(json.dumps({"ready": not errors, "errors": errors, "trampoline": trampoline_error}).encode())
     if errors:
         return
     self_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -673,12 +730,41 @@ def main():
             if pid == 0:
                 return
 
+    def make_spare_trampoline():
+        """Makes a spare through the trampoline (see _Trampoline): its
+        reaper is the small reaper from the start, its kernel the one copy
+        of the template. Hands the host the spare's socket."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rk, kr = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the reaper's end, the kernel's
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            pid = C.trampoline.fork([ctl.fileno(), ours.fileno(), self_pidns], theirs.fileno(), rk.fileno())
+            if pid == 0:
+                try:
+                    # The kernel, PID 2 of the spare's namespaces, its
+                    # parent the small reaper. The template's control
+                    # socket and the host's end were closed before its
+                    # fork: forget them without closing the numbers.
+                    ctl.detach()
+                    ours.detach()
+                    rk.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    _kernel(theirs, kr, kmod)
+                finally:
+                    os._exit(127)
+            socket.send_fds(ctl, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
+        finally:
+            for s in (ours, theirs, rk, kr):
+                s.close()
+
     def make_spare():
         """Forks a spare child into a new PID namespace (as its PID 1)
         without leaving ours (unshare, fork, then back with setns) and
         hands the host its socket."""
         if _threads() != 1:
             raise RuntimeError("the template has started a thread")
+        if C.trampoline:
+            return make_spare_trampoline()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)

@@ -115,7 +115,8 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	}
 	masked, ro := jail.ProcMasks()
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
-		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper}
+		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
+		"trampoline": useTrampoline(&z.opts)}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
@@ -178,6 +179,10 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if bin, _ := reaperProgram(); bin != nil && !z.opts.pythonReaper {
 		files = append(files, jail.File{Path: ReaperPath, Data: bin, Mode: 0o111})
 	}
+	// Read-only (the template maps it); loaded only by the template.
+	if so, _ := trampolineProgram(); so != nil && useTrampoline(&z.opts) {
+		files = append(files, jail.File{Path: TrampolinePath, Data: so, Mode: 0o444})
+	}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
 		Path: cmp.Or(z.opts.Python, jail.DefaultPython), Args: []string{"python3", ZygotePath}, Env: env, Workspace: ws,
 		Limits: z.opts.Limits, Mounts: z.opts.Mounts,
@@ -222,14 +227,18 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		return fail(fmt.Errorf("template did not start: %w", err))
 	}
 	var ready struct {
-		Ready  bool
-		Errors []string
+		Ready      bool
+		Errors     []string
+		Trampoline string // why the trampoline could not be loaded
 	}
 	if err := json.Unmarshal(msg, &ready); err != nil {
 		return fail(err)
 	}
 	if !ready.Ready {
 		return fail(errors.New(strings.Join(ready.Errors, "; ")))
+	}
+	if ready.Trampoline != "" {
+		z.log.Warn("zygote: spares are made without the trampoline (two copies of the template each)", "reason", ready.Trampoline)
 	}
 	ctl.SetDeadline(time.Time{})
 	inst.pid = pid

@@ -1,0 +1,187 @@
+/*
+ * sandloop-trampoline.so: makes a zygote spare with one copy of the
+ * template's page tables rather than two.
+ *
+ * The template (zygote.py) loads it with ctypes.PyDLL (the GIL stays held)
+ * and calls sandloop_spare from make_spare. It:
+ *
+ *   - runs the interpreter's before-fork work (PyOS_BeforeFork, whose
+ *     address zygote.py passes in) and blocks every signal;
+ *   - clone(CLONE_VM | CLONE_VFORK | CLONE_NEWPID | CLONE_NEWNS |
+ *     CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD) on a stack of
+ *     its own: the child, PID 1 of the new PID namespace, shares the
+ *     template's memory (nothing is copied) while the template waits;
+ *   - the child closes what neither of the spare's processes may keep
+ *     (the template's control socket...) and forks the kernel with glibc's
+ *     _Fork (no at-fork handlers, which belong to the template's memory,
+ *     but the thread's tid set right): this is the one copy;
+ *   - the kernel (PID 2) longjmps back into sandloop_spare, on its own copy
+ *     of the template's stack, restores the signal mask, runs
+ *     PyOS_AfterFork_Child and returns 0 to Python, as os.fork would in a
+ *     child;
+ *   - the child executes the small reaper in its "spare" mode (reaper.c)
+ *     with the kernel's PID and its two descriptors; if it cannot, it
+ *     says why in the memory it shares with the template, kills the kernel
+ *     and exits 127: it never returns to Python (it shares the template's
+ *     memory: any Python it ran would write the template's objects);
+ *   - the template, resumed by that execve (or that exit), restores its
+ *     signal mask, runs PyOS_AfterFork_Parent and returns the reaper's PID
+ *     (or -1 and why).
+ *
+ * Built by reapergen (`go generate ./internal/zygote`) with gcc -shared,
+ * without _FORTIFY_SOURCE: its longjmp leaves one stack for another,
+ * which the checking longjmp refuses.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/rseq.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* Where the child failed (sandloop_spare's why[0]). */
+enum {
+	STAGE_NONE,
+	STAGE_CLONE,   /* the template's clone */
+	STAGE_FORK,    /* the child's _Fork of the kernel */
+	STAGE_FDS,     /* the child's descriptors for the reaper */
+	STAGE_EXEC,    /* the child's execve of the reaper */
+};
+
+typedef void (*hook)(void);
+
+struct call {
+	const int *close_fds; /* closed before the kernel's fork: neither keeps them */
+	int nclose;
+	int keep[2];          /* the reaper's descriptors (the rest are closed on exec) */
+	const char *path;     /* the small reaper */
+	char **argv;          /* argv[2] is set to the kernel's PID */
+};
+
+/* State shared by the template and the child (one address space). Only
+ * one call at a time: the template is single-threaded, and waits in clone
+ * until the child has executed or exited. */
+static jmp_buf back;
+static sigset_t saved_mask;
+static hook after_child;
+static volatile int child_stage, child_errno;
+static char kernel_pid[24];
+static char child_stack[64 << 10] __attribute__((aligned(64)));
+
+/* The raw system call: the child shares the template's thread descriptor,
+ * where glibc's wrapper would keep state. */
+static void set_mask(const sigset_t *set, sigset_t *old) { syscall(SYS_rt_sigprocmask, SIG_SETMASK, set, old, _NSIG / 8); }
+
+static void child_fail(int stage, pid_t kernel) {
+	child_errno = errno;
+	child_stage = stage;
+	if (kernel > 0)
+		kill(kernel, SIGKILL);
+	_exit(127);
+}
+
+static int child(void *arg) {
+	struct call *c = arg;
+	for (int i = 0; i < c->nclose; i++)
+		close(c->close_fds[i]);
+	pid_t k = _Fork();
+	if (k < 0)
+		child_fail(STAGE_FORK, 0);
+	if (k == 0)
+		longjmp(back, 1); /* the kernel, back in sandloop_spare */
+	/* Decimal by hand: no stdio in a process that shares another's. */
+	char digits[24];
+	int n = 0;
+	for (unsigned v = (unsigned)k; v; v /= 10)
+		digits[n++] = (char)('0' + v % 10);
+	for (int i = 0; i < n; i++)
+		kernel_pid[i] = digits[n - 1 - i];
+	kernel_pid[n] = 0;
+	c->argv[2] = kernel_pid;
+	/* Only the reaper's two descriptors cross the execve. */
+	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+		child_fail(STAGE_FDS, k);
+	for (int i = 0; i < 2; i++)
+		if (fcntl(c->keep[i], F_SETFD, 0) != 0)
+			child_fail(STAGE_FDS, k);
+	/* Every signal stays blocked across the execve: the reaper installs
+	 * its handlers, then unblocks them (a signal for the kernel sent
+	 * meanwhile waits, where PID 1 without a handler would drop it). */
+	static char *const envp[] = {NULL};
+	execve(c->path, c->argv, envp);
+	child_fail(STAGE_EXEC, k);
+	return 127;
+}
+
+/* sandloop_init gives the interpreter's fork hooks (ctypes.pythonapi's
+ * PyOS_BeforeFork, PyOS_AfterFork_Parent, PyOS_AfterFork_Child). */
+static hook before_fork, after_parent;
+
+void sandloop_init(hook before, hook parent, hook child_hook) {
+	before_fork = before;
+	after_parent = parent;
+	after_child = child_hook;
+}
+
+/* The kernel's thread is new to the kernel (Linux): glibc registered the
+ * template's thread for restartable sequences, a fork copies that only
+ * for a fork of the registered thread, and this one is a fork of the
+ * child, which had none (clone with CLONE_VM). Register again, or mark it
+ * failed so that glibc asks the system (sched_getcpu). */
+static void rseq_again(void) {
+	if (__rseq_size == 0)
+		return;
+	struct rseq *r = (struct rseq *)((char *)__builtin_thread_pointer() + __rseq_offset);
+	r->cpu_id = RSEQ_CPU_ID_UNINITIALIZED;
+	if (syscall(SYS_rseq, r, __rseq_size, 0, RSEQ_SIG) != 0)
+		r->cpu_id = RSEQ_CPU_ID_REGISTRATION_FAILED;
+}
+
+/* sandloop_spare makes a spare (see the top of this file). close_fds are
+ * closed in the child before the kernel's fork; sock and reaper_fd are
+ * the reaper's descriptors; argv is the reaper's, NULL-terminated, argv[2]
+ * left for the kernel's PID. Returns the reaper's PID in the template, 0
+ * in the kernel, or -1 in the template with why[0] the stage (STAGE_*) and
+ * why[1] the errno. */
+int sandloop_spare(const int *close_fds, int nclose, int sock, int reaper_fd, const char *path, char **argv, int *why) {
+	struct call c = {close_fds, nclose, {sock, reaper_fd}, path, argv};
+	sigset_t all;
+	why[0] = why[1] = 0;
+	before_fork();
+	sigfillset(&all);
+	set_mask(&all, &saved_mask);
+	child_stage = child_errno = 0;
+	if (setjmp(back)) {
+		/* The kernel: its own copy of the template, on the template's
+		 * stack as it was. */
+		rseq_again();
+		set_mask(&saved_mask, NULL);
+		after_child();
+		return 0;
+	}
+	int pid = clone(child, child_stack + sizeof child_stack,
+			CLONE_VM | CLONE_VFORK | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD, &c);
+	int e = errno;
+	set_mask(&saved_mask, NULL);
+	after_parent();
+	if (pid < 0) {
+		why[0] = STAGE_CLONE;
+		why[1] = e;
+		return -1;
+	}
+	if (child_stage) {
+		/* (The child has exited: the template's SIGCHLD handler reaps it.) */
+		why[0] = child_stage;
+		why[1] = child_errno;
+		return -1;
+	}
+	return pid;
+}
