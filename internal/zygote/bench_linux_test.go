@@ -349,59 +349,109 @@ func BenchmarkReaperFirstCommand(b *testing.B) {
 	}
 }
 
-// BenchmarkSpareReaper reports what a spare's reaper costs from its fork
-// until it is armed (CPU time from /proc/PID/schedstat, minor faults,
-// private memory), with the pandas template: the small reaper executed
-// right after the fork (earlyReaper) against the Python reaper that runs
-// until the take (the default), SANDLOOP_BENCH_SPARES spares (default 10)
-// of each, from two templates in the same run. The template's fork is the
-// same for both and not counted.
+// BenchmarkSpareReaper reports what a spare costs until it is armed, with
+// the pandas template, made three ways from three templates in the same
+// run (SANDLOOP_BENCH_SPARES spares each, default 10, made one after
+// another): through the trampoline (the default: one copy of the
+// template's page tables), and without it (a plain `go build`): the reaper
+// a copy of the template running Python until the take, or executing the
+// small reaper right after forking the kernel (earlyReaper). CPU time from
+// /proc/PID/schedstat and minor faults from /proc/PID/stat: the template's
+// (what it spent while making them, per spare), each reaper's and each
+// kernel's (whole lives: they idle once armed).
 func BenchmarkSpareReaper(b *testing.B) {
 	if bin, why := reaperProgram(); bin == nil {
 		b.Fatalf("no small reaper in this test binary: %s (make gen)", why)
+	}
+	if so, why := trampolineProgram(); so == nil {
+		b.Fatalf("no trampoline in this test binary: %s (make gen)", why)
 	}
 	n := 10
 	if v, err := strconv.Atoi(os.Getenv("SANDLOOP_BENCH_SPARES")); err == nil && v > 0 {
 		n = v
 	}
-	type cost struct{ cpu, faults, uss []float64 }
-	measure := func(early bool) cost {
-		z := newZygoteWith(b, &Options{Env: session.KernelEnv(), Spares: n, earlyReaper: early})
+	kinds := []struct {
+		name string
+		opts Options
+	}{
+		{"trampoline", Options{}},
+		{"python-reaper", Options{noTrampoline: true}},
+		{"early-exec", Options{noTrampoline: true, earlyReaper: true}},
+	}
+	// Per spare: CPU ms and minor faults of the template, a reaper, a kernel.
+	type cost struct{ cpu, faults [3][]float64 }
+	costs := make([]cost, len(kinds))
+	measure := func(k int) {
+		opts := kinds[k].opts
+		// Fixed, with no refill: the spares are made when asked, below.
+		opts.Env, opts.Spares, opts.Fixed, opts.RefillDelay = session.KernelEnv(), n, true, time.Hour
+		z := newZygoteWith(b, &opts)
 		defer z.Close()
-		var c cost
-		pids := z.armedSparePids(b) // reaper, kernel, reaper, kernel...
-		for i := 0; i+1 < len(pids); i += 2 {
-			r := pids[i]
-			sched := strings.Fields(readFile(fmt.Sprintf("/proc/%d/schedstat", r)))
-			stat := readFile(fmt.Sprintf("/proc/%d/stat", r))
-			if len(sched) == 0 || strings.LastIndexByte(stat, ')') < 0 {
-				continue
+		z.armedSparePids(b) // the first ones, made at the start
+		z.mu.Lock()
+		inst := z.cur
+		z.mu.Unlock()
+		for len(inst.spares) > 0 {
+			if r := <-inst.spares; r.sp != nil {
+				r.sp.destroy()
 			}
-			ns, _ := strconv.ParseFloat(sched[0], 64)
-			f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+2:])
-			minflt, _ := strconv.ParseFloat(f[7], 64) // field 10 of stat
-			u, _ := smaps(r)
-			c.cpu = append(c.cpu, ns/1e6)
-			c.faults = append(c.faults, minflt)
-			c.uss = append(c.uss, float64(u)/(1<<20))
 		}
-		if len(c.cpu) == 0 {
-			b.Fatal("no spare measured")
+		time.Sleep(300 * time.Millisecond) // the template reaps them
+		cpu0, flt0 := procCost(z.Pid())
+		for range n {
+			inst.moreLater(-1)
 		}
-		return c
+		pids := z.armedSparePids(b) // reaper, kernel, reaper, kernel...
+		cpu1, flt1 := procCost(z.Pid())
+		c := &costs[k]
+		c.cpu[0] = append(c.cpu[0], (cpu1-cpu0)/float64(len(pids)/2))
+		c.faults[0] = append(c.faults[0], (flt1-flt0)/float64(len(pids)/2))
+		for i, pid := range pids {
+			cpu, flt := procCost(pid)
+			c.cpu[1+i%2] = append(c.cpu[1+i%2], cpu)
+			c.faults[1+i%2] = append(c.faults[1+i%2], flt)
+		}
 	}
 	med := func(v []float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
 		s := slices.Clone(v)
 		slices.Sort(s)
 		return s[len(s)/2]
 	}
 	for i := 0; i < b.N; i++ {
-		small, late := measure(true), measure(false)
-		b.ReportMetric(med(small.cpu), "small-reaper-CPU-ms")
-		b.ReportMetric(med(late.cpu), "python-reaper-CPU-ms")
-		b.ReportMetric(med(small.faults), "small-reaper-faults")
-		b.ReportMetric(med(late.faults), "python-reaper-faults")
-		b.Logf("a spare's reaper until armed, median of %d: small reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB; Python reaper %.2f ms CPU, %.0f minor faults, USS %.2f MiB",
-			len(small.cpu), med(small.cpu), med(small.faults), med(small.uss), med(late.cpu), med(late.faults), med(late.uss))
+		for j := range kinds { // each goes first in turn
+			measure((i + j) % len(kinds))
+		}
 	}
+	total := make([]float64, len(kinds))
+	for k, kind := range kinds {
+		c := costs[k]
+		t, r, kn := med(c.cpu[0]), med(c.cpu[1]), med(c.cpu[2])
+		ft, fr, fk := med(c.faults[0]), med(c.faults[1]), med(c.faults[2])
+		total[k] = t + r + kn
+		b.ReportMetric(total[k], kind.name+"-CPU-ms")
+		b.ReportMetric(ft+fr+fk, kind.name+"-faults")
+		b.Logf("%s, per spare until armed (medians of %d): CPU template %.2f + reaper %.2f + kernel %.2f = %.2f ms; minor faults %.0f + %.0f + %.0f = %.0f",
+			kind.name, len(c.cpu[1]), t, r, kn, total[k], ft, fr, fk, ft+fr+fk)
+	}
+	b.ReportMetric(total[1]/total[0], "python-reaper/trampoline")
+	b.ReportMetric(total[2]/total[0], "early-exec/trampoline")
+}
+
+// procCost returns a process's CPU time in ms (/proc/PID/schedstat) and
+// its minor faults (/proc/PID/stat), 0 if it is gone.
+func procCost(pid int) (cpu, faults float64) {
+	if f := strings.Fields(readFile(fmt.Sprintf("/proc/%d/schedstat", pid))); len(f) > 0 {
+		ns, _ := strconv.ParseFloat(f[0], 64)
+		cpu = ns / 1e6
+	}
+	stat := readFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if i := strings.LastIndexByte(stat, ')'); i >= 0 {
+		if f := strings.Fields(stat[i+2:]); len(f) > 7 {
+			faults, _ = strconv.ParseFloat(f[7], 64) // field 10 of stat
+		}
+	}
+	return cpu, faults
 }

@@ -10,22 +10,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
 )
 
 // BenchmarkSparesPerSecond forks a burst of 40 sessions at once from the
 // default (pandas) template, with the pipeline before issue 26
-// (Options.Fixed: one spare, replaced RefillDelay after each take) and the
-// current one (spares asked at once for the forks that wait, up to
-// Options.Parallel in the making), in turn in the same run, and reports
-// the sessions forked per second over each burst and their ratio.
+// (Options.Fixed: one spare, replaced RefillDelay after each take), the
+// current one without the trampoline (spares asked at once for the forks
+// that wait, up to Options.Parallel in the making; each spare's reaper a
+// copy of the template) and the current one with it (the default), in
+// turn in the same run, and reports the sessions forked per second over
+// each burst and their ratio, and, for the current pipeline, the python3
+// CPU and minor faults per session: the template's during the burst (the
+// spares it made ahead after it counted too) and each session's reaper
+// and kernel (schedstat and stat of each process, so no profiler).
 func BenchmarkSparesPerSecond(b *testing.B) {
 	const burst = 40
 	if err := Supported(); err != nil {
 		b.Skipf("no zygote on this host: %v", err)
 	}
-	run := func(fixed bool) float64 {
-		z, err := New(context.Background(), &Options{Env: session.KernelEnv(), Fixed: fixed})
+	type result struct{ rate, cpu, faults float64 }
+	run := func(fixed, noTrampoline bool) result {
+		z, err := New(context.Background(), &Options{Env: session.KernelEnv(), Fixed: fixed, noTrampoline: noTrampoline})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -34,11 +42,21 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 		var wg sync.WaitGroup
 		errs := make(chan error, burst)
 		sessions := make(chan *session.Session, burst)
+		procs := make(chan *Process, burst)
 		stop := profileSpares(b, fixed)
+		cpu0, flt0 := procCost(z.Pid())
 		start := time.Now()
 		for range burst {
 			wg.Go(func() {
-				s, err := session.New(context.Background(), &session.Options{Workspace: b.TempDir(), Zygote: z})
+				ws := b.TempDir()
+				s, err := session.New(context.Background(), &session.Options{Workspace: ws,
+					Launcher: func(ctx context.Context, f kernel.Files) (kernel.Process, error) {
+						p, err := z.Fork(ctx, ws, jail.Limits{}, session.KernelEnv(), 0, f)
+						if err == nil {
+							procs <- p
+						}
+						return p, err
+					}})
 				if err != nil {
 					errs <- err
 					return
@@ -48,7 +66,16 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 		}
 		wg.Wait()
 		took := time.Since(start)
+		cpu1, flt1 := procCost(z.Pid())
 		stop()
+		close(procs)
+		cpu, faults := cpu1-cpu0, flt1-flt0
+		for p := range procs {
+			for _, pid := range p.HostPids() {
+				c, f := procCost(pid)
+				cpu, faults = cpu+c, faults+f
+			}
+		}
 		close(sessions)
 		for s := range sessions {
 			s.Close()
@@ -57,18 +84,28 @@ func BenchmarkSparesPerSecond(b *testing.B) {
 		for err := range errs {
 			b.Fatal(err)
 		}
-		return burst / took.Seconds()
+		return result{burst / took.Seconds(), cpu / burst, faults / burst}
 	}
-	var old, cur float64
+	var old, plain, cur result
+	add := func(sum *result, r result) {
+		sum.rate += r.rate / float64(b.N)
+		sum.cpu += r.cpu / float64(b.N)
+		sum.faults += r.faults / float64(b.N)
+	}
 	for range b.N {
-		old += run(true) / float64(b.N)
-		cur += run(false) / float64(b.N)
+		add(&old, run(true, false))
+		add(&plain, run(false, true))
+		add(&cur, run(false, false))
 	}
-	b.ReportMetric(old, "old-sessions/s")
-	b.ReportMetric(cur, "sessions/s")
-	b.ReportMetric(cur/old, "ratio")
+	b.ReportMetric(old.rate, "old-sessions/s")
+	b.ReportMetric(plain.rate, "no-trampoline-sessions/s")
+	b.ReportMetric(cur.rate, "sessions/s")
+	b.ReportMetric(cur.rate/old.rate, "ratio")
+	b.ReportMetric(plain.cpu, "no-trampoline-CPU-ms")
+	b.ReportMetric(cur.cpu, "CPU-ms")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("a burst of %d forks: %.1f sessions/s before, %.1f now (%.1fx)", burst, old, cur, cur/old)
+	b.Logf("a burst of %d forks: %.1f sessions/s before issue 26, %.1f now without the trampoline, %.1f with it (%.1fx the first)", burst, old.rate, plain.rate, cur.rate, cur.rate/old.rate)
+	b.Logf("python3 per session (template + reaper + kernel): without the trampoline %.2f ms CPU, %.0f minor faults; with it %.2f ms, %.0f faults", plain.cpu, plain.faults, cur.cpu, cur.faults)
 }
 
 // profileSpares, when SPARES_PROFILE names a path prefix, records where the

@@ -18,10 +18,14 @@
  *
  * then exits (the kernel kills whatever is left in the namespace).
  *
- * Or, as the spare's reaper from the start (zygote.py executes it right
- * after forking the kernel where the host asks for it: Options.earlyReaper,
- * off by default, since the execve's unmapping of the fresh copy costs the
- * spare more CPU than the Python it spares):
+ * Or, as the spare's reaper from the start: executed by the trampoline's
+ * child (trampoline.c, the default where it was generated: the child
+ * shares the template's memory, forks the kernel and executes this, with
+ * every signal blocked until reap() handles them), or, without the
+ * trampoline, by the reaper right after forking the kernel where the host
+ * asks for it (Options.earlyReaper, off by default, since the execve's
+ * unmapping of the fresh copy costs the spare more CPU than the Python it
+ * spares):
  *
  *   reaper spare KERNEL_PID SOCKET_FD KERNEL_SOCKET_FD FILTER_HEX MASKS
  *          READONLY LAST_CAP WORKSPACES
