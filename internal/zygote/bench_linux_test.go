@@ -280,9 +280,10 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // BenchmarkReaperFirstCommand times creating a forked session and running
-// `1+1` in it from three templates in turn in the same run (run with
-// -benchtime=40x): the small reaper as configured (executed
-// defaultReaperDelay after the take), the small reaper executed at once
+// `1+1` in it from four templates in turn in the same run (run with
+// -benchtime=40x): the default (the trampoline: the small reaper from the
+// start), and without the trampoline the small reaper executed
+// defaultReaperDelay after the take, the small reaper executed at once
 // after the take (its execve and the release of the reaper's copy of the
 // template then compete with the session's start), and the Python reaper;
 // each session from a ready spare.
@@ -295,8 +296,9 @@ func BenchmarkReaperFirstCommand(b *testing.B) {
 		name string
 		z    *Zygote
 	}{
-		{"small reaper", newZygote(b, nil)},
-		{"small reaper at once", newZygoteWith(b, &Options{Env: session.KernelEnv(), reaperDelay: time.Millisecond})},
+		{"trampoline", newZygote(b, nil)},
+		{"small reaper", newZygoteWith(b, &Options{Env: session.KernelEnv(), noTrampoline: true})},
+		{"small reaper at once", newZygoteWith(b, &Options{Env: session.KernelEnv(), reaperDelay: time.Millisecond, noTrampoline: true})},
 		{"Python reaper", newZygoteWith(b, &Options{Env: session.KernelEnv(), pythonReaper: true})},
 	}
 	created := make([][]time.Duration, len(kinds))

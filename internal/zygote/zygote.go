@@ -8,13 +8,18 @@
 // code. It keeps spare children forked ahead of any request (Options.Spares),
 // each prepared and armed before a session exists:
 //
-//   - the spare's reaper is made in a new PID namespace (it is PID 1, a
-//     reaper as a cold jail's init is), unshares new mount, network, IPC
-//     and UTS namespaces and forks the kernel (PID 2) into them; then it
-//     mounts a fresh /proc (with the jail's masks), a /tmp and /dev/shm of
-//     their own, and brings up loopback, while the kernel waits; each of
-//     the two empties its bounding and ambient capability sets, locks the
-//     securebits and sets no_new_privs before it reports;
+//   - the spare's reaper is made in new PID, mount, network, IPC and UTS
+//     namespaces (it is PID 1, a reaper as a cold jail's init is) and
+//     forks the kernel (PID 2) into them; then it mounts a fresh /proc
+//     (with the jail's masks), a /tmp and /dev/shm of their own, and
+//     brings up loopback, while the kernel waits; each of the two empties
+//     its bounding and ambient capability sets, locks the securebits and
+//     sets no_new_privs before it reports. Where `go generate` built the
+//     trampoline (reaperexe/trampoline.c, loaded into the template) the
+//     reaper shares the template's memory until it forks the kernel, then
+//     executes the small reaper (reaper.c's "spare" mode): one copy of the
+//     template per spare. Without it, the reaper is a fork of the
+//     template that forks the kernel: two copies (see "What is left");
 //   - the host learns both PIDs from SO_PASSCRED on a socket only that
 //     spare holds, moves both into a new cgroup (memory, pids and CPU
 //     limits), and only then lets them arm: each unshares its cgroup
@@ -135,26 +140,36 @@
 //
 // What is left, and what it would take:
 //   - The forks: the template's page tables (15.6k pages of anonymous
-//     memory, 62 MiB, in 643 mappings) are copied twice per spare, ~4.3 ms
-//     each (copy_page_range is three quarters of it; per-mapping work the
-//     rest). One copy per spare needs a reaper that is not a copy of the
-//     template: clone(CLONE_VM|CLONE_VFORK) with the spare's namespaces,
-//     the child forks the kernel (the one copy) and executes the small
-//     reaper, which can already do the reaper's whole part (reaper.c's
-//     "spare" mode: mounts, the armed handshake, the session's workspace,
-//     its lockdown, then reaping and reports; tested, off by default:
-//     Options.earlyReaper). Python cannot run that sequence (the vfork
-//     child shares the template's stack until it executes), so it takes
-//     a few instructions of machine code or a C helper: not built. It
-//     would save a fork, the reaper's faults and interpreter work, ~6 ms
-//     of the 20. Executing the small reaper from the reaper as it is (a
-//     copy) right after it forks the kernel costs more than it saves
-//     (BenchmarkSpareReaper, 10 spares each, load 3-5: 9.0-13.5 ms of the
-//     reaper's CPU until armed against 5.1-7.7 with Python, 333-347
-//     faults against 427-439): the execve unmaps the fresh copy (~15.6k
-//     page-table entries), and ~300 of the faults come before it (the
-//     kernel's os.fork). So the reaper executes it only after the take
-//     (below), and only for the memory.
+//     memory, 62 MiB, in 643 mappings) were copied twice per spare, ~4.3
+//     ms each (copy_page_range is three quarters of it; per-mapping work
+//     the rest): once for the reaper, a fork of the template, and again
+//     for the kernel, a fork of the reaper. Now once: the trampoline
+//     (reaperexe/trampoline.c, a shared object `go generate` builds and
+//     the template loads with ctypes.PyDLL) clone()s the reaper with
+//     CLONE_VM|CLONE_VFORK and the spare's namespaces: it shares the
+//     template's memory while the template waits, forks the kernel with
+//     glibc's _Fork (the one copy; the kernel longjmps back into the
+//     trampoline's C function and returns to Python as from os.fork, the
+//     interpreter's fork hooks run as os.fork runs them) and executes the
+//     small reaper in its "spare" mode (mounts, the armed handshake, the
+//     session's workspace, its lockdown, reaping), so the reaper never
+//     runs Python. BenchmarkSpareReaper (pandas template, 20 spares of
+//     each made one after another, CPU from schedstat, load 12-15): per
+//     spare until armed 9.3 ms of CPU through the trampoline (template
+//     1.7, reaper 4.8 of which the kernel's copy, kernel 2.7) against
+//     15.6 ms with the Python reaper (5.0 + 8.0 + 2.6), 664 minor faults
+//     against 1019 (the reaper's 31 against 427). BenchmarkSparesPerSecond
+//     (a burst of 40, in the same run, load 12-15): python3 CPU per session
+//     (template, reaper, kernel) 15.1 ms against 21.4, 943 minor faults
+//     against 1531, 22.7 sessions/s against 16.2. The reaper is the small
+//     reaper from the start, so it never holds a copy of the template: a
+//     spare not taken yet costs its pages no more (see "Memory"). The
+//     earlier attempt, executing the small reaper from the reaper as it
+//     was (a copy) right after it forked the kernel (Options.earlyReaper,
+//     kept for comparison), costs more than it saves (18.5 ms, 937 faults
+//     in the run above): the execve unmaps the fresh copy. The old way
+//     remains where the trampoline was not generated or the template's
+//     libc cannot load it (glibc 2.35 or later; the host's log says so).
 //   - Huge pages: MADV_COLLAPSE on the template's anonymous memory
 //     collapsed 15-18 ranges of 2 MiB (the rest lies in smaller or
 //     unaligned mappings) and left the fork's cost within the noise; not
@@ -163,11 +178,12 @@
 //   - Faults: any Python that runs after a fork first writes ~130 pages
 //     (the interpreter's state, the allocator's pools), os.fork's hooks
 //     ~110 more in the kernel (threading's); the rest are the objects the
-//     reaper and kernel touch. gc.freeze already keeps the collector off
-//     the template's objects.
+//     kernel touches (~490 through the trampoline) and the template's own
+//     Python per spare (~140, pages it shares with earlier spares' kernels).
+//     gc.freeze already keeps the collector off the template's objects.
 //   - Namespaces, mounts and the filter (~2 ms together) are the jail.
 //
-// At ~20 ms of python3 CPU and ~3 ms of Go per session, a burst of 100
+// At ~15 ms of python3 CPU and ~3 ms of Go per session, a burst of 100
 // needs more than a second of both cores: p50 ≤ 150 ms is out of reach
 // with a fork per session at this cost, for a burst made from scratch. A
 // burst that repeats finds the pool the first one sized: BenchmarkBurst100's
@@ -175,11 +191,13 @@
 // at p50 52-105 ms, p95 65-116 ms (load 2-15), while the first burst on
 // the fresh host took p50 0.72-3.95 s and the old pipeline 11.1-12.4 s.
 //
-// Memory. Five seconds after its session has taken it, the reaper executes
-// a small static C program (reaperexe/reaper.c, generated by `go generate
-// ./internal/zygote`, held execute-only at ReaperPath in the template's
-// read-only root) that only forwards signals, reaps, and reports the
-// kernel's end: its copy of the template's pages, page tables and memory
+// Memory. Through the trampoline the reaper is a small static C program
+// (reaperexe/reaper.c, generated by `go generate ./internal/zygote`, held
+// execute-only at ReaperPath in the template's read-only root) from the
+// start, and never holds a copy of the template. Without the trampoline,
+// five seconds after its session has taken it, the reaper executes that
+// program (which then only forwards signals, reaps, and reports the
+// kernel's end): its copy of the template's pages, page tables and memory
 // maps is gone; a spare not yet taken still has them. Not at once:
 // dropping that copy costs 3-7 ms of CPU (the execve unmaps it, as the
 // reaper's exit did), which slowed the session's first command
