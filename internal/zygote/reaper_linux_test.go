@@ -188,6 +188,25 @@ func TestTrampoline(t *testing.T) {
 	}
 }
 
+// A trampoline the template cannot load (a libc too old for it) leaves
+// spares made the old way: the reaper a copy of the template, sessions
+// that work.
+func TestTrampolineUnloadable(t *testing.T) {
+	if so, why := trampolineProgram(); so == nil {
+		t.Fatalf("no trampoline in this test binary: %s (make gen)", why)
+	}
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), brokenTrampoline: true})
+	if pids := z.armedSparePids(t); len(pids) == 0 {
+		t.Fatal("no armed spare")
+	} else if comm := strings.TrimSpace(readFile(fmt.Sprintf("/proc/%d/comm", pids[0]))); comm != "python3" {
+		t.Fatalf("an armed spare's reaper runs %q, want a copy of the template (python3)", comm)
+	}
+	s := newSession(t, z, session.Options{})
+	if got := out(t, s.Session, "import os; x = 41; print(x + 1, os.getpid(), os.getppid())"); got != "42 2 1" {
+		t.Fatalf("got %q, want 42 2 1", got)
+	}
+}
+
 // A session forked through the trampoline runs code as one forked the
 // other way does: its variables, threads, subprocesses (SIGCHLD is not the
 // template's), the same descriptors, PID 2 with the reaper as parent;

@@ -382,4 +382,7 @@ type Options struct {
 	// generated: the reaper is a copy of the template that forks the
 	// kernel (the benchmarks' baseline).
 	noTrampoline bool
+	// brokenTrampoline places a file the template cannot load in its
+	// stead (tests: a libc too old for it fails the same way).
+	brokenTrampoline bool
 }

@@ -181,6 +181,9 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	}
 	// Read-only (the template maps it); loaded only by the template.
 	if so, _ := trampolineProgram(); so != nil && useTrampoline(&z.opts) {
+		if z.opts.brokenTrampoline {
+			so = []byte("not a shared object")
+		}
 		files = append(files, jail.File{Path: TrampolinePath, Data: so, Mode: 0o444})
 	}
 	p, err := jail.Start(context.WithoutCancel(ctx), &jail.Config{
