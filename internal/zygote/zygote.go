@@ -159,9 +159,10 @@
 //     1.7, reaper 4.8 of which the kernel's copy, kernel 2.7) against
 //     15.6 ms with the Python reaper (5.0 + 8.0 + 2.6), 664 minor faults
 //     against 1019 (the reaper's 31 against 427). BenchmarkSparesPerSecond
-//     (a burst of 40, in the same run, load 12-15): python3 CPU per session
-//     (template, reaper, kernel) 15.1 ms against 21.4, 943 minor faults
-//     against 1531, 22.7 sessions/s against 16.2. The reaper is the small
+//     (a burst of 40, in the same run, three bursts of each, load 12-15):
+//     python3 CPU per session (template, reaper, kernel) 12.4-15.1 ms
+//     against 17.4-21.4, 931-954 minor faults against 1498-1531, 22.7-38.3
+//     sessions/s against 16.2-18.0. The reaper is the small
 //     reaper from the start, so it never holds a copy of the template: a
 //     spare not taken yet costs its pages no more (see "Memory"). The
 //     earlier attempt, executing the small reaper from the reaper as it
@@ -170,6 +171,11 @@
 //     in the run above): the execve unmaps the fresh copy. The old way
 //     remains where the trampoline was not generated or the template's
 //     libc cannot load it (glibc 2.35 or later; the host's log says so).
+//     What it relies on (trampoline.c): that glibc's _Fork writes nothing
+//     in the parent it does not restore (true of 2.36, and of 2.41's
+//     abort lock), a longjmp that does not check stacks (built without
+//     _FORTIFY_SOURCE) and no shadow stack in the template (glibc enables
+//     none before 2.39, and only for programs built for it).
 //   - Huge pages: MADV_COLLAPSE on the template's anonymous memory
 //     collapsed 15-18 ranges of 2 MiB (the rest lies in smaller or
 //     unaligned mappings) and left the fork's cost within the noise; not
