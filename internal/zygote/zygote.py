@@ -29,6 +29,9 @@ host sends "more". On a spare's socket:
                                   when the settings ask for one: "listen");
                                   a few seconds later it executes the small
                                   reaper (REAPER_PATH), where there is one
+                                  (through the trampoline, TRAMPOLINE_PATH,
+                                  the reaper is the small reaper from the
+                                  start, in the same words)
   kernel -> {"kernel": true}      about to run kernel.py
   reaper -> {"exited": ..., "code": n, "signal": s}
 Either may send {"error": "..."} instead and exit.
