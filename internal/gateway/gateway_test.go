@@ -174,6 +174,8 @@ type swapHost struct {
 	// kernels (from its next restart).
 	pool   int
 	zygote session.Zygote
+	// fixed selects the pool before issue 26 (session.ManagerOptions.FixedPool).
+	fixed bool
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -194,7 +196,7 @@ func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote}
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote, FixedPool: sh.fixed}
 	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
 	if sh.templates != nil {
 		mo.Templates, so.Templates = sh.templates, sh.templates
