@@ -4,10 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"runtime/pprof"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,7 +35,7 @@ import (
 func BenchmarkBurst100(b *testing.B) {
 	const n = 100
 	ctx := context.Background()
-	face := burst.Face{N: n, Profile: profileBurst(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
+	face := burst.Face{N: n, Profile: burst.ProfileFromEnv(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
 		h, err := startHost(&host.Config{PoolSize: 2, MaxSessions: n + 28, Zygote: "on", OldPipeline: old})
 		if err != nil {
 			b.Fatal(err)
@@ -89,43 +85,4 @@ func BenchmarkBurst100(b *testing.B) {
 		rows = append(rows, burst.Three(b, face))
 	}
 	burst.Report(b, rows)
-}
-
-// profileBurst, when BURST_PROFILE names a path prefix, records where the
-// time goes during one burst: the whole machine with perf (PREFIX.NAME.perf;
-// needs perf) and this process, the host, with Go's CPU profiler
-// (PREFIX.NAME.pprof), NAME being old, first or repeated. Its function
-// starts them and returns what stops them; nil without BURST_PROFILE.
-func profileBurst(b *testing.B) func(name string) (stop func()) {
-	prefix := os.Getenv("BURST_PROFILE")
-	if prefix == "" {
-		return nil
-	}
-	return func(name string) func() { return profileOne(b, prefix+"."+name) }
-}
-
-// profileOne starts profileBurst's profiles, written to name.perf and
-// name.pprof, and returns what stops them.
-func profileOne(b *testing.B, name string) (stop func()) {
-	f, err := os.Create(name + ".pprof")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	perf := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", name+".perf")
-	if err := perf.Start(); err != nil {
-		b.Logf("no system-wide profile: %v", err)
-		perf = nil
-	}
-	time.Sleep(300 * time.Millisecond) // perf is recording
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		if perf != nil {
-			_ = perf.Process.Signal(syscall.SIGINT)
-			_ = perf.Wait()
-		}
-	}
 }

@@ -37,7 +37,7 @@ func BenchmarkMCPBurst(b *testing.B) {
 		b.Skip("the zygote needs cgroups")
 	}
 	const n = 100
-	face := burst.Face{N: n, Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
+	face := burst.Face{N: n, Profile: burst.ProfileFromEnv(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)

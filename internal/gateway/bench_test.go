@@ -118,8 +118,8 @@ func BenchmarkSessionsPerSecond(b *testing.B) {
 // BenchmarkGatewayBurst is BenchmarkBurst100 (client) through a cell: a
 // burst of 100 creates + `1+1` at once through a gateway in front of 3
 // real hosts, each forking from a zygote of its own (the default pandas
-// template), with warm pools of 10, 10 and 0 (as after one host served a
-// burst of its own) and 128 slots each. Each iteration measures, in turn
+// template), with warm pools of 10, 10 and 2 (--pool; serve's default is
+// 2) and 128 slots each. Each iteration measures, in turn
 // in the same run, on a fresh cell each time (PostgreSQL, hosts, gateway;
 // each stopped before the next starts):
 //
@@ -143,7 +143,7 @@ func BenchmarkGatewayBurst(b *testing.B) {
 	if err := zygote.Supported(); err != nil {
 		b.Skipf("no zygote here: %v", err)
 	}
-	pools := []int{10, 10, 0}
+	pools := []int{10, 10, 2}
 	const n = 100
 	var (
 		mu      sync.Mutex
@@ -151,7 +151,7 @@ func BenchmarkGatewayBurst(b *testing.B) {
 	)
 	// The repeated burst waits until every host's pool is at a target
 	// above its first pool: the first burst remembered.
-	face := burst.Face{N: n, Remembered: 10 + 10 + 0 + 1, Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
+	face := burst.Face{N: n, Remembered: 10 + 10 + 2 + 1, Profile: burst.ProfileFromEnv(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
 		sc := &scope{TB: b}
 		i := 0
 		f := newFixture(sc, len(pools), func(sh *swapHost) {
@@ -210,7 +210,16 @@ func BenchmarkGatewayBurst(b *testing.B) {
 			if s.FromPool {
 				pooled = 1
 			}
+			// Where it went is looked up after the burst (not timed),
+			// before the delete.
 			remove = func() error {
+				pl, err := f.pg.GetPlacement(context.Background(), s.ID)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				perHost[hostIndex[pl.Host]]++
+				mu.Unlock()
 				if st, body := f.do(tok1, "DELETE", "/v1/sessions/"+s.ID, ""); st != http.StatusNoContent {
 					return fmt.Errorf("delete %s: %d %s", s.ID, st, body)
 				}
@@ -220,13 +229,6 @@ func BenchmarkGatewayBurst(b *testing.B) {
 			if st != http.StatusOK || !strings.Contains(body, `"2"`) {
 				return pooled, remove, fmt.Errorf("1+1 in %s: %d %s", s.ID, st, body)
 			}
-			pl, err := f.pg.GetPlacement(context.Background(), s.ID)
-			if err != nil {
-				return pooled, remove, err
-			}
-			mu.Lock()
-			perHost[hostIndex[pl.Host]]++
-			mu.Unlock()
 			return pooled, remove, nil
 		}
 		return one, pool, sc.close

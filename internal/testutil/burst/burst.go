@@ -11,8 +11,12 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -141,7 +145,7 @@ type Face struct {
 	// stops the host.
 	Start func(old bool) (one One, pool func() (Pool, error), stop func())
 	// Profile, if set, records the burst named old, first or repeated
-	// (BenchmarkBurst100's BURST_PROFILE); it returns what stops it.
+	// (ProfileFromEnv: BURST_PROFILE); it returns what stops it.
 	Profile func(name string) (stop func())
 	// Note, if set, is called after each burst (old, first or repeated)
 	// and says what the face saw of it (for a cell: the sessions per host).
@@ -255,4 +259,44 @@ func Report(b *testing.B, rs []Rows) {
 	}
 	b.ReportMetric(mean(func(r Rows) time.Duration { return r.Refill })/1000, "refill-s")
 	b.ReportMetric(0, "ns/op")
+}
+
+// ProfileFromEnv is a Face.Profile: when BURST_PROFILE names a path
+// prefix, it records where the time goes during one burst: the whole
+// machine with perf (PREFIX.NAME.perf; needs perf) and this process (the
+// host, or a cell) with Go's CPU profiler (PREFIX.NAME.pprof), NAME being
+// old, first or repeated. Its function starts them and returns what stops
+// them; nil without BURST_PROFILE.
+func ProfileFromEnv(b *testing.B) func(name string) (stop func()) {
+	prefix := os.Getenv("BURST_PROFILE")
+	if prefix == "" {
+		return nil
+	}
+	return func(name string) func() { return profileOne(b, prefix+"."+name) }
+}
+
+// profileOne starts ProfileFromEnv's profiles, written to name.perf and
+// name.pprof, and returns what stops them.
+func profileOne(b *testing.B, name string) (stop func()) {
+	f, err := os.Create(name + ".pprof")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	perf := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", name+".perf")
+	if err := perf.Start(); err != nil {
+		b.Logf("no system-wide profile: %v", err)
+		perf = nil
+	}
+	time.Sleep(300 * time.Millisecond) // perf is recording
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if perf != nil {
+			_ = perf.Process.Signal(syscall.SIGINT)
+			_ = perf.Wait()
+		}
+	}
 }
