@@ -257,6 +257,10 @@ type Health struct {
 	// seen in the last minutes. PoolReason says why it is what it is.
 	PoolTarget int    `json:"pool_target"`
 	PoolReason string `json:"pool_reason,omitempty"`
+	// SparesReady is how many of the zygote's forked spares wait for a
+	// session (0 without a zygote): with PoolReady, how many sessions
+	// would start without waiting for a fork.
+	SparesReady int `json:"spares_ready"`
 	// Starting is how many creates are under way (in line for a pooled
 	// kernel or starting one); each holds one of MaxSessions' slots.
 	Starting int `json:"starting"`

@@ -2,122 +2,101 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/host"
 	"github.com/sandloop/sandloop/internal/jail"
+	"github.com/sandloop/sandloop/internal/server"
+	"github.com/sandloop/sandloop/internal/testutil"
+	"github.com/sandloop/sandloop/internal/testutil/burst"
 )
 
-// BenchmarkMCPBurst: 64 MCP clients (the official Go SDK over streamable
-// HTTP) connect at once to a real host's /mcp (serve's handler, zygote on,
-// pool of 2, --max-sessions 64), each connection getting a sandbox
-// session of its own, and call execute_python `1+1`. It runs the
-// pipeline before issue 26 (host.Config.OldPipeline) and the current one
-// in turn in the same run and prints, for each, the successes and p50,
-// p95 and last of connect + first call.
+// BenchmarkMCPBurst is BenchmarkBurst100 (client) through MCP: 100 MCP
+// clients (the official Go SDK over streamable HTTP) connect at once to a
+// real host's /mcp (serve's handler, zygote on, pool of 2,
+// --max-sessions 128), each connection getting a sandbox session of its
+// own, and call execute_python `1+1`. Each iteration measures, in turn in
+// the same run, the pipeline before issue 26 (host.Config.OldPipeline) on
+// a fresh host ("old pipeline"), the current one on a fresh host ("first
+// burst": 2 kernels ready, the rest forked on demand), and a second burst
+// on that host once the first's MCP sessions are closed and its pool has
+// refilled to the target the first set it ("repeated burst": the largest
+// burst remembered). It prints, for each, the successes and p50, p95 and
+// last of connect + first call (internal/testutil/burst).
 //
 //	go test ./cmd/sandloop -run '^$' -bench MCPBurst -benchtime 1x
 func BenchmarkMCPBurst(b *testing.B) {
 	if !jail.Probe().Cgroups.OK {
 		b.Skip("the zygote needs cgroups")
 	}
-	const burst = 64
-	run := func(old bool) (ok int, p50, p95, last time.Duration, firstErr error) {
+	const n = 100
+	face := burst.Face{N: n, Profile: burst.ProfileFromEnv(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)
 		}
-		h, err := host.New(context.Background(), ln, &host.Config{PoolSize: 2, MaxSessions: burst, Zygote: "on", OldPipeline: old, MCP: mcpHandler})
+		h, err := host.New(context.Background(), ln, &host.Config{PoolSize: 2, MaxSessions: n + 28, Zygote: "on", OldPipeline: old, MCP: mcpHandler})
 		if err != nil {
 			ln.Close()
 			b.Fatal(err)
 		}
 		go h.Serve(context.Background())
-		defer h.Close()
-		time.Sleep(3 * time.Second) // the warm pool and the zygote's spares
-		hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: burst}}
-		var (
-			mu  sync.Mutex
-			lat []time.Duration
-			wg  sync.WaitGroup
-			css []*mcp.ClientSession
-		)
-		start := make(chan struct{})
-		for range burst {
-			wg.Go(func() {
-				<-start
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				defer cancel()
-				t0 := time.Now()
-				cl := mcp.NewClient(&mcp.Implementation{Name: "burst", Version: "1"}, nil)
-				cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.URL() + "/mcp", HTTPClient: hc}, nil)
-				if err == nil {
-					mu.Lock()
-					css = append(css, cs)
-					mu.Unlock()
-					var res *mcp.CallToolResult
-					res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_python", Arguments: map[string]any{"code": "1+1"}})
-					if err == nil {
-						var text strings.Builder
-						for _, c := range res.Content {
-							if t, ok := c.(*mcp.TextContent); ok {
-								text.WriteString(t.Text)
-							}
-						}
-						if res.IsError || !strings.Contains(text.String(), "2") {
-							err = fmt.Errorf("execute_python 1+1: %q (error %v)", text.String(), res.IsError)
-						}
+		pool := func() (burst.Pool, error) {
+			var st server.Health
+			resp, err := http.Get(h.URL() + "/healthz")
+			if err != nil {
+				return burst.Pool{}, err
+			}
+			defer resp.Body.Close()
+			if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+				return burst.Pool{}, err
+			}
+			return burst.Pool{Ready: st.PoolReady, Target: st.PoolTarget, Sessions: st.Sessions + st.Starting, Reason: st.PoolReason}, nil
+		}
+		testutil.WaitFor(b, time.Minute, func() error {
+			if p, err := pool(); err != nil || p.Ready < 2 {
+				return fmt.Errorf("the pool is not full: %+v %v", p, err)
+			}
+			return nil
+		})
+		time.Sleep(500 * time.Millisecond) // the zygote's spare too
+		hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+		one := func(ctx context.Context) (int, func() error, error) {
+			cl := mcp.NewClient(&mcp.Implementation{Name: "burst", Version: "1"}, nil)
+			cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.URL() + "/mcp", HTTPClient: hc}, nil)
+			if err != nil {
+				return -1, nil, err
+			}
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_python", Arguments: map[string]any{"code": "1+1"}})
+			if err == nil {
+				var text strings.Builder
+				for _, c := range res.Content {
+					if t, ok := c.(*mcp.TextContent); ok {
+						text.WriteString(t.Text)
 					}
 				}
-				d := time.Since(t0)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					return
+				if res.IsError || !strings.Contains(text.String(), "2") {
+					err = fmt.Errorf("execute_python 1+1: %q (error %v)", text.String(), res.IsError)
 				}
-				lat = append(lat, d)
-			})
+			}
+			return -1, cs.Close, err // MCP does not tell whether the kernel was started ahead
 		}
-		close(start)
-		wg.Wait()
-		for _, cs := range css {
-			cs.Close()
+		return one, pool, func() {
+			if err := h.Close(); err != nil {
+				b.Errorf("host close: %v", err)
+			}
 		}
-		if len(lat) == 0 {
-			return 0, 0, 0, 0, firstErr
-		}
-		slices.Sort(lat)
-		return len(lat), lat[len(lat)/2], lat[len(lat)*95/100], lat[len(lat)-1], firstErr
+	}}
+	var rows []burst.Rows
+	for range b.N {
+		rows = append(rows, burst.Three(b, face))
 	}
-	for b.Loop() {
-		for _, old := range []bool{true, false} {
-			name := "new pipeline"
-			if old {
-				name = "old pipeline"
-			}
-			ok, p50, p95, last, err := run(old)
-			b.Logf("%s: MCP burst of %d (connect + execute_python 1+1): %d ok, p50 %v, p95 %v, last %v (first error: %v)",
-				name, burst, ok, p50.Round(time.Millisecond), p95.Round(time.Millisecond), last.Round(time.Millisecond), err)
-			if ok != burst && !old {
-				b.Errorf("%d of %d succeeded: %v", ok, burst, err)
-			}
-			if !old {
-				b.ReportMetric(float64(p50.Milliseconds()), "p50-ms")
-				b.ReportMetric(float64(p95.Milliseconds()), "p95-ms")
-			} else {
-				b.ReportMetric(float64(p50.Milliseconds()), "old-p50-ms")
-			}
-		}
-	}
+	burst.Report(b, rows)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sandloop/sandloop/internal/server"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/testutil"
+	"github.com/sandloop/sandloop/internal/testutil/burst"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
 
@@ -114,130 +115,160 @@ func BenchmarkSessionsPerSecond(b *testing.B) {
 	}
 }
 
-// BenchmarkGatewayBurst: a burst of 100 creates + `1+1` at once through a
-// gateway in front of 3 real hosts, each forking from a zygote of its own
-// (the default pandas template), with warm pools of 10, 10 and 0 (as
-// after one host served a burst of its own). Each iteration runs the
-// placement before issue 26 (free slots alone) and the current one (kernels
-// ready first, then free slots), each on hosts emptied and refilled, and
-// prints where the sessions went, how many took a kernel started ahead,
-// and p50/p95 of create + 1+1. On one machine the hosts share its cores:
-// this measures placement, not added hardware.
+// BenchmarkGatewayBurst is BenchmarkBurst100 (client) through a cell: a
+// burst of 100 creates + `1+1` at once through a gateway in front of 3
+// real hosts, each forking from a zygote of its own (the default pandas
+// template), with warm pools of 10, 10 and 2 (--pool; serve's default is
+// 2) and 128 slots each. Each iteration measures, in turn
+// in the same run, on a fresh cell each time (PostgreSQL, hosts, gateway;
+// each stopped before the next starts):
+//
+//   - "old pipeline": the hosts' pipeline before issue 26
+//     (session.ManagerOptions.FixedPool, zygote.Options.Fixed), placed by
+//     free slots alone;
+//   - "first burst": the current pipeline, placed by the hosts' warm
+//     kernels (pool and spares), then free slots (place.go's choose);
+//   - "repeated burst": a second burst on that cell once the first's
+//     sessions are deleted and every host's pool has refilled to the
+//     target the first set it (the creates of its share that came within
+//     the pool's window, remembered).
+//
+// It prints for each the successes, p50, p95 and last of create + 1+1,
+// how many took a kernel started ahead, and where the sessions went
+// (internal/testutil/burst). On one machine the hosts share its cores:
+// this measures the pipeline and placement, not added hardware.
+//
+//	go test ./internal/gateway -run '^$' -bench GatewayBurst -benchtime 1x
 func BenchmarkGatewayBurst(b *testing.B) {
 	if err := zygote.Supported(); err != nil {
 		b.Skipf("no zygote here: %v", err)
 	}
-	pools := []int{10, 10, 0}
-	i := 0
-	f := newFixture(b, len(pools), func(sh *swapHost) {
-		z, err := zygote.New(b.Context(), &zygote.Options{Env: session.KernelEnv()})
-		if err != nil {
-			b.Fatal(err)
+	pools := []int{10, 10, 2}
+	const n = 100
+	var (
+		mu      sync.Mutex
+		perHost []int
+	)
+	// The repeated burst waits until every host's pool is at a target
+	// above its first pool: the first burst remembered.
+	face := burst.Face{N: n, Remembered: 10 + 10 + 2 + 1, Profile: burst.ProfileFromEnv(b), Start: func(old bool) (burst.One, func() (burst.Pool, error), func()) {
+		sc := &scope{TB: b}
+		i := 0
+		f := newFixture(sc, len(pools), func(sh *swapHost) {
+			z, err := zygote.New(b.Context(), &zygote.Options{Env: session.KernelEnv(), Fixed: old})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sc.Cleanup(func() { z.Close() })
+			sh.zygote, sh.pool, sh.fixed, sh.maxSessions = z, pools[i], old, n+28
+			i++
+		})
+		f.gw.slotsOnly = old
+		hostIndex := map[string]int{}
+		for i, h := range f.hosts {
+			hostIndex[h.ts.Listener.Addr().String()] = i
 		}
-		b.Cleanup(func() { z.Close() })
-		sh.zygote, sh.pool = z, pools[i]
-		i++
-	})
-	const burst = 100
-	type outcome struct {
-		perHost       []int
-		pooled, ok    int
-		p50, p95, max time.Duration
-	}
-	hostIndex := map[string]int{}
-	for i, h := range f.hosts {
-		hostIndex[h.ts.Listener.Addr().String()] = i
-	}
-	// waitPools waits until every host's pool is full.
-	waitPools := func() {
-		testutil.WaitFor(b, 3*time.Minute, func() error {
-			for i, h := range f.hosts {
-				req, _ := http.NewRequest("GET", h.ts.URL+"/healthz", nil)
-				resp, err := http.DefaultClient.Do(req)
+		// pool sums the hosts' pools, each counted up to its target.
+		pool := func() (burst.Pool, error) {
+			var p burst.Pool
+			for i := range f.hosts {
+				st, err := f.health(i)
 				if err != nil {
-					return err
+					return p, err
 				}
-				var st server.Health
-				json.NewDecoder(resp.Body).Decode(&st)
-				resp.Body.Close()
-				if st.PoolReady < pools[i] || st.Sessions > 0 || st.Starting > 0 {
-					return fmt.Errorf("host %d: %+v, want an empty host with its pool of %d full", i, st, pools[i])
+				p.Ready += min(st.PoolReady, st.PoolTarget)
+				p.Target += st.PoolTarget
+				p.Sessions += st.Sessions + st.Starting
+			}
+			return p, nil
+		}
+		testutil.WaitFor(b, 3*time.Minute, func() error {
+			for i := range f.hosts {
+				if st, err := f.health(i); err != nil || st.PoolReady < pools[i] || st.Starting > 0 {
+					return fmt.Errorf("host %d: %+v %v, want its pool of %d full", i, st, err, pools[i])
 				}
 			}
 			return nil
 		})
 		time.Sleep(time.Second) // the zygotes' spares
 		f.gw.Refresh(b.Context())
-	}
-	run := func(slotsOnly bool) outcome {
-		waitPools()
-		f.gw.slotsOnly = slotsOnly
-		var (
-			mu  sync.Mutex
-			lat []time.Duration
-			ids []string
-			o   = outcome{perHost: make([]int, len(f.hosts))}
-			wg  sync.WaitGroup
-		)
-		start := make(chan struct{})
-		for range burst {
-			wg.Go(func() {
-				<-start
-				t0 := time.Now()
-				st, body := f.do(tok1, "POST", "/v1/sessions", "")
-				if st != http.StatusCreated {
-					b.Errorf("create: %d %s", st, body)
-					return
-				}
-				var s struct {
-					ID       string `json:"id"`
-					FromPool bool   `json:"from_pool"`
-				}
-				json.Unmarshal([]byte(body), &s)
-				st, body = f.do(tok1, "POST", "/v1/sessions/"+s.ID+"/execute", `{"code":"1+1"}`)
-				d := time.Since(t0)
-				pl, err := f.pg.GetPlacement(context.Background(), s.ID)
-				mu.Lock()
-				defer mu.Unlock()
-				ids = append(ids, s.ID)
-				if st != http.StatusOK || !strings.Contains(body, `"2"`) || err != nil {
-					b.Errorf("1+1 in %s: %d %s %v", s.ID, st, body, err)
-					return
-				}
-				o.ok++
-				if s.FromPool {
-					o.pooled++
-				}
-				o.perHost[hostIndex[pl.Host]]++
-				lat = append(lat, d)
-			})
-		}
-		close(start)
-		wg.Wait()
-		for _, id := range ids {
-			if st, body := f.do(tok1, "DELETE", "/v1/sessions/"+id, ""); st != http.StatusNoContent {
-				b.Errorf("delete %s: %d %s", id, st, body)
+		mu.Lock()
+		perHost = make([]int, len(pools))
+		mu.Unlock()
+		one := func(ctx context.Context) (pooled int, remove func() error, err error) {
+			st, body := f.do(tok1, "POST", "/v1/sessions", "")
+			if st != http.StatusCreated {
+				return 0, nil, fmt.Errorf("create: %d %s", st, body)
 			}
+			var s struct {
+				ID       string `json:"id"`
+				FromPool bool   `json:"from_pool"`
+			}
+			if err := json.Unmarshal([]byte(body), &s); err != nil {
+				return 0, nil, err
+			}
+			if s.FromPool {
+				pooled = 1
+			}
+			// Where it went is looked up after the burst (not timed),
+			// before the delete.
+			remove = func() error {
+				pl, err := f.pg.GetPlacement(context.Background(), s.ID)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				perHost[hostIndex[pl.Host]]++
+				mu.Unlock()
+				if st, body := f.do(tok1, "DELETE", "/v1/sessions/"+s.ID, ""); st != http.StatusNoContent {
+					return fmt.Errorf("delete %s: %d %s", s.ID, st, body)
+				}
+				return nil
+			}
+			st, body = f.do(tok1, "POST", "/v1/sessions/"+s.ID+"/execute", `{"code":"1+1"}`)
+			if st != http.StatusOK || !strings.Contains(body, `"2"`) {
+				return pooled, remove, fmt.Errorf("1+1 in %s: %d %s", s.ID, st, body)
+			}
+			return pooled, remove, nil
 		}
-		if len(lat) > 0 {
-			slices.Sort(lat)
-			o.p50, o.p95, o.max = lat[len(lat)/2], lat[len(lat)*95/100], lat[len(lat)-1]
-		}
-		return o
+		return one, pool, sc.close
+	}, Note: func(string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		s := fmt.Sprintf("sessions per host %v (pools %v)", perHost, pools)
+		perHost = make([]int, len(pools))
+		return s
+	}}
+	var rows []burst.Rows
+	for range b.N {
+		rows = append(rows, burst.Three(b, face))
 	}
-	for b.Loop() {
-		old := run(true)
-		cur := run(false)
-		for _, x := range []struct {
-			name string
-			o    outcome
-		}{{"by free slots (before)", old}, {"by kernels ready, then slots", cur}} {
-			b.Logf("burst of %d through the gateway, 3 hosts with pools %v, placed %s: %d ok, sessions per host %v, %d took a kernel started ahead; create + 1+1 p50 %v, p95 %v, last %v",
-				burst, pools, x.name, x.o.ok, x.o.perHost, x.o.pooled, x.o.p50.Round(time.Millisecond), x.o.p95.Round(time.Millisecond), x.o.max.Round(time.Millisecond))
-		}
-		b.ReportMetric(float64(old.pooled), "pooled-before")
-		b.ReportMetric(float64(cur.pooled), "pooled")
-		b.ReportMetric(float64(old.p50.Milliseconds()), "p50-ms-before")
-		b.ReportMetric(float64(cur.p50.Milliseconds()), "p50-ms")
+	burst.Report(b, rows)
+}
+
+// scope is a testing.TB whose cleanups run when close is called, not at
+// the test's end: a benchmark's cell stopped before the next starts.
+type scope struct {
+	testing.TB
+	mu  sync.Mutex
+	fns []func()
+}
+
+func (s *scope) Cleanup(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fns = append(s.fns, f)
+}
+
+func (s *scope) Context() context.Context { return context.Background() }
+
+// close runs the cleanups, the last registered first.
+func (s *scope) close() {
+	s.mu.Lock()
+	fns := s.fns
+	s.fns = nil
+	s.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
 	}
 }

@@ -602,10 +602,14 @@ func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request) {
 		server.WriteError(w, http.StatusServiceUnavailable, "no_hosts", "no host answers; retry shortly", 1)
 		return
 	}
+	g.forward(w, r, target{url: c[g.randN(len(c))]})
+}
+
+// randN is a random number in [0, n), for choices among equals.
+func (g *Gateway) randN(n int) int {
 	g.rndMu.Lock()
-	u := c[g.rnd.IntN(len(c))]
-	g.rndMu.Unlock()
-	g.forward(w, r, target{url: u})
+	defer g.rndMu.Unlock()
+	return g.rnd.IntN(n)
 }
 
 // mcp routes an MCP session by its Mcp-Session-Id; a request without one

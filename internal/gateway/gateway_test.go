@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ import (
 func TestMain(m *testing.M) { jailtest.Main(m) }
 
 func TestChoose(t *testing.T) {
-	rnd := rand.New(rand.NewPCG(1, 2))
+	rnd := rand.New(rand.NewPCG(1, 2)).IntN
 	if i := choose(nil, rnd); i != -1 {
 		t.Errorf("no candidates: %d", i)
 	}
@@ -38,25 +39,24 @@ func TestChoose(t *testing.T) {
 	if i := choose([]candidate{{name: "a", free: 0}, {name: "b", free: 3}}, rnd); i != 1 {
 		t.Errorf("one open: %d", i)
 	}
-	// Of two, the freer always wins.
+	// Without kernels ready, the freest host always wins.
 	for range 100 {
-		if i := choose([]candidate{{name: "a", free: 1}, {name: "b", free: 5}}, rnd); i != 1 {
-			t.Fatalf("picked the fuller host")
+		if i := choose([]candidate{{name: "a", free: 1}, {name: "b", free: 10}, {name: "c", free: 5}, {name: "d", free: 0}}, rnd); i != 1 {
+			t.Fatalf("picked %d, not the freest host", i)
 		}
 	}
-	// Of many, the fullest open host is never picked (it loses every
-	// pair), and the freest is picked most often.
+	// Equals are picked about as often as each other.
 	counts := make([]int, 4)
-	cands := []candidate{{name: "a", free: 1}, {name: "b", free: 10}, {name: "c", free: 5}, {name: "d", free: 0}}
+	cands := []candidate{{name: "a", free: 5, ready: 2}, {name: "b", free: 5, ready: 2}, {name: "c", free: 5, ready: 1}, {name: "d", free: 5, ready: 2}}
 	for range 3000 {
 		counts[choose(cands, rnd)]++
 	}
-	if counts[0] != 0 || counts[3] != 0 || counts[1] <= counts[2] {
-		t.Errorf("counts = %v", counts)
+	if counts[2] != 0 || min(counts[0], counts[1], counts[3]) < 800 {
+		t.Errorf("counts = %v, want about 1000 each for a, b and d, none for c", counts)
 	}
-	// Kernels ready come before free slots: of two, the one with more
-	// ready wins even with fewer free slots; a full host is never picked
-	// for its ready kernels.
+	// Kernels ready come before free slots: the one with more ready wins
+	// even with fewer free slots; a negative estimate of ready kernels
+	// counts as none; a full host is never picked for its ready kernels.
 	for range 100 {
 		if i := choose([]candidate{{name: "a", free: 50, ready: 0}, {name: "b", free: 2, ready: 1}}, rnd); i != 1 {
 			t.Fatalf("picked the host with no kernel ready")
@@ -67,6 +67,64 @@ func TestChoose(t *testing.T) {
 		if i := choose([]candidate{{name: "a", free: 0, ready: 5}, {name: "b", free: 1, ready: 0}}, rnd); i != 1 {
 			t.Fatalf("picked a full host")
 		}
+	}
+}
+
+// TestPickSpreadsBurst: a burst picked all at once (as its requests come,
+// before any host answers) goes to the ready kernels, each time to the
+// host with the most left (pool and spares, less the creates waiting
+// there), then by free slots; a placement the host refused is taken back,
+// unless a health answer has come since.
+func TestPickSpreadsBurst(t *testing.T) {
+	hs := &hosts{m: map[string]*host{
+		"a": {name: "a", epoch: "e", reachable: true, slots: 20, pool: 4, spares: 2, starting: 1}, // 5 ready
+		"b": {name: "b", epoch: "e", reachable: true, slots: 20, used: 6, pool: 1, spares: 1},     // 2 ready
+		"c": {name: "c", epoch: "e", reachable: true, slots: 20, draining: true, pool: 9},
+	}}
+	rnd := rand.New(rand.NewPCG(3, 4)).IntN
+	var got []string
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range 10 {
+		wg.Go(func() {
+			name, _ := hs.pick(nil, "", false, rnd)
+			mu.Lock()
+			got = append(got, name)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	per := map[string]int{}
+	for _, n := range got {
+		per[n]++
+	}
+	// The ready kernels first, each to the host with the most left: a's
+	// 5 and b's 2 take the first 7; then free slots, a's 14 against
+	// b's 12: 2 more to a, the last to either.
+	if per["c"] != 0 || per["a"] < 7 || per["b"] < 2 || per["a"]+per["b"] != 10 {
+		t.Errorf("picks per host %v, want a 7 or 8, b 2 or 3, none on the draining c", per)
+	}
+	if n, _ := hs.pick(map[string]bool{"a": true, "b": true}, "", false, rnd); n != "" {
+		t.Errorf("picked %q with every ready host excluded", n)
+	}
+	// The placement counts at once; a refused one is taken back.
+	before := hs.m["b"].placed
+	name, round := hs.pick(map[string]bool{"a": true}, "", false, rnd)
+	if name != "b" || hs.m["b"].placed != before+1 {
+		t.Fatalf("pick: %q, b placed %d, want b, %d", name, hs.m["b"].placed, before+1)
+	}
+	hs.unpick("b", round)
+	if hs.m["b"].placed != before {
+		t.Errorf("unpick left b placed %d, want %d", hs.m["b"].placed, before)
+	}
+	// After a health answer (a new round), an old pick is not taken back:
+	// the host's figures count it.
+	_, round = hs.pick(map[string]bool{"a": true}, "", false, rnd)
+	hs.m["b"].round++
+	hs.m["b"].placed = 0
+	hs.unpick("b", round)
+	if hs.m["b"].placed != 0 {
+		t.Errorf("unpick of an old round changed placed to %d", hs.m["b"].placed)
 	}
 }
 
@@ -116,6 +174,8 @@ type swapHost struct {
 	// kernels (from its next restart).
 	pool   int
 	zygote session.Zygote
+	// fixed selects the pool before issue 26 (session.ManagerOptions.FixedPool).
+	fixed bool
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -136,7 +196,7 @@ func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote}
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote, FixedPool: sh.fixed}
 	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
 	if sh.templates != nil {
 		mo.Templates, so.Templates = sh.templates, sh.templates
@@ -211,6 +271,17 @@ func (f *fixture) do(token, method, path, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// health is host i's /healthz, asked directly.
+func (f *fixture) health(i int) (server.Health, error) {
+	var st server.Health
+	resp, err := http.Get(f.hosts[i].ts.URL + "/healthz")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
 func (f *fixture) create(token string) (string, string) {
@@ -386,5 +457,73 @@ func TestForkThroughGateway(t *testing.T) {
 	}
 	if _, err := f.pg.GetPlacement(t.Context(), fork.Sessions[0].ID); err == nil {
 		t.Errorf("a deleted fork's placement is still recorded")
+	}
+}
+
+// TestBurstSpreadsByReadyKernels: a burst larger than either host's warm
+// pool, sent at once through a real gateway to two real hosts with pools
+// of 4 and 1, is spread over both: first to the ready kernels, always to
+// the host with the most left, then by free slots. (Before, placements
+// were counted only once a host answered, so the whole burst went to the
+// host that looked best before it: 10 of 10 on the first.)
+func TestBurstSpreadsByReadyKernels(t *testing.T) {
+	pools := []int{4, 1}
+	i := 0
+	f := newFixture(t, len(pools), func(sh *swapHost) {
+		sh.pool, sh.maxSessions = pools[i], 12
+		i++
+	})
+	testutil.WaitFor(t, 2*time.Minute, func() error {
+		for i := range f.hosts {
+			if st, err := f.health(i); err != nil || st.PoolReady < pools[i] || st.Starting > 0 {
+				return fmt.Errorf("host %d: %+v %v, want its pool of %d full", i, st, err, pools[i])
+			}
+		}
+		return nil
+	})
+	f.gw.Refresh(t.Context())
+	const burst = 10
+	hostIndex := map[string]int{}
+	for i, h := range f.hosts {
+		hostIndex[h.ts.Listener.Addr().String()] = i
+	}
+	var (
+		mu      sync.Mutex
+		perHost = make([]int, len(f.hosts))
+		wg      sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for range burst {
+		wg.Go(func() {
+			<-start
+			req, _ := http.NewRequest("POST", f.ts.URL+"/v1/sessions", nil)
+			req.Header.Set("Authorization", "Bearer "+tok1)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var s struct{ ID string }
+			if err := json.NewDecoder(resp.Body).Decode(&s); err != nil || resp.StatusCode != http.StatusCreated {
+				t.Errorf("create: %s %v", resp.Status, err)
+				return
+			}
+			pl, err := f.pg.GetPlacement(context.Background(), s.ID)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			perHost[hostIndex[pl.Host]]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	// The ready kernels take 5 (4 and 1), then free slots 8 against 11:
+	// 3 to the second, the last 2 to either; so 5-6 and 4-5.
+	if perHost[0]+perHost[1] != burst || perHost[0] < 4 || perHost[1] < 4 {
+		t.Errorf("sessions per host %v, want the burst of %d spread (each host at least 4)", perHost, burst)
 	}
 }

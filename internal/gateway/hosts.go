@@ -28,7 +28,13 @@ type host struct {
 	slots     int
 	used      int
 	pool      int // kernels started ahead (pool_ready), at the last health answer
-	placed    int // sessions this gateway placed since the last health answer
+	spares    int // the zygote's spares ready (spares_ready), at the last health answer
+	starting  int // creates under way there (waiting for a kernel), at the last health answer
+	// placed are the sessions this gateway placed since the last health
+	// answer, counted when placed (before the host answers: pick) and
+	// taken back if the host did not make one (unpick).
+	placed    int
+	round     int // health answers so far: a placement counts in one round
 	lastOK    time.Time
 	firstBad  time.Time // when it stopped answering (zero while it answers)
 	gone      bool      // no longer listed by the discovery
@@ -110,19 +116,71 @@ func (hs *hosts) get(name string) (u *url.URL, epoch string, reachable, ok bool)
 	return h.url, h.epoch, h.reachable, true
 }
 
-// candidates lists the ready hosts with their free slots; with a
-// template, only the hosts that have it.
+// candidates lists the ready hosts with their free slots and kernels
+// warm; with a template, only the hosts that have it.
 func (hs *hosts) candidates(exclude map[string]bool, template string) []candidate {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
+	return hs.candidatesLocked(exclude, template)
+}
+
+// candidatesLocked is candidates; hs.mu is held.
+func (hs *hosts) candidatesLocked(exclude map[string]bool, template string) []candidate {
 	var out []candidate
 	for _, h := range hs.m {
 		if h.ready() && !exclude[h.name] && (template == "" || h.hasTemplate(template)) {
-			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed, ready: h.pool - h.placed})
+			out = append(out, candidate{name: h.name, free: h.slots - h.used - h.placed, ready: h.pool + h.spares - h.starting - h.placed})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out
+}
+
+// pick chooses a host for a new session among the ready hosts not in
+// exclude (with a template, those that have it), by choose, and counts
+// the placement there at once: the requests of a burst all come before
+// any host has answered one, and each must see the others' placements,
+// else they all go to the host that looked best before the burst. It
+// returns the host and the health round the placement counts in (for
+// unpick), or "" if no host can take it. slotsOnly weighs free slots
+// alone (the placement before issue 26). rnd breaks ties (rand.IntN).
+func (hs *hosts) pick(exclude map[string]bool, template string, slotsOnly bool, rnd func(int) int) (name string, round int) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	cands := hs.candidatesLocked(exclude, template)
+	if slotsOnly {
+		for i := range cands {
+			cands[i].ready = 0
+		}
+	}
+	i := choose(cands, rnd)
+	if i < 0 {
+		return "", 0
+	}
+	h := hs.m[cands[i].name]
+	h.placed++
+	return h.name, h.round
+}
+
+// unpick takes back a placement pick counted on a host that made no
+// session of it (it refused, failed or could not be reached), unless a
+// health answer has come since (the host's own figures replaced it).
+func (hs *hosts) unpick(name string, round int) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h := hs.m[name]; h != nil && h.round == round && h.placed > 0 {
+		h.placed--
+	}
+}
+
+// placedOn counts a session a host made that no pick chose (a fork's,
+// on its parent's host) until the host's next health answer.
+func (hs *hosts) placedOn(name string) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h := hs.m[name]; h != nil {
+		h.placed++
+	}
 }
 
 // reachableHosts lists every host that answers, ready or draining.
@@ -136,15 +194,6 @@ func (hs *hosts) reachableHosts() []*url.URL {
 		}
 	}
 	return out
-}
-
-// placedOn counts a placement until the host's next health answer.
-func (hs *hosts) placedOn(name string) {
-	hs.mu.Lock()
-	defer hs.mu.Unlock()
-	if h := hs.m[name]; h != nil {
-		h.placed++
-	}
 }
 
 // refused notes that a host turned a new session away (full or draining),
@@ -249,7 +298,9 @@ func (hs *hosts) check(ctx context.Context, h *host) {
 	wasFenced := h.fenced
 	h.epoch, h.reachable, h.draining = health.Epoch, true, health.Draining || health.Status != "ok"
 	// Paused sessions take no slot; creates under way hold one.
-	h.slots, h.used, h.pool, h.placed = health.MaxSessions, health.Sessions-health.Paused+health.Starting, health.PoolReady, 0
+	h.slots, h.used, h.pool, h.spares = health.MaxSessions, health.Sessions-health.Paused+health.Starting, health.PoolReady, health.SparesReady
+	h.starting, h.placed = health.Starting, 0
+	h.round++
 	h.templates = health.Templates
 	h.lastOK, h.firstBad, h.fenced = now, time.Time{}, false
 	rec := store.HostRecord{Name: h.name, URL: u.String(), Epoch: h.epoch, Ready: h.ready(), Slots: h.slots, Used: h.used, SeenAt: now}

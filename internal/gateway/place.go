@@ -2,11 +2,11 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 
@@ -18,43 +18,61 @@ import (
 type candidate struct {
 	name string
 	free int // slots left, as last reported less this gateway's placements since
-	// ready is the kernels the host had started ahead (its warm pool, as
-	// last reported) less this gateway's placements since: a session
-	// placed there is served at once, elsewhere it waits for a fork.
+	// ready is the kernels the host has warm, as last reported (the
+	// kernels of its warm pool and its zygote's spares, less the creates
+	// waiting there), less this gateway's placements since: a session
+	// placed there starts without waiting for a fork.
 	ready int
 }
 
-// choose picks the better of two randomly chosen candidates: the one
-// with more kernels ready, then the one with more free slots ("the power
-// of two choices": load stays near even without every gateway agreeing
-// on one global view, and no herd piles onto the single emptiest host
-// after each health round). So a burst goes first to the hosts' ready
-// kernels, spread by how many each has, then by free slots. It returns
-// -1 if none has a free slot.
-func choose(cands []candidate, rnd *rand.Rand) int {
-	var open []int
+// choose picks the candidate with the most kernels ready (none counted
+// below zero), then the one with the most free slots; among equals, one
+// at random (rnd(n) is in [0, n)). It returns -1 if none has a free slot.
+//
+// Placements are counted as they are made (hosts.pick), so a burst goes
+// one session at a time to the host with the most ready kernels left: no
+// host's pool runs dry while another's holds two more. Past every host's
+// ready kernels, each session waits for a fork on demand wherever it
+// goes, and the burst is spread by free slots, as sessions are between
+// bursts. (Before issue 26 this was the better of two random hosts by
+// free slots, with placements counted only once the host answered: a
+// burst's requests, all sent before the first answer, went to whichever
+// host looked best before it.)
+func choose(cands []candidate, rnd func(int) int) int {
+	best, equals := -1, 0
 	for i, c := range cands {
-		if c.free > 0 {
-			open = append(open, i)
+		if c.free <= 0 {
+			continue
 		}
+		if best >= 0 {
+			b := cands[best]
+			switch cmp := compareCandidates(c, b); {
+			case cmp < 0:
+				continue
+			case cmp == 0:
+				// The k-th equal replaces the one kept with chance 1/k:
+				// each of them is picked as often.
+				if equals++; rnd(equals) != 0 {
+					continue
+				}
+			default:
+				equals = 1
+			}
+		} else {
+			equals = 1
+		}
+		best = i
 	}
-	switch len(open) {
-	case 0:
-		return -1
-	case 1:
-		return open[0]
+	return best
+}
+
+// compareCandidates is +1 if a is the better host for a new session, -1
+// if b is, 0 if they are equal: kernels ready first, then free slots.
+func compareCandidates(a, b candidate) int {
+	if ra, rb := max(a.ready, 0), max(b.ready, 0); ra != rb {
+		return cmp.Compare(ra, rb)
 	}
-	a := rnd.IntN(len(open))
-	b := rnd.IntN(len(open) - 1)
-	if b >= a {
-		b++
-	}
-	ia, ib := open[a], open[b]
-	ra, rb := max(cands[ia].ready, 0), max(cands[ib].ready, 0)
-	if rb > ra || rb == ra && cands[ib].free > cands[ia].free {
-		return ib
-	}
-	return ia
+	return cmp.Compare(a.free, b.free)
 }
 
 // place sends a request that makes a session (or run, or MCP session) to
@@ -87,19 +105,10 @@ func (g *Gateway) place(kind string) http.Handler {
 		tried := map[string]bool{}
 		var last *http.Response
 		for {
-			cands := g.hosts.candidates(tried, tmpl)
-			if g.slotsOnly {
-				for i := range cands {
-					cands[i].ready = 0
-				}
-			}
-			g.rndMu.Lock()
-			i := choose(cands, g.rnd)
-			g.rndMu.Unlock()
-			if i < 0 {
+			name, round := g.hosts.pick(tried, tmpl, g.slotsOnly, g.randN)
+			if name == "" {
 				break
 			}
-			name := cands[i].name
 			tried[name] = true
 			u, epoch, _, ok := g.hosts.get(name)
 			if !ok {
@@ -122,6 +131,7 @@ func (g *Gateway) place(kind string) http.Handler {
 			out.Header.Set(server.HeaderEpoch, epoch)
 			resp, err := g.opts.Transport.RoundTrip(out)
 			if err != nil {
+				g.hosts.unpick(name, round)
 				if r.Context().Err() != nil {
 					return
 				}
@@ -130,6 +140,7 @@ func (g *Gateway) place(kind string) http.Handler {
 			}
 			if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGone {
 				g.hosts.refused(name, resp.StatusCode != http.StatusTooManyRequests)
+				g.hosts.unpick(name, round)
 				if last != nil {
 					last.Body.Close()
 				}
@@ -139,7 +150,7 @@ func (g *Gateway) place(kind string) http.Handler {
 			if last != nil {
 				last.Body.Close()
 			}
-			g.placed(w, r, kind, name, epoch, resp)
+			g.placed(w, r, kind, name, round, epoch, resp)
 			return
 		}
 		if last != nil {
@@ -152,8 +163,9 @@ func (g *Gateway) place(kind string) http.Handler {
 	})
 }
 
-// placed records the new session the host made and passes its answer on.
-func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName, epoch string, resp *http.Response) {
+// placed records the new session the host made and passes its answer on;
+// if it made none, the placement pick counted in round is taken back.
+func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName string, round int, epoch string, resp *http.Response) {
 	defer resp.Body.Close()
 	var id string
 	switch kind {
@@ -163,6 +175,7 @@ func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName,
 		if resp.StatusCode == http.StatusCreated {
 			b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			if err != nil {
+				g.hosts.unpick(hostName, round) // whatever it made is unknown; its next health answer tells
 				server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host broke off its answer; retry", 1)
 				return
 			}
@@ -174,13 +187,15 @@ func (g *Gateway) placed(w http.ResponseWriter, r *http.Request, kind, hostName,
 			resp.Body = io.NopCloser(bytes.NewReader(b))
 		}
 	}
-	if id != "" {
-		g.hosts.placedOn(hostName)
+	if id == "" {
+		g.hosts.unpick(hostName, round)
+	} else {
 		pl := store.Placement{ID: id, Kind: kind, Owner: ownerOf(r.Context()), Host: hostName, Epoch: epoch}
 		if err := g.opts.Cluster.PutPlacement(r.Context(), pl); err != nil {
 			// Without a record nobody could reach it: give it back.
 			g.log.Warn("record placement", "session", id, "err", err)
 			g.undo(r, kind, hostName, id)
+			g.hosts.unpick(hostName, round)
 			server.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the sessions table cannot be written; retry shortly", 1)
 			return
 		}

@@ -93,14 +93,10 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement, snap string)
 	tried := map[string]bool{pl.Host: true}
 	err = errors.New("no live host can take a session now")
 	for {
-		cands := g.hosts.candidates(tried, "")
-		g.rndMu.Lock()
-		i := choose(cands, g.rnd)
-		g.rndMu.Unlock()
-		if i < 0 {
+		name, round := g.hosts.pick(tried, "", false, g.randN)
+		if name == "" {
 			return "", "", nil, err
 		}
-		name := cands[i].name
 		tried[name] = true
 		u, epoch, _, ok := g.hosts.get(name)
 		if !ok {
@@ -116,12 +112,14 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement, snap string)
 		req.Header.Set(server.HeaderEpoch, epoch)
 		resp, rerr := g.client.Do(req)
 		if rerr != nil {
+			g.hosts.unpick(name, round)
 			err = fmt.Errorf("host %s: %w", name, rerr)
 			continue
 		}
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusCreated || rerr != nil {
+			g.hosts.unpick(name, round)
 			var e struct {
 				Error struct {
 					Message string `json:"message"`
@@ -141,12 +139,13 @@ func (g *Gateway) restore(ctx context.Context, pl *store.Placement, snap string)
 			ID string `json:"id"`
 		}
 		if json.Unmarshal(b, &made) != nil || made.ID == "" {
+			g.hosts.unpick(name, round)
 			return "", "", nil, fmt.Errorf("host %s made a session but did not say its id", name)
 		}
-		g.hosts.placedOn(name)
 		npl := store.Placement{ID: made.ID, Kind: store.KindSession, Owner: pl.Owner, Host: name, Epoch: epoch, Snapshot: snap}
 		if perr := g.opts.Cluster.PutPlacement(ctx, npl); perr != nil {
 			g.deleteOn(ctx, pl.Owner, made.ID)
+			g.hosts.unpick(name, round)
 			return "", "", nil, perr
 		}
 		g.routes.put(npl)

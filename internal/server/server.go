@@ -435,7 +435,7 @@ func OwnerOf(token string) string {
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	st := s.opts.Manager.Stats()
 	h := Health{Status: "ok", Sessions: st.Sessions, Paused: st.Paused, PoolReady: st.PoolReady,
-		PoolTarget: st.PoolTarget, PoolReason: st.PoolReason, Starting: st.Starting,
+		PoolTarget: st.PoolTarget, PoolReason: st.PoolReason, SparesReady: st.Spares, Starting: st.Starting,
 		MaxSessions: st.MaxSessions, Epoch: s.opts.Epoch, Draining: s.draining.Load()}
 	// The templates are told to the cell's gateways only (the probe is
 	// public): they place a session that names one on a host that has it.
@@ -462,6 +462,10 @@ type Health struct {
 	// why (session.Stats).
 	PoolTarget int    `json:"pool_target"`
 	PoolReason string `json:"pool_reason,omitempty"`
+	// SparesReady are the zygote's armed spares waiting for a fork:
+	// with PoolReady, the sessions that would start without waiting for
+	// a fork (session.Stats.Spares).
+	SparesReady int `json:"spares_ready"`
 	// Starting are creates under way (in line for a pooled kernel or
 	// starting one); each holds a slot.
 	Starting    int    `json:"starting"`

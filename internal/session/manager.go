@@ -968,6 +968,10 @@ type Stats struct {
 	// burst remembered, and what capped it).
 	PoolTarget int
 	PoolReason string
+	// Spares are the zygote's armed spares waiting for a fork (0 without
+	// a zygote, or one that does not tell): with PoolReady, the sessions
+	// that start without waiting for a fork.
+	Spares int
 	// Starting are creates under way (in line for a pooled kernel or
 	// starting one): each holds a slot.
 	Starting int
@@ -981,6 +985,10 @@ func (st Stats) Busy() int { return st.Sessions - st.Paused - st.Hibernated }
 // Stats reports how many sessions are held (and paused) and how many
 // kernels wait in the pool.
 func (m *Manager) Stats() Stats {
+	spares := 0
+	if z, ok := m.opts.Zygote.(interface{ SparesReady() int }); ok {
+		spares = z.SparesReady()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, starting := 0, 0
@@ -993,7 +1001,7 @@ func (m *Manager) Stats() Stats {
 	}
 	t := m.poolTargetLocked(time.Now())
 	return Stats{Sessions: n, Paused: m.pausedLocked(), Hibernated: m.hibernatedLocked(), PoolReady: len(m.pool),
-		PoolTarget: t.N, PoolReason: t.Reason, Starting: starting, MaxSessions: m.opts.MaxSessions}
+		PoolTarget: t.N, PoolReason: t.Reason, Spares: spares, Starting: starting, MaxSessions: m.opts.MaxSessions}
 }
 
 // pausedLocked counts the paused sessions held (m.mu held).

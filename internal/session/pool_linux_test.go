@@ -281,3 +281,20 @@ func TestPoolRemembersBurst(t *testing.T) {
 		})
 	}
 }
+
+// Stats tells the zygote's spares ready beside the pool (a cell's
+// gateway weighs both through /healthz); without a zygote, none.
+func TestStatsSpares(t *testing.T) {
+	m := newForkingManager(t, ManagerOptions{PoolSize: 1, MaxSessions: 4})
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if st := m.Stats(); st.Spares < 1 {
+			return fmt.Errorf("stats %+v: no spare ready", st)
+		}
+		return nil
+	})
+	cold := NewManager(&ManagerOptions{MaxSessions: 1})
+	t.Cleanup(func() { cold.Close() })
+	if st := cold.Stats(); st.Spares != 0 {
+		t.Errorf("without a zygote: %+v", st)
+	}
+}

@@ -146,6 +146,18 @@ func (z *Zygote) Pid() int {
 	return z.cur.pid
 }
 
+// SparesReady is how many armed spares wait for a fork now: sessions
+// that would start without waiting for one to be made (a cell's gateway
+// weighs them, through the host's /healthz, when it places a burst).
+func (z *Zygote) SparesReady() int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.cur == nil {
+		return 0
+	}
+	return len(z.cur.spares)
+}
+
 // start starts a template; z.mu is held.
 func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if _, ok := ctx.Deadline(); !ok {

@@ -23,6 +23,9 @@ func (*Zygote) Launcher(string, jail.Limits, []string, int) kernel.Launcher {
 // Pid is 0.
 func (*Zygote) Pid() int { return 0 }
 
+// SparesReady is 0.
+func (*Zygote) SparesReady() int { return 0 }
+
 // Close does nothing.
 func (*Zygote) Close() error { return nil }
 
