@@ -279,7 +279,7 @@ func (m *Manager) PoolTarget() PoolTarget {
 // memAvailableMaxAge is how old a MemAvailable reading poolTargetLocked
 // uses may be. The pool's loop asks for its target after every start and
 // take, under the manager's lock: at ~50 sessions a second, reading
-// /proc/meminfo each time (the kernel sums every zone's counters for it)
+// /proc/meminfo each time (the kernel formats some fifty counters for it)
 // cost ~0.2 ms of CPU per session (issue 26's profile), and the guard it
 // feeds (poolMinAvailable, a gigabyte) does not need a fresher figure.
 const memAvailableMaxAge = 250 * time.Millisecond
