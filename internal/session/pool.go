@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -37,6 +38,16 @@ import (
 //     below PoolSize. After PoolIdleShrink without a take the kernels above
 //     the target are closed (the remembered burst keeps its kernels until
 //     PoolPeakHold after it, unless a burst as large comes again).
+//
+// What a session costs the machine when they are made and closed without
+// pause (issue 26's sustained run, perf over the whole machine: the table
+// is in docs/benchmarks.md, "Where a session's CPU goes"): ~37 ms of CPU,
+// 29 of them in the zygote's python3 processes (their forks, page faults
+// and the teardown of each process's copy of the template), ~5 in this
+// host (and the load's client), ~2 in kernel threads (network namespaces'
+// teardown, memory cgroups' offline, RCU callbacks). The pool's own part
+// is the target below, now ~0.07 ms a session (it read /proc/meminfo each
+// time: recentMemAvailable).
 
 const (
 	poolRateWindow   = 2 * time.Second
@@ -217,7 +228,7 @@ func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
 	if want <= m.opts.PoolSize {
 		return PoolTarget{m.opts.PoolSize, "the pool size (--pool)"}
 	}
-	if avail := memAvailable(); avail < poolMinAvailable {
+	if avail := recentMemAvailable(); avail < poolMinAvailable {
 		return PoolTarget{m.opts.PoolSize, fmt.Sprintf("the pool size: the host has %d MiB of memory available, less than %d MiB", avail>>20, poolMinAvailable>>20)}
 	}
 	free := m.opts.MaxSessions - len(m.sessions)
@@ -263,6 +274,34 @@ func (m *Manager) PoolTarget() PoolTarget {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.poolTargetLocked(time.Now())
+}
+
+// memAvailableMaxAge is how old a MemAvailable reading poolTargetLocked
+// uses may be. The pool's loop asks for its target after every start and
+// take, under the manager's lock: at ~50 sessions a second, reading
+// /proc/meminfo each time (the kernel formats some fifty counters for it)
+// cost ~0.2 ms of CPU per session (issue 26's profile), and the guard it
+// feeds (poolMinAvailable, a gigabyte) does not need a fresher figure.
+const memAvailableMaxAge = 250 * time.Millisecond
+
+// memReading is the last MemAvailable read for recentMemAvailable.
+var memReading struct {
+	sync.Mutex
+	at    time.Time
+	bytes int64
+	reads int // how many times /proc/meminfo was read for it
+}
+
+// recentMemAvailable is memAvailable, read again only when the last
+// reading is older than memAvailableMaxAge.
+func recentMemAvailable() int64 {
+	memReading.Lock()
+	defer memReading.Unlock()
+	if now := time.Now(); memReading.reads == 0 || now.Sub(memReading.at) >= memAvailableMaxAge {
+		memReading.bytes, memReading.at = memAvailable(), now
+		memReading.reads++
+	}
+	return memReading.bytes
 }
 
 // memAvailable is the host's MemAvailable in bytes, or a large number

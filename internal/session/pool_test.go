@@ -109,3 +109,36 @@ func TestPoolTargetRemembersBursts(t *testing.T) {
 		t.Errorf("10 s after a burst, bursts not remembered: %+v, want the pool size", got)
 	}
 }
+
+// The pool's target reads MemAvailable at most once per
+// memAvailableMaxAge however often it is asked (the pool's loop asks after
+// every start and take), and again once the reading is that old.
+func TestRecentMemAvailableRereadsWhenOld(t *testing.T) {
+	reads := func() int {
+		memReading.Lock()
+		defer memReading.Unlock()
+		return memReading.reads
+	}
+	first := recentMemAvailable()
+	if first <= 0 || first >= 1<<62 {
+		t.Fatalf("MemAvailable %d: /proc/meminfo unreadable?", first)
+	}
+	n := reads()
+	for range 100 {
+		recentMemAvailable()
+	}
+	// A reading can age past memAvailableMaxAge during the loop on a
+	// loaded machine: then one more read, never one per call.
+	if got := reads() - n; got > 1 {
+		t.Errorf("100 calls read /proc/meminfo %d times, want at most once", got)
+	}
+	time.Sleep(memAvailableMaxAge + 10*time.Millisecond)
+	n = reads()
+	a := recentMemAvailable()
+	if reads() != n+1 {
+		t.Errorf("a reading older than %v was not read again (%d reads before, %d after)", memAvailableMaxAge, n, reads())
+	}
+	if a <= 0 {
+		t.Errorf("MemAvailable read again: %d", a)
+	}
+}
