@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -294,9 +296,11 @@ func joinFlags(pid int) int {
 	return flags
 }
 
-// joining is a join script started, and our ends of its pipes.
+// joining is a join started (the join program, or the script), and our
+// ends of its pipes.
 type joining struct {
 	cmd    *exec.Cmd
+	prog   bool     // the join program (joinexe/join.c): its wire format, not JSON
 	cfgW   *os.File // the go-ahead newline, then runJoin's setup and command
 	stR    *os.File
 	status *bufio.Reader
@@ -307,9 +311,9 @@ type joining struct {
 	prepared, ready bool
 }
 
-// spawnJoin starts the join script for t, its standard descriptors
-// stdin, stdout and stderr (nil: /dev/null). It enters nothing before
-// enter.
+// spawnJoin starts the join program (or, without it, the join script)
+// for t, its standard descriptors stdin, stdout and stderr (nil:
+// /dev/null). It enters nothing before enter.
 func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) {
 	flags := joinFlags(t.pid)
 	root, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", t.pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -327,11 +331,14 @@ func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) 
 	}
 	pidfd := os.NewFile(uintptr(dup), "jail-pidfd")
 	defer pidfd.Close()
-	exe, err := os.Open(initPath())
-	if err != nil {
-		return nil, fmt.Errorf("join the sandbox: the init program: %w", err)
+	prog := joinProgPath()
+	var exe *os.File // the init, for the script (nil: fd 5 is not open)
+	if prog == "" {
+		if exe, err = os.Open(initPath()); err != nil {
+			return nil, fmt.Errorf("join the sandbox: the init program: %w", err)
+		}
+		defer exe.Close()
 	}
-	defer exe.Close()
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -354,6 +361,10 @@ func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) 
 		},
 		WaitDelay: 2 * time.Second,
 	}
+	if prog != "" {
+		cmd.Path = prog
+		cmd.Args = []string{"sandloop-join", joinProgVersion, strconv.Itoa(flags), strconv.Itoa(SandboxUID), strconv.Itoa(SandboxGID)}
+	}
 	// Unset, not a nil *os.File: exec gives /dev/null then.
 	if stdin != nil {
 		cmd.Stdin = stdin
@@ -367,9 +378,84 @@ func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) 
 	if err := cmd.Start(); err != nil {
 		cfgW.Close()
 		stR.Close()
+		if prog != "" && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOEXEC)) {
+			// The cached program cannot be executed here (a noexec
+			// mount): the script from now on.
+			giveUpJoinProgram(err)
+			return spawnJoin(t, stdin, stdout, stderr)
+		}
 		return nil, fmt.Errorf("join the sandbox: %w", err)
 	}
-	return &joining{cmd: cmd, cfgW: cfgW, stR: stR, status: bufio.NewReader(io.LimitReader(stR, 1<<20)), cg: t.cg}, nil
+	return &joining{cmd: cmd, prog: prog != "", cfgW: cfgW, stR: stR, status: bufio.NewReader(io.LimitReader(stR, 1<<20)), cg: t.cg}, nil
+}
+
+// joinProgVersion is the protocol of the join program (join.c's VERSION):
+// a program of another refuses to start.
+const joinProgVersion = "1"
+
+// joinFilterHex is the jail's seccomp filter (SeccompFilter) in hex, for
+// the join program.
+var joinFilterHex = sync.OnceValues(func() (string, error) {
+	f, err := SeccompFilter()
+	return hex.EncodeToString(f), err
+})
+
+// progMessage is a message of the join program's configuration: a length
+// in native byte order, then fields, each ended by a NUL.
+func progMessage(fields ...string) []byte {
+	n := 0
+	for _, f := range fields {
+		n += len(f) + 1
+	}
+	b := binary.NativeEndian.AppendUint32(make([]byte, 0, 4+n), uint32(n))
+	for _, f := range fields {
+		b = append(append(b, f...), 0)
+	}
+	return b
+}
+
+// encode is s as the join program reads it (join.c: setup).
+func (s joinSetup) encode() ([]byte, error) {
+	filter, err := joinFilterHex()
+	if err != nil {
+		return nil, err
+	}
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	term := "0"
+	if s.Terminal {
+		term = "1"
+	}
+	f := []string{u(uint64(s.Limits.NoFile)), u(uint64(s.Limits.FileSize)), u(uint64(s.Limits.Stack)), term, strconv.Itoa(len(s.Extra))}
+	for _, r := range s.Extra {
+		f = append(f, r.Name, strconv.Itoa(r.Res), u(r.Val))
+	}
+	return progMessage(append(f, filter)...), nil
+}
+
+// encode is c as the join program reads it (join.c: command). Its fields
+// hold no NUL (checkCommand).
+func (c joinCommand) encode() []byte {
+	f := make([]string, 0, 4+len(c.Args)+len(c.Env))
+	f = append(f, c.Path, c.Dir, strconv.Itoa(len(c.Args)))
+	f = append(f, c.Args...)
+	f = append(f, strconv.Itoa(len(c.Env)))
+	return progMessage(append(f, c.Env...)...)
+}
+
+// checkCommand refuses a program, argument, variable or directory with a
+// NUL byte, which no exec can pass.
+func checkCommand(cfg *Config) error {
+	for _, f := range []struct {
+		name string
+		vals []string
+	}{{"path", []string{cfg.Path}}, {"args", cfg.Args}, {"env", cfg.Env}, {"dir", []string{cfg.Dir}}} {
+		for _, v := range f.vals {
+			if strings.IndexByte(v, 0) >= 0 {
+				return &ArgumentError{f.name, fmt.Errorf("%q holds a NUL byte", v)}
+			}
+		}
+	}
+	return nil
 }
 
 // setup is runJoin's setup for a program in t, and the warnings of its
@@ -401,12 +487,24 @@ func (j *joining) enter(s joinSetup) error {
 			return fmt.Errorf("join the sandbox's cgroup: %w", err)
 		}
 	}
-	if _, err := j.cfgW.WriteString("\n"); err != nil {
-		return fmt.Errorf("join the sandbox: %w", err)
+	msg := []byte("\n")
+	if j.prog {
+		setup, err := s.encode()
+		if err != nil {
+			return fmt.Errorf("configure the joined process: %w", err)
+		}
+		msg = append(msg, setup...)
+	} else {
+		b, err := json.Marshal(&s)
+		if err != nil {
+			return fmt.Errorf("configure the joined process: %w", err)
+		}
+		msg = append(append(msg, b...), '\n')
 	}
-	// A pipe's buffer holds it: runJoin reads it as soon as it starts.
-	if err := json.NewEncoder(j.cfgW).Encode(&s); err != nil {
-		return fmt.Errorf("configure the joined process: %w", err)
+	// One write, which a pipe's buffer holds: the setup is read as soon
+	// as the child is forked.
+	if _, err := j.cfgW.Write(msg); err != nil {
+		return fmt.Errorf("join the sandbox: %w", err)
 	}
 	return nil
 }
@@ -414,6 +512,12 @@ func (j *joining) enter(s joinSetup) error {
 // send sends runJoin its program, the last of its configuration.
 func (j *joining) send(c joinCommand) error {
 	defer j.cfgW.Close()
+	if j.prog {
+		if _, err := j.cfgW.Write(c.encode()); err != nil {
+			return fmt.Errorf("configure the joined process: %w", err)
+		}
+		return nil
+	}
 	if err := json.NewEncoder(j.cfgW).Encode(&c); err != nil {
 		return fmt.Errorf("configure the joined process: %w", err)
 	}
@@ -537,6 +641,9 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	t := cfg.Join
 	if t.pidfd < 0 {
 		return nil, &ArgumentError{"join", errors.New("the target is closed")}
+	}
+	if err := checkCommand(cfg); err != nil {
+		return nil, err
 	}
 	p := &Process{done: make(chan struct{}), enforce: t.enforce, network: NetworkNone}
 	fail := func(err error) (*Process, error) {

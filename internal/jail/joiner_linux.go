@@ -176,6 +176,9 @@ func (w *Joiner) Start(ctx context.Context, cfg *Config) (*Process, error) {
 	case cfg.Join != nil && cfg.Join.pid != w.pid:
 		return nil, &ArgumentError{"join", errors.New("the prepared join is of another jail")}
 	}
+	if err := checkCommand(cfg); err != nil {
+		return nil, err
+	}
 	j := w.take()
 	if j == nil {
 		return nil, ErrJoinerUsed
