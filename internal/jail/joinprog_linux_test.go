@@ -176,7 +176,7 @@ func TestJoinProgramConfinesAsTheScript(t *testing.T) {
 			"Uid": "1000\t1000\t1000\t1000", "Gid": "1000\t1000\t1000\t1000",
 			"CapInh": zero, "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero,
 			"NoNewPrivs": "1", "Seccomp": "2", "SigBlk": zero,
-			"SigIgn": "0000000001001000", // SIGPIPE and SIGXFSZ, by python3 itself
+			"SigIgn":     "0000000001001000", // SIGPIPE and SIGXFSZ, by python3 itself
 			"securebits": "239", "unshare": "1", "sid": "true", "pgrp": "true", "ppid": "0",
 			"host_seen": "false", "cgroup": "true", "cwd": "/workspace", "fds": "[0 1 2 3]",
 		} {
