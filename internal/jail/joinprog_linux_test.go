@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -322,5 +323,34 @@ func TestJoinProgramReportsAsTheScript(t *testing.T) {
 		if _, ok := err.(*ArgumentError); !ok {
 			t.Errorf("a NUL in an argument (script %v): %v", script, err)
 		}
+	}
+}
+
+// A cached join program that cannot be executed (a noexec cache; here:
+// not executable) is given up: joins start the script from then on.
+func TestJoinWithoutAnExecutableProgram(t *testing.T) {
+	path := joinProgramOrSkip(t)
+	a := liveJail(t, "noexec", Limits{})
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (A copy: the cached program is shared with every sandloop here.)
+	noexec := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(noexec, bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	saved := joinExecutable
+	joinExecutable = func() (string, string) { return noexec, "a copy that cannot be executed" }
+	t.Cleanup(func() {
+		joinExecutable = saved
+		joinUnusable.Store(nil)
+	})
+	r, out, errs := joinPy(t, a, `import os; print(os.getuid())`, nil)
+	if r.ExitCode != 0 || out != "1000\n" {
+		t.Errorf("a join after the program could not be executed: %+v %q %q", r, out, errs)
+	}
+	if !strings.Contains(JoinInfo(), "could not be started") || joinProgPath() != "" {
+		t.Errorf("JoinInfo after the program could not be executed: %s (joins start %q)", JoinInfo(), joinProgPath())
 	}
 }
