@@ -13,7 +13,8 @@ deps:
 
 # The jail's small init, embedded into every binary that starts jails
 # (internal/jail/initexe/README.md). Without it they re-execute themselves.
-# And a forked session's small reaper, built with gcc (internal/zygote/
+# The jail's join program, built with gcc (internal/jail/joinexe/README.md).
+# Without it joins start the join script and the init. And a forked session's small reaper, built with gcc (internal/zygote/
 # reaperexe/README.md). Without it the reaper stays a copy of the template.
 gen:
 	$(GO) generate ./internal/jail

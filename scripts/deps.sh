@@ -13,7 +13,7 @@ pkgs=(python3 python3-numpy python3-pandas python3-matplotlib python3-flask pyth
   crun # crun: sandloop inside a container (cmd/sandloop TestInContainer)
   dbus-daemon # dbus-daemon: a private bus for the fake systemd of internal/jail's scope tests
   postgresql # postgresql: the PostgreSQL store's and the cell's tests (internal/store/pgtest starts throwaway clusters)
-  gcc libc6-dev) # gcc, libc6-dev: make gen builds the zygote's small static reaper (internal/zygote/reaperexe)
+  gcc libc6-dev) # gcc, libc6-dev: make gen builds the zygote's small static reaper (internal/zygote/reaperexe) and the jail's join program (internal/jail/joinexe)
 # QEMU for make test's smoke test of make test-vm, where the VM runner is
 # (../shared/vm next to the clone).
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -99,8 +99,10 @@ func BenchmarkE2BComputeSDK(b *testing.B) {
 // same commands (serve --e2b-command-trace), joined by sandbox id, on one
 // clock. It runs `sandloop serve --zygote` with commands that join the
 // sandbox's jail when they come (--cold-commands: the baseline) and with
-// the join made ahead (the default), alternately, rounds times, and prints
-// the median of each stage and the totals' median/p95/p99 of each:
+// the join made ahead (the default), each with joins by the join script
+// and the init (SANDLOOP_JOIN_SCRIPT=1: the path before the join program)
+// and by the join program, alternately, rounds times, and prints the
+// median of each stage and the totals' median/p95/p99 of each:
 //
 //	go test ./cmd/sandloop -run '^$' -bench E2BFirstCommand -benchtime 1x
 //
@@ -142,13 +144,17 @@ func BenchmarkE2BFirstCommand(b *testing.B) {
 		prepared           int
 		warmJoin, coldJoin []float64
 	}
-	run := func(cold bool, res *result) {
+	run := func(cold, script bool, res *result) {
 		trace := filepath.Join(b.TempDir(), "trace")
 		args := []string{"--token", e2bTestToken, "--zygote", "--e2b-command-trace", trace}
 		if cold {
 			args = append(args, "--cold-commands")
 		}
+		if script {
+			os.Setenv(jail.JoinScriptEnv, "1")
+		}
 		env := startServe(b, args...)
+		os.Unsetenv(jail.JoinScriptEnv)
 		time.Sleep(2 * time.Second) // the warm pool and the zygote's spares
 		out, err := e2btest.Run(b, env, 10*time.Minute, "firstcommand", strconv.Itoa(n), "python3 -V")
 		var sdk []sdkTimes
@@ -193,32 +199,57 @@ func BenchmarkE2BFirstCommand(b *testing.B) {
 		sort.Float64s(s)
 		return s[min(len(s)-1, max(0, int(math.Ceil(float64(len(s))*p/100))-1))]
 	}
+	type mode struct{ cold, script bool }
+	modes := []mode{{true, true}, {false, true}, {true, false}, {false, false}}
+	names := map[mode]string{{true, true}: "cold, script", {false, true}: "ahead, script", {true, false}: "cold, program", {false, false}: "ahead, program"}
 	for b.Loop() {
-		res := map[bool]*result{true: {by: map[string][]float64{}}, false: {by: map[string][]float64{}}}
+		res := map[mode]*result{}
+		for _, m := range modes {
+			res[m] = &result{by: map[string][]float64{}}
+		}
+		load0, _ := os.ReadFile("/proc/loadavg")
 		for range rounds {
-			for _, cold := range []bool{true, false} {
-				run(cold, res[cold])
+			for _, m := range modes {
+				run(m.cold, m.script, res[m])
 			}
 		}
 		load, _ := os.ReadFile("/proc/loadavg")
-		fmt.Printf("load %s; %d sequential create + `python3 -V` each, in %d rounds; stage: median ms (p95), cold join (baseline) vs made ahead:\n", strings.TrimSpace(string(load)), n*rounds, rounds)
+		fmt.Printf("load %s -> %s; %d sequential create + `python3 -V` each, in %d rounds; stage: median ms (p95); joins cold (when the command comes) or made ahead, by the join script + init (old) or the join program:\n",
+			strings.TrimSpace(string(load0)), strings.TrimSpace(string(load)), n*rounds, rounds)
+		fmt.Printf("  %-16s", "")
+		for _, m := range modes {
+			fmt.Printf(" %18s", names[m])
+		}
+		fmt.Println()
 		for _, s := range stages {
-			fmt.Printf("  %-16s %7.1f (%6.1f)  %7.1f (%6.1f)\n", s, pct(res[true].by[s], 50), pct(res[true].by[s], 95), pct(res[false].by[s], 50), pct(res[false].by[s], 95))
+			fmt.Printf("  %-16s", s)
+			for _, m := range modes {
+				fmt.Printf(" %8.1f (%7.1f)", pct(res[m].by[s], 50), pct(res[m].by[s], 95))
+			}
+			fmt.Println()
 		}
 		for _, s := range []string{"command", "total"} {
-			fmt.Printf("%s median / p95 / p99: %.1f / %.1f / %.1f vs %.1f / %.1f / %.1f\n", s, pct(res[true].by[s], 50), pct(res[true].by[s], 95), pct(res[true].by[s], 99),
-				pct(res[false].by[s], 50), pct(res[false].by[s], 95), pct(res[false].by[s], 99))
-		}
-		waited := 0
-		for _, d := range res[false].warmJoin {
-			if d > 10 {
-				waited++
+			for _, m := range modes {
+				fmt.Printf("%s, %s: median / p95 / p99 %.1f / %.1f / %.1f\n", s, names[m], pct(res[m].by[s], 50), pct(res[m].by[s], 95), pct(res[m].by[s], 99))
 			}
 		}
-		fmt.Printf("commands served by a join made ahead: %d of %d (baseline: %d), %d of them waited > 10 ms for it (still being made: the pool ran dry); their join: median %.1f ms, the others' %.1f ms\n",
-			res[false].prepared, n*rounds, res[true].prepared, waited, pct(res[false].warmJoin, 50), pct(append(res[false].coldJoin, -1), 50))
-		b.ReportMetric(pct(res[false].by["total"], 50), "total-median-ms")
-		b.ReportMetric(pct(res[false].by["total"], 99), "total-p99-ms")
-		b.ReportMetric(pct(res[true].by["total"], 50)/pct(res[false].by["total"], 50), "cold/warm-median")
+		for _, m := range modes {
+			waited := 0
+			for _, d := range res[m].warmJoin {
+				if d > 10 {
+					waited++
+				}
+			}
+			fmt.Printf("%s: commands served by a join made ahead: %d of %d, %d of them waited > 10 ms for it (still being made: the pool ran dry); their join: median %.1f ms, the others' %.1f ms\n",
+				names[m], res[m].prepared, n*rounds, waited, pct(append(res[m].warmJoin, -1), 50), pct(append(res[m].coldJoin, -1), 50))
+		}
+		old, cur := res[mode{false, true}], res[mode{false, false}]
+		fmt.Printf("made ahead, program vs script: total median %.2fx, p99 %.2fx; cold: total median %.2fx, join median %.2fx\n",
+			pct(old.by["total"], 50)/pct(cur.by["total"], 50), pct(old.by["total"], 99)/pct(cur.by["total"], 99),
+			pct(res[mode{true, true}].by["total"], 50)/pct(res[mode{true, false}].by["total"], 50),
+			pct(res[mode{true, true}].by["join"], 50)/pct(res[mode{true, false}].by["join"], 50))
+		b.ReportMetric(pct(cur.by["total"], 50), "total-median-ms")
+		b.ReportMetric(pct(cur.by["total"], 99), "total-p99-ms")
+		b.ReportMetric(pct(old.by["total"], 50)/pct(cur.by["total"], 50), "script/program-median")
 	}
 }

@@ -154,6 +154,7 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, template
 		info("zygote", fmt.Sprintf("not used: %s; sessions start cold", host.UnsupportedReason(err)))
 	}
 	info("jail init", jail.InitInfo())
+	info("jail join", jail.JoinInfo())
 	if zygote.Supported() == nil {
 		info("zygote reaper", zygote.ReaperInfo())
 	}

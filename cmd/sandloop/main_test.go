@@ -239,7 +239,7 @@ func TestDoctor(t *testing.T) {
 	}
 	for _, want := range []string{"ok    user namespaces", "ok    seccomp", "ok    jail", "Python 3.", "ok    egress proxy      allow mode: a round trip", "numpy", "a safe sandbox can be built",
 		"ok    workspace quota   256M and 20000 files per workspace by default", "ok    zygote            serve, mcp and agent fork sessions",
-		"ok    pause             cgroup v", "ok    fork files        a fork's children share one read-only copy"} {
+		"ok    pause             cgroup v", "ok    fork files        a fork's children share one read-only copy", "jail join         "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}

@@ -19,8 +19,9 @@
 // same workspace, and each command runs inside the kernel's jail
 // (session.Session.StartCommand), in a join of that jail made ahead when
 // the sandbox was created (where sandboxes have run commands in the last
-// few minutes: session.Manager.CommandsRecent; a join costs ~25 ms of CPU
-// and a few MiB, of no use to a sandbox that only runs code) or when its
+// few minutes: session.Manager.CommandsRecent; a join costs ~2 ms of CPU
+// and ~100 KiB, ~25 ms and ~4 MiB without the join program, of no use to a
+// sandbox that only runs code) or when its
 // last command ended (ColdCommands: never), so that a first command costs about the exec of its program (E2B's SDK
 // runs `/bin/bash -l -c CMD`; BenchmarkE2BFirstCommand of cmd/sandloop
 // prints where its time goes). Any templateID is accepted and

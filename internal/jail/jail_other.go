@@ -64,6 +64,7 @@ func ProbeConfinement() Confinement { return Confinement{} }
 func SeccompSupported() bool        { return false }
 func RunningInits() []int           { return nil }
 func InitInfo() string              { return "" }
+func JoinInfo() string              { return "" }
 
 // NewQuotaDir makes an ordinary directory: quotas need Linux.
 func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -110,14 +111,20 @@ func initCacheDir() string {
 	return filepath.Join(os.TempDir(), "sandloop-"+strconv.Itoa(uid))
 }
 
-// ensureInit writes the generated init to path unless it is there (the
-// name says which init it is; only this user can have written it). The
-// jail's user must be able to execute it: the file and its directory are
-// readable by all, writable only by this user (checked, so that nobody
-// else can have put a program there). Writing it prunes the inits of other
-// builds that no sandloop has started using for an hour (one still
-// running with its init writes it again when it next starts a jail).
+// ensureInit writes the generated init to path unless it is there.
 func ensureInit(path string) error {
+	return ensureCached(path, func() ([]byte, error) { return initexe.ReadFile(initexeName) })
+}
+
+// ensureCached writes the program read returns to path unless it is there
+// (the name, PREFIX-HASH, says which program it is; only this user can
+// have written it). The jail's user must be able to execute it: the file
+// and its directory are readable by all, writable only by this user
+// (checked, so that nobody else can have put a program there). Writing it
+// prunes the programs of the same prefix of other builds that no sandloop
+// has started using for an hour (one still running with its program
+// writes it again when it next needs it).
+func ensureCached(path string, read func() ([]byte, error)) error {
 	if err := ownedByUs(path, false); err == nil {
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -134,11 +141,13 @@ func ensureInit(path string) error {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fmt.Errorf("init cache: %w", err)
 	}
-	bin, err := initexe.ReadFile(initexeName)
+	bin, err := read()
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".sandloop-init-*")
+	base := filepath.Base(path)
+	prefix := base[:strings.LastIndexByte(base, '-')+1] // "sandloop-init-"
+	f, err := os.CreateTemp(dir, "."+prefix+"*")
 	if err != nil {
 		return fmt.Errorf("init cache: %w", err)
 	}
@@ -156,7 +165,7 @@ func ensureInit(path string) error {
 		os.Remove(f.Name())
 		return fmt.Errorf("init cache: %w", err)
 	}
-	old, _ := filepath.Glob(filepath.Join(dir, "sandloop-init-*"))
+	old, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
 	for _, o := range old {
 		if fi, err := os.Lstat(o); err == nil && o != path && time.Since(fi.ModTime()) > time.Hour {
 			os.Remove(o)

@@ -20,6 +20,7 @@ import (
 var sourceFiles embed.FS
 
 //go:generate go run ./initgen
+//go:generate go run ./joingen
 
 // SourceHash is a hash of this package's Go sources: the generated init
 // records the one it was built from (see initexe/README.md).

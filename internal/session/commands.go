@@ -19,8 +19,9 @@ import (
 //
 // A command's join can be made ahead (PrepareCommand: jail.Joiner, one at
 // most per session, made in the background): the next command without a
-// terminal then costs the exec of its program, not a Python interpreter's
-// and the init's start (~35 ms). The E2B face asks for one when a sandbox
+// terminal then costs the exec of its program, not the join's (~8 ms and
+// ~2 ms of CPU with the jail's join program; ~35-70 ms with the join
+// script and the init, its fallback). The E2B face asks for one when a sandbox
 // is created and after each command. It is killed with the session, and
 // dies with the kernel's jail (a restart's new kernel gets a new one).
 
@@ -168,10 +169,11 @@ func (w *warmJoin) close() {
 	}
 }
 
-// A join made ahead holds 6 tasks of the jail's Pids (the script, the
-// init's runtime threads) and ~5 MiB of its memory while it waits: taken
-// from a sandbox with small limits, they would be missed by its programs,
-// so none is made below these.
+// A join made ahead holds 2 tasks of the jail's Pids and ~100 KiB of its
+// memory while it waits (the join program; with the script and the init,
+// its fallback, 6 tasks and ~4 MiB): taken from a sandbox with small
+// limits, they would be missed by its programs, so none is made below
+// these.
 const (
 	prepareMinPids   = 64
 	prepareMinMemory = 128 << 20
