@@ -34,6 +34,10 @@ type Checkpoint struct {
 	// NotCarried lists what the session held that a restore does not
 	// bring back (threads, child processes).
 	NotCarried []string `json:"not_carried,omitempty"`
+	// Fresh marks the automatic checkpoint before the first cell of a
+	// kernel no code had run in: it holds the files only; restoring it
+	// starts a fresh kernel in a fresh sandbox, and it cannot be forked.
+	Fresh bool `json:"fresh,omitempty"`
 }
 
 // Restored says what came back at a restore, an undo or a fork.

@@ -100,6 +100,7 @@ func (k *Kernel) RestoreAndDrop(ctx context.Context, id int) (*CheckpointInfo, e
 }
 
 func (k *Kernel) restore(ctx context.Context, id int, drop bool) (*CheckpointInfo, error) {
+	k.fresh.Store(false)
 	ev, err := k.call(ctx, map[string]any{"op": "restore", "id": id, "drop": drop}, "restore", "a restore", checkpointDeadline, func(ev *wireEvent) {
 		if ev.Reason == "" && !ev.Gone {
 			k.count = ev.ExecutionCount
@@ -447,6 +448,7 @@ func (s *recordScanner) feed(b []byte) error {
 // those the export could not save. If the stream itself is broken the
 // error says so; the variables loaded before the break stay.
 func (k *Kernel) ImportState(ctx context.Context, r io.Reader) (*StateManifest, error) {
+	k.fresh.Store(false)
 	if k.stateChannel {
 		return k.importChannel(ctx, r)
 	}
@@ -512,6 +514,7 @@ func (k *Kernel) ImportStateFile(ctx context.Context, f *os.File) (*StateManifes
 // state files (its manifest's Refs, StartExportOver): bases holds them,
 // sealed, and the kernel maps them as it maps f.
 func (k *Kernel) ImportStateFiles(ctx context.Context, f *os.File, bases []StateBase) (*StateManifest, error) {
+	k.fresh.Store(false)
 	if len(bases) > 0 {
 		if !k.stateChannel || !sealedStateFile(f) {
 			return nil, errors.New("import state: an export that refers to other state files needs the state channel and a sealed state file")

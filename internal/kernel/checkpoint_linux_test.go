@@ -811,3 +811,38 @@ print(len(states), states.count('Z'))`)
 		t.Fatalf("processes, zombies: %s; want 3 (init, anchor, live kernel), 0", got)
 	}
 }
+
+// TestFresh: a started kernel is fresh until a cell, an import, a restore
+// or an environment change is sent to it; a checkpoint leaves it fresh.
+func TestFresh(t *testing.T) {
+	ctx := context.Background()
+	for _, step := range []struct {
+		name string
+		do   func(k *Kernel) error
+	}{
+		{"execute", func(k *Kernel) error { _, err := k.Execute(ctx, Request{Code: "1"}, nil); return err }},
+		{"setenv", func(k *Kernel) error { return k.SetEnv(ctx, map[string]string{"A": "1"}) }},
+		{"restore", func(k *Kernel) error {
+			cp, err := k.Checkpoint(ctx)
+			if err != nil {
+				return err
+			}
+			if !k.Fresh() {
+				return errors.New("a checkpoint made the kernel not fresh")
+			}
+			_, err = k.Restore(ctx, cp.ID)
+			return err
+		}},
+	} {
+		k := startJailed(t, jail.Limits{Memory: 1 << 30})
+		if !k.Fresh() {
+			t.Fatalf("%s: a kernel just started is not fresh", step.name)
+		}
+		if err := step.do(k); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if k.Fresh() {
+			t.Errorf("%s: the kernel is still fresh", step.name)
+		}
+	}
+}

@@ -116,6 +116,8 @@ type Kernel struct {
 	tag   int64 // of the last request between cells; owned by the holder of sem
 
 	stateChannel bool // the kernel took fd 7 as its state channel (set at start)
+
+	fresh atomic.Bool // see Fresh
 }
 
 // wireEvent is an Event as the kernel sends it.
@@ -215,8 +217,16 @@ func Start(ctx context.Context, launch Launcher, opts *Options) (*Kernel, error)
 		k.Close()
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}
+	k.fresh.Store(true)
 	return k, nil
 }
+
+// Fresh reports whether the kernel is as Start left it: no cell, state
+// import, checkpoint restore or change of its environment was ever sent
+// to it (a kernel attached to, rather than started, is never fresh). Its
+// Python state is then that of any kernel the same launcher starts: no
+// variables, nothing imported by a cell, execution count 0.
+func (k *Kernel) Fresh() bool { return k.fresh.Load() }
 
 // readySink waits for the kernel's "ready", keeping what it says on stderr.
 type readySink struct {
@@ -412,6 +422,7 @@ func (k *Kernel) CheckComplete(ctx context.Context, code string) (string, error)
 // SetEnv sets variables in the kernel's environment (os.environ), between
 // cells: what the code and the processes it starts see from now on.
 func (k *Kernel) SetEnv(ctx context.Context, env map[string]string) error {
+	k.fresh.Store(false)
 	_, err := k.ask(ctx, map[string]any{"op": "setenv", "env": env}, "setenv", "a request to set its environment")
 	return err
 }
@@ -466,6 +477,7 @@ func (k *Kernel) ask(ctx context.Context, req map[string]any, typ, what string) 
 // run anything (ErrDead) or a ctx done before the cell started. When ctx is
 // done during the cell, the cell is interrupted.
 func (k *Kernel) Execute(ctx context.Context, req Request, onEvent EventFunc) (*Result, error) {
+	k.fresh.Store(false)
 	select {
 	case k.sem <- struct{}{}:
 	case <-ctx.Done():

@@ -50,6 +50,12 @@ type Checkpoint struct {
 	// than the main one, child processes ("PID COMMAND": they keep
 	// running, not rolled back), FIFOs and devices in the workspace.
 	NotCarried []string `json:"not_carried,omitempty"`
+	// Fresh marks the automatic checkpoint taken before the first cell of
+	// a kernel no code had run in (kernel.Fresh): it holds the files but
+	// no copy of the kernel (memory 0), and restoring it starts a fresh
+	// kernel in a fresh sandbox (restoreFresh), whose Python state is the
+	// one it had. Taking it costs a copy of the files only.
+	Fresh bool `json:"fresh,omitempty"`
 }
 
 // Restored says what came back after a restore, an undo or a fork: the
@@ -277,6 +283,9 @@ func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRe
 	if err != nil {
 		return nil, err
 	}
+	if k, err := s.kernel(); err == nil && auto && k.Fresh() {
+		return s.checkpointFresh(ctx, kc, st, ws)
+	}
 	// The kernel's copy and the files' at once: both are of this moment,
 	// between cells, under the turn.
 	var fc *workspace.FileCheckpoint
@@ -323,6 +332,36 @@ func (s *Session) checkpoint(ctx context.Context, name string, auto bool) (*cpRe
 	if auto {
 		s.trimAuto(ctx, kc, s.autoCheckpoints())
 	}
+	if err := s.fit(ctx, kc, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// checkpointFresh takes the automatic checkpoint before the first cell of
+// a fresh kernel: the files alone (see Checkpoint.Fresh). A fork of the
+// kernel (its page tables, the copy's start, its memory measured after)
+// cost a session's first cell several milliseconds of CPU, the most of
+// it in a burst of new sessions (issue 26: BenchmarkMCPBurst, whose
+// sessions take automatic checkpoints for the undo tool).
+func (s *Session) checkpointFresh(ctx context.Context, kc kernelCheckpoints, st *workspace.CheckpointStore, ws *workspace.Workspace) (*cpRecord, error) {
+	fc, err := st.Take(ws)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: checkpoint the workspace: %w", s.id, err)
+	}
+	c := &s.cps
+	c.mu.Lock()
+	c.seq++
+	r := &cpRecord{Checkpoint: Checkpoint{
+		ID: "cp" + strconv.Itoa(c.seq), Auto: true, Fresh: true, CreatedAt: time.Now().UTC(),
+		FileBytes: fc.Bytes, Files: fc.Files,
+	}, fileID: fc.ID}
+	for _, p := range fc.Skipped {
+		r.NotCarried = append(r.NotCarried, "file "+p+" (not a regular file)")
+	}
+	c.list = append(c.list, r)
+	c.mu.Unlock()
+	s.trimAuto(ctx, kc, s.autoCheckpoints())
 	if err := s.fit(ctx, kc, r); err != nil {
 		return nil, err
 	}
@@ -434,6 +473,9 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 	var held int64
 	var gone []*cpRecord
 	for _, r := range c.list {
+		if r.Fresh {
+			continue // no copy of the kernel
+		}
 		m, ok := mem[r.kernelID]
 		if !ok {
 			gone = append(gone, r)
@@ -456,6 +498,10 @@ func (s *Session) measure(ctx context.Context, kc kernelCheckpoints) (int64, err
 
 // drop forgets r, freeing its kernel copy and its files.
 func (s *Session) drop(ctx context.Context, kc kernelCheckpoints, r *cpRecord) {
+	if r.Fresh {
+		s.forget(r)
+		return
+	}
 	if err := kc.DropCheckpoint(context.WithoutCancel(ctx), r.kernelID); err != nil && !errors.Is(err, errCheckpointGone) {
 		s.log.Warn("drop a checkpoint's kernel copy", "checkpoint", r.ID, "err", err)
 	}
@@ -559,6 +605,9 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 // With drop, r is used up (an undo): its kernel copy becomes the live
 // kernel without leaving a copy to restore again, and r is forgotten.
 func (s *Session) restore(ctx context.Context, r *cpRecord, from string, drop bool) (*Restored, error) {
+	if r.Fresh {
+		return s.restoreFresh(ctx, r, from, drop)
+	}
 	kc, err := s.liveCheckpoints()
 	if err != nil {
 		return nil, err
@@ -610,6 +659,71 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string, drop bo
 	}
 	forkStage("restore-files", t0)
 	res := &Restored{From: from, Files: r.Files, ExecutionCount: ki.ExecutionCount, NotRestored: append([]string(nil), r.NotCarried...)}
+	s.setRestored(res)
+	out := *res
+	return &out, nil
+}
+
+// restoreFresh restores r, a Fresh checkpoint, under the turn: a new
+// kernel from the session's launcher replaces the live one, as Restart
+// does (the live kernel's end ends its sandbox: the new kernel comes in a
+// fresh one), and the files come back as r holds them. The live kernel's
+// other checkpoints are copies of it and end with it: they are dropped,
+// and the result says so, with what a fresh sandbox does not keep.
+func (s *Session) restoreFresh(ctx context.Context, r *cpRecord, from string, drop bool) (*Restored, error) {
+	st, ws, err := s.checkpointFiles()
+	if err != nil {
+		return nil, err
+	}
+	old, err := s.kernel()
+	if err != nil {
+		return nil, err
+	}
+	c := &s.cps
+	c.mu.Lock()
+	var others []*cpRecord
+	for _, x := range c.list {
+		if x != r && !x.Fresh {
+			others = append(others, x)
+		}
+	}
+	c.mu.Unlock()
+	s.dropWarm()
+	old.Kill("the session went back to its start: a fresh kernel replaces this one")
+	old.Close()
+	notRestored := append([]string(nil), r.NotCarried...)
+	notRestored = append(notRestored, "processes, /tmp and /dev/shm of the sandbox (ended and emptied: going back to before the first cell starts a fresh kernel in a fresh sandbox)")
+	for _, x := range others {
+		s.forget(x)
+		notRestored = append(notRestored, "checkpoint "+x.ID+" (dropped: it was a copy of the kernel that the fresh one replaced)")
+	}
+	t0 := time.Now()
+	k, err := s.start(ctx)
+	forkStage("restore-kernel", t0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		k.Close()
+		return nil, ErrClosed
+	}
+	s.k = k
+	s.mu.Unlock()
+	if err := s.keepLocked(); err != nil {
+		s.log.Warn("keeper: the fresh kernel is not kept", "err", err)
+	}
+	t0 = time.Now()
+	_, err = st.Restore(ws, r.fileID)
+	if drop {
+		s.forget(r)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("session %s: restore the workspace of %s (a fresh kernel was started): %w", s.id, r.ID, err)
+	}
+	forkStage("restore-files", t0)
+	res := &Restored{From: from, Files: r.Files, NotRestored: notRestored}
 	s.setRestored(res)
 	out := *res
 	return &out, nil

@@ -431,3 +431,76 @@ func waitMeasured(t *testing.T, s *Session) {
 		return nil
 	})
 }
+
+// TestUndoFirstCellStartsFresh: the automatic checkpoint before a fresh
+// kernel's first cell holds the files alone (Checkpoint.Fresh, no copy of
+// the kernel); undoing that cell starts a fresh kernel in a fresh
+// sandbox, brings the files back, and says what did not come back: the
+// sandbox's processes and the checkpoints that were copies of the
+// replaced kernel. A later cell's checkpoint is a copy as before.
+func TestUndoFirstCellStartsFresh(t *testing.T) {
+	const sleeps = "import os\ndef v_sleeps():\n    n = 0\n    for p in os.listdir('/proc'):\n        try:\n            n += p.isdigit() and open('/proc/%s/comm' % p).read().strip() == 'sleep'\n        except OSError:\n            pass\n    return n\n"
+
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice", Checkpoints: CheckpointsAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ms.Session
+	if err := os.WriteFile(filepath.Join(s.Workspace(), "in.txt"), []byte("before"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, s, sleeps+"import subprocess\nv_x = 1\nv_p = subprocess.Popen(['sleep', '600'])\nopen('/workspace/out.txt', 'w').write('cell 1')\nopen('/tmp/t.txt', 'w').write('x')"))
+	cps := s.Checkpoints()
+	if len(cps) != 1 || !cps[0].Fresh || !cps[0].Auto || cps[0].MemoryBytes != 0 || cps[0].Files != 1 {
+		t.Fatalf("after the first cell: %+v, want one fresh automatic checkpoint holding in.txt", cps)
+	}
+	named, err := s.Checkpoint(ctx, "after-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if named.Fresh {
+		t.Fatalf("a named checkpoint after a cell is fresh: %+v", named)
+	}
+	if _, _, err := m.Fork(ctx, "alice", ms.ID(), ForkOptions{Checkpoint: cps[0].ID}); err == nil || !strings.Contains(err.Error(), "before the session's first cell") {
+		t.Errorf("fork of the fresh checkpoint: %v, want a refusal that says why", err)
+	}
+	mustOK(t, runCode(t, s, "v_x = 2\nassert v_sleeps() == 1, v_sleeps()"))
+	if cps := s.Checkpoints(); len(cps) != 3 || cps[2].Fresh {
+		t.Fatalf("after the second cell: %+v, want its checkpoint a copy of the kernel", cps)
+	}
+	if _, err := s.Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := textOf(t, s, "v_x"); got != "1" {
+		t.Fatalf("after undoing the second cell v_x = %s, want 1", got)
+	}
+	// The "v_x" cell took a checkpoint too: undo it, then the first cell.
+	if _, err := s.Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Undo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExecutionCount != 0 || res.Files != 1 {
+		t.Errorf("undo of the first cell: %+v", res)
+	}
+	said := strings.Join(res.NotRestored, "\n")
+	if !strings.Contains(said, "processes, /tmp") || !strings.Contains(said, "checkpoint "+named.ID+" (dropped") {
+		t.Errorf("undo of the first cell says %q: want the sandbox's processes and checkpoint %s named", said, named.ID)
+	}
+	if r := runCode(t, s, "v_x"); r.Status != kernel.StatusError || !strings.Contains(fmt.Sprint(r.Error), "NameError") {
+		t.Fatalf("after undoing the first cell: %+v, want a NameError", r)
+	}
+	mustOK(t, runCode(t, s, sleeps))
+	if got := textOf(t, s, "import os\n' '.join(map(str, [open('/workspace/in.txt').read(), os.path.exists('/workspace/out.txt'), os.path.exists('/tmp/t.txt'), v_sleeps()]))"); got != "'before False False 0'" {
+		t.Errorf("after undoing the first cell: %q, want in.txt back, out.txt and /tmp's file gone, no sleep running", got)
+	}
+	for _, c := range s.Checkpoints() {
+		if c.ID == named.ID {
+			t.Errorf("checkpoint %s is still listed after its kernel was replaced", c.ID)
+		}
+	}
+}

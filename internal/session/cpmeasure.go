@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
@@ -58,8 +59,8 @@ func (s *Session) measureLater() {
 	c := &s.cps
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.list) == 0 || closed {
-		return
+	if !slices.ContainsFunc(c.list, func(r *cpRecord) bool { return !r.Fresh }) || closed {
+		return // no copy of the kernel to measure
 	}
 	// Figures older than this are stale, measured here or not: with no
 	// background measure (no host PIDs known, or not readable from the
@@ -89,6 +90,9 @@ func (s *Session) measureInBackground(roots []int, done chan struct{}) {
 		}
 		unnamed := false // a copy just forked may not have named itself yet
 		for _, r := range c.list {
+			if r.Fresh {
+				continue // no copy of the kernel
+			}
 			m, ok := mem[r.kernelID]
 			if ok && start.After(r.MemoryMeasuredAt) {
 				r.MemoryBytes, r.MemoryMeasuredAt = m, start
@@ -124,6 +128,7 @@ func (s *Session) estimateHeld() (held int64, stale bool, oldest time.Time, runn
 	}
 	for _, r := range c.list {
 		switch {
+		case r.Fresh: // no copy of the kernel
 		case r.MemoryMeasuredAt.IsZero():
 			held += most
 			stale = stale || r.CreatedAt.Before(c.released)

@@ -335,6 +335,9 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *
 		if err != nil {
 			return nil, err
 		}
+		if r.Fresh {
+			return nil, &ArgumentError{"checkpoint", fmt.Errorf("%s was taken before the session's first cell and holds no copy of its kernel, so there is nothing to fork from it: create new sessions instead, or fork a later checkpoint or the session itself", r.ID)}
+		}
 		src.from = "checkpoint " + r.ID + " of " + s.id
 		from = r.kernelID
 		if src.fileID, err = st.Dup(r.fileID); err != nil {
