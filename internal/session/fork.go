@@ -126,7 +126,22 @@ func (f *forkSource) close() {
 // (kernel.StartExportOver), so a DataFrame unchanged since the last fork
 // costs a read of its memory, not 100 MB of new pages; the children map
 // the earlier file for it. A child keeps the files it was loaded from in
-// the same way, so its own forks compare against them. Trade-off: the
+// the same way, so its own forks refer to them, and for a child nothing
+// is read: its buffers lie over its mappings of those files, and a buffer
+// whose pages are all still the file's own (not written since the
+// import; /proc/self/pagemap) is proven equal by that alone (a fork of a
+// child holding the 100 MB DataFrame: export ~5x shorter, see
+// docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
+// no such proof, so its forks still compare: soft-dirty is not built into
+// this kernel, userfaultfd (whose write-protect mode would track writes)
+// is refused by the jail's seccomp, and making the parent's buffers
+// mappings of the export after the fact would need a proof that they did
+// not change between the copy's fork and the remap (other threads, the
+// next checkpoint's fork) and would move them out of the session's
+// memory charge and huge pages. So one child's fork is the parent's
+// fork(), then the export (the compare: ~20 ms of CPU for 100 MB, a read
+// of both copies), then the import; the child's session is created
+// meanwhile (Create runs beside the export: not on that path). Trade-off: the
 // last export stays in the host's memory (not charged to the session,
 // like every fork's state file) until the session forks again or closes,
 // even once its children are gone.
