@@ -365,8 +365,10 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *
 			return nil, err
 		}
 		src.files = src.frozen.copy.Files
-		for _, p := range src.frozen.copy.Skipped {
-			src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+		if src.frozen != s.frozen.Load() { // its own lower layer has none of them
+			for _, p := range src.frozen.copy.Skipped {
+				src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+			}
 		}
 	} else {
 		fc, err := st.Take(ws)
