@@ -1560,6 +1560,8 @@ class _Reuse:
             try:
                 with open("/proc/self/maps", "rb") as f:
                     for line in f:
+                        if b"/memfd:" not in line:
+                            continue  # state files are memfds (the host's NewStateFile)
                         parts = line.split(None, 5)
                         if len(parts) < 5:
                             continue

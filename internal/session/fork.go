@@ -172,7 +172,10 @@ func (f *forkSource) close() {
 // a copy is removed once neither a child using it nor the parent keeping
 // it is left (the kernel frees its pages when the last overlay over it
 // goes). Its pages are the server's (like the state file), at most one
-// parent's Disk per fork with a child alive, plus the parent's last. A file written through a shared writable mapping without a
+// parent's Disk per fork with a child alive, plus the parent's last. A
+// child that has written no file (its upper layer empty,
+// jail.QuotaDir.OverlayUnwritten) shows exactly its lower layer: its own
+// forks take that as it is, no copy. A file written through a shared writable mapping without a
 // write(2) keeps its times and may be taken as unchanged (as the
 // checkpoint store would). Where the overlay cannot run (without root:
 // an overlay in the quota holder's user namespace is not built), or with
