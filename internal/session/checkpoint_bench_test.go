@@ -375,7 +375,7 @@ func (s *stageTimes) reset() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for _, k := range []string{"source", "source-turn", "source-prefreeze", "source-files", "source-frozen", "export", "create", "files", "import", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
+	for _, k := range []string{"source", "source-turn", "source-prefreeze", "source-files", "source-frozen", "export", "create", "files", "import", "at-created", "at-exported", "at-imported", "at-done", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
 		if d := s.d[k]; len(d) > 0 {
 			out = append(out, fmt.Sprintf("%s %v", k, median(d).Round(100*time.Microsecond)))
 		}

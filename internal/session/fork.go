@@ -214,6 +214,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		return nil, nil, fmt.Errorf("%w: a fork into %d sessions needs %d free, %d are", ErrCapacity, n, n, max(room, 0))
 	}
 	t0 := time.Now()
+	start := t0 // of the fork, for the stages' "at-" times
 	overlay := m.forkOverlay(parent.Session)
 	var pre *preFrozen
 	if overlay && o.Checkpoint == "" {
@@ -249,6 +250,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		t0 := time.Now()
 		src.stream(ctx)
 		forkStage("export", t0)
+		forkStage("at-exported", start)
 	}()
 
 	children := make([]*Managed, n)
@@ -275,6 +277,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			}
 			children[i] = child
 			forkStage("create", t0)
+			forkStage("at-created", start)
 			if parent.Egress != nil {
 				// The list in force now, which may have changed since the
 				// parent was created (SetAllowlist).
@@ -286,9 +289,11 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			release := child.Lease()
 			defer release()
 			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
+			forkStage("at-imported", start)
 		})
 	}
 	wg.Wait()
+	defer forkStage("at-done", start)
 	if err := errors.Join(errs...); err != nil {
 		src.export.Close() // if it still streams
 		for _, c := range children {
@@ -547,7 +552,9 @@ func closeBases(bases []kernel.StateBase) {
 // (under its turn), "source-files" (its files' checkpoint), "export" (the
 // state written), and per child "create", "files", "import"; and of a
 // checkpoint ("checkpoint-kernel", "checkpoint-files") and a restore
-// ("restore-kernel", "restore-files").
+// ("restore-kernel", "restore-files"). The "at-" stages are times since
+// the fork began: "at-exported" (the state sealed), per child
+// "at-created" and "at-imported", and "at-done" (the fork returns).
 var forkStageHook func(stage string, d time.Duration)
 
 func forkStage(stage string, since time.Time) {
