@@ -226,87 +226,24 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		}
 		forkStage("source-prefreeze", t0)
 	}
-	// The children's sessions start beside the parent's turn where their
-	// files are known before it: copied into them after (ForkFilesCopy),
-	// or a frozen copy the turn keeps unless the files changed meanwhile
-	// (the last fork's, or a child's own lower layer). A child started
-	// over a copy the turn did not keep is closed and made again.
-	var (
-		src      *forkSource
-		srcReady = make(chan struct{}) // src is set, or srcErr
-		srcErr   error
-		early    *frozenFiles
-		wg       sync.WaitGroup
-	)
-	children := make([]*Managed, n)
-	reports := make([]*Restored, n)
-	errs := make([]error, n)
-	sem := make(chan struct{}, min(n, 4)) // starting jails and copying files is CPU work: a few at once
-	spawn := func(frozen *frozenFiles) {
-		for i := range n {
-			wg.Go(func() {
-				sem <- struct{}{}
-				var once sync.Once
-				free := func() { once.Do(func() { <-sem }) }
-				defer free()
-				child, err := m.forkChild(ctx, owner, parent, frozen, start)
-				if err == nil {
-					<-srcReady
-					if srcErr == nil && src.frozen != frozen {
-						child.Close()
-						child, err = m.forkChild(ctx, owner, parent, src.frozen, start)
-					}
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				children[i] = child
-				<-srcReady
-				if srcErr != nil {
-					return
-				}
-				if parent.Egress != nil {
-					// The list in force now, which may have changed since the
-					// parent was created (SetAllowlist).
-					if err := child.SetAllowlist(parent.Allowlist()); err != nil {
-						errs[i] = err
-						return
-					}
-				}
-				release := child.Lease()
-				defer release()
-				reports[i], errs[i] = child.Session.adopt(ctx, src, free)
-				forkStage("at-imported", start)
-			})
-		}
-	}
-	fail := func(err error) ([]*Managed, *Restored, error) {
-		srcErr = err
-		close(srcReady)
-		wg.Wait()
-		for _, c := range children {
-			if c != nil {
-				c.Close()
-			}
-		}
-		return nil, nil, err
-	}
-	if o.Checkpoint == "" && (!overlay || pre != nil && pre.fill == nil) {
-		if overlay {
-			early = pre.f
-			early.acquire() // pre holds it: always there
-			defer early.release()
-		}
-		spawn(early)
-	}
-	src, err = parent.Session.forkSource(ctx, o.Checkpoint, overlay, pre)
+	src, err := parent.Session.forkSource(ctx, o.Checkpoint, overlay, pre)
 	if err != nil {
-		src = nil
-		return fail(err)
+		return nil, nil, err
 	}
 	defer src.close()
 	forkStage("source", t0)
+	if src.frozen != nil {
+		if err := parent.Session.publishFrozen(src.frozen); err != nil {
+			return nil, nil, err
+		}
+	} else if overlay {
+		// From a checkpoint: its files, frozen outside the parent's turn.
+		t0 := time.Now()
+		if src.frozen, err = parent.Session.frozenFromCheckpoint(src.store, src.fileID); err != nil {
+			return nil, nil, err
+		}
+		forkStage("source-frozen", t0)
+	}
 	// The parent is free again: its state streams to the state file while
 	// the children start.
 	go func() {
@@ -315,25 +252,45 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		forkStage("export", t0)
 		forkStage("at-exported", start)
 	}()
-	if src.frozen != nil {
-		if err := parent.Session.publishFrozen(src.frozen); err != nil {
-			src.export.Close()
-			return fail(err)
-		}
-	} else if overlay {
-		// From a checkpoint: its files, frozen outside the parent's turn.
-		t0 := time.Now()
-		if src.frozen, err = parent.Session.frozenFromCheckpoint(src.store, src.fileID); err != nil {
-			src.export.Close()
-			return fail(err)
-		}
-		forkStage("source-frozen", t0)
-	}
-	close(srcReady)
-	if early == nil && overlay {
-		spawn(src.frozen)
-	} else if !overlay && o.Checkpoint != "" {
-		spawn(nil)
+
+	children := make([]*Managed, n)
+	reports := make([]*Restored, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, min(n, 4)) // starting jails and copying files is CPU work: a few at once
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			var once sync.Once
+			free := func() { once.Do(func() { <-sem }) }
+			defer free()
+			t0 := time.Now()
+			child, err := m.Create(ctx, CreateOptions{
+				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
+				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
+				PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
+				frozen:     src.frozen,
+			})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			children[i] = child
+			forkStage("create", t0)
+			forkStage("at-created", start)
+			if parent.Egress != nil {
+				// The list in force now, which may have changed since the
+				// parent was created (SetAllowlist).
+				if err := child.SetAllowlist(parent.Allowlist()); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			release := child.Lease()
+			defer release()
+			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
+			forkStage("at-imported", start)
+		})
 	}
 	wg.Wait()
 	defer forkStage("at-done", start)
@@ -348,24 +305,6 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	}
 	m.log.Info("session forked", "session", id, "children", n, "from", src.from)
 	return children, reports[0], nil
-}
-
-// forkChild makes one child session of a fork of parent, its workspace
-// an overlay over frozen if not nil.
-func (m *Manager) forkChild(ctx context.Context, owner string, parent *Managed, frozen *frozenFiles, start time.Time) (*Managed, error) {
-	t0 := time.Now()
-	child, err := m.Create(ctx, CreateOptions{
-		Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
-		Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
-		PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
-		frozen:     frozen,
-	})
-	if err != nil {
-		return nil, err
-	}
-	forkStage("create", t0)
-	forkStage("at-created", start)
-	return child, nil
 }
 
 // forkOverlay says whether a fork of parent gives its children its files

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -292,76 +290,5 @@ open("/workspace/d/b.txt", "w").write("b")`))
 	}
 	if got, want := managedText(t, parent, "open('/workspace/a.txt').read()"), "'a'"; got != want {
 		t.Errorf("the parent's a.txt: %s", got)
-	}
-}
-
-// TestForkEarlyChildren forks where the children start beside the
-// parent's turn over the last fork's frozen copy: kept when the files did
-// not change; when a file changes between the copy's check and the turn,
-// the children started over the old copy are made again over the new one,
-// and they have the change.
-func TestForkEarlyChildren(t *testing.T) {
-	if how, why := ForkFilesSupport(); how != ForkFilesOverlay {
-		t.Skipf("forks copy here: %s", why)
-	}
-	ctx := context.Background()
-	m := forkManager(t, ManagerOptions{Defaults: jail.Limits{Disk: 16 << 20, Files: 100}})
-	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustOK(t, runCode(t, parent.Session, `open("/workspace/a.txt", "w").write("a")`))
-	time.Sleep(100 * time.Millisecond) // past the racy window: a copy of files this new is never reused
-	first, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	creates := 0
-	var change func()
-	forkStageHook = func(stage string, _ time.Duration) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case stage == "create":
-			creates++
-		case stage == "source-prefreeze" && change != nil:
-			change()
-		}
-	}
-	t.Cleanup(func() { forkStageHook = nil })
-	const show = `open("/workspace/a.txt").read() + str(sorted(os.listdir("/workspace")))`
-	// Unchanged: the children are made once, over the first fork's copy.
-	same, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if creates != 2 || same[0].Session.frozen.Load() != first[0].Session.frozen.Load() {
-		t.Errorf("a fork of unchanged files: %d children made (want 2), over the last copy: %v", creates, same[0].Session.frozen.Load() == first[0].Session.frozen.Load())
-	}
-	// A file written after the check: a new copy, the children made again.
-	mu.Lock()
-	creates = 0
-	change = func() {
-		if err := os.WriteFile(filepath.Join(parent.Session.workspace, "b.txt"), []byte("b"), 0o644); err != nil {
-			t.Error(err)
-		}
-		change = nil
-	}
-	mu.Unlock()
-	changed, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if creates != 4 || changed[0].Session.frozen.Load() == first[0].Session.frozen.Load() {
-		t.Errorf("a fork of files changed meanwhile: %d children made (want 2, then 2 again), over the last copy: %v", creates, changed[0].Session.frozen.Load() == first[0].Session.frozen.Load())
-	}
-	for i, c := range changed {
-		if got, want := managedText(t, c, "import os\n"+show), `"a['a.txt', 'b.txt']"`; got != want {
-			t.Errorf("child %d: %s, want %s", i, got, want)
-		}
-	}
-	if got, want := managedText(t, same[0], "import os\n"+show), `"a['a.txt']"`; got != want {
-		t.Errorf("a child of the fork before: %s, want %s", got, want)
 	}
 }
