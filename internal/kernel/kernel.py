@@ -1456,6 +1456,7 @@ class _Reuse:
         self.maps = {}  # serial -> (address, size)
         self.files = {}  # serial -> (device major, minor, inode) of the file
         self.vmas = None  # this process's mappings, sorted (_vma)
+        self.pagemap = None  # /proc/self/pagemap, opened at the first look (-1: cannot)
         self.keep = []
         for serial, fd in bases:
             st = os.fstat(fd)
@@ -1527,20 +1528,28 @@ class _Reuse:
         """Whether the n bytes at addr are, page by page, those of the
         state file at[0] at offset at[1], unwritten (see the class doc)."""
         serial, off, _ = at
-        vma = self._vma(addr)
-        if vma is None:
-            return False
-        start, end, voff, dev, ino = vma
-        if addr + n > end or (dev[0], dev[1], ino) != self.files.get(serial) or voff + (addr - start) != off:
-            return False
         first, last = addr // PAGE, (addr + n - 1) // PAGE
-        want = 8 * (last - first + 1)
-        try:
-            fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        if self.pagemap is None:
             try:
-                entries = os.pread(fd, want, first * 8)
-            finally:
-                os.close(fd)
+                self.pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.pagemap = -1
+        if self.pagemap < 0:
+            return False
+        try:
+            # The first page alone first: the session's own memory
+            # (anonymous) fails here, without a look at the mappings.
+            entries = os.pread(self.pagemap, 8, first * 8)
+            if len(entries) != 8 or _PAGE_OK[entries[7]] == 0:
+                return False
+            vma = self._vma(addr)
+            if vma is None:
+                return False
+            start, end, voff, dev, ino = vma
+            if addr + n > end or (dev[0], dev[1], ino) != self.files.get(serial) or voff + (addr - start) != off:
+                return False
+            want = 8 * (last - first + 1)
+            entries = os.pread(self.pagemap, want, first * 8)
         except OSError:
             return False
         if len(entries) != want:
