@@ -130,8 +130,8 @@ func (f *forkSource) close() {
 // is read: its buffers lie over its mappings of those files, and a buffer
 // whose pages are all still the file's own (not written since the
 // import; /proc/self/pagemap) is proven equal by that alone (a fork of a
-// child holding the 100 MB DataFrame: export ~5x shorter, see
-// docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
+// child holding the 100 MB DataFrame: export 4-10x shorter, the fork
+// ~2-3x, see docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
 // no such proof, so its forks still compare: soft-dirty is not built into
 // this kernel, userfaultfd (whose write-protect mode would track writes)
 // is refused by the jail's seccomp, and making the parent's buffers
