@@ -138,10 +138,13 @@ func (f *forkSource) close() {
 // mappings of the export after the fact would need a proof that they did
 // not change between the copy's fork and the remap (other threads, the
 // next checkpoint's fork) and would move them out of the session's
-// memory charge and huge pages. So one child's fork is the parent's
-// fork(), then the export (the compare: ~20 ms of CPU for 100 MB, a read
-// of both copies), then the import; the child's session is created
-// meanwhile (Create runs beside the export: not on that path). Trade-off: the
+// memory charge. So one child's fork of a parent is the parent's fork(),
+// then the export (the compare: 20-40 ms of CPU for 100 MB, a read of
+// both copies), then the import; the child's session is created meanwhile
+// (Create runs beside the export). Of a child, the export takes about as
+// long as the Create, and both follow the parent's fork(): starting the
+// children beside the parent's turn was tried and gave nothing on a busy
+// 2-core machine (the work is CPU-bound). Trade-off: the
 // last export stays in the host's memory (not charged to the session,
 // like every fork's state file) until the session forks again or closes,
 // even once its children are gone.
