@@ -116,9 +116,10 @@ func (s *Session) preFreeze() (*preFrozen, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f := s.frozen.Load(); f != nil && s.filesUnwritten() && f.acquire() {
+	if f := s.frozen.Load(); f != nil && f.copy != nil && s.filesUnwritten() && f.acquire() {
 		// A fork's child that has written no file: its files are its
-		// lower layer, as they are.
+		// lower layer, as they are (not one restored from a checkpoint:
+		// what it holds is not recorded).
 		return &preFrozen{f: f, lower: true}, nil
 	}
 	s.frozenMu.Lock()

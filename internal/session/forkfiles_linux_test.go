@@ -291,4 +291,22 @@ open("/workspace/d/b.txt", "w").write("b")`))
 	if got, want := managedText(t, parent, "open('/workspace/a.txt').read()"), "'a'"; got != want {
 		t.Errorf("the parent's a.txt: %s", got)
 	}
+	// A child of a checkpoint's fork (its lower layer restored from the
+	// checkpoint, not recorded) has its files copied for its forks.
+	cp, err := parent.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromCP, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Checkpoint: cp.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := managedText(t, fromCP[0], "import os\n"+show)
+	grand, _, err := m.Fork(ctx, "alice", fromCP[0].ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, grand[0], "import os\n"+show); got != want || grand[0].Session.frozen.Load() == fromCP[0].Session.frozen.Load() {
+		t.Errorf("a fork of a checkpoint's child: files %s (want %s), its lower layer shared: %v", got, want, grand[0].Session.frozen.Load() == fromCP[0].Session.frozen.Load())
+	}
 }
