@@ -122,3 +122,5 @@ func NewFrozenDir(int64, int) (*QuotaDir, error) { return nil, ErrUnsupported }
 func (q *QuotaDir) Freeze() error             { return ErrUnsupported }
 func (q *QuotaDir) Overlay() bool             { return false }
 func (q *QuotaDir) MountOverlay(string) error { return ErrUnsupported }
+
+func (q *QuotaDir) OverlayUnwritten() (bool, error) { return false, ErrUnsupported }

@@ -3,6 +3,7 @@ package jail
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -121,10 +122,16 @@ func (q *QuotaDir) MountOverlay(lower string) error {
 	// the host, cannot forge). No index, no metacopy: a copied-up file is
 	// whole in the upper layer, nothing refers back to other mounts.
 	data := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on,index=off,metacopy=off", lower, upper, work)
+	fd, err := unix.Open(q.Path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("overlay workspace: %w", err)
+	}
+	layers := os.NewFile(uintptr(fd), q.Path)
 	if err := unix.Mount("overlay", q.Path, "overlay", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		layers.Close()
 		return fmt.Errorf("mount the overlay workspace: %w", err)
 	}
-	q.overlay = true
+	q.overlay, q.layers = true, layers
 	// The inodes the layers' own directories take (the tmpfs's root,
 	// upper, work, work/work and what the overlay keeps there) are not
 	// the user's files.
@@ -133,6 +140,32 @@ func (q *QuotaDir) MountOverlay(lower string) error {
 		q.overhead = int64(st.Files - st.Ffree)
 	}
 	return nil
+}
+
+// OverlayUnwritten reports whether an overlay workspace (MountOverlay)
+// holds nothing of its own: its upper layer is empty, no file, directory,
+// whiteout or copy-up (a file opened for writing, a chmod, a touch of a
+// shared file all copy it up), so what it shows is exactly its lower
+// layer. A write that lands after it looked is not seen, as by any copy
+// of a workspace in use.
+func (q *QuotaDir) OverlayUnwritten() (bool, error) {
+	if q.layers == nil {
+		return false, errors.New("not an overlay workspace")
+	}
+	fd, err := unix.Openat(int(q.layers.Fd()), "upper", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false, fmt.Errorf("overlay workspace: its upper layer: %w", err)
+	}
+	upper := os.NewFile(uintptr(fd), "upper")
+	defer upper.Close()
+	names, err := upper.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("overlay workspace: its upper layer: %w", err)
+	}
+	return len(names) == 0, nil
 }
 
 // overlayInodes is the inodes an overlay workspace's own layers take

@@ -70,6 +70,9 @@ type QuotaDir struct {
 	holderName string
 	// overlay: an overlay is mounted over the tmpfs (MountOverlay).
 	overlay bool
+	// layers is the tmpfs's root under the overlay (O_PATH, opened before
+	// it was mounted over), to look at the upper layer (OverlayUnwritten).
+	layers *os.File
 	// overhead is the inodes the workspace's own directories take (the
 	// root; the directory in it): not the user's files.
 	overhead int64

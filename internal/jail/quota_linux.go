@@ -294,6 +294,9 @@ func (q *QuotaDir) Usage() (Usage, error) {
 func (q *QuotaDir) Remove() error {
 	var err error
 	q.removed.Do(func() {
+		if q.layers != nil {
+			q.layers.Close() // before the unmount: not to keep the tmpfs
+		}
 		if q.holderName != "" {
 			err = q.removeHolder()
 			return

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -44,6 +45,14 @@ type StateManifest struct {
 	// export refers to instead of copying their bytes (StartExportOver);
 	// an import of it needs them (ImportStateFiles).
 	Refs []uint64 `json:"refs,omitempty"`
+	// ComparedBytes and MappedBytes are the bytes of the buffers referred
+	// to (Refs) that the export proved equal by comparing them, and by
+	// their pages: those of a kernel loaded from the base files
+	// (ImportStateFiles) that it has not written since are still the
+	// files' own pages, which /proc/self/pagemap tells without reading
+	// them (see kernel.py's _Reuse).
+	ComparedBytes int64 `json:"compared_bytes,omitempty"`
+	MappedBytes   int64 `json:"mapped_bytes,omitempty"`
 }
 
 // A StateBase is an earlier, sealed state file given to an export
@@ -57,6 +66,11 @@ type StateBase struct {
 // maxStateFiles bounds the files passed with one request (a state file
 // and its bases), as kernel.py's MAX_STATE_FILES.
 const maxStateFiles = 16
+
+// ExportByBytes, if set, makes StartExportOver prove every buffer equal
+// to its base's by comparing the bytes, never by its pages: the baseline
+// of benchmarks.
+var ExportByBytes atomic.Bool
 
 // MaxStateBases is the most bases an export or import takes.
 const MaxStateBases = maxStateFiles - 1
@@ -223,6 +237,9 @@ func (k *Kernel) StartExportOver(ctx context.Context, w io.Writer, fromCheckpoin
 	var f *os.File
 	var ferr, sendErr error
 	req := map[string]any{"op": "export_state", "checkpoint": fromCheckpoint, "channel": true, "describe": describe}
+	if ExportByBytes.Load() {
+		req["by_bytes"] = true
+	}
 	var before func(int64)
 	if len(bases) > 0 {
 		req["bases"] = len(bases)

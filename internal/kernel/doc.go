@@ -150,16 +150,30 @@
 //
 // StartExportOver gives an export earlier state files (StateBase: sealed,
 // named by the caller's serials; the last export first, then the files
-// it refers to). The copy that serializes maps them (shared, read-only,
-// populated at once) and indexes the last export's buffers by variable
-// name and position; a buffer of the same size at the same place whose
-// bytes are equal (memcmp against the mapping) is written as an R record
-// (serial, offset, length) instead of a B record with its bytes. The
-// decision is by content only, so nothing that ran between the two
-// exports (cells, a restore, a fork of another kernel) can make it wrong;
-// the cost of an unchanged 100 MB DataFrame is a read of it and of the
-// earlier file (tens of milliseconds) instead of 100 MB of new pages
-// (hundreds under load). The manifest's Refs name the files referred to;
+// it refers to). The copy that serializes maps them (shared, read-only)
+// and indexes the last export's buffers by variable name and position; a
+// buffer of the same size at the same place whose bytes are equal is
+// written as an R record (serial, offset, length) instead of a B record
+// with its bytes. Equality is proven by content, so nothing that ran
+// between the two exports (cells, a restore, a fork of another kernel)
+// can make it wrong, in one of two ways. By its pages: in a kernel loaded
+// from those files (a fork's child forking again), the buffer lies in its
+// mapping of the very file that holds the bytes, at their offset
+// (/proc/self/maps: device, inode, offset), and /proc/self/pagemap says
+// every page of it is the file's own (present and a file page) or not
+// faulted in (which reads the file); the file is sealed, so those pages
+// hold its bytes. A page written since is an anonymous copy (or swapped:
+// anonymous too), and then the bytes are compared. This costs 8 bytes of
+// pagemap a page, not a read of the buffer. By its bytes otherwise
+// (memcmp against the mapping, the file's range populated in one call,
+// MADV_POPULATE_READ): the cost of an unchanged 100 MB DataFrame of a
+// session's own memory (anonymous pages carry no such proof: without
+// soft-dirty, and with userfaultfd refused by the jail's seccomp, nothing
+// says which were written) is a read of it and of the earlier file (tens
+// of milliseconds) instead of 100 MB of new pages (hundreds under load).
+// The manifest says how many bytes each proof took (MappedBytes,
+// ComparedBytes); ExportByBytes turns the first off (the baseline of
+// benchmarks). The manifest's Refs name the files referred to;
 // ImportStateFiles passes them with the stream's file, and the importer
 // maps them as it maps the stream, so the loaded arrays are views of the
 // earliest file that holds their bytes. A buffer changed in place, even

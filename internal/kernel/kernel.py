@@ -1424,12 +1424,24 @@ class _Reuse:
     export request: the last export's file first, then the files it refers
     to), by variable and position, so that a buffer whose bytes are equal
     to the one at the same place last time is written as an R record
-    referring to those bytes instead of a copy of them. Equality is of the
-    bytes (memcmp), not of where they live or when they were written: it
-    holds whatever ran between the two exports (a restore, another
-    process), and costs a read of both, no new page."""
+    referring to those bytes instead of a copy of them.
 
-    def __init__(self, bases):
+    Equality is proven one of two ways, neither depending on when or by
+    whom the buffer was written (a restore, another process):
+    - by its pages (unwritten): the buffer lies in a mapping of that very
+      state file (a kernel that imported it loaded its arrays over it), at
+      the offset of those bytes, and /proc/self/pagemap says each of its
+      pages is either the file's own page or not yet faulted in (which
+      reads the file). The file is sealed: its pages cannot change. A page
+      written since is an anonymous copy (present, not a file page) or
+      swapped out: then the bytes are compared. Costs a read of 8 bytes a
+      page, not of the buffer: a child forked again compares nothing it
+      has not written.
+    - by its bytes (memcmp) otherwise: a read of both (the file's range
+      populated first in one call, MADV_POPULATE_READ, rather than a fault
+      per few pages), and no new page."""
+
+    def __init__(self, bases, by_bytes=False):
         import ctypes
         import mmap
 
@@ -1437,20 +1449,29 @@ class _Reuse:
         self.libc = ctypes.CDLL(None)
         self.libc.memcmp.restype = ctypes.c_int
         self.libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.by_bytes = by_bytes
+        self.compared = 0  # bytes found equal by comparing them
+        self.mapped = 0  # bytes found equal by their pages
         self.maps = {}  # serial -> (address, size)
+        self.files = {}  # serial -> (device major, minor, inode) of the file
+        self.vmas = None  # this process's mappings, sorted (_vma)
+        self.pagemap = None  # /proc/self/pagemap, opened at the first look (-1: cannot)
         self.keep = []
         for serial, fd in bases:
-            size = os.fstat(fd).st_size
-            if size == 0:
+            st = os.fstat(fd)
+            if st.st_size == 0:
                 continue
-            # Shared and read-only (the file is sealed): populated at once,
-            # a fault per page would cost more than the comparison.
-            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+            # Shared and read-only (the file is sealed); populated where a
+            # comparison needs it (find), not here: a buffer proven equal
+            # by its pages is never read.
+            m = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
             pb = _PyBuffer()
             if _get_buffer(ctypes, m, pb, 0) != 0:
                 raise OSError("cannot address a state file")
             self.keep.append(pb)  # released with the process: it exits after the export
-            self.maps[serial] = (pb.buf, size, m)
+            self.maps[serial] = (pb.buf, st.st_size, m)
+            self.files[serial] = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
         self.index = {}  # (name, i) -> (serial, offset, length)
         if bases and bases[0][0] in self.maps:
             self._scan(bases[0][0])
@@ -1489,10 +1510,89 @@ class _Reuse:
         if _get_buffer(self.ctypes, raw, pb, 0x1C) != 0:  # PyBUF_STRIDES|PyBUF_FORMAT: raw() is one contiguous run
             return None
         try:
-            same = self.libc.memcmp(pb.buf, base[0] + at[1], raw.nbytes) == 0
+            if not self.by_bytes and self._unwritten(pb.buf, raw.nbytes, at):
+                self.mapped += raw.nbytes
+                return (at[0], at[1])
+            there = base[0] + at[1]
+            page = there & ~(PAGE - 1)
+            self.libc.madvise(page, there + raw.nbytes - page, MADV_POPULATE_READ)  # where it fails (before 5.14), faults
+            same = self.libc.memcmp(pb.buf, there, raw.nbytes) == 0
         finally:
             _release_buffer(self.ctypes, pb)
-        return (at[0], at[1]) if same else None
+        if same:
+            self.compared += raw.nbytes
+            return (at[0], at[1])
+        return None
+
+    def _unwritten(self, addr, n, at):
+        """Whether the n bytes at addr are, page by page, those of the
+        state file at[0] at offset at[1], unwritten (see the class doc)."""
+        serial, off, _ = at
+        first, last = addr // PAGE, (addr + n - 1) // PAGE
+        if self.pagemap is None:
+            try:
+                self.pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.pagemap = -1
+        if self.pagemap < 0:
+            return False
+        try:
+            # The first page alone first: the session's own memory
+            # (anonymous) fails here, without a look at the mappings.
+            entries = os.pread(self.pagemap, 8, first * 8)
+            if len(entries) != 8 or _PAGE_OK[entries[7]] == 0:
+                return False
+            vma = self._vma(addr)
+            if vma is None:
+                return False
+            start, end, voff, dev, ino = vma
+            if addr + n > end or (dev[0], dev[1], ino) != self.files.get(serial) or voff + (addr - start) != off:
+                return False
+            want = 8 * (last - first + 1)
+            entries = os.pread(self.pagemap, want, first * 8)
+        except OSError:
+            return False
+        if len(entries) != want:
+            return False
+        # The flags are the top byte of each little-endian entry: a page
+        # is the file's if it is absent (0: not faulted in, reads the
+        # file) or present and a file page (bits 63 and 61), never swapped
+        # (bit 62: an anonymous copy, or a marker); an anonymous page
+        # (present, bit 61 clear) was written.
+        return entries[7::8].translate(_PAGE_OK).find(0) < 0
+
+    def _vma(self, addr):
+        """(start, end, offset, (major, minor), inode) of this process's
+        mapping holding addr, or None."""
+        if self.vmas is None:
+            self.vmas = []
+            try:
+                with open("/proc/self/maps", "rb") as f:
+                    for line in f:
+                        if b"/memfd:" not in line:
+                            continue  # state files are memfds (the host's NewStateFile)
+                        parts = line.split(None, 5)
+                        if len(parts) < 5:
+                            continue
+                        lo, _, hi = parts[0].partition(b"-")
+                        major, _, minor = parts[3].partition(b":")
+                        self.vmas.append((int(lo, 16), int(hi, 16), int(parts[2], 16), (int(major, 16), int(minor, 16)), int(parts[4])))
+            except (OSError, ValueError):
+                self.vmas = []
+        import bisect
+
+        k = bisect.bisect_right(self.vmas, (addr, 1 << 64)) - 1
+        if k < 0 or not (self.vmas[k][0] <= addr < self.vmas[k][1]):
+            return None
+        return self.vmas[k]
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MADV_POPULATE_READ = 22
+# A pagemap entry's top byte -> 1 for a page that reads as its file's (see
+# _Reuse._unwritten): absent (no flag), or present and a file page, any
+# low flags (exclusive, soft-dirty's neighbours) aside.
+_PAGE_OK = bytes(1 if b & 0xE0 in (0x00, 0xA0) else 0 for b in range(256))
 
 
 _PyBufferType = None
@@ -1529,10 +1629,11 @@ def _release_buffer(ctypes, pb):
     f(ctypes.addressof(pb))
 
 
-def _export_child(ns, out, bases=None):
+def _export_child(ns, out, bases=None, by_bytes=False):
     """In a forked copy: write ns's variables to out, then the end. bases
     are earlier state files (serial, fd) whose equal buffers are referred
-    to rather than copied (_Reuse)."""
+    to rather than copied (_Reuse; by_bytes: proven by comparing them
+    only, the baseline of benchmarks)."""
     import warnings
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
@@ -1547,7 +1648,7 @@ def _export_child(ns, out, bases=None):
     reuse, refs = None, set()
     if bases:
         try:
-            reuse = _Reuse(bases)
+            reuse = _Reuse(bases, by_bytes)
         except Exception:
             reuse = None  # copied, as without bases
     for key, value in list(ns.items()):
@@ -1594,6 +1695,8 @@ def _export_child(ns, out, bases=None):
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
     if refs:
         manifest["refs"] = sorted(refs)
+        manifest["compared_bytes"] = reuse.compared
+        manifest["mapped_bytes"] = reuse.mapped
     out.record(b"E", _encode(manifest).encode())
     out.end(manifest)
 
@@ -1733,7 +1836,7 @@ def _export_fork(ns, req, cp, info, bases):
                 try:
                     os.close(r)
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
-                    _export_child(ns, _RawOut(w), bases)
+                    _export_child(ns, _RawOut(w), bases, bool(req.get("by_bytes")))
                     os.close(w)  # the end, before the exit tears the copy of the memory down
                 finally:
                     os._exit(0)

@@ -233,6 +233,8 @@ func BenchmarkFork(b *testing.B) {
 	live, filesCopied := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
 	filesBy, _ := ForkFilesSupport()
 	var first string
+	grandT := map[bool][]time.Duration{}
+	grandStages := map[bool]*stageTimes{false: {d: map[string][]time.Duration{}}, true: {d: map[string][]time.Duration{}}}
 	for i := 0; b.Loop(); i++ {
 		kids, d, stall := fork(1, true)
 		copyT, copyStallT = append(copyT, d), append(copyStallT, stall)
@@ -246,6 +248,23 @@ func BenchmarkFork(b *testing.B) {
 		forkT, stallT = append(forkT, d), append(stallT, stall)
 		childMem = append(childMem, privateMemory(b, kids[0].Session))
 		compared.merge(stages)
+		// A fork of that child, whose DataFrame lies over the state files
+		// it was loaded from: proven unchanged by its pages, and, the
+		// baseline, by comparing its bytes (kernel.ExportByBytes); in
+		// turns, each first every other round.
+		for _, byBytes := range []bool{i%2 == 0, i%2 != 0} {
+			kernel.ExportByBytes.Store(byBytes)
+			t0 := time.Now()
+			grand, _, err := m.Fork(ctx, "b", kids[0].ID(), ForkOptions{Count: 1})
+			d := time.Since(t0)
+			kernel.ExportByBytes.Store(false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			grand[0].Close()
+			grandT[byBytes] = append(grandT[byBytes], d)
+			grandStages[byBytes].merge(stages)
+		}
 		// Again while that child lives: its frozen files are reused.
 		again, d, stall := fork(1, false)
 		liveT, liveStallT = append(liveT, d), append(liveStallT, stall)
@@ -300,6 +319,10 @@ func BenchmarkFork(b *testing.B) {
 	b.Logf("files by %s: fork p50 %v, 10 children %v, parent's longest cell wait p50 %v; while a child of the last fork lives: fork p50 %v, wait p50 %v; files copied into each child (baseline): fork p50 %v, 10 children %v, wait p50 %v; ratio copy/%s: 1 child %.2f, 10 children %.2f",
 		filesBy, median(forkT), ten[false], median(stallT), median(liveT), median(liveStallT), median(filesCopyT), tenFilesCopy, median(filesCopyStallT), filesBy,
 		float64(median(filesCopyT))/float64(median(forkT)), float64(tenFilesCopy)/float64(ten[false]))
+	b.Logf("a fork of a child (its DataFrame over the state files it was loaded from): proven unchanged by its pages p50 %v (stages %s); by comparing its bytes (baseline, ExportByBytes) p50 %v (stages %s); ratio bytes/pages %.2f",
+		median(grandT[false]), grandStages[false].reset(), median(grandT[true]), grandStages[true].reset(), float64(median(grandT[true]))/float64(median(grandT[false])))
+	b.ReportMetric(float64(median(grandT[false]).Microseconds())/1e3, "fork-of-child-ms")
+	b.ReportMetric(float64(median(grandT[true]).Microseconds())/1e3, "fork-of-child-by-bytes-ms")
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
 		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
 	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
@@ -352,7 +375,7 @@ func (s *stageTimes) reset() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
-	for _, k := range []string{"source", "source-turn", "source-prefreeze", "source-files", "source-frozen", "export", "create", "files", "import", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
+	for _, k := range []string{"source", "source-turn", "source-prefreeze", "source-files", "source-frozen", "export", "create", "files", "import", "at-created", "at-exported", "at-imported", "at-done", "checkpoint-kernel", "checkpoint-files", "restore-kernel", "restore-files-prepare", "restore-files"} {
 		if d := s.d[k]; len(d) > 0 {
 			out = append(out, fmt.Sprintf("%s %v", k, median(d).Round(100*time.Microsecond)))
 		}

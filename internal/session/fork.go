@@ -126,7 +126,25 @@ func (f *forkSource) close() {
 // (kernel.StartExportOver), so a DataFrame unchanged since the last fork
 // costs a read of its memory, not 100 MB of new pages; the children map
 // the earlier file for it. A child keeps the files it was loaded from in
-// the same way, so its own forks compare against them. Trade-off: the
+// the same way, so its own forks refer to them, and for a child nothing
+// is read: its buffers lie over its mappings of those files, and a buffer
+// whose pages are all still the file's own (not written since the
+// import; /proc/self/pagemap) is proven equal by that alone (a fork of a
+// child holding the 100 MB DataFrame: export 4-10x shorter, the fork
+// ~2-3x, see docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
+// no such proof, so its forks still compare: soft-dirty is not built into
+// this kernel, userfaultfd (whose write-protect mode would track writes)
+// is refused by the jail's seccomp, and making the parent's buffers
+// mappings of the export after the fact would need a proof that they did
+// not change between the copy's fork and the remap (other threads, the
+// next checkpoint's fork) and would move them out of the session's
+// memory charge. So one child's fork of a parent is the parent's fork(),
+// then the export (the compare: 20-40 ms of CPU for 100 MB, a read of
+// both copies), then the import; the child's session is created meanwhile
+// (Create runs beside the export). Of a child, the export takes about as
+// long as the Create, and both follow the parent's fork(): starting the
+// children beside the parent's turn was tried and gave nothing on a busy
+// 2-core machine (the work is CPU-bound). Trade-off: the
 // last export stays in the host's memory (not charged to the session,
 // like every fork's state file) until the session forks again or closes,
 // even once its children are gone.
@@ -157,7 +175,10 @@ func (f *forkSource) close() {
 // a copy is removed once neither a child using it nor the parent keeping
 // it is left (the kernel frees its pages when the last overlay over it
 // goes). Its pages are the server's (like the state file), at most one
-// parent's Disk per fork with a child alive, plus the parent's last. A file written through a shared writable mapping without a
+// parent's Disk per fork with a child alive, plus the parent's last. A
+// child that has written no file (its upper layer empty,
+// jail.QuotaDir.OverlayUnwritten) shows exactly its lower layer: its own
+// forks take that as it is, no copy. A file written through a shared writable mapping without a
 // write(2) keeps its times and may be taken as unchanged (as the
 // checkpoint store would). Where the overlay cannot run (without root:
 // an overlay in the quota holder's user namespace is not built), or with
@@ -196,6 +217,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		return nil, nil, fmt.Errorf("%w: a fork into %d sessions needs %d free, %d are", ErrCapacity, n, n, max(room, 0))
 	}
 	t0 := time.Now()
+	start := t0 // of the fork, for the stages' "at-" times
 	overlay := m.forkOverlay(parent.Session)
 	var pre *preFrozen
 	if overlay && o.Checkpoint == "" {
@@ -231,6 +253,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		t0 := time.Now()
 		src.stream(ctx)
 		forkStage("export", t0)
+		forkStage("at-exported", start)
 	}()
 
 	children := make([]*Managed, n)
@@ -257,6 +280,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			}
 			children[i] = child
 			forkStage("create", t0)
+			forkStage("at-created", start)
 			if parent.Egress != nil {
 				// The list in force now, which may have changed since the
 				// parent was created (SetAllowlist).
@@ -268,9 +292,11 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			release := child.Lease()
 			defer release()
 			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
+			forkStage("at-imported", start)
 		})
 	}
 	wg.Wait()
+	defer forkStage("at-done", start)
 	if err := errors.Join(errs...); err != nil {
 		src.export.Close() // if it still streams
 		for _, c := range children {
@@ -353,8 +379,10 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *
 			return nil, err
 		}
 		src.files = src.frozen.copy.Files
-		for _, p := range src.frozen.copy.Skipped {
-			src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+		if src.frozen != s.frozen.Load() { // its own lower layer has none of them
+			for _, p := range src.frozen.copy.Skipped {
+				src.notCarried = append(src.notCarried, "file "+p+" (not a regular file)")
+			}
 		}
 	} else {
 		fc, err := st.Take(ws)
@@ -530,7 +558,9 @@ func closeBases(bases []kernel.StateBase) {
 // (under its turn), "source-files" (its files' checkpoint), "export" (the
 // state written), and per child "create", "files", "import"; and of a
 // checkpoint ("checkpoint-kernel", "checkpoint-files") and a restore
-// ("restore-kernel", "restore-files").
+// ("restore-kernel", "restore-files"). The "at-" stages are times since
+// the fork began: "at-exported" (the state sealed), per child
+// "at-created" and "at-imported", and "at-done" (the fork returns).
 var forkStageHook func(stage string, d time.Duration)
 
 func forkStage(stage string, since time.Time) {

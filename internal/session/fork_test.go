@@ -321,3 +321,46 @@ func TestForkReusesExport(t *testing.T) {
 		t.Errorf("state files kept after the session closed: %v", n)
 	}
 }
+
+// TestForkOfForkSeesWrites forks a child whose array lies over the state
+// files it was loaded from (proven unchanged by its pages where it has
+// not written, kernel.StartExportOver): each fork of it has the child's
+// values byte for byte, one element it wrote included, and a write
+// undone in place (bytes equal again) as well.
+func TestForkOfForkSeesWrites(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, "import numpy as np, hashlib\nv_a = np.arange(1 << 20, dtype=np.float64)\nv_b = np.ones(1 << 18)"))
+	kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := kids[0]
+	const digest = "hashlib.sha256(v_a.tobytes() + v_b.tobytes()).hexdigest()"
+	for i, cell := range []string{
+		"",                            // nothing written: all by pages
+		"v_a[12345] = -1.0",           // one page written
+		"v_a[12345] = 12345.0",        // written back: equal bytes, compared
+		"v_b[-1] = 2.0\nv_a[0] = 0.5", // both, at their first and last pages
+	} {
+		if cell != "" {
+			mustOK(t, runCode(t, child.Session, cell))
+		}
+		want := managedText(t, child, digest)
+		grand, _, err := m.Fork(ctx, "alice", child.ID(), ForkOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := managedText(t, grand[0], digest); got != want {
+			t.Errorf("fork %d of the child (after %q): state %s, the child's %s", i, cell, got, want)
+		}
+		grand[0].Close()
+	}
+	if got, want := managedText(t, parent, "float(v_a[12345]), float(v_a[0]), float(v_b[-1])"), "(12345.0, 0.0, 1.0)"; got != want {
+		t.Errorf("the parent sees its child's writes: %s", got)
+	}
+}

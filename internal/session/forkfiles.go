@@ -102,8 +102,9 @@ func (f *frozenFiles) freeze() error {
 // the session's last one (if it looks unchanged), or a fresh copy of the
 // workspace made while the session may still run (fill open on it).
 type preFrozen struct {
-	f    *frozenFiles
-	fill *workspace.Workspace // nil: the last fork's copy, reused
+	f     *frozenFiles
+	fill  *workspace.Workspace // nil: the last fork's copy, or the session's own lower layer, reused
+	lower bool                 // f is the session's own lower layer (a fork's child that wrote no file)
 }
 
 // preFreeze copies the session's files for a fork, outside its turn, so
@@ -114,6 +115,12 @@ func (s *Session) preFreeze() (*preFrozen, error) {
 	_, ws, err := s.checkpointFiles()
 	if err != nil {
 		return nil, err
+	}
+	if f := s.frozen.Load(); f != nil && f.copy != nil && s.filesUnwritten() && f.acquire() {
+		// A fork's child that has written no file: its files are its
+		// lower layer, as they are (not one restored from a checkpoint:
+		// what it holds is not recorded).
+		return &preFrozen{f: f, lower: true}, nil
 	}
 	s.frozenMu.Lock()
 	last := s.lastFrozen
@@ -148,7 +155,7 @@ func (p *preFrozen) close() {
 // publishFrozen, after the turn.
 func (s *Session) freezeFiles(ws *workspace.Workspace, pre *preFrozen) (*frozenFiles, error) {
 	if pre.fill == nil {
-		if pre.f.copy.Unchanged(ws) {
+		if pre.lower && s.filesUnwritten() || !pre.lower && pre.f.copy.Unchanged(ws) {
 			return pre.f, nil
 		}
 		pre.f.release() // changed since preFreeze looked: copy here
@@ -174,7 +181,7 @@ func (s *Session) publishFrozen(f *frozenFiles) error {
 	if err := f.freeze(); err != nil {
 		return fmt.Errorf("session %s: %w", s.id, err)
 	}
-	if f.copy != nil && f.acquire() {
+	if f.copy != nil && f != s.frozen.Load() && f.acquire() {
 		// Held while the session lives (or until its next fork's copy
 		// replaces it), as its last export is (exportCache): the next
 		// fork of unchanged files reuses it, even once every child of
@@ -235,6 +242,18 @@ func (s *Session) mountFrozen(f *frozenFiles) error {
 	}
 	s.frozen.Store(f)
 	return nil
+}
+
+// filesUnwritten reports whether the session is a fork's child whose
+// overlay workspace holds nothing of its own (jail's OverlayUnwritten):
+// its files are then exactly its lower layer, which its own forks share
+// as they are instead of copying them.
+func (s *Session) filesUnwritten() bool {
+	if s.frozen.Load() == nil || s.quota == nil {
+		return false
+	}
+	ok, err := s.quota.OverlayUnwritten()
+	return err == nil && ok
 }
 
 // releaseFrozen lets go of the session's hold on its fork's frozen files.

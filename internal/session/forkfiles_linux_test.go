@@ -235,3 +235,78 @@ open("/workspace/parent-later.txt", "w").write("later")
 		}
 	}
 }
+
+// TestForkOfForkSharesLower forks children of a fork: one that has
+// written no file gives its own children its lower layer as it is (no
+// copy); one that changed or deleted a file, or only opened one for
+// writing, has its files copied, and its children see its changes.
+func TestForkOfForkSharesLower(t *testing.T) {
+	if how, why := ForkFilesSupport(); how != ForkFilesOverlay {
+		t.Skipf("forks copy here: %s", why)
+	}
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{Defaults: jail.Limits{Disk: 16 << 20, Files: 100}})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, runCode(t, parent.Session, `
+import os
+os.makedirs("/workspace/d", exist_ok=True)
+open("/workspace/a.txt", "w").write("a")
+open("/workspace/d/b.txt", "w").write("b")`))
+	kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const show = `sorted((os.path.relpath(os.path.join(r, f), "/workspace"), open(os.path.join(r, f)).read()) for r, _, fs in os.walk("/workspace") for f in fs)`
+	for i, c := range []struct {
+		cell   string
+		shared bool
+	}{
+		{"import os", true},
+		{"import os\nopen('/workspace/a.txt', 'w').write('a2')", false},
+		{"import os\nos.remove('/workspace/d/b.txt')", false},
+		{"import os\nopen('/workspace/a.txt', 'r+').close()", false}, // copied up, unchanged
+	} {
+		child := kids[i]
+		mustOK(t, runCode(t, child.Session, c.cell))
+		want := managedText(t, child, show)
+		grand, res, err := m.Fork(ctx, "alice", child.ID(), ForkOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := managedText(t, grand[0], "import os\n"+show); got != want {
+			t.Errorf("child %d (%q): its fork's files %s, want %s", i, c.cell, got, want)
+		}
+		if shared := grand[0].Session.frozen.Load() == child.Session.frozen.Load(); shared != c.shared || res.FilesBy != ForkFilesOverlay {
+			t.Errorf("child %d (%q): its fork shares its lower layer: %v, want %v (files by %s)", i, c.cell, shared, c.shared, res.FilesBy)
+		}
+		// A write of the grandchild stays its own.
+		mustOK(t, runCode(t, grand[0].Session, "open('/workspace/a.txt', 'w').write('g')"))
+		if got := managedText(t, child, show); got != want {
+			t.Errorf("child %d sees its fork's write: %s", i, got)
+		}
+	}
+	if got, want := managedText(t, parent, "open('/workspace/a.txt').read()"), "'a'"; got != want {
+		t.Errorf("the parent's a.txt: %s", got)
+	}
+	// A child of a checkpoint's fork (its lower layer restored from the
+	// checkpoint, not recorded) has its files copied for its forks.
+	cp, err := parent.Checkpoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromCP, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{Checkpoint: cp.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := managedText(t, fromCP[0], "import os\n"+show)
+	grand, _, err := m.Fork(ctx, "alice", fromCP[0].ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, grand[0], "import os\n"+show); got != want || grand[0].Session.frozen.Load() == fromCP[0].Session.frozen.Load() {
+		t.Errorf("a fork of a checkpoint's child: files %s (want %s), its lower layer shared: %v", got, want, grand[0].Session.frozen.Load() == fromCP[0].Session.frozen.Load())
+	}
+}
