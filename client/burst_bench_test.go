@@ -80,9 +80,5 @@ func BenchmarkBurst100(b *testing.B) {
 			}
 		}
 	}}
-	var rows []burst.Rows
-	for range b.N {
-		rows = append(rows, burst.Three(b, face))
-	}
-	burst.Report(b, rows)
+	burst.Bench(b, face)
 }

@@ -94,9 +94,5 @@ func BenchmarkMCPBurst(b *testing.B) {
 			}
 		}
 	}}
-	var rows []burst.Rows
-	for range b.N {
-		rows = append(rows, burst.Three(b, face))
-	}
-	burst.Report(b, rows)
+	burst.Bench(b, face)
 }

@@ -703,14 +703,9 @@ func (s *Session) restoreFresh(ctx context.Context, r *cpRecord, from string, dr
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		k.Close()
-		return nil, ErrClosed
+	if err := s.install(k); err != nil {
+		return nil, err
 	}
-	s.k = k
-	s.mu.Unlock()
 	if err := s.keepLocked(); err != nil {
 		s.log.Warn("keeper: the fresh kernel is not kept", "err", err)
 	}

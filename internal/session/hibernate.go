@@ -212,14 +212,9 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wake session %s: %w", s.id, err)
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		k.Close()
-		return nil, ErrClosed
+	if err := s.install(k); err != nil {
+		return nil, err
 	}
-	s.k = k
-	s.mu.Unlock()
 	var res *Restored
 	if rd != nil {
 		res, err = s.loadSnapshot(ctx, rd, cmp.Or(h.from, "hibernation"))

@@ -543,17 +543,25 @@ func (s *Session) Restart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.install(k); err != nil {
+		return err
+	}
+	if err := s.keepLocked(); err != nil {
+		s.log.Warn("keeper: the restarted kernel is not kept", "err", err)
+	}
+	return nil
+}
+
+// install makes k, just started, the session's kernel; if the session
+// closed meanwhile, k is closed and install returns ErrClosed.
+func (s *Session) install(k *kernel.Kernel) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
 		k.Close()
 		return ErrClosed
 	}
 	s.k = k
-	s.mu.Unlock()
-	if err := s.keepLocked(); err != nil {
-		s.log.Warn("keeper: the restarted kernel is not kept", "err", err)
-	}
 	return nil
 }
 

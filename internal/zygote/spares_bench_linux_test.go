@@ -3,16 +3,14 @@ package zygote
 import (
 	"context"
 	"os"
-	"os/exec"
-	"runtime/pprof"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil/burst"
 )
 
 // BenchmarkSparesPerSecond forks a burst of 40 sessions at once from the
@@ -122,25 +120,5 @@ func profileSpares(b *testing.B, fixed bool) (stop func()) {
 	if fixed {
 		name = prefix + ".old"
 	}
-	f, err := os.Create(name + ".pprof")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	perf := exec.Command("perf", "record", "-a", "-g", "-F", "999", "-o", name+".perf")
-	if err := perf.Start(); err != nil {
-		b.Logf("no system-wide profile: %v", err)
-		perf = nil
-	}
-	time.Sleep(300 * time.Millisecond) // perf is recording
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		if perf != nil {
-			_ = perf.Process.Signal(syscall.SIGINT)
-			_ = perf.Wait()
-		}
-	}
+	return burst.Profile(b, name, 999)
 }

@@ -4,13 +4,12 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 
+	"github.com/sandloop/sandloop/internal/cbuild"
 	"github.com/sandloop/sandloop/internal/jail"
 )
 
@@ -42,8 +41,7 @@ func generate(dir string) error {
 	// The cache names the init by its own hash (a new toolchain or module
 	// version changes the program, not the jail's sources): computed here,
 	// as reading it whole at run time costs more than the init saves.
-	sum := sha256.Sum256(bin)
-	if err := os.WriteFile(filepath.Join(dir, "init-hash"), []byte(hex.EncodeToString(sum[:])+"\n"), 0o644); err != nil {
+	if err := cbuild.WriteHash(filepath.Join(dir, "init-hash"), bin); err != nil {
 		return err
 	}
 	// This program was compiled from the sources it hashes, as the init was.

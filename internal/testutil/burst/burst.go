@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -261,6 +262,15 @@ func Report(b *testing.B, rs []Rows) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// Bench measures face's three rows (Three) b.N times and reports them.
+func Bench(b *testing.B, face Face) {
+	var rows []Rows
+	for range b.N {
+		rows = append(rows, Three(b, face))
+	}
+	Report(b, rows)
+}
+
 // ProfileFromEnv is a Face.Profile: when BURST_PROFILE names a path
 // prefix, it records where the time goes during one burst: the whole
 // machine with perf (PREFIX.NAME.perf; needs perf) and this process (the
@@ -272,12 +282,14 @@ func ProfileFromEnv(b *testing.B) func(name string) (stop func()) {
 	if prefix == "" {
 		return nil
 	}
-	return func(name string) func() { return profileOne(b, prefix+"."+name) }
+	return func(name string) func() { return Profile(b, prefix+"."+name, 499) }
 }
 
-// profileOne starts ProfileFromEnv's profiles, written to name.perf and
-// name.pprof, and returns what stops them.
-func profileOne(b *testing.B, name string) (stop func()) {
+// Profile records where the time goes until the function it returns is
+// called: the whole machine with perf at hz samples a second (name.perf;
+// without perf, only a line in the log) and this process with Go's CPU
+// profiler (name.pprof).
+func Profile(b *testing.B, name string, hz int) (stop func()) {
 	f, err := os.Create(name + ".pprof")
 	if err != nil {
 		b.Fatal(err)
@@ -285,7 +297,7 @@ func profileOne(b *testing.B, name string) (stop func()) {
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.Fatal(err)
 	}
-	perf := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", name+".perf")
+	perf := exec.Command("perf", "record", "-a", "-g", "-F", strconv.Itoa(hz), "-o", name+".perf")
 	if err := perf.Start(); err != nil {
 		b.Logf("no system-wide profile: %v", err)
 		perf = nil
