@@ -180,6 +180,9 @@ func TestJoinProgramConfinesAsTheScript(t *testing.T) {
 		{"terminal", probe(t, a, nil, true), scriptTTY},
 	} {
 		for k, v := range c.was {
+			if k == "SigIgn" {
+				continue // below: the script's init leaves 32 and 33 as the host had them
+			}
 			if fmt.Sprint(c.got[k]) != fmt.Sprint(v) {
 				t.Errorf("%s: %s is %v by the program, %v by the script", c.name, k, c.got[k], v)
 			}

@@ -365,14 +365,19 @@ static void child(uid_t uid, gid_t gid) {
 	for (long long i = 0; i < nextra; i++)
 		set_rlimit(extra[i].name, extra[i].res, extra[i].val);
 	report("{\"ready\":true}");
-	/* Every signal at its default and none blocked, as the program of a
-	 * Go init finds them. */
-	struct sigaction dfl;
-	memset(&dfl, 0, sizeof dfl);
-	dfl.sa_handler = SIG_DFL;
+	/* Every signal at its default and none blocked, whatever the host
+	 * left (GNU make's children, for one, start with 32 and 33 ignored):
+	 * by the system call itself, as glibc's sigaction refuses the two it
+	 * keeps for its threads. */
+	struct {
+		void (*handler)(int);
+		unsigned long flags;
+		void (*restorer)(void);
+		unsigned long mask;
+	} dfl = {SIG_DFL, 0, NULL, 0};
 	for (int s = 1; s < NSIG; s++)
 		if (s != SIGKILL && s != SIGSTOP)
-			sigaction(s, &dfl, NULL);
+			syscall(SYS_rt_sigaction, s, &dfl, NULL, sizeof dfl.mask);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);

@@ -12,6 +12,7 @@ export class CheckpointStrip {
     this.nb = nb;
     this.base = nb.base;
     this.list = [];
+    this.stateGen = 0; // counts pauses and resumes (changeState)
     const btn = (label, id, fn, title, cls = 'btn btn-sm') => h('button', { type: 'button', class: cls, id, title, onclick: fn }, label);
     this.stateEl = h('span', { class: 'badge', id: 'ck-state' }, '…');
     this.pauseBtn = btn('Pause', 'ck-pause', () => this.pause(), 'Freeze the session: it uses no CPU and keeps its memory; running a cell resumes it', 'btn btn-sm btn-ghost');
@@ -33,9 +34,12 @@ export class CheckpointStrip {
   }
 
   async load() {
+    // A pause or resume answered while this load was on its way knows
+    // better: its state is not overwritten by the older one (stateGen).
+    const gen = this.stateGen;
     try {
       const [s, cps] = await Promise.all([getJSON(this.base), getJSON(this.base + '/checkpoints')]);
-      this.showState(s.state || 'running');
+      if (gen === this.stateGen) this.showState(s.state || 'running');
       this.render(cps);
     } catch (e) {
       if (e.status === 404) return; // the notebook says the session is gone
@@ -134,16 +138,19 @@ export class CheckpointStrip {
     }
   }
 
-  async pause() {
-    try {
-      this.showState((await postJSON(this.base + '/pause')).state);
-    } catch (e) { this.failed('Pause', e); }
-  }
+  async pause() { await this.changeState('/pause', 'Pause'); }
 
-  async resume() {
+  async resume() { await this.changeState('/resume', 'Resume'); }
+
+  // changeState posts a pause or a resume and shows the state it answers;
+  // a load begun before that answer leaves the state alone (stateGen).
+  async changeState(path, what) {
+    this.stateGen++;
     try {
-      this.showState((await postJSON(this.base + '/resume')).state);
-    } catch (e) { this.failed('Resume', e); }
+      const { state } = await postJSON(this.base + path);
+      this.stateGen++;
+      this.showState(state);
+    } catch (e) { this.failed(what, e); }
   }
 
   // failed says what went wrong; a 404 is a missing checkpoint (or
