@@ -556,6 +556,12 @@ def _spare(sock, kmod):
         ours.close()
         _set_rlimits(req)
         C.lockdown()
+        # Forwarded from before the session exists (the host signals
+        # the reaper only for the session's kernel): after, a signal
+        # that came first would find the template's handlers (SIGINT's
+        # KeyboardInterrupt would end the reaper, and the session).
+        for s in FORWARDED:
+            signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
         if listener is None:
             sock.send(b'{"locked":true}')
         else:
@@ -563,8 +569,6 @@ def _spare(sock, kmod):
             listener.close()
     except BaseException as e:
         _fail(sock, 126, "build the session's jail", e)
-    for s in FORWARDED:
-        signal.signal(s, lambda sig, _f: os.kill(kpid, sig))
     # Children are reaped when SIGCHLD says so (blocked: it waits for
     # sigtimedwait); the small reaper is executed C.reaper_delay after the
     # take, not now (see _exec_reaper), once everything ended is reaped.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // spinCode starts a spinning thread in the kernel and a spinning child
@@ -75,11 +76,15 @@ func CheckPause(t *testing.T, s *session.Session) {
 	if got := s.State(); got != session.StateRunning {
 		t.Errorf("state %q after an execute, want running", got)
 	}
+	// Its spinners run again: its cgroup counts CPU (waited for, not
+	// timed: a loaded machine may not schedule them for a while).
 	u3, _ := s.Resources()
-	time.Sleep(100 * time.Millisecond)
-	if u4, _ := s.Resources(); u4.CPU <= u3.CPU {
-		t.Errorf("resumed, the session uses no CPU")
-	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if u4, _ := s.Resources(); u4.CPU <= u3.CPU {
+			return errors.New("resumed, the session uses no CPU")
+		}
+		return nil
+	})
 
 	// Mid-execution: refused, clearly.
 	started := make(chan struct{})
