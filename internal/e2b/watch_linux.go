@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"connectrpc.com/connect"
@@ -188,6 +189,16 @@ func (w *dirWatcher) run() {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := w.f.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// No arrival came for the directory moved away: it left the
+			// tree.
+			w.f.SetReadDeadline(time.Time{})
+			if p := w.movedFrom; p != nil {
+				w.movedFrom = nil
+				w.forget(p.name)
+			}
+			continue
+		}
 		if err != nil {
 			return // closed
 		}
@@ -200,15 +211,22 @@ func (w *dirWatcher) run() {
 				return
 			}
 		}
-		// The arrival of a moved directory comes with its departure (the
-		// kernel queues both in the rename): without it, the directory
-		// left the tree.
-		if p := w.movedFrom; p != nil {
-			w.movedFrom = nil
-			w.forget(p.name)
+		// The arrival of a moved directory comes right after its departure
+		// (the kernel queues both in the rename), but this read may have
+		// come between the two: it is waited for a moment before the
+		// directory is taken as gone (a subtree forgotten and then added
+		// again missed what was made in it meanwhile).
+		if w.movedFrom != nil {
+			w.f.SetReadDeadline(time.Now().Add(moveArrival))
+		} else {
+			w.f.SetReadDeadline(time.Time{})
 		}
 	}
 }
+
+// moveArrival is how long a directory moved away waits for its arrival in
+// the tree (its IN_MOVED_TO) when a read ended between the two events.
+const moveArrival = 200 * time.Millisecond
 
 // handle turns one inotify event into the SDK's events (fsnotify's
 // mapping, which envd uses) and follows new directories.

@@ -411,8 +411,12 @@ func testAutoCheckpointsFitTheBoundMemory(t *testing.T, host bool) {
 	for _, c := range cps {
 		held += c.MemoryBytes
 	}
-	if held+s.cps.store.HeldBytes() > 64<<20 {
-		t.Errorf("the checkpoints hold %d bytes of memory and %d of files: over the 64 MiB bound: %+v", held, s.cps.store.HeldBytes(), cps)
+	// The bound is checked at each checkpoint; after it the copies' share
+	// grows by what the live kernel writes (its heap's churn: a few MiB
+	// for the last cell and the measures), until the next check drops one.
+	const churn = 8 << 20
+	if held+s.cps.store.HeldBytes() > 64<<20+churn {
+		t.Errorf("the checkpoints hold %d bytes of memory and %d of files: over the 64 MiB bound (and %d of churn since): %+v", held, s.cps.store.HeldBytes(), churn, cps)
 	}
 	if held < 25<<20 {
 		t.Errorf("the checkpoints hold %d bytes of memory: want at least the 30 MiB of one rewritten copy (the background measure sees it): %+v", held, cps)
