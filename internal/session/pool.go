@@ -41,10 +41,11 @@ import (
 //
 // What a session costs the machine when they are made and closed without
 // pause (issue 26's sustained run, perf over the whole machine: the table
-// is in docs/benchmarks.md, "Where a session's CPU goes"): ~37 ms of CPU,
-// 29 of them in the zygote's python3 processes (their forks, page faults
-// and the teardown of each process's copy of the template), ~5 in this
-// host (and the load's client), ~2 in kernel threads (network namespaces'
+// is in docs/benchmarks.md, "Where a session's CPU goes"): ~27 ms of CPU
+// since spares are made by the zygote's trampoline (~37 before it), ~20 of
+// them in the zygote's python3 processes (the kernel's fork, its page
+// faults and the teardown of its copy of the template), ~5 in this host
+// (and the load's client), ~2 in kernel threads (network namespaces'
 // teardown, memory cgroups' offline, RCU callbacks). The pool's own part
 // is the target below, now ~0.07 ms a session (it read /proc/meminfo each
 // time: recentMemAvailable).

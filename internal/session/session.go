@@ -556,12 +556,13 @@ func (s *Session) Restart(ctx context.Context) error {
 // closed meanwhile, k is closed and install returns ErrClosed.
 func (s *Session) install(k *kernel.Kernel) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		k.Close()
+		s.mu.Unlock()
+		k.Close() // not under s.mu: it waits for the kernel's end
 		return ErrClosed
 	}
 	s.k = k
+	s.mu.Unlock()
 	return nil
 }
 
