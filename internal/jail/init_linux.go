@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -183,6 +184,9 @@ func setupAndStart(cfg *initConfig) (int, error) {
 	if err := setRlimits(cfg); err != nil {
 		return 0, err
 	}
+	if err := defaultIgnoredSignals(); err != nil {
+		return 0, err
+	}
 	// Descriptors the init inherited from whoever started the server must
 	// not reach the program: only 0-2 and the extra files are handed on
 	// (ForkExec clears close-on-exec on exactly those).
@@ -237,6 +241,48 @@ func setupAndStart(cfg *initConfig) (int, error) {
 		return 0, fmt.Errorf("start %s: %w", cfg.Path, err)
 	}
 	return pid, nil
+}
+
+// kernelSigaction is the kernel's struct sigaction on amd64 and arm64,
+// for rt_sigaction(2) itself: glibc's wrapper refuses signals 32 and 33,
+// and the Go runtime leaves those two (and SIGHUP and SIGINT) as it found
+// them.
+// The handlers rt_sigaction(2) takes for "default" and "ignore".
+const (
+	sigDfl = 0
+	sigIgn = 1
+)
+
+type kernelSigaction struct {
+	handler  uintptr
+	flags    uint64
+	restorer uintptr
+	mask     uint64
+}
+
+// defaultIgnoredSignals sets every signal this process inherited ignored
+// back to its default, so that the program does not inherit it ignored
+// either (exec keeps SIG_IGN): a server started with signals ignored, as
+// GNU make starts its children with 32 and 33, must not hand that on to
+// sandboxed programs. The join program does the same (join.c).
+func defaultIgnoredSignals() error {
+	for s := 1; s <= 64; s++ {
+		if s == int(unix.SIGKILL) || s == int(unix.SIGSTOP) {
+			continue
+		}
+		var old kernelSigaction
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s), 0, uintptr(unsafe.Pointer(&old)), 8, 0, 0); e != 0 {
+			continue // not a signal this kernel has
+		}
+		if old.handler != sigIgn {
+			continue
+		}
+		dfl := kernelSigaction{handler: sigDfl}
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0); e != 0 {
+			return fmt.Errorf("reset signal %d: %w", s, e)
+		}
+	}
+	return nil
 }
 
 // reapAll reaps every process left in the jail until none is.

@@ -866,6 +866,9 @@ func runJoin() int {
 	if err := applyRlimits(extra); err != nil {
 		return failed(err)
 	}
+	if err := defaultIgnoredSignals(); err != nil {
+		return failed(err)
+	}
 	report(joinStatus{Ready: true})
 	err := syscall.Exec(c.Path, c.Args, c.Env)
 	report(joinStatus{initStatus: initStatus{Error: fmt.Sprintf("start %s: %v", c.Path, err)}})

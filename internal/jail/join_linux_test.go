@@ -188,18 +188,18 @@ func TestJoinKillEndsTheGroup(t *testing.T) {
 	defer target.Close()
 	out := &screen{}
 	// A job of an interactive shell has a process group of its own.
-	p, err := Start(context.Background(), &Config{Path: "/bin/bash", Args: []string{"bash", "-i", "-c", "sleep 1001 & sleep 1002 & echo started; wait"},
+	p, err := Start(context.Background(), &Config{Path: "/bin/bash", Args: []string{"bash", "-i", "-c", "sleep 1001.5 & sleep 1002.5 & echo started; wait"},
 		Join: target, Stdout: out, Terminal: &WindowSize{Cols: 80, Rows: 24}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 60*time.Second, func() error {
-		if len(testutil.PidsWithArg("1002")) == 0 || !strings.Contains(out.String(), "started") {
+		if len(testutil.PidsWithArg("1002.5")) == 0 || !strings.Contains(out.String(), "started") {
 			return fmt.Errorf("not started")
 		}
 		return nil
 	})
-	for _, pid := range testutil.PidsWithArg("1002") {
+	for _, pid := range testutil.PidsWithArg("1002.5") {
 		st := strings.Fields(readFileString(fmt.Sprintf("/proc/%d/stat", pid)))
 		if len(st) > 5 && st[1] == "(sleep)" && st[4] == st[5] {
 			t.Errorf("the job's group is its session's: %v", st[:6])
@@ -211,7 +211,7 @@ func TestJoinKillEndsTheGroup(t *testing.T) {
 		t.Fatalf("killed: %+v %v", r, err)
 	}
 	testutil.WaitFor(t, 30*time.Second, func() error {
-		if left := append(testutil.PidsWithArg("1001"), testutil.PidsWithArg("1002")...); len(left) > 0 {
+		if left := append(testutil.PidsWithArg("1001.5"), testutil.PidsWithArg("1002.5")...); len(left) > 0 {
 			return fmt.Errorf("left behind: %v", left)
 		}
 		return nil

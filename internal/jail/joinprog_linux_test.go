@@ -14,8 +14,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/sandloop/sandloop/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // useJoinScript makes the test's joins start the join script (on) or the
@@ -180,9 +182,6 @@ func TestJoinProgramConfinesAsTheScript(t *testing.T) {
 		{"terminal", probe(t, a, nil, true), scriptTTY},
 	} {
 		for k, v := range c.was {
-			if k == "SigIgn" {
-				continue // below: the script's init leaves 32 and 33 as the host had them
-			}
 			if fmt.Sprint(c.got[k]) != fmt.Sprint(v) {
 				t.Errorf("%s: %s is %v by the program, %v by the script", c.name, k, c.got[k], v)
 			}
@@ -355,5 +354,60 @@ func TestJoinWithoutAnExecutableProgram(t *testing.T) {
 	}
 	if !strings.Contains(JoinInfo(), "could not be started") || joinProgPath() != "" {
 		t.Errorf("JoinInfo after the program could not be executed: %s (joins start %q)", JoinInfo(), joinProgPath())
+	}
+}
+
+// ignoreInHost ignores signal s in this process, the host, until the test
+// ends: GNU make starts its children with 32 and 33 ignored, and so did
+// `make test` the server. (The Go runtime leaves 32 to whoever has it.)
+func ignoreInHost(t *testing.T, s int) {
+	t.Helper()
+	ign := kernelSigaction{handler: sigIgn}
+	var old kernelSigaction
+	if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s), uintptr(unsafe.Pointer(&ign)), uintptr(unsafe.Pointer(&old)), 8, 0, 0); e != 0 {
+		t.Fatalf("ignore signal %d: %v", s, e)
+	}
+	t.Cleanup(func() {
+		unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(s), uintptr(unsafe.Pointer(&old)), 0, 8, 0, 0)
+	})
+}
+
+// A signal the server was started with ignored is not ignored in its
+// sandboxes: a new jail's program, and programs joined to it by the
+// script (the init's join mode) and by the join program, find only what
+// python3 ignores itself (SIGPIPE and SIGXFSZ).
+func TestHostIgnoredSignalsStayOutside(t *testing.T) {
+	ignoreInHost(t, 32)
+	const want = "0000000001001000"
+	out := &screen{}
+	p, err := Start(context.Background(), &Config{Path: DefaultPython, Args: []string{"python3", "-c", confinementProbe},
+		Workspace: testWorkspace(t), Stdout: out, Stderr: out, Limits: Limits{Timeout: 60 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.Wait(); err != nil || r.ExitCode != 0 {
+		t.Fatalf("probe: %+v %v\n%s", r, err, out.String())
+	}
+	found := probeRE.FindStringSubmatch(out.String())
+	if found == nil {
+		t.Fatalf("no probe output: %q", out.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(found[1]), &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(m["SigIgn"]); got != want {
+		t.Errorf("a new jail's program ignores %s, want %s", got, want)
+	}
+	a := liveJail(t, "ignored", Limits{})
+	useJoinScript(t, true)
+	if got := fmt.Sprint(probe(t, a, nil, false)["SigIgn"]); got != want {
+		t.Errorf("a program joined by the script ignores %s, want %s", got, want)
+	}
+	if generatedJoin() {
+		joinScriptOnly.Store(false)
+		if got := fmt.Sprint(probe(t, a, nil, false)["SigIgn"]); got != want {
+			t.Errorf("a program joined by the join program ignores %s, want %s", got, want)
+		}
 	}
 }

@@ -71,12 +71,12 @@ for i in range(600):
 			if err != nil || string(b) != "from-command\n" {
 				t.Errorf("/tmp through the files API: %q %v", b, err)
 			}
-			if len(testutil.PidsWithArg("7100")) == 0 {
+			if len(testutil.PidsWithArg("http.server\x007100\x00")) == 0 {
 				t.Fatal("the command's server is not seen from the host")
 			}
 			s.Close()
 			testutil.WaitFor(t, 30*time.Second, func() error {
-				if left := testutil.PidsWithArg("7100"); len(left) > 0 {
+				if left := testutil.PidsWithArg("http.server\x007100\x00"); len(left) > 0 {
 					return fmt.Errorf("the command's server %v outlived its session", left)
 				}
 				return nil
