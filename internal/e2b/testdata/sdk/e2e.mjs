@@ -28,6 +28,10 @@
 //                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once,
 //                                and BURST again once the server's pool has refilled (its /healthz);
 //                                prints median/p95/p99 ms and failures of each, one JSON line
+//   node e2e.mjs keepalive MS    the SDKs' HTTP clients (undici) keep their connections to the server
+//                                across MS ms idle, longer than undici's own idle default (4 s), as the
+//                                server's Keep-Alive header lets them: a second Sandbox.create() +
+//                                runCode('1+1') after the pause opens no connection
 //   node e2e.mjs firstcommand N CMD  ComputeSDK's sequential method, timed stage by stage: for
 //                                each of N, Sandbox.create() + commands.run(CMD), the wall-clock
 //                                times (ms since the Unix epoch) of the start, create's answer, the
@@ -507,6 +511,35 @@ async function burst(n, repeat) {
   console.log(JSON.stringify([first, again]))
 }
 
+// keepalive checks that a sandbox made pauseMs after the previous one
+// reuses the connections the first opened (the API's and the code
+// interpreter's), counted by undici's diagnostics channel, which both
+// the SDK's own undici and Node's fetch publish to.
+async function keepalive(pauseMs) {
+  const dc = await import('node:diagnostics_channel')
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  let connects = 0
+  dc.subscribe('undici:client:connected', () => connects++)
+  const one = async () => {
+    const sbx = await Sandbox.create()
+    try {
+      assert.equal((await sbx.runCode('1+1')).text, '2')
+    } finally {
+      await sbx.kill()
+    }
+  }
+  await step('keepalive: the first sandbox connects', async () => {
+    await one()
+    assert.ok(connects >= 2, `${connects} connections counted for the API and the code interpreter`)
+  })
+  await step(`keepalive: no new connection after ${pauseMs} ms idle`, async () => {
+    await new Promise((r) => setTimeout(r, pauseMs))
+    const before = connects
+    await one()
+    assert.equal(connects - before, 0, `${connects - before} new connections after ${pauseMs} ms idle`)
+  })
+}
+
 // stdin drives commands started with `stdin: true`, which hold a pipe the
 // client never closes: their ends and kills must be reported at once, and
 // killing or timing out a sandbox that holds one must not wait on it.
@@ -779,6 +812,9 @@ switch (mode) {
   case 'firstcommand':
     await firstcommand(Number(process.argv[3] || 100), process.argv[4] || 'python3 -V')
     break
+  case 'keepalive':
+    await keepalive(Number(process.argv[3] || 5000))
+    break
   case 'burst':
     await burst(Number(process.argv[3] || 100), process.argv[4] !== 'once')
     break
@@ -786,7 +822,7 @@ switch (mode) {
     await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|burst N [once]|computesdk N BURST|firstcommand N CMD')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|keepalive MS|burst N [once]|computesdk N BURST|firstcommand N CMD')
     process.exit(2)
 }
 console.log('done')
