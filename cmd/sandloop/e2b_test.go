@@ -96,6 +96,20 @@ func TestE2BSDKs(t *testing.T) {
 	}
 }
 
+// TestE2BKeepAlive: E2B's JS SDK keeps its connections to the server
+// across a pause longer than its HTTP client's (undici's) own idle default
+// of 4 s, since the server says in each response how long it keeps them
+// (host.IdleKeep): an agent framework's next sandbox, seconds later, opens
+// no connection (BenchmarkE2BBurst100's repeated burst paid ~200).
+func TestE2BKeepAlive(t *testing.T) {
+	e2btest.SDK(t)
+	env := startServe(t, "--token", e2bTestToken, "--pool", "1")
+	out, err := e2btest.Run(t, env, 2*time.Minute, "keepalive", "5000")
+	if err != nil || !strings.HasSuffix(string(out), "done\n") || strings.Count(string(out), "ok keepalive") != 2 {
+		t.Fatalf("node e2e.mjs keepalive: %v\n%s", err, out)
+	}
+}
+
 func boolInt(b bool) int {
 	if b {
 		return 1

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -413,8 +414,33 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if h.srv, err = server.New(&so); err != nil {
 		return nil, err
 	}
-	h.hs = &http.Server{Handler: h.srv, ReadHeaderTimeout: 10 * time.Second}
+	h.hs = &http.Server{Handler: announceKeepAlive(h.srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: IdleKeep + 5*time.Second}
 	return h, nil
+}
+
+// IdleKeep is how long the server keeps a client's idle HTTP/1.1
+// connection open between requests, as every response says in its
+// Keep-Alive header (timeout=120). Without the header Node's HTTP client
+// (undici: fetch, and E2B's JS SDK) closes an idle connection after 4 s
+// of its own, so an agent framework's burst sent more than 4 s after the
+// previous one paid a new connection per request: ~200 for a burst of 100
+// sandboxes through E2B's SDK, ~0.5 ms of the client's CPU each (undici's
+// connect and client set-up), about a fifth of what the client spends on
+// the burst (BenchmarkE2BBurst100, docs/benchmarks.md). The server closes
+// a connection idle 5 s longer than it says (undici closes its side 2 s
+// before), so it is the client that closes, between requests.
+const IdleKeep = 2 * time.Minute
+
+// announceKeepAlive sets the Keep-Alive header of IdleKeep on next's
+// HTTP/1 responses (HTTP/2 forbids the header and needs it not).
+func announceKeepAlive(next http.Handler) http.Handler {
+	v := "timeout=" + strconv.Itoa(int(IdleKeep/time.Second))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Keep-Alive", v)
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // cell is the cell's sessions table where this host's runs record the

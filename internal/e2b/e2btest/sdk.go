@@ -54,6 +54,8 @@ func SDK(tb testing.TB) string {
 // Env is what the SDKs need to reach a server.
 type Env struct {
 	URL, Key string
+	// Vars are more environment variables for the script (NAME=value).
+	Vars []string
 }
 
 // Run runs `node e2e.mjs args...` against env and returns its output.
@@ -71,7 +73,7 @@ func RunScript(tb testing.TB, env Env, timeout time.Duration, name string, args 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
 	cmd.Dir = Dir()
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+env.URL, "E2B_SANDBOX_URL="+env.URL, "E2B_API_KEY="+env.Key)
+	cmd.Env = append(append(os.Environ(), "E2B_API_URL="+env.URL, "E2B_SANDBOX_URL="+env.URL, "E2B_API_KEY="+env.Key), env.Vars...)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd.CombinedOutput()
 }

@@ -19,15 +19,22 @@
 //   node e2e.mjs bench N [CODE]  N × Sandbox.create() + runCode(CODE, default '1+1'), alternating
 //                                with the same through sandloop's own API (SANDLOOP_TOKEN);
 //                                prints both medians in ms (CODE must evaluate to 2)
-//   node e2e.mjs burst N [once]  issue 26's burst: after 2 sandboxes one by one (the SDK warms up), N ×
-//                                (Sandbox.create() + runCode('1+1')) at once (@e2b/code-interpreter), the
-//                                sandboxes killed after, then (unless once) the
+//   node e2e.mjs burst N [once|repeat] [PAUSE]  issue 26's burst: after 2 sandboxes one by one (the
+//                                SDK warms up), N × (Sandbox.create() + runCode('1+1')) at once
+//                                (@e2b/code-interpreter), the sandboxes killed after, then (unless once) the
 //                                same once the server's warm pool holds its target again (its /healthz; at
-//                                most 2 minutes); prints p50/p95/last ms and sandboxes/s of each, one JSON line
+//                                most 2 minutes) and at least PAUSE ms after the first's last answer; prints
+//                                for each p50/p95/last ms, sandboxes/s, the create's and the runCode's p50,
+//                                the connections opened, and the CPU ms of this process (the client), of the
+//                                server (SERVER_PID, if set) and of the processes under it, one JSON line
 //   node e2e.mjs computesdk N BURST  ComputeSDK's method: Sandbox.create() (e2b) + a first command
 //                                (`python3 -V`), N sequential, N staggered 200 ms apart, BURST at once,
 //                                and BURST again once the server's pool has refilled (its /healthz);
 //                                prints median/p95/p99 ms and failures of each, one JSON line
+//   node e2e.mjs keepalive MS    the SDKs' HTTP clients (undici) keep their connections to the server
+//                                across MS ms idle, longer than undici's own idle default (4 s), as the
+//                                server's Keep-Alive header lets them: a second Sandbox.create() +
+//                                runCode('1+1') after the pause opens no connection
 //   node e2e.mjs firstcommand N CMD  ComputeSDK's sequential method, timed stage by stage: for
 //                                each of N, Sandbox.create() + commands.run(CMD), the wall-clock
 //                                times (ms since the Unix epoch) of the start, create's answer, the
@@ -36,6 +43,7 @@
 //
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
+import fs from 'node:fs'
 
 const mode = process.argv[2]
 const run = `run-${process.pid}-${Date.now()}`
@@ -452,31 +460,42 @@ async function firstcommand(n, cmd) {
 // burst is issue 26's measure through E2B's code-interpreter SDK: n
 // creates + runCode('1+1') at once, then (the sandboxes killed) the same
 // once the server's pool has refilled to the target it set itself.
-async function burst(n, repeat) {
+async function burst(n, repeat, pauseMs) {
   const { Sandbox } = await import('@e2b/code-interpreter')
+  const dc = await import('node:diagnostics_channel')
+  let connects = 0 // connections undici opened (the SDK's own and Node's fetch)
+  dc.subscribe('undici:client:connected', () => connects++)
   const one = async () => {
     const t0 = performance.now()
     const sbx = await Sandbox.create()
+    const created = performance.now()
     try {
       const e = await sbx.runCode('1+1')
       assert.equal(e.text, '2')
-      return [performance.now() - t0, sbx]
+      const end = performance.now()
+      return [end - t0, sbx, created - t0, end - created]
     } catch (err) {
       await sbx.kill()
       throw err
     }
   }
   const round = async (name) => {
+    const cpu0 = cpuTimes()
+    const c0 = connects
     const t0 = performance.now()
     const rs = await Promise.allSettled(Array.from({ length: n }, one))
     const end = performance.now()
+    const cpu = cpuSince(cpu0)
+    const conns = connects - c0
     const ok = rs.filter((r) => r.status === 'fulfilled').map((r) => r.value)
     const failures = rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))
     await Promise.all(ok.map(([, sbx]) => sbx.kill()))
-    const s = ok.map(([d]) => d).sort((x, y) => x - y)
-    const at = (p) => (s.length ? s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))] : null)
-    return { name, n: s.length, failures: failures.length, first_error: failures[0], p50_ms: at(50), p95_ms: at(95),
-      last_ms: s.length ? s[s.length - 1] : null, per_second: (s.length * 1000) / (end - t0), end }
+    const sorted = (i) => ok.map((v) => v[i]).sort((x, y) => x - y)
+    const at = (s, p) => (s.length ? s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))] : null)
+    const s = sorted(0)
+    return { name, n: s.length, failures: failures.length, first_error: failures[0], p50_ms: at(s, 50), p95_ms: at(s, 95),
+      last_ms: s.length ? s[s.length - 1] : null, per_second: (s.length * 1000) / (end - t0), end,
+      create_p50_ms: at(sorted(2), 50), run_p50_ms: at(sorted(3), 50), connections: conns, ...cpu }
   }
   const poolFull = async () => {
     let pool = {}
@@ -500,11 +519,94 @@ async function burst(n, repeat) {
     return
   }
   const pool = await poolFull()
+  const wait = pauseMs - (performance.now() - first.end)
+  if (wait > 0) await new Promise((r) => setTimeout(r, wait))
   const after = performance.now() - first.end
   const again = await round('repeated')
   again.after_ms = after
   again.pool_target = pool.pool_target
   console.log(JSON.stringify([first, again]))
+}
+
+// cpuTimes reads, for burst's figures, the CPU time so far of this
+// process (the client), of the server (SERVER_PID, if set) and of every
+// process under it (the zygote, its spares and the sessions' kernels and
+// jails), and the whole machine's busy and total time (/proc/stat, all
+// cores). Each process's time is the sum of its threads' run time in
+// /proc/PID/task/TID/schedstat (ns): /proc/PID/stat counts whole ticks
+// (10 ms), which a kernel that runs 1+1 never reaches. Linux only; the
+// figures are omitted elsewhere.
+function cpuTimes() {
+  const out = { client: process.cpuUsage(), procs: new Map() }
+  try {
+    const f = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number)
+    out.machine = { busy: f.reduce((a, b) => a + b, 0) - f[3] - f[4], total: f.reduce((a, b) => a + b, 0) }
+  } catch {}
+  if (!process.env.SERVER_PID) return out
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(d)) continue
+    try {
+      const t = fs.readFileSync(`/proc/${d}/stat`, 'utf8')
+      let ns = 0
+      for (const tid of fs.readdirSync(`/proc/${d}/task`)) ns += Number(fs.readFileSync(`/proc/${d}/task/${tid}/schedstat`, 'utf8').split(' ')[0])
+      out.procs.set(d, { ppid: t.slice(t.lastIndexOf(')') + 2).split(' ')[1], ns })
+    } catch {} // gone meanwhile
+  }
+  return out
+}
+
+// cpuSince is what the client, the server and the processes under it
+// spent since cpuTimes() returned a, in ms, and the machine's busy share
+// in % of all its cores. A process under the server that ended meanwhile
+// is not counted (none do during a round: the sandboxes are killed after
+// it), nor a thread that did.
+function cpuSince(a) {
+  const b = cpuTimes()
+  const c = b.client.user + b.client.system - a.client.user - a.client.system
+  const out = { client_cpu_ms: c / 1000 }
+  if (a.machine && b.machine) out.machine_busy_pct = (100 * (b.machine.busy - a.machine.busy)) / Math.max(1, b.machine.total - a.machine.total)
+  const server = process.env.SERVER_PID
+  if (server && b.procs.has(server)) {
+    const under = new Set([server])
+    for (let grew = true; grew; ) {
+      grew = false
+      for (const [pid, p] of b.procs) if (!under.has(pid) && under.has(p.ppid)) under.add(pid), (grew = true)
+    }
+    let below = 0
+    for (const pid of under) if (pid !== server) below += b.procs.get(pid).ns - (a.procs.get(pid)?.ns ?? 0)
+    out.server_cpu_ms = (b.procs.get(server).ns - (a.procs.get(server)?.ns ?? 0)) / 1e6
+    out.sandboxes_cpu_ms = below / 1e6
+  }
+  return out
+}
+
+// keepalive checks that a sandbox made pauseMs after the previous one
+// reuses the connections the first opened (the API's and the code
+// interpreter's), counted by undici's diagnostics channel, which both
+// the SDK's own undici and Node's fetch publish to.
+async function keepalive(pauseMs) {
+  const dc = await import('node:diagnostics_channel')
+  const { Sandbox } = await import('@e2b/code-interpreter')
+  let connects = 0
+  dc.subscribe('undici:client:connected', () => connects++)
+  const one = async () => {
+    const sbx = await Sandbox.create()
+    try {
+      assert.equal((await sbx.runCode('1+1')).text, '2')
+    } finally {
+      await sbx.kill()
+    }
+  }
+  await step('keepalive: the first sandbox connects', async () => {
+    await one()
+    assert.ok(connects >= 2, `${connects} connections counted for the API and the code interpreter`)
+  })
+  await step(`keepalive: no new connection after ${pauseMs} ms idle`, async () => {
+    await new Promise((r) => setTimeout(r, pauseMs))
+    const before = connects
+    await one()
+    assert.equal(connects - before, 0, `${connects - before} new connections after ${pauseMs} ms idle`)
+  })
 }
 
 // stdin drives commands started with `stdin: true`, which hold a pipe the
@@ -779,14 +881,17 @@ switch (mode) {
   case 'firstcommand':
     await firstcommand(Number(process.argv[3] || 100), process.argv[4] || 'python3 -V')
     break
+  case 'keepalive':
+    await keepalive(Number(process.argv[3] || 5000))
+    break
   case 'burst':
-    await burst(Number(process.argv[3] || 100), process.argv[4] !== 'once')
+    await burst(Number(process.argv[3] || 100), process.argv[4] !== 'once', Number(process.argv[5] || 0))
     break
   case 'computesdk':
     await computesdk(Number(process.argv[3] || 100), Number(process.argv[4] || 64))
     break
   default:
-    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|burst N [once]|computesdk N BURST|firstcommand N CMD')
+    console.error('usage: node e2e.mjs interpreter|e2b-2.45|lifecycle|fork|snapshots|stdin MARKER|bench N|keepalive MS|burst N [once]|computesdk N BURST|firstcommand N CMD')
     process.exit(2)
 }
 console.log('done')
