@@ -33,6 +33,8 @@ type forkSource struct {
 	bases      []kernel.StateBase // earlier exports given to this one (its own copies of the files)
 	refs       []kernel.StateBase // those of bases the export refers to: its children need them
 	from       string
+	live       bool           // the live kernel's variables (not a checkpoint's)
+	remap      *os.File       // state's copy for the parent's remap after the fork (remapLater), if any
 	state      *os.File       // the serialized variables (kernel.NewStateFile), sealed once complete
 	export     *kernel.Export // streaming into state
 	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
@@ -64,8 +66,17 @@ func (f *forkSource) stream(ctx context.Context) {
 		}
 		f.refs = append(f.refs, f.bases[i])
 	}
+	f.owner.remap.last.Store(f.exported)
 	// The next fork of the parent compares its buffers with these.
 	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...))
+	if f.live && len(f.exported.Remap) > 0 && !noRemap.Load() {
+		// And, after the fork, its buffers become mappings of this file
+		// where they are still equal to it: that comparison then needs
+		// none of their bytes.
+		if c, err := dupFile(f.state); err == nil {
+			f.remap = c
+		}
+	}
 }
 
 // wait returns once the variables are all in the state file.
@@ -90,6 +101,9 @@ func (f *forkSource) close() {
 	}
 	if f.state != nil {
 		f.state.Close() // the children's mappings keep what they use
+	}
+	if f.remap != nil {
+		f.remap.Close()
 	}
 	closeBases(f.bases)
 	if f.fileID != "" {
@@ -306,6 +320,10 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		}
 		return nil, nil, err
 	}
+	if src.remap != nil {
+		parent.Session.remapLater(src.remap, src.exported.Remap)
+		src.remap = nil
+	}
 	m.log.Info("session forked", "session", id, "children", n, "from", src.from)
 	return children, reports[0], nil
 }
@@ -403,6 +421,7 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *
 	// The copy streams them to the state file after this turn.
 	if from == 0 {
 		src.bases = s.exports.get()
+		src.live = true
 	}
 	src.export, err = kc.StartExportOver(ctx, src.state, from, from == 0, src.bases)
 	if err != nil {

@@ -1,0 +1,124 @@
+package session
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// noRemap, if set (by benchmarks: the baseline), leaves a session's
+// buffers as they are after its forks' exports.
+var noRemap atomic.Bool
+
+// remapPiece bounds the bytes of one remap request: the session's turn
+// is held that long (a comparison of those bytes and their mapping, a few
+// milliseconds), so a cell waits at most for one piece.
+const remapPiece = 8 << 20
+
+// remapBefore, if set (by tests), is called before a session's remap
+// starts: what it runs happens between the export and the remap.
+var remapBefore func(*Session)
+
+// remapState is a session's remaps under way (remapLater).
+type remapState struct {
+	last  atomic.Pointer[stateManifest] // the manifest of its last fork's export
+	wg    sync.WaitGroup
+	bytes atomic.Int64 // remapped so far, over the session's life
+	took  atomic.Int64 // nanoseconds the kernel's turns took, over the session's life
+}
+
+// remapLater gives the session's kernel back f, the sealed state file of
+// an export of its live variables, with the export's manifest's ranges
+// (kernel.RemapExport), after the fork that made it, in pieces, each
+// under the session's turn: the session's large buffers become private
+// mappings of the file wherever they still equal it, so that its next
+// fork proves them unchanged by their pages, not by comparing 100 MB
+// (see the package doc of internal/kernel, "Remapped exports"). f is the
+// caller's copy, closed here. A paused, hibernated or closed session is
+// left as it is.
+func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
+	s.remap.wg.Add(1)
+	go func() {
+		defer s.remap.wg.Done()
+		defer f.Close()
+		if remapBefore != nil {
+			remapBefore(s)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { // a session closed meanwhile ends the wait for its turn
+			select {
+			case <-s.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		for _, piece := range remapPieces(remap, remapPiece) {
+			if !s.remapPiece(ctx, f, piece) {
+				return
+			}
+		}
+	}()
+}
+
+// remapPiece remaps one piece under the session's turn; false if the
+// rest should not be tried.
+func (s *Session) remapPiece(ctx context.Context, f *os.File, piece [][3]uint64) bool {
+	if err := s.acquire(ctx); err != nil {
+		return false
+	}
+	defer s.release()
+	if s.State() != StateRunning {
+		return false
+	}
+	k, err := s.kernel()
+	if err != nil || k.Err() != nil {
+		return false
+	}
+	t0 := time.Now()
+	r, err := k.RemapExport(ctx, f, piece)
+	s.remap.took.Add(int64(time.Since(t0)))
+	if err != nil {
+		s.log.Debug("remap an export", "session", s.id, "err", err)
+		return false
+	}
+	s.remap.bytes.Add(r.Bytes)
+	return len(r.Threads) == 0 // the rest would be refused as well
+}
+
+// remapPieces splits ranges [address, offset, length] into pieces of
+// about max bytes, cut at page boundaries of the address.
+func remapPieces(remap [][3]uint64, max uint64) [][][3]uint64 {
+	page := uint64(os.Getpagesize())
+	var out [][][3]uint64
+	var cur [][3]uint64
+	var size uint64
+	for _, r := range remap {
+		addr, off, n := r[0], r[1], r[2]
+		for n > 0 {
+			take := n
+			if size+take > max {
+				// Up to a page boundary of the address past the room left.
+				end := (addr + (max - size) + page - 1) / page * page
+				if end-addr < n {
+					take = end - addr
+				}
+			}
+			cur = append(cur, [3]uint64{addr, off, take})
+			size += take
+			addr, off, n = addr+take, off+take, n-take
+			if size >= max {
+				out, cur, size = append(out, cur), nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// remapWait waits for the session's remaps under way to end.
+func (s *Session) remapWait() { s.remap.wg.Wait() }

@@ -1,0 +1,136 @@
+package session
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// remapDigest is the SHA-256 of every buffer of the state remapSetup
+// makes (and the cells of TestRootForkRemapKeepsWrites change).
+const remapDigest = "hashlib.sha256(b''.join([df.to_numpy().tobytes(), a.tobytes()] + [s.tobytes() for s in small])).hexdigest()"
+
+// remapSetup holds a DataFrame's block and a large array (glibc's mmap
+// chunks) and small arrays (its heap).
+const remapSetup = `import numpy as np, pandas as pd, hashlib, threading, ctypes, gc
+df = pd.DataFrame(np.random.default_rng(1).random((1 << 18, 8)), columns=["c%d" % i for i in range(8)])
+a = np.arange(2 << 20, dtype=np.float64)
+small = [np.full(12_000, float(i)) for i in range(64)]
+`
+
+// TestRootForkRemapKeepsWrites forks a root session again and again, its
+// buffers remapped from each fork's export in between (remapLater), with
+// writes of every kind before each fork: each child's buffers equal the
+// parent's at the fork, and the parent's never change by a remap, even
+// when it wrote them after the export and before the remap.
+func TestRootForkRemapKeepsWrites(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := parent.Session
+	mustOK(t, runCode(t, ps, remapSetup))
+	fork := func(step string) {
+		t.Helper()
+		want := managedText(t, parent, remapDigest)
+		kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := managedText(t, kids[0], remapDigest); got != want {
+			t.Errorf("%s: the child's buffers %s, the parent's at the fork %s", step, got, want)
+		}
+		kids[0].Close()
+		ps.remapWait()
+		if got := managedText(t, parent, remapDigest); got != want {
+			t.Errorf("%s: the parent's buffers changed by the remap: %s, were %s", step, got, want)
+		}
+	}
+	fork("first fork")
+	if ps.remap.bytes.Load() < 30<<20 {
+		t.Fatalf("first fork: %d bytes remapped, want the DataFrame's and a's 32 MiB", ps.remap.bytes.Load())
+	}
+	fork("unchanged")
+	if last := ps.remap.last.Load(); last.MappedBytes < 30<<20 {
+		t.Errorf("unchanged: the export proved %d bytes equal by their pages (%d by comparing), want the remapped 32 MiB", last.MappedBytes, last.ComparedBytes)
+	}
+	for _, c := range []struct{ step, code string }{
+		{"a slice of the DataFrame", "df.iloc[1000:3000, 2] = -1.0"},
+		{"a whole column", "df['c5'] = df['c5'] * 2"},
+		{"freed and allocated again", "del a\na = np.full(2 << 20, 7.0)"},
+		{"realloc (mremap) of a remapped chunk", "a.resize(3 << 20, refcheck=False)\na[-1] = 3.0"},
+		{"heap freed, trimmed (MADV_DONTNEED) and calloc'd", "del small[::2]\ngc.collect()\nctypes.CDLL(None).malloc_trim(0)\nz = [np.zeros(12_000) for _ in range(40)]\nassert not any(x.any() for x in z), 'calloc gave bytes that are not zero'\nsmall += z\ndel z"},
+	} {
+		mustOK(t, runCode(t, ps, c.code))
+		fork(c.step)
+	}
+
+	// Written after the export, before the remap: the pages written
+	// stay the parent's (the comparison finds them changed). All of it
+	// changed first, so that the export copies it (a remap follows).
+	mustOK(t, runCode(t, ps, "a += 0.5\ndf.iloc[:, :] = df.to_numpy() + 1.0"))
+	before := ps.remap.bytes.Load()
+	remapBefore = func(s *Session) {
+		if s == ps {
+			if r, err := s.Execute(ctx, kernel.Request{Code: "a[::512] += 1.0\ndf.iloc[::4096, 1] = 5.0"}, nil); err != nil || r.Status != kernel.StatusOK {
+				t.Errorf("the write between the export and the remap: %v %+v", err, r)
+			}
+		}
+	}
+	want := managedText(t, parent, remapDigest)
+	kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, kids[0], remapDigest); got != want {
+		t.Errorf("written before the remap: the child's buffers %s, the parent's at the fork %s", got, want)
+	}
+	kids[0].Close()
+	ps.remapWait()
+	remapBefore = nil
+	after := managedText(t, parent, remapDigest)
+	if after == want || managedText(t, parent, "float(df.iloc[4096, 1]), float(a[512])") != "(5.0, 8.5)" {
+		t.Errorf("written before the remap: the parent lost its write (digest %s, as exported %s)", after, want)
+	}
+	if ps.remap.bytes.Load() == before {
+		t.Errorf("written before the remap: nothing was remapped (the pages not written should be)")
+	}
+
+	// A thread of the user's: no remap while it lives; its write after
+	// the fork is the parent's alone.
+	mustOK(t, runCode(t, ps, "ev = threading.Event()\nth = threading.Thread(target=lambda: (ev.wait(), a.__setitem__(7, -7.0)))\nth.start()\ndf.iloc[5, 5] = 1.5"))
+	before = ps.remap.bytes.Load()
+	fork("a background thread waiting")
+	if ps.remap.bytes.Load() != before {
+		t.Errorf("a background thread waiting: %d bytes remapped while it lived", ps.remap.bytes.Load()-before)
+	}
+	mustOK(t, runCode(t, ps, "ev.set()\nth.join()\ndel th, ev"))
+	if got := managedText(t, parent, "float(a[7])"); got != "-7.0" {
+		t.Errorf("the thread's write: a[7] = %s", got)
+	}
+	fork("after the thread's write")
+
+	// A checkpoint and a restore over remapped memory.
+	mustOK(t, runCode(t, ps, "df.iloc[7, 7] = 2.5"))
+	want = managedText(t, parent, remapDigest)
+	if _, err := ps.Checkpoint(ctx, "mark"); err != nil {
+		t.Fatal(err)
+	}
+	cps := ps.Checkpoints()
+	fork("after a checkpoint")
+	mustOK(t, runCode(t, ps, "a[:] = 0.0\ndf.iloc[:, :] = 0.0"))
+	if _, err := ps.RestoreCheckpoint(ctx, cps[len(cps)-1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, parent, remapDigest); got != want {
+		t.Errorf("restored over remapped memory: %s, at the checkpoint %s", got, want)
+	}
+	fork("after a restore")
+	if s := managedText(t, parent, "sum(1 for l in open('/proc/self/maps') if 'memfd:sandloop-fork' in l) > 0"); !strings.Contains(s, "True") {
+		t.Errorf("no mapping of a state file in the parent after its forks")
+	}
+}
