@@ -88,35 +88,36 @@ func (s *Session) remapPiece(ctx context.Context, f *os.File, piece [][3]uint64)
 	return len(r.Threads) == 0 // the rest would be refused as well
 }
 
-// remapPieces splits ranges [address, offset, length] into pieces of
-// about max bytes, cut at page boundaries of the address.
+// remapPieces groups ranges [address, offset, length] into pieces of
+// about max bytes: a range larger than max is cut at page boundaries of
+// its address into parts of max (the last one up to twice that), smaller
+// ones are never cut (a part shorter than the kernel's shortest run would
+// not be remapped).
 func remapPieces(remap [][3]uint64, max uint64) [][][3]uint64 {
 	page := uint64(os.Getpagesize())
 	var out [][][3]uint64
 	var cur [][3]uint64
 	var size uint64
-	for _, r := range remap {
-		addr, off, n := r[0], r[1], r[2]
-		for n > 0 {
-			take := n
-			if size+take > max {
-				// Up to a page boundary of the address past the room left.
-				end := (addr + (max - size) + page - 1) / page * page
-				if end-addr < n {
-					take = end - addr
-				}
-			}
-			cur = append(cur, [3]uint64{addr, off, take})
-			size += take
-			addr, off, n = addr+take, off+take, n-take
-			if size >= max {
-				out, cur, size = append(out, cur), nil, 0
-			}
+	flush := func() {
+		if len(cur) > 0 {
+			out, cur, size = append(out, cur), nil, 0
 		}
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
+	for _, r := range remap {
+		addr, off, n := r[0], r[1], r[2]
+		for n >= 2*max {
+			take := (addr+max+page-1)/page*page - addr
+			flush()
+			out = append(out, [][3]uint64{{addr, off, take}})
+			addr, off, n = addr+take, off+take, n-take
+		}
+		if size+n > max {
+			flush()
+		}
+		cur = append(cur, [3]uint64{addr, off, n})
+		size += n
 	}
+	flush()
 	return out
 }
 

@@ -20,6 +20,14 @@ a = np.arange(2 << 20, dtype=np.float64)
 small = [np.full(12_000, float(i)) for i in range(64)]
 `
 
+// remapCovered counts the small arrays in the brk heap, and those whose
+// second page lies in a mapping of a state file.
+const remapCovered = `_maps = [(int(l.split()[0].split("-")[0], 16), int(l.split()[0].split("-")[1], 16), l) for l in open("/proc/self/maps")]
+_heap = [m for m in _maps if m[2].rstrip().endswith("[heap]")]
+_r = (sum(1 for s in small if _heap[0][0] <= s.ctypes.data < _heap[-1][1]), sum(1 for s in small if any(lo <= s.ctypes.data + 4096 < hi for lo, hi, p in _maps if "memfd:sandloop-fork" in p)))
+del _maps, _heap
+_r`
+
 // TestRootForkRemapKeepsWrites forks a root session again and again, its
 // buffers remapped from each fork's export in between (remapLater), with
 // writes of every kind before each fork: each child's buffers equal the
@@ -53,6 +61,10 @@ func TestRootForkRemapKeepsWrites(t *testing.T) {
 	fork("first fork")
 	if ps.remap.bytes.Load() < 30<<20 {
 		t.Fatalf("first fork: %d bytes remapped, want the DataFrame's and a's 32 MiB", ps.remap.bytes.Load())
+	}
+	// The small arrays too (glibc's heap: sbrk'd, below its mmap threshold).
+	if got := managedText(t, parent, remapCovered); got != "(64, 64)" {
+		t.Errorf("first fork: (small arrays on the heap, remapped) %s, want (64, 64)", got)
 	}
 	fork("unchanged")
 	if last := ps.remap.last.Load(); last.MappedBytes < 30<<20 {
@@ -132,5 +144,42 @@ func TestRootForkRemapKeepsWrites(t *testing.T) {
 	fork("after a restore")
 	if s := managedText(t, parent, "sum(1 for l in open('/proc/self/maps') if 'memfd:sandloop-fork' in l) > 0"); !strings.Contains(s, "True") {
 		t.Errorf("no mapping of a state file in the parent after its forks")
+	}
+}
+
+func TestRemapPieces(t *testing.T) {
+	page := uint64(4096)
+	const max = 8 << 20
+	in := [][3]uint64{{page + 16, 16, 3 * max}, {1 << 40, 200 * page, 96000}, {1 << 41, 400 * page, max - 1000}}
+	pieces := remapPieces(in, max)
+	var total uint64
+	next := in[0][0]
+	for i, p := range pieces {
+		var size uint64
+		for _, r := range p {
+			size += r[2]
+			if r[0]-in[0][0] != r[1]-in[0][1] && r[0] < in[1][0] {
+				t.Errorf("piece %d: address %x and offset %x moved apart", i, r[0], r[1])
+			}
+			if r[0] < in[1][0] {
+				if r[0] != next {
+					t.Errorf("piece %d starts at %x, want %x", i, r[0], next)
+				}
+				next = r[0] + r[2]
+				if r[0] != in[0][0] && r[0]%page != 0 {
+					t.Errorf("piece %d cut at %x, not a page boundary", i, r[0])
+				}
+			}
+		}
+		if size > 2*max {
+			t.Errorf("piece %d: %d bytes", i, size)
+		}
+		total += size
+	}
+	if want := in[0][2] + in[1][2] + in[2][2]; total != want || next != in[0][0]+in[0][2] {
+		t.Errorf("pieces cover %d bytes, want %d", total, want)
+	}
+	if len(pieces) != 4 {
+		t.Errorf("%d pieces: %v", len(pieces), pieces)
 	}
 }
