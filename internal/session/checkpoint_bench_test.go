@@ -204,6 +204,7 @@ func BenchmarkFork(b *testing.B) {
 	// forgets the parent's last export first, so that the DataFrame is
 	// copied into the state file again (the baseline: no exportCache).
 	var remapT, remapTurnT []time.Duration
+	var provedPages, provedBytes []int64 // of the exports with a base: bytes proven equal by pages, by comparing
 	var forkOf func(parent *Managed, n int, copyAll bool) ([]*Managed, time.Duration, time.Duration)
 	fork := func(n int, copyAll bool) ([]*Managed, time.Duration, time.Duration) {
 		return forkOf(parent, n, copyAll)
@@ -241,9 +242,12 @@ func BenchmarkFork(b *testing.B) {
 		took := parent.Session.remap.took.Load()
 		t1 := time.Now()
 		parent.Session.remapWait()
-		if !noRemap.Load() {
+		if turns := parent.Session.remap.took.Load() - took; turns > 0 {
 			remapT = append(remapT, time.Since(t1))
-			remapTurnT = append(remapTurnT, time.Duration(parent.Session.remap.took.Load()-took))
+			remapTurnT = append(remapTurnT, time.Duration(turns))
+		}
+		if last := parent.Session.remap.last.Load(); !copyAll && last != nil {
+			provedPages, provedBytes = append(provedPages, last.MappedBytes), append(provedBytes, last.ComparedBytes)
 		}
 		return kids, d, stall
 	}
@@ -321,7 +325,7 @@ func BenchmarkFork(b *testing.B) {
 	}
 	freshMem := privateMemory(b, fresh.Session)
 	fresh.Close()
-	parentMem, baseMem := privateMemory(b, parent.Session), privateMemory(b, base.Session)
+	parentMem, baseMem := anonMemory(b, parent.Session), anonMemory(b, base.Session)
 	noRemap.Store(true)
 	kids, baseTen, _ := forkOf(base, 10, false)
 	noRemap.Store(false)
@@ -351,6 +355,9 @@ func BenchmarkFork(b *testing.B) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("load average: %s", strings.TrimSpace(string(load)))
+	b.Logf("a fork of the root, its buffers remapped from its last export (remap.go): fork p50 %v, parent's wait p50 %v, 10 children %v; its buffers its own (baseline, noRemap): fork p50 %v (n=%d), parent's wait p50 %v, 10 children %v; ratio baseline/remapped %.2f; the remap after a fork: p50 %v until done, of which the kernel's turns %v (n=%d); the parent's anonymous memory (smaps_rollup; what its cgroup is charged): remapped %.1f MiB, baseline %.1f MiB; an export with a base proved equal by pages %.1f MiB, by bytes %.1f MiB (p50)",
+		median(forkT), median(stallT), ten[false], median(baseT), len(baseT), median(baseStallT), baseTen, float64(median(baseT))/float64(median(forkT)),
+		median(remapT), median(remapTurnT), len(remapT), mib(parentMem), mib(baseMem), mib(medianInt(provedPages)), mib(medianInt(provedBytes)))
 	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", first, turn.Round(100*time.Microsecond))
 	b.Logf("stages of one fork, the DataFrame copied (p50 of the next ones): %s", copied.reset())
 	b.Logf("stages of one fork, the DataFrame compared with the last export (p50): %s", compared.reset())
@@ -365,9 +372,6 @@ func BenchmarkFork(b *testing.B) {
 		median(grandT[false]), grandStages[false].reset(), median(grandT[true]), grandStages[true].reset(), float64(median(grandT[true]))/float64(median(grandT[false])))
 	b.ReportMetric(float64(median(grandT[false]).Microseconds())/1e3, "fork-of-child-ms")
 	b.ReportMetric(float64(median(grandT[true]).Microseconds())/1e3, "fork-of-child-by-bytes-ms")
-	b.Logf("a fork of the root, its buffers remapped from its last export (remap.go): fork p50 %v, parent's wait p50 %v, 10 children %v; its buffers its own (baseline, noRemap): fork p50 %v (n=%d), parent's wait p50 %v, 10 children %v; ratio baseline/remapped %.2f; the remap after a fork: p50 %v until done, of which the kernel's turns %v (n=%d); the parent's private memory: remapped %.1f MiB, baseline %.1f MiB",
-		median(forkT), median(stallT), ten[false], median(baseT), len(baseT), median(baseStallT), baseTen, float64(median(baseT))/float64(median(forkT)),
-		median(remapT), median(remapTurnT), len(remapT), mib(parentMem), mib(baseMem))
 	b.ReportMetric(float64(median(baseT).Microseconds())/1e3, "fork-no-remap-ms")
 	b.ReportMetric(float64(baseTen.Microseconds())/1e3, "fork10-no-remap-ms")
 	b.ReportMetric(float64(median(remapTurnT).Microseconds())/1e3, "remap-turns-ms")
@@ -430,6 +434,21 @@ func (s *stageTimes) reset() string {
 	}
 	s.d = map[string][]time.Duration{}
 	return strings.Join(out, ", ")
+}
+
+// anonMemory is the anonymous memory of the session's kernel process
+// (smaps_rollup's Anonymous, in bytes): not the pages of files it maps.
+func anonMemory(b *testing.B, s *Session) int64 {
+	b.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: "print(sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('Anonymous:')) * 1024)"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(r.Stdout), 10, 64)
+	if err != nil {
+		b.Fatalf("anonymous memory: %q %s %v", r.Stdout, r.Stderr, r.Error)
+	}
+	return n
 }
 
 // privateMemory is the private memory of the session's kernel process

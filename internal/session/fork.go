@@ -146,16 +146,20 @@ func (f *forkSource) close() {
 // import; /proc/self/pagemap) is proven equal by that alone (a fork of a
 // child holding the 100 MB DataFrame: export 4-10x shorter, the fork
 // ~2-3x, see docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
-// no such proof, so its forks still compare: soft-dirty is not built into
-// this kernel, userfaultfd (whose write-protect mode would track writes)
-// is refused by the jail's seccomp, and making the parent's buffers
-// mappings of the export after the fact would need a proof that they did
-// not change between the copy's fork and the remap (other threads, the
-// next checkpoint's fork) and would move them out of the session's
-// memory charge. So one child's fork of a parent is the parent's fork(),
-// then the export (the compare: 20-40 ms of CPU for 100 MB, a read of
-// both copies), then the import; the child's session is created meanwhile
-// (Create runs beside the export). Of a child, the export takes about as
+// no such proof (soft-dirty is not built into this kernel, userfaultfd's
+// write-protect mode is refused by the jail's seccomp), so after a fork
+// of the live kernel its large buffers are made mappings of the export's
+// file where they still equal it (remapLater, remap.go; the kernel
+// compares each run of pages right before mapping it, between cells,
+// with no other thread of its own: kernel.RemapExport and the package
+// doc), off the fork's path, in pieces under the parent's turn (a cell
+// waits for one piece at most); its next fork then proves them unchanged
+// by their pages, as a child's. Their pages leave the session's memory
+// charge (they are the state file's, the server's) until it writes them.
+// So one child's fork of a parent is the parent's fork(), then the export
+// (by pages where remapped, else the compare: 20-40 ms of CPU for 100
+// MB, a read of both copies), then the import; the child's session is
+// created meanwhile (Create runs beside the export). Of a child, the export takes about as
 // long as the Create, and both follow the parent's fork(): starting the
 // children beside the parent's turn was tried and gave nothing on a busy
 // 2-core machine (the work is CPU-bound). Trade-off: the

@@ -15,7 +15,7 @@ var noRemap atomic.Bool
 // remapPiece bounds the bytes of one remap request: the session's turn
 // is held that long (a comparison of those bytes and their mapping, a few
 // milliseconds), so a cell waits at most for one piece.
-const remapPiece = 8 << 20
+const remapPiece = 4 << 20
 
 // remapBefore, if set (by tests), is called before a session's remap
 // starts: what it runs happens between the export and the remap.
