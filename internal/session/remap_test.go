@@ -36,7 +36,9 @@ _r`
 func TestRootForkRemapKeepsWrites(t *testing.T) {
 	ctx := context.Background()
 	m := forkManager(t, ManagerOptions{})
-	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	// Auto checkpoints: a fork of the kernel before every cell, over
+	// remapped memory.
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Checkpoints: CheckpointsAuto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,6 +144,16 @@ func TestRootForkRemapKeepsWrites(t *testing.T) {
 		t.Errorf("restored over remapped memory: %s, at the checkpoint %s", got, want)
 	}
 	fork("after a restore")
+	// Undo (the auto checkpoint of the cell's start) over remapped memory.
+	want = managedText(t, parent, remapDigest)
+	mustOK(t, runCode(t, ps, "a[:5] = 99.0\ndf.iloc[:3, :] = 99.0"))
+	if _, err := ps.Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, parent, remapDigest); got != want {
+		t.Errorf("undone over remapped memory: %s, before the cell %s", got, want)
+	}
+	fork("after an undo")
 	if s := managedText(t, parent, "sum(1 for l in open('/proc/self/maps') if 'memfd:sandloop-fork' in l) > 0"); !strings.Contains(s, "True") {
 		t.Errorf("no mapping of a state file in the parent after its forks")
 	}
