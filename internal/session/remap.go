@@ -39,6 +39,11 @@ type remapState struct {
 // caller's copy, closed here. A paused, hibernated or closed session is
 // left as it is.
 func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
+	fi, err := f.Stat()
+	if err != nil || !remapValid(remap, uint64(fi.Size())) {
+		f.Close()
+		return
+	}
 	s.remap.wg.Add(1)
 	go func() {
 		defer s.remap.wg.Done()
@@ -86,6 +91,22 @@ func (s *Session) remapPiece(ctx context.Context, f *os.File, piece [][3]uint64)
 	}
 	s.remap.bytes.Add(r.Bytes)
 	return len(r.Threads) == 0 // the rest would be refused as well
+}
+
+// remapValid says whether ranges [address, offset, length] are what an
+// export writes: buffers in a file of size bytes, one after another, none
+// empty. The list comes from the kernel's copy (user code may have run
+// there): anything else is not remapped at all.
+func remapValid(remap [][3]uint64, size uint64) bool {
+	var end uint64
+	for _, r := range remap {
+		off, n := r[1], r[2]
+		if n == 0 || off < end || off > size || n > size-off {
+			return false
+		}
+		end = off + n
+	}
+	return true
 }
 
 // remapPieces groups ranges [address, offset, length] into pieces of

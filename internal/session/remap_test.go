@@ -195,3 +195,21 @@ func TestRemapPieces(t *testing.T) {
 		t.Errorf("%d pieces: %v", len(pieces), pieces)
 	}
 }
+
+func TestRemapValid(t *testing.T) {
+	for _, c := range []struct {
+		remap [][3]uint64
+		ok    bool
+	}{
+		{[][3]uint64{{0x1010, 0x10, 100}, {0x9000, 200, 50}}, true},
+		{[][3]uint64{{0x1010, 0x10, 100}, {0x9000, 100, 50}}, false}, // overlaps the one before
+		{[][3]uint64{{0x1010, 0x10, 0}}, false},                      // empty
+		{[][3]uint64{{0x1010, 0x10, 1 << 62}}, false},                // past the file
+		{[][3]uint64{{0x1010, 1 << 63, 1 << 63}}, false},             // past the file, wrapping
+		{[][3]uint64{{0x1010, 900, 100}}, true},                      // up to its end
+	} {
+		if got := remapValid(c.remap, 1000); got != c.ok {
+			t.Errorf("remapValid(%v, 1000) = %v, want %v", c.remap, got, c.ok)
+		}
+	}
+}
