@@ -186,7 +186,11 @@
 // export's bytes (32 ms of the 47 ms of a fork holding 100 MB). After an
 // export of the live kernel (StartExportOver, fromCheckpoint 0) the
 // manifest's Remap lists [address, offset, length] of each buffer of 64
-// KiB or more that it wrote, laid out in the stream at the same offset
+// KiB or more that it wrote and that is the whole of one of glibc
+// malloc's mmap'd blocks (numpy's arrays above malloc's mmap threshold,
+// 128 KiB rising to at most 32 MiB as such blocks are freed: the blocks of
+// a large DataFrame; not the brk heap, whose freed pages would stay
+// mapped and be trimmed with MADV_DONTNEED), laid out in the stream at the same offset
 // in a page as in the kernel (its P record pads to that, up to a page, not
 // to 64 bytes: a child's array is as aligned as the parent's, at least
 // 16). The host gives the sealed file back with those ranges (op
@@ -204,16 +208,18 @@
 // exists (a numpy loop in a thread runs without the GIL), so nothing
 // else runs between the two; bytes found different stay as they are.
 // Whatever lies at the address by then (the same array, another object,
-// freed heap) keeps its bytes: only private, writable anonymous memory
-// (the heap, malloc's and numpy's chunks) or an earlier remap's is
-// replaced, never a shared or file mapping. What changes is the kind of
-// memory: munmap and brk shrink unmap it as any memory; glibc's realloc
-// of an mmap'd chunk now spanning several mappings gets EFAULT from
-// mremap and falls back to malloc, copy and free; MADV_DONTNEED (glibc's
-// trim of freed heap) makes a page read the file's bytes again instead
-// of zeros (glibc never relies on zeros there: calloc clears what is not
-// fresh from the kernel); a fork (checkpoint, export) copies the mapping
-// copy-on-write like anonymous memory. Trade-offs: the comparison is
+// freed memory) keeps its bytes: only private, writable anonymous memory
+// outside the brk heap, or an earlier remap's, is replaced, never a
+// shared or file mapping. What changes is the kind of memory: free()
+// unmaps the block as before; glibc's realloc of a block now spanning
+// several mappings gets EFAULT from mremap and falls back to malloc, copy
+// and free; MADV_DONTNEED would make a page read the file's bytes again
+// instead of zeros (glibc never madvises an mmap'd block); a fork
+// (checkpoint, export) copies the mapping copy-on-write like anonymous
+// memory, and skips copying its page table while it has no written page.
+// Over an earlier remap, every equal page is mapped again (a page of an
+// earlier file left behind would keep that file alive); elsewhere runs
+// shorter than 16 pages are left anonymous (each mapping is a VMA). Trade-offs: the comparison is
 // still paid once per export, after the fork instead of in it (tens of
 // milliseconds of the kernel's time, a cell waits for one piece); the
 // file's pages belong to the memory cgroup that first touched them (the

@@ -1606,6 +1606,24 @@ REMAP_MIN = 64 << 10  # buffers from this size are laid out for remap_export
 REMAP_RUN = 16  # pages: shorter equal runs are left as they are (each mapping is a VMA)
 
 
+def _mmapped_chunk(addr, n):
+    """Whether the n bytes at addr are the whole of a block of glibc's
+    malloc that has a mapping of its own (numpy's arrays of more than
+    malloc's mmap threshold, 128 KiB to 32 MiB: a pandas block of a large
+    DataFrame): free() unmaps it, realloc() moves it with mremap (which
+    refuses a block that became several mappings: glibc then allocates,
+    copies and frees), and glibc never madvises it. Only those are
+    remapped: a block of the heap, once freed, would stay mapped (keeping
+    its state file alive) and be trimmed with MADV_DONTNEED (which makes
+    a private file page read the file again, not zeros)."""
+    import ctypes
+
+    if addr % PAGE != 16:  # the block's 16-byte header starts its first page (64-bit glibc)
+        return False
+    size = ctypes.c_size_t.from_address(addr - 8).value  # in the same page: mapped
+    return bool(size & 2) and (size & ~7) >= n + 16  # IS_MMAPPED, and large enough
+
+
 def _buffer_address(raw):
     """The address of raw's memory (one contiguous run), 0 if unknown."""
     import ctypes
@@ -1638,32 +1656,36 @@ def _buffer_address(raw):
 # runs without the GIL), with every signal blocked (a handler is Python
 # code) and the collector off (a finalizer is too). Whatever the range
 # holds now (the same array, another object, freed memory of the heap),
-# its bytes stay the same: only the kind of memory changes. The range must
-# lie in private writable memory that is anonymous (the heap, malloc's
-# and numpy's mmap chunks) or an earlier remap's; anything else (a shared
-# mapping, a file's) is left alone.
+# its bytes stay the same: only the kind of memory changes. The export
+# lists only buffers that are the whole of one of malloc's mmap'd blocks
+# (_mmapped_chunk), and the range must still lie in private writable
+# memory that is anonymous (not the brk heap) or an earlier remap's;
+# anything else (a shared mapping, a file's) is left alone.
 
 
 def _remap_vmas():
     """This process's mappings that a remap may replace: (start, end),
-    sorted, adjacent ones merged."""
-    out = []
+    sorted, adjacent ones merged; and those of them that are earlier
+    remaps' (start, end)."""
+    out, files = [], []
     with open("/proc/self/maps", "rb") as f:
         for line in f:
             parts = line.split(None, 5)
             if len(parts) < 5 or parts[1] != b"rw-p":
                 continue
             path = parts[5].strip() if len(parts) > 5 else b""
-            anon = parts[4] == b"0" and path in (b"", b"[heap]")
+            anon = parts[4] == b"0" and path == b""  # not the brk heap: see _mmapped_chunk
             if not anon and not path.startswith(b"/memfd:sandloop-"):
                 continue
             lo, _, hi = parts[0].partition(b"-")
             lo, hi = int(lo, 16), int(hi, 16)
+            if not anon:
+                files.append((lo, hi))
             if out and out[-1][1] == lo:
                 out[-1] = (out[-1][0], hi)
             else:
                 out.append((lo, hi))
-    return out
+    return out, files
 
 
 def remap_export(req):
@@ -1722,15 +1744,19 @@ def _remap(fd, items):
             if (addr - off) % PAGE or foff < 0 or foff + hi - lo > size:
                 skipped.append("a buffer not laid out for it")
                 continue
-            if hi - lo < REMAP_RUN * PAGE:
+            if hi - lo < PAGE:
                 continue
             # Read again for each: what the loop allocated or freed
             # since cannot have moved a range it is about to read.
-            vmas = _remap_vmas()
+            vmas, files = _remap_vmas()
             k = bisect.bisect_right(vmas, (lo, 1 << 64)) - 1
             if k < 0 or vmas[k][1] < hi:
                 skipped.append("a buffer no longer in the session's own memory")
                 continue
+            # Over an earlier remap every equal page is mapped, however
+            # short its run: a page of an earlier file left mapped would
+            # keep that whole file alive.
+            shortest = 1 if any(a < hi and lo < b for a, b in files) else REMAP_RUN
             there = base + foff
             libc.madvise(there, hi - lo, MADV_POPULATE_READ)
             runs, run = [], None
@@ -1751,7 +1777,7 @@ def _remap(fd, items):
             if run is not None:
                 runs.append(run)
             for a, b in runs:
-                if b - a < REMAP_RUN * PAGE:
+                if b - a < shortest * PAGE:
                     continue
                 # The bytes are equal and nothing can write them before
                 # the mapping takes their place.
@@ -1863,7 +1889,7 @@ def _export_child(ns, out, bases=None, by_bytes=False, remap=None):
                         # the file's pages in place of its own afterwards
                         # (remap_export).
                         addr = _buffer_address(raw) if remap is not None and raw.nbytes >= REMAP_MIN else 0
-                        if addr:
+                        if addr and _mmapped_chunk(addr, raw.nbytes):
                             out.record(b"P", bytes((addr - (out.pos + 18)) % PAGE))
                             remap.append([addr, out.pos + 9, raw.nbytes])
                         else:
