@@ -53,6 +53,11 @@ type StateManifest struct {
 	// them (see kernel.py's _Reuse).
 	ComparedBytes int64 `json:"compared_bytes,omitempty"`
 	MappedBytes   int64 `json:"mapped_bytes,omitempty"`
+	// Remap, of an export of the live kernel on the state channel, is
+	// where each large buffer lay in the kernel when the export began and
+	// where its bytes are in the stream: [address, offset, length], to
+	// give back to the kernel with the sealed file (RemapExport).
+	Remap [][3]uint64 `json:"remap,omitempty"`
 }
 
 // A StateBase is an earlier, sealed state file given to an export
@@ -239,6 +244,9 @@ func (k *Kernel) StartExportOver(ctx context.Context, w io.Writer, fromCheckpoin
 	req := map[string]any{"op": "export_state", "checkpoint": fromCheckpoint, "channel": true, "describe": describe}
 	if ExportByBytes.Load() {
 		req["by_bytes"] = true
+	}
+	if fromCheckpoint == 0 {
+		req["remap"] = true // large buffers laid out for RemapExport, and the manifest's Remap
 	}
 	var before func(int64)
 	if len(bases) > 0 {
@@ -820,4 +828,50 @@ func (k *Kernel) converse(ctx context.Context, c conversation) (*wireEvent, erro
 		c.onReply(l.last)
 	}
 	return l.last, nil
+}
+
+// Remapped is what a RemapExport did.
+type Remapped struct {
+	// Bytes of the kernel's memory now mapped from the state file.
+	Bytes int64
+	// Skipped says why some were not ("" if all were): other threads
+	// running, a buffer no longer in the kernel's own memory.
+	Skipped string
+	// Threads are the kernel's other threads, if they made it refuse.
+	Threads []string
+}
+
+// RemapExport gives the kernel back f, the sealed state file of its own
+// export (StartExportOver of the live kernel, waited for), with the
+// ranges of that export's manifest (StateManifest.Remap, or a part of
+// them): each run of whole pages inside those ranges whose bytes still
+// equal the file's is replaced by a private (copy-on-write) mapping of
+// the file, so that the kernel's next export proves those buffers
+// unchanged by their pages rather than comparing their bytes, and the
+// kernel's own copy of them is freed (the file's pages are the host's:
+// see the package doc). Nothing the kernel holds changes value. It runs
+// between cells, like any request; the kernel refuses it (Skipped) while
+// other threads of its own run. The kernel compares what it maps: a
+// hundred megabytes take tens of milliseconds, so callers give a few
+// megabytes at a time.
+func (k *Kernel) RemapExport(ctx context.Context, f *os.File, remap [][3]uint64) (*Remapped, error) {
+	if !k.stateChannel || !sealedStateFile(f) {
+		return nil, errors.New("remap an export: needs the state channel and a sealed state file")
+	}
+	var sendErr error
+	ev, err := k.converse(ctx, conversation{req: map[string]any{"op": "remap_export", "remap": remap}, sink: &replySink{typ: "remap_export", tagged: true}, what: "a remap of an export",
+		deadline: time.Now().Add(checkpointDeadline),
+		before: func(tag int64) {
+			sendErr = k.p.sendFiles(tag, []*os.File{f}, 0, nil)
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if sendErr != nil {
+		return nil, fmt.Errorf("remap an export: %w", sendErr)
+	}
+	if ev.Reason != "" {
+		return nil, fmt.Errorf("remap an export: %s", ev.Reason)
+	}
+	return &Remapped{Bytes: ev.Remapped, Skipped: ev.Skipped, Threads: ev.Threads}, nil
 }

@@ -728,7 +728,7 @@ arr = np.arange(1 << 18, dtype='float64')`)
         if lo <= a.ctypes.data < hi:
             return len(f) > 5 and f[5].startswith('/memfd:test-state')
     return False
-print(f(1), p.x, isinstance(p, Point), len(big), big[99999][:5], df.a.sum(), df.b.dtype, arr[12345], mapped(arr), arr.ctypes.data % 64)`
+print(f(1), p.x, isinstance(p, Point), len(big), big[99999][:5], df.a.sum(), df.b.dtype, arr[12345], mapped(arr), arr.ctypes.data % 16)`
 	for _, tc := range []struct {
 		name string
 		f    *os.File

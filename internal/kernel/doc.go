@@ -181,6 +181,58 @@
 // one contiguous run of memory). Bases are ignored for a checkpoint's
 // export and for a kernel without the state channel.
 //
+// Remapped exports (RemapExport): a root session's buffers are its own
+// anonymous memory, so its forks' exports compared them with the last
+// export's bytes (32 ms of the 47 ms of a fork holding 100 MB). After an
+// export of the live kernel (StartExportOver, fromCheckpoint 0) the
+// manifest's Remap lists [address, offset, length] of each buffer of 64
+// KiB or more that it wrote and that is the whole of one of glibc
+// malloc's mmap'd blocks (numpy's arrays above malloc's mmap threshold,
+// 128 KiB rising to at most 32 MiB as such blocks are freed: the blocks of
+// a large DataFrame; not the brk heap, whose freed pages would stay
+// mapped and be trimmed with MADV_DONTNEED), laid out in the stream at the same offset
+// in a page as in the kernel (its P record pads to that, up to a page, not
+// to 64 bytes: a child's array is as aligned as the parent's, at least
+// 16). The host gives the sealed file back with those ranges (op
+// remap_export, between cells, in pieces of about 4 MiB, each under the
+// session's turn: session's remap.go), and the kernel replaces every run
+// of 16 or more whole pages inside a range that still equals the file by
+// a private mapping of the file at that offset (MAP_PRIVATE|MAP_FIXED,
+// its page table populated). The next export then proves those pages
+// unchanged by pagemap as for a child (the partial pages at a buffer's
+// ends stay anonymous and are compared: _Reuse.find). No write can be
+// lost: the comparison comes right before the mapping, in the kernel's
+// loop between cells, with every signal blocked (a Python handler), the
+// collector off (a finalizer) and the C functions called holding the GIL,
+// and the kernel refuses (Remapped.Threads) while any other Python thread
+// exists (a numpy loop in a thread runs without the GIL), so nothing
+// else runs between the two; bytes found different stay as they are.
+// Whatever lies at the address by then (the same array, another object,
+// freed memory) keeps its bytes: only private, writable anonymous memory
+// outside the brk heap, or an earlier remap's, is replaced, never a
+// shared or file mapping. What changes is the kind of memory: free()
+// unmaps the block as before; glibc's realloc of a block now spanning
+// several mappings gets EFAULT from mremap and falls back to malloc, copy
+// and free; MADV_DONTNEED would make a page read the file's bytes again
+// instead of zeros (glibc never madvises an mmap'd block); a fork
+// (checkpoint, export) copies the mapping copy-on-write like anonymous
+// memory, and skips copying its page table while it has no written page.
+// Over an earlier remap, every equal page is mapped again (a page of an
+// earlier file left behind would keep that file alive); elsewhere runs
+// shorter than 16 pages are left anonymous (each mapping is a VMA). Trade-offs: the comparison is
+// still paid once per export, after the fork instead of in it (tens of
+// milliseconds of the kernel's time, a cell waits for one piece); the
+// file's pages belong to the memory cgroup that first touched them (the
+// server's, which wrote the file), so the remapped bytes leave the
+// session's memory charge until it writes them (the file was already
+// held by the server for the session's next fork: the session now shares
+// it instead of keeping a second copy), and a file stays alive while any
+// remapped page of it does, even after the next fork replaced it in the
+// server's cache (a buffer unchanged across exports keeps pointing to the
+// oldest file holding it, as a child's does). C threads that write
+// Python buffers on their own, outside any call from a Python thread,
+// would not be seen by the thread check (none do in numpy or pandas).
+//
 // StartExport into a regular file (a state file) moves the bytes from the
 // pipe with splice(2), not through the server's memory, and follows the
 // records from the file afterwards. dill is imported only when a value

@@ -142,6 +142,9 @@ type wireEvent struct {
 	Manifest  *StateManifest   `json:"manifest"`
 	// Checkpoints, in the reply to a sync (handoff.go): the ids held.
 	Checkpoints []int `json:"checkpoints"`
+	// In the reply to a remap_export (RemapExport).
+	Remapped int64  `json:"remapped"`
+	Skipped  string `json:"skipped"`
 }
 
 // newKernel is a Kernel not yet started, with opts' defaults filled in;

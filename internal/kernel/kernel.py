@@ -1510,19 +1510,32 @@ class _Reuse:
         if _get_buffer(self.ctypes, raw, pb, 0x1C) != 0:  # PyBUF_STRIDES|PyBUF_FORMAT: raw() is one contiguous run
             return None
         try:
-            if not self.by_bytes and self._unwritten(pb.buf, raw.nbytes, at):
-                self.mapped += raw.nbytes
-                return (at[0], at[1])
+            addr, n = pb.buf, raw.nbytes
             there = base[0] + at[1]
-            page = there & ~(PAGE - 1)
-            self.libc.madvise(page, there + raw.nbytes - page, MADV_POPULATE_READ)  # where it fails (before 5.14), faults
-            same = self.libc.memcmp(pb.buf, there, raw.nbytes) == 0
+            # The whole pages inside the buffer by theirs; the partial
+            # pages at its ends (a remapped buffer's own, anonymous:
+            # remap_export) by their bytes.
+            lo, hi = -(-addr // PAGE) * PAGE, (addr + n) // PAGE * PAGE
+            if not self.by_bytes and hi - lo >= PAGE and self._unwritten(lo, hi - lo, (at[0], at[1] + lo - addr, hi - lo)):
+                if self._same(addr, there, lo - addr) and self._same(hi, there + hi - addr, addr + n - hi):
+                    self.mapped += n
+                    return (at[0], at[1])
+                return None
+            same = self._same(addr, there, n)
         finally:
             _release_buffer(self.ctypes, pb)
         if same:
             self.compared += raw.nbytes
             return (at[0], at[1])
         return None
+
+    def _same(self, addr, there, n):
+        """Whether the n bytes at addr equal those at there (in a base)."""
+        if n <= 0:
+            return True
+        page = there & ~(PAGE - 1)
+        self.libc.madvise(page, there + n - page, MADV_POPULATE_READ)  # where it fails (before 5.14), faults
+        return self.libc.memcmp(addr, there, n) == 0
 
     def _unwritten(self, addr, n, at):
         """Whether the n bytes at addr are, page by page, those of the
@@ -1589,6 +1602,199 @@ class _Reuse:
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_READ = 22
+REMAP_MIN = 64 << 10  # buffers from this size are laid out for remap_export
+REMAP_RUN = 16  # pages: shorter equal runs are left as they are (each mapping is a VMA)
+
+
+def _mmapped_chunk(addr, n):
+    """Whether the n bytes at addr are the whole of a block of glibc's
+    malloc that has a mapping of its own (numpy's arrays of more than
+    malloc's mmap threshold, 128 KiB to 32 MiB: a pandas block of a large
+    DataFrame): free() unmaps it, realloc() moves it with mremap (which
+    refuses a block that became several mappings: glibc then allocates,
+    copies and frees), and glibc never madvises it. Only those are
+    remapped: a block of the heap, once freed, would stay mapped (keeping
+    its state file alive) and be trimmed with MADV_DONTNEED (which makes
+    a private file page read the file again, not zeros)."""
+    import ctypes
+
+    if addr % PAGE != 16:  # the block's 16-byte header starts its first page (64-bit glibc)
+        return False
+    size = ctypes.c_size_t.from_address(addr - 8).value  # in the same page: mapped
+    return bool(size & 2) and (size & ~7) >= n + 16  # IS_MMAPPED, and large enough
+
+
+def _buffer_address(raw):
+    """The address of raw's memory (one contiguous run), 0 if unknown."""
+    import ctypes
+
+    pb = _PyBuffer()
+    if _get_buffer(ctypes, raw, pb, 0x1C) != 0:
+        return 0
+    try:
+        return pb.buf or 0
+    finally:
+        _release_buffer(ctypes, pb)
+
+
+# ---------------------------------------------------------------- remap
+#
+# After an export of the live kernel, the host gives the sealed state file
+# back (op remap_export, between cells) with the manifest's "remap" list:
+# where each large buffer lay when the export's copy forked, and where its
+# bytes are in the file (the export laid them out at the same place in a
+# page). The kernel replaces each run of whole pages inside such a range
+# that still equals the file's bytes by a private mapping of the file
+# (MAP_PRIVATE|MAP_FIXED), so that the next export proves them unchanged
+# by their pages (_Reuse._unwritten) instead of comparing 100 MB: the
+# session's anonymous copy is freed and it shares the file's pages (with
+# its children) until it writes one, which then becomes its own again.
+#
+# Never a write lost: the bytes are compared right before the mapping
+# replaces them, each run compared and mapped with no other code able to
+# run: only when no other Python thread exists (a thread's numpy loop
+# runs without the GIL), with every signal blocked (a handler is Python
+# code) and the collector off (a finalizer is too). Whatever the range
+# holds now (the same array, another object, freed memory of the heap),
+# its bytes stay the same: only the kind of memory changes. The export
+# lists only buffers that are the whole of one of malloc's mmap'd blocks
+# (_mmapped_chunk), and the range must still lie in private writable
+# memory that is anonymous (not the brk heap) or an earlier remap's;
+# anything else (a shared mapping, a file's) is left alone.
+
+
+def _remap_vmas():
+    """This process's mappings that a remap may replace: (start, end),
+    sorted, adjacent ones merged; and those of them that are earlier
+    remaps' (start, end)."""
+    out, files = [], []
+    with open("/proc/self/maps", "rb") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) < 5 or parts[1] != b"rw-p":
+                continue
+            path = parts[5].strip() if len(parts) > 5 else b""
+            anon = parts[4] == b"0" and path == b""  # not the brk heap: see _mmapped_chunk
+            if not anon and not path.startswith(b"/memfd:sandloop-"):
+                continue
+            lo, _, hi = parts[0].partition(b"-")
+            lo, hi = int(lo, 16), int(hi, 16)
+            if not anon:
+                files.append((lo, hi))
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+    return out, files
+
+
+def remap_export(req):
+    fds, m = _channel_fds(S.tag)
+    if fds is None:
+        _reply({"type": "remap_export", "reason": "the host passed no state file"})
+        return
+    for fd in fds[1:]:
+        os.close(fd)
+    ev = {"type": "remap_export"}
+    threads = _threads_now()
+    if threads or len(sys._current_frames()) > 1:
+        # Their code could write a buffer between its comparison and its
+        # mapping (a numpy loop runs without the GIL).
+        os.close(fds[0])
+        ev.update(remapped=0, skipped="other threads run", threads=threads or ["a thread of no threading.Thread"])
+        _reply(ev)
+        return
+    try:
+        done, skipped = _remap(fds[0], req.get("remap") or [])
+    except Exception as e:
+        done, skipped = 0, "cannot remap: %s" % _reason(e)
+    finally:
+        os.close(fds[0])
+    ev.update(remapped=done, skipped=skipped)
+    _reply(ev)
+
+
+def _remap(fd, items):
+    """remap_export's work: returns (bytes remapped, why not all were)."""
+    import bisect
+    import ctypes
+    import mmap
+
+    size = os.fstat(fd).st_size
+    libc = ctypes.PyDLL(None, use_errno=True)  # calls keep the GIL
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.memcmp.restype = ctypes.c_int
+    libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    failed = ctypes.c_void_p(-1).value
+    base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if base is None or base == failed:
+        return 0, "cannot map the state file"
+    done, skipped = 0, []
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for item in items:
+            addr, off, n = (int(x) for x in item)
+            lo, hi = -(-addr // PAGE) * PAGE, (addr + n) // PAGE * PAGE
+            foff = off + lo - addr
+            if (addr - off) % PAGE or foff < 0 or foff + hi - lo > size:
+                skipped.append("a buffer not laid out for it")
+                continue
+            if hi - lo < PAGE:
+                continue
+            # Read again for each: what the loop allocated or freed
+            # since cannot have moved a range it is about to read.
+            vmas, files = _remap_vmas()
+            k = bisect.bisect_right(vmas, (lo, 1 << 64)) - 1
+            if k < 0 or vmas[k][1] < hi:
+                skipped.append("a buffer no longer in the session's own memory")
+                continue
+            # Over an earlier remap every equal page is mapped, however
+            # short its run: a page of an earlier file left mapped would
+            # keep that whole file alive.
+            shortest = 1 if any(a < hi and lo < b for a, b in files) else REMAP_RUN
+            there = base + foff
+            libc.madvise(there, hi - lo, MADV_POPULATE_READ)
+            runs, run = [], None
+            step = 256 * PAGE
+            for x in range(0, hi - lo, step):
+                w = min(step, hi - lo - x)
+                if libc.memcmp(lo + x, there + x, w) == 0:
+                    pages = [(x, w)]
+                else:
+                    pages = [(y, PAGE) for y in range(x, x + w, PAGE) if libc.memcmp(lo + y, there + y, PAGE) == 0]
+                for y, w in pages:
+                    if run is not None and run[1] == y:
+                        run[1] = y + w
+                    else:
+                        if run is not None:
+                            runs.append(run)
+                        run = [y, y + w]
+            if run is not None:
+                runs.append(run)
+            for a, b in runs:
+                if b - a < shortest * PAGE:
+                    continue
+                # The bytes are equal and nothing can write them before
+                # the mapping takes their place.
+                got = libc.mmap(lo + a, b - a, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | MAP_FIXED, fd, foff + a)
+                if got != lo + a:
+                    raise OSError(ctypes.get_errno(), "mmap: %s" % os.strerror(ctypes.get_errno()))
+                libc.madvise(lo + a, b - a, MADV_POPULATE_READ)  # its page table, as the memory had
+                done += b - a
+    finally:
+        if collecting:
+            gc.enable()
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        libc.munmap(base, size)
+    return done, "; ".join(sorted(set(skipped)))
+
+
+MAP_FIXED = 0x10
 # A pagemap entry's top byte -> 1 for a page that reads as its file's (see
 # _Reuse._unwritten): absent (no flag), or present and a file page, any
 # low flags (exclusive, soft-dirty's neighbours) aside.
@@ -1629,11 +1835,13 @@ def _release_buffer(ctypes, pb):
     f(ctypes.addressof(pb))
 
 
-def _export_child(ns, out, bases=None, by_bytes=False):
+def _export_child(ns, out, bases=None, by_bytes=False, remap=None):
     """In a forked copy: write ns's variables to out, then the end. bases
     are earlier state files (serial, fd) whose equal buffers are referred
     to rather than copied (_Reuse; by_bytes: proven by comparing them
-    only, the baseline of benchmarks)."""
+    only, the baseline of benchmarks). remap, a list, asks for the
+    manifest's "remap": [address, offset in the stream, length] of each
+    large buffer written (remap_export)."""
     import warnings
 
     warnings.simplefilter("ignore")  # dill's, on the kernel's stderr between cells
@@ -1675,8 +1883,17 @@ def _export_child(ns, out, bases=None, by_bytes=False):
                             continue
                         # A P record first, so that the buffer starts at a
                         # multiple of BUF_ALIGN in the stream: a kernel that
-                        # maps the stream loads aligned arrays over it.
-                        out.record(b"P", bytes(-(out.pos + 18) % BUF_ALIGN))
+                        # maps the stream loads aligned arrays over it. A
+                        # large one starts where it lies in its page (as
+                        # aligned as here), so that the live kernel can map
+                        # the file's pages in place of its own afterwards
+                        # (remap_export).
+                        addr = _buffer_address(raw) if remap is not None and raw.nbytes >= REMAP_MIN else 0
+                        if addr and _mmapped_chunk(addr, raw.nbytes):
+                            out.record(b"P", bytes((addr - (out.pos + 18)) % PAGE))
+                            remap.append([addr, out.pos + 9, raw.nbytes])
+                        else:
+                            out.record(b"P", bytes(-(out.pos + 18) % BUF_ALIGN))
                         out.record(b"B", raw)
                     del bufs
                 else:
@@ -1693,6 +1910,8 @@ def _export_child(ns, out, bases=None, by_bytes=False):
         else:
             not_saved.append({"name": key, "reason": _reason(err)})
     manifest = {"serializer": name, "variables": saved, "not_saved": not_saved, "execution_count": S.count}
+    if remap:
+        manifest["remap"] = remap
     if refs:
         manifest["refs"] = sorted(refs)
         manifest["compared_bytes"] = reuse.compared
@@ -1836,7 +2055,7 @@ def _export_fork(ns, req, cp, info, bases):
                 try:
                     os.close(r)
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
-                    _export_child(ns, _RawOut(w), bases, bool(req.get("by_bytes")))
+                    _export_child(ns, _RawOut(w), bases, bool(req.get("by_bytes")), [] if req.get("remap") else None)
                     os.close(w)  # the end, before the exit tears the copy of the memory down
                 finally:
                     os._exit(0)
@@ -2346,6 +2565,11 @@ def main():
             checkpoint_memory()
         elif op == "export_state":
             export_state(ns, req)
+        elif op == "remap_export":
+            if S.state_sock is None:
+                _reply({"type": "remap_export", "reason": "no state channel"})
+            else:
+                remap_export(req)
         elif op == "sync":
             # A server taking the kernel over (package keeper): everything
             # before this reply is what the server before left unread.

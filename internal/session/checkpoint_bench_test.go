@@ -177,6 +177,13 @@ func BenchmarkFork(b *testing.B) {
 		b.Fatal(err)
 	}
 	rebuild(b, parent.Session)
+	// Baseline of the remap (remap.go): a parent whose buffers stay its
+	// own anonymous memory (noRemap at each of its forks).
+	base, err := m.Create(ctx, CreateOptions{Owner: "b"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rebuild(b, base.Session)
 	// Baseline: a new session and the cells again.
 	var newT []time.Duration
 	for range 3 {
@@ -196,7 +203,13 @@ func BenchmarkFork(b *testing.B) {
 	// long the fork took and the parent's longest cell wait. copyAll
 	// forgets the parent's last export first, so that the DataFrame is
 	// copied into the state file again (the baseline: no exportCache).
+	var remapT, remapTurnT []time.Duration
+	var provedPages, provedBytes []int64 // of the exports with a base: bytes proven equal by pages, by comparing
+	var forkOf func(parent *Managed, n int, copyAll bool) ([]*Managed, time.Duration, time.Duration)
 	fork := func(n int, copyAll bool) ([]*Managed, time.Duration, time.Duration) {
+		return forkOf(parent, n, copyAll)
+	}
+	forkOf = func(parent *Managed, n int, copyAll bool) ([]*Managed, time.Duration, time.Duration) {
 		if copyAll {
 			parent.Session.exports.keep(nil)
 		}
@@ -223,10 +236,24 @@ func BenchmarkFork(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// The remap after the fork (remapLater) ends before the next one
+		// starts (it runs in the parent's turns, in pieces, a cell waiting
+		// for at most one): its time is reported apart.
+		took := parent.Session.remap.took.Load()
+		t1 := time.Now()
+		parent.Session.remapWait()
+		if turns := parent.Session.remap.took.Load() - took; turns > 0 {
+			remapT = append(remapT, time.Since(t1))
+			remapTurnT = append(remapTurnT, time.Duration(turns))
+		}
+		if last := parent.Session.remap.last.Load(); !copyAll && last != nil {
+			provedPages, provedBytes = append(provedPages, last.MappedBytes), append(provedBytes, last.ComparedBytes)
+		}
 		return kids, d, stall
 	}
 	// Each round forks twice: first copying the DataFrame (as without the
 	// cache), then again with the first export to compare against.
+	var baseT, baseStallT []time.Duration
 	var forkT, copyT, stallT, copyStallT, liveT, liveStallT, filesCopyT, filesCopyStallT []time.Duration
 	var childMem []int64
 	copied, compared := &stageTimes{d: map[string][]time.Duration{}}, &stageTimes{d: map[string][]time.Duration{}}
@@ -278,6 +305,17 @@ func BenchmarkFork(b *testing.B) {
 		filesCopyT, filesCopyStallT = append(filesCopyT, d), append(filesCopyStallT, stall)
 		kids[0].Close()
 		filesCopied.merge(stages)
+		// Baseline of the remap: the same forks of a parent whose
+		// buffers stay anonymous (compared with the last export's bytes).
+		noRemap.Store(true)
+		kids, _, _ = forkOf(base, 1, true)
+		kids[0].Close()
+		stages.reset()
+		kids, d, stall = forkOf(base, 1, false)
+		baseT, baseStallT = append(baseT, d), append(baseStallT, stall)
+		noRemap.Store(false)
+		kids[0].Close()
+		stages.reset()
 	}
 	b.StopTimer()
 	turn := median(append(copied.get("source-turn"), compared.get("source-turn")...))
@@ -287,6 +325,14 @@ func BenchmarkFork(b *testing.B) {
 	}
 	freshMem := privateMemory(b, fresh.Session)
 	fresh.Close()
+	parentMem, baseMem := anonMemory(b, parent.Session), anonMemory(b, base.Session)
+	noRemap.Store(true)
+	kids, baseTen, _ := forkOf(base, 10, false)
+	noRemap.Store(false)
+	stages.reset()
+	for _, k := range kids {
+		k.Close()
+	}
 	ten := map[bool]time.Duration{}
 	tenStages := map[bool]string{}
 	var tenMem []int64
@@ -309,6 +355,9 @@ func BenchmarkFork(b *testing.B) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("load average: %s", strings.TrimSpace(string(load)))
+	b.Logf("a fork of the root, its buffers remapped from its last export (remap.go): fork p50 %v, parent's wait p50 %v, 10 children %v; its buffers its own (baseline, noRemap): fork p50 %v (n=%d), parent's wait p50 %v, 10 children %v; ratio baseline/remapped %.2f; the remap after a fork: p50 %v until done, of which the kernel's turns %v (n=%d); the parent's anonymous memory (smaps_rollup; what its cgroup is charged): remapped %.1f MiB, baseline %.1f MiB; an export with a base proved equal by pages %.1f MiB, by bytes %.1f MiB (p50)",
+		median(forkT), median(stallT), ten[false], median(baseT), len(baseT), median(baseStallT), baseTen, float64(median(baseT))/float64(median(forkT)),
+		median(remapT), median(remapTurnT), len(remapT), mib(parentMem), mib(baseMem), mib(medianInt(provedPages)), mib(medianInt(provedBytes)))
 	b.Logf("the first fork (50 MB of files new to the parent's store: copied and hashed in its turn): %s; the parent's turn at the next ones p50 %v", first, turn.Round(100*time.Microsecond))
 	b.Logf("stages of one fork, the DataFrame copied (p50 of the next ones): %s", copied.reset())
 	b.Logf("stages of one fork, the DataFrame compared with the last export (p50): %s", compared.reset())
@@ -323,6 +372,9 @@ func BenchmarkFork(b *testing.B) {
 		median(grandT[false]), grandStages[false].reset(), median(grandT[true]), grandStages[true].reset(), float64(median(grandT[true]))/float64(median(grandT[false])))
 	b.ReportMetric(float64(median(grandT[false]).Microseconds())/1e3, "fork-of-child-ms")
 	b.ReportMetric(float64(median(grandT[true]).Microseconds())/1e3, "fork-of-child-by-bytes-ms")
+	b.ReportMetric(float64(median(baseT).Microseconds())/1e3, "fork-no-remap-ms")
+	b.ReportMetric(float64(baseTen.Microseconds())/1e3, "fork10-no-remap-ms")
+	b.ReportMetric(float64(median(remapTurnT).Microseconds())/1e3, "remap-turns-ms")
 	b.Logf("child's kernel private memory (smaps_rollup Private_Clean+Private_Dirty) p50: 1 child %.1f MiB, 10 children %.1f MiB; a new session's %.1f MiB",
 		mib(medianInt(childMem)), mib(medianInt(tenMem)), mib(freshMem))
 	b.ReportMetric(mib(medianInt(childMem)), "child-private-MiB")
@@ -382,6 +434,21 @@ func (s *stageTimes) reset() string {
 	}
 	s.d = map[string][]time.Duration{}
 	return strings.Join(out, ", ")
+}
+
+// anonMemory is the anonymous memory of the session's kernel process
+// (smaps_rollup's Anonymous, in bytes): not the pages of files it maps.
+func anonMemory(b *testing.B, s *Session) int64 {
+	b.Helper()
+	r, err := s.Execute(context.Background(), kernel.Request{Code: "print(sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('Anonymous:')) * 1024)"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(r.Stdout), 10, 64)
+	if err != nil {
+		b.Fatalf("anonymous memory: %q %s %v", r.Stdout, r.Stderr, r.Error)
+	}
+	return n
 }
 
 // privateMemory is the private memory of the session's kernel process

@@ -33,6 +33,8 @@ type forkSource struct {
 	bases      []kernel.StateBase // earlier exports given to this one (its own copies of the files)
 	refs       []kernel.StateBase // those of bases the export refers to: its children need them
 	from       string
+	live       bool           // the live kernel's variables (not a checkpoint's)
+	remap      *os.File       // state's copy for the parent's remap after the fork (remapLater), if any
 	state      *os.File       // the serialized variables (kernel.NewStateFile), sealed once complete
 	export     *kernel.Export // streaming into state
 	streamed   chan struct{}  // closed when the export has ended (exported or exportErr set)
@@ -64,8 +66,17 @@ func (f *forkSource) stream(ctx context.Context) {
 		}
 		f.refs = append(f.refs, f.bases[i])
 	}
+	f.owner.remap.last.Store(f.exported)
 	// The next fork of the parent compares its buffers with these.
 	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...))
+	if f.live && len(f.exported.Remap) > 0 && !noRemap.Load() {
+		// And, after the fork, its buffers become mappings of this file
+		// where they are still equal to it: that comparison then needs
+		// none of their bytes.
+		if c, err := dupFile(f.state); err == nil {
+			f.remap = c
+		}
+	}
 }
 
 // wait returns once the variables are all in the state file.
@@ -90,6 +101,9 @@ func (f *forkSource) close() {
 	}
 	if f.state != nil {
 		f.state.Close() // the children's mappings keep what they use
+	}
+	if f.remap != nil {
+		f.remap.Close()
 	}
 	closeBases(f.bases)
 	if f.fileID != "" {
@@ -132,16 +146,20 @@ func (f *forkSource) close() {
 // import; /proc/self/pagemap) is proven equal by that alone (a fork of a
 // child holding the 100 MB DataFrame: export 4-10x shorter, the fork
 // ~2-3x, see docs/benchmarks.md). The parent's own buffers (anonymous memory) carry
-// no such proof, so its forks still compare: soft-dirty is not built into
-// this kernel, userfaultfd (whose write-protect mode would track writes)
-// is refused by the jail's seccomp, and making the parent's buffers
-// mappings of the export after the fact would need a proof that they did
-// not change between the copy's fork and the remap (other threads, the
-// next checkpoint's fork) and would move them out of the session's
-// memory charge. So one child's fork of a parent is the parent's fork(),
-// then the export (the compare: 20-40 ms of CPU for 100 MB, a read of
-// both copies), then the import; the child's session is created meanwhile
-// (Create runs beside the export). Of a child, the export takes about as
+// no such proof (soft-dirty is not built into this kernel, userfaultfd's
+// write-protect mode is refused by the jail's seccomp), so after a fork
+// of the live kernel its large buffers are made mappings of the export's
+// file where they still equal it (remapLater, remap.go; the kernel
+// compares each run of pages right before mapping it, between cells,
+// with no other thread of its own: kernel.RemapExport and the package
+// doc), off the fork's path, in pieces under the parent's turn (a cell
+// waits for one piece at most); its next fork then proves them unchanged
+// by their pages, as a child's. Their pages leave the session's memory
+// charge (they are the state file's, the server's) until it writes them.
+// So one child's fork of a parent is the parent's fork(), then the export
+// (by pages where remapped, else the compare: 20-40 ms of CPU for 100
+// MB, a read of both copies), then the import; the child's session is
+// created meanwhile (Create runs beside the export). Of a child, the export takes about as
 // long as the Create, and both follow the parent's fork(): starting the
 // children beside the parent's turn was tried and gave nothing on a busy
 // 2-core machine (the work is CPU-bound). Trade-off: the
@@ -306,6 +324,10 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		}
 		return nil, nil, err
 	}
+	if src.remap != nil {
+		parent.Session.remapLater(src.remap, src.exported.Remap)
+		src.remap = nil
+	}
 	m.log.Info("session forked", "session", id, "children", n, "from", src.from)
 	return children, reports[0], nil
 }
@@ -403,6 +425,7 @@ func (s *Session) forkSource(ctx context.Context, cp string, overlay bool, pre *
 	// The copy streams them to the state file after this turn.
 	if from == 0 {
 		src.bases = s.exports.get()
+		src.live = true
 	}
 	src.export, err = kc.StartExportOver(ctx, src.state, from, from == 0, src.bases)
 	if err != nil {

@@ -269,6 +269,7 @@ type Session struct {
 	hib hibernation // hibernate.go
 
 	exports exportCache // fork.go: the last fork's export, for the next one
+	remap   remapState  // remap.go: its buffers mapped from that export's file
 
 	// forkfiles.go: the last frozen copy of the files a fork of this
 	// session made (held until the session closes or forks other files:
