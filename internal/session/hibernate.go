@@ -67,6 +67,7 @@ func (s *Session) Hibernated() bool { return s.hib.on.Load() }
 // files. It fails with ErrBusy while a call holds the session (an
 // execution), as Pause does; hibernating a hibernated session does nothing.
 func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string, keep bool) (*snapshot.Manifest, error) {
+	s.stopRemaps() // as Pause
 	select {
 	case s.turn <- struct{}{}:
 	default:

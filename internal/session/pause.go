@@ -41,6 +41,7 @@ type freezable interface {
 // ErrClosed once closed, and an error wrapping ErrRestartRequired if the
 // kernel has died. Pausing a paused session does nothing.
 func (s *Session) Pause() error {
+	s.stopRemaps() // a fork's remap is not an execution: it gives way
 	select {
 	case s.turn <- struct{}{}:
 	default:

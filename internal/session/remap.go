@@ -21,12 +21,44 @@ const remapPiece = 4 << 20
 // starts: what it runs happens between the export and the remap.
 var remapBefore func(*Session)
 
+// remapHolding, if set (by tests), is called while a remap piece holds
+// the session's turn, before the kernel's request.
+var remapHolding func(*Session)
+
 // remapState is a session's remaps under way (remapLater).
 type remapState struct {
 	last  atomic.Pointer[stateManifest] // the manifest of its last fork's export
 	wg    sync.WaitGroup
-	bytes atomic.Int64 // remapped so far, over the session's life
-	took  atomic.Int64 // nanoseconds the kernel's turns took, over the session's life
+	mu    sync.Mutex
+	runs  map[*remapRun]struct{} // under way
+	bytes atomic.Int64           // remapped so far, over the session's life
+	took  atomic.Int64           // nanoseconds the kernel's turns took, over the session's life
+}
+
+// remapRun is one remapLater under way: stop ends it (a piece being
+// mapped is finished first); done is closed when it has ended.
+type remapRun struct {
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// stopRemaps ends the session's remaps under way and waits for them: a
+// piece being mapped ends first (a few milliseconds), the rest is not
+// tried (the next fork compares what stays anonymous). Pause and
+// hibernation call it, so that a remap started by a fork a moment before
+// does not hold the session's turn and make them refuse as if an
+// execution ran.
+func (s *Session) stopRemaps() {
+	s.remap.mu.Lock()
+	runs := make([]*remapRun, 0, len(s.remap.runs))
+	for r := range s.remap.runs {
+		r.stop()
+		runs = append(runs, r)
+	}
+	s.remap.mu.Unlock()
+	for _, r := range runs {
+		<-r.done
+	}
 }
 
 // remapLater gives the session's kernel back f, the sealed state file of
@@ -44,15 +76,28 @@ func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
 		f.Close()
 		return
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &remapRun{stop: cancel, done: make(chan struct{})}
+	s.remap.mu.Lock()
+	if s.remap.runs == nil {
+		s.remap.runs = map[*remapRun]struct{}{}
+	}
+	s.remap.runs[run] = struct{}{}
+	s.remap.mu.Unlock()
 	s.remap.wg.Add(1)
 	go func() {
 		defer s.remap.wg.Done()
+		defer close(run.done)
+		defer func() {
+			s.remap.mu.Lock()
+			delete(s.remap.runs, run)
+			s.remap.mu.Unlock()
+		}()
 		defer f.Close()
+		defer cancel()
 		if remapBefore != nil {
 			remapBefore(s)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		go func() { // a session closed meanwhile ends the wait for its turn
 			select {
 			case <-s.done:
@@ -61,7 +106,7 @@ func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
 			}
 		}()
 		for _, piece := range remapPieces(remap, remapPiece) {
-			if !s.remapPiece(ctx, f, piece) {
+			if ctx.Err() != nil || !s.remapPiece(ctx, f, piece) {
 				return
 			}
 		}
@@ -69,21 +114,26 @@ func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
 }
 
 // remapPiece remaps one piece under the session's turn; false if the
-// rest should not be tried.
+// rest should not be tried. ctx ends with the run (stopRemaps, or the
+// session closed): while the turn is awaited, not while the kernel maps
+// (a request it answers anyway, in a few milliseconds).
 func (s *Session) remapPiece(ctx context.Context, f *os.File, piece [][3]uint64) bool {
 	if err := s.acquire(ctx); err != nil {
 		return false
 	}
 	defer s.release()
-	if s.State() != StateRunning {
+	if ctx.Err() != nil || s.State() != StateRunning {
 		return false
+	}
+	if remapHolding != nil {
+		remapHolding(s)
 	}
 	k, err := s.kernel()
 	if err != nil || k.Err() != nil {
 		return false
 	}
 	t0 := time.Now()
-	r, err := k.RemapExport(ctx, f, piece)
+	r, err := k.RemapExport(context.WithoutCancel(ctx), f, piece)
 	s.remap.took.Add(int64(time.Since(t0)))
 	if err != nil {
 		s.log.Debug("remap an export", "session", s.id, "err", err)

@@ -3,7 +3,9 @@ package session
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
 )
@@ -211,5 +213,58 @@ func TestRemapValid(t *testing.T) {
 		if got := remapValid(c.remap, 1000); got != c.ok {
 			t.Errorf("remapValid(%v, 1000) = %v, want %v", c.remap, got, c.ok)
 		}
+	}
+}
+
+// A pause right after a fork, while the parent's remap holds its turn,
+// waits for that piece and stops the rest, rather than refusing as if an
+// execution ran (E2B's SDK may pause a sandbox it has just forked); the
+// parent resumes with its values.
+func TestPauseStopsTheRemap(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := parent.Session
+	mustOK(t, runCode(t, ps, remapSetup))
+	want := managedText(t, parent, remapDigest)
+	holding := make(chan struct{})
+	var once sync.Once
+	remapHolding = func(s *Session) {
+		if s == ps {
+			once.Do(func() {
+				close(holding)
+				time.Sleep(300 * time.Millisecond) // the pause comes meanwhile
+			})
+		}
+	}
+	t.Cleanup(func() { remapHolding = nil })
+	kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids[0].Close()
+	select {
+	case <-holding:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the parent's remap never took its turn")
+	}
+	if err := parent.Pause(); err != nil {
+		t.Fatalf("a pause during the fork's remap: %v", err)
+	}
+	if st := parent.State(); st != StatePaused {
+		t.Fatalf("state %q after the pause", st)
+	}
+	ps.remapWait()
+	if got := ps.remap.bytes.Load(); got >= 54<<20 {
+		t.Errorf("%d bytes remapped: the remap went on after the pause", got)
+	}
+	if err := parent.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, parent, remapDigest); got != want {
+		t.Errorf("the parent's buffers after the pause: %s, were %s", got, want)
 	}
 }
