@@ -388,6 +388,9 @@ type Options struct {
 	// generated: the reaper is a copy of the template that forks the
 	// kernel (the benchmarks' baseline).
 	noTrampoline bool
+	// hugePages has the template collapse its anonymous memory into 2 MiB
+	// pages before its first spare (see "What is left").
+	hugePages bool
 	// brokenTrampoline places a file the template cannot load in its
 	// stead (tests: a libc too old for it fails the same way).
 	brokenTrampoline bool

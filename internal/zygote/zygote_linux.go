@@ -57,6 +57,7 @@ type instance struct {
 	ws      string
 	ctl     *net.UnixConn
 	pid     int             // host PID of the template
+	huge    string          // what Options.hugePages did (the template's words)
 	spares  chan spareOrErr // armed spares, ready for a session
 	dead    chan struct{}   // the control socket ended
 	ended   chan struct{}   // the jail (and every fork left in it) ended
@@ -116,7 +117,7 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	masked, ro := jail.ProcMasks()
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
 		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
-		"trampoline": useTrampoline(&z.opts)}
+		"trampoline": useTrampoline(&z.opts), "huge_pages": z.opts.hugePages}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
@@ -245,6 +246,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		Ready      bool
 		Errors     []string
 		Trampoline string // why the trampoline could not be loaded
+		HugePages  string `json:"huge_pages"` // what MADV_COLLAPSE did, if asked
 	}
 	if err := json.Unmarshal(msg, &ready); err != nil {
 		return fail(err)
@@ -255,8 +257,11 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if ready.Trampoline != "" {
 		z.log.Warn("zygote: spares are made without the trampoline (two copies of the template each)", "reason", ready.Trampoline)
 	}
+	if ready.HugePages != "" {
+		z.log.Info("zygote: the template's memory in huge pages", "result", ready.HugePages)
+	}
 	ctl.SetDeadline(time.Time{})
-	inst.pid = pid
+	inst.pid, inst.huge = pid, ready.HugePages
 	go z.read(inst)
 	z.wg.Add(1)
 	go func() {
