@@ -19,7 +19,7 @@ import (
 // BenchmarkSessionLife runs N sessions one after another from a ready
 // spare (create, a cell, close: $SANDLOOP_BENCH_SESSIONS, default 40; the
 // cell is `1+1` or $SANDLOOP_BENCH_CODE) from a template with its
-// anonymous memory collapsed into huge pages (Options.hugePages) and from
+// anonymous memory collapsed into huge pages (the default) and from
 // one without, in turn in the same run, and reports the python3 CPU and
 // minor faults per session over the sessions' whole lives, their exits
 // included: the template's own CPU (schedstat) and each session's
@@ -36,20 +36,22 @@ func BenchmarkSessionLife(b *testing.B) {
 	code := cmpOr(os.Getenv("SANDLOOP_BENCH_CODE"), "1+1")
 	kinds := []struct {
 		name string
-		huge bool
-	}{{"small-pages", false}, {"huge-pages", true}}
+		opts Options
+	}{{"small-pages", Options{noHugePages: true}}, {"huge-heap", Options{noArenas: true}}, {"huge-pages", Options{}}}
 	type cost struct{ cpu, faults []float64 }
 	costs := make([]cost, len(kinds))
 	measure := func(k int) {
 		// One spare, replaced at once: the same spares at both ends.
-		z := newZygoteWith(b, &Options{Env: session.KernelEnv(), Fixed: true, Spares: 1, RefillDelay: -1, hugePages: kinds[k].huge})
+		opts := kinds[k].opts
+		opts.Env, opts.Fixed, opts.Spares, opts.RefillDelay = session.KernelEnv(), true, 1, -1
+		z := newZygoteWith(b, &opts)
 		defer z.Close()
 		z.armedSparePids(b)
 		z.mu.Lock()
 		huge := z.cur.huge
 		z.mu.Unlock()
-		if kinds[k].huge {
-			b.Logf("huge pages: %s; the template's AnonHugePages %s", huge, statusField(readFile(fmt.Sprintf("/proc/%d/smaps_rollup", z.Pid())), "AnonHugePages"))
+		if huge != "" {
+			b.Logf("%s: %s; the template's AnonHugePages %s", kinds[k].name, huge, statusField(readFile(fmt.Sprintf("/proc/%d/smaps_rollup", z.Pid())), "AnonHugePages"))
 		}
 		one := func() {
 			s, err := session.New(context.Background(), &session.Options{Zygote: z})
@@ -113,11 +115,12 @@ func BenchmarkSessionLife(b *testing.B) {
 		b.ReportMetric(med(costs[k].cpu), kind.name+"-CPU-ms")
 		b.ReportMetric(med(costs[k].faults), kind.name+"-faults")
 	}
-	b.ReportMetric(med(costs[1].cpu)/med(costs[0].cpu), "huge/small-CPU")
+	b.ReportMetric(med(costs[2].cpu)/med(costs[0].cpu), "huge/small-CPU")
 	b.ReportMetric(0, "ns/op")
 	load, _ := os.ReadFile("/proc/loadavg")
-	b.Logf("per session (medians of %d runs of %d, `%s`): small pages %.2f ms, %.0f faults; huge pages %.2f ms, %.0f faults; load %s",
-		b.N, n, code, med(costs[0].cpu), med(costs[0].faults), med(costs[1].cpu), med(costs[1].faults), strings.TrimSpace(string(load)))
+	b.Logf("per session (medians of %d runs of %d, `%s`): small pages %.2f ms, %.0f faults; the heap in huge pages %.2f ms, %.0f faults; the heap and the arenas %.2f ms, %.0f faults; load %s",
+		b.N, n, code, med(costs[0].cpu), med(costs[0].faults), med(costs[1].cpu), med(costs[1].faults),
+		med(costs[2].cpu), med(costs[2].faults), strings.TrimSpace(string(load)))
 }
 
 // settle waits until the template's spares are armed and it has reaped

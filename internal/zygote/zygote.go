@@ -388,9 +388,15 @@ type Options struct {
 	// generated: the reaper is a copy of the template that forks the
 	// kernel (the benchmarks' baseline).
 	noTrampoline bool
-	// hugePages has the template collapse its anonymous memory into 2 MiB
-	// pages before its first spare (see "What is left").
-	hugePages bool
+	// noHugePages keeps the template's anonymous memory in 4 KiB pages
+	// (the benchmarks' baseline; see "Huge pages"). The environment
+	// variable SANDLOOP_ZYGOTE_HUGE_PAGES=0 does the same for a whole
+	// program (bench/load's baseline).
+	noHugePages bool
+	// noArenas leaves Python's object arenas where mmap puts them (with
+	// huge pages: only the heap and the larger anonymous mappings are
+	// collapsed). SANDLOOP_ZYGOTE_HUGE_PAGES=heap does the same.
+	noArenas bool
 	// brokenTrampoline places a file the template cannot load in its
 	// stead (tests: a libc too old for it fails the same way).
 	brokenTrampoline bool

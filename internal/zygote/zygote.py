@@ -621,6 +621,7 @@ class _Trampoline:
 
     def __init__(self, path, argv):
         lib = ctypes.PyDLL(path)
+        self.lib = lib
         api = ctypes.pythonapi
         hooks = [ctypes.cast(f, ctypes.c_void_p) for f in (api.PyOS_BeforeFork, api.PyOS_AfterFork_Parent, api.PyOS_AfterFork_Child)]
         lib.sandloop_init.argtypes = [ctypes.c_void_p] * 3
@@ -712,6 +713,22 @@ def _huge_pages():
     return out
 
 
+class _ArenaAllocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+
+
+def _arenas(lib):
+    """Python's object arenas from here on in one region the trampoline
+    reserved (trampoline.c's sandloop_arenas), so that the template's
+    objects lie in 2 MiB-aligned memory _huge_pages can collapse rather
+    than in 1 MiB mappings between the libraries'. Best effort."""
+    if lib.sandloop_arenas() != 0:
+        return
+    alloc = _ArenaAllocator(None, ctypes.cast(lib.sandloop_arena_alloc, ctypes.c_void_p),
+                            ctypes.cast(lib.sandloop_arena_free, ctypes.c_void_p))
+    ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(alloc))
+
+
 def _threads():
     return len(os.listdir("/proc/self/task"))
 
@@ -738,6 +755,11 @@ def main():
             C.trampoline = _Trampoline(TRAMPOLINE_PATH, spare_argv)
         except (OSError, AttributeError) as e:
             trampoline_error = "%s: %s" % (type(e).__name__, e)
+    if C.trampoline and cfg.get("huge_pages") and cfg.get("arenas", True):
+        try:
+            _arenas(C.trampoline.lib)
+        except (OSError, AttributeError):
+            pass
     # Built once here: a fork pays for every page it writes, and building
     # these in each child cost it milliseconds of copied pages.
     C.lockdown = _Lockdown()

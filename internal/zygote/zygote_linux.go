@@ -73,6 +73,12 @@ type spareOrErr struct {
 	err error
 }
 
+// useHugePages says whether the template collapses its anonymous memory
+// into huge pages (Options.noHugePages, SANDLOOP_ZYGOTE_HUGE_PAGES=0).
+func useHugePages(o *Options) bool {
+	return !o.noHugePages && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "0"
+}
+
 // New starts a template and waits until it has imported its modules.
 func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	z := &Zygote{retired: map[*instance]bool{}}
@@ -117,7 +123,8 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	masked, ro := jail.ProcMasks()
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
 		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
-		"trampoline": useTrampoline(&z.opts), "huge_pages": z.opts.hugePages}
+		"trampoline": useTrampoline(&z.opts), "huge_pages": useHugePages(&z.opts),
+		"arenas": !z.opts.noArenas && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "heap"}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
