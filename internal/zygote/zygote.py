@@ -705,9 +705,11 @@ def _huge_pages():
             # (a filter), ENOSYS: none will.
             e = ctypes.get_errno()
             errs[e] = errs.get(e, 0) + 1
-            if e in (1, 38):
+            if e in (1, 38) and not done:
                 return "none collapsed: %s" % os.strerror(e)
     out = "%d of %d ranges of 2 MiB collapsed" % (done, tried)
+    if tried and not done:
+        out = "none collapsed: %d ranges of 2 MiB tried" % tried
     if errs:
         out += " (%s)" % ", ".join("%s: %d" % (os.strerror(e), n) for e, n in sorted(errs.items()))
     return out

@@ -264,7 +264,10 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if ready.Trampoline != "" {
 		z.log.Warn("zygote: spares are made without the trampoline (two copies of the template each)", "reason", ready.Trampoline)
 	}
-	if ready.HugePages != "" {
+	switch {
+	case strings.HasPrefix(ready.HugePages, "none"):
+		z.log.Warn("zygote: the template's memory stays in small pages (each fork copies more page tables)", "reason", ready.HugePages)
+	case ready.HugePages != "":
 		z.log.Info("zygote: the template's memory in huge pages", "result", ready.HugePages)
 	}
 	ctl.SetDeadline(time.Time{})
