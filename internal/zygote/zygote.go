@@ -429,6 +429,9 @@ type Options struct {
 	// huge pages: only the heap and the larger anonymous mappings are
 	// collapsed). SANDLOOP_ZYGOTE_HUGE_PAGES=heap does the same.
 	noArenas bool
+	// refusedHugePages has the template ask for an advice no kernel knows
+	// in MADV_COLLAPSE's stead (tests: an old kernel refuses the same way).
+	refusedHugePages bool
 	// brokenTrampoline places a file the template cannot load in its
 	// stead (tests: a libc too old for it fails the same way).
 	brokenTrampoline bool

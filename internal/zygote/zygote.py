@@ -672,14 +672,14 @@ def _warm_first_plot(kmod):
         sys.meta_path.remove(kmod._BackendFinder)
 
 
-def _huge_pages():
+def _huge_pages(advice=25):
     """Collapses the template's anonymous memory ([heap] and anonymous
     private mappings) into 2 MiB pages where a whole aligned 2 MiB lies in
     one mapping (MADV_COLLAPSE, Linux 6.1): a fork then copies one entry
     per 2 MiB rather than 512, and an exit drops one. The mappings keep
     their flags (no MADV_HUGEPAGE: a fork's own new memory stays in small
     pages). Best effort: returns what happened, for the host's log."""
-    MADV_COLLAPSE = 25
+    MADV_COLLAPSE = advice  # 25 (the host's tests give one no kernel knows)
     size = 2 << 20
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done = tried = 0
@@ -788,7 +788,7 @@ def main():
     # walk (and so copy) their pages in every child.
     gc.collect()
     gc.freeze()
-    huge = _huge_pages() if cfg.get("huge_pages") else ""
+    huge = _huge_pages(int(cfg.get("huge_pages_advice") or 25)) if cfg.get("huge_pages") else ""
     ctl.send(json.dumps({"ready": not errors, "errors": errors, "trampoline": trampoline_error, "huge_pages": huge}).encode())
     if errors:
         return

@@ -125,6 +125,9 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
 		"trampoline": useTrampoline(&z.opts), "huge_pages": useHugePages(&z.opts),
 		"arenas": !z.opts.noArenas && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "heap"}
+	if z.opts.refusedHugePages {
+		config["huge_pages_advice"] = 999
+	}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -789,4 +790,44 @@ print(sum(1 for m in list(sys.modules.values()) if getattr(m, "sandloop_mark", N
 			t.Errorf("%s sees A's writes in %s modules", name, got)
 		}
 	}
+}
+
+// Where the kernel collapses nothing (here an advice it does not know, as
+// a kernel before 6.1 answers MADV_COLLAPSE), the template goes on in
+// small pages, the host's log says so once, and sessions run.
+func TestHugePagesRefused(t *testing.T) {
+	var log lockedBuffer
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), refusedHugePages: true,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	z.mu.Lock()
+	huge := z.cur.huge
+	z.mu.Unlock()
+	if !strings.HasPrefix(huge, "none collapsed") {
+		t.Fatalf("the template says %q, want none collapsed", huge)
+	}
+	if got := log.String(); strings.Count(got, "stays in small pages") != 1 || !strings.Contains(got, "Invalid argument") {
+		t.Errorf("the host's log does not say once why the template stays in small pages:\n%s", got)
+	}
+	s := newSession(t, z, session.Options{})
+	if got := out(t, s.Session, "x = 41; print(x + 1)"); got != "42" {
+		t.Fatalf("got %q, want 42", got)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger and a test may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
