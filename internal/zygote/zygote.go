@@ -196,20 +196,24 @@
 //     spare (reference counts it writes while the spare shares them:
 //     AnonHugePages 28-30 MiB after), which stay split. Measured:
 //     bench/load -mode sustain under perf (docs/benchmarks.md, "Huge
-//     pages"): python3 CPU per session 15.9 and 14.0 ms against 21.9 and
-//     20.0 in 4 KiB pages (the kernel's fork 2.1 and 1.9 ms against 4.8
-//     and 4.2, its exit_mmap 2.4 and 2.3 against 5.4 and 4.9, its faults
-//     unchanged at ~3.5), the heap alone about half of that;
+//     pages"): python3 CPU per session 15.9, 14.0 and 14.4 ms against
+//     21.9, 20.0 and 18.0 in 4 KiB pages, three pairs at load 3-16 (the
+//     kernel's fork 1.9-2.1 ms against 3.7-4.8, its exit_mmap 2.3-2.4
+//     against 4.3-5.4, its faults unchanged at ~3.5), the heap alone
+//     about half of that;
 //     BenchmarkSessionLife (python3 CPU over 40 sessions' whole lives,
 //     `1+1`, medians of 3, load 8-10): 9.6 ms against 11.2 (the heap
 //     alone) and 12.6 (4 KiB pages). Memory is unchanged per session
 //     (BenchmarkIdleMemory: USS 3.03 MiB and page tables 0.30 against
-//     3.00 and 0.29; a huge page's entry still has a page table put aside for
-//     its split) and the template grows ~2 MiB once (holes filled).
+//     3.00 and 0.29; a huge page's entry still has a page table put
+//     aside for its split) and the template grows ~2 MiB once (holes
+//     filled).
 //     Where the kernel refuses (before 6.1 EINVAL for every range; EPERM
 //     under a filter) the template goes on in 4 KiB pages and the host's
 //     log says so once per template (a warning); a partial collapse is
-//     logged at info. SANDLOOP_ZYGOTE_HUGE_PAGES=0 keeps 4 KiB pages
+//     logged at info (TestHugePagesRefused). On Debian 12's 6.1 (the
+//     project's VM, cgroup v2) TestHugePagesTemplate collapses as here.
+//     SANDLOOP_ZYGOTE_HUGE_PAGES=0 keeps 4 KiB pages
 //     (=heap: without the arenas' region), for baselines. malloc_trim
 //     frees nothing (the Python objects fill their arenas: 0.3 of 36 MiB
 //     free).
