@@ -136,6 +136,9 @@ func (p *Process) Wait() error {
 			}
 		}
 		oom := p.group.OOMKilled()
+		if endedHook != nil {
+			endedHook(p)
+		}
 		rmErr := p.group.Remove()
 		p.closeFDs()
 		if p.listener != nil {
@@ -156,6 +159,10 @@ func (p *Process) Wait() error {
 	})
 	return p.waitErr
 }
+
+// endedHook, if set (benchmarks), is called by Wait once the session's
+// processes have ended, before their group is removed.
+var endedHook func(*Process)
 
 // reaperExitWait bounds Wait's wait for the reaper's end after its socket
 // closed (its namespaces' teardown: the kernel process's memory, mounts).

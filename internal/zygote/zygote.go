@@ -176,11 +176,47 @@
 //     abort lock), a longjmp that does not check stacks (built without
 //     _FORTIFY_SOURCE) and no shadow stack in the template (glibc enables
 //     none before 2.39, and only for programs built for it).
-//   - Huge pages: MADV_COLLAPSE on the template's anonymous memory
-//     collapsed 15-18 ranges of 2 MiB (the rest lies in smaller or
-//     unaligned mappings) and left the fork's cost within the noise; not
-//     adopted. malloc_trim frees nothing (the Python objects fill their
-//     arenas: 0.3 of 36 MiB free).
+//   - Huge pages (done, the default): after its warm-up, before its
+//     first spare, the template collapses its anonymous memory ([heap]
+//     and anonymous private mappings) into 2 MiB pages with MADV_COLLAPSE
+//     (zygote.py's _huge_pages; Linux 6.1), so the kernel's fork copies
+//     one page-table entry per 2 MiB rather than 512, and its exit drops
+//     one. The heap alone gives 15-17 ranges of 2 MiB: ~14 MiB of the
+//     template's objects lie in Python's 1 MiB arenas, each a mapping of
+//     its own between the libraries' (too small for a 2 MiB page). So,
+//     where the trampoline is loaded, the template takes its arenas from
+//     one 2 MiB-aligned reservation (trampoline.c's sandloop_arenas,
+//     installed with PyObject_SetArenaAllocator before the imports; made
+//     readable and writable 2 MiB at a time, 1 GiB of address space
+//     reserved, none committed): 27-28 of 30-31 ranges, 54-56 MiB of its
+//     ~64, and 8 fewer mappings. A fork's first write to a shared huge
+//     page splits it in that process (its page table is then filled: the
+//     cost a fork paid before, for that range only) and copies 4 KiB; the
+//     template's own Python splits about half of its ranges at its first
+//     spare (reference counts it writes while the spare shares them:
+//     AnonHugePages 28-30 MiB after), which stay split. Measured:
+//     bench/load -mode sustain under perf (docs/benchmarks.md, "Huge
+//     pages"): python3 CPU per session 15.9, 14.0 and 14.4 ms against
+//     21.9, 20.0 and 18.0 in 4 KiB pages, three pairs at load 3-16 (the
+//     kernel's fork 1.9-2.1 ms against 3.7-4.8, its exit_mmap 2.3-2.4
+//     against 4.3-5.4, its faults unchanged at ~3.5), the heap alone
+//     about half of that;
+//     BenchmarkSessionLife (python3 CPU over 40 sessions' whole lives,
+//     `1+1`, medians of 3, load 8-10): 9.6 ms against 11.2 (the heap
+//     alone) and 12.6 (4 KiB pages). Memory is unchanged per session
+//     (BenchmarkIdleMemory: USS 3.03 MiB and page tables 0.30 against
+//     3.00 and 0.29; a huge page's entry still has a page table put
+//     aside for its split) and the template grows ~2 MiB once (holes
+//     filled).
+//     Where the kernel refuses (before 6.1 EINVAL for every range; EPERM
+//     under a filter) the template goes on in 4 KiB pages and the host's
+//     log says so once per template (a warning); a partial collapse is
+//     logged at info (TestHugePagesRefused). On Debian 12's 6.1 (the
+//     project's VM, cgroup v2) TestHugePagesTemplate collapses as here.
+//     SANDLOOP_ZYGOTE_HUGE_PAGES=0 keeps 4 KiB pages
+//     (=heap: without the arenas' region), for baselines. malloc_trim
+//     frees nothing (the Python objects fill their arenas: 0.3 of 36 MiB
+//     free).
 //   - Faults: any Python that runs after a fork first writes ~130 pages
 //     (the interpreter's state, the allocator's pools), os.fork's hooks
 //     ~110 more in the kernel (threading's); the rest are the objects the
@@ -388,6 +424,18 @@ type Options struct {
 	// generated: the reaper is a copy of the template that forks the
 	// kernel (the benchmarks' baseline).
 	noTrampoline bool
+	// noHugePages keeps the template's anonymous memory in 4 KiB pages
+	// (the benchmarks' baseline; see "Huge pages"). The environment
+	// variable SANDLOOP_ZYGOTE_HUGE_PAGES=0 does the same for a whole
+	// program (bench/load's baseline).
+	noHugePages bool
+	// noArenas leaves Python's object arenas where mmap puts them (with
+	// huge pages: only the heap and the larger anonymous mappings are
+	// collapsed). SANDLOOP_ZYGOTE_HUGE_PAGES=heap does the same.
+	noArenas bool
+	// refusedHugePages has the template ask for an advice no kernel knows
+	// in MADV_COLLAPSE's stead (tests: an old kernel refuses the same way).
+	refusedHugePages bool
 	// brokenTrampoline places a file the template cannot load in its
 	// stead (tests: a libc too old for it fails the same way).
 	brokenTrampoline bool

@@ -57,6 +57,7 @@ type instance struct {
 	ws      string
 	ctl     *net.UnixConn
 	pid     int             // host PID of the template
+	huge    string          // what Options.hugePages did (the template's words)
 	spares  chan spareOrErr // armed spares, ready for a session
 	dead    chan struct{}   // the control socket ended
 	ended   chan struct{}   // the jail (and every fork left in it) ended
@@ -70,6 +71,12 @@ type instance struct {
 type spareOrErr struct {
 	sp  *spare
 	err error
+}
+
+// useHugePages says whether the template collapses its anonymous memory
+// into huge pages (Options.noHugePages, SANDLOOP_ZYGOTE_HUGE_PAGES=0).
+func useHugePages(o *Options) bool {
+	return !o.noHugePages && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "0"
 }
 
 // New starts a template and waits until it has imported its modules.
@@ -116,7 +123,11 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	masked, ro := jail.ProcMasks()
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
 		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
-		"trampoline": useTrampoline(&z.opts)}
+		"trampoline": useTrampoline(&z.opts), "huge_pages": useHugePages(&z.opts),
+		"arenas": !z.opts.noArenas && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "heap"}
+	if z.opts.refusedHugePages {
+		config["huge_pages_advice"] = 999
+	}
 	if os.Geteuid() != 0 {
 		if z.shared, err = filepath.EvalSymlinks(os.TempDir()); err != nil {
 			return nil, fmt.Errorf("zygote: the temporary directory: %w", err)
@@ -245,6 +256,7 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 		Ready      bool
 		Errors     []string
 		Trampoline string // why the trampoline could not be loaded
+		HugePages  string `json:"huge_pages"` // what MADV_COLLAPSE did, if asked
 	}
 	if err := json.Unmarshal(msg, &ready); err != nil {
 		return fail(err)
@@ -255,8 +267,14 @@ func (z *Zygote) start(ctx context.Context) (*instance, error) {
 	if ready.Trampoline != "" {
 		z.log.Warn("zygote: spares are made without the trampoline (two copies of the template each)", "reason", ready.Trampoline)
 	}
+	switch {
+	case strings.HasPrefix(ready.HugePages, "none"):
+		z.log.Warn("zygote: the template's memory stays in small pages (each fork copies more page tables)", "reason", ready.HugePages)
+	case ready.HugePages != "":
+		z.log.Info("zygote: the template's memory in huge pages", "result", ready.HugePages)
+	}
 	ctl.SetDeadline(time.Time{})
-	inst.pid = pid
+	inst.pid, inst.huge = pid, ready.HugePages
 	go z.read(inst)
 	z.wg.Add(1)
 	go func() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -735,4 +736,98 @@ print(sorted(int(p) for p in procs)[:2], repr(open('/proc/self/limits').read()))
 	if want := "[1, " + kpid + "] " + klimits; lines[1] != want {
 		t.Errorf("processes and limits:\n%s\nwant (the kernel's):\n%s", lines[1], want)
 	}
+}
+
+// The template's anonymous memory is collapsed into huge pages (where the
+// kernel can: 6.1 and later), and forks sharing them stay apart: each
+// session's writes (to every module's dictionary, across the template's
+// heap and arenas) are its own, and numpy, pandas and a subprocess work.
+func TestHugePagesTemplate(t *testing.T) {
+	z := newZygote(t, nil)
+	z.mu.Lock()
+	huge := z.cur.huge
+	z.mu.Unlock()
+	var done, tried int
+	if _, err := fmt.Sscanf(huge, "%d of %d ranges", &done, &tried); err != nil || done == 0 {
+		if strings.HasPrefix(huge, "none collapsed") || (err == nil && done == 0) {
+			t.Skipf("this kernel collapses none: %s", huge)
+		}
+		t.Fatalf("the template says %q, want how many ranges it collapsed", huge)
+	}
+	rollup := readFile(fmt.Sprintf("/proc/%d/smaps_rollup", z.Pid()))
+	if kb, _ := strconv.Atoi(strings.Fields(statusField(rollup, "AnonHugePages") + " 0")[0]); kb == 0 {
+		t.Errorf("the template reports %q but has no huge pages:\n%s", huge, rollup)
+	}
+	a := newSession(t, z, session.Options{})
+	b := newSession(t, z, session.Options{})
+	compute := `
+import numpy as np, pandas as pd, subprocess
+df = pd.DataFrame({"k": np.arange(100000) % 7, "v": np.arange(100000, dtype=float)})
+s = df.groupby("k")["v"].sum()
+m = np.linalg.inv(np.array([[2.0, 1.0], [1.0, 3.0]])) @ np.array([1.0, 2.0])
+print(int(s.sum()), [round(x, 6) for x in m], subprocess.run(["echo", "sub"], capture_output=True, text=True).stdout.strip())`
+	want := "4999950000 [0.2, 0.6] sub"
+	mark := `
+import sys
+for m in list(sys.modules.values()):
+    try:
+        m.__dict__["sandloop_mark"] = "A"
+    except Exception:
+        pass
+print(sum(1 for m in list(sys.modules.values()) if getattr(m, "sandloop_mark", None) == "A") > 500)`
+	if got := out(t, a.Session, mark); got != "True" {
+		t.Fatalf("A marked its modules: %s", got)
+	}
+	for name, s := range map[string]forked{"A": a, "B": b} {
+		if got := out(t, s.Session, compute); got != want {
+			t.Errorf("%s computes %q, want %q", name, got, want)
+		}
+	}
+	c := newSession(t, z, session.Options{})
+	seen := `import sys; print(sum(1 for m in list(sys.modules.values()) if "sandloop_mark" in getattr(m, "__dict__", {})))`
+	for name, s := range map[string]forked{"B": b, "C": c} {
+		if got := out(t, s.Session, seen); got != "0" {
+			t.Errorf("%s sees A's writes in %s modules", name, got)
+		}
+	}
+}
+
+// Where the kernel collapses nothing (here an advice it does not know, as
+// a kernel before 6.1 answers MADV_COLLAPSE), the template goes on in
+// small pages, the host's log says so once, and sessions run.
+func TestHugePagesRefused(t *testing.T) {
+	var log lockedBuffer
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv(), refusedHugePages: true,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	z.mu.Lock()
+	huge := z.cur.huge
+	z.mu.Unlock()
+	if !strings.HasPrefix(huge, "none collapsed") {
+		t.Fatalf("the template says %q, want none collapsed", huge)
+	}
+	if got := log.String(); strings.Count(got, "stays in small pages") != 1 || !strings.Contains(got, "Invalid argument") {
+		t.Errorf("the host's log does not say once why the template stays in small pages:\n%s", got)
+	}
+	s := newSession(t, z, session.Options{})
+	if got := out(t, s.Session, "x = 41; print(x + 1)"); got != "42" {
+		t.Fatalf("got %q, want 42", got)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger and a test may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

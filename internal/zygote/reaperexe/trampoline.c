@@ -185,3 +185,76 @@ int sandloop_spare(const int *close_fds, int nclose, int sock, int reaper_fd, co
 	}
 	return pid;
 }
+
+/*
+ * The template's object arenas in one region (sandloop_arenas, then
+ * PyObject_SetArenaAllocator from zygote.py, before the imports): Python's
+ * allocator takes 1 MiB arenas with mmap, which the kernel places between
+ * the shared libraries' mappings, so ~14 MiB of the template's objects
+ * lie in mappings too small for a 2 MiB page. Here they are consecutive
+ * in one 2 MiB-aligned reservation (PROT_NONE, made readable and writable
+ * 2 MiB at a time), which the template then collapses into huge pages
+ * with its heap (see zygote.py's _huge_pages). An arena freed in the
+ * region is emptied (MADV_DONTNEED) and its slot reused; any other size,
+ * or a full region, is mmap's as before, and an arena from outside the
+ * region (made before the allocator was set) is unmapped. Forks inherit
+ * the allocator and their own copy of the slots' bitmap.
+ */
+#include <stdint.h>
+#include <sys/mman.h>
+
+#define ARENA (1UL << 20)
+#define HUGE (2UL << 20)
+#define SLOTS 1024 /* 1 GiB of address space, none of it committed */
+
+static char *arenas;
+static size_t arenas_rw; /* bytes from arenas made readable and writable */
+static uint64_t arenas_used[SLOTS / 64];
+
+int sandloop_arenas(void) {
+	size_t len = SLOTS * ARENA + HUGE;
+	char *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	char *a = (char *)(((uintptr_t)p + HUGE - 1) & ~(HUGE - 1));
+	if (a > p)
+		munmap(p, a - p);
+	if (p + len > a + SLOTS * ARENA)
+		munmap(a + SLOTS * ARENA, (p + len) - (a + SLOTS * ARENA));
+	arenas = a;
+	return 0;
+}
+
+void *sandloop_arena_alloc(void *ctx, size_t size) {
+	(void)ctx;
+	if (arenas && size == ARENA) {
+		for (int w = 0; w < SLOTS / 64; w++) {
+			if (~arenas_used[w] == 0)
+				continue;
+			int b = __builtin_ctzll(~arenas_used[w]);
+			size_t off = (size_t)(w * 64 + b) * ARENA;
+			if (off + ARENA > arenas_rw) {
+				size_t grow = (off + ARENA - arenas_rw + HUGE - 1) & ~(HUGE - 1);
+				if (mprotect(arenas + arenas_rw, grow, PROT_READ | PROT_WRITE) != 0)
+					break;
+				arenas_rw += grow;
+			}
+			arenas_used[w] |= 1ULL << b;
+			return arenas + off;
+		}
+	}
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void sandloop_arena_free(void *ctx, void *p, size_t size) {
+	(void)ctx;
+	char *c = p;
+	if (arenas && c >= arenas && c < arenas + SLOTS * ARENA) {
+		size_t i = (size_t)(c - arenas) / ARENA;
+		madvise(c, ARENA, MADV_DONTNEED);
+		arenas_used[i / 64] &= ~(1ULL << (i % 64));
+		return;
+	}
+	munmap(p, size);
+}
