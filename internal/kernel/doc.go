@@ -219,14 +219,17 @@
 // memory, and skips copying its page table while it has no written page.
 // Over an earlier remap, every equal page is mapped again (a page of an
 // earlier file left behind would keep that file alive); elsewhere runs
-// shorter than 16 pages are left anonymous (each mapping is a VMA). Trade-offs: the comparison is
-// still paid once per export, after the fork instead of in it (tens of
+// shorter than 16 pages are left anonymous (each mapping is a VMA).
+// Trade-offs: the comparison is still paid once per export, after the fork instead of in it (tens of
 // milliseconds of the kernel's time, a cell waits for one piece); the
 // file's pages belong to the memory cgroup that first touched them (the
 // server's, which wrote the file), so the remapped bytes leave the
 // session's memory charge until it writes them (the file was already
 // held by the server for the session's next fork: the session now shares
-// it instead of keeping a second copy), and a file stays alive while any
+// it instead of keeping a second copy; the session package bounds what a
+// session may hold so: its charge plus its still-mapped bytes within its
+// memory limit before each remap, so at most twice its limit in all, and
+// its cache of exports within twice its limit), and a file stays alive while any
 // remapped page of it does, even after the next fork replaced it in the
 // server's cache (a buffer unchanged across exports keeps pointing to the
 // oldest file holding it, as a child's does). C threads that write

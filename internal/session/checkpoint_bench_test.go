@@ -211,7 +211,7 @@ func BenchmarkFork(b *testing.B) {
 	}
 	forkOf = func(parent *Managed, n int, copyAll bool) ([]*Managed, time.Duration, time.Duration) {
 		if copyAll {
-			parent.Session.exports.keep(nil)
+			parent.Session.exports.keep(nil, 0)
 		}
 		stop := make(chan struct{})
 		var stall time.Duration

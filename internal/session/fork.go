@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sync"
@@ -68,7 +69,7 @@ func (f *forkSource) stream(ctx context.Context) {
 	}
 	f.owner.remap.last.Store(f.exported)
 	// The next fork of the parent compares its buffers with these.
-	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...))
+	f.owner.exports.keep(append([]kernel.StateBase{{Serial: f.serial, File: f.state}}, f.refs...), f.owner.exportBound())
 	if f.live && len(f.exported.Remap) > 0 && !noRemap.Load() {
 		// And, after the fork, its buffers become mappings of this file
 		// where they are still equal to it: that comparison then needs
@@ -487,7 +488,7 @@ func (s *Session) adopt(ctx context.Context, src *forkSource, filesDone func()) 
 	}
 	// The child's buffers are mappings of these files: its own first fork
 	// compares against them rather than copying them again.
-	s.exports.keep(append([]kernel.StateBase{{Serial: src.serial, File: src.state}}, src.refs...))
+	s.exports.keep(append([]kernel.StateBase{{Serial: src.serial, File: src.state}}, src.refs...), s.exportBound())
 	res := &Restored{From: src.from, Files: src.files, FilesBy: filesBy, Variables: imported.Variables, ExecutionCount: imported.ExecutionCount}
 	said := map[string]bool{}
 	for _, ns := range append(append([]notSaved(nil), imported.NotSaved...), src.exported.NotSaved...) {
@@ -537,11 +538,14 @@ func (c *exportCache) get() []kernel.StateBase {
 }
 
 // keep replaces the cache with copies of bases. More than the kernel takes
-// at once empties it: the next export copies everything again and starts
-// a new chain.
-func (c *exportCache) keep(bases []kernel.StateBase) {
+// at once, or more than bound bytes in all (if bound > 0), empties it: the
+// next export copies everything again and starts a new chain. (A chain
+// keeps each earlier file whole for the buffers of it still referred to:
+// without the bound, forks that each change all but a small array could
+// keep a dozen files of the session's size in the server's memory.)
+func (c *exportCache) keep(bases []kernel.StateBase, bound int64) {
 	var mine []kernel.StateBase
-	if len(bases) <= kernel.MaxStateBases {
+	if len(bases) <= kernel.MaxStateBases && (bound <= 0 || statesSize(bases) <= bound) {
 		for _, b := range bases {
 			f, err := dupFile(b.File)
 			if err != nil {
@@ -568,6 +572,27 @@ func (c *exportCache) close() {
 	c.bases, c.closed = nil, true
 	c.mu.Unlock()
 	closeBases(old)
+}
+
+// exportBound bounds the bytes of the state files the session's export
+// cache keeps (exportCache.keep): twice its memory limit, what it may hold
+// with its remapped buffers (remapFits); none without a limit.
+func (s *Session) exportBound() int64 {
+	return 2 * s.opts.Limits.WithDefaults().Memory
+}
+
+// statesSize is the bytes of the files of bases (a file it cannot stat
+// counts as unbounded).
+func statesSize(bases []kernel.StateBase) int64 {
+	var n int64
+	for _, b := range bases {
+		fi, err := b.File.Stat()
+		if err != nil {
+			return math.MaxInt64
+		}
+		n += fi.Size()
+	}
+	return n
 }
 
 func closeBases(bases []kernel.StateBase) {

@@ -105,12 +105,42 @@ func (s *Session) remapLater(f *os.File, remap [][3]uint64) {
 			case <-ctx.Done():
 			}
 		}()
+		if !s.remapFits() {
+			return
+		}
 		for _, piece := range remapPieces(remap, remapPiece) {
 			if ctx.Err() != nil || !s.remapPiece(ctx, f, piece) {
 				return
 			}
 		}
 	}()
+}
+
+// remapFits says whether the session may have more of its memory mapped
+// from its forks' state files. Those pages are the server's (it wrote the
+// files), so they leave the session's memory charge: without a bound, a
+// session forked again and again could fill its limit with new arrays
+// after each remap and hold many times its limit. The bytes still mapped
+// (those the last export proved unwritten by their pages) plus what the
+// cgroup counts must be within the session's memory limit, so that what
+// it holds stays within twice that limit: what it is charged, and at most
+// as much again in pages of the files. Where no cgroup measures it
+// (rlimits), RLIMIT_DATA counts such private writable mappings anyway.
+func (s *Session) remapFits() bool {
+	limit := s.opts.Limits.WithDefaults().Memory
+	u, err := s.Resources()
+	if limit <= 0 || err != nil {
+		return true
+	}
+	var held int64
+	if m := s.remap.last.Load(); m != nil {
+		held = m.MappedBytes
+	}
+	if u.Memory+held > limit {
+		s.log.Debug("remap skipped: the session's memory and its mapped state reach its limit", "session", s.id, "memory", u.Memory, "mapped", held, "limit", limit)
+		return false
+	}
+	return true
 }
 
 // remapPiece remaps one piece under the session's turn; false if the

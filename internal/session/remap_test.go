@@ -2,11 +2,13 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 )
 
@@ -266,5 +268,87 @@ func TestPauseStopsTheRemap(t *testing.T) {
 	}
 	if got := managedText(t, parent, remapDigest); got != want {
 		t.Errorf("the parent's buffers after the pause: %s, were %s", got, want)
+	}
+}
+
+// The pages a remap maps are the server's, not charged to the session:
+// a session forked again after filling its limit anew is not remapped
+// further, so it cannot hold many times its memory limit by forks
+// (remapFits).
+func TestRemapWithinTheLimit(t *testing.T) {
+	ctx := context.Background()
+	m := forkManager(t, ManagerOptions{})
+	const limit = 320 << 20
+	parent, err := m.Create(ctx, CreateOptions{Owner: "alice", Limits: jail.Limits{Memory: limit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := parent.Session
+	if _, err := ps.Resources(); err != nil {
+		t.Skipf("no cgroup measures the session (%v): RLIMIT_DATA counts the mappings", err)
+	}
+	mustOK(t, runCode(t, ps, "import numpy as np\na1 = np.full(100 << 17, 1.0)  # 100 MiB"))
+	fork := func() {
+		t.Helper()
+		kids, _, err := m.Fork(ctx, "alice", parent.ID(), ForkOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids[0].Close()
+		ps.remapWait()
+	}
+	fork()
+	first := ps.remap.bytes.Load()
+	if first < 90<<20 {
+		t.Fatalf("the first fork remapped %d bytes, want a1's 100 MiB", first)
+	}
+	// Fill the room the remap freed: the charge now nears the limit, and
+	// with a1's mapped pages the session holds more than it.
+	u, err := ps.Resources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := (limit - u.Memory - 40<<20) / 8
+	if room < 60<<17 {
+		t.Fatalf("%d bytes charged after the remap: no room to fill", u.Memory)
+	}
+	mustOK(t, runCode(t, ps, fmt.Sprintf("a2 = np.full(%d, 2.0)", room)))
+	fork()
+	if got := ps.remap.bytes.Load(); got != first {
+		u, _ := ps.Resources()
+		t.Errorf("remapped %d more bytes with %d charged and %d mapped, limit %d", got-first, u.Memory, ps.remap.last.Load().MappedBytes, limit)
+	}
+	if got := textOf(t, ps, "float(a1.sum() + a2[0])"); got != "13107202.0" { // 100 << 17 ones, and a 2
+		t.Errorf("values after the forks: %s", got)
+	}
+}
+
+// The export cache keeps a chain only within its bound: more bytes in its
+// files than that empty it, and the next fork starts a new chain.
+func TestExportCacheBound(t *testing.T) {
+	var bases []kernel.StateBase
+	for i, size := range []int64{3 << 20, 5 << 20} {
+		f, err := kernel.NewStateFile("bound")
+		if err != nil {
+			t.Skip(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		bases = append(bases, kernel.StateBase{Serial: uint64(i + 1), File: f})
+	}
+	var c exportCache
+	defer c.close()
+	for _, tc := range []struct {
+		bound int64
+		kept  int
+	}{{0, 2}, {8 << 20, 2}, {8<<20 - 1, 0}, {1 << 30, 2}} {
+		c.keep(bases, tc.bound)
+		got := c.get()
+		closeBases(got)
+		if len(got) != tc.kept {
+			t.Errorf("bound %d: %d files kept, want %d", tc.bound, len(got), tc.kept)
+		}
 	}
 }
