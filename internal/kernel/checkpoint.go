@@ -27,6 +27,21 @@ var (
 	ErrNoCheckpoint = errors.New("no such checkpoint")
 )
 
+// LostError is a checkpoint that is gone (errors.Is ErrCheckpointGone)
+// because its copy could not be made: the kernel announces a checkpoint
+// before it forks the copy (kernel.py checkpoint), and the fork failed.
+type LostError struct {
+	ID  int
+	Why string // "cannot fork the kernel: ..."
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("checkpoint %d is gone: its copy of the kernel could not be made (%s)", e.ID, e.Why)
+}
+
+// Is makes a LostError an ErrCheckpointGone.
+func (e *LostError) Is(target error) bool { return target == ErrCheckpointGone }
+
 // CheckpointInfo describes a checkpoint.
 type CheckpointInfo struct {
 	ID             int      // assigned by the kernel, increasing from 1
@@ -639,6 +654,8 @@ func (ev *wireEvent) info() *CheckpointInfo {
 
 func (ev *wireEvent) checkpointErr(id int) error {
 	switch {
+	case ev.Gone && ev.Why != "":
+		return &LostError{ID: id, Why: ev.Why}
 	case ev.Gone:
 		return fmt.Errorf("checkpoint %d: %w", id, ErrCheckpointGone)
 	case ev.Reason == fmt.Sprintf("no checkpoint %d", id):

@@ -846,3 +846,45 @@ func TestFresh(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint is announced before its copy is forked (no other thread:
+// nothing runs in between). A fork that then fails (here the session's
+// process limit) leaves the checkpoint gone, with the reason, and the
+// kernel serving.
+func TestCheckpointLostAfterReply(t *testing.T) {
+	k := startJailed(t, jail.Limits{Pids: 24})
+	ctx := context.Background()
+	execOK(t, k, `import subprocess
+procs = []
+try:
+    while len(procs) < 64:
+        procs.append(subprocess.Popen(['sleep', '600']))
+except OSError:
+    pass
+print(len(procs))`)
+	cp, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint at the process limit: %v, want it announced", err)
+	}
+	var lost *LostError
+	if _, err := k.Restore(ctx, cp.ID); !errors.As(err, &lost) || !errors.Is(err, ErrCheckpointGone) || !strings.Contains(lost.Why, "cannot fork the kernel") {
+		t.Fatalf("restore of a checkpoint whose copy could not be made: %v, want a LostError saying why", err)
+	}
+	if got := execOK(t, k, "for p in procs: p.kill(); p.wait()\nprint('alive')"); got != "alive" {
+		t.Fatalf("the live kernel after a lost checkpoint: %q", got)
+	}
+	if err := k.DropCheckpoint(ctx, cp.ID); err != nil {
+		t.Fatalf("drop of a lost checkpoint: %v", err)
+	}
+	cp2, err := k.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, k, "x = 1")
+	if _, err := k.Restore(ctx, cp2.ID); err != nil {
+		t.Fatalf("a checkpoint after the limit was freed: %v", err)
+	}
+	if got := execOK(t, k, "print('x' in globals())"); got != "False" {
+		t.Fatalf("after the restore, x defined: %s", got)
+	}
+}

@@ -7,7 +7,16 @@
 // A checkpoint is a dormant fork of the kernel process, inside the
 // session's own jail. Checkpoint asks kernel.py to fork: the child keeps the
 // parent's memory copy-on-write and blocks on a socket of its own (it never
-// reads the request pipe); the parent answers and goes on. The child is in
+// reads the request pipe); the parent goes on. Where the kernel has no
+// other thread it answers first and forks right after, before it reads
+// the next request: nothing can change its memory in between, so the copy
+// is of the moment of the answer, and the fork's few milliseconds (page
+// tables) are spent while the host goes on (the workspace's copy, the
+// caller's next step), not on the checkpoint's reply; a request sent at
+// once waits for the fork. If that fork fails (the session's process
+// limit, out of memory), the checkpoint is reported gone at its restore,
+// with the reason (LostError). With threads the fork comes first and the
+// answer after, as a failure to fork is then an error of Checkpoint. The child is in
 // the session's cgroup, so the memory it holds is charged to the session:
 // at first almost nothing (the page tables), then every page the live
 // kernel writes after the checkpoint, which the checkpoint keeps the old

@@ -134,6 +134,7 @@ type wireEvent struct {
 	ID        int              `json:"id"`
 	Reason    string           `json:"reason"` // why the request failed
 	Gone      bool             `json:"gone"`   // the checkpoint's process has died
+	Why       string           `json:"why"`    // why a gone checkpoint's copy was never made
 	Threads   []string         `json:"threads"`
 	Processes []string         `json:"processes"`
 	Memory    map[string]int64 `json:"memory"`

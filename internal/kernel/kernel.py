@@ -680,6 +680,7 @@ class _CP:
     ctl_w = -1
     reap = []  # dropped checkpoints that may be our children
     former = set()  # old live kernels, perhaps still exiting: not the user's processes
+    lost = {}  # id -> why its copy could not be made (a fork after the reply failed)
 
 
 def _ensure_ctl():
@@ -798,7 +799,15 @@ def _reap_dropped():
 
 def checkpoint(ns):
     """Takes a checkpoint: forks a dormant copy of this process. In the copy
-    this returns when the checkpoint is restored, as the live kernel."""
+    this returns when the checkpoint is restored, as the live kernel.
+
+    Without other threads the reply goes first and the fork right after,
+    before the next request is read: nothing can change this process in
+    between (no other thread, no cell), so the copy is of the moment of the
+    reply, and the host's next request waits for the fork instead of the
+    checkpoint's caller. A fork that fails then leaves the checkpoint gone
+    (its socket reads as closed, as for a copy the OOM killer took), with
+    the reason kept for the restore that finds it so."""
     _reap_dropped()
     if len(_CP.table) >= MAX_CHECKPOINTS:
         _reply({"type": "checkpoint", "reason": "too many checkpoints (at most %d): drop some first" % MAX_CHECKPOINTS})
@@ -806,6 +815,11 @@ def checkpoint(ns):
     threads, procs = _threads_now(), _processes_now()
     _ensure_ctl()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    cp = _Checkpoint()
+    cp.id, cp.pid, cp.sock, cp.count, cp.threads, cp.processes = _CP.next_id, 0, ours, S.count, threads, procs
+    early = not threads and threading.active_count() == 1
+    if early:
+        _reply(cp.info("checkpoint"))
     with S.lock:  # no thread is in the middle of an event while we fork
         try:
             pid = _fork_keeping_state()
@@ -816,18 +830,25 @@ def checkpoint(ns):
             ours.close()
             if threads:
                 _fresh_streams()
-            _dormant(ns, theirs, _CP.next_id)  # returns when restored
+            _dormant(ns, theirs, cp.id)  # returns when restored
             return
     theirs.close()
     if pid < 0:
+        why = "cannot fork the kernel: %s" % (err.strerror or err)
+        if not early:
+            ours.close()
+            _reply({"type": "checkpoint", "reason": why})
+            return
+        # Already announced: kept, gone, until restored or dropped.
         ours.close()
-        _reply({"type": "checkpoint", "reason": "cannot fork the kernel: %s" % (err.strerror or err)})
-        return
-    cp = _Checkpoint()
-    cp.id, cp.pid, cp.sock, cp.count, cp.threads, cp.processes = _CP.next_id, pid, ours, S.count, threads, procs
+        cp.sock, peer = socket.socketpair()
+        peer.close()
+        _CP.lost[cp.id] = why
+    cp.pid = max(pid, 0)
     _CP.next_id += 1
     _CP.table[cp.id] = cp
-    _reply(cp.info("checkpoint"))
+    if not early:
+        _reply(cp.info("checkpoint"))
 
 
 def _fresh_streams():
@@ -989,6 +1010,7 @@ def _wake(req, fds):
     _CP.next_id = max(_CP.next_id, int(req.get("next_id") or 0))
     _CP.reap = []
     _CP.former = set(req.get("former") or ())
+    _CP.lost = {int(k): v for k, v in (req.get("lost") or {}).items()}
     pid = os.getpid()
     S.tag = req.get("tag") or 0
     # What belongs to the process, not to its memory: its own peak reset
@@ -1018,7 +1040,7 @@ def restore(req):
         _reply({"type": "restore", "id": cid, "reason": "no checkpoint %d" % cid})
         return
     if _gone(cp):
-        _reply({"type": "restore", "id": cid, "gone": True})  # kept until dropped
+        _reply({"type": "restore", "id": cid, "gone": True, "why": _CP.lost.get(cid, "")})  # kept until dropped
         return
     _ensure_ctl()
     first = os.getpid() == S.first_pid
@@ -1030,7 +1052,7 @@ def restore(req):
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     order = list(_CP.table.values())
-    msg = {"op": "wake", "id": cid, "drop": bool(req.get("drop")), "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
+    msg = {"op": "wake", "id": cid, "drop": bool(req.get("drop")), "tag": S.tag, "next_id": _CP.next_id, "former": sorted(_CP.former | {os.getpid()}), "lost": {str(k): v for k, v in _CP.lost.items()}, "pending": base64.b64encode(bytes(S.req.buf)).decode("ascii"),
            "table": [{"id": c.id, "pid": c.pid, "execution_count": c.count, "threads": c.threads, "processes": c.processes} for c in order]}
     S.lock.acquire()  # kept to the end on success: our threads send no more events
     try:
@@ -1098,8 +1120,10 @@ def _take_back(saved):
 
 def _forget(cp):
     _CP.table.pop(cp.id, None)
+    _CP.lost.pop(cp.id, None)
     cp.sock.close()
-    _CP.reap.append(cp.pid)
+    if cp.pid > 0:
+        _CP.reap.append(cp.pid)
 
 
 def drop_checkpoint(req):

@@ -637,6 +637,10 @@ func (s *Session) restore(ctx context.Context, r *cpRecord, from string, drop bo
 	if err != nil && perr == nil {
 		prep.Abort()
 	}
+	if lost := (*lostCheckpoint)(nil); errors.As(err, &lost) {
+		s.drop(ctx, kc, r)
+		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel could not be made after it was taken (%s); it is deleted", r.ID, lost.Why)}
+	}
 	if errors.Is(err, errCheckpointGone) {
 		s.drop(ctx, kc, r)
 		return nil, &notFoundError{fmt.Sprintf("checkpoint %s is gone: its copy of the kernel was killed (most likely by the out-of-memory killer: the session's memory limit counts what checkpoints hold)", r.ID)}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/zygote"
 )
@@ -352,6 +353,37 @@ assert dead(dormant[0])
 	}
 	if got := textOf(t, s, "v_a, open('/workspace/after.txt').read()"); got != "(2, 'kept')" {
 		t.Errorf("after the failed restore: %s", got)
+	}
+}
+
+// A checkpoint is answered before the kernel's copy is forked; when that
+// fork then fails (here the session's process limit), its restore says so
+// and why, the checkpoint is forgotten, and the session goes on.
+func TestCheckpointLost(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t, Options{Limits: jail.Limits{Pids: 24}})
+	mustOK(t, runCode(t, s, `import subprocess
+v_a = 1
+procs = []
+try:
+    while len(procs) < 64:
+        procs.append(subprocess.Popen(['sleep', '600']))
+except OSError:
+    pass`))
+	cp, err := s.Checkpoint(ctx, "full")
+	if err != nil {
+		t.Fatalf("checkpoint at the process limit: %v, want it taken", err)
+	}
+	mustOK(t, runCode(t, s, "for p in procs: p.kill(); p.wait()\nv_a = 2"))
+	_, err = s.RestoreCheckpoint(ctx, cp.ID)
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "could not be made") || !strings.Contains(err.Error(), "cannot fork the kernel") {
+		t.Fatalf("restore of a checkpoint whose copy failed: %v", err)
+	}
+	if cps := s.Checkpoints(); len(cps) != 0 {
+		t.Errorf("the lost checkpoint is still listed: %+v", cps)
+	}
+	if got := textOf(t, s, "v_a"); got != "2" {
+		t.Errorf("after the failed restore: v_a = %s", got)
 	}
 }
 

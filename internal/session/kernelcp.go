@@ -35,6 +35,9 @@ type (
 // errCheckpointGone: the kernel's copy of a checkpoint died (the OOM killer).
 var errCheckpointGone = kernel.ErrCheckpointGone
 
+// lostCheckpoint is a checkpoint whose copy was never made (kernel.LostError).
+type lostCheckpoint = kernel.LostError
+
 // checkpointsOf returns k's checkpoint API.
 func checkpointsOf(k *kernel.Kernel) kernelCheckpoints { return k }
 
