@@ -81,6 +81,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench Burst100 -benchtime 1x ./client
 	$(GO) test -run '^$$' -bench SparesPerSecond -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench CreateImportPandas -benchtime 10x ./internal/zygote
+	$(GO) test -run '^$$' -bench SequentialCreates -benchtime 4x ./internal/session
 	$(GO) test -run '^$$' -bench IdleMemory -benchtime 1x ./internal/zygote
 	$(GO) test -run '^$$' -bench PauseResume -benchtime 50x ./internal/zygote
 	SANDLOOP_BENCH_SESSIONS=500 $(GO) test -run '^$$' -bench PausedSessions -benchtime 1x ./internal/zygote

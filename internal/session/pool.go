@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -24,7 +25,10 @@ import (
 //     pooled kernel, first come first served; its ctx ends its wait;
 //   - while anyone waits, poolLoop starts up to PoolParallel kernels at
 //     once, with no delay; when nobody waits it refills RefillDelay after
-//     the last take, up to half of PoolParallel at once;
+//     the last take, up to half of PoolParallel at once, or at once if
+//     fewer than half the target are ready or starting (refillNow: steady
+//     creates, one after another faster than RefillDelay, would else
+//     empty the pool, and the next create would wait for a whole start);
 //   - the pool's target is the larger of two demands: the arrival rate
 //     (takes in the last poolRateWindow: twice the arrivals during one
 //     kernel's start) and the largest burst seen (the most takes within
@@ -325,6 +329,22 @@ func memAvailable() int64 {
 	return 1 << 62
 }
 
+// refillNow says whether the pool, below its target with nobody waiting,
+// starts kernels now rather than RefillDelay after the last take: when the
+// delay has passed (idle), or when fewer than half the target are ready or
+// starting. The target is twice the arrivals during one kernel's start
+// (poolTargetLocked), so below half of it the pool would be empty before a
+// kernel started now is ready; waiting for a pause in steady creates (one
+// every few milliseconds never leaves RefillDelay free) would let it run
+// dry and each create then wait for a whole start.
+func refillNow(ready, running, target int, sinceTake, delay time.Duration) bool {
+	return sinceTake >= delay || (!noLowWater.Load() && 2*(ready+running) < target)
+}
+
+// noLowWater, if set (by benchmarks: the baseline), refills a pool nobody
+// waits for only RefillDelay after the last take, however low it is.
+var noLowWater atomic.Bool
+
 // poolLoopFair keeps the pool at its target: at once and in parallel
 // while creates wait, one at a time RefillDelay after a take otherwise.
 func (m *Manager) poolLoopFair() {
@@ -413,6 +433,7 @@ func (m *Manager) poolLoopFair() {
 			missing = 0
 		}
 		closed := m.closed
+		ready := len(m.pool)
 		sinceTake := now.Sub(m.fair.lastTake)
 		recheck := m.shrinkRecheckLocked(now)
 		m.mu.Unlock()
@@ -436,8 +457,8 @@ func (m *Manager) poolLoopFair() {
 			m.mu.Unlock()
 		case waiting > 0:
 			n = min(missing, m.opts.PoolParallel-running)
-		case missing > 0 && sinceTake >= m.opts.RefillDelay:
-			n = min(missing, idlePar-running) // idle: fewer at once
+		case missing > 0 && refillNow(ready, running, target, sinceTake, m.opts.RefillDelay):
+			n = min(missing, idlePar-running) // nobody waits: fewer at once
 		case missing > 0 && running == 0:
 			arm(m.opts.RefillDelay - sinceTake)
 		case missing <= 0 && running == 0 && recheck > 0:

@@ -142,3 +142,28 @@ func TestRecentMemAvailableRereadsWhenOld(t *testing.T) {
 		t.Errorf("MemAvailable read again: %d", a)
 	}
 }
+
+// Below its target with nobody waiting, the pool refills after the delay,
+// or at once when fewer than half the target are ready or starting.
+func TestRefillNow(t *testing.T) {
+	const delay = 250 * time.Millisecond
+	for _, c := range []struct {
+		ready, running, target int
+		since                  time.Duration
+		want                   bool
+	}{
+		{1, 0, 2, 10 * time.Millisecond, false}, // the default pool, one taken: after the delay
+		{1, 0, 2, 300 * time.Millisecond, true}, // idle past the delay
+		{0, 0, 2, 10 * time.Millisecond, true},  // empty: at once
+		{0, 1, 2, 10 * time.Millisecond, false}, // one already starting
+		{3, 0, 8, 5 * time.Millisecond, true},   // steady creates drained it below half
+		{4, 0, 8, 5 * time.Millisecond, false},  // half left: the delay still applies
+		{2, 2, 8, 5 * time.Millisecond, false},  // half ready or starting
+		{0, 0, 1, 5 * time.Millisecond, true},   // a pool of one, taken
+		{1, 0, 1, 5 * time.Millisecond, false},  // full
+	} {
+		if got := refillNow(c.ready, c.running, c.target, c.since, delay); got != c.want {
+			t.Errorf("refillNow(ready %d, running %d, target %d, %v since the last take) = %v, want %v", c.ready, c.running, c.target, c.since, got, c.want)
+		}
+	}
+}
