@@ -370,6 +370,10 @@ try:
         procs.append(subprocess.Popen(['sleep', '600']))
 except OSError:
     pass`))
+	if textOf(t, s, "len(procs)") == "64" {
+		mustOK(t, runCode(t, s, "for p in procs: p.kill(); p.wait()"))
+		t.Skip("the session's process limit is not enforced here")
+	}
 	cp, err := s.Checkpoint(ctx, "full")
 	if err != nil {
 		t.Fatalf("checkpoint at the process limit: %v, want it taken", err)
