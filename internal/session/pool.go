@@ -26,9 +26,10 @@ import (
 //   - while anyone waits, poolLoop starts up to PoolParallel kernels at
 //     once, with no delay; when nobody waits it refills RefillDelay after
 //     the last take, up to half of PoolParallel at once, or at once if
-//     fewer than half the target are ready or starting (refillNow: steady
-//     creates, one after another faster than RefillDelay, would else
-//     empty the pool, and the next create would wait for a whole start);
+//     fewer than half of what the arrival rate needs are ready or starting
+//     (refillNow: steady creates, one after another faster than
+//     RefillDelay, would else empty the pool, and the next create would
+//     wait for a whole start);
 //   - the pool's target is the larger of two demands: the arrival rate
 //     (takes in the last poolRateWindow: twice the arrivals during one
 //     kernel's start) and the largest burst seen (the most takes within
@@ -213,17 +214,7 @@ func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
 	case m.opts.FixedPool:
 		return PoolTarget{m.opts.PoolSize, "the pool size (fixed pool)"}
 	}
-	n := 0
-	for _, t := range m.fair.takes {
-		if now.Sub(t) <= poolRateWindow {
-			n++
-		}
-	}
-	st := m.fair.startTime
-	if st == 0 {
-		st = 100 * time.Millisecond
-	}
-	want := int(float64(n)/poolRateWindow.Seconds()*st.Seconds()*2) + 1
+	n, want := m.rateWantLocked(now)
 	why := fmt.Sprintf("the arrival rate (%d creates in the last %v)", n, poolRateWindow)
 	if p := m.peakLocked(now); p.n > 0 && p.n >= want {
 		want = p.n
@@ -250,6 +241,22 @@ func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
 		return PoolTarget{m.opts.PoolSize, "the pool size (--pool): " + why}
 	}
 	return PoolTarget{want, why}
+}
+
+// rateWantLocked is the arrival rate's demand on the pool: n takes in the
+// last poolRateWindow, and twice the arrivals during one kernel's start
+// (plus one); m.mu is held.
+func (m *Manager) rateWantLocked(now time.Time) (n, want int) {
+	for _, t := range m.fair.takes {
+		if now.Sub(t) <= poolRateWindow {
+			n++
+		}
+	}
+	st := m.fair.startTime
+	if st == 0 {
+		st = 100 * time.Millisecond
+	}
+	return n, int(float64(n)/poolRateWindow.Seconds()*st.Seconds()*2) + 1
 }
 
 // poolCap is a bound on the pool's target.
@@ -331,14 +338,17 @@ func memAvailable() int64 {
 
 // refillNow says whether the pool, below its target with nobody waiting,
 // starts kernels now rather than RefillDelay after the last take: when the
-// delay has passed (idle), or when fewer than half the target are ready or
-// starting. The target is twice the arrivals during one kernel's start
-// (poolTargetLocked), so below half of it the pool would be empty before a
-// kernel started now is ready; waiting for a pause in steady creates (one
-// every few milliseconds never leaves RefillDelay free) would let it run
-// dry and each create then wait for a whole start.
-func refillNow(ready, running, target int, sinceTake, delay time.Duration) bool {
-	return sinceTake >= delay || (!noLowWater.Load() && 2*(ready+running) < target)
+// delay has passed (idle), or when fewer than half of low are ready or
+// starting. low is the arrival rate's demand (twice the arrivals during one
+// kernel's start: rateWantLocked), at least PoolSize and at most the
+// target, so below half of it the pool would be empty before a kernel
+// started now is ready; waiting for a pause in steady creates (one every
+// few milliseconds never leaves RefillDelay free) would let it run dry and
+// each create then wait for a whole start. It is not the target itself: a
+// burst served from kernels kept for it (a remembered burst's) leaves the
+// refill until after it, as before, and does not compete with it.
+func refillNow(ready, running, low int, sinceTake, delay time.Duration) bool {
+	return sinceTake >= delay || (!noLowWater.Load() && 2*(ready+running) < low)
 }
 
 // noLowWater, if set (by benchmarks: the baseline), refills a pool nobody
@@ -424,6 +434,8 @@ func (m *Manager) poolLoopFair() {
 		now := time.Now()
 		waiting := len(m.fair.waiters)
 		target := m.poolTargetLocked(now).N
+		_, rate := m.rateWantLocked(now)
+		low := min(max(rate, m.opts.PoolSize), target) // refillNow's mark
 		missing := waiting + target - len(m.pool) - running
 		var shrink []*Session
 		if waiting == 0 && len(m.pool) > target && now.Sub(m.fair.lastTake) >= m.opts.PoolIdleShrink {
@@ -457,7 +469,7 @@ func (m *Manager) poolLoopFair() {
 			m.mu.Unlock()
 		case waiting > 0:
 			n = min(missing, m.opts.PoolParallel-running)
-		case missing > 0 && refillNow(ready, running, target, sinceTake, m.opts.RefillDelay):
+		case missing > 0 && refillNow(ready, running, low, sinceTake, m.opts.RefillDelay):
 			n = min(missing, idlePar-running) // nobody waits: fewer at once
 		case missing > 0 && running == 0:
 			arm(m.opts.RefillDelay - sinceTake)

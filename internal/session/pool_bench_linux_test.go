@@ -15,8 +15,9 @@ import (
 
 // BenchmarkSequentialCreates creates sessions one after another, each
 // running `1+1` and closed at once, at most one every 15 ms (ComputeSDK's
-// sequential method, in process, at its pace here), with the pool refilled at once below half its target (now)
-// and, alternately in the same run, only RefillDelay after the last take
+// sequential method, in process, at its pace here), with the pool refilled
+// at once below half what the arrival rate needs (now) and, alternately
+// in the same run, only RefillDelay after the last take
 // (before: steady creates never leave that delay free, so the pool runs
 // dry and creates wait for whole starts). It reports both distributions
 // and how many creates waited for a kernel's start.
@@ -94,6 +95,6 @@ func BenchmarkSequentialCreates(b *testing.B) {
 	b.ReportMetric(float64(q(now, 0.5).Microseconds())/1e3, "p50-ms")
 	b.ReportMetric(float64(q(now, 0.99).Microseconds())/1e3, "p99-ms")
 	b.ReportMetric(float64(q(before, 0.99).Microseconds())/1e3, "before-p99-ms")
-	b.Logf("load average: %s; %d sequential create + 1+1 (+ delete) per round: now (refilled below half the target) p50 %v, p95 %v, p99 %v, %d of %d waited for a kernel's start (create > %v); before (refilled only after the delay) p50 %v, p95 %v, p99 %v, %d of %d waited; ratio p99 before/now %.2f",
+	b.Logf("load average: %s; %d sequential create + 1+1 (+ delete) per round: now (refilled at once below half what the arrival rate needs) p50 %v, p95 %v, p99 %v, %d of %d waited for a kernel's start (create > %v); before (refilled only after the delay) p50 %v, p95 %v, p99 %v, %d of %d waited; ratio p99 before/now %.2f",
 		strings.TrimSpace(string(load)), n, q(now, 0.5), q(now, 0.95), q(now, 0.99), emptyNow, len(now), waited, q(before, 0.5), q(before, 0.95), q(before, 0.99), emptyBefore, len(before), float64(q(before, 0.99))/float64(q(now, 0.99)))
 }

@@ -144,13 +144,14 @@ func TestRecentMemAvailableRereadsWhenOld(t *testing.T) {
 }
 
 // Below its target with nobody waiting, the pool refills after the delay,
-// or at once when fewer than half the target are ready or starting.
+// or at once when fewer than half of what the arrival rate needs (low) are
+// ready or starting.
 func TestRefillNow(t *testing.T) {
 	const delay = 250 * time.Millisecond
 	for _, c := range []struct {
-		ready, running, target int
-		since                  time.Duration
-		want                   bool
+		ready, running, low int
+		since               time.Duration
+		want                bool
 	}{
 		{1, 0, 2, 10 * time.Millisecond, false}, // the default pool, one taken: after the delay
 		{1, 0, 2, 300 * time.Millisecond, true}, // idle past the delay
@@ -162,8 +163,8 @@ func TestRefillNow(t *testing.T) {
 		{0, 0, 1, 5 * time.Millisecond, true},   // a pool of one, taken
 		{1, 0, 1, 5 * time.Millisecond, false},  // full
 	} {
-		if got := refillNow(c.ready, c.running, c.target, c.since, delay); got != c.want {
-			t.Errorf("refillNow(ready %d, running %d, target %d, %v since the last take) = %v, want %v", c.ready, c.running, c.target, c.since, got, c.want)
+		if got := refillNow(c.ready, c.running, c.low, c.since, delay); got != c.want {
+			t.Errorf("refillNow(ready %d, running %d, low %d, %v since the last take) = %v, want %v", c.ready, c.running, c.low, c.since, got, c.want)
 		}
 	}
 }
