@@ -27,8 +27,8 @@ type sessionsFlags struct {
 func newSessionsCmd() *cobra.Command {
 	var f sessionsFlags
 	cmd := &cobra.Command{
-		Use:   "sessions [ls|checkpoint|checkpoints|restore|undo|fork|pause|resume|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
-		Short: "The sessions of a running server: checkpoints, undo, fork, pause and resume, snapshots, hibernation",
+		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
+		Short: "The sessions of a running server: create, run code, checkpoints, undo, fork, pause and resume, snapshots, hibernation",
 		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
 The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
 --token (or SANDLOOP_TOKEN), the same token the sessions were created with: another
@@ -216,7 +216,9 @@ token's sessions are not found.`,
 			})
 		},
 	}
-	cmd.AddCommand(ls, checkpoint, checkpoints, restore, undo, fork, pause, resume, snap, snaps, dropSnap, hibernate)
+	cmd.AddCommand(ls)
+	cmd.AddCommand(sessionUseCmds(&f)...)
+	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, snap, snaps, dropSnap, hibernate)
 	return cmd
 }
 
@@ -224,6 +226,12 @@ token's sessions are not found.`,
 // with --json (call prints the human form itself). The server's refusals
 // of bad input (400, 404) exit 2, as usage errors do.
 func withClient(cmd *cobra.Command, f *sessionsFlags, call func(context.Context, *client.Client) (any, error)) error {
+	return withClientFor(cmd, f, 5*time.Minute, call)
+}
+
+// withClientFor is withClient with the call bounded by d (0: by the
+// command's context only).
+func withClientFor(cmd *cobra.Command, f *sessionsFlags, d time.Duration, call func(context.Context, *client.Client) (any, error)) error {
 	token := f.token
 	if token == "" {
 		token = strings.TrimSpace(os.Getenv("SANDLOOP_TOKEN"))
@@ -234,7 +242,10 @@ func withClient(cmd *cobra.Command, f *sessionsFlags, call func(context.Context,
 	if err != nil {
 		return usagef("--url: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+	ctx, cancel := context.WithCancel(cmd.Context())
+	if d > 0 {
+		ctx, cancel = context.WithTimeout(cmd.Context(), d)
+	}
 	defer cancel()
 	out, err := call(ctx, c)
 	if err != nil {

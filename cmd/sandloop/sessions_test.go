@@ -16,18 +16,7 @@ import (
 // form and --json, with the exit codes of bad input.
 func TestSessionsCLI(t *testing.T) {
 	const token = "cli-token-aaaaaaaaaaaa"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := host.New(context.Background(), ln, &host.Config{Tokens: []string{token}, MaxSessions: 8})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	go h.Serve(context.Background())
-	t.Cleanup(func() { h.Close() })
-	url := h.URL()
+	url := cliServer(t, token)
 	ctx := context.Background()
 	c, _ := client.New(url, &client.Options{Token: token})
 	s, err := c.CreateSession(ctx, &client.CreateOptions{Checkpoints: "auto"})
@@ -44,10 +33,7 @@ func TestSessionsCLI(t *testing.T) {
 	}
 	cli := func(want int, args ...string) string {
 		t.Helper()
-		code, out, errOut := sandloop(t, "", append([]string{"sessions", "--url", url}, args...)...)
-		if code != want {
-			t.Fatalf("sessions %v: exit %d, want %d\nstdout %s\nstderr %s", args, code, want, out, errOut)
-		}
+		out, errOut := sessionsCLI(t, url, "", want, args...)
 		return out + errOut
 	}
 	t.Setenv("SANDLOOP_TOKEN", token)
@@ -143,5 +129,94 @@ func TestServeCheckpointsFlag(t *testing.T) {
 	}
 	if code, _, errOut := sandloop(t, "", "serve", "--checkpoints", "always"); code != 2 || !strings.Contains(errOut, "--checkpoints") {
 		t.Errorf("serve --checkpoints always: exit %d %s", code, errOut)
+	}
+}
+
+// cliServer starts a server (internal/host, as serve runs it) that takes
+// token, and returns its URL.
+func cliServer(t *testing.T, token string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := host.New(context.Background(), ln, &host.Config{Tokens: []string{token}, MaxSessions: 8})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	go h.Serve(context.Background())
+	t.Cleanup(func() { h.Close() })
+	return h.URL()
+}
+
+// sessionsCLI runs `sandloop sessions --url URL ARGS` with stdin and
+// wants exit code want; it returns stdout and stderr.
+func sessionsCLI(t *testing.T, url, stdin string, want int, args ...string) (string, string) {
+	t.Helper()
+	code, out, errOut := sandloop(t, stdin, append([]string{"sessions", "--url", url}, args...)...)
+	if code != want {
+		t.Fatalf("sessions %v: exit %d, want %d\nstdout %s\nstderr %s", args, code, want, out, errOut)
+	}
+	return out, errOut
+}
+
+// sandloop sessions new, exec and rm: a session made, used cell after
+// cell (inline and from stdin), its errors and timeouts as exit codes,
+// a fork's child used the same way, and the sessions closed.
+func TestSessionsCLIUse(t *testing.T) {
+	const token = "cli-token-cccccccccccc"
+	url := cliServer(t, token)
+	t.Setenv("SANDLOOP_TOKEN", token)
+	cli := func(stdin string, want int, args ...string) (string, string) {
+		t.Helper()
+		return sessionsCLI(t, url, stdin, want, args...)
+	}
+	out, _ := cli("", 0, "new", "--checkpoints", "auto", "--memory", "256M", "--env", "GREETING=hi")
+	id := strings.TrimSpace(out)
+	if id == "" || strings.ContainsAny(id, " \n") {
+		t.Fatalf("new printed %q, want one id", out)
+	}
+	if out, _ := cli("", 0, "exec", id, "-c", "import os\nx = 41\nprint(os.environ['GREETING'])"); out != "hi\n" {
+		t.Errorf("exec -c: stdout %q", out)
+	}
+	if out, _ := cli("x + 1\n", 0, "exec", id); out != "42\n" {
+		t.Errorf("exec from stdin: stdout %q, want the last expression's value", out)
+	}
+	if out, errOut := cli("", 1, "exec", id, "-c", "import sys\nprint('before', file=sys.stderr)\n1/0"); out != "" || !strings.Contains(errOut, "before") || !strings.Contains(errOut, "ZeroDivisionError") {
+		t.Errorf("a raising cell: stdout %q, stderr %q", out, errOut)
+	}
+	if _, errOut := cli("", 124, "exec", id, "-c", "import time\ntime.sleep(30)", "--timeout", "1s"); !strings.Contains(errOut, "timed out") {
+		t.Errorf("a timed-out cell: stderr %q", errOut)
+	}
+	if out, _ := cli("", 0, "exec", id, "-c", "x", "--json"); !strings.Contains(out, `"status": "ok"`) || !strings.Contains(out, `"text/plain": "41"`) {
+		t.Errorf("exec --json: %s", out)
+	}
+	if out, _ := cli("", 0, "undo", id); !strings.Contains(out, "restored from undo") {
+		t.Errorf("undo: %s", out)
+	}
+	out, _ = cli("", 0, "fork", id)
+	kid := strings.TrimSpace(out)
+	if out, _ := cli("", 0, "exec", kid, "-c", "x * 2"); out != "82\n" {
+		t.Errorf("exec in the fork: %q", out)
+	}
+	// Bad input: exit 2 with the reason.
+	if _, errOut := cli("", 2, "exec", "no-such-session", "-c", "1"); !strings.Contains(errOut, "not found") {
+		t.Errorf("exec in an unknown session: %s", errOut)
+	}
+	if _, errOut := cli("", 2, "new", "--checkpoints", "sometimes"); !strings.Contains(errOut, "auto or off") {
+		t.Errorf("new --checkpoints sometimes: %s", errOut)
+	}
+	if _, errOut := cli("", 2, "new", "--memory", "64G"); !strings.Contains(errOut, "maximum") {
+		t.Errorf("new --memory 64G: %s", errOut)
+	}
+	if out, _ := cli("", 0, "rm", id, kid); out != id+" deleted\n"+kid+" deleted\n" {
+		t.Errorf("rm: %q", out)
+	}
+	if _, errOut := cli("", 2, "rm", id); !strings.Contains(errOut, "not found") {
+		t.Errorf("rm of a deleted session: %s", errOut)
+	}
+	if out, errOut := cli("", 0, "ls"); strings.Contains(out, id) || !strings.Contains(errOut, "no sessions") {
+		t.Errorf("ls after rm: %s %s", out, errOut)
 	}
 }
