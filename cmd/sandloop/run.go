@@ -93,14 +93,12 @@ func newExecCmd() *cobra.Command {
 		Short: "Run Python code given inline or on stdin in a fresh sandbox",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("code") {
-				b, err := io.ReadAll(cmd.InOrStdin())
-				if err != nil {
-					return fmt.Errorf("read code from stdin: %w", err)
-				}
-				code = string(b)
-			} else {
+			if cmd.Flags().Changed("code") {
 				s.stdin = cmd.InOrStdin()
+			}
+			code, err := codeOrStdin(cmd, code)
+			if err != nil {
+				return err
 			}
 			return s.run(cmd, []string{"python3", "-c", code}, nil)
 		},
@@ -108,6 +106,19 @@ func newExecCmd() *cobra.Command {
 	cmd.Flags().StringVarP(&code, "code", "c", "", "the code to run (default: read stdin)")
 	s.register(cmd)
 	return cmd
+}
+
+// codeOrStdin is code if the command's --code flag was given, else all of
+// its stdin.
+func codeOrStdin(cmd *cobra.Command, code string) (string, error) {
+	if cmd.Flags().Changed("code") {
+		return code, nil
+	}
+	b, err := io.ReadAll(cmd.InOrStdin())
+	if err != nil {
+		return "", fmt.Errorf("read code from stdin: %w", err)
+	}
+	return string(b), nil
 }
 
 // run prepares a workspace, runs argv in a jail streaming its output, and

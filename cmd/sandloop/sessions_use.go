@@ -84,12 +84,9 @@ traceback to stderr); the value of a last expression is printed as the REPL woul
 session keeps its state), 137 if the kernel died (the session must be restarted).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("code") {
-				b, err := io.ReadAll(cmd.InOrStdin())
-				if err != nil {
-					return fmt.Errorf("read code from stdin: %w", err)
-				}
-				code = string(b)
+			code, err := codeOrStdin(cmd, code)
+			if err != nil {
+				return err
 			}
 			if execTimeout < 0 {
 				return usagef("--timeout must not be negative")
@@ -102,7 +99,7 @@ session keeps its state), 137 if the kernel died (the session must be restarted)
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cmd.SetContext(ctx)
-			err := withClientFor(cmd, f, 0, func(ctx context.Context, c *client.Client) (any, error) {
+			err = withClientFor(cmd, f, 0, func(ctx context.Context, c *client.Client) (any, error) {
 				var err error
 				if f.json {
 					res, err = c.Execute(ctx, args[0], code, eo)

@@ -160,18 +160,7 @@ func BenchmarkCheckpointSpaced(b *testing.B) {
 // ratio, and how long the parent's cells waited during a fork.
 func BenchmarkFork(b *testing.B) {
 	ctx := context.Background()
-	o := ManagerOptions{Defaults: benchLimits, Max: benchLimits, MaxSessions: 32}
-	how := "cold"
-	if zygote.Supported() == nil {
-		z, err := zygote.New(ctx, &zygote.Options{Modules: []string{"pandas", "numpy"}, Env: KernelEnv(), Spares: 2})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { z.Close() })
-		o.Zygote, how = z, "zygote-forked"
-	}
-	m := NewManager(&o)
-	b.Cleanup(func() { m.Close() })
+	m, how := benchManager(b, ManagerOptions{Defaults: benchLimits, Max: benchLimits, MaxSessions: 32})
 	parent, err := m.Create(ctx, CreateOptions{Owner: "b"})
 	if err != nil {
 		b.Fatal(err)
@@ -476,3 +465,20 @@ func medianInt(v []int64) int64 {
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// benchManager is a manager with o, its sessions forked from a pandas
+// template where the zygote runs ("zygote-forked"), else cold ("cold").
+func benchManager(b *testing.B, o ManagerOptions) (*Manager, string) {
+	how := "cold"
+	if zygote.Supported() == nil {
+		z, err := zygote.New(context.Background(), &zygote.Options{Modules: []string{"pandas", "numpy"}, Env: KernelEnv(), Spares: 2})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { z.Close() })
+		o.Zygote, how = z, "zygote-forked"
+	}
+	m := NewManager(&o)
+	b.Cleanup(func() { m.Close() })
+	return m, how
+}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/testutil"
-	"github.com/sandloop/sandloop/internal/zygote"
 )
 
 // BenchmarkSequentialCreates creates sessions one after another, each
@@ -26,16 +25,7 @@ func BenchmarkSequentialCreates(b *testing.B) {
 	// The rate alone sizes the pool (no remembered burst): each round
 	// starts from the same idle server.
 	o := ManagerOptions{MaxSessions: 64, PoolSize: 2, PoolPeakHold: -1} // serve's pool
-	if zygote.Supported() == nil {
-		z, err := zygote.New(ctx, &zygote.Options{Modules: []string{"pandas", "numpy"}, Env: KernelEnv(), Spares: 2})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { z.Close() })
-		o.Zygote = z
-	}
-	m := NewManager(&o)
-	b.Cleanup(func() { m.Close() })
+	m, _ := benchManager(b, o)
 	b.Cleanup(func() { noLowWater.Store(false) })
 	// One create every 15 ms at most: the pace of ComputeSDK's sequential
 	// loop through E2B's SDK here (create + a command, ~13-16 ms each).
