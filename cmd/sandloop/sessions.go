@@ -292,7 +292,7 @@ func listSessions(cmd *cobra.Command, f *sessionsFlags) error {
 			return nil, nil
 		}
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATE\tSTATUS\tCREATED\tLAST USED\tMEMORY")
+		fmt.Fprintln(tw, "ID\tSTATE\tSTATUS\tCREATED\tLAST USED\tMEMORY LIMIT")
 		for _, s := range list {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d MiB\n", s.ID, cmp.Or(s.State, "running"), s.Status,
 				s.CreatedAt.Local().Format("2006-01-02 15:04:05"), ago(s.LastUsedAt), s.MemoryMB)
