@@ -433,6 +433,11 @@ type Options struct {
 	// huge pages: only the heap and the larger anonymous mappings are
 	// collapsed). SANDLOOP_ZYGOTE_HUGE_PAGES=heap does the same.
 	noArenas bool
+	// pythonLoop keeps the template's loop (a spare for each request) in
+	// Python where the trampoline would run it in C (the benchmarks'
+	// baseline; see "The template's loop"). The environment variable
+	// SANDLOOP_ZYGOTE_LOOP=python does the same for a whole program.
+	pythonLoop bool
 	// refusedHugePages has the template ask for an advice no kernel knows
 	// in MADV_COLLAPSE's stead (tests: an old kernel refuses the same way).
 	refusedHugePages bool

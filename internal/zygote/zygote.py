@@ -631,6 +631,10 @@ class _Trampoline:
         self.call.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                               ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int)]
         self.call.restype = ctypes.c_int
+        self.serve_call = lib.sandloop_serve
+        self.serve_call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                    ctypes.POINTER(ctypes.c_int)]
+        self.serve_call.restype = ctypes.c_int
         self.path = argv[0].encode()
         self.argv = [a.encode() if a is not None else None for a in argv]
         self.why = (ctypes.c_int * 2)()
@@ -649,6 +653,23 @@ class _Trampoline:
             e = self.why[1]
             raise OSError(e, "%s: %s" % (self.STAGES.get(self.why[0], "make the spare"), os.strerror(e)))
         return pid
+
+
+    def serve(self, ctl, pidns, initial):
+        """The template's loop in C (trampoline.c's sandloop_serve): initial
+        spares, then one for each message the host sends on ctl. Returns
+        None in the template when the host has closed ctl; in a kernel
+        (PID 2 of its spare, its parent the small reaper) its socket to the
+        host and its end of the one to its reaper, as descriptors. The
+        template runs no Python meanwhile, so it writes none of the pages
+        its forks share with it (see sandloop_serve)."""
+        argv = list(self.argv)
+        argv[2:5] = [b"-", b"-", b"-"]  # the kernel's PID and the reaper's descriptors, set in C
+        self.serve_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+        kfds = (ctypes.c_int * 2)(-1, -1)
+        if self.serve_call(ctl, pidns, initial, self.path, self.serve_argv, kfds) != 0:
+            return None
+        return kfds[0], kfds[1]
 
 
 # ---------------------------------------------------------------- the template
@@ -866,6 +887,20 @@ def main():
         except Exception as e:
             ctl.send(json.dumps({"error": "spare child: %s: %s" % (type(e).__name__, e)}).encode())
 
+    if C.trampoline and cfg.get("serve_in_c", True) and _threads() == 1 and threading.active_count() == 1:
+        # The loop in C (sandloop_serve), which reaps the children itself.
+        fds = C.trampoline.serve(ctl.fileno(), self_pidns, max(1, int(cfg.get("spares", 1))))
+        if fds is None:
+            return
+        try:
+            # The kernel, PID 2 of its spare's namespaces, its parent the
+            # small reaper. The template's control socket was closed
+            # before its fork: forget it without closing the number.
+            ctl.detach()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _kernel(socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]), kmod)
+        finally:
+            os._exit(127)
     # Children are reaped as they end (a zombie would keep its session's
     # cgroup from being removed).
     signal.signal(signal.SIGCHLD, reap)
