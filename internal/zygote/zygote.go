@@ -438,6 +438,11 @@ type Options struct {
 	// baseline; see "The template's loop"). The environment variable
 	// SANDLOOP_ZYGOTE_LOOP=python does the same for a whole program.
 	pythonLoop bool
+	// allForkHooks has the kernels of the C loop run every after-fork hook
+	// (os.register_at_fork's), those that only reinitialize threads and
+	// locks included (the benchmarks' baseline; see "The template's loop").
+	// SANDLOOP_ZYGOTE_FORK_HOOKS=all does the same for a whole program.
+	allForkHooks bool
 	// refusedHugePages has the template ask for an advice no kernel knows
 	// in MADV_COLLAPSE's stead (tests: an old kernel refuses the same way).
 	refusedHugePages bool

@@ -871,3 +871,34 @@ func TestTemplateKeepsHugePages(t *testing.T) {
 		z.Close()
 	}
 }
+
+// A kernel made by the C loop skips the after-fork hooks that only
+// reinitialize threads and locks (the template has one thread and holds
+// no lock as it forks), but random's reseed still runs, and the kernel's
+// own forks (user code's) run every hook again: a child forked from a
+// thread sees that thread as its main one (threading's hook).
+func TestForkHooksInSession(t *testing.T) {
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv()})
+	a, b := newSession(t, z, session.Options{}), newSession(t, z, session.Options{})
+	ra, rb := out(t, a.Session, "import random; print(random.random())"), out(t, b.Session, "import random; print(random.random())")
+	if ra == rb {
+		t.Errorf("two sessions drew the same random number %s: random was not reseeded", ra)
+	}
+	code := `
+import os, threading
+r, w = os.pipe()
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        ok = threading.main_thread() is threading.current_thread() and len(threading.enumerate()) == 1
+        os.write(w, b"ok" if ok else b"stale")
+        os._exit(0)
+    os.waitpid(pid, 0)
+t = threading.Thread(target=fork)
+t.start()
+t.join()
+print(os.read(r, 10).decode())`
+	if got := out(t, a.Session, code); got != "ok" {
+		t.Errorf("a child forked from a session's thread: threading's state %q, want ok (its after-fork hook)", got)
+	}
+}
