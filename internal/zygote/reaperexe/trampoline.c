@@ -3,7 +3,8 @@
  * template's page tables rather than two.
  *
  * The template (zygote.py) loads it with ctypes.PyDLL (the GIL stays held)
- * and calls sandloop_spare from make_spare. It:
+ * and calls sandloop_serve, its loop in C (below), once; sandloop_spare
+ * (make_spare's, where the loop stays in Python) makes one spare. It:
  *
  *   - runs the interpreter's before-fork work (PyOS_BeforeFork, whose
  *     address zygote.py passes in) and blocks every signal;
