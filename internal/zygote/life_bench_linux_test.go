@@ -20,7 +20,9 @@ import (
 // spare (create, a cell, close: $SANDLOOP_BENCH_SESSIONS, default 40; the
 // cell is `1+1` or $SANDLOOP_BENCH_CODE) from a template with its
 // anonymous memory collapsed into huge pages (the default) and from
-// one without, in turn in the same run, and reports the python3 CPU and
+// one without, and with the template's loop in Python rather than in C
+// (the trampoline's sandloop_serve), and with every after-fork hook run
+// in its kernels, in turn in the same run, and reports the python3 CPU and
 // minor faults per session over the sessions' whole lives, their exits
 // included: the template's own CPU (schedstat) and each session's
 // (its cgroup's cpuacct.usage just before the host removes it; the spare
@@ -37,7 +39,8 @@ func BenchmarkSessionLife(b *testing.B) {
 	kinds := []struct {
 		name string
 		opts Options
-	}{{"small-pages", Options{noHugePages: true}}, {"huge-heap", Options{noArenas: true}}, {"huge-pages", Options{}}}
+	}{{"small-pages", Options{noHugePages: true}}, {"huge-heap", Options{noArenas: true}}, {"huge-pages", Options{}},
+		{"python-loop", Options{pythonLoop: true}}, {"all-fork-hooks", Options{allForkHooks: true}}}
 	type cost struct{ cpu, faults []float64 }
 	costs := make([]cost, len(kinds))
 	measure := func(k int) {
@@ -116,11 +119,13 @@ func BenchmarkSessionLife(b *testing.B) {
 		b.ReportMetric(med(costs[k].faults), kind.name+"-faults")
 	}
 	b.ReportMetric(med(costs[2].cpu)/med(costs[0].cpu), "huge/small-CPU")
+	b.ReportMetric(med(costs[2].cpu)/med(costs[3].cpu), "C/python-loop-CPU")
+	b.ReportMetric(med(costs[2].cpu)/med(costs[4].cpu), "trimmed/all-fork-hooks-CPU")
 	b.ReportMetric(0, "ns/op")
 	load, _ := os.ReadFile("/proc/loadavg")
-	b.Logf("per session (medians of %d runs of %d, `%s`): small pages %.2f ms, %.0f faults; the heap in huge pages %.2f ms, %.0f faults; the heap and the arenas %.2f ms, %.0f faults; load %s",
+	b.Logf("per session (medians of %d runs of %d, `%s`): small pages %.2f ms, %.0f faults; the heap in huge pages %.2f ms, %.0f faults; the heap and the arenas %.2f ms, %.0f faults; the same with the template's loop in Python %.2f ms, %.0f faults; every after-fork hook run %.2f ms, %.0f faults; load %s",
 		b.N, n, code, med(costs[0].cpu), med(costs[0].faults), med(costs[1].cpu), med(costs[1].faults),
-		med(costs[2].cpu), med(costs[2].faults), strings.TrimSpace(string(load)))
+		med(costs[2].cpu), med(costs[2].faults), med(costs[3].cpu), med(costs[3].faults), med(costs[4].cpu), med(costs[4].faults), strings.TrimSpace(string(load)))
 }
 
 // settle waits until the template's spares are armed and it has reaped

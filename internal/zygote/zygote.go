@@ -217,12 +217,51 @@
 //     (=heap: without the arenas' region), for baselines. malloc_trim
 //     frees nothing (the Python objects fill their arenas: 0.3 of 36 MiB
 //     free).
+//   - The template's loop (done): the template made each spare in
+//     Python (two socket pairs, the trampoline's call, a JSON message),
+//     and that Python wrote, at every spare, the pages of the objects it
+//     touched (reference counts, the allocator's pools, the at-fork hooks'
+//     lists) while earlier spares and their sessions shared them: each
+//     write copied 4 KiB in the template (~140 faults per spare) and
+//     split the huge page it lay in there for good (its AnonHugePages
+//     fell from 54 to 24-28 MiB within its first spares). Where the
+//     trampoline is loaded the loop is now C (trampoline.c's
+//     sandloop_serve, called once: it returns only in a kernel, or when
+//     the host closes the control socket; it reaps the template's
+//     children itself): the template writes only its stack and the
+//     trampoline's variables and keeps every huge page
+//     (TestTemplateKeepsHugePages). Its side of the interpreter's fork
+//     work (PyOS_BeforeFork, PyOS_AfterFork_Parent: the import lock and
+//     the before/after_in_parent hooks, which guard against other threads
+//     holding locks) is left out: it has one thread, checked before the
+//     loop, and waits in C. For the same reason its kernels skip the
+//     after-fork hooks that only reinitialize threads and locks
+//     (threading's _after_fork, logging's locks, a lock's
+//     _at_fork_reinit: zygote.py's _lock_hooks), ~110 of the ~410 pages
+//     an armed spare's kernel copied (~70 of ~770 after its first `1+1`,
+//     the rest touched later anyway), and put the list back for their own
+//     forks (TestForkHooksInSession); random's reseed still runs.
+//     Splitting the ranges the old loop split on purpose (its first spare
+//     made in Python) cost more than keeping them whole (7.84 against
+//     7.18 ms in BenchmarkSessionLife, 5 × 100 sessions, load 6-7): a
+//     kernel's own split of a range it writes is cheaper than copying the
+//     range's 512 entries at every fork and dropping them at every exit.
+//     Measured in BenchmarkSessionLife (python3 CPU over each session's
+//     life, medians of 5 runs of 100 sessions, the kinds in turn):
+//     6.91 ms against 7.43 with the loop in Python and 7.42 with every
+//     hook run (load 3-5); 7.18 against 8.92 and 8.02 (load 6-7).
+//     bench/load -mode sustain: docs/benchmarks.md, "The template's loop".
 //   - Faults: any Python that runs after a fork first writes ~130 pages
-//     (the interpreter's state, the allocator's pools), os.fork's hooks
-//     ~110 more in the kernel (threading's); the rest are the objects the
-//     kernel touches (~490 through the trampoline) and the template's own
-//     Python per spare (~140, pages it shares with earlier spares' kernels).
-//     gc.freeze already keeps the collector off the template's objects.
+//     (the interpreter's state, the allocator's pools); the rest are the
+//     objects the kernel touches. A kernel through the C loop copies ~300
+//     of the template's pages until it is armed, ~590 once kernel.py
+//     runs, ~700 after its first `1+1` (by mapping: ~470 in the object
+//     arenas, ~125 in the heap, ~100 the interpreter's own data; counted
+//     by scripts/cowdiff.py, which compares the kernel's pages with the
+//     template's); ~360 of the arenas' and the heap's ~600 have one or
+//     two words changed, mostly reference counts: objects spread over
+//     the template's memory, one write each. gc.freeze already keeps the collector off the
+//     template's objects.
 //   - Namespaces, mounts and the filter (~2 ms together) are the jail.
 //
 // At ~15 ms of python3 CPU and ~3 ms of Go per session, a burst of 100
@@ -433,6 +472,16 @@ type Options struct {
 	// huge pages: only the heap and the larger anonymous mappings are
 	// collapsed). SANDLOOP_ZYGOTE_HUGE_PAGES=heap does the same.
 	noArenas bool
+	// pythonLoop keeps the template's loop (a spare for each request) in
+	// Python where the trampoline would run it in C (the benchmarks'
+	// baseline; see "The template's loop"). The environment variable
+	// SANDLOOP_ZYGOTE_LOOP=python does the same for a whole program.
+	pythonLoop bool
+	// allForkHooks has the kernels of the C loop run every after-fork hook
+	// (os.register_at_fork's), those that only reinitialize threads and
+	// locks included (the benchmarks' baseline; see "The template's loop").
+	// SANDLOOP_ZYGOTE_FORK_HOOKS=all does the same for a whole program.
+	allForkHooks bool
 	// refusedHugePages has the template ask for an advice no kernel knows
 	// in MADV_COLLAPSE's stead (tests: an old kernel refuses the same way).
 	refusedHugePages bool

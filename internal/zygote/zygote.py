@@ -116,6 +116,7 @@ class Config:
     reaper_delay = 5.0  # seconds after the take before the reaper executes it
     reaper_spare = None  # its arguments as a spare's whole reaper (see _proc_plan)
     trampoline = None  # the _Trampoline, if the host placed it and it loaded
+    fork_hooks = None  # see _lock_hooks
 
 
 C = Config()
@@ -631,6 +632,10 @@ class _Trampoline:
         self.call.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                               ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int)]
         self.call.restype = ctypes.c_int
+        self.serve_call = lib.sandloop_serve
+        self.serve_call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                    ctypes.POINTER(ctypes.c_int)]
+        self.serve_call.restype = ctypes.c_int
         self.path = argv[0].encode()
         self.argv = [a.encode() if a is not None else None for a in argv]
         self.why = (ctypes.c_int * 2)()
@@ -649,6 +654,23 @@ class _Trampoline:
             e = self.why[1]
             raise OSError(e, "%s: %s" % (self.STAGES.get(self.why[0], "make the spare"), os.strerror(e)))
         return pid
+
+
+    def serve(self, ctl, pidns, initial):
+        """The template's loop in C (trampoline.c's sandloop_serve): initial
+        spares, then one for each message the host sends on ctl. Returns
+        None in the template when the host has closed ctl; in a kernel
+        (PID 2 of its spare, its parent the small reaper) its socket to the
+        host and its end of the one to its reaper, as descriptors. The
+        template runs no Python meanwhile, so it writes none of the pages
+        its forks share with it (see sandloop_serve)."""
+        argv = list(self.argv)
+        argv[2:5] = [b"-", b"-", b"-"]  # the kernel's PID and the reaper's descriptors, set in C
+        self.serve_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+        kfds = (ctypes.c_int * 2)(-1, -1)
+        if self.serve_call(ctl, pidns, initial, self.path, self.serve_argv, kfds) != 0:
+            return None
+        return kfds[0], kfds[1]
 
 
 # ---------------------------------------------------------------- the template
@@ -735,6 +757,37 @@ def _threads():
     return len(os.listdir("/proc/self/task"))
 
 
+def _lock_hooks():
+    """The interpreter's list of after-fork hooks for the child
+    (os.register_at_fork's after_in_child) and the same list without the
+    hooks that only make a forked child's threading state and locks sound
+    when the parent had other threads or held a lock as it forked:
+    threading's _after_fork, logging's reinit of its locks, and any lock's
+    _at_fork_reinit (concurrent.futures'). Random's reseed and any hook not
+    known here are kept. None if the list is not found or the template has
+    had a thread other than its main one. For sandloop_serve's forks: the
+    template then holds no lock (it waits in C) and has one thread, so
+    those hooks change nothing in its kernels but cost each ~200 copied
+    pages (the Python they run touches objects all over the template's
+    memory). Called before gc.freeze (get_referrers skips frozen objects)."""
+    if threading.active_count() != 1 or len(getattr(threading, "_dangling", ())) > 1:
+        return None
+    lists = [o for o in gc.get_referrers(threading._after_fork) if type(o) is list]
+    if len(lists) != 1:
+        return None
+    hooks = lists[0]
+    logging = sys.modules.get("logging")
+    lock_reinit = getattr(logging, "_after_at_fork_child_reinit_locks", None)
+    locks = (type(threading.Lock()), type(threading.RLock()))
+
+    def needed(h):
+        if h is threading._after_fork or (lock_reinit is not None and h is lock_reinit):
+            return False
+        return not (getattr(h, "__name__", "") == "_at_fork_reinit" and type(getattr(h, "__self__", None)) in locks)
+
+    return hooks, [h for h in hooks if needed(h)]
+
+
 def main():
     ctl = socket.socket(fileno=3)
     cfg = json.loads(ctl.recv(1 << 20))
@@ -787,6 +840,8 @@ def main():
     # Objects that exist now are never collected: the collector does not
     # walk (and so copy) their pages in every child.
     gc.collect()
+    # (Found before the freeze: the collector's search skips frozen objects.)
+    C.fork_hooks = _lock_hooks() if C.trampoline and cfg.get("trim_fork_hooks", True) else None
     gc.freeze()
     huge = _huge_pages(int(cfg.get("huge_pages_advice") or 25)) if cfg.get("huge_pages") else ""
     ctl.send(json.dumps({"ready": not errors, "errors": errors, "trampoline": trampoline_error, "huge_pages": huge}).encode())
@@ -866,6 +921,30 @@ def main():
         except Exception as e:
             ctl.send(json.dumps({"error": "spare child: %s: %s" % (type(e).__name__, e)}).encode())
 
+    if C.trampoline and cfg.get("serve_in_c", True) and _threads() == 1 and threading.active_count() == 1:
+        # The loop in C (sandloop_serve), which reaps the children itself;
+        # its kernels skip the after-fork hooks that only reinitialize
+        # threads and locks (see _lock_hooks), and put them back for their
+        # own forks.
+        found = C.fork_hooks
+        if found:
+            hooks, needed = found
+            every = list(hooks)
+            hooks[:] = needed
+        fds = C.trampoline.serve(ctl.fileno(), self_pidns, max(1, int(cfg.get("spares", 1))))
+        if fds is None:
+            return
+        try:
+            if found:
+                hooks[:] = every
+            # The kernel, PID 2 of its spare's namespaces, its parent the
+            # small reaper. The template's control socket was closed
+            # before its fork: forget it without closing the number.
+            ctl.detach()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _kernel(socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]), kmod)
+        finally:
+            os._exit(127)
     # Children are reaped as they end (a zombie would keep its session's
     # cgroup from being removed).
     signal.signal(signal.SIGCHLD, reap)

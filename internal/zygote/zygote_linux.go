@@ -124,7 +124,9 @@ func New(ctx context.Context, opts *Options) (*Zygote, error) {
 	config := map[string]any{"modules": z.opts.Modules, "filter": filter, "masked": masked, "readonly": ro, "spares": z.opts.Spares,
 		"reaper_delay": cmp.Or(z.opts.reaperDelay, defaultReaperDelay).Seconds(), "reaper_spare": z.opts.earlyReaper,
 		"trampoline": useTrampoline(&z.opts), "huge_pages": useHugePages(&z.opts),
-		"arenas": !z.opts.noArenas && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "heap"}
+		"arenas":          !z.opts.noArenas && os.Getenv("SANDLOOP_ZYGOTE_HUGE_PAGES") != "heap",
+		"serve_in_c":      !z.opts.pythonLoop && os.Getenv("SANDLOOP_ZYGOTE_LOOP") != "python",
+		"trim_fork_hooks": !z.opts.allForkHooks && os.Getenv("SANDLOOP_ZYGOTE_FORK_HOOKS") != "all"}
 	if z.opts.refusedHugePages {
 		config["huge_pages_advice"] = 999
 	}

@@ -831,3 +831,74 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// The template's loop runs in C (trampoline.c's sandloop_serve): making
+// spares while earlier ones and their sessions share its pages writes none
+// of them, so every range it collapsed stays a huge page (its loop in
+// Python split about half of them at its first spares, for good).
+func TestTemplateKeepsHugePages(t *testing.T) {
+	if _, why := trampolineProgram(); why != "" {
+		t.Skip("no trampoline: ", why)
+	}
+	for _, python := range []bool{false, true} {
+		z := newZygoteWith(t, &Options{Env: session.KernelEnv(), Spares: 2, pythonLoop: python})
+		z.mu.Lock()
+		huge := z.cur.huge
+		z.mu.Unlock()
+		var done, tried int
+		if _, err := fmt.Sscanf(huge, "%d of %d ranges", &done, &tried); err != nil || done == 0 {
+			t.Skipf("this kernel collapses none: %s", huge)
+		}
+		var open []forked
+		for range 6 {
+			s := newSession(t, z, session.Options{})
+			if got := out(t, s.Session, "print(1+1)"); got != "2" {
+				t.Fatalf("1+1 printed %q", got)
+			}
+			open = append(open, s)
+		}
+		for _, s := range open {
+			s.Close()
+		}
+		z.armedSparePids(t)
+		rollup := readFile(fmt.Sprintf("/proc/%d/smaps_rollup", z.Pid()))
+		kb, _ := strconv.Atoi(strings.Fields(statusField(rollup, "AnonHugePages") + " 0")[0])
+		if python {
+			t.Logf("the loop in Python: %d of %d KiB collapsed still huge after 6 sessions", kb, done*2048)
+		} else if kb < done*2048 {
+			t.Errorf("the template's AnonHugePages %d KiB after 6 sessions, want the %d KiB it collapsed (%s)", kb, done*2048, huge)
+		}
+		z.Close()
+	}
+}
+
+// A kernel made by the C loop skips the after-fork hooks that only
+// reinitialize threads and locks (the template has one thread and holds
+// no lock as it forks), but random's reseed still runs, and the kernel's
+// own forks (user code's) run every hook again: a child forked from a
+// thread sees that thread as its main one (threading's hook).
+func TestForkHooksInSession(t *testing.T) {
+	z := newZygoteWith(t, &Options{Modules: light, Env: session.KernelEnv()})
+	a, b := newSession(t, z, session.Options{}), newSession(t, z, session.Options{})
+	ra, rb := out(t, a.Session, "import random; print(random.random())"), out(t, b.Session, "import random; print(random.random())")
+	if ra == rb {
+		t.Errorf("two sessions drew the same random number %s: random was not reseeded", ra)
+	}
+	code := `
+import os, threading
+r, w = os.pipe()
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        ok = threading.main_thread() is threading.current_thread() and len(threading.enumerate()) == 1
+        os.write(w, b"ok" if ok else b"stale")
+        os._exit(0)
+    os.waitpid(pid, 0)
+t = threading.Thread(target=fork)
+t.start()
+t.join()
+print(os.read(r, 10).decode())`
+	if got := out(t, a.Session, code); got != "ok" {
+		t.Errorf("a child forked from a session's thread: threading's state %q, want ok (its after-fork hook)", got)
+	}
+}

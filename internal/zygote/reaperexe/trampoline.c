@@ -3,7 +3,8 @@
  * template's page tables rather than two.
  *
  * The template (zygote.py) loads it with ctypes.PyDLL (the GIL stays held)
- * and calls sandloop_spare from make_spare. It:
+ * and calls sandloop_serve, its loop in C (below), once; sandloop_spare
+ * (make_spare's, where the loop stays in Python) makes one spare. It:
  *
  *   - runs the interpreter's before-fork work (PyOS_BeforeFork, whose
  *     address zygote.py passes in) and blocks every signal;
@@ -151,11 +152,21 @@ static void rseq_again(void) {
  * left for the kernel's PID. Returns the reaper's PID in the template, 0
  * in the kernel, or -1 in the template with why[0] the stage (STAGE_*) and
  * why[1] the errno. */
+static int spare(const int *close_fds, int nclose, int sock, int reaper_fd, const char *path, char **argv, int *why, int hooks);
+
 int sandloop_spare(const int *close_fds, int nclose, int sock, int reaper_fd, const char *path, char **argv, int *why) {
+	return spare(close_fds, nclose, sock, reaper_fd, path, argv, why, 1);
+}
+
+/* spare is sandloop_spare; without hooks the template's side of the
+ * interpreter's fork work (PyOS_BeforeFork, PyOS_AfterFork_Parent) is
+ * left out (sandloop_serve), the kernel's (PyOS_AfterFork_Child) never. */
+static int spare(const int *close_fds, int nclose, int sock, int reaper_fd, const char *path, char **argv, int *why, int hooks) {
 	struct call c = {close_fds, nclose, {sock, reaper_fd}, path, argv};
 	sigset_t all;
 	why[0] = why[1] = 0;
-	before_fork();
+	if (hooks)
+		before_fork();
 	sigfillset(&all);
 	set_mask(&all, &saved_mask);
 	child_stage = child_errno = 0;
@@ -171,7 +182,8 @@ int sandloop_spare(const int *close_fds, int nclose, int sock, int reaper_fd, co
 			CLONE_VM | CLONE_VFORK | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD, &c);
 	int e = errno;
 	set_mask(&saved_mask, NULL);
-	after_parent();
+	if (hooks)
+		after_parent();
 	if (pid < 0) {
 		why[0] = STAGE_CLONE;
 		why[1] = e;
@@ -184,6 +196,148 @@ int sandloop_spare(const int *close_fds, int nclose, int sock, int reaper_fd, co
 		return -1;
 	}
 	return pid;
+}
+
+/*
+ * sandloop_serve is the template's loop, in C: for each message the host
+ * sends on ctl (and initial times at first) it makes a spare as
+ * make_spare_trampoline did in Python (two socket pairs, the spare,
+ * '{"spare": PID}' and the host's end of the spare's socket sent back) and
+ * never returns to Python in the template. A fork of the template shares
+ * its pages until either writes them; the Python loop wrote, at every
+ * spare, the pages of every object it touched (its reference counts, the
+ * allocator's pools, the at-fork hooks' lists) while earlier spares and
+ * kernels shared them: each write copied 4 KiB in the template and split
+ * the 2 MiB page it lay in there for good (about half of its huge pages
+ * after its first spares), and every later fork copied 512 entries for
+ * each split page, every exit dropped them. Here the template writes only
+ * its stack and this object's own variables. The interpreter's fork work
+ * on the template's side (PyOS_BeforeFork, PyOS_AfterFork_Parent: the
+ * import lock and the at-fork hooks registered with before= and
+ * after_in_parent=, which guard against other threads holding locks) is
+ * left out: zygote.py checks the template has no other thread before it
+ * calls this, and nothing here starts one. The kernel runs
+ * PyOS_AfterFork_Child as before (os.fork's child work: threading's,
+ * random's reseed, the locks).
+ *
+ * Returns 0 in a kernel, with kfds[0] its socket to the host and kfds[1]
+ * its end of the socket to its reaper, SIGCHLD's handler as it was; 1 in
+ * the template when the host has closed ctl (or it failed: the template
+ * then exits, and the host starts another).
+ */
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+static void reap(int sig) {
+	(void)sig;
+	int e = errno;
+	while (waitpid(-1, NULL, WNOHANG) > 0)
+		;
+	errno = e;
+}
+
+static char *serve_argv[64];
+static char serve_fds[2][16];
+static int serve_why[2];
+
+static const char *const stage_name[] = {"make the spare", "clone the spare", "fork the kernel", "the reaper's descriptors", "execute the small reaper"};
+
+static int send_msg(int ctl, const char *msg, int fd) {
+	struct iovec iov = {(void *)msg, strlen(msg)};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		memset(&u, 0, sizeof u);
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof u.buf;
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		h->cmsg_level = SOL_SOCKET;
+		h->cmsg_type = SCM_RIGHTS;
+		h->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(h), &fd, sizeof(int));
+	}
+	return sendmsg(ctl, &m, MSG_NOSIGNAL) < 0 ? -1 : 0;
+}
+
+int sandloop_serve(int ctl, int pidns, int initial, const char *path, char *const *argv, int *kfds) {
+	int n = 0;
+	while (argv[n] && n < 63) {
+		serve_argv[n] = argv[n];
+		n++;
+	}
+	serve_argv[n] = NULL;
+	serve_argv[3] = serve_fds[0];
+	serve_argv[4] = serve_fds[1];
+	struct sigaction sa = {.sa_handler = reap, .sa_flags = SA_RESTART | SA_NOCLDSTOP}, old;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, &old);
+	reap(SIGCHLD); /* children that ended before */
+	for (int more = initial;; more = 0) {
+		if (more <= 0) {
+			char buf[64];
+			ssize_t r = recv(ctl, buf, sizeof buf, 0);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+		}
+		for (int k = more > 0 ? more : 1; k > 0; k--) {
+			int ours[2], rk[2];
+			char msg[256];
+			if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ours) != 0) {
+				snprintf(msg, sizeof msg, "{\"error\": \"spare child: OSError: socketpair: %s\"}", strerror(errno));
+				if (send_msg(ctl, msg, -1) != 0)
+					goto done;
+				continue;
+			}
+			if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rk) != 0) {
+				snprintf(msg, sizeof msg, "{\"error\": \"spare child: OSError: socketpair: %s\"}", strerror(errno));
+				close(ours[0]);
+				close(ours[1]);
+				if (send_msg(ctl, msg, -1) != 0)
+					goto done;
+				continue;
+			}
+			int one = 1;
+			setsockopt(ours[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
+			/* ours[0] the host's end, ours[1] the spare's; rk[0] the
+			 * reaper's end, rk[1] the kernel's. */
+			snprintf(serve_fds[0], sizeof serve_fds[0], "%d", ours[1]);
+			snprintf(serve_fds[1], sizeof serve_fds[1], "%d", rk[0]);
+			int close_fds[3] = {ctl, ours[0], pidns};
+			int pid = spare(close_fds, 3, ours[1], rk[0], path, serve_argv, serve_why, 0);
+			if (pid == 0) {
+				/* The kernel. */
+				close(rk[0]);
+				kfds[0] = ours[1];
+				kfds[1] = rk[1];
+				sigaction(SIGCHLD, &old, NULL);
+				return 0;
+			}
+			int failed;
+			if (pid > 0) {
+				snprintf(msg, sizeof msg, "{\"spare\": %d}", pid);
+				failed = send_msg(ctl, msg, ours[0]);
+			} else {
+				int st = serve_why[0] >= 0 && serve_why[0] <= STAGE_EXEC ? serve_why[0] : 0;
+				snprintf(msg, sizeof msg, "{\"error\": \"spare child: OSError: [Errno %d] %s: %s\"}", serve_why[1], stage_name[st], strerror(serve_why[1]));
+				failed = send_msg(ctl, msg, -1);
+			}
+			close(ours[0]);
+			close(ours[1]);
+			close(rk[0]);
+			close(rk[1]);
+			if (failed)
+				goto done;
+		}
+	}
+done:
+	sigaction(SIGCHLD, &old, NULL);
+	return 1;
 }
 
 /*
