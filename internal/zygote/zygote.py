@@ -767,7 +767,8 @@ def _lock_hooks():
     known here are kept. None if the list is not found or the template has
     had a thread other than its main one. For sandloop_serve's forks: the
     template then holds no lock (it waits in C) and has one thread, so
-    those hooks change nothing in its kernels but cost each ~200 copied
+    those hooks change nothing in its kernels but the main thread's native
+    id (which the kernel sets itself) and cost each ~200 copied
     pages (the Python they run touches objects all over the template's
     memory). Called before gc.freeze (get_referrers skips frozen objects)."""
     if threading.active_count() != 1 or len(getattr(threading, "_dangling", ())) > 1:
@@ -937,6 +938,9 @@ def main():
         try:
             if found:
                 hooks[:] = every
+                # Of threading's skipped hook, what differs in a kernel:
+                # its main thread's native id (the template's otherwise).
+                getattr(threading.main_thread(), "_set_native_id", lambda: None)()
             # The kernel, PID 2 of its spare's namespaces, its parent the
             # small reaper. The template's control socket was closed
             # before its fork: forget it without closing the number.

@@ -884,6 +884,11 @@ func TestForkHooksInSession(t *testing.T) {
 	if ra == rb {
 		t.Errorf("two sessions drew the same random number %s: random was not reseeded", ra)
 	}
+	// The main thread's record is the kernel's own (threading's hook would
+	// have set it; the template's thread id would be a stranger's).
+	if got := out(t, a.Session, "import threading\nm = threading.main_thread()\nprint(m is threading.current_thread(), m.native_id == threading.get_native_id(), m.ident == threading.get_ident())"); got != "True True True" {
+		t.Errorf("a session's main thread: current, native id and ident its own = %s, want True True True", got)
+	}
 	code := `
 import os, threading
 r, w = os.pipe()
