@@ -739,7 +739,11 @@ type restoring struct {
 	skipped  map[string]bool
 	old      map[string]seenFile // what the store last saw (nil: another workspace)
 	seen     map[string]seenFile
-	res      FileRestore
+	// kept holds what prune found of the entries it kept, by path, for
+	// put (one lookup in its directory, not a walk of the whole path
+	// again); each is removed once used.
+	kept map[string]fs.FileInfo
+	res  FileRestore
 }
 
 // prune removes what directory rel (r) holds that the checkpoint does not
@@ -784,6 +788,12 @@ func (rs *restoring) prune(r *os.Root, rel string) error {
 			}
 			rs.res.Removed++
 			continue
+		}
+		if e != nil {
+			if rs.kept == nil {
+				rs.kept = map[string]fs.FileInfo{}
+			}
+			rs.kept[p] = fi
 		}
 		if mode.IsDir() {
 			sub, err := r.OpenRoot(name)
@@ -832,7 +842,13 @@ func (rs *restoring) takePrepared(e *cpEntry) string {
 // put makes entry e as the checkpoint has it.
 func (rs *restoring) put(e *cpEntry) error {
 	root := rs.w.root
-	fi, err := root.Lstat(e.path)
+	fi, ok := rs.kept[e.path]
+	var err error
+	if ok {
+		delete(rs.kept, e.path)
+	} else {
+		fi, err = root.Lstat(e.path)
+	}
 	exists := err == nil
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return mapErr(e.path, err)
