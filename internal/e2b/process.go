@@ -493,6 +493,7 @@ func (h *Handler) waitProcess(sb *sandbox, p *process) {
 	case err != nil:
 		end = &endEvent{ExitCode: -1, Status: "error", Error: err.Error()}
 	case r.Signal != "":
+		h.log.Info("e2b: a command ended by a signal", "sandbox", sb.id, "pid", p.pid, "signal", r.Signal, "timed_out", r.TimedOut, "unreported", r.Unreported)
 		name := strings.ToLower(strings.TrimPrefix(r.Signal, "SIG"))
 		if name == "kill" {
 			name = "killed"

@@ -292,6 +292,9 @@ type Result struct {
 	TimedOut bool
 	// OOMKilled reports that the kernel's OOM killer fired in the group.
 	OOMKilled bool
+	// Unreported: a joined program's end was never reported (the process
+	// that waits for it in the jail ended first); taken as SIGKILL.
+	Unreported bool `json:",omitempty"`
 	// Duration is the wall-clock time from start to end.
 	Duration time.Duration
 	// CPUTime is user+system CPU time of the whole group.

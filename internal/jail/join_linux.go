@@ -793,7 +793,7 @@ func (p *Process) waitJoined(r *Result) {
 		}
 	}
 	if !st.Exited {
-		r.ExitCode, r.Signal = 137, "SIGKILL"
+		r.ExitCode, r.Signal, r.Unreported = 137, "SIGKILL", true
 		return
 	}
 	r.ExitCode = st.ExitCode

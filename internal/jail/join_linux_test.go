@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -207,8 +208,8 @@ func TestJoinKillEndsTheGroup(t *testing.T) {
 	}
 	p.Kill()
 	r, err := p.Wait()
-	if err != nil || r.Signal != "SIGKILL" {
-		t.Fatalf("killed: %+v %v", r, err)
+	if err != nil || r.Signal != "SIGKILL" || r.Unreported {
+		t.Fatalf("killed: %+v %v, want SIGKILL as its waiter reported it", r, err)
 	}
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		if left := append(testutil.PidsWithArg("1001.5"), testutil.PidsWithArg("1002.5")...); len(left) > 0 {
@@ -318,4 +319,45 @@ print('early')`, nil)
 		}
 		return nil
 	})
+}
+
+// A joined program whose waiter (the join program, on the host's side of
+// the jail) dies before it reports the end is taken as killed, and the
+// result says its end was not reported.
+func TestJoinUnreportedEnd(t *testing.T) {
+	a := liveJail(t, "unreported", Limits{})
+	target, err := a.JoinTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	p, err := Start(context.Background(), &Config{Path: "/bin/sleep", Args: []string{"sleep", "1003.5"}, Join: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		pids := testutil.PidsWithArg("1003.5")
+		if len(pids) != 1 {
+			return fmt.Errorf("sleep not started: %v", pids)
+		}
+		pid = pids[0]
+		return nil
+	})
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	st := strings.Fields(readFileString(fmt.Sprintf("/proc/%d/stat", pid)))
+	if len(st) < 4 {
+		t.Fatalf("stat of the program: %v", st)
+	}
+	waiter, _ := strconv.Atoi(st[3])
+	if comm := strings.TrimSpace(readFileString(fmt.Sprintf("/proc/%d/comm", waiter))); !strings.HasPrefix(comm, "sandloop-join") {
+		t.Skipf("the program's parent is %q, not the join program (the join script's path)", comm)
+	}
+	if err := syscall.Kill(waiter, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.Wait()
+	if err != nil || !r.Unreported || r.Signal != "SIGKILL" {
+		t.Fatalf("a program whose waiter died: %+v %v, want Unreported and SIGKILL", r, err)
+	}
 }

@@ -367,6 +367,15 @@ async function bench(n, code) {
 // from Sandbox.create() to the first command's answer (it runs `node -v`;
 // here `python3 -V`, which every sandbox has), sequentially, staggered 200
 // ms apart and in a burst; the sandboxes are killed after, untimed.
+// why says what a failure was: a command's exit code, error and stderr
+// with the error's name (String of a CommandExitError is its name alone).
+function why(e) {
+  if (e && e.name === 'CommandExitError') {
+    return `CommandExitError: exit ${e.exitCode}${e.error ? ` (${e.error})` : ''}, stdout ${JSON.stringify(String(e.stdout).slice(0, 200))}, stderr ${JSON.stringify(String(e.stderr).slice(0, 300))}`
+  }
+  return String(e)
+}
+
 async function computesdk(n, burst) {
   const { Sandbox } = await import('e2b')
   const creates = [] // Sandbox.create() alone, sequentially
@@ -389,7 +398,7 @@ async function computesdk(n, burst) {
   }
   const settled = async (promises) => {
     const rs = await Promise.allSettled(promises)
-    return [rs.filter((r) => r.status === 'fulfilled').map((r) => r.value), rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))]
+    return [rs.filter((r) => r.status === 'fulfilled').map((r) => r.value), rs.filter((r) => r.status === 'rejected').map((r) => why(r.reason))]
   }
   const out = []
   const seq = []
@@ -398,7 +407,7 @@ async function computesdk(n, burst) {
     try {
       seq.push(await one(true))
     } catch (e) {
-      seqFail.push(String(e))
+      seqFail.push(why(e))
     }
   }
   out.push(stats('sequential', seq, seqFail))
@@ -493,7 +502,7 @@ async function burst(n, repeat, pauseMs) {
     const cpu = cpuSince(cpu0)
     const conns = connects - c0
     const ok = rs.filter((r) => r.status === 'fulfilled').map((r) => r.value)
-    const failures = rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason))
+    const failures = rs.filter((r) => r.status === 'rejected').map((r) => why(r.reason))
     await Promise.all(ok.map(([, sbx]) => sbx.kill()))
     const sorted = (i) => ok.map((v) => v[i]).sort((x, y) => x - y)
     const at = (s, p) => (s.length ? s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))] : null)
