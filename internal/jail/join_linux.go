@@ -320,81 +320,6 @@ type joining struct {
 	// What the script and runJoin reported so far (await).
 	joinPid         int
 	prepared, ready bool
-	// child pins the process joinPid named at its report (pinChild):
-	// kill signals it through this pidfd, not by its number, which another
-	// program may hold once the child has ended and been reaped (PIDs
-	// wrap here, and a freed one can be handed out at once). nil once the
-	// join has ended, or if the child was gone by then; noPidfd where
-	// pidfds are refused (kernels before 5.3): kill goes by number there.
-	childMu sync.Mutex
-	child   *os.File
-	noPidfd bool
-}
-
-// pinChild opens a pidfd of the child the script reported as pid, if the
-// process that has that number now is still the script's child (the
-// script forks one, and its own number is the script's until the host
-// waits for it).
-func (j *joining) pinChild(pid int) {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		j.noPidfd = errors.Is(err, unix.ENOSYS)
-		return
-	}
-	if parentOf(pid) != j.cmd.Process.Pid {
-		unix.Close(fd) // gone already: the number is another process's
-		return
-	}
-	j.childMu.Lock()
-	j.child = os.NewFile(uintptr(fd), "pidfd")
-	j.childMu.Unlock()
-}
-
-// killChild kills the pinned child and its process group (its own since
-// its setsid: the group's number stays the child's while it lives).
-func (j *joining) killChild() {
-	j.childMu.Lock()
-	defer j.childMu.Unlock()
-	switch {
-	case j.child != nil:
-		fd := int(j.child.Fd())
-		if unix.PidfdSendSignal(fd, 0, nil, 0) == nil {
-			_ = unix.Kill(-j.joinPid, unix.SIGKILL)
-		}
-		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-	case j.noPidfd && j.joinPid != 0:
-		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
-		_ = unix.Kill(j.joinPid, unix.SIGKILL)
-	}
-}
-
-// unpinChild closes the child's pidfd: the join has ended.
-func (j *joining) unpinChild() {
-	j.childMu.Lock()
-	defer j.childMu.Unlock()
-	if j.child != nil {
-		j.child.Close()
-		j.child = nil
-	}
-}
-
-// parentOf is the parent PID of process pid (0 if it cannot be read).
-func parentOf(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// pid (comm) state ppid ...: comm may hold anything.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
 }
 
 // spawnJoin starts the join program (or, without it, the join script)
@@ -637,7 +562,6 @@ func (j *joining) await(ready bool) error {
 		case st.Pid != 0 && j.joinPid == 0:
 			traceJoin("pid")
 			j.joinPid = st.Pid
-			j.pinChild(st.Pid)
 		case st.Prepared && !j.prepared:
 			j.prepared = true
 		case st.Ready && !j.ready:
@@ -653,7 +577,10 @@ func (j *joining) await(ready bool) error {
 // kill kills the script and its child: the script's group, and the
 // child's once it leads one of its own (runJoin's setsid).
 func (j *joining) kill() {
-	j.killChild()
+	if j.joinPid != 0 {
+		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
+		_ = unix.Kill(j.joinPid, unix.SIGKILL)
+	}
 	_ = unix.Kill(-j.cmd.Process.Pid, unix.SIGKILL)
 	_ = j.cmd.Process.Kill()
 }
@@ -662,7 +589,6 @@ func (j *joining) kill() {
 // ended (a little while: a job it left may hold the pipes for good).
 func (j *joining) wait() (*os.ProcessState, error) {
 	err := j.cmd.Wait()
-	j.unpinChild() // the script reaped its child, or the child was killed before it
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for _, d := range j.outs {
 		t := time.NewTimer(max(time.Until(deadline), 0))
@@ -677,16 +603,18 @@ func (j *joining) wait() (*os.ProcessState, error) {
 }
 
 // abandon kills a join that never started its program and releases it.
-// Its child (runJoin, or a program already executed) is killed, through
-// its pidfd, while it surely lives; the script is then let end by itself:
-// with its configuration closed it reads its end, reaps its child and
-// ends. Killed
+// The script is let end by itself: with its configuration closed, it, or
+// runJoin, reads its end and exits; runJoin (and a program already
+// executed) is killed. The script then reaps its child and ends. Killed
 // first, it would leave its child to the host's init (the reaper of the
 // script's namespace, not the jail's), a zombie that the jail's end then
 // waits for (~1 s here). It is killed only if it has not ended in a while.
 func (j *joining) abandon() {
-	j.killChild() // first: once its configuration is closed it may end, and its number be another's
 	j.cfgW.Close()
+	if j.joinPid != 0 {
+		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
+		_ = unix.Kill(j.joinPid, unix.SIGKILL)
+	}
 	t := time.AfterFunc(2*time.Second, j.kill)
 	defer t.Stop()
 	_, _ = j.wait()

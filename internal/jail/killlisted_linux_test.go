@@ -2,15 +2,11 @@ package jail
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // killListed kills what the list names at both readings, and spares a
@@ -50,63 +46,5 @@ func TestKillListedOnlyWhatIsStillListed(t *testing.T) {
 	}
 	if err := b.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("the process listed only at the first reading was killed: %v", err)
-	}
-}
-
-// A join kills its child through a pidfd taken when the child's PID was
-// reported, and only if the process with that number then was the
-// script's child: a number already another process's is never pinned,
-// and killChild leaves that process alone.
-func TestJoinPinsOnlyTheScriptsChild(t *testing.T) {
-	script := exec.Command("/bin/sh", "-c", "sleep $N & wait")
-	script.Env = append(os.Environ(), "N=1005.5") // not in the script's own arguments
-	if err := script.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { script.Process.Kill(); script.Wait() })
-	var kid int
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		for _, pid := range testutil.PidsWithArg("1005.5") {
-			if parentOf(pid) == script.Process.Pid {
-				kid = pid
-				return nil
-			}
-		}
-		return fmt.Errorf("the script's sleep has not started")
-	})
-	t.Cleanup(func() { syscall.Kill(kid, syscall.SIGKILL) })
-	stranger := exec.Command("sleep", "1006.5")
-	if err := stranger.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stranger.Process.Kill(); stranger.Wait() })
-
-	j := &joining{cmd: script}
-	j.joinPid = stranger.Process.Pid
-	j.pinChild(stranger.Process.Pid)
-	if j.child != nil {
-		t.Fatal("a process that is not the script's child was pinned")
-	}
-	j.killChild()
-	if err := stranger.Process.Signal(syscall.Signal(0)); err != nil {
-		t.Fatalf("killChild killed a stranger: %v", err)
-	}
-
-	j = &joining{cmd: script}
-	j.joinPid = kid
-	j.pinChild(kid)
-	if j.child == nil {
-		t.Fatal("the script's child was not pinned")
-	}
-	j.killChild()
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		if parentOf(kid) == script.Process.Pid {
-			return fmt.Errorf("the script's child still runs")
-		}
-		return nil
-	})
-	j.unpinChild()
-	if j.child != nil {
-		t.Error("the pidfd is still held after unpinChild")
 	}
 }
