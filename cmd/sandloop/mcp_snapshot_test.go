@@ -75,3 +75,63 @@ func TestMCPSnapshotTool(t *testing.T) {
 		t.Errorf("restore of an unknown snapshot: %s", out)
 	}
 }
+
+// A file written with MCP's write_file is a use of the server's session:
+// the next automatic snapshot holds it (before, the tool wrote to the
+// session's directory behind the manager's back, and a session whose last
+// use was a write_file was never written again).
+func TestMCPWriteFileIsAUse(t *testing.T) {
+	ctx := context.Background()
+	d, err := snapshot.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := snapshot.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st, Records: t.TempDir()})
+	t.Cleanup(func() { mgr.Close() })
+	h, err := mcpHandler(mgr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	cl := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
+	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"execute_python", map[string]any{"code": "1"}},
+		{"write_file", map[string]any{"path": "w.txt", "content": "w"}},
+	} {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: c.tool, Arguments: c.args})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %+v", c.tool, err, res)
+		}
+		if n := mgr.SnapshotChanged(ctx, 0); n != 1 {
+			t.Fatalf("after %s: %d automatic snapshots written, want 1", c.tool, n)
+		}
+	}
+	list, err := st.List(ctx, mcpOwner)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("the session's snapshots: %+v, %v", list, err)
+	}
+	man, err := st.Get(ctx, mcpOwner, list[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range man.Files {
+		found = found || f.Path == "w.txt"
+	}
+	if !found {
+		t.Errorf("the automatic snapshot after write_file lacks w.txt: %+v", man.Files)
+	}
+}

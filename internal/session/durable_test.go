@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/testutil"
+	"github.com/sandloop/sandloop/internal/workspace"
 )
 
 // managedRun runs code through the manager's session (a use: Lease).
@@ -152,5 +153,53 @@ func TestWakeByUseIsRecorded(t *testing.T) {
 	}
 	if man.State == nil || !strings.Contains(string(man.State.Manifest), "v_b") {
 		t.Errorf("the automatic snapshot after the wake does not hold v_b: %+v", man.State)
+	}
+}
+
+// TestFilesChangeAfterSnapshotIsWritten: a file written through the
+// session's workspace handle after an automatic snapshot started (the
+// handle was opened before it: a use, which that snapshot counted) makes
+// the session due again, so the next automatic snapshot holds the file and
+// a restore after the processes are lost brings it back. Before, opening
+// the handle was the only use noted: the write after it was lost.
+func TestFilesChangeAfterSnapshotIsWritten(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	records := t.TempDir()
+	o := ManagerOptions{Snapshots: st, Records: records}
+	m := forkManager(t, o)
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := ms.Files(workspace.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after the files were opened, want 1", n)
+	}
+	if _, err := ws.Write("kept.txt", strings.NewReader("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after a file was written, want 1", n)
+	}
+	m.Detach()
+
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(ctx); n != 1 || err != nil {
+		t.Fatalf("restore: %d, %v", n, err)
+	}
+	back, err := m2.Get("alice", ms.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := back.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(back.Workspace(), "kept.txt")); string(b) != "kept" {
+		t.Errorf("kept.txt after the restore: %q, %v", b, err)
 	}
 }

@@ -428,12 +428,21 @@ func (m *Managed) Interrupt() error {
 }
 
 // Files is Session.Files, resuming a paused session first (a request to
-// the session wakes it, whatever it asks).
+// the session wakes it, whatever it asks). Opening it is a use, and so is
+// each change made through it: an automatic snapshot taken between the
+// opening and a write would otherwise count the use without the write.
 func (m *Managed) Files(opts workspace.Options) (*workspace.Workspace, error) {
 	if err := m.Resume(); err != nil {
 		return nil, err
 	}
 	m.markUsed()
+	changed := opts.Changed
+	opts.Changed = func() {
+		m.markUsed()
+		if changed != nil {
+			changed()
+		}
+	}
 	return m.Session.Files(opts)
 }
 

@@ -57,6 +57,7 @@ func (w *Workspace) Readlink(p string) (string, error) {
 // anywhere: the workspace never follows it out), creating p's parents.
 // An existing entry at p is an error.
 func (w *Workspace) Symlink(target, p string) error {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return err
@@ -82,6 +83,7 @@ func (w *Workspace) Symlink(target, p string) error {
 // setgid bits are dropped: nothing restored may gain privileges). A
 // symlink at p is refused rather than followed.
 func (w *Workspace) Chmod(p string, mode fs.FileMode) error {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return err
@@ -99,6 +101,7 @@ func (w *Workspace) Chmod(p string, mode fs.FileMode) error {
 // Chtimes sets the modification (and access) time of file or directory p.
 // A symlink at p is refused rather than followed.
 func (w *Workspace) Chtimes(p string, mtime time.Time) error {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return err
@@ -144,6 +147,7 @@ func (w *Workspace) Bulk() (*Bulk, error) {
 
 // Write is Workspace.Write, counting the usage.
 func (b *Bulk) Write(p string, r io.Reader) (int64, error) {
+	defer b.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return 0, err

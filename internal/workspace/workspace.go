@@ -82,6 +82,12 @@ type Options struct {
 	// MaxTotalBytes) instead of a walk of its files: for an overlay
 	// workspace, whose shared lower files are not its own.
 	Usage func() (int64, error)
+	// Changed, if set, is called after each call that may have changed
+	// the workspace (a write, mkdir, remove, rename, symlink, chmod or
+	// chtimes; failed ones too: one may have changed part), once it
+	// returns: a session's automatic snapshots learn of changes made
+	// through a handle opened before they started.
+	Changed func()
 }
 
 // Workspace is one directory, accessed without ever leaving it.
@@ -108,6 +114,14 @@ func Open(dir string, o *Options) (*Workspace, error) {
 
 // Close releases the workspace's directory handle.
 func (w *Workspace) Close() error { return w.root.Close() }
+
+// changed calls Options.Changed (deferred by each call that may change
+// the workspace).
+func (w *Workspace) changed() {
+	if w.opts.Changed != nil {
+		w.opts.Changed()
+	}
+}
 
 // Clean validates a client-supplied path and returns it relative to the
 // workspace root ("." for the root). Leading slashes are allowed ("/a" is
@@ -261,6 +275,7 @@ func (w *Workspace) ReadFile(p string, max int64) ([]byte, error) {
 // directories. The new content appears atomically; on any error (a size
 // cap included) the old file is left as it was.
 func (w *Workspace) Write(p string, r io.Reader) (int64, error) {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return 0, err
@@ -389,6 +404,7 @@ func (w *Workspace) chown(p string) error {
 
 // Mkdir creates directory p and its parents.
 func (w *Workspace) Mkdir(p string) error {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return err
@@ -404,6 +420,7 @@ var ErrRoot = errors.New(`names the workspace root, not a file or directory in i
 // refused ("", "/", ".", "a/.."): a path that cleans to nothing is far more
 // often a client's bug than a wish to delete everything; Clear does that.
 func (w *Workspace) Remove(p string) error {
+	defer w.changed()
 	rel, err := Clean(p)
 	if err != nil {
 		return err
@@ -419,6 +436,7 @@ func (w *Workspace) Remove(p string) error {
 
 // Clear deletes everything in the workspace, keeping the root.
 func (w *Workspace) Clear() error {
+	defer w.changed()
 	des, err := fs.ReadDir(w.root.FS(), ".")
 	if err != nil {
 		return mapErr(".", err)
@@ -496,6 +514,7 @@ func (w *Workspace) walk(p string, skipDir func(Entry) bool, fn func(Entry) erro
 // Rename moves file or directory src to dst, creating dst's parent
 // directories; a file at dst is replaced.
 func (w *Workspace) Rename(src, dst string) error {
+	defer w.changed()
 	rs, err := Clean(src)
 	if err != nil {
 		return err
