@@ -282,5 +282,9 @@ func (m *Managed) StartCommand(ctx context.Context, c Command) (*jail.Process, e
 		return nil, err
 	}
 	m.markUsed() // a command may change the files: snapshot them again
-	return m.Session.StartCommand(ctx, c)
+	p, err := m.Session.StartCommand(ctx, c)
+	if err == nil {
+		m.commandStarted(p)
+	}
+	return p, err
 }

@@ -91,6 +91,7 @@ type durableState struct {
 	usedAt     time.Time // the first use since snap
 	tried      time.Time // the last automatic snapshot tried
 	gone       bool      // the session was closed: no more writes
+	commands   int       // commands running (StartCommand): in use until they end
 
 	// writing: automatic snapshots holding (or taking) the session's
 	// turn, which a Pause then waits for rather than fail busy.
@@ -195,6 +196,27 @@ func (m *Managed) markUsed() {
 	if first {
 		m.mgr.saveRecord(m)
 	}
+}
+
+// commandStarted notes a command started in the session: it may change
+// the files at any time until it ends (a terminal, a server), so the
+// session stays due for automatic snapshots while it runs, and its end
+// is a use. (The caller waits for p: Done is closed by its Wait.)
+func (m *Managed) commandStarted(p *jail.Process) {
+	d := m.durable
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	d.commands++
+	d.mu.Unlock()
+	go func() {
+		<-p.Done()
+		d.mu.Lock()
+		d.commands--
+		d.mu.Unlock()
+		m.markUsed()
+	}()
 }
 
 // hibernated notes the snapshot ms hibernated to (its record names it;
@@ -351,10 +373,10 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	d.mu.Lock()
 	old := d.snap
 	d.snap, d.at = man.ID, man.CreatedAt
-	if d.uses == uses {
+	if d.uses == uses && d.commands == 0 {
 		d.usedAt = time.Time{}
 	} else {
-		d.usedAt = start // used while it was written
+		d.usedAt = start // used while it was written, or a command runs on
 	}
 	gone := d.gone
 	d.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/workspace"
 )
@@ -201,5 +203,49 @@ func TestFilesChangeAfterSnapshotIsWritten(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(back.Workspace(), "kept.txt")); string(b) != "kept" {
 		t.Errorf("kept.txt after the restore: %q, %v", b, err)
+	}
+}
+
+// TestCommandRunningIsAUse: a command (a terminal, a server) may change
+// the files at any time while it runs: the session stays due for
+// automatic snapshots until it ends, and its end is a use, so the next
+// snapshot holds what it wrote last. Before, only its start was a use: a
+// snapshot taken while it ran was the last.
+func TestCommandRunningIsAUse(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir()})
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, typed := io.Pipe()
+	p, err := ms.StartCommand(ctx, Command{Path: "/bin/sh", Args: []string{"sh", "-c", "read a; echo \"$a\" > /workspace/late.txt"}, Stdin: in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() { p.Wait(); close(ended) }()
+	for i := range 2 {
+		if n := m.SnapshotChanged(ctx, 0); n != 1 {
+			t.Fatalf("snapshot %d while the command runs: %d written, want 1", i+1, n)
+		}
+	}
+	fmt.Fprintln(typed, "late")
+	typed.Close()
+	<-ended
+	// Written again until nothing runs and nothing was used since.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := m.SnapshotChanged(ctx, 0); n != 0 {
+			return fmt.Errorf("%d automatic snapshots written: the session is still due", n)
+		}
+		return nil
+	})
+	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(man.Files, func(f snapshot.File) bool { return f.Path == "late.txt" }) {
+		t.Errorf("the last automatic snapshot lacks late.txt: %+v", man.Files)
 	}
 }
