@@ -242,9 +242,9 @@ func withClientFor(cmd *cobra.Command, f *sessionsFlags, d time.Duration, call f
 	if err != nil {
 		return usagef("--url: %v", err)
 	}
-	ctx, cancel := context.WithCancel(cmd.Context())
+	ctx, cancel := cmd.Context(), context.CancelFunc(func() {})
 	if d > 0 {
-		ctx, cancel = context.WithTimeout(cmd.Context(), d)
+		ctx, cancel = context.WithTimeout(ctx, d)
 	}
 	defer cancel()
 	out, err := call(ctx, c)

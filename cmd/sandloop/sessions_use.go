@@ -84,7 +84,7 @@ traceback to stderr); the value of a last expression is printed as the REPL woul
 session keeps its state), 137 if the kernel died (the session must be restarted).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			code, err := codeOrStdin(cmd, code)
+			src, err := codeOrStdin(cmd, code)
 			if err != nil {
 				return err
 			}
@@ -102,9 +102,9 @@ session keeps its state), 137 if the kernel died (the session must be restarted)
 			err = withClientFor(cmd, f, 0, func(ctx context.Context, c *client.Client) (any, error) {
 				var err error
 				if f.json {
-					res, err = c.Execute(ctx, args[0], code, eo)
+					res, err = c.Execute(ctx, args[0], src, eo)
 				} else {
-					res, err = c.ExecuteStream(ctx, args[0], code, eo, func(e client.Event) {
+					res, err = c.ExecuteStream(ctx, args[0], src, eo, func(e client.Event) {
 						showEvent(cmd.OutOrStdout(), cmd.ErrOrStderr(), e)
 					})
 				}
@@ -117,8 +117,8 @@ session keeps its state), 137 if the kernel died (the session must be restarted)
 				}
 				return err
 			}
-			if code := execExitCode(res.Status); code != 0 {
-				return &exitError{code}
+			if status := execExitCode(res.Status); status != 0 {
+				return &exitError{status}
 			}
 			return nil
 		},

@@ -624,10 +624,9 @@ func (cg *cgroup) kill() {
 }
 
 // killListed sends SIGKILL to the processes a cgroup.procs file lists
-// (procs reads it),
-// never to a stranger. A listed process may end (killed through another
-// hierarchy's list, or by itself) before its signal, and its PID may then
-// be another program's within milliseconds: PIDs wrap here (pid_max
+// (procs reads it), never to a stranger. A listed process may end (killed
+// through another hierarchy's list, or by itself) before its signal, and
+// its PID may then be another program's within milliseconds: PIDs wrap here (pid_max
 // 32768) and a just-freed number is the next one handed out when the
 // allocator is right behind it. So each listed process is first pinned by
 // a pidfd, the list is read again, and only a PID still listed is
