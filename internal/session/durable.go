@@ -92,6 +92,10 @@ type durableState struct {
 	tried      time.Time // the last automatic snapshot tried
 	gone       bool      // the session was closed: no more writes
 	commands   int       // commands running (StartCommand): in use until they end
+	// The sandbox's CPU time when it was last watched (watched; zero:
+	// never), for what runs on in it without a call (backgroundActive).
+	cpu     time.Duration
+	watched time.Time
 
 	// writing: automatic snapshots holding (or taking) the session's
 	// turn, which a Pause then waits for rather than fail busy.
@@ -196,6 +200,44 @@ func (m *Managed) markUsed() {
 	if first {
 		m.mgr.saveRecord(m)
 	}
+}
+
+// backgroundActive says whether ms's sandbox used backgroundCPU or more
+// since it was last watched (or snapshotted), noting it as a use from
+// then; the first watch only notes the CPU time. False where no cgroup
+// measures the sandbox.
+func (m *Managed) backgroundActive(now time.Time) bool {
+	u, err := m.Session.Resources()
+	if err != nil {
+		return false
+	}
+	d := m.durable
+	d.mu.Lock()
+	since, prev := d.watched, d.cpu
+	d.cpu, d.watched = u.CPU, now
+	active := !since.IsZero() && u.CPU-prev >= backgroundCPU && d.usedAt.IsZero()
+	if active {
+		d.usedAt = since
+	}
+	d.mu.Unlock()
+	if active {
+		m.Session.log.Info("the session ran without a call since its last snapshot: written again", "cpu", u.CPU-prev)
+		m.mgr.saveRecord(m)
+	}
+	return active
+}
+
+// watchedAfter notes ms's sandbox's CPU time after an automatic snapshot
+// (which made its kernel work), as the mark backgroundActive measures from.
+func (m *Managed) watchedAfter() {
+	u, err := m.Session.Resources()
+	if err != nil {
+		return
+	}
+	d := m.durable
+	d.mu.Lock()
+	d.cpu, d.watched = u.CPU, time.Now()
+	d.mu.Unlock()
 }
 
 // commandStarted notes a command started in the session: it may change
@@ -304,29 +346,47 @@ func (m *Manager) autoSnapshotLoop(every time.Duration) {
 	}
 }
 
+// backgroundCPU is the CPU time a sandbox must have used since it was
+// last watched, without a call, to count as used: what a cell or command
+// left running (a thread, a subprocess) may change files. A sleeping
+// thread's wake-ups cost ~0.1 ms a second, an idle kernel nothing.
+const backgroundCPU = 10 * time.Millisecond
+
 // SnapshotChanged writes an automatic snapshot of every session used
 // since its last one and not tried for every, and returns how many it
-// wrote. Sessions running a cell, paused or hibernated are skipped.
+// wrote. Sessions running a cell, paused or hibernated are skipped. A
+// session not used by a call since, but whose sandbox used CPU time
+// (backgroundActive), counts as used.
 func (m *Manager) SnapshotChanged(ctx context.Context, every time.Duration) int {
 	if m.opts.Snapshots == nil {
 		return 0
 	}
 	m.mu.Lock()
-	var due []*Managed
+	var due, quiet []*Managed
 	now := time.Now()
 	for _, ms := range m.sessions {
 		d := ms.durable
-		if ms.Session == nil || d == nil {
+		if ms.Session == nil || d == nil || ms.Session.paused.Load() || ms.Session.hib.on.Load() {
 			continue
 		}
 		d.mu.Lock()
-		ok := !d.usedAt.IsZero() && !d.hibernated && now.Sub(d.tried) >= every
+		ready := !d.hibernated && now.Sub(d.tried) >= every
+		used := !d.usedAt.IsZero()
+		watch := ready && !used && now.Sub(d.watched) >= every
 		d.mu.Unlock()
-		if ok && !ms.Session.paused.Load() && !ms.Session.hib.on.Load() {
+		switch {
+		case ready && used:
 			due = append(due, ms)
+		case watch:
+			quiet = append(quiet, ms)
 		}
 	}
 	m.mu.Unlock()
+	for _, ms := range quiet {
+		if ms.backgroundActive(now) {
+			due = append(due, ms)
+		}
+	}
 	n := 0
 	for _, ms := range due {
 		if ctx.Err() != nil {
@@ -362,6 +422,9 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 		err = ErrBusy
 	} else {
 		man, err = s.writeSnapshot(ctx, st, ms.Owner, autoSnapshotName, true)
+		if err == nil {
+			ms.watchedAfter()
+		}
 	}
 	s.release()
 	if err != nil {

@@ -249,3 +249,60 @@ func TestCommandRunningIsAUse(t *testing.T) {
 		t.Errorf("the last automatic snapshot lacks late.txt: %+v", man.Files)
 	}
 }
+
+// TestBackgroundWorkIsAUse: a thread a cell left running writes a file
+// later, without any call on the session: its sandbox's CPU time says it
+// ran, so the next automatic snapshot holds the file. An idle sandbox (a
+// sleeping thread's wake-ups included) is not written again.
+func TestBackgroundWorkIsAUse(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir()})
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managedRun(t, ms, `import os, threading, time
+def later():
+    while not os.path.exists('/tmp/go'):
+        time.sleep(0.02)
+    n = sum(range(3_000_000))
+    open('/workspace/late.txt', 'w').write(str(n))
+threading.Thread(target=later, daemon=True).start()`)
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after the cell, want 1", n)
+	}
+	// Quiet, once what the snapshot made the kernel do is done.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := m.SnapshotChanged(ctx, 0); n != 0 {
+			return fmt.Errorf("%d automatic snapshots written of a sandbox whose thread sleeps, want 0", n)
+		}
+		return nil
+	})
+	tmp, err := ms.TmpFiles(workspace.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tmp.Write("go", strings.NewReader(""))
+	tmp.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		_, err := os.Stat(filepath.Join(ms.Workspace(), "late.txt"))
+		return err
+	})
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after the thread wrote a file, want 1", n)
+	}
+	if rec := m.loadRecord(ms.ID()); rec == nil || !rec.UsedAt.IsZero() {
+		t.Errorf("the record after the snapshot: %+v", rec)
+	}
+	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(man.Files, func(f snapshot.File) bool { return f.Path == "late.txt" }) {
+		t.Errorf("the automatic snapshot lacks late.txt: %+v", man.Files)
+	}
+}
