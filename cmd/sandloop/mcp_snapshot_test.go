@@ -12,11 +12,11 @@ import (
 	"github.com/sandloop/sandloop/internal/snapshot"
 )
 
-// The snapshot tool on serve's /mcp (mcpHandler over a manager with a
-// snapshot store): it saves the session and names what it could not;
-// restore continues in a new session from it.
-func TestMCPSnapshotTool(t *testing.T) {
-	ctx := context.Background()
+// mcpWithSnapshots is serve's /mcp (mcpHandler) over a manager with a
+// snapshot store in a temporary directory (and session records in
+// records, if set), and an MCP client connected to it.
+func mcpWithSnapshots(t *testing.T, records string) (*session.Manager, *snapshot.Store, *mcp.ClientSession) {
+	t.Helper()
 	d, err := snapshot.NewDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func TestMCPSnapshotTool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
+	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st, Records: records})
 	t.Cleanup(func() { mgr.Close() })
 	h, err := mcpHandler(mgr)
 	if err != nil {
@@ -34,11 +34,20 @@ func TestMCPSnapshotTool(t *testing.T) {
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	cl := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
-	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
+	cs, err := cl.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cs.Close() })
+	return mgr, st, cs
+}
+
+// The snapshot tool on serve's /mcp (mcpHandler over a manager with a
+// snapshot store): it saves the session and names what it could not;
+// restore continues in a new session from it.
+func TestMCPSnapshotTool(t *testing.T) {
+	ctx := context.Background()
+	_, _, cs := mcpWithSnapshots(t, "")
 	call := func(name string, args map[string]any) (string, bool) {
 		t.Helper()
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
@@ -82,28 +91,7 @@ func TestMCPSnapshotTool(t *testing.T) {
 // use was a write_file was never written again).
 func TestMCPWriteFileIsAUse(t *testing.T) {
 	ctx := context.Background()
-	d, err := snapshot.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.New(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st, Records: t.TempDir()})
-	t.Cleanup(func() { mgr.Close() })
-	h, err := mcpHandler(mgr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(h)
-	t.Cleanup(ts.Close)
-	cl := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
-	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: ts.URL}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
+	mgr, st, cs := mcpWithSnapshots(t, t.TempDir())
 	for _, c := range []struct {
 		tool string
 		args map[string]any

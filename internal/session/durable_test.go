@@ -29,6 +29,36 @@ func managedRun(t *testing.T, ms *Managed, code string) *kernel.Result {
 	return r
 }
 
+// durableSession is a session of alice's in a forking manager that keeps
+// session records and automatic snapshots (the manager's options, to
+// start another on the same records).
+func durableSession(t *testing.T) (*Manager, ManagerOptions, *snapshot.Store, *Managed) {
+	t.Helper()
+	st, _, _ := snapshotStore(t, nil)
+	o := ManagerOptions{Snapshots: st, Records: t.TempDir()}
+	m := forkManager(t, o)
+	ms, err := m.Create(context.Background(), CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, o, st, ms
+}
+
+// lastAutoSnapshot is the manifest of the automatic snapshot ms's record
+// names.
+func lastAutoSnapshot(t *testing.T, m *Manager, st *snapshot.Store, ms *Managed) *snapshot.Manifest {
+	t.Helper()
+	rec := m.loadRecord(ms.ID())
+	if rec == nil {
+		t.Fatalf("session %s has no record", ms.ID())
+	}
+	man, err := st.Get(context.Background(), ms.Owner, rec.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return man
+}
+
 // TestAutoSnapshotAndRestore: a session used since its last snapshot is
 // written again, incrementally (a 1 MB change of a 20 MB workspace
 // stores about 1 MB), replacing the automatic snapshot before; one not
@@ -124,13 +154,7 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 // snapshot with what the cell did.
 func TestWakeByUseIsRecorded(t *testing.T) {
 	ctx := context.Background()
-	st, _, _ := snapshotStore(t, nil)
-	records := t.TempDir()
-	m := forkManager(t, ManagerOptions{Snapshots: st, Records: records})
-	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _, st, ms := durableSession(t)
 	managedRun(t, ms, "v_a = 1")
 	if _, err := ms.Hibernate(ctx); err != nil {
 		t.Fatal(err)
@@ -149,10 +173,7 @@ func TestWakeByUseIsRecorded(t *testing.T) {
 		}
 		return nil
 	})
-	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	man := lastAutoSnapshot(t, m, st, ms)
 	if man.State == nil || !strings.Contains(string(man.State.Manifest), "v_b") {
 		t.Errorf("the automatic snapshot after the wake does not hold v_b: %+v", man.State)
 	}
@@ -166,14 +187,7 @@ func TestWakeByUseIsRecorded(t *testing.T) {
 // the handle was the only use noted: the write after it was lost.
 func TestFilesChangeAfterSnapshotIsWritten(t *testing.T) {
 	ctx := context.Background()
-	st, _, _ := snapshotStore(t, nil)
-	records := t.TempDir()
-	o := ManagerOptions{Snapshots: st, Records: records}
-	m := forkManager(t, o)
-	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, o, _, ms := durableSession(t)
 	ws, err := ms.Files(workspace.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -213,12 +227,7 @@ func TestFilesChangeAfterSnapshotIsWritten(t *testing.T) {
 // snapshot taken while it ran was the last.
 func TestCommandRunningIsAUse(t *testing.T) {
 	ctx := context.Background()
-	st, _, _ := snapshotStore(t, nil)
-	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir()})
-	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _, st, ms := durableSession(t)
 	in, typed := io.Pipe()
 	p, err := ms.StartCommand(ctx, Command{Path: "/bin/sh", Args: []string{"sh", "-c", "read a; echo \"$a\" > /workspace/late.txt"}, Stdin: in})
 	if err != nil {
@@ -241,10 +250,7 @@ func TestCommandRunningIsAUse(t *testing.T) {
 		}
 		return nil
 	})
-	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	man := lastAutoSnapshot(t, m, st, ms)
 	if !slices.ContainsFunc(man.Files, func(f snapshot.File) bool { return f.Path == "late.txt" }) {
 		t.Errorf("the last automatic snapshot lacks late.txt: %+v", man.Files)
 	}
@@ -256,12 +262,7 @@ func TestCommandRunningIsAUse(t *testing.T) {
 // sleeping thread's wake-ups included) is not written again.
 func TestBackgroundWorkIsAUse(t *testing.T) {
 	ctx := context.Background()
-	st, _, _ := snapshotStore(t, nil)
-	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir()})
-	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _, st, ms := durableSession(t)
 	managedRun(t, ms, `import os, threading, time
 def later():
     while not os.path.exists('/tmp/go'):
@@ -298,10 +299,7 @@ threading.Thread(target=later, daemon=True).start()`)
 	if rec := m.loadRecord(ms.ID()); rec == nil || !rec.UsedAt.IsZero() {
 		t.Errorf("the record after the snapshot: %+v", rec)
 	}
-	man, err := st.Get(ctx, "alice", m.loadRecord(ms.ID()).Snapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	man := lastAutoSnapshot(t, m, st, ms)
 	if !slices.ContainsFunc(man.Files, func(f snapshot.File) bool { return f.Path == "late.txt" }) {
 		t.Errorf("the automatic snapshot lacks late.txt: %+v", man.Files)
 	}
