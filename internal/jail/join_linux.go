@@ -909,28 +909,28 @@ func (t *JoinTarget) Alive() bool {
 func (t *JoinTarget) Limits() Limits { return t.limits }
 
 // killSession kills every process of the session of child (a joined
-// program's: it called setsid, so the session's number is its host PID).
-// Its process group goes first, then whatever /proc shows in the session
-// (an interactive shell's jobs have groups of their own), a few times
-// over for what was forking meanwhile. Nothing goes by number: the group
-// through the child's pidfd, and each process of the session through a
-// pidfd of its own, opened before its session is read and signalled
-// only if the child was still alive after that reading (the session's
-// number was then surely the child's). Once the child has ended (the
-// script reaps it, and its number may be another's at once) nothing is
-// killed: what it left running is the jail's PID 1's, as after its end.
+// program's: it called setsid, so the session's number is its host PID):
+// whatever /proc shows in the session (an interactive shell's jobs have
+// groups of their own), a few times over for what was forking meanwhile,
+// then the program's process group and the program. Nothing goes by
+// number. The program is stopped first, and killed last: while it is
+// not reaped the session's number is surely its own, so a process that
+// /proc shows in that session is killed (through a pidfd opened before
+// its session is read again) only if the program was still alive after
+// that reading. Once the program has ended (the script reaps it, and its
+// number may be another's at once) nothing is killed: what it left
+// running is the jail's PID 1's, as after its end.
 func killSession(child *pinned) {
-	if child == nil {
+	if child == nil || child.signal(unix.SIGSTOP) != nil {
 		return
 	}
-	child.signalGroup(unix.SIGKILL)
 	sid := strconv.Itoa(child.pid)
 	for range 3 {
 		found := false
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
 			pid, err := strconv.Atoi(e.Name())
-			if err != nil || sessionOf(pid) != sid {
+			if err != nil || pid == child.pid || sessionOf(pid) != sid {
 				continue
 			}
 			fd, err := unix.PidfdOpen(pid, 0)
@@ -951,9 +951,11 @@ func killSession(child *pinned) {
 			unix.Close(fd)
 		}
 		if !found {
-			return
+			break
 		}
 	}
+	child.signalGroup(unix.SIGKILL)
+	_ = child.signal(unix.SIGKILL)
 }
 
 // sessionOf is the session of process pid, as /proc/pid/stat says ("" if
