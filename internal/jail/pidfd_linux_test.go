@@ -327,3 +327,33 @@ func TestStopPidsOnlyWhatIsStillListed(t *testing.T) {
 		t.Errorf("the process listed only at the first reading was continued (state %q)", st)
 	}
 }
+
+// pinChildOf pins a process only while it is the expected parent's
+// child: the number a join script reports for its child may be a
+// stranger's by the time it is read (the child ended, the script reaped
+// it, and the number was handed out again).
+func TestPinChildOfOnlyTheParentsChild(t *testing.T) {
+	parent := exec.Command("/bin/sh", "-c", "sleep 1018.5 & wait")
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { parent.Process.Kill(); parent.Wait() })
+	var kid *pinned
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		for _, pid := range testutil.PidsWithArg("1018.5") {
+			if kid = pinChildOf(pid, parent.Process.Pid); kid != nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("the parent's sleep has not started")
+	})
+	t.Cleanup(func() { kid.signal(syscall.SIGKILL); kid.release() })
+	if !kid.alive() {
+		t.Error("the parent's child was pinned, but is not alive through its pin")
+	}
+	s := newStranger(t, func() error { return nil })
+	if c := pinChildOf(s.cmd.Process.Pid, parent.Process.Pid); c != nil {
+		c.release()
+		t.Fatal("a process that is not the parent's child was pinned")
+	}
+}
