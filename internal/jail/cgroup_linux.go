@@ -626,44 +626,21 @@ func (cg *cgroup) kill() {
 // killListed sends SIGKILL to the processes a cgroup.procs file lists
 // (procs reads it), never to a stranger. A listed process may end (killed
 // through another hierarchy's list, or by itself) before its signal, and
-// its PID may then be another program's within milliseconds: PIDs wrap here (pid_max
-// 32768) and a just-freed number is the next one handed out when the
-// allocator is right behind it. So each listed process is first pinned by
-// a pidfd, the list is read again, and only a PID still listed is
-// signalled, through its pidfd: a process that ended meanwhile gets
-// nothing (ESRCH), and one that took its number but is not in the group
-// is not listed. Where pidfds are refused (kernels before 5.3) it kills by
-// number, as before.
+// its PID may then be another program's within milliseconds: PIDs wrap
+// here (pid_max 32768) and a just-freed number is the next one handed out
+// when the allocator is right behind it. So it goes through signalListed:
+// each listed process is pinned by a pidfd, the list is read again, and
+// only a process still listed is signalled, through its pidfd.
 func killListed(procs func() string) {
-	fds := map[int]int{}
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
-	for _, f := range strings.Fields(procs()) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
-		fd, err := unix.PidfdOpen(pid, 0)
-		switch {
-		case err == nil:
-			fds[pid] = fd
-		case errors.Is(err, unix.ENOSYS):
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-	}
-	if len(fds) == 0 {
-		return
-	}
-	for _, f := range strings.Fields(procs()) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			if fd, ok := fds[pid]; ok {
-				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	signalListed(func() []int {
+		var pids []int
+		for _, f := range strings.Fields(procs()) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
 			}
 		}
-	}
+		return pids
+	}, unix.SIGKILL, nil)
 }
 
 // remove kills what is left and deletes the group, waiting (bounded) for

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -88,9 +89,9 @@ func (p *Process) Freeze() error {
 		if p.joinGroup {
 			return nil // in the jail's cgroup: frozen with the jail
 		}
-		return stopPids(func() []int { return treePids(p.joinPid) })
+		return stopPids(p.joinTree)
 	}
-	return stopPids(func() []int { return treePids(p.pid) })
+	return stopPids(p.initTree)
 }
 
 // Thaw lets a frozen jail run again (a jail not frozen is left alone).
@@ -105,11 +106,11 @@ func (p *Process) Thaw() error {
 	}
 	if p.joinPid != 0 {
 		if !p.joinGroup {
-			contPids(treePids(p.joinPid))
+			contPids(p.joinTree)
 		}
 		return nil
 	}
-	contPids(treePids(p.pid))
+	contPids(p.initTree)
 	return nil
 }
 
@@ -139,7 +140,7 @@ func (cg *cgroup) thaw() error {
 	case cg.byC["freezer"] != "":
 		return writeCgroupFile(cg.byC["freezer"], "freezer.state", "THAWED")
 	}
-	contPids(cg.pids())
+	contPids(cg.pids)
 	return nil
 }
 
@@ -204,33 +205,28 @@ func awaitFrozen(dir string, frozen func() bool, undo func()) error {
 }
 
 // stopPids sends SIGSTOP to every process list names, again until all are
-// stopped and no new one appeared.
+// stopped and no new one appeared. Each goes through signalListed (a
+// process is signalled through a pidfd, and only if it is still listed
+// once pinned): a number that a process of the jail gave up, and another
+// program took, is never stopped.
 func stopPids(list func() []int) error {
 	deadline := time.Now().Add(freezeWait)
 	for pause := 20 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
-		pids := list()
-		running := 0
-		for _, pid := range pids {
-			if !stopped(pid) {
-				running++
-				_ = unix.Kill(pid, unix.SIGSTOP)
-			}
-		}
+		running := signalListed(list, unix.SIGSTOP, func(pid int) bool { return !stopped(pid) })
 		if running == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			contPids(list())
+			contPids(list)
 			return fmt.Errorf("stop the sandbox's processes: %d still running after %v", running, freezeWait)
 		}
 		time.Sleep(pause)
 	}
 }
 
-func contPids(pids []int) {
-	for _, pid := range pids {
-		_ = unix.Kill(pid, unix.SIGCONT)
-	}
+// contPids sends SIGCONT to every process list names (as stopPids).
+func contPids(list func() []int) {
+	signalListed(list, unix.SIGCONT, nil)
 }
 
 // stopped says whether every thread of process pid is stopped (a group
@@ -267,6 +263,26 @@ func procState(pid int) byte {
 		return stat[i+2]
 	}
 	return 0
+}
+
+// joinTree lists a joined program and its descendants, while the program
+// has not been reaped (nothing, after: its number may be another's).
+func (p *Process) joinTree() []int {
+	pids := treePids(p.joinPid)
+	if !p.joinChild.alive() { // checked after the reading: the number was the program's then
+		return nil
+	}
+	return pids
+}
+
+// initTree lists the jail's init and its descendants, while the init has
+// not been reaped (nothing, after: its number may be another's).
+func (p *Process) initTree() []int {
+	pids := treePids(p.pid)
+	if p.proc.Signal(syscall.Signal(0)) != nil { // through its pidfd
+		return nil
+	}
+	return pids
 }
 
 // treePids lists root and its descendants (a jail without a cgroup: every

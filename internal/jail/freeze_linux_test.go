@@ -93,7 +93,7 @@ func TestFreezeJail(t *testing.T) {
 	}{
 		{FreezeMethod(), (*Process).Freeze, (*Process).Thaw},
 		{"SIGSTOP", func(p *Process) error { return stopPids(func() []int { return treePids(p.Pid()) }) },
-			func(p *Process) error { contPids(treePids(p.Pid())); return nil }},
+			func(p *Process) error { contPids(func() []int { return treePids(p.Pid()) }); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := startSpinner(t)

@@ -320,6 +320,12 @@ type joining struct {
 	// What the script and runJoin reported so far (await).
 	joinPid         int
 	prepared, ready bool
+	// child pins the script's child (the program) from its {pid} report
+	// on, and script the script: kill signals them through these, never
+	// by number (see pinned). child is nil if the number was no longer
+	// the child's when reported (it ended, and the script reaped it).
+	// Both are released once the script has ended.
+	child, script *pinned
 }
 
 // spawnJoin starts the join program (or, without it, the join script)
@@ -397,7 +403,8 @@ func spawnJoin(t *JoinTarget, stdin, stdout, stderr *os.File) (*joining, error) 
 		}
 		return nil, fmt.Errorf("join the sandbox: %w", err)
 	}
-	return &joining{cmd: cmd, prog: prog != "", cfgW: cfgW, stR: stR, status: bufio.NewReader(io.LimitReader(stR, 1<<20)), cg: t.cg}, nil
+	return &joining{cmd: cmd, prog: prog != "", cfgW: cfgW, stR: stR, status: bufio.NewReader(io.LimitReader(stR, 1<<20)), cg: t.cg,
+		script: pinOwn(cmd.Process.Pid)}, nil
 }
 
 // joinProgVersion is the protocol of the join program (join.c's VERSION):
@@ -562,6 +569,11 @@ func (j *joining) await(ready bool) error {
 		case st.Pid != 0 && j.joinPid == 0:
 			traceJoin("pid")
 			j.joinPid = st.Pid
+			// The script reaps its child only after it let it go on,
+			// which is after this report: unless it ended meanwhile (it
+			// is then not the script's child any more), the number is
+			// the child's.
+			j.child = pinChildOf(st.Pid, j.cmd.Process.Pid)
 		case st.Prepared && !j.prepared:
 			j.prepared = true
 		case st.Ready && !j.ready:
@@ -575,13 +587,13 @@ func (j *joining) await(ready bool) error {
 }
 
 // kill kills the script and its child: the script's group, and the
-// child's once it leads one of its own (runJoin's setsid).
+// child's once it leads one of its own (runJoin's setsid). Each through
+// its pidfd: a child that ended (and was reaped by the script), or a
+// script that was waited for, gets nothing, whoever has its number now.
 func (j *joining) kill() {
-	if j.joinPid != 0 {
-		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
-		_ = unix.Kill(j.joinPid, unix.SIGKILL)
-	}
-	_ = unix.Kill(-j.cmd.Process.Pid, unix.SIGKILL)
+	j.child.signalGroup(unix.SIGKILL)
+	_ = j.child.signal(unix.SIGKILL)
+	j.script.signalGroup(unix.SIGKILL)
 	_ = j.cmd.Process.Kill()
 }
 
@@ -589,6 +601,10 @@ func (j *joining) kill() {
 // ended (a little while: a job it left may hold the pipes for good).
 func (j *joining) wait() (*os.ProcessState, error) {
 	err := j.cmd.Wait()
+	// The script reaped its child (or was killed, its child then the
+	// host init's to reap): nothing of theirs is ours to signal now.
+	j.child.release()
+	j.script.release()
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for _, d := range j.outs {
 		t := time.NewTimer(max(time.Until(deadline), 0))
@@ -605,16 +621,16 @@ func (j *joining) wait() (*os.ProcessState, error) {
 // abandon kills a join that never started its program and releases it.
 // The script is let end by itself: with its configuration closed, it, or
 // runJoin, reads its end and exits; runJoin (and a program already
-// executed) is killed. The script then reaps its child and ends. Killed
+// executed) is killed, through its pidfd (it may have ended as soon as
+// its configuration closed, and its number be another's by the time of
+// the kill). The script then reaps its child and ends. Killed
 // first, it would leave its child to the host's init (the reaper of the
 // script's namespace, not the jail's), a zombie that the jail's end then
 // waits for (~1 s here). It is killed only if it has not ended in a while.
 func (j *joining) abandon() {
 	j.cfgW.Close()
-	if j.joinPid != 0 {
-		_ = unix.Kill(-j.joinPid, unix.SIGKILL)
-		_ = unix.Kill(j.joinPid, unix.SIGKILL)
-	}
+	j.child.signalGroup(unix.SIGKILL)
+	_ = j.child.signal(unix.SIGKILL)
 	t := time.AfterFunc(2*time.Second, j.kill)
 	defer t.Stop()
 	_, _ = j.wait()
@@ -629,6 +645,7 @@ func (j *joining) process(p *Process) {
 	p.statusF = j.stR
 	p.status = j.status
 	p.joinPid = j.joinPid
+	p.joinChild = j.child
 	p.joinGroup = j.cg != nil
 }
 
@@ -756,7 +773,7 @@ func startJoined(ctx context.Context, cfg *Config, timeout time.Duration) (*Proc
 	if err := <-configured; err != nil {
 		return abort(err)
 	}
-	p.joinPid = j.joinPid
+	p.joinPid, p.joinChild = j.joinPid, j.child
 	traceJoin("ready")
 	p.killAt(ctx, timeout)
 	return p, nil
@@ -891,42 +908,74 @@ func (t *JoinTarget) Alive() bool {
 // Limits are the jail's limits.
 func (t *JoinTarget) Limits() Limits { return t.limits }
 
-// killSession kills every process of the session sid (a joined program's:
-// it called setsid, so sid is its host PID). The program is not reaped
-// yet (the script waiting for it is killed by nobody in the jail), so
-// the number is still its session's. Its process group goes first, then
+// killSession kills every process of the session of child (a joined
+// program's: it called setsid, so the session's number is its host PID):
 // whatever /proc shows in the session (an interactive shell's jobs have
-// groups of their own), a few times over for what was forking meanwhile.
-func killSession(sid int) {
-	_ = unix.Kill(-sid, unix.SIGKILL)
+// groups of their own), a few times over for what was forking meanwhile,
+// then the program's process group and the program. Nothing goes by
+// number. The program is stopped first, and killed last: while it is
+// not reaped the session's number is surely its own, so a process that
+// /proc shows in that session is killed (through a pidfd opened before
+// its session is read again) only if the program was still alive after
+// that reading. Once the program has ended (the script reaps it, and its
+// number may be another's at once) nothing is killed: what it left
+// running is the jail's PID 1's, as after its end.
+func killSession(child *pinned) {
+	if child == nil || child.signal(unix.SIGSTOP) != nil {
+		return
+	}
+	sid := strconv.Itoa(child.pid)
 	for range 3 {
 		found := false
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
 			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
+			if err != nil || pid == child.pid || sessionOf(pid) != sid {
 				continue
 			}
-			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-			if err != nil {
+			fd, err := unix.PidfdOpen(pid, 0)
+			switch {
+			case errors.Is(err, unix.ENOSYS):
+				if child.alive() {
+					_ = unix.Kill(pid, unix.SIGKILL)
+					found = true
+				}
+				continue
+			case err != nil:
 				continue
 			}
-			// pid (comm) state ppid pgrp session ...: comm may hold
-			// anything, so fields count from its closing parenthesis.
-			i := bytes.LastIndexByte(b, ')')
-			if i < 0 {
-				continue
-			}
-			f := strings.Fields(string(b[i+1:]))
-			if len(f) > 3 && f[3] == strconv.Itoa(sid) && f[0] != "Z" {
-				_ = unix.Kill(pid, unix.SIGKILL)
+			if sessionOf(pid) == sid && child.alive() {
+				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 				found = true
 			}
+			unix.Close(fd)
 		}
 		if !found {
-			return
+			break
 		}
 	}
+	child.signalGroup(unix.SIGKILL)
+	_ = child.signal(unix.SIGKILL)
+}
+
+// sessionOf is the session of process pid, as /proc/pid/stat says ("" if
+// it is gone or a zombie).
+func sessionOf(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	// pid (comm) state ppid pgrp session ...: comm may hold anything, so
+	// fields count from its closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 || f[0] == "Z" {
+		return ""
+	}
+	return f[3]
 }
 
 // drain copies a joined program's output to w until stop, then discards

@@ -110,17 +110,27 @@ func PrepareJoin(ctx context.Context, t *JoinTarget) (*Joiner, error) {
 		return nil, fmt.Errorf("prepare a join: %w", err)
 	}
 	w := &Joiner{pid: t.pid, enforce: t.enforce, warn: warn, stdinW: stdinW, j: j, claimed: make(chan struct{})}
-	// A Joiner whose jail ends before it is used is reaped then: its
-	// output's pipe ends when the script and its child are gone.
-	go func() {
-		select {
-		case <-j.outs[0].done:
-			w.take()
-			w.release(j)
-		case <-w.claimed:
-		}
-	}()
+	watchJoiner(w, j)
 	return w, nil
+}
+
+// watchJoiner starts w's watch (a variable: a test runs it when it
+// chooses, as the scheduler may under load).
+var watchJoiner = func(w *Joiner, j *joining) { go w.watch(j) }
+
+// watch reaps a Joiner whose jail ends before it is used: its output's
+// pipe ends when the script and its child are gone. Only if it is still
+// unused: once Start took it, its output's end is the program's (both
+// cases may be ready by the time this runs, and select takes either),
+// and the Process that Start made waits for it. (Released there, its
+// status pipe was closed under that wait, and a command that ended well
+// was reported killed: 137, SIGKILL, its output complete.)
+func (w *Joiner) watch(j *joining) {
+	select {
+	case <-j.outs[0].done:
+		w.release(w.take())
+	case <-w.claimed:
+	}
 }
 
 // take takes the join, if not taken already.

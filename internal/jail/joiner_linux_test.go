@@ -146,3 +146,49 @@ func TestJoinerEndsWithoutACommand(t *testing.T) {
 		t.Error("a terminal was accepted")
 	}
 }
+
+// A Joiner's watch (which reaps a Joiner whose jail ended unused) leaves
+// alone a join that Start took, even when it first runs once the program
+// has ended too (under load, it may): the command's end is reported as it
+// was. (Released there, the join's status pipe was closed under the
+// Process's wait: 137, SIGKILL, for a command that exited 0, its output
+// complete: the rare burst command of docs/benchmarks.md.)
+func TestJoinerWatchLeavesAStartedJoin(t *testing.T) {
+	a := liveJail(t, "watch", Limits{})
+	var watches []func()
+	saved := watchJoiner
+	watchJoiner = func(w *Joiner, j *joining) { watches = append(watches, func() { w.watch(j) }) }
+	t.Cleanup(func() { watchJoiner = saved })
+	// Both of watch's cases are ready: select takes either at random.
+	for i := range 12 {
+		w := prepared(t, a)
+		watch := watches[len(watches)-1]
+		j := w.j
+		var out bytes.Buffer
+		p, err := w.Start(context.Background(), &Config{Path: "/bin/echo", Args: []string{"echo", "done"}, Stdout: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-j.outs[0].done // the program has ended
+		watch()
+		r, err := p.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ExitCode != 0 || r.Signal != "" || r.Unreported || out.String() != "done\n" {
+			t.Fatalf("command %d: %+v, output %q, want exit code 0", i, r, out.String())
+		}
+	}
+	// An unused Joiner whose jail ended is still reaped by its watch.
+	b := liveJail(t, "watch-unused", Limits{})
+	w := prepared(t, b)
+	watch := watches[len(watches)-1]
+	pids := []int{w.Pid(), w.ScriptPid()}
+	b.Kill()
+	b.Wait()
+	watch()
+	if w.take() != nil {
+		t.Error("the unused Joiner of a jail that ended was not released")
+	}
+	gone(t, pids...)
+}

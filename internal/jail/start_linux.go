@@ -60,8 +60,12 @@ type Process struct {
 	tty     *os.File
 	ttyDone chan struct{}
 	// joinPid is the host PID of a joined program (Config.Join), which
-	// leads a process group of its own; 0 for a jail of its own.
-	joinPid int
+	// leads a process group of its own; 0 for a jail of its own. It is
+	// signalled through joinChild, never by this number: the program is
+	// reaped by the join's host-side process, not by us, and its number
+	// may be another's from then on.
+	joinPid   int
+	joinChild *pinned
 	// joinGroup: the joined jail has a cgroup, which freezes the program
 	// with the jail (Freeze and Thaw leave it to that).
 	joinGroup bool
@@ -474,7 +478,7 @@ func (p *Process) Signal(sig os.Signal) error {
 			return os.ErrProcessDone
 		default:
 		}
-		return unix.Kill(p.joinPid, s)
+		return p.joinChild.signal(s)
 	}
 	return p.proc.Signal(sig)
 }
@@ -490,7 +494,7 @@ func (p *Process) Kill() {
 	default:
 	}
 	if p.joinPid != 0 {
-		killSession(p.joinPid)
+		killSession(p.joinChild)
 		return
 	}
 	_ = p.proc.Signal(syscall.SIGKILL) // PID 1 gone: the kernel kills the namespace
