@@ -459,7 +459,7 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 			if _, ok := cg.byC[c]; ok {
 				continue
 			}
-			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			if err := groupMkdir(d); err != nil && !errors.Is(err, os.ErrExist) {
 				return fail(fmt.Errorf("create cgroup: %w", err))
 			}
 			cg.byC[c] = d
@@ -470,7 +470,7 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 		}
 		if h.freezer != "" {
 			d := filepath.Join(h.freezer, name)
-			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			if err := groupMkdir(d); err != nil && !errors.Is(err, os.ErrExist) {
 				return fail(fmt.Errorf("create cgroup: %w", err))
 			}
 			cg.byC["freezer"] = d
@@ -479,7 +479,7 @@ func newCgroup(h cgroupHost, name string, l Limits) (*cgroup, error) {
 		}
 	case "cgroup v2":
 		d := filepath.Join(h.v2, name)
-		if err := os.Mkdir(d, 0o755); err != nil {
+		if err := groupMkdir(d); err != nil {
 			return fail(fmt.Errorf("create cgroup: %w", err))
 		}
 		cg.dirs = []string{d}
@@ -517,7 +517,7 @@ func (cg *cgroup) writeLimits(l Limits, fresh bool) error {
 		// first, lower it last. A fresh group's are unlimited: lowered.
 		first, second := limit, memsw
 		if !fresh {
-			if cur, err := strconv.ParseInt(readFileString(filepath.Join(limit.dir, limit.file)), 10, 64); err == nil && l.Memory > cur {
+			if cur, err := strconv.ParseInt(groupRead(limit.dir, limit.file), 10, 64); err == nil && l.Memory > cur {
 				first, second = memsw, limit
 			}
 		}
@@ -540,7 +540,7 @@ func (cg *cgroup) writeLimits(l Limits, fresh bool) error {
 	}
 	for _, w := range writes {
 		p := filepath.Join(w.dir, w.file)
-		if err := writeFileString(p, w.val); err != nil {
+		if err := groupWrite(w.dir, w.file, w.val); err != nil {
 			switch {
 			case w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist),
 				w.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist):
@@ -557,7 +557,7 @@ func (cg *cgroup) writeLimits(l Limits, fresh bool) error {
 // add moves pid (and all its threads) into the group.
 func (cg *cgroup) add(pid int) error {
 	for _, d := range cg.dirs {
-		if err := writeFileString(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+		if err := groupWrite(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
 			return fmt.Errorf("add %d to %s: %w", pid, d, err)
 		}
 	}
@@ -567,15 +567,15 @@ func (cg *cgroup) add(pid int) error {
 // stats reads CPU time, peak memory and whether the OOM killer fired.
 func (cg *cgroup) stats() (cpu time.Duration, peak int64, oom bool) {
 	if cg.mode == "cgroup v1" {
-		ns, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["cpuacct"], "cpuacct.usage")), 10, 64)
-		peak, _ = strconv.ParseInt(readFileString(filepath.Join(cg.byC["memory"], "memory.max_usage_in_bytes")), 10, 64)
-		oom = keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.oom_control")), "oom_kill") > 0
+		ns, _ := strconv.ParseInt(groupRead(cg.byC["cpuacct"], "cpuacct.usage"), 10, 64)
+		peak, _ = strconv.ParseInt(groupRead(cg.byC["memory"], "memory.max_usage_in_bytes"), 10, 64)
+		oom = keyedValue(groupRead(cg.byC["memory"], "memory.oom_control"), "oom_kill") > 0
 		return time.Duration(ns), peak, oom
 	}
 	d := cg.dirs[0]
-	us := keyedValue(readFileString(filepath.Join(d, "cpu.stat")), "usage_usec")
-	peak, _ = strconv.ParseInt(readFileString(filepath.Join(d, "memory.peak")), 10, 64)
-	oom = keyedValue(readFileString(filepath.Join(d, "memory.events")), "oom_kill") > 0
+	us := keyedValue(groupRead(d, "cpu.stat"), "usage_usec")
+	peak, _ = strconv.ParseInt(groupRead(d, "memory.peak"), 10, 64)
+	oom = keyedValue(groupRead(d, "memory.events"), "oom_kill") > 0
 	return time.Duration(us) * time.Microsecond, peak, oom
 }
 
@@ -583,15 +583,15 @@ func (cg *cgroup) stats() (cpu time.Duration, peak int64, oom bool) {
 // (page cache included) and the page cache's part of it.
 func (cg *cgroup) live() LiveUsage {
 	if cg.mode == "cgroup v1" {
-		ns, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["cpuacct"], "cpuacct.usage")), 10, 64)
-		mem, _ := strconv.ParseInt(readFileString(filepath.Join(cg.byC["memory"], "memory.usage_in_bytes")), 10, 64)
-		cache := keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.stat")), "total_cache")
+		ns, _ := strconv.ParseInt(groupRead(cg.byC["cpuacct"], "cpuacct.usage"), 10, 64)
+		mem, _ := strconv.ParseInt(groupRead(cg.byC["memory"], "memory.usage_in_bytes"), 10, 64)
+		cache := keyedValue(groupRead(cg.byC["memory"], "memory.stat"), "total_cache")
 		return LiveUsage{CPU: time.Duration(ns), Memory: mem, Cache: cache}
 	}
 	d := cg.dirs[0]
-	us := keyedValue(readFileString(filepath.Join(d, "cpu.stat")), "usage_usec")
-	mem, _ := strconv.ParseInt(readFileString(filepath.Join(d, "memory.current")), 10, 64)
-	cache := keyedValue(readFileString(filepath.Join(d, "memory.stat")), "file")
+	us := keyedValue(groupRead(d, "cpu.stat"), "usage_usec")
+	mem, _ := strconv.ParseInt(groupRead(d, "memory.current"), 10, 64)
+	cache := keyedValue(groupRead(d, "memory.stat"), "file")
 	return LiveUsage{CPU: time.Duration(us) * time.Microsecond, Memory: mem, Cache: cache}
 }
 
@@ -663,7 +663,7 @@ func (cg *cgroup) remove() error {
 		err = nil
 		var busy []string
 		for _, d := range left {
-			if e := unix.Rmdir(d); e != nil && !errors.Is(e, unix.ENOENT) {
+			if e := groupRmdir(d); e != nil && !errors.Is(e, unix.ENOENT) {
 				err = fmt.Errorf("remove cgroup %s: %w", d, e)
 				busy = append(busy, d)
 			} else {
@@ -685,7 +685,174 @@ func (cg *cgroup) remove() error {
 // (stats' third answer, one file read instead of three).
 func (cg *cgroup) oomKilled() bool {
 	if cg.mode == "cgroup v1" {
-		return keyedValue(readFileString(filepath.Join(cg.byC["memory"], "memory.oom_control")), "oom_kill") > 0
+		return keyedValue(groupRead(cg.byC["memory"], "memory.oom_control"), "oom_kill") > 0
 	}
-	return keyedValue(readFileString(filepath.Join(cg.dirs[0], "memory.events")), "oom_kill") > 0
+	return keyedValue(groupRead(cg.dirs[0], "memory.events"), "oom_kill") > 0
+}
+
+// Each sandbox group is a directory in every hierarchy (four or five on
+// cgroup v1), made, written and removed for every session (a zygote's
+// spare is armed in a group of its own). By absolute path each of those
+// calls walks the whole path again (/sys/fs/cgroup/memory/.../sandloop-X/
+// cgroup.procs: seven components here); relative to a descriptor of the
+// hierarchy's parent directory, opened once per process, it walks two.
+// groupMkdir, groupWrite, groupRead and groupRmdir take a group's
+// directory (its absolute path, as cgroup keeps it) and use that
+// descriptor where the parent has one, the path otherwise.
+var (
+	// groupParents maps a parent directory to its O_PATH descriptor
+	// (int), or to -1 where it could not be opened.
+	groupParents sync.Map
+	// groupsByPath makes the group* functions use absolute paths, as
+	// before (the benchmarks' baseline).
+	groupsByPath bool
+)
+
+// groupParent returns the descriptor of dir's parent and dir's name in
+// it, or -1.
+func groupParent(dir string) (fd int, name string) {
+	parent, name := filepath.Split(dir)
+	if groupsByPath || parent == "" || name == "" {
+		return -1, name
+	}
+	if v, ok := groupParents.Load(parent); ok {
+		return v.(int), name
+	}
+	fd, err := openRaw(parent, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		fd = -1
+	}
+	if v, loaded := groupParents.LoadOrStore(parent, fd); loaded {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return v.(int), name
+	}
+	return fd, name
+}
+
+// forgetParent drops a parent's descriptor that no longer names a
+// directory in the hierarchy (it was removed: tests make and remove
+// their own), so the next call opens the path again.
+func forgetParent(dir string) {
+	parent, _ := filepath.Split(dir)
+	if v, ok := groupParents.LoadAndDelete(parent); ok && v.(int) >= 0 {
+		unix.Close(v.(int))
+	}
+}
+
+// parentGone says whether err, from a call relative to dir's parent's
+// descriptor, means that directory was removed since it was opened.
+func parentGone(fd int, dir string, err error) bool {
+	if fd < 0 || !errors.Is(err, unix.ENOENT) {
+		return false
+	}
+	var held, now unix.Stat_t
+	if unix.Fstat(fd, &held) != nil || unix.Stat(filepath.Dir(dir), &now) != nil {
+		return true
+	}
+	return held.Dev != now.Dev || held.Ino != now.Ino
+}
+
+func groupMkdir(dir string) error {
+	fd, name := groupParent(dir)
+	if fd >= 0 {
+		err := ignoringEINTR(func() error { return unix.Mkdirat(fd, name, 0o755) })
+		if !parentGone(fd, dir, err) {
+			if err != nil {
+				return &os.PathError{Op: "mkdir", Path: dir, Err: err}
+			}
+			return nil
+		}
+		forgetParent(dir)
+	}
+	return os.Mkdir(dir, 0o755)
+}
+
+func groupRmdir(dir string) error {
+	fd, name := groupParent(dir)
+	if fd >= 0 {
+		err := ignoringEINTR(func() error { return unix.Unlinkat(fd, name, unix.AT_REMOVEDIR) })
+		if !parentGone(fd, dir, err) {
+			return err
+		}
+		forgetParent(dir)
+	}
+	return unix.Rmdir(dir)
+}
+
+// groupOpen opens a group's interface file.
+func groupOpen(dir, file string, flags int) (int, error) {
+	fd, name := groupParent(dir)
+	if fd >= 0 {
+		for {
+			f, err := unix.Openat(fd, name+"/"+file, flags|unix.O_CLOEXEC, 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if !parentGone(fd, dir, err) {
+				return f, err
+			}
+			break
+		}
+		forgetParent(dir)
+	}
+	return openRaw(filepath.Join(dir, file), flags)
+}
+
+// groupWrite writes val to a group's interface file in one write, as
+// writeFileString does.
+func groupWrite(dir, file, val string) error {
+	path := filepath.Join(dir, file)
+	fd, err := groupOpen(dir, file, unix.O_WRONLY)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	for {
+		_, err = unix.Write(fd, []byte(val))
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if cerr := unix.Close(fd); err == nil && cerr != nil && cerr != unix.EINTR {
+		err = cerr
+	}
+	if err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
+}
+
+// groupRead reads a group's interface file, trimmed, as readFileString
+// does ("" if it cannot).
+func groupRead(dir, file string) string {
+	fd, err := groupOpen(dir, file, unix.O_RDONLY)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	var buf [512]byte
+	var out []byte
+	for {
+		n, err := unix.Read(fd, buf[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ""
+		}
+		if n == 0 {
+			break
+		}
+		out = append(out, buf[:n]...)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func ignoringEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
 }
