@@ -207,40 +207,61 @@ type PoolTarget struct {
 
 // poolTargetLocked is how many kernels the pool should hold ready now;
 // m.mu is held.
-func (m *Manager) poolTargetLocked(now time.Time) PoolTarget {
+func (m *Manager) poolTargetLocked(now time.Time) PoolTarget { return m.poolTargetWhy(now, true) }
+
+// poolTargetN is poolTargetLocked's N alone, without the reason's text:
+// the pool's loop asks for it after every start and take, and formatting
+// the reasons it never shows (four or five fmt.Sprintf and two
+// time.Format) was ~1.5% of the host's CPU per session in issue 26's
+// profile; m.mu is held.
+func (m *Manager) poolTargetN(now time.Time) int { return m.poolTargetWhy(now, false).N }
+
+// poolTargetWhy is poolTargetLocked; without why, Reason is left empty.
+func (m *Manager) poolTargetWhy(now time.Time, why bool) PoolTarget {
+	say := func(format string, args ...any) string {
+		if !why {
+			return ""
+		}
+		return fmt.Sprintf(format, args...)
+	}
 	switch {
 	case m.opts.PoolSize == 0:
-		return PoolTarget{0, "no pool (--pool 0): every session starts on its own"}
+		return PoolTarget{0, say("no pool (--pool 0): every session starts on its own")}
 	case m.opts.FixedPool:
-		return PoolTarget{m.opts.PoolSize, "the pool size (fixed pool)"}
+		return PoolTarget{m.opts.PoolSize, say("the pool size (fixed pool)")}
 	}
 	n, want := m.rateWantLocked(now)
-	why := fmt.Sprintf("the arrival rate (%d creates in the last %v)", n, poolRateWindow)
+	reason := say("the arrival rate (%d creates in the last %v)", n, poolRateWindow)
 	if p := m.peakLocked(now); p.n > 0 && p.n >= want {
 		want = p.n
-		why = fmt.Sprintf("the largest burst seen (%d creates within %v at %s, remembered until %s)",
-			p.n, poolRateWindow, p.at.UTC().Format("15:04:05"), p.at.Add(m.opts.PoolPeakHold).UTC().Format("15:04:05"))
+		if why {
+			reason = fmt.Sprintf("the largest burst seen (%d creates within %v at %s, remembered until %s)",
+				p.n, poolRateWindow, p.at.UTC().Format("15:04:05"), p.at.Add(m.opts.PoolPeakHold).UTC().Format("15:04:05"))
+		}
 	}
 	if want <= m.opts.PoolSize {
-		return PoolTarget{m.opts.PoolSize, "the pool size (--pool)"}
+		return PoolTarget{m.opts.PoolSize, say("the pool size (--pool)")}
 	}
 	if avail := recentMemAvailable(); avail < poolMinAvailable {
-		return PoolTarget{m.opts.PoolSize, fmt.Sprintf("the pool size: the host has %d MiB of memory available, less than %d MiB", avail>>20, poolMinAvailable>>20)}
+		return PoolTarget{m.opts.PoolSize, say("the pool size: the host has %d MiB of memory available, less than %d MiB", avail>>20, poolMinAvailable>>20)}
 	}
 	free := m.opts.MaxSessions - len(m.sessions)
 	budget := m.poolMemoryKernels()
 	caps := []poolCap{
-		{m.opts.MaxPool, fmt.Sprintf("the pool's maximum (%d)", m.opts.MaxPool)},
-		{free, fmt.Sprintf("the free session slots (%d of %d)", max(free, 0), m.opts.MaxSessions)},
-		{budget, fmt.Sprintf("the memory budget (%d kernels of %d MiB in %d MiB)", budget, m.kernelMemory()>>20, m.opts.PoolMemory>>20)},
+		{m.opts.MaxPool, say("the pool's maximum (%d)", m.opts.MaxPool)},
+		{free, say("the free session slots (%d of %d)", max(free, 0), m.opts.MaxSessions)},
+		{budget, say("the memory budget (%d kernels of %d MiB in %d MiB)", budget, m.kernelMemory()>>20, m.opts.PoolMemory>>20)},
 	}
 	if c := slices.MinFunc(caps, func(a, b poolCap) int { return cmp.Compare(a.n, b.n) }); c.n < want {
-		want, why = c.n, why+", capped by "+c.why
+		want = c.n
+		if why {
+			reason += ", capped by " + c.why
+		}
 	}
 	if want < m.opts.PoolSize {
-		return PoolTarget{m.opts.PoolSize, "the pool size (--pool): " + why}
+		return PoolTarget{m.opts.PoolSize, say("the pool size (--pool): %s", reason)}
 	}
-	return PoolTarget{want, why}
+	return PoolTarget{want, reason}
 }
 
 // rateWantLocked is the arrival rate's demand on the pool: n takes in the
@@ -433,7 +454,7 @@ func (m *Manager) poolLoopFair() {
 		m.mu.Lock()
 		now := time.Now()
 		waiting := len(m.fair.waiters)
-		target := m.poolTargetLocked(now).N
+		target := m.poolTargetN(now)
 		_, rate := m.rateWantLocked(now)
 		low := min(max(rate, m.opts.PoolSize), target) // refillNow's mark
 		missing := waiting + target - len(m.pool) - running

@@ -35,7 +35,12 @@ func TestPoolTargetRemembersBursts(t *testing.T) {
 	target := func(m *Manager, at time.Time) PoolTarget {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		return m.poolTargetLocked(at)
+		got := m.poolTargetLocked(at)
+		// The pool's loop asks without the reason: the same number.
+		if n := m.poolTargetN(at); n != got.N {
+			t.Errorf("at %v: poolTargetN %d, poolTargetLocked %+v", at, n, got)
+		}
+		return got
 	}
 
 	m := newM(ManagerOptions{PoolSize: 2, MaxSessions: 200})
@@ -167,4 +172,37 @@ func TestRefillNow(t *testing.T) {
 			t.Errorf("refillNow(ready %d, running %d, low %d, %v since the last take) = %v, want %v", c.ready, c.running, c.low, c.since, got, c.want)
 		}
 	}
+}
+
+// BenchmarkPoolTarget times the pool's target as its loop asks for it
+// after every start and take: with the reason's text (before) and
+// without (now, poolTargetN), alternately, on a manager that remembers a
+// burst (the reasons then format two times of day):
+//
+//	go test ./internal/session -run '^$' -bench PoolTarget -benchtime 20000x
+func BenchmarkPoolTarget(b *testing.B) {
+	m := &Manager{opts: ManagerOptions{PoolSize: 2, MaxSessions: 200, MaxPool: 200, PoolMemory: -1, PoolPeakHold: time.Hour},
+		sessions: map[string]*Managed{}}
+	now := time.Now()
+	for i := range 40 {
+		m.tookLocked(now.Add(time.Duration(i) * time.Millisecond))
+	}
+	var before, after time.Duration
+	var n1, n2 int
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		n1 = m.poolTargetLocked(now).N
+		t1 := time.Now()
+		n2 = m.poolTargetN(now)
+		t2 := time.Now()
+		before += t1.Sub(t0)
+		after += t2.Sub(t1)
+		if n1 != n2 {
+			b.Fatalf("%d with the reason, %d without", n1, n2)
+		}
+	}
+	b.ReportMetric(float64(before.Nanoseconds())/float64(b.N), "before-ns")
+	b.ReportMetric(float64(after.Nanoseconds())/float64(b.N), "now-ns")
+	b.Logf("target %d: %v per call with the reason, %v without (%.1fx)", n2,
+		before/time.Duration(b.N), after/time.Duration(b.N), float64(before)/float64(max(after, 1)))
 }
