@@ -31,6 +31,7 @@ func main() {
 	mode := flag.String("mode", "mixed", "mixed (clients executing while others create and delete), sustain (sustained creation, old pipeline beside) or idle (idle pandas sessions: memory per session)")
 	flag.IntVar(&sc.Rate, "rate", 0, "sustain: creates offered per second (default 100)")
 	flag.StringVar(&sc.CPUProfile, "cpuprofile", "", "sustain: write the new pipeline run's CPU profile (pprof) here")
+	flag.StringVar(&sc.Trace, "trace", "", "sustain: write the new pipeline run's execution trace (runtime/trace) here")
 	flag.DurationVar(&sc.OldDuration, "old-duration", 0, "sustain: the old pipeline's run, before the new one (default 10s; negative: none)")
 	flag.IntVar(&ic.Sessions, "sessions", 0, "idle: sessions held at once (default 2000)")
 	flag.DurationVar(&cfg.Duration, "duration", 0, "how long to load the server (default 2m)")

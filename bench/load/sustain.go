@@ -36,6 +36,9 @@ type SustainConfig struct {
 	// CPUProfile, if set, is where the CPU profile (pprof) of the new
 	// pipeline's run is written: this whole process, host and client.
 	CPUProfile string
+	// Trace, if set, is where the execution trace of the new pipeline's
+	// run is written (runtime/trace).
+	Trace string
 }
 
 // SustainResult is one pipeline's run.
@@ -175,6 +178,14 @@ func sustainOnce(ctx context.Context, cfg SustainConfig, old bool, d time.Durati
 	}
 	if !old && cfg.CPUProfile != "" {
 		stop, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			x.finish(ctx)
+			return nil, err
+		}
+		defer stop()
+	}
+	if !old && cfg.Trace != "" {
+		stop, err := startTrace(cfg.Trace)
 		if err != nil {
 			x.finish(ctx)
 			return nil, err
