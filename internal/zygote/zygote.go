@@ -375,6 +375,50 @@
 // 100/s offered, cycles wait 10-25 s in line for the two cores); not
 // done.
 //
+// A second pass (the same harness at 50 creates/s for 20 s, the code
+// before and after run alternately, two runs of each, load 4-6): 4.13
+// and 4.17 ms of this process's CPU per session before, 4.35 and 3.92
+// after (pprof's samples 3.13 and 2.81 ms; the two changes below are ~2%
+// of it, under the runs' noise). By pprof, per session: arming the spare
+// 0.53 (the group's five directories 0.26, the two moves 0.13, the
+// spare's messages), net/http 0.54 (server and client both), the pooled
+// session.New 0.35 (the workspace's directory on ext4 and its tmpfs
+// 0.15, the fork's hand-over 0.08), the close 0.40 (the group's removal
+// 0.13, the workspace's unmount and rmdir 0.11, the OOM check 0.02), the
+// scheduler's search for work 0.23, allocation 0.19. One group, made,
+// limited, given two processes and removed, costs the calling thread
+// ~0.52 ms of CPU on cgroup v1 (jail.BenchmarkGroupLife; five mkdirs 0.12,
+// the limits 0.06, each process's moves 0.07, five rmdirs 0.08); its
+// calls now walk from a descriptor of each hierarchy's parent, opened
+// once, rather than the whole path (0.52 against 0.56 ms), and the pool's
+// loop no longer formats the reasons for its target that only Stats
+// shows (session.BenchmarkPoolTarget: 0.3 against 1.4 µs a call).
+//
+// The largest cost pprof does not show is the Go runtime's monitor
+// (sysmon): its thread took ~20% of the process's CPU (schedstat: ~300 ms
+// in 7 s, ~2000-3000 wake-ups a second at ~17 µs each on this VM). After
+// it takes a processor back from a goroutine in a long system call it
+// polls every 20 µs, then backs off; the long calls, per session (go tool
+// trace -pprof=syscall on bench/load's -trace): 5.6 ms in ppoll (the
+// kernel's pipes, waiting for its start and its cells), 3.2 ms writing
+// cgroup.procs (an RCU grace period, see above), 1.4 ms in the
+// workspace's umount. Waiting for the pipes in the runtime's poller
+// instead (an epoll instance of the pipes registered through os.File)
+// saved no CPU that could be measured (8 host kernels running `1+1` at
+// once: 21-28 against 25-27 µs of Go CPU per cell, in turn) and made a
+// lone cell's round trip 15-35 µs slower: not done. A timer slack of 1 ms
+// for the whole process (prctl PR_SET_TIMERSLACK before it starts;
+// systemd's TimerSlackNSec) spaced the monitor's wake-ups: 3.22-3.77 ms
+// per session against 4.04-4.90 with the default 50 µs (three pairs, in
+// turn, load 5-9), but every timer of the process may then fire up to
+// 1 ms late: a host's choice, not set here. What else is left: the freezer's group (made for every
+// spare, used only to pause: a mkdir, two moves and an rmdir, ~0.07 ms)
+// could be made at the first pause, if the processes forked meanwhile are
+// moved too; the workspace's directory on ext4 (mkdir, and rmdir with
+// the inode's eviction and a discard: ~0.15-0.25 ms) would cost little
+// on a tmpfs parent, or renamed for the next session rather than
+// removed.
+//
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
 // kills every session it forked.
