@@ -415,9 +415,12 @@
 // spare, used only to pause: a mkdir, two moves and an rmdir, ~0.07 ms)
 // could be made at the first pause, if the processes forked meanwhile are
 // moved too; the workspace's directory on ext4 (mkdir, and rmdir with
-// the inode's eviction and a discard: ~0.15-0.25 ms) would cost little
-// on a tmpfs parent, or renamed for the next session rather than
-// removed.
+// the inode's eviction and a discard) costs more than pprof's 0.15-0.25
+// ms: with TMPDIR on a tmpfs (/dev/shm) the same harness took 3.66 and
+// 3.09 ms per session against 3.97 and 3.69 in /tmp (two pairs in turn,
+// load 6-11). A tmpfs parent of sandloop's own would spare it, but
+// workspaces' paths, the sweep of a dead sandloop's workspaces and their
+// adoption by the next (keeper) would change with it; not done.
 //
 // If the template dies it is started again at the next fork (and at once
 // in the background); sessions already forked live on. Closing the Zygote
