@@ -563,6 +563,15 @@ func (g *Gateway) resolveFor(w http.ResponseWriter, r *http.Request, id, kind st
 		return target{}, false
 	}
 	if !known || !reachable {
+		// Another gateway of the cell may have declared the host lost
+		// already (its health rounds run apart from this one's): the
+		// table, not the cache, says so, and every gateway then answers
+		// alike.
+		if cur, err := g.opts.Cluster.GetPlacement(r.Context(), id); err == nil && cur.Lost {
+			g.routes.drop(id)
+			g.lost(w, r, cur, mine)
+			return target{}, false
+		}
 		server.WriteError(w, http.StatusBadGateway, "host_unreachable", "the host of this session does not answer; retry shortly (if it stays away its sessions are declared lost: 410)", 1)
 		return target{}, false
 	}

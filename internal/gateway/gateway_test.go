@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/sandloop/sandloop/internal/jail/jailtest"
 	"github.com/sandloop/sandloop/internal/runs"
 	"github.com/sandloop/sandloop/internal/server"
@@ -226,17 +227,19 @@ type fixture struct {
 	gw    *Gateway
 	ts    *httptest.Server
 	pg    *store.Postgres
+	dsn   string // pg's database
 	hosts []*swapHost
 }
 
 func newFixture(t testing.TB, hosts int, configure ...func(*swapHost)) *fixture {
 	srv := pgtest.Start(t)
-	pg, err := store.OpenPostgres(t.Context(), srv.NewDatabase(t), nil)
+	dsn := srv.NewDatabase(t)
+	pg, err := store.OpenPostgres(t.Context(), dsn, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Close() })
-	f := &fixture{t: t, pg: pg}
+	f := &fixture{t: t, pg: pg, dsn: dsn}
 	var static Static
 	for range hosts {
 		h := newHost(t, append([]func(*swapHost){func(sh *swapHost) { sh.pg = pg }}, configure...)...)
@@ -330,6 +333,39 @@ func TestEpochFencing(t *testing.T) {
 	id2, _ := f.create(tok1)
 	if st, _ := f.do(tok1, "GET", "/v1/sessions/"+id2, ""); st != 200 {
 		t.Errorf("new session after the restart: %d", st)
+	}
+}
+
+// TestHostLostByAnotherGateway: a host stops answering; another gateway
+// of the cell declares it lost first (its health rounds run apart from
+// this one's), marking its sessions lost in the table. This gateway,
+// which sees the host unreachable but has not declared it lost itself
+// nor heard of it yet, answers 410 from the table at once, as the other
+// does, not 502 until its own LostAfter.
+func TestHostLostByAnotherGateway(t *testing.T) {
+	f := newFixture(t, 1)
+	id, host := f.create(tok1)
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != 200 {
+		t.Fatalf("get: %d %s", st, body)
+	}
+	f.hosts[0].ts.Close()
+	f.gw.Refresh(t.Context()) // unreachable now; lost only after an hour
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != http.StatusBadGateway {
+		t.Fatalf("before any gateway declared the host lost: %d %s, want 502", st, body)
+	}
+	// The other gateway's fence, as this one sees it before the table's
+	// notification reaches it (under load it may take a while): the
+	// table marks the session lost, the route cache still holds it.
+	conn, err := pgx.Connect(t.Context(), f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(t.Context(), `UPDATE sessions SET lost = true WHERE host = $1`, host); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != http.StatusGone || !strings.Contains(body, `"host_lost"`) {
+		t.Errorf("once another gateway declared the host lost: %d %s, want 410 host_lost", st, body)
 	}
 }
 
