@@ -831,22 +831,7 @@ func groupRead(dir, file string) string {
 		return ""
 	}
 	defer unix.Close(fd)
-	var buf [512]byte
-	var out []byte
-	for {
-		n, err := unix.Read(fd, buf[:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return ""
-		}
-		if n == 0 {
-			break
-		}
-		out = append(out, buf[:n]...)
-	}
-	return strings.TrimSpace(string(out))
+	return readFDString(fd)
 }
 
 func ignoringEINTR(f func() error) error {

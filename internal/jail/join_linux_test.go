@@ -40,6 +40,19 @@ sys.stdin.read()`, marker)},
 	return p
 }
 
+// liveTarget is liveJail's jail with no limits of its own, and a join
+// target of it (closed at the test's end, before the jail).
+func liveTarget(t *testing.T, marker string) (*Process, *JoinTarget) {
+	t.Helper()
+	a := liveJail(t, marker, Limits{})
+	target, err := a.JoinTarget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	return a, target
+}
+
 // joinPy runs code in p's jail and returns what it printed.
 func joinPy(t *testing.T, p *Process, code string, mod func(*Config)) (*Result, string, string) {
 	t.Helper()
@@ -181,12 +194,7 @@ except OSError as e:
 }
 
 func TestJoinKillEndsTheGroup(t *testing.T) {
-	a := liveJail(t, "kill", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	a, target := liveTarget(t, "kill")
 	out := &screen{}
 	// A job of an interactive shell has a process group of its own.
 	p, err := Start(context.Background(), &Config{Path: "/bin/bash", Args: []string{"bash", "-i", "-c", "sleep 1001.5 & sleep 1002.5 & echo started; wait"},
@@ -268,12 +276,7 @@ except OSError as e:
 // A joined program on a terminal: it answers what is typed, with the
 // terminal as its controlling terminal, in the foreground.
 func TestJoinTerminal(t *testing.T) {
-	a := liveJail(t, "terminal", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	_, target := liveTarget(t, "terminal")
 	for _, args := range [][]string{{"python3", "-q"}, {"bash", "-i", "-l", "-c", "python3 -q"}, {"bash", "-i", "-l"}} {
 		in, typed := io.Pipe()
 		out := &screen{}
@@ -325,12 +328,7 @@ print('early')`, nil)
 // the jail) dies before it reports the end is taken as killed, and the
 // result says its end was not reported.
 func TestJoinUnreportedEnd(t *testing.T) {
-	a := liveJail(t, "unreported", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	_, target := liveTarget(t, "unreported")
 	p, err := Start(context.Background(), &Config{Path: "/bin/sleep", Args: []string{"sleep", "1003.5"}, Join: target})
 	if err != nil {
 		t.Fatal(err)

@@ -220,12 +220,7 @@ func TestJoinProgramConfinesAsTheScript(t *testing.T) {
 // there; and a program's end is reported the same (its code, its signal).
 func TestJoinProgramReportsAsTheScript(t *testing.T) {
 	joinProgramOrSkip(t)
-	a := liveJail(t, "errors", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	a, target := liveTarget(t, "errors")
 	type outcome struct {
 		err            string
 		code           int

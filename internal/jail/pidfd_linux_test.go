@@ -139,12 +139,7 @@ func scriptEnded(t *testing.T, pid int) {
 // stranger holding that number is left alone. (By number, each of these
 // killed or stopped it.)
 func TestJoinSignalsNoStrangerWithItsProgramsNumber(t *testing.T) {
-	a := liveJail(t, "stranger", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	a, target := liveTarget(t, "stranger")
 	for _, script := range []bool{false, true} {
 		useJoinScript(t, script)
 		name := map[bool]string{false: "the join program", true: "the join script"}[script]
@@ -222,12 +217,7 @@ func TestJoinSignalsNoStrangerWithItsProgramsNumber(t *testing.T) {
 // process group (a job it started) through the same pidfd; the Process's
 // Kill its session, Signal the program.
 func TestJoinKillsItsProgramAndGroupThroughThePidfd(t *testing.T) {
-	a := liveJail(t, "group", Limits{})
-	target, err := a.JoinTarget()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	_, target := liveTarget(t, "group")
 	// jobs waits for the program's two sleeps (one a job of its shell).
 	jobs := func(tag string) []int {
 		var pids []int

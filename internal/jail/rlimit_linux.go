@@ -163,6 +163,11 @@ func readFileString(path string) string {
 		return ""
 	}
 	defer unix.Close(fd)
+	return readFDString(fd)
+}
+
+// readFDString reads fd to its end, trimmed, or "" on an error.
+func readFDString(fd int) string {
 	var buf [512]byte
 	var out []byte
 	for {
