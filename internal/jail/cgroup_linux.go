@@ -808,19 +808,7 @@ func groupWrite(dir, file, val string) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	for {
-		_, err = unix.Write(fd, []byte(val))
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if cerr := unix.Close(fd); err == nil && cerr != nil && cerr != unix.EINTR {
-		err = cerr
-	}
-	if err != nil {
-		return &os.PathError{Op: "write", Path: path, Err: err}
-	}
-	return nil
+	return writeFDString(fd, path, val)
 }
 
 // groupRead reads a group's interface file, trimmed, as readFileString

@@ -194,6 +194,13 @@ func writeFileString(path, val string) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	return writeFDString(fd, path, val)
+}
+
+// writeFDString writes val to fd (path's, open for writing) in one write,
+// and closes it.
+func writeFDString(fd int, path, val string) error {
+	var err error
 	for {
 		_, err = unix.Write(fd, []byte(val))
 		if err != unix.EINTR {
