@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,12 +142,29 @@ const stateSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | u
 // SealStateFile forbids every change to f, a NewStateFile, from now on,
 // through any descriptor or mapping: a kernel given it can map it
 // copy-on-write but never change what other kernels map.
+//
+// A write seal waits for references to the file's pages that are not
+// mappings (a pipe's, a page being migrated) to go; the kernel gives up
+// after ~150 ms with EBUSY. A fork's export was refused so once, under
+// CPU stress, its holder not identified: EBUSY is tried again, for up to
+// sealPatience.
 func SealStateFile(f *os.File) error {
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, stateSeals); err != nil {
-		return fmt.Errorf("seal the state file: %w", err)
+	deadline := time.Now().Add(sealPatience)
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		_, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, stateSeals)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("seal the state file: %w", err)
+		}
+		time.Sleep(wait)
 	}
-	return nil
 }
+
+// sealPatience is how long SealStateFile tries again while the file's
+// pages are held.
+const sealPatience = 5 * time.Second
 
 // sealedStateFile reports whether f is a sealed NewStateFile, which a
 // kernel may be given to map.
