@@ -147,22 +147,14 @@ func ensureCached(path string, read func() ([]byte, error)) error {
 	}
 	base := filepath.Base(path)
 	prefix := base[:strings.LastIndexByte(base, '-')+1] // "sandloop-init-"
-	f, err := os.CreateTemp(dir, "."+prefix+"*")
-	if err != nil {
-		return fmt.Errorf("init cache: %w", err)
-	}
-	_, err = f.Write(bin)
+	tmp, err := writeExecutable(dir, "."+prefix+"*", bin)
 	if err == nil {
-		err = f.Chmod(0o755)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path) // whole, or not there at all
+		err = os.Rename(tmp, path) // whole, or not there at all
 	}
 	if err != nil {
-		os.Remove(f.Name())
+		if tmp != "" {
+			os.Remove(tmp)
+		}
 		return fmt.Errorf("init cache: %w", err)
 	}
 	old, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
@@ -172,6 +164,30 @@ func ensureCached(path string, read func() ([]byte, error)) error {
 		}
 	}
 	return nil
+}
+
+// writeExecutable writes bin to a new file in dir (os.CreateTemp's
+// pattern), executable, and returns its path. No process forks while the
+// file is open for writing (syscall.ForkLock, which every fork of this
+// process takes): a child forked meanwhile would hold the descriptor
+// until its own exec, and executing the program then fails with "text
+// file busy" (golang/go#22315; a jail's join failed so in a stressed CI
+// run, a parallel test starting a jail as the join program was written).
+func writeExecutable(dir, pattern string, bin []byte) (string, error) {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(bin)
+	if err == nil {
+		err = f.Chmod(0o755)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return f.Name(), err
 }
 
 // ownedByUs checks that path is a directory (or a regular file) that is
