@@ -57,10 +57,14 @@ func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *k
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-		if t.Failed() {
+			if t.Failed() {
+				t.Logf("sandloop serve stderr (tail):\n%s", tail(s.stderr.String(), 40))
+				s.dumpGoroutines(t) // (ends it)
+			} else {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		} else if t.Failed() {
 			t.Logf("sandloop serve stderr (tail):\n%s", tail(s.stderr.String(), 40))
 		}
 	})
@@ -75,6 +79,22 @@ func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *k
 	cmd.Wait()
 	t.Fatalf("sandloop serve did not start:\n%s", s.stderr.String())
 	return nil
+}
+
+// dumpGoroutines logs the goroutines of a serve still running (a test
+// that failed on a hang), by SIGQUIT, which ends it.
+func (s *keptServe) dumpGoroutines(t testing.TB) {
+	before := len(s.stderr.String())
+	s.cmd.Process.Signal(syscall.SIGQUIT)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+	t.Logf("sandloop serve's goroutines (SIGQUIT):\n%s", s.stderr.String()[before:])
 }
 
 // kill9 kills serve with SIGKILL and reaps it.
