@@ -78,6 +78,11 @@ type Restored struct {
 	// Lost says what did not come back beyond NotRestored: what was done
 	// after AsOf. Empty when nothing was.
 	Lost string `json:"lost,omitempty"`
+	// FilesAsOf, when set, is when the files are of: a session whose
+	// processes were lost but whose workspace was not (its keeper died,
+	// the host did not) comes back with its files as they were then, and
+	// with its variables as of AsOf.
+	FilesAsOf time.Time `json:"files_as_of,omitzero"`
 }
 
 // ArgumentError reports bad input to a session call: what is wrong, and

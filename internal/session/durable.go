@@ -44,7 +44,12 @@ import (
 //
 // Manager.KeeperDied, when the keeper dies under a running server, puts
 // the sessions whose kernels it spawned to sleep in place, the same way
-// (lostState), on a new workspace in the next keeper.
+// (lostState), on a new workspace in the next keeper. Their old
+// workspaces outlived the keeper (host directories): each one's files as
+// they were are written first to a new automatic snapshot, with the
+// variables of its latest one (Session.sleepLost), which it sleeps on
+// instead, so that no file written after the latest snapshot is lost; its
+// record says so (Salvaged) until a newer snapshot replaces it.
 //
 // Manager.Restore, at a server's start (after the keeper's sessions are
 // taken over), adopts every record whose session is not held: as a
@@ -77,6 +82,17 @@ type durableRecord struct {
 	Hibernated bool      `json:"hibernated,omitempty"`
 	// UsedAt is the first use after Snapshot (zero: none since).
 	UsedAt time.Time `json:"used_at,omitzero"`
+	// Salvaged: Snapshot holds a lost session's files as they were when
+	// its processes were lost, with the variables of an earlier snapshot
+	// (Session.sleepLost); nil for any other snapshot.
+	Salvaged *salvageNote `json:"salvaged,omitempty"`
+}
+
+// salvageNote is what a salvaged snapshot lacks: its variables are as of
+// VariablesAsOf (zero: it has none), and Lost says what was lost.
+type salvageNote struct {
+	VariablesAsOf time.Time `json:"variables_as_of,omitzero"`
+	Lost          string    `json:"lost,omitempty"`
 }
 
 // durableState is a managed session's part of its record.
@@ -89,6 +105,7 @@ type durableState struct {
 	hibernated bool
 	uses       uint64
 	usedAt     time.Time // the first use since snap
+	salvaged   *salvageNote
 	tried      time.Time // the last automatic snapshot tried
 	gone       bool      // the session was closed: no more writes
 	commands   int       // commands running (StartCommand): in use until they end
@@ -143,7 +160,7 @@ func (m *Manager) recordOfLocked(ms *Managed) durableRecord {
 	return durableRecord{ID: ms.ID(), Owner: ms.Owner, Created: ms.Created, Limits: ms.Limits, Network: ms.Network,
 		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
 		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
-		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt}
+		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt, Salvaged: d.salvaged}
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -270,6 +287,9 @@ func (m *Managed) hibernated(man *snapshot.Manifest) {
 	}
 	d.mu.Lock()
 	old := d.snap
+	if man.ID != old {
+		d.salvaged = nil
+	}
 	d.snap, d.at, d.hibernated, d.usedAt = man.ID, man.CreatedAt, true, time.Time{}
 	d.mu.Unlock()
 	m.mgr.saveRecord(m)
@@ -435,7 +455,7 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	}
 	d.mu.Lock()
 	old := d.snap
-	d.snap, d.at = man.ID, man.CreatedAt
+	d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, nil
 	if d.uses == uses && d.commands == 0 {
 		d.usedAt = time.Time{}
 	} else {
@@ -588,8 +608,13 @@ func (m *Manager) lostState(ctx context.Context, rec *durableRecord) (*hibernati
 			return nil, nil, err
 		}
 	}
-	h := &hibernating{store: st, owner: rec.Owner, m: man, keep: true}
+	h := &hibernating{store: st, owner: rec.Owner, m: man, keep: true, usedAt: rec.UsedAt}
 	switch {
+	case rec.Hibernated && man != nil && rec.Salvaged != nil:
+		// Asleep on its files as they were when its processes were lost
+		// (sleepLost): what its wake would have said.
+		h.from = "the automatic snapshot " + man.ID + " (the session's processes were lost)"
+		h.asOf, h.filesAsOf, h.lost = rec.Salvaged.VariablesAsOf, man.CreatedAt, rec.Salvaged.Lost
 	case rec.Hibernated && man != nil:
 		// Hibernated before the server stopped: nothing was lost.
 	case man == nil:
@@ -598,6 +623,10 @@ func (m *Manager) lostState(ctx context.Context, rec *durableRecord) (*hibernati
 	default:
 		h.from = "the automatic snapshot " + man.ID + " (the session's processes were lost)"
 		h.asOf = man.CreatedAt
+		if rec.Salvaged != nil {
+			// Woken from a salvage since: its variables are older.
+			h.asOf, h.filesAsOf = rec.Salvaged.VariablesAsOf, man.CreatedAt
+		}
 		if !rec.UsedAt.IsZero() {
 			h.lost = fmt.Sprintf("what was done in the session after %s (it was used from %s until its processes were lost)",
 				man.CreatedAt.UTC().Format(time.RFC3339), rec.UsedAt.UTC().Format(time.RFC3339))
@@ -605,7 +634,7 @@ func (m *Manager) lostState(ctx context.Context, rec *durableRecord) (*hibernati
 	}
 	d := &durableState{at: rec.SnapshotAt, hibernated: true}
 	if man != nil {
-		d.snap = man.ID
+		d.snap, d.salvaged = man.ID, rec.Salvaged
 		if rec.UsedAt.IsZero() {
 			d.at = man.CreatedAt
 		}
@@ -686,15 +715,31 @@ func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
 			return err
 		}
 	}
-	if err := ms.Session.sleepLost(ctx, h, q); err != nil {
+	sh, err := ms.Session.sleepLost(ctx, h, q)
+	if err != nil {
 		if q != nil {
 			q.Remove()
 		}
 		return err
 	}
+	if sh != nil {
+		// Its files as they were, with the variables of the snapshot
+		// before: the record names it, and says so, from now on.
+		nd.snap, nd.at, nd.salvaged = sh.m.ID, sh.m.CreatedAt, &salvageNote{VariablesAsOf: sh.asOf, Lost: sh.lost}
+	}
 	d.mu.Lock()
-	d.snap, d.at, d.hibernated, d.usedAt = nd.snap, nd.at, true, time.Time{}
+	d.snap, d.at, d.hibernated, d.usedAt, d.salvaged = nd.snap, nd.at, true, time.Time{}, nd.salvaged
 	d.mu.Unlock()
+	if sh != nil {
+		m.saveRecord(ms)
+		m.deleteSnapshot(ms, rec.Snapshot, sh.m.ID)
+		if m.opts.OnSnapshot != nil {
+			m.opts.OnSnapshot(ms.ID(), sh.m.ID)
+		}
+		m.log.Info("session lost with its keeper, asleep on its files as they were and the variables of its latest snapshot: it wakes at its first use",
+			"session", ms.ID(), "snapshot", nd.snap, "variables_of", rec.Snapshot)
+		return nil
+	}
 	m.log.Info("session lost with its keeper, asleep on its latest snapshot: it wakes at its first use", "session", ms.ID(), "snapshot", nd.snap)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +59,58 @@ type hibernating struct {
 	// session whose processes were lost says what was lost.
 	from, lost string
 	asOf       time.Time
+	// usedAt is the first use after m (zero: none), for a lost session.
+	usedAt time.Time
+	// filesAsOf: m's files are of then, newer than its variables (asOf):
+	// a lost session's workspace salvaged (salvaged).
+	filesAsOf time.Time
+}
+
+// salvaged is h for a lost session whose workspace survived its
+// processes (the keeper died, the host did not): man, written from that
+// workspace and h's snapshot's variables (salvageWorkspace), replaces h's
+// snapshot. Its files are as of the loss, its variables as of h's.
+func (h *hibernating) salvaged(man *snapshot.Manifest) *hibernating {
+	n := &hibernating{store: h.store, owner: h.owner, m: man, keep: true, asOf: h.asOf, filesAsOf: man.CreatedAt,
+		from: "the automatic snapshot " + man.ID + " (the session's processes were lost)"}
+	switch {
+	case h.m == nil:
+		n.lost = "its variables: its processes were lost before its first snapshot (its files were kept as they were)"
+	case !h.usedAt.IsZero():
+		n.lost = fmt.Sprintf("the variables set after %s (it was used from %s until its processes were lost; its files were kept as they were)",
+			h.asOf.UTC().Format(time.RFC3339), h.usedAt.UTC().Format(time.RFC3339))
+	}
+	return n
+}
+
+// salvageWorkspace writes a held automatic snapshot of a lost session's
+// workspace as it is, with the variables of h's snapshot (its state
+// stream copied: its chunks are stored once), for sleepLost. The caller
+// holds the turn; the kernel is dead.
+func (s *Session) salvageWorkspace(ctx context.Context, h *hibernating) (*snapshot.Manifest, error) {
+	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	o := &snapshot.WriteOptions{Session: s.id, Name: autoSnapshotName, Held: true, Template: s.templateName()}
+	if old := h.m; old != nil && old.State != nil {
+		o.State = func(ctx context.Context, w io.Writer) (any, error) {
+			rc, _, err := h.store.OpenState(ctx, h.owner, old.ID)
+			if err != nil {
+				return nil, err
+			}
+			if rc == nil {
+				return nil, fmt.Errorf("snapshot %s has no variables to carry over", old.ID)
+			}
+			defer rc.Close()
+			if _, err := io.Copy(w, rc); err != nil {
+				return nil, err
+			}
+			return old.State.Manifest, nil
+		}
+	}
+	return h.store.Write(ctx, h.owner, snapshot.WorkspaceSource(ws), o)
 }
 
 // Hibernated says whether the session is hibernated.
@@ -127,33 +180,51 @@ func (s *Session) sleepOn(h *hibernating) {
 // dead yet (an execution in flight ends "killed"), its checkpoints and
 // workspace emptied, and the session is hibernated on h, what its latest
 // snapshot brings back (Manager.lostState). The next call wakes it.
+// Its workspace outlived the keeper (a host directory): its files as they
+// are, with h's variables, are written to a new automatic snapshot first
+// (salvageWorkspace), which the session sleeps on instead: sleepLost
+// returns that (h.salvaged), nil if none (the files could not be read or
+// stored, and the session comes back from h's snapshot, as it says).
 // Whoever holds the session (an E2B sandbox, a client's stream) keeps it:
 // same id, owner, limits and network. q, if not nil, is its new
 // workspace (the old one is named after the dead keeper: any sandloop
 // starting sweeps it), swapped in while the session is asleep and holds
 // its turn, and then q is the session's; on an error the caller removes q.
-func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDir) error {
+func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDir) (*hibernating, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	k := s.k
 	s.mu.Unlock()
 	k.Kill("the session's processes were lost (the process that held them died)")
 	if err := s.acquire(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	defer s.release()
 	s.hib.mu.Lock()
 	defer s.hib.mu.Unlock()
 	if s.hib.snap != nil {
-		return nil // hibernated: its snapshot has it all
+		return nil, nil // hibernated: its snapshot has it all
+	}
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	// The kernel is dead and the turn ours: nothing in the sandbox
+	// writes any more.
+	var salvaged *hibernating
+	if man, err := s.salvageWorkspace(ctx, h); err != nil {
+		s.log.Warn("lost session: its files as they were could not be written to a snapshot; it comes back from its latest one",
+			"err", err)
+	} else {
+		salvaged = h.salvaged(man)
+		h = salvaged
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	k = s.k // a Restart may have replaced it meanwhile
 	s.k = kernel.Gone("the session is asleep: its next use restores it")
@@ -176,7 +247,7 @@ func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDi
 		s.log.Warn("lost session: empty the workspace", "err", err)
 	}
 	s.sleepOn(h)
-	return nil
+	return salvaged, nil
 }
 
 func (s *Session) clearWorkspace() error {
@@ -231,8 +302,8 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 	}
 	s.hib.snap = nil
 	s.hib.on.Store(false)
-	if h.lost != "" || !h.asOf.IsZero() {
-		res.Lost, res.AsOf = h.lost, h.asOf
+	if h.lost != "" || !h.asOf.IsZero() || !h.filesAsOf.IsZero() {
+		res.Lost, res.AsOf, res.FilesAsOf = h.lost, h.asOf, h.filesAsOf
 		s.setRestored(res)
 		out := *res
 		res = &out

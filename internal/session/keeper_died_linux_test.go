@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/keeper"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
@@ -24,27 +25,12 @@ import (
 // starts: the keeper (a real one, this test binary) is left running, so
 // without the check at registration the session would come back awake,
 // its kernel held by a keeper the server believes dead. It wakes empty,
-// saying everything was lost (it had no snapshot yet).
+// saying its variables were lost (it had no snapshot yet) and its files
+// (none) kept.
 func TestKeeperDiedWhileCreating(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("a keeper's sessions need root (their workspaces are host directories)")
-	}
+	c := startTestKeeper(t)
 	ctx := context.Background()
-	c, err := keeper.Connect(filepath.Join(t.TempDir(), "keeper"), os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
 	pid := c.Pid()
-	t.Cleanup(func() {
-		c.Close()
-		syscall.Kill(pid, syscall.SIGKILL)
-		testutil.WaitFor(t, 30*time.Second, func() error {
-			if syscall.Kill(pid, 0) == nil {
-				return fmt.Errorf("keeper %d still runs", pid)
-			}
-			return nil
-		})
-	})
 	st, _, _ := snapshotStore(t, nil)
 	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir(), Keeper: c})
 
@@ -83,8 +69,103 @@ func TestKeeperDiedWhileCreating(t *testing.T) {
 	if got := managedText(t, r.ms, "import os\nsorted(os.listdir('.')), 'x' in globals()"); got != "([], False)" {
 		t.Errorf("woken: %s, want an empty session", got)
 	}
-	if res := r.ms.Restored(); res == nil || !strings.Contains(res.Lost, "everything") {
-		t.Errorf("woken: restored %+v does not say everything was lost", res)
+	if res := r.ms.Restored(); res == nil || !strings.Contains(res.Lost, "before its first snapshot") || res.FilesAsOf.IsZero() {
+		t.Errorf("woken: restored %+v does not say its variables were lost (before its first snapshot) and its files kept", res)
+	}
+}
+
+// startTestKeeper starts a real keeper (this test binary) and returns
+// its client; the cleanup kills it by its PID.
+func startTestKeeper(t *testing.T) *keeper.Client {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a keeper's sessions need root (their workspaces are host directories)")
+	}
+	c, err := keeper.Connect(filepath.Join(t.TempDir(), "keeper"), os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := c.Pid()
+	t.Cleanup(func() {
+		c.Close()
+		syscall.Kill(pid, syscall.SIGKILL)
+		testutil.WaitFor(t, 30*time.Second, func() error {
+			if syscall.Kill(pid, 0) == nil {
+				return fmt.Errorf("keeper %d still runs", pid)
+			}
+			return nil
+		})
+	})
+	return c
+}
+
+// TestKeeperDiedKeepsTheFiles: the workspace of a session whose keeper
+// died outlives it (a host directory), so what was written after the
+// latest automatic snapshot is not lost: the session sleeps on a new
+// snapshot of its files as they were, with the variables of the one
+// before, and its wake says so (files as of the loss, variables as of the
+// snapshot, the variables set since lost). The record names the new
+// snapshot and says the same to a server restarted meanwhile; the old
+// snapshot is deleted. As in TestKeeperDiedWhileCreating the keeper is
+// left running (KeeperDied kills the session's kernel), so the wake has
+// one to start in.
+func TestKeeperDiedKeepsTheFiles(t *testing.T) {
+	c := startTestKeeper(t)
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	m := forkManager(t, ManagerOptions{Snapshots: st, Records: t.TempDir(), Keeper: c})
+	ms, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managedText(t, ms, "x = 1\nopen('early.txt', 'w').write('early')")
+	ms.markUsed()
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written, want 1", n)
+	}
+	first := lastAutoSnapshot(t, m, st, ms)
+	managedText(t, ms, "y = 2\nopen('late.txt', 'w').write('late')\nopen('early.txt', 'a').write(' and later')")
+	ms.markUsed()
+
+	if n, err := m.KeeperDied(ctx, c.Pid()); err != nil || n != 1 {
+		t.Fatalf("KeeperDied: %d sessions put to sleep, %v; want 1", n, err)
+	}
+	if got := ms.State(); got != StateHibernated {
+		t.Fatalf("state %q after its keeper died, want %q", got, StateHibernated)
+	}
+	rec := m.loadRecord(ms.ID())
+	if rec == nil || rec.Snapshot == first.ID || rec.Salvaged == nil || !rec.Hibernated {
+		t.Fatalf("record after the keeper died: %+v, want a new snapshot (not %s), salvaged and hibernated", rec, first.ID)
+	}
+	if !rec.Salvaged.VariablesAsOf.Equal(first.CreatedAt) || !strings.Contains(rec.Salvaged.Lost, "variables set after") {
+		t.Errorf("record's salvage note %+v: want variables as of %v and the variables set since lost", rec.Salvaged, first.CreatedAt)
+	}
+	if _, err := st.Get(ctx, "alice", first.ID); !errors.Is(err, snapshot.ErrNotFound) {
+		t.Errorf("the snapshot the files replaced (%s) is left: %v", first.ID, err)
+	}
+	// A server started now (the record alone) would say the same.
+	h, _, err := m.lostState(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.asOf.Equal(first.CreatedAt) || h.filesAsOf.IsZero() || h.lost != rec.Salvaged.Lost {
+		t.Errorf("a restart's restore from the record: as of %v, files as of %v, lost %q; want %v, set, %q",
+			h.asOf, h.filesAsOf, h.lost, first.CreatedAt, rec.Salvaged.Lost)
+	}
+
+	got := managedText(t, ms, "import os\nsorted(os.listdir('.')), open('early.txt').read(), 'x' in globals(), 'y' in globals()")
+	if want := "(['early.txt', 'late.txt'], 'early and later', True, False)"; got != want {
+		t.Errorf("woken: %s, want %s (the files as they were, the variables as of the snapshot)", got, want)
+	}
+	res := ms.Restored()
+	if res == nil || res.FilesAsOf.IsZero() || !res.AsOf.Equal(first.CreatedAt) || !strings.Contains(res.Lost, "variables set after") {
+		t.Fatalf("woken: restored %+v, want files as of the loss, variables as of %v, the variables set since lost", res, first.CreatedAt)
+	}
+	sum := res.Summary()
+	for _, want := range []string{"files exact as of ", "(2 files)", "variables restored: x", "variables as of ", "lost: the variables set after"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary %q does not say %q", sum, want)
+		}
 	}
 }
 

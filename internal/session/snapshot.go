@@ -203,7 +203,11 @@ func (r *Restored) Summary() string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "from %s: files exact (%d files)", r.From, r.Files)
+	if r.FilesAsOf.IsZero() {
+		fmt.Fprintf(&b, "from %s: files exact (%d files)", r.From, r.Files)
+	} else {
+		fmt.Fprintf(&b, "from %s: files exact as of %s (%d files)", r.From, r.FilesAsOf.UTC().Format(time.RFC3339), r.Files)
+	}
 	if len(r.Variables) > 0 {
 		b.WriteString("; variables restored: " + strings.Join(r.Variables, ", "))
 	} else {
@@ -212,7 +216,10 @@ func (r *Restored) Summary() string {
 	if len(r.NotRestored) > 0 {
 		b.WriteString("; not restorable: " + strings.Join(r.NotRestored, "; "))
 	}
-	if !r.AsOf.IsZero() {
+	switch {
+	case !r.AsOf.IsZero() && !r.FilesAsOf.IsZero():
+		b.WriteString("; variables as of " + r.AsOf.UTC().Format(time.RFC3339))
+	case !r.AsOf.IsZero():
 		b.WriteString("; as of " + r.AsOf.UTC().Format(time.RFC3339))
 	}
 	if r.Lost != "" {
