@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,8 +40,11 @@ import (
 // automatic snapshot: held (retention leaves it alone), its files
 // exactly and its variables as far as they serialize, incremental (only
 // changed chunks are stored); the one before it is deleted then. A
-// session whose kernel died is not written (its latest snapshot keeps
-// its variables) until its kernel is restarted. A session is not
+// session whose kernel died (restart required) and that was used since
+// its latest snapshot has its files written, once its kernel has been
+// seen dead for deadGrace and its keeper (if any) still runs, with the
+// variables of that snapshot (salvageDead; its record's Salvaged says its
+// variables are older than its files, and why). A session is not
 // written while a cell runs in it (its files and variables must be of
 // one moment), so a long cell's effects wait for its end.
 //
@@ -109,6 +115,7 @@ type durableState struct {
 	tried      time.Time // the last automatic snapshot tried
 	gone       bool      // the session was closed: no more writes
 	commands   int       // commands running (StartCommand): in use until they end
+	deadSince  time.Time // when its kernel was first seen dead (zero: alive)
 	// The sandbox's CPU time when it was last watched (watched; zero:
 	// never), for what runs on in it without a call (backgroundActive).
 	cpu     time.Duration
@@ -434,28 +441,44 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	start := time.Now()
 	d.tried = start
 	d.mu.Unlock()
-	var man *snapshot.Manifest
-	var err error
-	if s.paused.Load() || s.hib.on.Load() || s.Err() != nil {
-		// A dead kernel (restart required, or lost with its keeper):
-		// its last snapshot, variables and all, stays its latest.
+	var (
+		man  *snapshot.Manifest
+		note *salvageNote
+		err  error
+	)
+	switch {
+	case s.paused.Load() || s.hib.on.Load():
 		err = ErrBusy
-	} else {
+	case s.Err() != nil:
+		// A dead kernel (restart required): its files as they are, with
+		// the variables of its latest snapshot; not a kernel lost with
+		// its keeper (KeeperDied's).
+		if m.kernelDiedAlone(ms, start) {
+			man, note, err = m.salvageDead(ctx, ms)
+		} else {
+			err = ErrBusy
+		}
+	default:
+		d.mu.Lock()
+		d.deadSince = time.Time{}
+		d.mu.Unlock()
 		man, err = s.writeSnapshot(ctx, st, ms.Owner, autoSnapshotName, true)
 		if err == nil {
 			ms.watchedAfter()
 		}
 	}
-	s.release()
 	if err != nil {
+		s.release()
 		if !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			m.log.Warn("automatic snapshot", "session", ms.ID(), "err", err)
 		}
 		return false
 	}
+	// Named before the turn is let go: a KeeperDied that takes it next
+	// starts from this one, not from the one deleted below.
 	d.mu.Lock()
 	old := d.snap
-	d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, nil
+	d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, note
 	if d.uses == uses && d.commands == 0 {
 		d.usedAt = time.Time{}
 	} else {
@@ -463,6 +486,7 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	}
 	gone := d.gone
 	d.mu.Unlock()
+	s.release()
 	if gone {
 		m.deleteSnapshot(ms, man.ID, "")
 		return false
@@ -473,6 +497,84 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 		m.opts.OnSnapshot(ms.ID(), man.ID)
 	}
 	return true
+}
+
+// deadGrace is how long a session's kernel must have been seen dead before
+// its files are salvaged (salvageDead): a kernel that died with its keeper
+// is KeeperDied's, which learns of the death at once.
+const deadGrace = 2 * time.Second
+
+// kernelDiedAlone says whether ms's kernel, dead, died on its own (a
+// crash, the memory limit, os._exit) rather than with its keeper: seen
+// dead for deadGrace, and its keeper, if any, still runs.
+func (m *Manager) kernelDiedAlone(ms *Managed, now time.Time) bool {
+	d := ms.durable
+	d.mu.Lock()
+	if d.deadSince.IsZero() {
+		d.deadSince = now
+	}
+	since := d.deadSince
+	d.mu.Unlock()
+	if now.Sub(since) < deadGrace {
+		return false
+	}
+	pid := ms.Session.keeperPid.Load()
+	if pid == 0 {
+		return true
+	}
+	m.mu.Lock()
+	known := slices.Contains(m.keeperDeaths, pid)
+	m.mu.Unlock()
+	return !known && processRuns(int(pid))
+}
+
+// processRuns says whether process pid runs (exists and is no zombie).
+func processRuns(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
+}
+
+// salvageDead writes an automatic snapshot of a session whose kernel died
+// (the caller holds its turn): its files as they are, with the variables
+// of its latest snapshot, and the note its record keeps of that. Files
+// written before the kernel died are then not lost with the host, as they
+// would be until the session's next use.
+func (m *Manager) salvageDead(ctx context.Context, ms *Managed) (*snapshot.Manifest, *salvageNote, error) {
+	d, st := ms.durable, m.opts.Snapshots
+	d.mu.Lock()
+	snap, prev, since := d.snap, d.salvaged, d.deadSince
+	d.mu.Unlock()
+	h := &hibernating{store: st, owner: ms.Owner}
+	if snap != "" {
+		man, err := st.Get(ctx, ms.Owner, snap)
+		if err != nil {
+			return nil, nil, err
+		}
+		h.m = man
+	}
+	man, err := ms.Session.salvageWorkspace(ctx, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	note := &salvageNote{}
+	switch {
+	case prev != nil:
+		note.VariablesAsOf = prev.VariablesAsOf
+	case h.m != nil:
+		note.VariablesAsOf = h.m.CreatedAt
+	}
+	died := fmt.Sprintf("its kernel died (restart required), seen at %s", since.UTC().Format(time.RFC3339))
+	if note.VariablesAsOf.IsZero() {
+		note.Lost = "its variables: " + died + " before its first snapshot"
+	} else {
+		note.Lost = fmt.Sprintf("the variables set after %s: %s", note.VariablesAsOf.UTC().Format(time.RFC3339), died)
+	}
+	m.log.Info("session's kernel dead: its files written to a snapshot with the variables of its latest one", "session", ms.ID(), "snapshot", man.ID, "variables_of", snap)
+	return man, note, nil
 }
 
 // loadRecord reads session id's record, if it has one.
@@ -623,14 +725,20 @@ func (m *Manager) lostState(ctx context.Context, rec *durableRecord) (*hibernati
 	default:
 		h.from = "the automatic snapshot " + man.ID + " (the session's processes were lost)"
 		h.asOf = man.CreatedAt
+		var lost []string
 		if rec.Salvaged != nil {
-			// Woken from a salvage since: its variables are older.
+			// A salvage (its kernel had died, or it was woken from one
+			// since): its variables are older than its files.
 			h.asOf, h.filesAsOf = rec.Salvaged.VariablesAsOf, man.CreatedAt
+			if rec.Salvaged.Lost != "" {
+				lost = append(lost, rec.Salvaged.Lost)
+			}
 		}
 		if !rec.UsedAt.IsZero() {
-			h.lost = fmt.Sprintf("what was done in the session after %s (it was used from %s until its processes were lost)",
-				man.CreatedAt.UTC().Format(time.RFC3339), rec.UsedAt.UTC().Format(time.RFC3339))
+			lost = append(lost, fmt.Sprintf("what was done in the session after %s (it was used from %s until its processes were lost)",
+				man.CreatedAt.UTC().Format(time.RFC3339), rec.UsedAt.UTC().Format(time.RFC3339)))
 		}
+		h.lost = strings.Join(lost, "; ")
 	}
 	d := &durableState{at: rec.SnapshotAt, hibernated: true}
 	if man != nil {
@@ -701,11 +809,17 @@ func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
 	if d == nil || m.opts.Snapshots == nil {
 		return errors.New("its processes were lost and it has no snapshot to come back from (the server keeps none: --snapshot-every)")
 	}
-	rec := m.recordOf(ms)
-	h, nd, err := m.lostState(ctx, &rec)
-	if err != nil {
-		return err
+	var (
+		rec durableRecord
+		nd  *durableState
+	)
+	lost := func() (*hibernating, error) {
+		rec = m.recordOf(ms)
+		h, d, err := m.lostState(ctx, &rec)
+		nd = d
+		return h, err
 	}
+	var err error
 	// A new workspace, in the keeper that will hold the session woken
 	// (started here if none runs): the old one is named after the dead
 	// keeper, and any sandloop starting sweeps those.
@@ -715,12 +829,12 @@ func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
 			return err
 		}
 	}
-	sh, err := ms.Session.sleepLost(ctx, h, q)
-	if err != nil {
+	sh, err := ms.Session.sleepLost(ctx, lost, q)
+	if err != nil || nd == nil {
 		if q != nil {
 			q.Remove()
 		}
-		return err
+		return err // (nd nil: it was hibernated meanwhile, and its record says so)
 	}
 	if sh != nil {
 		// Its files as they were, with the variables of the snapshot

@@ -304,3 +304,63 @@ threading.Thread(target=later, daemon=True).start()`)
 		t.Errorf("the automatic snapshot lacks late.txt: %+v", man.Files)
 	}
 }
+
+// TestKernelDeathLosesNoFile: a session whose kernel died (a crash, the
+// memory limit) after writing files was not written again until its next
+// use, so a host lost meanwhile lost those files. Now, once the kernel has
+// been seen dead for deadGrace (a keeper's death is KeeperDied's), its
+// files as they are go to an automatic snapshot with the variables of its
+// latest one; a server restored from the records brings them back and
+// says the variables are older than the files and why the newer were lost.
+func TestKernelDeathLosesNoFile(t *testing.T) {
+	ctx := context.Background()
+	m, o, st, ms := durableSession(t)
+	managedText(t, ms, "x = 1\nopen('early.txt', 'w').write('early')")
+	ms.markUsed()
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written, want 1", n)
+	}
+	first := lastAutoSnapshot(t, m, st, ms)
+	r := runCode(t, ms.Session, "y = 2\nopen('late.txt', 'w').write('late')\nimport os\nos._exit(1)")
+	ms.markUsed()
+	if ms.Session.Err() == nil {
+		t.Fatalf("the kernel lives on after os._exit: %+v", r)
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 0 {
+		t.Fatalf("%d automatic snapshots written as soon as the kernel died, want 0 (it waits %v)", n, deadGrace)
+	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if n := m.SnapshotChanged(ctx, 0); n != 1 {
+			return errors.New("no automatic snapshot of the session whose kernel died")
+		}
+		return nil
+	})
+	rec := m.loadRecord(ms.ID())
+	if rec == nil || rec.Salvaged == nil || !rec.Salvaged.VariablesAsOf.Equal(first.CreatedAt) || !strings.Contains(rec.Salvaged.Lost, "kernel died") {
+		t.Fatalf("record: %+v, want a salvage note: variables as of %v, the kernel's death", rec, first.CreatedAt)
+	}
+	if _, err := st.Get(ctx, "alice", first.ID); !errors.Is(err, snapshot.ErrNotFound) {
+		t.Errorf("the snapshot replaced (%s) is left: %v", first.ID, err)
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 0 {
+		t.Errorf("%d more automatic snapshots with nothing changed, want 0", n)
+	}
+	m.Detach()
+
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(ctx); n != 1 || err != nil {
+		t.Fatalf("restore: %d, %v", n, err)
+	}
+	back, err := m2.Get("alice", ms.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := managedText(t, back, "import os\nsorted(os.listdir('.')), 'x' in globals(), 'y' in globals()")
+	if want := "(['early.txt', 'late.txt'], True, False)"; got != want {
+		t.Errorf("restored: %s, want %s", got, want)
+	}
+	res := back.Restored()
+	if res == nil || res.FilesAsOf.IsZero() || !res.AsOf.Equal(first.CreatedAt) || !strings.Contains(res.Lost, "kernel died") {
+		t.Errorf("restored %+v: want files as of the salvage, variables as of %v, the kernel's death said", res, first.CreatedAt)
+	}
+}

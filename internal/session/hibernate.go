@@ -79,6 +79,8 @@ func (h *hibernating) salvaged(man *snapshot.Manifest) *hibernating {
 	case !h.usedAt.IsZero():
 		n.lost = fmt.Sprintf("the variables set after %s (it was used from %s until its processes were lost; its files were kept as they were)",
 			h.asOf.UTC().Format(time.RFC3339), h.usedAt.UTC().Format(time.RFC3339))
+	case h.lost != "":
+		n.lost = h.lost // its snapshot was a salvage: what that lacked
 	}
 	return n
 }
@@ -179,7 +181,8 @@ func (s *Session) sleepOn(h *hibernating) {
 // (the keeper that held its jail died): its kernel is killed if it is not
 // dead yet (an execution in flight ends "killed"), its checkpoints and
 // workspace emptied, and the session is hibernated on h, what its latest
-// snapshot brings back (Manager.lostState). The next call wakes it.
+// snapshot brings back (lost, Manager.lostState, called under the turn).
+// The next call wakes it.
 // Its workspace outlived the keeper (a host directory): its files as they
 // are, with h's variables, are written to a new automatic snapshot first
 // (salvageWorkspace), which the session sleeps on instead: sleepLost
@@ -190,7 +193,7 @@ func (s *Session) sleepOn(h *hibernating) {
 // workspace (the old one is named after the dead keeper: any sandloop
 // starting sweeps it), swapped in while the session is asleep and holds
 // its turn, and then q is the session's; on an error the caller removes q.
-func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDir) (*hibernating, error) {
+func (s *Session) sleepLost(ctx context.Context, lost func() (*hibernating, error), q *jail.QuotaDir) (*hibernating, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -210,6 +213,12 @@ func (s *Session) sleepLost(ctx context.Context, h *hibernating, q *jail.QuotaDi
 	}
 	if s.isClosed() {
 		return nil, ErrClosed
+	}
+	// Under the turn: an automatic snapshot that replaced the latest one
+	// meanwhile has named its own (the one before is deleted).
+	h, err := lost()
+	if err != nil {
+		return nil, err
 	}
 	// The kernel is dead and the turn ours: nothing in the sandbox
 	// writes any more.
