@@ -106,14 +106,7 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 	managedRun(t, ms, "v_c = 3") // after the snapshot: lost with the processes
 	m.Detach()                   // its processes go; its record stays
 
-	m2 := forkManager(t, o)
-	if n, err := m2.Restore(ctx); n != 1 || err != nil {
-		t.Fatalf("restore: %d, %v", n, err)
-	}
-	back, err := m2.Get("alice", ms.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m2, back := restoreOne(t, o, ms)
 	if !back.Hibernated() {
 		t.Errorf("a restored session is not asleep")
 	}
@@ -204,14 +197,7 @@ func TestFilesChangeAfterSnapshotIsWritten(t *testing.T) {
 	}
 	m.Detach()
 
-	m2 := forkManager(t, o)
-	if n, err := m2.Restore(ctx); n != 1 || err != nil {
-		t.Fatalf("restore: %d, %v", n, err)
-	}
-	back, err := m2.Get("alice", ms.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, back := restoreOne(t, o, ms)
 	if _, err := back.Wake(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -347,14 +333,7 @@ func TestKernelDeathLosesNoFile(t *testing.T) {
 	}
 	m.Detach()
 
-	m2 := forkManager(t, o)
-	if n, err := m2.Restore(ctx); n != 1 || err != nil {
-		t.Fatalf("restore: %d, %v", n, err)
-	}
-	back, err := m2.Get("alice", ms.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, back := restoreOne(t, o, ms)
 	got := managedText(t, back, "import os\nsorted(os.listdir('.')), 'x' in globals(), 'y' in globals()")
 	if want := "(['early.txt', 'late.txt'], True, False)"; got != want {
 		t.Errorf("restored: %s, want %s", got, want)
@@ -363,4 +342,19 @@ func TestKernelDeathLosesNoFile(t *testing.T) {
 	if res == nil || res.FilesAsOf.IsZero() || !res.AsOf.Equal(first.CreatedAt) || !strings.Contains(res.Lost, "kernel died") {
 		t.Errorf("restored %+v: want files as of the salvage, variables as of %v, the kernel's death said", res, first.CreatedAt)
 	}
+}
+
+// restoreOne starts a manager on o (the records of a manager detached
+// before) and restores ms, the one session they hold.
+func restoreOne(t *testing.T, o ManagerOptions, ms *Managed) (*Manager, *Managed) {
+	t.Helper()
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(context.Background()); n != 1 || err != nil {
+		t.Fatalf("restore: %d, %v", n, err)
+	}
+	back, err := m2.Get(ms.Owner, ms.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m2, back
 }
