@@ -452,8 +452,8 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	case s.Err() != nil:
 		// A dead kernel (restart required): its files as they are, with
 		// the variables of its latest snapshot; not a kernel lost with
-		// its keeper (KeeperDied's).
-		if m.kernelDiedAlone(ms, start) {
+		// its keeper (KeeperDied's), nor a session closed.
+		if errors.Is(s.Err(), ErrRestartRequired) && m.kernelDiedAlone(ms, start) {
 			man, note, err = m.salvageDead(ctx, ms)
 		} else {
 			err = ErrBusy
