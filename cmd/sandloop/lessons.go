@@ -33,7 +33,7 @@ the same files, and shown again when the same error comes back. Runs with
 	var limit int
 	var query string
 	ls := &cobra.Command{
-		Use: "ls", Short: "List lessons (the best matches of -q first)", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List lessons (the best matches of -q first)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return listLessons(cmd, at(), query, limit) },
 	}
 	ls.Flags().IntVarP(&limit, "limit", "n", 50, "how many lessons")
@@ -43,7 +43,7 @@ the same files, and shown again when the same error comes back. Runs with
 		RunE: func(cmd *cobra.Command, args []string) error { return showLesson(cmd, at(), args[0]) },
 	}
 	rm := &cobra.Command{
-		Use: "rm ID...", Short: "Delete lessons", Args: cobra.MinimumNArgs(1),
+		Use: "rm ID...", Aliases: []string{"remove", "delete"}, Short: "Delete lessons", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error { return removeLessons(cmd, at(), args) },
 	}
 	var add store.Lesson

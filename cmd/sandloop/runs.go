@@ -29,7 +29,7 @@ func newRunsCmd() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&database, "database", "", databaseHelp)
 	var limit int
 	ls := &cobra.Command{
-		Use: "ls", Short: "List recent runs", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List recent runs", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return listRuns(cmd, dataDir, database, limit) },
 	}
 	ls.Flags().IntVarP(&limit, "limit", "n", 20, "how many runs")

@@ -42,7 +42,7 @@ token's sessions are not found.`,
 	pf.BoolVar(&f.json, "json", false, "print the server's answer as JSON")
 
 	ls := &cobra.Command{
-		Use: "ls", Short: "List the token's sessions and their state", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List the token's sessions and their state", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return listSessions(cmd, &f) },
 	}
 	var name string

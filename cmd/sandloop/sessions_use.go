@@ -127,9 +127,10 @@ session keeps its state), 137 if the kernel died (the session must be restarted)
 	execCmd.Flags().DurationVar(&execTimeout, "timeout", 0, "interrupt the code after this long, e.g. 30s (default: the session's)")
 
 	rmCmd := &cobra.Command{
-		Use:   "rm ID...",
-		Short: "Close sessions: their processes end and their files are deleted",
-		Args:  cobra.MinimumNArgs(1),
+		Use:     "rm ID...",
+		Aliases: []string{"remove", "delete"},
+		Short:   "Close sessions: their processes end and their files are deleted",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, f, func(ctx context.Context, c *client.Client) (any, error) {
 				var done []string

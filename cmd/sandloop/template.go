@@ -269,9 +269,10 @@ func buildImageTemplate(cmd *cobra.Command, tf *templateFlags, name, image, pyth
 func newTemplateLsCmd(tf *templateFlags) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "ls",
-		Short: "List the templates",
-		Args:  cobra.NoArgs,
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the templates",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := tf.open()
 			if err != nil {
@@ -326,8 +327,9 @@ func newTemplateShowCmd(tf *templateFlags) *cobra.Command {
 
 func newTemplateRmCmd(tf *templateFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove templates",
+		Use:     "rm NAME...",
+		Aliases: []string{"remove", "delete"},
+		Short:   "Remove templates",
 		Long: `Remove templates. A running server's sessions keep their template while they
 live; to have removal refused while sessions use it, remove it through the
 server (DELETE /v1/templates/NAME answers 409).`,

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
 )
 
 var (
@@ -265,5 +268,32 @@ if os.path.isdir("data"):
 	}
 	if n < 5 {
 		t.Errorf("only %d examples found in the README", n)
+	}
+}
+
+// The list and remove commands answer to the words users type: every
+// `ls` also as `list`, every `rm` as `remove` and `delete` (a user who
+// typed `sandloop sessions list` got "unknown command").
+func TestListAndRemoveAliases(t *testing.T) {
+	var walk func(c *cobra.Command)
+	seen := map[string]int{}
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			want := map[string][]string{"ls": {"list"}, "rm": {"remove", "delete"}}[sub.Name()]
+			for _, a := range want {
+				seen[sub.Name()]++
+				if !slices.Contains(sub.Aliases, a) {
+					t.Errorf("%s: no alias %q", sub.CommandPath(), a)
+				}
+			}
+			walk(sub)
+		}
+	}
+	walk(newRootCmd(strings.NewReader(""), io.Discard, io.Discard))
+	if seen["ls"] < 4 || seen["rm"] < 6 {
+		t.Errorf("found %d ls and %d rm aliases to check; the command tree changed?", seen["ls"], seen["rm"]/2)
+	}
+	if code, out, errOut := binary(t, "", "", "runs", "list", "--help"); code != 0 || !strings.Contains(out, "List recent runs") {
+		t.Errorf("runs list --help: exit %d, %q %q", code, out, errOut)
 	}
 }
