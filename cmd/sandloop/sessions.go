@@ -27,7 +27,7 @@ type sessionsFlags struct {
 func newSessionsCmd() *cobra.Command {
 	var f sessionsFlags
 	cmd := &cobra.Command{
-		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
+		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|restart|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
 		Short: "The sessions of a running server: create, run code, checkpoints, undo, fork, pause and resume, snapshots, hibernation",
 		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
 The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
@@ -159,6 +159,18 @@ token's sessions are not found.`,
 			})
 		},
 	}
+	restart := &cobra.Command{
+		Use: "restart ID", Short: "Start a session's kernel afresh (one that died, or to drop its state): its variables go, its files stay", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, &f, func(ctx context.Context, c *client.Client) (any, error) {
+				s, err := c.Restart(ctx, args[0])
+				if err == nil && !f.json {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s restarted: a new kernel (its variables and checkpoints are gone, its files stay)\n", s.ID)
+				}
+				return s, err
+			})
+		},
+	}
 	var snapName string
 	snap := &cobra.Command{
 		Use: "snapshot ID", Short: "Write a durable snapshot of a session (files exactly, variables as far as they serialize)", Args: cobra.ExactArgs(1),
@@ -218,7 +230,7 @@ token's sessions are not found.`,
 	}
 	cmd.AddCommand(ls)
 	cmd.AddCommand(sessionUseCmds(&f)...)
-	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, snap, snaps, dropSnap, hibernate)
+	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, restart, snap, snaps, dropSnap, hibernate)
 	return cmd
 }
 
@@ -271,8 +283,12 @@ func serverError(server string, err error) error {
 		return fmt.Errorf("cannot reach the server at %s (is `sandloop serve` running? --url or SANDLOOP_URL name another): %v", server, err)
 	}
 	msg := ae.Message
-	if ae.StatusCode == http.StatusUnauthorized {
+	switch {
+	case ae.StatusCode == http.StatusUnauthorized:
 		msg += " (--token or SANDLOOP_TOKEN)"
+	case ae.Code == "restart_required":
+		// The API's hint names its endpoint; here, the command.
+		msg = strings.TrimSuffix(msg, ": POST /v1/sessions/{id}/restart") + ": `sandloop sessions restart ID` starts a new kernel (its files stay)"
 	}
 	switch ae.StatusCode {
 	case http.StatusBadRequest, http.StatusNotFound, http.StatusUnauthorized:

@@ -200,6 +200,18 @@ func TestSessionsCLIUse(t *testing.T) {
 	if out, _ := cli("", 0, "exec", kid, "-c", "x * 2"); out != "82\n" {
 		t.Errorf("exec in the fork: %q", out)
 	}
+	// A kernel that dies: 137, then the session says how to go on, and
+	// restart gives a new kernel with the files kept.
+	cli("", 137, "exec", kid, "-c", "open('kept.txt', 'w').write('k')\nimport os\nos._exit(3)")
+	if _, errOut := cli("", 1, "exec", kid, "-c", "1"); !strings.Contains(errOut, "sandloop sessions restart ID") || strings.Contains(errOut, "POST /v1") {
+		t.Errorf("exec after the kernel died: stderr %q, want the restart command (not the API's endpoint)", errOut)
+	}
+	if out, _ := cli("", 0, "restart", kid); out != kid+" restarted: a new kernel (its variables and checkpoints are gone, its files stay)\n" {
+		t.Errorf("restart: %q", out)
+	}
+	if out, _ := cli("", 0, "exec", kid, "-c", "'x' in globals(), open('kept.txt').read()"); out != "(False, 'k')\n" {
+		t.Errorf("exec after the restart: %q, want no variables and the files kept", out)
+	}
 	// Bad input: exit 2 with the reason.
 	if _, errOut := cli("", 2, "exec", "no-such-session", "-c", "1"); !strings.Contains(errOut, "not found") {
 		t.Errorf("exec in an unknown session: %s", errOut)

@@ -81,7 +81,7 @@ Limits not given take the server's defaults; values above its maxima are refused
 imports stay for the next exec. Output streams as it comes (stdout to stdout, stderr and a
 traceback to stderr); the value of a last expression is printed as the REPL would. Exit code:
 0, 1 if the code raised, 124 if it timed out, 130 if interrupted (Ctrl-C interrupts it; the
-session keeps its state), 137 if the kernel died (the session must be restarted).`,
+session keeps its state), 137 if the kernel died (sandloop sessions restart ID starts a new one).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := codeOrStdin(cmd, code)
