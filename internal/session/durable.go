@@ -7,20 +7,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/snapshot"
+	"golang.org/x/sys/unix"
 )
 
 // Sessions brought back from storage (issue 28): when a session's
@@ -46,7 +50,10 @@ import (
 // variables of that snapshot (salvageDead; its record's Salvaged says its
 // variables are older than its files, and why). A session is not
 // written while a cell runs in it (its files and variables must be of
-// one moment), so a long cell's effects wait for its end.
+// one moment), so a long cell's effects wait for its end. After each
+// automatic snapshot, what changed in the workspace since it started and
+// differs from what it holds (changedSince: work left running wrote after
+// the walk passed) keeps the session due.
 //
 // Manager.KeeperDied, when the keeper dies under a running server, puts
 // the sessions whose kernels it spawned to sleep in place, the same way
@@ -441,6 +448,7 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	start := time.Now()
 	d.tried = start
 	d.mu.Unlock()
+	fileStart := fileClock()
 	var (
 		man  *snapshot.Manifest
 		note *salvageNote
@@ -474,15 +482,22 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 		}
 		return false
 	}
+	// Anything in the workspace changed while the snapshot was written
+	// (work left running, which may then use no CPU for long) may have
+	// been missed by its walk: the session stays due.
+	if snapshotWrittenHook != nil {
+		snapshotWrittenHook(s.workspace)
+	}
+	changed := changedSince(s.workspace, fileStart, man)
 	// Named before the turn is let go: a KeeperDied that takes it next
 	// starts from this one, not from the one deleted below.
 	d.mu.Lock()
 	old := d.snap
 	d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, note
-	if d.uses == uses && d.commands == 0 {
+	if d.uses == uses && d.commands == 0 && !changed {
 		d.usedAt = time.Time{}
 	} else {
-		d.usedAt = start // used while it was written, or a command runs on
+		d.usedAt = start // used or changed while it was written, or a command runs on
 	}
 	gone := d.gone
 	d.mu.Unlock()
@@ -497,6 +512,100 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 		m.opts.OnSnapshot(ms.ID(), man.ID)
 	}
 	return true
+}
+
+// fileClock is the time the kernel stamps files with now: the coarse
+// real-time clock, which lags time.Now by up to a tick (a change stamped
+// finer is later still).
+func fileClock() unix.Timespec {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts) != nil {
+		now := time.Now().Add(-time.Second) // (never here: a second's slack)
+		ts = unix.NsecToTimespec(now.UnixNano())
+	}
+	return ts
+}
+
+// snapshotWrittenHook, if set (by tests), runs after an automatic
+// snapshot is written, before the workspace is checked for changes made
+// meanwhile (a test writes there, as work left running would just after
+// the walk passed).
+var snapshotWrittenHook func(workspace string)
+
+// changedSince reports whether what is under dir differs from man, the
+// snapshot just written of it, where something changed at or after t
+// (fileClock, read before the snapshot started): the entries whose inode
+// changed since t (a write, a chmod, a rename; a directory whose entries
+// were made or removed; the change time, unlike the modification time,
+// cannot be set by the sandbox) are compared with what man holds of them.
+// An entry changed since t that man holds as it is (written just before
+// the snapshot) is no change; one changed after the walk read it is.
+func changedSince(dir string, t unix.Timespec, man *snapshot.Manifest) bool {
+	held := make(map[string]*snapshot.File, len(man.Files))
+	children := map[string][]string{}
+	for i := range man.Files {
+		f := &man.Files[i]
+		held[f.Path] = f
+		parent := path.Dir(f.Path)
+		children[parent] = append(children[parent], path.Base(f.Path))
+	}
+	errFound := errors.New("found")
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // gone meanwhile: its directory changed
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok || st.Ctim.Sec < t.Sec || st.Ctim.Sec == t.Sec && st.Ctim.Nsec < t.Nsec {
+			return nil // as it was before the snapshot started
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return nil
+		}
+		rel = filepath.ToSlash(rel)
+		if info.IsDir() {
+			names, err := os.ReadDir(p)
+			if err != nil {
+				return nil
+			}
+			got := make([]string, 0, len(names))
+			for _, n := range names {
+				if ty := n.Type(); ty.IsRegular() || ty.IsDir() || ty&fs.ModeSymlink != 0 {
+					got = append(got, n.Name())
+				}
+			}
+			want := children[rel]
+			slices.Sort(want)
+			if !slices.Equal(got, want) { // (ReadDir sorts by name)
+				return errFound
+			}
+		}
+		if rel == "." {
+			return nil
+		}
+		var typ string
+		switch {
+		case info.Mode().IsRegular():
+			typ = "file"
+		case info.IsDir():
+			typ = "dir"
+		case info.Mode()&fs.ModeSymlink != 0:
+			typ = "symlink"
+		default:
+			return nil // not kept
+		}
+		f := held[rel]
+		if f == nil || f.Type != typ || f.Mode != info.Mode()&(fs.ModePerm|fs.ModeSticky) ||
+			typ == "file" && (f.Size != info.Size() || !f.ModTime.Equal(info.ModTime())) {
+			return errFound
+		}
+		return nil
+	})
+	return err == errFound
 }
 
 // deadGrace is how long a session's kernel must have been seen dead before

@@ -358,3 +358,93 @@ func restoreOne(t *testing.T, o ManagerOptions, ms *Managed) (*Manager, *Managed
 	}
 	return m2, back
 }
+
+// TestWriteDuringSnapshotKeepsItDue: a file changed while an automatic
+// snapshot is written (after its walk passed), by work that then uses no
+// CPU, was in no snapshot: the session was marked clean and nothing made
+// it due again. The workspace is now checked for changes made meanwhile
+// (the write here comes from the host, at the worst moment: after the
+// snapshot is written, before the session is marked).
+func TestWriteDuringSnapshotKeepsItDue(t *testing.T) {
+	ctx := context.Background()
+	m, _, st, ms := durableSession(t)
+	managedRun(t, ms, "open('a.txt', 'w').write('a')")
+	wrote := false
+	snapshotWrittenHook = func(dir string) {
+		if !wrote {
+			wrote = true
+			if err := os.WriteFile(filepath.Join(dir, "a.txt"), []byte("changed"), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { snapshotWrittenHook = nil })
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after the cell, want 1", n)
+	}
+	if rec := m.loadRecord(ms.ID()); rec == nil || rec.UsedAt.IsZero() {
+		t.Fatalf("record after a snapshot the workspace changed under: %+v, want it still due (used_at set)", rec)
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written after the change, want 1", n)
+	}
+	man := lastAutoSnapshot(t, m, st, ms)
+	if i := slices.IndexFunc(man.Files, func(f snapshot.File) bool { return f.Path == "a.txt" }); i < 0 || man.Files[i].Size != int64(len("changed")) {
+		t.Errorf("the automatic snapshot's a.txt: %+v, want the changed one", man.Files)
+	}
+	// Nothing changed since: quiet.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := m.SnapshotChanged(ctx, 0); n != 0 {
+			return fmt.Errorf("%d automatic snapshots written with nothing changed, want 0", n)
+		}
+		return nil
+	})
+}
+
+// TestChangedSince: an entry changed since the snapshot started is a
+// change only if the snapshot does not hold it as it is: files written
+// just before (in the same tick of the file clock) are not, a rewrite, a
+// removal, a new entry or a chmod after the walk are.
+func TestChangedSince(t *testing.T) {
+	st, _, _ := snapshotStore(t, nil)
+	for _, c := range []struct {
+		name   string
+		change func(dir string) error
+		want   bool
+	}{
+		{"nothing", func(string) error { return nil }, false},
+		{"rewritten", func(dir string) error { return os.WriteFile(filepath.Join(dir, "a.txt"), []byte("longer"), 0o644) }, true},
+		{"removed", func(dir string) error { return os.Remove(filepath.Join(dir, "sub", "b.txt")) }, true},
+		{"added", func(dir string) error { return os.WriteFile(filepath.Join(dir, "sub", "c.txt"), nil, 0o644) }, true},
+		{"chmod", func(dir string) error { return os.Chmod(filepath.Join(dir, "a.txt"), 0o600) }, true},
+		{"mkdir", func(dir string) error { return os.Mkdir(filepath.Join(dir, "d"), 0o755) }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			since := fileClock() // the files below are changed after it, as if just before the snapshot
+			if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for p, s := range map[string]string{"a.txt": "a", "sub/b.txt": "b"} {
+				if err := os.WriteFile(filepath.Join(dir, p), []byte(s), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ws, err := OpenWorkspace(dir, workspace.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			man, err := st.Write(context.Background(), "o", snapshot.WorkspaceSource(ws), nil)
+			ws.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.change(dir); err != nil {
+				t.Fatal(err)
+			}
+			if got := changedSince(dir, since, man); got != c.want {
+				t.Errorf("changedSince = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
