@@ -24,6 +24,7 @@ import (
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/workspace"
 	"golang.org/x/sys/unix"
 )
 
@@ -574,7 +575,7 @@ func changedSince(dir string, t unix.Timespec, man *snapshot.Manifest) bool {
 			}
 			got := make([]string, 0, len(names))
 			for _, n := range names {
-				if ty := n.Type(); ty.IsRegular() || ty.IsDir() || ty&fs.ModeSymlink != 0 {
+				if workspace.TypeOf(n.Type()) != "other" {
 					got = append(got, n.Name())
 				}
 			}
@@ -587,15 +588,8 @@ func changedSince(dir string, t unix.Timespec, man *snapshot.Manifest) bool {
 		if rel == "." {
 			return nil
 		}
-		var typ string
-		switch {
-		case info.Mode().IsRegular():
-			typ = "file"
-		case info.IsDir():
-			typ = "dir"
-		case info.Mode()&fs.ModeSymlink != 0:
-			typ = "symlink"
-		default:
+		typ := workspace.TypeOf(info.Mode())
+		if typ == "other" {
 			return nil // not kept
 		}
 		f := held[rel]

@@ -174,16 +174,20 @@ type Entry struct {
 }
 
 func entryOf(p string, fi fs.FileInfo) Entry {
-	t := "other"
+	return Entry{Path: p, Name: path.Base(p), Type: TypeOf(fi.Mode()), Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC(), FileMode: fi.Mode()}
+}
+
+// TypeOf is an Entry's Type for mode: file, dir, symlink or other.
+func TypeOf(mode fs.FileMode) string {
 	switch {
-	case fi.Mode().IsRegular():
-		t = "file"
-	case fi.IsDir():
-		t = "dir"
-	case fi.Mode()&fs.ModeSymlink != 0:
-		t = "symlink"
+	case mode.IsRegular():
+		return "file"
+	case mode.IsDir():
+		return "dir"
+	case mode&fs.ModeSymlink != 0:
+		return "symlink"
 	}
-	return Entry{Path: p, Name: path.Base(p), Type: t, Size: fi.Size(), Mode: fi.Mode().String(), ModTime: fi.ModTime().UTC(), FileMode: fi.Mode()}
+	return "other"
 }
 
 // List returns the entries of directory p, sorted by name.
