@@ -464,6 +464,9 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 		// its keeper (KeeperDied's), nor a session closed.
 		if errors.Is(s.Err(), ErrRestartRequired) && m.kernelDiedAlone(ms, start) {
 			man, note, err = m.salvageDead(ctx, ms)
+			if err == nil {
+				ms.watchedAfter() // what else runs in its sandbox, from now
+			}
 		} else {
 			err = ErrBusy
 		}
