@@ -233,6 +233,11 @@ func (s *Session) sleepLost(ctx context.Context, lost func() (*hibernating, erro
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		if salvaged != nil { // no record will name it
+			if err := h.store.Delete(ctx, h.owner, salvaged.m.ID); err != nil {
+				s.log.Warn("lost session closed meanwhile: delete its files' snapshot", "snapshot", salvaged.m.ID, "err", err)
+			}
+		}
 		return nil, ErrClosed
 	}
 	k = s.k // a Restart may have replaced it meanwhile
