@@ -45,7 +45,15 @@ func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *k
 	t.Helper()
 	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--keep-sessions", "--e2b=false"}, args...)...)
 	cmd.Env = append(cmd.Env, env...)
-	cmd.Cancel = func() error { return cmd.Process.Kill() }
+	cmd.Cancel = func() error {
+		if t.Failed() {
+			// Its goroutines to stderr (a hang says what held it); then
+			// it exits, or WaitDelay kills it.
+			return cmd.Process.Signal(syscall.SIGQUIT)
+		}
+		return cmd.Process.Kill()
+	}
+	cmd.WaitDelay = 10 * time.Second
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -56,16 +64,17 @@ func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *k
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// The test's context is done: Cancel has stopped serve (SIGQUIT
+		// if the test failed).
 		if cmd.ProcessState == nil {
-			if t.Failed() {
-				t.Logf("sandloop serve stderr (tail):\n%s", tail(s.stderr.String(), 40))
-				s.dumpGoroutines(t) // (ends it)
-			} else {
-				cmd.Process.Kill()
-				cmd.Wait()
+			cmd.Wait()
+		}
+		if t.Failed() {
+			log, goroutines, _ := strings.Cut(s.stderr.String(), "SIGQUIT: quit")
+			t.Logf("sandloop serve stderr (tail):\n%s", tail(log, 40))
+			if goroutines != "" {
+				t.Logf("sandloop serve's goroutines (SIGQUIT):\n%s", goroutines)
 			}
-		} else if t.Failed() {
-			t.Logf("sandloop serve stderr (tail):\n%s", tail(s.stderr.String(), 40))
 		}
 	})
 	lines := bufio.NewScanner(stdout)
@@ -79,22 +88,6 @@ func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *k
 	cmd.Wait()
 	t.Fatalf("sandloop serve did not start:\n%s", s.stderr.String())
 	return nil
-}
-
-// dumpGoroutines logs the goroutines of a serve still running (a test
-// that failed on a hang), by SIGQUIT, which ends it.
-func (s *keptServe) dumpGoroutines(t testing.TB) {
-	before := len(s.stderr.String())
-	s.cmd.Process.Signal(syscall.SIGQUIT)
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
-		<-done
-	}
-	t.Logf("sandloop serve's goroutines (SIGQUIT):\n%s", s.stderr.String()[before:])
 }
 
 // kill9 kills serve with SIGKILL and reaps it.
