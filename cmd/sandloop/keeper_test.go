@@ -559,13 +559,13 @@ func TestKeepSessionsKeeperKilled(t *testing.T) {
 	stopKeeper(t, dataDir)
 	for _, id := range ids {
 		// Before serve has seen the death: killed (or busy); after it: the
-		// session is asleep and wakes empty (its first automatic snapshot
-		// was not due yet), and says so.
+		// session is asleep and wakes with its files but no variables (its
+		// first automatic snapshot was not due yet), and says so.
 		b, _ := json.Marshal(map[string]any{"code": "x"})
 		code, out, err := a.call("POST", "/v1/sessions/"+id+"/execute", string(b))
 		if err == nil && code == 200 && strings.Contains(string(out), "NameError") {
 			_, info, _ := a.call("GET", "/v1/sessions/"+id, "")
-			if !strings.Contains(string(info), `"lost":"everything`) {
+			if !strings.Contains(string(info), `"lost":"its variables`) {
 				t.Errorf("session %s woke empty without saying so: %s", id, info)
 			}
 			continue
