@@ -141,35 +141,52 @@ func checkRestored(t *testing.T, s *keptServe, f restoreFixture, wantLost bool) 
 // automatic snapshot, files exact (sha256 of each, through the files
 // API) and variables restored, and the first response says what came
 // back. Once with serve stopped by SIGTERM after the keeper's death, once
-// with serve and keeper both killed (-9). A session used after its last
-// snapshot says what was lost.
+// with serve and keeper both killed (-9), once with a serve that keeps no
+// sessions (--keep-sessions=false: its sessions are its own) killed (-9).
+// A session used after its last snapshot says what was lost: its
+// variables set since, not the file it wrote since, which its workspace
+// (outliving the processes, the host up) still held.
 func TestKeeperKilledSessionsRestored(t *testing.T) {
 	needKeeper(t)
 	for _, tc := range []struct {
-		name string
-		stop func(t *testing.T, s *keptServe, dataDir string)
+		name  string
+		first []string // the first serve's own flags
+		stop  func(t *testing.T, s *keptServe, dataDir string)
 	}{
-		{"keeper-killed-then-sigterm", func(t *testing.T, s *keptServe, dataDir string) {
+		{"keeper-killed-then-sigterm", nil, func(t *testing.T, s *keptServe, dataDir string) {
 			stopKeeper(t, dataDir)
 			s.term(t)
 		}},
-		{"serve-and-keeper-killed", func(t *testing.T, s *keptServe, dataDir string) {
+		{"serve-and-keeper-killed", nil, func(t *testing.T, s *keptServe, dataDir string) {
 			s.kill9()
 			stopKeeper(t, dataDir)
+		}},
+		{"serve-without-keeper-killed", []string{"--keep-sessions=false"}, func(t *testing.T, s *keptServe, dataDir string) {
+			s.kill9()
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dataDir := t.TempDir()
 			t.Cleanup(func() { stopKeeper(t, dataDir) })
-			a := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+			a := startKept(t, dataDir, append(tc.first, "--pool", "0", "--snapshot-every", "200ms")...)
 			var fs []restoreFixture
 			for i := range 3 {
 				fs = append(fs, fillSession(t, a, dataDir, 40+i))
 			}
-			// Used after its snapshot, without waiting for the next one:
-			// the restore must say that what came after is lost. (The
-			// next snapshot may still come first: then nothing is lost.)
-			a.execute(t, fs[0].id, "1")
+			// Used after its snapshot, in a cell still running (no
+			// snapshot is written while a cell runs) when the processes
+			// are lost: the restore must say that what came after is
+			// lost, its variables, not the file it wrote.
+			go func() {
+				b, _ := json.Marshal(map[string]any{"code": "import time\nz = 3\nopen('late.txt', 'w').write('late')\ntime.sleep(600)"})
+				a.call("POST", "/v1/sessions/"+fs[0].id+"/execute", string(b)) // (ends with the processes)
+			}()
+			testutil.WaitFor(t, 60*time.Second, func() error {
+				if code, _, err := a.call("GET", "/v1/sessions/"+fs[0].id+"/files/late.txt", nil); err != nil || code != 200 {
+					return fmt.Errorf("the long cell has not written its file: %d %v", code, err)
+				}
+				return nil
+			})
 			tc.stop(t, a, dataDir)
 
 			b := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
@@ -180,6 +197,9 @@ func TestKeeperKilledSessionsRestored(t *testing.T) {
 			}
 			for _, f := range fs {
 				checkRestored(t, b, f, true)
+			}
+			if got := b.mustCall(t, "GET", "/v1/sessions/"+fs[0].id+"/files/late.txt", nil, 200); string(got) != "late" {
+				t.Errorf("the file written after the last snapshot: %q", got)
 			}
 			// Restored sessions are kept and snapshotted again: a new
 			// variable survives one more loss.

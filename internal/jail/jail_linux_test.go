@@ -1193,6 +1193,84 @@ func TestSweepQuotaDirs(t *testing.T) {
 	}
 }
 
+// A lasting workspace (a durable session's) whose owner died is spared
+// by sweeps while it holds files, for LeftoverGrace after the first sweep
+// that saw it left (the next server takes its files: Leftover,
+// RemoveLeftover); an empty one goes at once, as any other; the note of
+// one taken since goes too.
+func TestSweepSparesLeftFiles(t *testing.T) {
+	if r := hostQuotaUnsupported(); r != "" {
+		t.Skip("mounts on the host: " + r)
+	}
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	owner := procOwner(dead.Process.Pid)
+	if err := dead.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string, file bool) string {
+		t.Helper()
+		p := filepath.Join(tmp, "sandloop-ws-"+owner+"-lasting-"+name)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", p, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unmountAll(p) })
+		if file {
+			if err := os.WriteFile(filepath.Join(p, "late.txt"), []byte("late"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p
+	}
+	full, empty, taken := mk("full", true), mk("empty", false), mk("taken", true)
+	if !Leftover(full) || Leftover(filepath.Join(tmp, "sandloop-ws-"+selfOwner+"-lasting-x")) {
+		t.Fatal("Leftover: want true for a dead owner's lasting workspace only")
+	}
+	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
+	marker := func(p string) string { return filepath.Join(tmp, goneMarker+filepath.Base(p)) }
+
+	if n := sweepQuotaDirs(tmp); n != 1 {
+		t.Errorf("first sweep removed %d, want 1 (the empty one)", n)
+	}
+	if exists(empty) || !exists(full) || !exists(marker(full)) || !exists(filepath.Join(full, "late.txt")) {
+		t.Fatalf("after the first sweep: empty there %v, full there %v, noted %v", exists(empty), exists(full), exists(marker(full)))
+	}
+	// The next server takes one; a later sweep within the grace spares
+	// the other and drops the taken one's note.
+	if err := RemoveLeftover(taken); err != nil {
+		t.Fatal(err)
+	}
+	if exists(taken) || exists(marker(taken)) {
+		t.Errorf("RemoveLeftover left %s or its note", taken)
+	}
+	os.WriteFile(marker(taken), nil, 0o600) // (as if a sweep noted it between)
+	if n := sweepQuotaDirs(tmp); n != 0 || !exists(full) {
+		t.Errorf("a sweep within the grace removed %d (the left files there: %v)", n, exists(full))
+	}
+	if exists(marker(taken)) {
+		t.Error("the note of a taken workspace is left")
+	}
+	// Past the grace, it goes, with its note and its mount.
+	old := time.Now().Add(-LeftoverGrace - time.Minute)
+	if err := os.Chtimes(marker(full), old, old); err != nil {
+		t.Fatal(err)
+	}
+	if n := sweepQuotaDirs(tmp); n != 1 || exists(full) || exists(marker(full)) {
+		t.Errorf("a sweep past the grace removed %d (there: %v, noted: %v)", n, exists(full), exists(marker(full)))
+	}
+	for _, m := range readMountinfo() {
+		if strings.HasPrefix(m.point, tmp) {
+			t.Errorf("%s is still mounted", m.point)
+		}
+	}
+}
+
 // The default workspace quota stays within the memory limit it counts
 // toward, and DiskFits refuses one above it.
 func TestDiskFitsMemory(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"time"
 )
 
 // MaybeInit does nothing where jails are unsupported.
@@ -109,6 +110,24 @@ type Handoff struct{ Pid int }
 func (*Process) Handoff() (Handoff, []*os.File, error) { return Handoff{}, nil, ErrUnsupported }
 func (*Process) Detach()                               {}
 func Attach(Handoff, []*os.File) (*Process, error)     { return nil, ErrUnsupported }
+
+// NewLastingQuotaDir is NewQuotaDir for pid 0 (this process); it fails for
+// a keeper's: keepers need Linux.
+func NewLastingQuotaDir(disk int64, files int, pid int) (*QuotaDir, error) {
+	if pid != 0 {
+		return nil, ErrUnsupported
+	}
+	return NewQuotaDir(disk, files)
+}
+
+// LeftoverGrace: see the Linux build.
+const LeftoverGrace = 15 * time.Minute
+
+// Leftover is false: no workspace outlives its owner here.
+func Leftover(string) bool { return false }
+
+// RemoveLeftover fails: no workspace outlives its owner here.
+func RemoveLeftover(string) error { return ErrUnsupported }
 
 // SweepWorkspacesOf does nothing: keepers need Linux.
 func SweepWorkspacesOf(int, map[string]bool) int { return 0 }

@@ -3,11 +3,14 @@ package jail
 import (
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,7 +22,7 @@ import (
 // root the directory is ordinary (Enforced is false). Remove unmounts and
 // deletes it.
 func NewQuotaDir(disk int64, files int) (*QuotaDir, error) {
-	return newQuotaDir(disk, files, selfOwner)
+	return newQuotaDir(disk, files, selfOwner, "")
 }
 
 // NewQuotaDirFor is NewQuotaDir for a workspace that outlives this
@@ -36,7 +39,104 @@ func NewQuotaDirFor(disk int64, files int, pid int) (*QuotaDir, error) {
 	if hostQuotaUnsupported() != "" && rootlessQuota() != "" {
 		return nil, errors.New("create workspace: a workspace that outlives the server must be a host directory, which needs root")
 	}
-	return newQuotaDir(disk, files, owner)
+	return newQuotaDir(disk, files, owner, "")
+}
+
+// NewLastingQuotaDir is a workspace whose files a later server may take
+// when its owner dies: a durable session's (one a server keeps records
+// of, for the next server), on the host (root), named after process pid
+// (0: this process; else a keeper's, as NewQuotaDirFor). Once its owner
+// is gone, any sandloop's sweep removes it at once if it is empty, but
+// otherwise only LeftoverGrace after the first sweep that saw it left:
+// the next server takes its files first (Leftover, RemoveLeftover).
+// Where workspaces cannot be host directories (not root) it is
+// NewQuotaDir's (pid 0) or fails as NewQuotaDirFor does.
+func NewLastingQuotaDir(disk int64, files int, pid int) (*QuotaDir, error) {
+	if pid == 0 {
+		if hostQuotaUnsupported() != "" {
+			return NewQuotaDir(disk, files)
+		}
+		return newQuotaDir(disk, files, selfOwner, lastingKind)
+	}
+	owner := procOwner(pid)
+	if owner == "" {
+		return nil, fmt.Errorf("create workspace: process %d is gone", pid)
+	}
+	if hostQuotaUnsupported() != "" && rootlessQuota() != "" {
+		return nil, errors.New("create workspace: a workspace that outlives the server must be a host directory, which needs root")
+	}
+	return newQuotaDir(disk, files, owner, lastingKind)
+}
+
+// LeftoverGrace is how long a sweep spares a lasting workspace
+// (NewLastingQuotaDir) that holds files after its owner's death was first
+// seen: long enough for a restarted server to take them.
+const LeftoverGrace = 15 * time.Minute
+
+const (
+	lastingKind = "lasting"
+	// goneMarker prefixes the file beside a left lasting workspace that
+	// says since when a sweep has seen it left (its mtime).
+	goneMarker = "sandloop-gone-"
+)
+
+// Leftover says whether path is a lasting workspace (NewLastingQuotaDir)
+// whose owner is gone: one a server's death left, whose files a server
+// restarting on its records may take (then RemoveLeftover).
+func Leftover(path string) bool {
+	owner, kind, ok := workspaceName(filepath.Base(path))
+	if !ok || kind != lastingKind || ownerRuns(owner) {
+		return false
+	}
+	fi, err := os.Lstat(path)
+	return err == nil && fi.IsDir()
+}
+
+// RemoveLeftover unmounts and removes the left workspace at path (see
+// Leftover) and what a sweep noted of it.
+func RemoveLeftover(path string) error {
+	if !Leftover(path) {
+		return fmt.Errorf("%s is no left workspace", path)
+	}
+	if err := unmountAll(path); err != nil {
+		return fmt.Errorf("unmount workspace: %w", err)
+	}
+	if err := removeDir(path); err != nil {
+		return err
+	}
+	os.Remove(filepath.Join(filepath.Dir(path), goneMarker+filepath.Base(path)))
+	return nil
+}
+
+// workspaceName parses the name of a workspace ownedTempDir made: its
+// owner and, for a named kind, the kind.
+func workspaceName(name string) (owner, kind string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "sandloop-ws-")
+	if !ok {
+		return "", "", false
+	}
+	owner, rest, ok = strings.Cut(rest, "-")
+	pidStr, _, ok2 := strings.Cut(owner, ".")
+	if pid, err := strconv.Atoi(pidStr); !ok || !ok2 || err != nil || pid <= 0 {
+		return "", "", false
+	}
+	if k, _, found := strings.Cut(rest, "-"); found {
+		kind = k
+	}
+	return owner, kind, true
+}
+
+// ownerRuns says whether the process a workspace's name gives as its
+// owner (PID and start time) still runs (a zombie does not).
+func ownerRuns(owner string) bool {
+	pidStr, _, _ := strings.Cut(owner, ".")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || procOwner(pid) != owner {
+		return false
+	}
+	stat := readFileString("/proc/" + pidStr + "/stat")
+	i := strings.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || (stat[i+2] != 'Z' && stat[i+2] != 'X')
 }
 
 // SweepWorkspacesOf unmounts and removes the workspaces NewQuotaDirFor
@@ -76,7 +176,7 @@ func AdoptQuotaDir(path string, disk int64, files int, enforced bool) *QuotaDir 
 	return &QuotaDir{Path: path, Disk: disk, Files: files, Enforced: enforced, overhead: 1}
 }
 
-func newQuotaDir(disk int64, files int, owner string) (*QuotaDir, error) {
+func newQuotaDir(disk int64, files int, owner, kind string) (*QuotaDir, error) {
 	l := Limits{Disk: disk, Files: files}.WithDefaults()
 	if err := l.validateQuota(); err != nil {
 		return nil, err
@@ -92,7 +192,7 @@ func newQuotaDir(disk int64, files int, owner string) (*QuotaDir, error) {
 			return newHolderQuotaDir(l.Disk, l.Files)
 		}
 	}
-	dir, err := ownedTempDir(owner, "")
+	dir, err := ownedTempDir(owner, kind)
 	if err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
@@ -154,25 +254,43 @@ func procOwner(pid int) string {
 // timed out) left behind: their owner, named in the directory's name, is
 // no longer running. Without it every such workspace would stay mounted,
 // holding its files in memory until the host reboots. Directories of live
-// processes, and names not in this format, are left alone.
+// processes, and names not in this format, are left alone; so is a
+// lasting workspace (NewLastingQuotaDir) that holds files, until
+// LeftoverGrace after the first sweep that saw it left (a file beside it
+// says when), for the next server to take its files.
 func sweepQuotaDirs(dir string) (removed int) {
 	entries, _ := os.ReadDir(dir)
 	mounted := map[string]bool{}
 	for _, m := range readMountinfo() {
 		mounted[m.point] = true
 	}
+	now := time.Now()
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), "sandloop-ws-")
-		if !ok || !e.IsDir() {
+		if left, ok := strings.CutPrefix(e.Name(), goneMarker); ok {
+			// The note of a left workspace a server has since taken.
+			if _, err := os.Lstat(filepath.Join(dir, left)); errors.Is(err, fs.ErrNotExist) {
+				os.Remove(filepath.Join(dir, e.Name()))
+			}
 			continue
 		}
-		owner, _, ok := strings.Cut(rest, "-")
-		pidStr, _, ok2 := strings.Cut(owner, ".")
-		pid, err := strconv.Atoi(pidStr)
-		if !ok || !ok2 || err != nil || pid <= 0 || procOwner(pid) == owner {
+		owner, kind, ok := workspaceName(e.Name())
+		if !ok || !e.IsDir() || ownerRuns(owner) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
+		marker := filepath.Join(dir, goneMarker+e.Name())
+		if kind == lastingKind && !emptyDir(p) {
+			fi, err := os.Lstat(marker)
+			if errors.Is(err, fs.ErrNotExist) {
+				if f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
+					f.Close()
+				}
+				continue
+			}
+			if err != nil || now.Sub(fi.ModTime()) < LeftoverGrace {
+				continue
+			}
+		}
 		if mounted[p] {
 			if err := unmountAll(p); err != nil {
 				continue
@@ -180,9 +298,21 @@ func sweepQuotaDirs(dir string) (removed int) {
 		}
 		if removeDir(p) == nil {
 			removed++
+			os.Remove(marker)
 		}
 	}
 	return removed
+}
+
+// emptyDir says whether dir holds no entry (false if it cannot be read).
+func emptyDir(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	return len(names) == 0 && errors.Is(err, io.EOF)
 }
 
 // hostQuotaUnsupported says why workspaces cannot be tmpfs mounts on

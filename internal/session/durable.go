@@ -71,7 +71,13 @@ import (
 // hibernation's), which wakes at its first use; Restored then says what
 // came back and, for a session whose processes were lost, as of when and
 // what was lost (what was done after that snapshot). A session lost
-// before its first snapshot comes back empty, saying so.
+// before its first snapshot comes back empty, saying so. Where the host
+// stayed up, the workspace of a session whose processes were lost (a
+// server and its keeper killed, or a server without a keeper) outlived
+// them: a durable session's workspace is a lasting one
+// (jail.NewLastingQuotaDir, named in its record), which sweeps spare for
+// jail.LeftoverGrace, and Restore takes its files as KeeperDied does
+// (takeLeftover) before it removes it.
 
 // autoSnapshotName names the automatic snapshots.
 const autoSnapshotName = "automatic"
@@ -100,6 +106,10 @@ type durableRecord struct {
 	// its processes were lost, with the variables of an earlier snapshot
 	// (Session.sleepLost); nil for any other snapshot.
 	Salvaged *salvageNote `json:"salvaged,omitempty"`
+	// Workspace is the session's workspace on the host: a lasting one
+	// (jail.NewLastingQuotaDir) outlives a server's (or keeper's) death,
+	// and the next server takes its files (adopt).
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // salvageNote is what a salvaged snapshot lacks: its variables are as of
@@ -175,7 +185,8 @@ func (m *Manager) recordOfLocked(ms *Managed) durableRecord {
 	return durableRecord{ID: ms.ID(), Owner: ms.Owner, Created: ms.Created, Limits: ms.Limits, Network: ms.Network,
 		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
 		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
-		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt, Salvaged: d.salvaged}
+		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt, Salvaged: d.salvaged,
+		Workspace: s.workspaceNow()}
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -728,8 +739,18 @@ func (m *Manager) Restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n := 0
-	var errs []error
+	var (
+		mu   sync.Mutex
+		n    int
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, 8) // (a left workspace's files are written)
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, err)
+	}
 	for _, e := range entries {
 		id, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
@@ -746,15 +767,22 @@ func (m *Manager) Restore(ctx context.Context) (int, error) {
 		}
 		rec := m.loadRecord(id)
 		if rec == nil {
-			errs = append(errs, fmt.Errorf("restore session %s: its record is unreadable", id))
+			fail(fmt.Errorf("restore session %s: its record is unreadable", id))
 			continue
 		}
-		if err := m.adopt(ctx, rec); err != nil {
-			errs = append(errs, fmt.Errorf("restore session %s: %w", id, err))
-			continue
-		}
-		n++
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := m.adopt(ctx, rec); err != nil {
+				fail(fmt.Errorf("restore session %s: %w", id, err))
+				return
+			}
+			mu.Lock()
+			n++
+			mu.Unlock()
+		})
 	}
+	wg.Wait()
 	return n, errors.Join(errs...)
 }
 
@@ -780,11 +808,21 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 		tmpl.release()
 		return err
 	}
+	took := m.takeLeftover(ctx, rec, &h, d)
 	s.sleepOn(h)
 	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
 		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: time.Now(),
 		durable: d}
 	s.woken = ms.wokeInUse
+	if took {
+		// The record names the files taken from now on; the snapshot
+		// they replace goes.
+		m.saveRecord(ms)
+		m.deleteSnapshot(ms, rec.Snapshot, d.snap)
+		if m.opts.OnSnapshot != nil {
+			m.opts.OnSnapshot(rec.ID, d.snap)
+		}
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -794,8 +832,45 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 	}
 	m.sessions[rec.ID] = ms
 	m.mu.Unlock()
-	m.log.Info("session restored from storage: it wakes at its first use", "session", rec.ID, "snapshot", d.snap, "hibernated", rec.Hibernated)
+	if took {
+		m.log.Info("session restored from storage, with its files as its processes left them (its workspace outlived them) and the variables of its latest snapshot: it wakes at its first use",
+			"session", rec.ID, "snapshot", d.snap, "variables_of", rec.Snapshot)
+	} else {
+		m.log.Info("session restored from storage: it wakes at its first use", "session", rec.ID, "snapshot", d.snap, "hibernated", rec.Hibernated)
+	}
 	return nil
+}
+
+// takeLeftover takes the files of rec's session from the workspace that
+// outlived its processes (a lasting one, jail.NewLastingQuotaDir: the
+// server or its keeper was killed, the host stayed up): if it was used
+// since its latest snapshot, they are written as they are, with the
+// variables of h's snapshot, to a new automatic snapshot that it comes
+// back from instead (h and d say so, as KeeperDied's sleepLost would),
+// and it reports true. The left workspace is then removed; one whose
+// files could not be written stays (a sweep removes it
+// jail.LeftoverGrace after its owner's death was seen, a later start
+// tries again), and the session comes back from its latest snapshot.
+func (m *Manager) takeLeftover(ctx context.Context, rec *durableRecord, h **hibernating, d *durableState) bool {
+	if rec.Workspace == "" || !jail.Leftover(rec.Workspace) {
+		return false
+	}
+	took := false
+	if !rec.Hibernated && !rec.UsedAt.IsZero() {
+		man, err := salvageDir(ctx, rec.Workspace, rec.ID, rec.Template, *h)
+		if err != nil {
+			m.log.Warn("restore: the files the session's workspace held when its processes were lost could not be written to a snapshot: it comes back from its latest one",
+				"session", rec.ID, "workspace", rec.Workspace, "err", err)
+			return false
+		}
+		sh := (*h).salvaged(man)
+		*h, took = sh, true
+		d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, &salvageNote{VariablesAsOf: sh.asOf, Lost: sh.lost}
+	}
+	if err := jail.RemoveLeftover(rec.Workspace); err != nil {
+		m.log.Warn("restore: remove the workspace the session's processes left", "session", rec.ID, "workspace", rec.Workspace, "err", err)
+	}
+	return took
 }
 
 // lostState is what the session rec describes comes back as, from its
@@ -928,10 +1003,11 @@ func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
 	var err error
 	// A new workspace, in the keeper that will hold the session woken
 	// (started here if none runs): the old one is named after the dead
-	// keeper, and any sandloop starting sweeps those.
+	// keeper, and any sandloop starting sweeps those (once their grace
+	// is over: they are lasting).
 	var q *jail.QuotaDir
 	if old := ms.Session.quota; old != nil && ms.Session.opts.Keeper != nil {
-		if q, err = jail.NewQuotaDirFor(old.Disk, old.Files, ms.Session.opts.Keeper.Pid()); err != nil {
+		if q, err = newWorkspaceFor(&ms.Session.opts, old.Disk, old.Files); err != nil {
 			return err
 		}
 	}

@@ -90,12 +90,18 @@ func (h *hibernating) salvaged(man *snapshot.Manifest) *hibernating {
 // stream copied: its chunks are stored once), for sleepLost. The caller
 // holds the turn; the kernel is dead.
 func (s *Session) salvageWorkspace(ctx context.Context, h *hibernating) (*snapshot.Manifest, error) {
-	ws, err := OpenWorkspace(s.workspace, workspace.Options{})
+	return salvageDir(ctx, s.workspace, s.id, s.templateName(), h)
+}
+
+// salvageDir is salvageWorkspace of session id (of template tmpl) whose
+// workspace is dir.
+func salvageDir(ctx context.Context, dir, id, tmpl string, h *hibernating) (*snapshot.Manifest, error) {
+	ws, err := OpenWorkspace(dir, workspace.Options{})
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	o := &snapshot.WriteOptions{Session: s.id, Name: autoSnapshotName, Held: true, Template: s.templateName()}
+	o := &snapshot.WriteOptions{Session: id, Name: autoSnapshotName, Held: true, Template: tmpl}
 	if old := h.m; old != nil && old.State != nil {
 		o.State = func(ctx context.Context, w io.Writer) (any, error) {
 			rc, _, err := h.store.OpenState(ctx, h.owner, old.ID)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/keeper"
 	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/testutil"
@@ -186,4 +187,107 @@ func childPids(pid int) []int {
 		}
 	}
 	return out
+}
+
+// TestServerDeathKeepsTheFiles: a server and its keeper both killed (no
+// server left to see the keeper die) while the host stays up: the
+// sessions' workspaces outlive them (lasting host directories, spared by
+// every sweep for a grace), so the next server, restoring from the
+// records, takes what was written after the latest automatic snapshot:
+// the session comes back with its files as they were and the variables
+// of that snapshot, says so, and its record names the new snapshot (the
+// old one is deleted); the left workspace is removed. A session whose
+// files were all in its snapshot (not used since) is restored from it
+// as before, its left workspace removed too.
+func TestServerDeathKeepsTheFiles(t *testing.T) {
+	c := startTestKeeper(t)
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	o := ManagerOptions{Snapshots: st, Records: t.TempDir(), Keeper: c}
+	m := forkManager(t, o)
+	used, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ms := range []*Managed{used, clean} {
+		managedText(t, ms, "x = 1\nopen('early.txt', 'w').write('early')")
+		ms.markUsed()
+	}
+	if n := m.SnapshotChanged(ctx, 0); n != 2 {
+		t.Fatalf("%d automatic snapshots written, want 2", n)
+	}
+	first := lastAutoSnapshot(t, m, st, used)
+	managedText(t, used, "y = 2\nopen('late.txt', 'w').write('late')\nopen('early.txt', 'a').write(' and later')")
+	used.markUsed()
+	recUsed, recClean := m.loadRecord(used.ID()), m.loadRecord(clean.ID())
+	for _, rec := range []*durableRecord{recUsed, recClean} {
+		if rec == nil || !strings.Contains(filepath.Base(rec.Workspace), "-lasting-") {
+			t.Fatalf("record %+v: want its lasting workspace named", rec)
+		}
+	}
+
+	// The server lets go (as one killed would: its records stay), then
+	// its keeper is killed: nobody is left to take the files.
+	if err := m.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	pid := c.Pid()
+	syscall.Kill(pid, syscall.SIGKILL)
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if !jail.Leftover(recUsed.Workspace) {
+			return fmt.Errorf("keeper %d still runs (its workspaces are not left yet)", pid)
+		}
+		return nil
+	})
+	if _, err := os.Stat(filepath.Join(recUsed.Workspace, "late.txt")); err != nil {
+		t.Fatalf("the left workspace lacks the late file: %v", err)
+	}
+
+	o.Keeper = startTestKeeper(t)
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(ctx); n != 2 || err != nil {
+		t.Fatalf("restore: %d, %v; want 2", n, err)
+	}
+	for _, p := range []string{recUsed.Workspace, recClean.Workspace} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the left workspace %s is still there after the restore (%v)", p, err)
+		}
+	}
+	rec := m2.loadRecord(used.ID())
+	if rec == nil || rec.Snapshot == first.ID || rec.Salvaged == nil || !rec.Hibernated {
+		t.Fatalf("record after the restore: %+v, want a new snapshot (not %s), salvaged and hibernated", rec, first.ID)
+	}
+	if _, err := st.Get(ctx, "alice", first.ID); !errors.Is(err, snapshot.ErrNotFound) {
+		t.Errorf("the snapshot the files replaced (%s) is left: %v", first.ID, err)
+	}
+	back, err := m2.Get("alice", used.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := managedText(t, back, "import os\nsorted(os.listdir('.')), open('early.txt').read(), 'x' in globals(), 'y' in globals()")
+	if want := "(['early.txt', 'late.txt'], 'early and later', True, False)"; got != want {
+		t.Errorf("woken: %s, want %s (the files as they were, the variables as of the snapshot)", got, want)
+	}
+	res := back.Restored()
+	if res == nil || res.FilesAsOf.IsZero() || !res.AsOf.Equal(first.CreatedAt) || !strings.Contains(res.Lost, "variables set after") {
+		t.Fatalf("woken: restored %+v, want files as of the loss, variables as of %v, the variables set since lost", res, first.CreatedAt)
+	}
+	if sum := res.Summary(); !strings.Contains(sum, "files exact as of ") || !strings.Contains(sum, "(2 files)") {
+		t.Errorf("summary %q does not say the files are as of the loss", sum)
+	}
+
+	other, err := m2.Get("alice", clean.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, other, "open('early.txt').read(), x"); got != "('early', 1)" {
+		t.Errorf("the session not used since its snapshot: %s", got)
+	}
+	if res := other.Restored(); res == nil || !res.FilesAsOf.IsZero() || res.Lost != "" {
+		t.Errorf("the session not used since its snapshot: restored %+v, want it whole from its snapshot", res)
+	}
 }

@@ -657,6 +657,7 @@ func (m *Manager) sessionOptions(l jail.Limits, env map[string]string, network j
 		Limits: l, Env: env, Network: network, Egress: eg, EgressLookup: m.opts.EgressLookup, EgressCache: m.opts.EgressCache, ExecTimeout: execTimeout,
 		MaxOutputBytes: m.opts.MaxOutputBytes, Logger: m.log, Zygote: m.opts.Zygote, Keeper: m.opts.Keeper,
 		AutoCheckpoints: m.opts.AutoCheckpoints, MaxCheckpoints: m.opts.MaxCheckpoints, CheckpointMemory: m.opts.CheckpointMemory,
+		lasting: m.opts.Records != "" && m.opts.Snapshots != nil,
 	}
 }
 

@@ -228,6 +228,11 @@ type Options struct {
 	// frozen, if set, is a fork's frozen copy of its parent's files: the
 	// new workspace is an overlay over it (forkfiles.go).
 	frozen *frozenFiles
+	// lasting: the session's workspace is one a server restarting on the
+	// manager's records may take the files of (jail.NewLastingQuotaDir):
+	// its owner's death does not lose what was written after the
+	// session's latest snapshot.
+	lasting bool
 }
 
 // Session is one sandboxed Python kernel and its workspace. Its methods are
@@ -297,10 +302,23 @@ func newWorkspaceDir(opts *Options) (*jail.QuotaDir, error) {
 	if err := l.DiskFits(); err != nil {
 		return nil, err
 	}
+	return newWorkspaceFor(opts, l.Disk, l.Files)
+}
+
+// newWorkspaceFor makes a workspace of disk bytes and files inodes for a
+// session of opts: its keeper's, if it has one, and lasting if it is.
+func newWorkspaceFor(opts *Options, disk int64, files int) (*jail.QuotaDir, error) {
+	pid := 0
 	if opts.Keeper != nil {
-		return jail.NewQuotaDirFor(l.Disk, l.Files, opts.Keeper.Pid())
+		pid = opts.Keeper.Pid()
 	}
-	return jail.NewQuotaDir(l.Disk, l.Files)
+	switch {
+	case opts.lasting:
+		return jail.NewLastingQuotaDir(disk, files, pid)
+	case pid != 0:
+		return jail.NewQuotaDirFor(disk, files, pid)
+	}
+	return jail.NewQuotaDir(disk, files)
 }
 
 // New starts a session: a workspace, a jail and a kernel ready to execute.
@@ -393,6 +411,14 @@ func (s *Session) ID() string { return s.id }
 
 // Workspace is the host directory mounted at /workspace.
 func (s *Session) Workspace() string { return s.workspace }
+
+// workspaceNow is Workspace under the lock that a lost session's swap of
+// its workspace holds (sleepLost).
+func (s *Session) workspaceNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.workspace
+}
 
 // kernel returns the current kernel, or an error if the session is closed.
 func (s *Session) kernel() (*kernel.Kernel, error) {
