@@ -197,6 +197,13 @@ func (s *Session) Detach() error {
 	s.mu.Lock()
 	kept := s.opts.Keeper != nil && s.keptExtra != nil && s.k.Err() == nil
 	if !kept || s.closed {
+		// Its processes lost with its keeper, which no server has put it
+		// to sleep for yet (a SIGTERM right after the keeper's death):
+		// its lasting workspace is left for the next server, which takes
+		// its files (Manager.Restore).
+		if !s.closed && s.opts.lasting && jail.Leftover(s.workspace) {
+			s.keepWorkspace.Store(true)
+		}
 		s.mu.Unlock()
 		return s.Close()
 	}

@@ -198,8 +198,20 @@ func childPids(pid int) []int {
 // of that snapshot, says so, and its record names the new snapshot (the
 // old one is deleted); the left workspace is removed. A session whose
 // files were all in its snapshot (not used since) is restored from it
-// as before, its left workspace removed too.
+// as before, its left workspace removed too. Twice: the server lets go
+// of its sessions before its keeper is killed (both killed), and after
+// (a SIGTERM right after the keeper's death, before the server put its
+// sessions to sleep: their kernels dead, Detach closes them, leaving the
+// workspaces).
 func TestServerDeathKeepsTheFiles(t *testing.T) {
+	for _, keeperFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "server-then-keeper", true: "keeper-then-server"}[keeperFirst], func(t *testing.T) {
+			testServerDeathKeepsTheFiles(t, keeperFirst)
+		})
+	}
+}
+
+func testServerDeathKeepsTheFiles(t *testing.T, keeperFirst bool) {
 	c := startTestKeeper(t)
 	ctx := context.Background()
 	st, _, _ := snapshotStore(t, nil)
@@ -230,10 +242,12 @@ func TestServerDeathKeepsTheFiles(t *testing.T) {
 		}
 	}
 
-	// The server lets go (as one killed would: its records stay), then
+	// The server lets go (as one killed would: its records stay), and
 	// its keeper is killed: nobody is left to take the files.
-	if err := m.Detach(); err != nil {
-		t.Fatal(err)
+	if !keeperFirst {
+		if err := m.Detach(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pid := c.Pid()
 	syscall.Kill(pid, syscall.SIGKILL)
@@ -241,8 +255,16 @@ func TestServerDeathKeepsTheFiles(t *testing.T) {
 		if !jail.Leftover(recUsed.Workspace) {
 			return fmt.Errorf("keeper %d still runs (its workspaces are not left yet)", pid)
 		}
+		if keeperFirst && used.Session.Err() == nil {
+			return errors.New("the kernel's death is not seen yet")
+		}
 		return nil
 	})
+	if keeperFirst {
+		if err := m.Detach(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(recUsed.Workspace, "late.txt")); err != nil {
 		t.Fatalf("the left workspace lacks the late file: %v", err)
 	}

@@ -287,6 +287,9 @@ type Session struct {
 	// keepSnapshots: Close leaves the session's held snapshot in the
 	// store (a server letting go of it for the next one: durable.go).
 	keepSnapshots atomic.Bool
+	// keepWorkspace: Close leaves the workspace for the next server to
+	// take its files (Detach of a session lost with its keeper).
+	keepWorkspace atomic.Bool
 
 	// warm is a join made ahead for the next command (commands.go), under
 	// mu; preparedStarts counts the commands started in one.
@@ -635,6 +638,10 @@ func (s *Session) Close() error {
 
 func (s *Session) removeWorkspace() error {
 	if s.quota == nil {
+		return nil
+	}
+	if s.keepWorkspace.Load() {
+		s.releaseFrozen()
 		return nil
 	}
 	err := s.quota.Remove()
