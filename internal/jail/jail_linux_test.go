@@ -1137,17 +1137,7 @@ func TestSweepQuotaDirs(t *testing.T) {
 		t.Skip("mounts on the host: " + r)
 	}
 	tmp := t.TempDir()
-	dead := exec.Command("true")
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadOwner := procOwner(dead.Process.Pid)
-	if deadOwner == "" {
-		t.Fatal("no start time for a child that has not been waited for")
-	}
-	if err := dead.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	deadOwner := deadOwner(t)
 	mk := func(owner string, mount bool) string {
 		t.Helper()
 		p := filepath.Join(tmp, "sandloop-ws-"+owner+"-1")
@@ -1193,6 +1183,23 @@ func TestSweepQuotaDirs(t *testing.T) {
 	}
 }
 
+// deadOwner names (as a workspace's name does) a process that has ended.
+func deadOwner(t *testing.T) string {
+	t.Helper()
+	dead := exec.Command("true")
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	owner := procOwner(dead.Process.Pid)
+	if owner == "" {
+		t.Fatal("no start time for a child that has not been waited for")
+	}
+	if err := dead.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
 // A lasting workspace (a durable session's) whose owner died is spared
 // by sweeps while it holds files, for LeftoverGrace after the first sweep
 // that saw it left (the next server takes its files: Leftover,
@@ -1203,14 +1210,7 @@ func TestSweepSparesLeftFiles(t *testing.T) {
 		t.Skip("mounts on the host: " + r)
 	}
 	tmp := t.TempDir()
-	dead := exec.Command("true")
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
-	}
-	owner := procOwner(dead.Process.Pid)
-	if err := dead.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	owner := deadOwner(t)
 	mk := func(name string, file bool) string {
 		t.Helper()
 		p := filepath.Join(tmp, "sandloop-ws-"+owner+"-lasting-"+name)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -88,12 +87,7 @@ func TestOverlayWorkspace(t *testing.T) {
 
 	// A dead sandloop's overlay workspace: both mounts swept.
 	tmp := t.TempDir()
-	dead := exec.Command("true")
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
-	}
-	owner := procOwner(dead.Process.Pid)
-	dead.Wait()
+	owner := deadOwner(t)
 	p := filepath.Join(tmp, "sandloop-ws-"+owner+"-1")
 	if err := os.Mkdir(p, 0o755); err != nil {
 		t.Fatal(err)
