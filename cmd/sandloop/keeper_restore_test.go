@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -421,4 +422,60 @@ func TestKeeperKilledUnderRunningServe(t *testing.T) {
 		}
 	}
 	c.term(t)
+}
+
+// TestKeptKernelDiedWhileServeDown: serve is killed (-9), its keeper runs
+// on, and a session's jail ends before the next serve (here killed by its
+// PID, as the memory limit or a crash would end it): the keeper forgets
+// it, and the next serve restores it from its latest snapshot, with the
+// files its workspace held when it ended (written after that snapshot,
+// by a cell still running when serve died), not only those of the
+// snapshot, saying so; the other session is taken over alive.
+func TestKeptKernelDiedWhileServeDown(t *testing.T) {
+	needKeeper(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { stopKeeper(t, dataDir) })
+	a := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+	lost, alive := fillSession(t, a, dataDir, 70), fillSession(t, a, dataDir, 71)
+	go func() {
+		b, _ := json.Marshal(map[string]any{"code": "import time\nz = 3\nopen('late.txt', 'w').write('late')\ntime.sleep(600)"})
+		a.call("POST", "/v1/sessions/"+lost.id+"/execute", string(b)) // (ends with serve)
+	}()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if code, _, err := a.call("GET", "/v1/sessions/"+lost.id+"/files/late.txt", nil); err != nil || code != 200 {
+			return fmt.Errorf("the long cell has not written its file: %d %v", code, err)
+		}
+		return nil
+	})
+	a.kill9()
+	jailPid := readKept(t, dataDir, lost.id).Jail.Pid
+	if err := syscall.Kill(jailPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		if _, err := os.Stat(filepath.Join(dataDir, "keeper", "sessions", lost.id+".json")); err == nil {
+			return fmt.Errorf("the keeper still holds session %s (jail %d)", lost.id, jailPid)
+		}
+		return nil
+	})
+
+	b := startKept(t, dataDir, "--pool", "0", "--snapshot-every", "200ms")
+	checkRestored(t, b, lost, true)
+	if got := b.mustCall(t, "GET", "/v1/sessions/"+lost.id+"/files/late.txt", nil, 200); string(got) != "late" {
+		t.Errorf("the file written after the last snapshot: %q", got)
+	}
+	var sess struct {
+		Restored *struct {
+			FilesAsOf time.Time `json:"files_as_of"`
+			Lost      string    `json:"lost"`
+		} `json:"restored"`
+	}
+	json.Unmarshal(b.mustCall(t, "GET", "/v1/sessions/"+lost.id, nil, 200), &sess)
+	if sess.Restored == nil || sess.Restored.FilesAsOf.IsZero() || !strings.Contains(sess.Restored.Lost, "variables set after") {
+		t.Errorf("restored %+v: want its files as of its end, its variables set after the snapshot lost", sess.Restored)
+	}
+	if got := b.execute(t, alive.id, "x"); got != fmt.Sprint(alive.x) {
+		t.Errorf("the session alive in the keeper: x = %s", got)
+	}
+	b.term(t)
 }

@@ -312,7 +312,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	var kept []session.KeptRecord
 	if h.keeper != nil {
 		mo.Keeper = h.keeper
-		kept = h.keptSessions() // before the manager's pool makes workspaces
+		kept = h.keptSessions(records) // before the manager's pool makes workspaces
 	}
 	h.mgr = session.NewManager(mo)
 	if h.keeper != nil {

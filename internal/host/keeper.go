@@ -176,8 +176,10 @@ func (l *keeperLink) Pid() int {
 // keptSessions lists the sessions the keeper holds for us, and removes
 // the keeper's workspaces no record names: of sessions that died while no
 // server held them, or were still starting when the server before was
-// killed. It runs before this server makes any workspace.
-func (h *Host) keptSessions() []session.KeptRecord {
+// killed. A workspace the session records in records name stays: the
+// manager's Restore takes its files (its session died while no server
+// held it). It runs before this server makes any workspace.
+func (h *Host) keptSessions(records string) []session.KeptRecord {
 	c, err := h.keeper.client()
 	if err != nil {
 		h.log.Error("keeper: no sessions taken over", "err", err)
@@ -190,6 +192,9 @@ func (h *Host) keptSessions() []session.KeptRecord {
 	}
 	kept := make([]session.KeptRecord, len(recs))
 	workspaces := map[string]bool{}
+	if records != "" {
+		workspaces = session.RecordedWorkspaces(records)
+	}
 	for i, r := range recs {
 		kept[i] = session.KeptRecord{ID: r.ID, Meta: r.Meta, Files: r.Files}
 		var m struct{ Workspace string }

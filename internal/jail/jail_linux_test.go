@@ -1229,9 +1229,14 @@ func TestSweepSparesLeftFiles(t *testing.T) {
 		return p
 	}
 	full, empty, taken := mk("full", true), mk("empty", false), mk("taken", true)
-	if !Leftover(full) || Leftover(filepath.Join(tmp, "sandloop-ws-"+selfOwner+"-lasting-x")) {
-		t.Fatal("Leftover: want true for a dead owner's lasting workspace only")
+	mine := filepath.Join(tmp, "sandloop-ws-"+selfOwner+"-lasting-x")
+	if err := os.Mkdir(mine, 0o755); err != nil {
+		t.Fatal(err)
 	}
+	if !Leftover(full, 0) || Leftover(mine, 0) || !Leftover(mine, os.Getpid()) {
+		t.Fatal("Leftover: want true for a dead owner's lasting workspace, and a live one's only when it is the keeper named")
+	}
+	os.Remove(mine)
 	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
 	marker := func(p string) string { return filepath.Join(tmp, goneMarker+filepath.Base(p)) }
 
@@ -1243,7 +1248,7 @@ func TestSweepSparesLeftFiles(t *testing.T) {
 	}
 	// The next server takes one; a later sweep within the grace spares
 	// the other and drops the taken one's note.
-	if err := RemoveLeftover(taken); err != nil {
+	if err := RemoveLeftover(taken, 0); err != nil {
 		t.Fatal(err)
 	}
 	if exists(taken) || exists(marker(taken)) {

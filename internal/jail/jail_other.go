@@ -124,10 +124,10 @@ func NewLastingQuotaDir(disk int64, files int, pid int) (*QuotaDir, error) {
 const LeftoverGrace = 15 * time.Minute
 
 // Leftover is false: no workspace outlives its owner here.
-func Leftover(string) bool { return false }
+func Leftover(string, int) bool { return false }
 
 // RemoveLeftover fails: no workspace outlives its owner here.
-func RemoveLeftover(string) error { return ErrUnsupported }
+func RemoveLeftover(string, int) error { return ErrUnsupported }
 
 // SweepWorkspacesOf does nothing: keepers need Linux.
 func SweepWorkspacesOf(int, map[string]bool) int { return 0 }

@@ -81,11 +81,17 @@ const (
 )
 
 // Leftover says whether path is a lasting workspace (NewLastingQuotaDir)
-// whose owner is gone: one a server's death left, whose files a server
-// restarting on its records may take (then RemoveLeftover).
-func Leftover(path string) bool {
+// that no running process holds for its session: its owner is gone (a
+// server's or a keeper's death left it), or its owner is process keeper
+// (not 0), a keeper whose jail for the session has ended while no server
+// held it (the caller knows). A server restarting on its records may
+// take its files (then RemoveLeftover).
+func Leftover(path string, keeper int) bool {
 	owner, kind, ok := workspaceName(filepath.Base(path))
-	if !ok || kind != lastingKind || ownerRuns(owner) {
+	if !ok || kind != lastingKind {
+		return false
+	}
+	if ownerRuns(owner) && (keeper == 0 || owner != procOwner(keeper)) {
 		return false
 	}
 	fi, err := os.Lstat(path)
@@ -94,8 +100,8 @@ func Leftover(path string) bool {
 
 // RemoveLeftover unmounts and removes the left workspace at path (see
 // Leftover) and what a sweep noted of it.
-func RemoveLeftover(path string) error {
-	if !Leftover(path) {
+func RemoveLeftover(path string, keeper int) error {
+	if !Leftover(path, keeper) {
 		return fmt.Errorf("%s is no left workspace", path)
 	}
 	if err := unmountAll(path); err != nil {

@@ -710,6 +710,22 @@ func (m *Manager) loadRecord(id string) *durableRecord {
 	return &rec
 }
 
+// RecordedWorkspaces are the workspaces the session records in dir
+// (ManagerOptions.Records) name: a server's start keeps them from its
+// keeper's sweep of the workspaces of sessions that ended while no server
+// held them (jail.SweepWorkspacesOf), for Restore to take their files.
+func RecordedWorkspaces(dir string) map[string]bool {
+	out := map[string]bool{}
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	for _, p := range paths {
+		var rec durableRecord
+		if b, err := os.ReadFile(p); err == nil && json.Unmarshal(b, &rec) == nil && rec.Workspace != "" {
+			out[rec.Workspace] = true
+		}
+	}
+	return out
+}
+
 // durableOf is the state of a session taken over from the keeper, from
 // its record (a new one if it had none).
 func (m *Manager) durableOf(id string) *durableState {
@@ -852,7 +868,13 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 // jail.LeftoverGrace after its owner's death was seen, a later start
 // tries again), and the session comes back from its latest snapshot.
 func (m *Manager) takeLeftover(ctx context.Context, rec *durableRecord, h **hibernating, d *durableState) bool {
-	if rec.Workspace == "" || !jail.Leftover(rec.Workspace) {
+	// (A workspace of this server's keeper, alive: the session's jail
+	// ended while no server held it, since it was not taken over.)
+	keeper := 0
+	if m.opts.Keeper != nil {
+		keeper = m.opts.Keeper.Pid()
+	}
+	if rec.Workspace == "" || !jail.Leftover(rec.Workspace, keeper) {
 		return false
 	}
 	took := false
@@ -867,7 +889,7 @@ func (m *Manager) takeLeftover(ctx context.Context, rec *durableRecord, h **hibe
 		*h, took = sh, true
 		d.snap, d.at, d.salvaged = man.ID, man.CreatedAt, &salvageNote{VariablesAsOf: sh.asOf, Lost: sh.lost}
 	}
-	if err := jail.RemoveLeftover(rec.Workspace); err != nil {
+	if err := jail.RemoveLeftover(rec.Workspace, keeper); err != nil {
 		m.log.Warn("restore: remove the workspace the session's processes left", "session", rec.ID, "workspace", rec.Workspace, "err", err)
 	}
 	return took

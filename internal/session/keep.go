@@ -201,7 +201,7 @@ func (s *Session) Detach() error {
 		// to sleep for yet (a SIGTERM right after the keeper's death):
 		// its lasting workspace is left for the next server, which takes
 		// its files (Manager.Restore).
-		if !s.closed && s.opts.lasting && jail.Leftover(s.workspace) {
+		if !s.closed && s.opts.lasting && jail.Leftover(s.workspace, 0) {
 			s.keepWorkspace.Store(true)
 		}
 		s.mu.Unlock()

@@ -252,7 +252,7 @@ func testServerDeathKeepsTheFiles(t *testing.T, keeperFirst bool) {
 	pid := c.Pid()
 	syscall.Kill(pid, syscall.SIGKILL)
 	testutil.WaitFor(t, 30*time.Second, func() error {
-		if !jail.Leftover(recUsed.Workspace) {
+		if !jail.Leftover(recUsed.Workspace, 0) {
 			return fmt.Errorf("keeper %d still runs (its workspaces are not left yet)", pid)
 		}
 		if keeperFirst && used.Session.Err() == nil {
