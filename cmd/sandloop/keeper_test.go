@@ -362,8 +362,9 @@ func TestKeepSessionsKill9(t *testing.T) {
 	a.kill9()
 	pw.CloseWithError(errors.New("the server is gone"))
 	<-upload
-	// Session 5 dies while no server holds it: its workspace is gone
-	// after the restart, and the session comes back from storage.
+	// Session 5 dies while no server holds it: the session comes back
+	// from storage, with the files its workspace held (taken, then the
+	// workspace removed).
 	dead := readKept(t, dataDir, ids[5])
 	syscall.Kill(dead.Jail.Pid, syscall.SIGKILL)
 	testutil.WaitFor(t, 30*time.Second, func() error {
@@ -386,7 +387,8 @@ func TestKeepSessionsKill9(t *testing.T) {
 
 	bserve := startKept(t, dataDir, "--pool", "2")
 	// It comes back from storage, asleep, on its id; it was lost before
-	// its first automatic snapshot (30s): its first use says so.
+	// its first automatic snapshot (30s): its first use says its
+	// variables were lost, not its files.
 	var deadSess struct{ State string }
 	json.Unmarshal(bserve.mustCall(t, "GET", "/v1/sessions/"+deadID, nil, 200), &deadSess)
 	if deadSess.State != "hibernated" {
@@ -396,7 +398,7 @@ func TestKeepSessionsKill9(t *testing.T) {
 		t.Error(err)
 	} else {
 		resp.Body.Close()
-		if said := resp.Header.Get("Sandloop-Restored"); resp.StatusCode != 200 || !strings.Contains(said, "lost: everything") {
+		if said := resp.Header.Get("Sandloop-Restored"); resp.StatusCode != 200 || !strings.Contains(said, "lost: its variables") || !strings.Contains(said, "files exact as of ") {
 			t.Errorf("the dead session's first use after the restart: %d, Sandloop-Restored %q (want what was lost)", resp.StatusCode, said)
 		}
 	}
