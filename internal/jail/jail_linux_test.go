@@ -1183,6 +1183,43 @@ func TestSweepQuotaDirs(t *testing.T) {
 	}
 }
 
+// A process that lives on sweeps again: a workspace a sandloop killed
+// leaves after this process's first sweep is removed by a later call
+// (sweepEvery after the last sweep, in the background), not only by the
+// next process to start.
+func TestSweepRepeats(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	sweepNow() // this process's first sweep, if it has not swept yet
+	left := filepath.Join(tmp, "sandloop-ws-"+deadOwner(t)+"-1")
+	if err := os.Mkdir(left, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	swept := make(chan struct{})
+	sweepMu.Lock()
+	every, done := sweepEvery, sweepDone
+	sweepEvery, sweepDone = 0, func() { close(swept) }
+	sweepMu.Unlock()
+	t.Cleanup(func() {
+		sweepMu.Lock()
+		sweepEvery, sweepDone = every, done
+		sweepMu.Unlock()
+	})
+	d, err := OwnedTempDir("repeat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(d)
+	select {
+	case <-swept:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no sweep after sweepEvery")
+	}
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the dead owner's workspace %s is still there (%v)", left, err)
+	}
+}
+
 // deadOwner names (as a workspace's name does) a process that has ended.
 func deadOwner(t *testing.T) string {
 	t.Helper()

@@ -221,13 +221,16 @@ func newQuotaDir(disk int64, files int, owner, kind string) (*QuotaDir, error) {
 // directory whose name says which process owns it (PID and start time),
 // so that one left by a sandloop killed before its cleanup can be told
 // from a live one's and is removed by the next sandloop (sweepQuotaDirs,
-// run once per process here). kind, if set, goes into the name.
+// run here at a process's first call, and again in the background at a
+// call sweepEvery or more after the last: a long-running server removes
+// what others left, lasting workspaces past their grace included). kind,
+// if set, goes into the name.
 func OwnedTempDir(kind string) (string, error) {
 	return ownedTempDir(selfOwner, kind)
 }
 
 func ownedTempDir(owner, kind string) (string, error) {
-	sweepQuotaDirsOnce.Do(func() { sweepQuotaDirs(os.TempDir()) })
+	sweepNow()
 	if kind != "" {
 		kind += "-"
 	}
@@ -235,9 +238,39 @@ func ownedTempDir(owner, kind string) (string, error) {
 }
 
 var (
-	sweepQuotaDirsOnce sync.Once
-	selfOwner          = procOwner(os.Getpid())
+	selfOwner = procOwner(os.Getpid())
+
+	sweepMu    sync.Mutex
+	sweptAt    time.Time // the last sweep's start (zero: none yet)
+	sweeping   bool      // a background sweep runs
+	sweepEvery = 5 * time.Minute
+	sweepDone  func() // tests: called after a background sweep
 )
+
+// sweepNow sweeps the temporary directory at this process's first call
+// (before the caller makes its directory), and in the background at a
+// call sweepEvery after the last sweep.
+func sweepNow() {
+	sweepMu.Lock()
+	defer sweepMu.Unlock()
+	switch {
+	case sweptAt.IsZero():
+		sweptAt = time.Now()
+		sweepQuotaDirs(os.TempDir())
+	case !sweeping && time.Since(sweptAt) >= sweepEvery:
+		sweptAt, sweeping = time.Now(), true
+		dir, done := os.TempDir(), sweepDone
+		go func() {
+			sweepQuotaDirs(dir)
+			sweepMu.Lock()
+			sweeping = false
+			sweepMu.Unlock()
+			if done != nil {
+				done()
+			}
+		}()
+	}
+}
 
 // procOwner names a process by PID and start time (clock ticks since
 // boot), which a reused PID does not share; "" if it is gone.
