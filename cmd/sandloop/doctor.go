@@ -143,6 +143,10 @@ func runDoctor(ctx context.Context, w io.Writer, timeout time.Duration, template
 	quota := jail.QuotaSupport()
 	quota.Detail = fmt.Sprintf("%s and %d files per workspace by default (--disk, --files): %s", formatSize(jail.DefaultDisk), jail.DefaultFiles, quota.Detail)
 	line(quota, "workspace quota")
+	if n, bytes := jail.LeftWorkspaces(); n > 0 {
+		info("left workspaces", fmt.Sprintf("%d, holding %s, of sessions whose server died: a serve restarted on their --data-dir takes their files; each goes %s after a sandloop first saw it left (%s)",
+			n, formatSize(bytes), jail.LeftoverGrace, os.TempDir()))
+	}
 	if how, why := session.ForkFilesSupport(); how == session.ForkFilesOverlay {
 		line(jail.Check{OK: true, Detail: "a fork's children share one read-only copy of the parent's files (an overlayfs each; what a child writes goes to its own capped tmpfs)"}, "fork files")
 	} else {

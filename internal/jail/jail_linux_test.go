@@ -1283,6 +1283,9 @@ func TestSweepSparesLeftFiles(t *testing.T) {
 	if exists(empty) || !exists(full) || !exists(marker(full)) || !exists(filepath.Join(full, "late.txt")) {
 		t.Fatalf("after the first sweep: empty there %v, full there %v, noted %v", exists(empty), exists(full), exists(marker(full)))
 	}
+	if n, bytes := leftWorkspaces(tmp); n != 2 || bytes < 4 {
+		t.Errorf("left workspaces: %d holding %d bytes, want the 2 holding files", n, bytes)
+	}
 	// The next server takes one; a later sweep within the grace spares
 	// the other and drops the taken one's note.
 	if err := RemoveLeftover(taken, 0); err != nil {

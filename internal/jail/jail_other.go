@@ -126,6 +126,9 @@ const LeftoverGrace = 15 * time.Minute
 // Leftover is false: no workspace outlives its owner here.
 func Leftover(string, int) bool { return false }
 
+// LeftWorkspaces is none: no workspace outlives its owner here.
+func LeftWorkspaces() (int, int64) { return 0, 0 }
+
 // RemoveLeftover fails: no workspace outlives its owner here.
 func RemoveLeftover(string, int) error { return ErrUnsupported }
 

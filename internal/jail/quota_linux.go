@@ -114,6 +114,30 @@ func RemoveLeftover(path string, keeper int) error {
 	return nil
 }
 
+// LeftWorkspaces counts the lasting workspaces under the temporary
+// directory whose owner's death left them holding files (Leftover): they
+// wait for a restarted server to take their files, or LeftoverGrace. bytes
+// is what those on tmpfs hold.
+func LeftWorkspaces() (n int, bytes int64) {
+	return leftWorkspaces(os.TempDir())
+}
+
+func leftWorkspaces(dir string) (n int, bytes int64) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if !e.IsDir() || !Leftover(p, 0) || emptyDir(p) {
+			continue
+		}
+		n++
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.TMPFS_MAGIC {
+			bytes += int64(st.Blocks-st.Bfree) * st.Bsize
+		}
+	}
+	return n, bytes
+}
+
 // workspaceName parses the name of a workspace ownedTempDir made: its
 // owner and, for a named kind, the kind.
 func workspaceName(name string) (owner, kind string, ok bool) {
