@@ -274,8 +274,9 @@ func TestStopProcess(t *testing.T) {
 		t.Errorf("stop_process took %v", took)
 	}
 	t.Logf("stop_process took %v", took)
-	// Exit 7: no process named sleep is left in the sandbox.
-	res = callLLM(t, set, sess, tools.RunShell, map[string]any{"command": `for f in /proc/[0-9]*/comm; do read c < "$f" && [[ $c == sleep ]] && exit 0; done; exit 7`})
+	// Exit 7: no process named sleep runs in the sandbox (a killed one
+	// the sandbox's init has not reaped yet, a zombie, runs no more).
+	res = callLLM(t, set, sess, tools.RunShell, map[string]any{"command": `for d in /proc/[0-9]*; do read c < "$d/comm" && [[ $c == sleep ]] && read -r s < "$d/stat" && s=${s##*) } && [[ ${s:0:1} != Z ]] && exit 0; done; exit 7`})
 	if sh := res.Structured.(*tools.ShellOutput); sh.ExitCode == nil || *sh.ExitCode != 7 {
 		t.Errorf("a sleep is still running: %s", res.Text)
 	}
