@@ -421,6 +421,11 @@ func TestKeeperKilledUnderRunningServe(t *testing.T) {
 			t.Errorf("session %s after serve's death was restored (%q), not taken over alive from the new keeper", id, said)
 		}
 	}
+	// (Deleted: a workspace left holding files when the cleanup stops
+	// the keeper would wait out its grace for a server to take it.)
+	for _, id := range []string{fs[0].id, fs[1].id, empty, fresh} {
+		c.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
+	}
 	c.term(t)
 }
 
@@ -476,6 +481,11 @@ func TestKeptKernelDiedWhileServeDown(t *testing.T) {
 	}
 	if got := b.execute(t, alive.id, "x"); got != fmt.Sprint(alive.x) {
 		t.Errorf("the session alive in the keeper: x = %s", got)
+	}
+	// (Deleted: a workspace left holding files when the cleanup stops
+	// the keeper would wait out its grace for a server to take it.)
+	for _, f := range []restoreFixture{lost, alive} {
+		b.mustCall(t, "DELETE", "/v1/sessions/"+f.id, nil, 204)
 	}
 	b.term(t)
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/testutil"
 )
 
@@ -246,6 +247,15 @@ func stopKeeper(t testing.TB, dataDir string) {
 		return
 	}
 	kids := childrenOf(pid)
+	// At the test's end, the workspaces its sessions left holding files
+	// go (a sweep would spare them for jail.LeftoverGrace, for a server
+	// to take their files).
+	t.Cleanup(func() {
+		left, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sandloop-ws-%d.*-lasting-*", pid)))
+		for _, p := range left {
+			jail.RemoveLeftover(p, 0)
+		}
+	})
 	syscall.Kill(pid, syscall.SIGKILL)
 	testutil.WaitFor(t, 60*time.Second, func() error {
 		for _, p := range append(kids, pid) {
@@ -458,7 +468,7 @@ func TestKeepSessionsKill9(t *testing.T) {
 	if tmps, _ := filepath.Glob(filepath.Join(ws1, ".sandloop-upload-*")); len(tmps) > 0 {
 		t.Errorf("the cut upload left %v", tmps)
 	}
-	for _, id := range ids {
+	for _, id := range append(ids, deadID) {
 		bserve.mustCall(t, "DELETE", "/v1/sessions/"+id, nil, 204)
 	}
 	bserve.term(t)
