@@ -1301,6 +1301,18 @@ func TestSweepSparesLeftFiles(t *testing.T) {
 	if exists(marker(taken)) {
 		t.Error("the note of a taken workspace is left")
 	}
+	// A note dated ahead of the clock (planted: the temporary directory
+	// is everyone's) does not keep it forever: a sweep replaces it.
+	later := time.Now().Add(24 * time.Hour)
+	if err := os.Chtimes(marker(full), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if n := sweepQuotaDirs(tmp); n != 0 || !exists(full) {
+		t.Errorf("a sweep with a planted note removed %d", n)
+	}
+	if fi, err := os.Stat(marker(full)); err != nil || fi.ModTime().After(time.Now().Add(time.Minute)) {
+		t.Errorf("the planted note was not replaced: %v %v", fi, err)
+	}
 	// Past the grace, it goes, with its note and its mount.
 	old := time.Now().Add(-LeftoverGrace - time.Minute)
 	if err := os.Chtimes(marker(full), old, old); err != nil {

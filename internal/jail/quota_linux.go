@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -344,6 +345,13 @@ func sweepQuotaDirs(dir string) (removed int) {
 		marker := filepath.Join(dir, goneMarker+e.Name())
 		if kind == lastingKind && !emptyDir(p) {
 			fi, err := os.Lstat(marker)
+			if err == nil && !ourMarker(fi, now) {
+				// Not one a sweep of ours made (another user's, a link, a
+				// time ahead of the clock): it says nothing; a new one
+				// starts the grace.
+				os.Remove(marker)
+				err = fs.ErrNotExist
+			}
 			if errors.Is(err, fs.ErrNotExist) {
 				if f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
 					f.Close()
@@ -365,6 +373,15 @@ func sweepQuotaDirs(dir string) (removed int) {
 		}
 	}
 	return removed
+}
+
+// ourMarker says whether fi is a note a sweep of this user made: a regular
+// file it owns, dated no later than now (give or take a clock's tick).
+// The temporary directory is everyone's: a note planted there must
+// neither end a left workspace's grace early nor make it last forever.
+func ourMarker(fi fs.FileInfo, now time.Time) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode().IsRegular() && int(st.Uid) == os.Geteuid() && !fi.ModTime().After(now.Add(time.Minute))
 }
 
 // emptyDir says whether dir holds no entry (false if it cannot be read).
