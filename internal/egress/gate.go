@@ -429,6 +429,14 @@ func (g *Gate) reserve(want int64) int64 {
 	}
 }
 
+// refund gives back n bytes taken but not sent (a failed write).
+func (g *Gate) refund(n int64) {
+	if n > 0 {
+		g.committed.Add(-n)
+		g.total.Add(-n)
+	}
+}
+
 func (g *Gate) settle(grant, used int64) {
 	g.committed.Add(used - grant)
 	g.total.Add(used)
@@ -450,6 +458,7 @@ func (c *countConn) Write(p []byte) (int, error) {
 	k := int(c.g.take(int64(len(p))))
 	n, err := c.Conn.Write(p[:k])
 	c.in.Add(int64(n))
+	c.g.refund(int64(k - n))
 	c.last.Store(time.Now().UnixNano())
 	if err == nil && k < len(p) {
 		c.capError.Store(true)

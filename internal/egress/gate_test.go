@@ -175,6 +175,70 @@ func TestHTTPSThroughTheGate(t *testing.T) {
 	}
 }
 
+// Bytes the gate could not deliver, because the sandbox's side reset the
+// connection, are not counted: the total stays the sum of the entries, and
+// the session's cap is not charged for them.
+func TestResetConnectionCountsWhatWasSent(t *testing.T) {
+	src, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	go func() {
+		c, err := src.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// Small writes, paced: the gate's read-and-write path (a full
+		// buffer would take its bulk path).
+		chunk := bytes.Repeat([]byte("x"), 4000)
+		for i := 0; i < 20000; i++ {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	port := src.Addr().(*net.TCPAddr).Port
+	g, proxy := startGate(t, []string{"src.test:" + strconv.Itoa(port), "127.0.0.1"}, map[string][]string{"src.test": {"127.0.0.1"}}, nil)
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "CONNECT src.test:%d HTTP/1.1\r\nHost: src.test:%d\r\n\r\n", port, port)
+	br := bufio.NewReader(c)
+	if line, _ := br.ReadString('\n'); !strings.Contains(line, " 200 ") {
+		t.Fatalf("CONNECT: %q", line)
+	}
+	// Read no more: once the buffers between are full, the gate's write
+	// to the sandbox's side blocks with bytes taken from the cap.
+	last, since := int64(-1), time.Now()
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		l := g.Log()
+		if len(l.Entries) != 1 || !l.Entries[0].Open {
+			return fmt.Errorf("log: %+v", l.Entries)
+		}
+		if in := l.Entries[0].BytesIn; in != last {
+			last, since = in, time.Now()
+		}
+		if time.Since(since) < 300*time.Millisecond {
+			return fmt.Errorf("still sending: %d bytes", last)
+		}
+		return nil
+	})
+	c.(*net.TCPConn).SetLinger(0) // a reset, not a close
+	c.Close()
+	l := waitLog(t, g, 1)
+	if l.Entries[0].BytesIn == 0 {
+		t.Fatalf("log: %+v", l.Entries)
+	}
+	if l.Bytes != l.Entries[0].BytesIn+l.Entries[0].BytesOut {
+		t.Errorf("total %d != the entry's %d+%d", l.Bytes, l.Entries[0].BytesIn, l.Entries[0].BytesOut)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	names := map[string][]string{
 		"loop.test": {"127.0.0.1"}, "ten.test": {"10.0.0.5"}, "meta.test": {"169.254.169.254"}, "v6loop.test": {"::1"},

@@ -92,11 +92,13 @@ func (g *Gate) splice(c *countConn, up net.Conn) {
 			if n > 0 {
 				k := g.take(int64(n))
 				if k > 0 {
-					if _, werr := dst.Write(buf[:k]); werr != nil {
+					w, werr := dst.Write(buf[:k])
+					counter.Add(int64(w))
+					if werr != nil {
+						g.refund(k - int64(w)) // not sent: the total stays the entries' sum
 						done <- false
 						return
 					}
-					counter.Add(k)
 					c.last.Store(time.Now().UnixNano())
 				}
 				if k < int64(n) {
