@@ -57,6 +57,16 @@ type Restored struct {
 	// NotRestored lists what did not come back, each with the reason.
 	NotRestored    []string `json:"not_restored,omitempty"`
 	ExecutionCount int      `json:"execution_count"`
+	// AsOf, for a session whose processes were lost (its keeper or the
+	// server died), is when the snapshot it came back from was taken:
+	// its variables are of then.
+	AsOf time.Time `json:"as_of,omitzero"`
+	// Lost says what did not come back beyond NotRestored (what was done
+	// after AsOf); empty when nothing was.
+	Lost string `json:"lost,omitempty"`
+	// FilesAsOf, when set, is when its files are of, newer than its
+	// variables (its workspace outlived its processes).
+	FilesAsOf time.Time `json:"files_as_of,omitzero"`
 }
 
 // Pause freezes session id: it uses no CPU and keeps its memory. Any

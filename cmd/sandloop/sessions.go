@@ -27,8 +27,8 @@ type sessionsFlags struct {
 func newSessionsCmd() *cobra.Command {
 	var f sessionsFlags
 	cmd := &cobra.Command{
-		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|restart|snapshot|snapshots|drop-snapshot|hibernate] ID ...",
-		Short: "The sessions of a running server: create, run code, checkpoints, undo, fork, pause and resume, snapshots, hibernation",
+		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|restart|snapshot|snapshots|drop-snapshot|hibernate|events] ID ...",
+		Short: "The sessions of a running server: create, run code, checkpoints, undo, fork, pause and resume, snapshots, hibernation, events",
 		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
 The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
 --token (or SANDLOOP_TOKEN), the same token the sessions were created with: another
@@ -230,7 +230,7 @@ token's sessions are not found.`,
 	}
 	cmd.AddCommand(ls)
 	cmd.AddCommand(sessionUseCmds(&f)...)
-	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, restart, snap, snaps, dropSnap, hibernate)
+	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, restart, snap, snaps, dropSnap, hibernate, newSessionEventsCmd(&f))
 	return cmd
 }
 
@@ -286,6 +286,11 @@ func serverError(server string, err error) error {
 	switch {
 	case ae.StatusCode == http.StatusUnauthorized:
 		msg += " (--token or SANDLOOP_TOKEN)"
+	case strings.Contains(msg, "(its events: GET /v1/sessions/"):
+		// A session closed lately (the API names its events' endpoint).
+		if i := strings.Index(msg, "(its events: GET"); i >= 0 {
+			msg = msg[:i] + "(`sandloop sessions events ID` says what happened to it)"
+		}
 	case ae.Code == "restart_required":
 		// The API's hint names its endpoint; here, the command.
 		msg = strings.TrimSuffix(msg, ": POST /v1/sessions/{id}/restart") + ": `sandloop sessions restart ID` starts a new kernel (its files stay)"
@@ -362,9 +367,16 @@ func printRestored(w io.Writer, who string, r *client.Restored) {
 	if len(r.Variables) > 0 {
 		vars = fmt.Sprintf(", variables %s", strings.Join(r.Variables, ", "))
 	}
-	fmt.Fprintf(w, "%s: restored from %s: %s%s, execution count %d\n", who, r.From, files(r.Files), vars, r.ExecutionCount)
+	prefix := who + ": "
+	if who == "" { // under an event (sessions events)
+		prefix = "  "
+	}
+	fmt.Fprintf(w, "%srestored from %s: %s%s, execution count %d\n", prefix, r.From, files(r.Files), vars, r.ExecutionCount)
 	for _, n := range r.NotRestored {
 		fmt.Fprintf(w, "  not restored: %s\n", n)
+	}
+	if r.Lost != "" {
+		fmt.Fprintf(w, "  lost: %s\n", r.Lost)
 	}
 }
 

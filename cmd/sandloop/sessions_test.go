@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandloop/sandloop/client"
 	"github.com/sandloop/sandloop/internal/host"
@@ -99,6 +102,42 @@ func TestSessionsCLI(t *testing.T) {
 	}
 	if out := cli(1, "ls", "--url", "http://127.0.0.1:1"); !strings.Contains(out, "cannot reach the server at http://127.0.0.1:1") {
 		t.Errorf("no server: %s", out)
+	}
+
+	// What happened to it, one line each; --follow until its close.
+	out = cli(0, "events", s.ID)
+	for _, want := range []string{"#1  created: from ", "checkpoint: checkpoint " + named, "undone", "  restored from undo: ",
+		"checkpoint_restored", "forked: into " + kids[0], "paused: asked for", "#7  resumed\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("events: no %q in\n%s", want, out)
+		}
+	}
+	var list struct{ Events []client.SessionEvent }
+	if err := json.Unmarshal([]byte(cli(0, "events", s.ID, "--json")), &list); err != nil || len(list.Events) < 7 {
+		t.Fatalf("events --json: %+v %v", list, err)
+	}
+	last := list.Events[len(list.Events)-1].Seq
+	followed := make(chan string, 1)
+	go func() {
+		var o bytes.Buffer
+		execute([]string{"sessions", "--url", url, "events", s.ID, "--follow", "--json", "--since", fmt.Sprint(last)}, strings.NewReader(""), &o, &o)
+		followed <- o.String()
+	}()
+	time.Sleep(500 * time.Millisecond) // (a late start replays: --since)
+	if err := c.DeleteSession(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-followed:
+		var e client.SessionEvent
+		if strings.Count(got, "\n") != 1 || json.Unmarshal([]byte(got), &e) != nil || e.Type != "closed" {
+			t.Errorf("events --follow --json: %q", got)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("events --follow did not end at the session's close")
+	}
+	if out := cli(2, "resume", s.ID); !strings.Contains(out, "deleted by its owner") || !strings.Contains(out, "sandloop sessions events ID") {
+		t.Errorf("resume of a deleted session: %s", out)
 	}
 }
 

@@ -14,6 +14,7 @@ func Gone(reason string) *Kernel {
 	k.proc = goneProcess{}
 	k.p = closedPipes()
 	k.killReason = reason
+	k.retired.Store(true)
 	close(k.exited)
 	return k
 }

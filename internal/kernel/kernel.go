@@ -118,6 +118,8 @@ type Kernel struct {
 	stateChannel bool // the kernel took fd 7 as its state channel (set at start)
 
 	fresh atomic.Bool // see Fresh
+
+	retired atomic.Bool // see Retire
 }
 
 // wireEvent is an Event as the kernel sends it.
@@ -356,6 +358,25 @@ func (k *Kernel) Kill(reason string) {
 		k.log.Debug("kill kernel", "err", err)
 	}
 }
+
+// Retire kills the kernel as Kill does, on purpose: its holder replaces
+// or ends it (a restart, a hibernation, a close), so its end is no
+// failure to report (Retired).
+func (k *Kernel) Retire(reason string) {
+	k.retired.Store(true)
+	k.Kill(reason)
+}
+
+// Retired says whether the kernel was killed with Retire.
+func (k *Kernel) Retired() bool { return k.retired.Load() }
+
+// ExitReason says why the kernel is gone (or going): "the kernel died:
+// exited with status 3", the reason given to Kill...
+func (k *Kernel) ExitReason() string { return k.reason() }
+
+// Exited is closed once the kernel's process has exited (Err then says
+// why).
+func (k *Kernel) Exited() <-chan struct{} { return k.exited }
 
 // awaitExit waits up to d for the process to exit, then kills it and waits.
 func (k *Kernel) awaitExit(d time.Duration) {

@@ -266,6 +266,7 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", s.deleteFile, false},
 		{"GET", "/v1/sessions/{id}/archive", s.archive, false},
 		{"GET", "/v1/sessions/{id}/metrics", s.sessionMetrics, false},
+		{"GET", "/v1/sessions/{id}/events", s.sessionEvents, false},
 		{"GET", "/v1/sessions/{id}/ports", s.listPorts, false},
 		{"POST", "/v1/sessions/{id}/previews", s.portURL, false},
 		// The app's own methods; its access is checked by proxyPort.

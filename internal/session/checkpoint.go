@@ -249,6 +249,7 @@ func (s *Session) Checkpoint(ctx context.Context, name string) (*Checkpoint, err
 		return nil, err
 	}
 	cp := r.Checkpoint
+	s.note(Event{Type: EventCheckpoint, Checkpoint: cp.ID})
 	return &cp, nil
 }
 
@@ -571,7 +572,11 @@ func (s *Session) RestoreCheckpoint(ctx context.Context, id string) (*Restored, 
 	if err != nil {
 		return nil, err
 	}
-	return s.restore(ctx, r, "checkpoint "+r.ID, false)
+	res, err := s.restore(ctx, r, "checkpoint "+r.ID, false)
+	if err == nil {
+		s.noteRestored(Event{Type: EventCheckpointRestored, Checkpoint: r.ID}, res)
+	}
+	return res, err
 }
 
 // Undo reverts the last execution: the session goes back to its newest
@@ -599,7 +604,11 @@ func (s *Session) Undo(ctx context.Context) (*Restored, error) {
 		}
 		return nil, &notFoundError{"nothing to undo: undo goes back to the automatic checkpoint taken before the last execution, and " + why}
 	}
-	return s.restore(ctx, r, "undo", true)
+	res, err := s.restore(ctx, r, "undo", true)
+	if err == nil {
+		s.noteRestored(Event{Type: EventUndone}, res)
+	}
+	return res, err
 }
 
 // restore puts the session back at r, under the turn: the kernel and the
@@ -698,7 +707,7 @@ func (s *Session) restoreFresh(ctx context.Context, r *cpRecord, from string, dr
 	}
 	c.mu.Unlock()
 	s.dropWarm()
-	old.Kill("the session went back to its start: a fresh kernel replaces this one")
+	old.Retire("the session went back to its start: a fresh kernel replaces this one")
 	old.Close()
 	notRestored := append([]string(nil), r.NotCarried...)
 	notRestored = append(notRestored, "processes, /tmp and /dev/shm of the sandbox (ended and emptied: going back to before the first cell starts a fresh kernel in a fresh sandbox)")

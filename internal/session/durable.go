@@ -523,6 +523,11 @@ func (m *Manager) autoSnapshot(ctx context.Context, ms *Managed) bool {
 	}
 	m.saveRecord(ms)
 	m.deleteSnapshot(ms, old, man.ID)
+	reason := "automatic: the server writes one of a session used since its last"
+	if note != nil {
+		reason = "automatic: the session's files as its dead kernel left them, with the variables of its snapshot before"
+	}
+	ms.note(Event{Type: EventSnapshot, Snapshot: man.ID, Reason: reason})
 	if m.opts.OnSnapshot != nil {
 		m.opts.OnSnapshot(ms.ID(), man.ID)
 	}
@@ -848,6 +853,14 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 	}
 	m.sessions[rec.ID] = ms
 	m.mu.Unlock()
+	switch {
+	case rec.Hibernated && rec.Salvaged == nil && h.m != nil:
+		s.note(Event{Type: EventHibernated, Snapshot: h.m.ID, Reason: "it was hibernated when the server restarted: nothing was lost, and its next use wakes it"})
+	case rec.Hibernated:
+		s.noteLost("it was asleep after an earlier loss of its processes when the server restarted", h)
+	default:
+		s.noteLost("the server restarted without the session's processes (it or its keeper was stopped or died)", h)
+	}
 	if took {
 		m.log.Info("session restored from storage, with its files as its processes left them (its workspace outlived them) and the variables of its latest snapshot: it wakes at its first use",
 			"session", rec.ID, "snapshot", d.snap, "variables_of", rec.Snapshot)

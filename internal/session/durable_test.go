@@ -103,6 +103,10 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 		t.Fatalf("snapshots after the second automatic one: %+v (the first one must be replaced)", second)
 	}
 	want := wsTree(t, ms.Workspace())
+	evs, _, _ := ms.Events().Since(0)
+	if types := eventTypes(evs); types != "created snapshot snapshot" || !strings.HasPrefix(evs[2].Reason, "automatic") || evs[2].Snapshot != second[0].ID {
+		t.Errorf("events before the loss: %s %+v", types, evs)
+	}
 	managedRun(t, ms, "v_c = 3") // after the snapshot: lost with the processes
 	m.Detach()                   // its processes go; its record stays
 
@@ -113,9 +117,18 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 	if _, err := m2.Get("bob", ms.ID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("bob sees alice's restored session: %v", err)
 	}
+	// Its events, anew on this server, start with the loss.
+	evs, _, _ = back.Events().Since(0)
+	if len(evs) != 1 || evs[0].Type != EventLost || evs[0].State != StateHibernated || evs[0].Snapshot != second[0].ID ||
+		!strings.Contains(evs[0].Reason, "the server restarted") || !strings.Contains(evs[0].Reason, "lost: what was done") {
+		t.Errorf("a restored session's events: %+v", evs)
+	}
 	res, err := back.Wake(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if evs, _, _ = back.Events().Since(1); len(evs) != 1 || evs[0].Type != EventWoken || evs[0].Restored == nil || evs[0].Restored.Lost != res.Lost {
+		t.Errorf("the wake's event: %+v", evs)
 	}
 	if res.AsOf.IsZero() || !strings.Contains(res.Lost, "after") || !slices.Contains(res.Variables, "v_b") {
 		t.Errorf("restored %+v: want as_of, what was lost and v_b", res)

@@ -292,6 +292,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
 				PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
 				frozen:     src.frozen,
+				forkOf:     id,
 			})
 			if err != nil {
 				errs[i] = err
@@ -311,6 +312,10 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			release := child.Lease()
 			defer release()
 			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
+			if errs[i] == nil {
+				r := *reports[i]
+				child.note(Event{Type: EventCreated, How: CreatedFork, Parent: id, Template: child.Template, Restored: &r})
+			}
 			forkStage("at-imported", start)
 		})
 	}
@@ -329,6 +334,15 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 		parent.Session.remapLater(src.remap, src.exported.Remap)
 		src.remap = nil
 	}
+	ids := make([]string, n)
+	for i, c := range children {
+		ids[i] = c.ID()
+	}
+	e := Event{Type: EventForked, Children: ids}
+	if o.Checkpoint != "" {
+		e.Checkpoint = o.Checkpoint
+	}
+	parent.note(e)
 	m.log.Info("session forked", "session", id, "children", n, "from", src.from)
 	return children, reports[0], nil
 }

@@ -127,7 +127,7 @@ func (s *Session) Hibernated() bool { return s.hib.on.Load() }
 // hibernate writes the session to st for owner and frees its processes and
 // files. It fails with ErrBusy while a call holds the session (an
 // execution), as Pause does; hibernating a hibernated session does nothing.
-func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string, keep bool) (*snapshot.Manifest, error) {
+func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner string, keep bool, reason string) (*snapshot.Manifest, error) {
 	s.stopRemaps() // as Pause
 	select {
 	case s.turn <- struct{}{}:
@@ -158,7 +158,7 @@ func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner strin
 	k := s.k
 	s.mu.Unlock()
 	s.dropWarm()
-	k.Kill("the session hibernated")
+	k.Retire("the session hibernated")
 	k.Close()
 	if err := s.closeCheckpoints(); err != nil {
 		s.log.Warn("hibernate: remove the checkpoint store", "err", err)
@@ -171,6 +171,7 @@ func (s *Session) hibernate(ctx context.Context, st *snapshot.Store, owner strin
 	s.hib.snap = &hibernating{store: st, owner: owner, m: m, keep: keep}
 	s.hib.since = time.Now()
 	s.hib.on.Store(true)
+	s.note(Event{Type: EventHibernated, Reason: reason, Snapshot: m.ID})
 	s.log.Info("session hibernated", "snapshot", m.ID, "bytes", m.TotalBytes)
 	return m, nil
 }
@@ -207,7 +208,7 @@ func (s *Session) sleepLost(ctx context.Context, lost func() (*hibernating, erro
 	}
 	k := s.k
 	s.mu.Unlock()
-	k.Kill("the session's processes were lost (the process that held them died)")
+	k.Retire("the session's processes were lost (the process that held them died)")
 	if err := s.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -254,7 +255,7 @@ func (s *Session) sleepLost(ctx context.Context, lost func() (*hibernating, erro
 		s.workspace, s.quota = q.Path, q
 	}
 	s.mu.Unlock()
-	k.Kill("the session's processes were lost (the process that held them died)")
+	k.Retire("the session's processes were lost (the process that held them died)")
 	k.Close()
 	if err := s.closeCheckpoints(); err != nil {
 		s.log.Warn("lost session: remove the checkpoint store", "err", err)
@@ -267,6 +268,7 @@ func (s *Session) sleepLost(ctx context.Context, lost func() (*hibernating, erro
 		s.log.Warn("lost session: empty the workspace", "err", err)
 	}
 	s.sleepOn(h)
+	s.noteLost("the process that held its kernel (the keeper) died", h)
 	return salvaged, nil
 }
 
@@ -314,7 +316,7 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 		res = &Restored{From: h.from}
 	}
 	if err != nil {
-		k.Kill("the session's wake failed")
+		k.Retire("the session's wake failed")
 		if cerr := s.clearWorkspace(); cerr != nil {
 			s.log.Warn("wake failed: empty the workspace", "err", cerr)
 		}
@@ -328,6 +330,7 @@ func (s *Session) wake(ctx context.Context) (*Restored, error) {
 		out := *res
 		res = &out
 	}
+	s.noteRestored(Event{Type: EventWoken}, res)
 	if h.m == nil {
 		s.log.Info("session restarted empty: it was lost before its first snapshot")
 		return res, nil
@@ -370,6 +373,11 @@ func (s *Session) dropHibernation() error {
 // its processes and files (see hibernation above). It fails with ErrBusy
 // while the session is in use, ErrNoSnapshots without a store.
 func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
+	return m.hibernate(ctx, "asked for")
+}
+
+// hibernate is Hibernate, its event saying reason.
+func (m *Managed) hibernate(ctx context.Context, reason string) (*snapshot.Manifest, error) {
 	st := m.mgr.opts.Snapshots
 	if st == nil {
 		return nil, ErrNoSnapshots
@@ -380,7 +388,7 @@ func (m *Managed) Hibernate(ctx context.Context) (*snapshot.Manifest, error) {
 	if busy {
 		return nil, ErrBusy
 	}
-	man, err := m.Session.hibernate(ctx, st, m.Owner, m.durable != nil)
+	man, err := m.Session.hibernate(ctx, st, m.Owner, m.durable != nil, reason)
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +423,7 @@ func (m *Manager) hibernateIdle(list []*Managed) {
 			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
 			defer cancel()
-			_, err := ms.Hibernate(ctx)
+			_, err := ms.hibernate(ctx, fmt.Sprintf("idle for longer than the server's hibernation delay (%s)", m.opts.IdleHibernate))
 			switch {
 			case err == nil:
 				m.log.Info("session hibernated", "session", ms.ID(), "reason", "idle")

@@ -333,6 +333,7 @@ func Reattach(meta []byte, files []*os.File, o *ReattachOptions) (*Session, json
 		return fail(err)
 	}
 	s.k = k
+	s.watchKernel(k)
 	close(attached)
 	removeStaleUploads(st.Workspace)
 	return s, st.Extra, nil

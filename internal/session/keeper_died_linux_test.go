@@ -134,6 +134,11 @@ func TestKeeperDiedKeepsTheFiles(t *testing.T) {
 	if got := ms.State(); got != StateHibernated {
 		t.Fatalf("state %q after its keeper died, want %q", got, StateHibernated)
 	}
+	evs, _, _ := ms.Events().Since(0)
+	if types := eventTypes(evs); types != "created snapshot lost" || !strings.Contains(evs[2].Reason, "(the keeper) died") ||
+		!strings.Contains(evs[2].Reason, "lost: the variables set after") || evs[2].State != StateHibernated {
+		t.Errorf("events after the keeper died: %s %+v", types, evs)
+	}
 	rec := m.loadRecord(ms.ID())
 	if rec == nil || rec.Snapshot == first.ID || rec.Salvaged == nil || !rec.Hibernated {
 		t.Fatalf("record after the keeper died: %+v, want a new snapshot (not %s), salvaged and hibernated", rec, first.ID)

@@ -280,6 +280,9 @@ type CreateOptions struct {
 	// frozen: a fork's child, whose workspace is an overlay over its
 	// parent's frozen files (forkfiles.go). Never from the pool.
 	frozen *frozenFiles
+	// forkOf: a fork's child, of this parent; Fork notes its creation
+	// once it holds the parent's state.
+	forkOf string
 }
 
 // NoTemplate, as CreateOptions.Template, asks for the plain environment
@@ -463,7 +466,8 @@ func (m *Managed) Pause() error {
 			// goes to storage instead (a hibernation keeps no memory).
 			ctx, cancel := context.WithTimeout(context.Background(), snapshotDeadline)
 			defer cancel()
-			man, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner, m.durable != nil)
+			man, err := m.Session.hibernate(ctx, mg.opts.Snapshots, m.Owner, m.durable != nil,
+				fmt.Sprintf("a pause, to storage: %d sessions are paused already, the server's maximum", mg.opts.MaxPaused))
 			if err != nil {
 				return fmt.Errorf("%d sessions are paused already, this server's maximum, and hibernating this one instead failed: %w", mg.opts.MaxPaused, err)
 			}
@@ -547,6 +551,8 @@ type Manager struct {
 	fair fairPool // without FixedPool (pool.go)
 
 	usage samplers // the sessions whose metrics are watched (usage.go)
+
+	ended endedSessions // the sessions closed lately: their events, why (events.go)
 
 	refill  chan struct{}
 	stop    chan struct{}
@@ -719,11 +725,22 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	if rd != nil {
 		snapshotStage("create", t0)
 	}
+	e := Event{Type: EventCreated, How: CreatedNew, Template: ms.Template}
+	switch {
+	case ms.FromPool:
+		e.How = CreatedPool
+	case ms.Template != "":
+		e.How = CreatedTemplate
+	}
 	if rd != nil {
 		if err := m.fromSnapshot(ctx, ms, rd); err != nil {
 			ms.Close()
 			return nil, err
 		}
+		e.How, e.Snapshot, e.Restored = CreatedSnapshot, opts.Snapshot, ms.Restored()
+	}
+	if opts.forkOf == "" {
+		ms.note(e)
 	}
 	return ms, nil
 }
@@ -878,6 +895,9 @@ func (m *Manager) Get(owner, id string) (*Managed, error) {
 	defer m.mu.Unlock()
 	ms, ok := m.sessions[id]
 	if !ok || ms.Session == nil || ms.Owner != owner {
+		if x := m.ended.get(owner, id); x != nil {
+			return nil, &closedError{id, x}
+		}
 		return nil, ErrNotFound
 	}
 	return ms, nil
@@ -945,7 +965,9 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 			return
 		}
 		m.forget(ms)
+		ms.Session.closeWhy.Store(&reason)
 		err := ms.Session.Close()
+		m.ended.add(ms.ID(), &ended{owner: ms.Owner, at: time.Now(), reason: reason, events: &ms.Session.events})
 		m.kick() // a slot is free: the pool may grow to its target
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {
@@ -1220,7 +1242,7 @@ func (m *Manager) Reap(now time.Time) int {
 	m.mu.Unlock()
 	m.hibernateIdle(toHibernate)
 	for _, ms := range toPause {
-		err := ms.Session.Pause()
+		err := ms.Session.pause(fmt.Sprintf("idle for longer than the server's idle timeout (%s)", m.opts.IdleTimeout))
 		switch {
 		case err == nil:
 			m.log.Info("session paused", "session", ms.ID(), "reason", "idle")

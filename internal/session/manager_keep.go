@@ -124,6 +124,8 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
+	ms.note(Event{Type: EventCreated, How: CreatedTakenOver, Template: ms.Template,
+		Reason: "the server restarted, and the session's kernel lived on in its keeper: its variables and files are as they were"})
 	m.log.Info("session reattached", "session", s.ID())
 	return nil
 }

@@ -40,7 +40,10 @@ type freezable interface {
 // needs the kernel). It fails with ErrBusy while an execution runs,
 // ErrClosed once closed, and an error wrapping ErrRestartRequired if the
 // kernel has died. Pausing a paused session does nothing.
-func (s *Session) Pause() error {
+func (s *Session) Pause() error { return s.pause("asked for") }
+
+// pause is Pause, its event saying reason.
+func (s *Session) pause(reason string) error {
 	s.stopRemaps() // a fork's remap is not an execution: it gives way
 	select {
 	case s.turn <- struct{}{}:
@@ -76,6 +79,7 @@ func (s *Session) Pause() error {
 		return fmt.Errorf("pause session %s: %w", s.id, err)
 	}
 	s.paused.Store(true)
+	s.note(Event{Type: EventPaused, Reason: reason})
 	s.log.Debug("session paused")
 	return nil
 }
@@ -116,6 +120,7 @@ func (s *Session) Resume() error {
 		}
 	}
 	s.paused.Store(false)
+	s.note(Event{Type: EventResumed})
 	s.log.Debug("session resumed")
 	return nil
 }

@@ -273,6 +273,9 @@ type Session struct {
 
 	hib hibernation // hibernate.go
 
+	events   eventLog               // events.go
+	closeWhy atomic.Pointer[string] // the reason Close's event gives (a manager's)
+
 	exports exportCache // fork.go: the last fork's export, for the next one
 	remap   remapState  // remap.go: its buffers mapped from that export's file
 
@@ -379,6 +382,7 @@ func New(ctx context.Context, o *Options) (*Session, error) {
 		return nil, err
 	}
 	s.k = k
+	s.watchKernel(k)
 	if u := opts.Template; u != nil && u.Seed != nil {
 		// A template built from a snapshot: its files and variables
 		// before anyone has the session (seed.go).
@@ -547,7 +551,7 @@ func (s *Session) Restart(ctx context.Context) error {
 		return err
 	}
 	s.dropWarm()
-	old.Kill("the session was restarted")
+	old.Retire("the session was restarted")
 	if err := s.acquire(ctx); err != nil {
 		return err
 	}
@@ -559,7 +563,7 @@ func (s *Session) Restart(ctx context.Context) error {
 		return err
 	}
 	if cur, err := s.kernel(); err == nil && cur != old {
-		cur.Kill("the session was restarted")
+		cur.Retire("the session was restarted")
 		cur.Close()
 	}
 	old.Close()
@@ -579,6 +583,7 @@ func (s *Session) Restart(ctx context.Context) error {
 	if err := s.keepLocked(); err != nil {
 		s.log.Warn("keeper: the restarted kernel is not kept", "err", err)
 	}
+	s.note(Event{Type: EventKernelRestarted})
 	return nil
 }
 
@@ -593,6 +598,7 @@ func (s *Session) install(k *kernel.Kernel) error {
 	}
 	s.k = k
 	s.mu.Unlock()
+	s.watchKernel(k)
 	return nil
 }
 
@@ -621,7 +627,7 @@ func (s *Session) Close() error {
 	s.dropKept() // first: the next server must not take over a session closed
 	close(s.done)
 	s.dropWarm()
-	k.Kill("the session was closed")
+	k.Retire("the session was closed")
 	k.Close()
 	// Wait for a Restart in progress to give up its turn: it sees closed.
 	s.turn <- struct{}{}
@@ -633,7 +639,13 @@ func (s *Session) Close() error {
 	s.opts.Template.release()
 	s.exports.close()
 	s.dropLastFrozen()
-	return errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
+	err := errors.Join(s.closeCheckpoints(), s.dropHibernation(), s.removeWorkspace())
+	why := "closed"
+	if p := s.closeWhy.Load(); p != nil {
+		why = *p
+	}
+	s.note(Event{Type: EventClosed, Reason: closeWords(why)})
+	return err
 }
 
 func (s *Session) removeWorkspace() error {

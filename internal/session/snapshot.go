@@ -56,10 +56,14 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id, name string) (*snapsh
 	}
 	defer ms.Session.release()
 	man, err := ms.Session.writeSnapshot(ctx, m.opts.Snapshots, owner, name, false)
-	if err == nil && m.opts.OnSnapshot != nil {
+	if err != nil {
+		return nil, err
+	}
+	ms.note(Event{Type: EventSnapshot, Snapshot: man.ID, Reason: "asked for"})
+	if m.opts.OnSnapshot != nil {
 		m.opts.OnSnapshot(ms.ID(), man.ID)
 	}
-	return man, err
+	return man, nil
 }
 
 // writeSnapshot writes the session to st, under its turn (held by the

@@ -1,0 +1,342 @@
+package session
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sandloop/sandloop/internal/kernel"
+)
+
+// A session's events are its lifecycle, one transition at a time: how it
+// was created, every pause, resume, hibernation and wake, checkpoint,
+// undo, fork, snapshot and restart, a kernel that died on its own, a loss
+// of its processes (its keeper, or the server, died) and its close, each
+// saying why and, where something was restored, what came back
+// (Restored). A client or a model reads them (GET
+// /v1/sessions/{id}/events) to learn what happened to a session while it
+// was not looking, never guessing what survived.
+//
+// They are kept in memory, the latest MaxEvents of each session, numbered
+// from 1 (Seq) so a reader can resume after the last it saw, and a closed
+// session's stay with its manager for ClosedEventsKept (its id then says
+// why it is gone: Manager.Get). A server that restarts starts each
+// session's events anew with how it came back ("lost", or "created" with
+// How "taken_over").
+
+// Event types (Event.Type).
+const (
+	// EventCreated: the session started; How says from what.
+	EventCreated = "created"
+	// EventPaused and EventResumed: frozen in memory, and running again.
+	EventPaused  = "paused"
+	EventResumed = "resumed"
+	// EventHibernated: written to storage and its processes ended
+	// (Snapshot); EventWoken: back from it (Restored).
+	EventHibernated = "hibernated"
+	EventWoken      = "woken"
+	// EventCheckpoint: a checkpoint was taken (Checkpoint; automatic
+	// ones before each cell are not events: they are the checkpoint list).
+	EventCheckpoint = "checkpoint"
+	// EventCheckpointRestored and EventUndone: back at a checkpoint, or
+	// before the last cell (Restored).
+	EventCheckpointRestored = "checkpoint_restored"
+	EventUndone             = "undone"
+	// EventForked: new sessions were forked from this one (Children).
+	EventForked = "forked"
+	// EventSnapshot: a durable snapshot was written (Snapshot; Reason
+	// "automatic" for the server's own, ManagerOptions.SnapshotEvery).
+	EventSnapshot = "snapshot"
+	// EventKernelRestarted: a fresh kernel replaced the old one (a
+	// restart): variables gone, files kept.
+	EventKernelRestarted = "kernel_restarted"
+	// EventKernelDied: the kernel ended on its own (Reason: how, e.g.
+	// killed by the memory limit); the next cell says so too.
+	EventKernelDied = "kernel_died"
+	// EventLost: the session's processes were lost with the process that
+	// held them (its keeper, or the server): it sleeps on its latest
+	// snapshot, and its next use wakes it (Reason says from what, and
+	// what is lost).
+	EventLost = "lost"
+	// EventClosed: the session ended (Reason: "deleted", "idle",
+	// "expired", "shutdown", ...). It is the last event.
+	EventClosed = "closed"
+)
+
+// How a session was created (Event.How).
+const (
+	CreatedNew       = "new"        // a kernel started for it
+	CreatedPool      = "pool"       // a kernel ready in the warm pool
+	CreatedTemplate  = "template"   // in a template (Event.Template)
+	CreatedSnapshot  = "snapshot"   // from a snapshot (Event.Snapshot, Restored)
+	CreatedFork      = "fork"       // forked (Event.Parent, Restored)
+	CreatedTakenOver = "taken_over" // alive in the keeper across a server's restart
+)
+
+// Event is one transition in a session's life.
+type Event struct {
+	// Seq numbers the session's events from 1, in order.
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"`
+	Type string    `json:"type"`
+	// State is the session's state after the event: "running",
+	// "paused", "hibernated" or "closed".
+	State string `json:"state"`
+	// How, for EventCreated (Created*).
+	How string `json:"how,omitempty"`
+	// Reason says why, in words (a pause, hibernation, loss, kernel's
+	// death or close).
+	Reason     string   `json:"reason,omitempty"`
+	Checkpoint string   `json:"checkpoint,omitempty"`
+	Snapshot   string   `json:"snapshot,omitempty"`
+	Template   string   `json:"template,omitempty"`
+	Parent     string   `json:"parent,omitempty"`   // a fork's child: its parent
+	Children   []string `json:"children,omitempty"` // EventForked
+	// Restored is what came back, for the events that restore (created
+	// from a snapshot or by a fork, woken, checkpoint_restored, undone).
+	Restored *Restored `json:"restored,omitempty"`
+}
+
+// MaxEvents is how many of a session's latest events are kept.
+const MaxEvents = 256
+
+// eventLog is a session's events, in memory; usable at its zero value.
+type eventLog struct {
+	mu      sync.Mutex
+	events  []Event // the latest MaxEvents, oldest first
+	seq     int64
+	state   string
+	ended   bool          // EventClosed was added: no more
+	changed chan struct{} // closed at the next event (nil: none made yet)
+}
+
+// stateAfter is the state an event type leaves the session in ("" for
+// the types that do not change it).
+func stateAfter(typ string) string {
+	switch typ {
+	case EventCreated, EventResumed, EventWoken, EventCheckpointRestored, EventUndone, EventKernelRestarted:
+		return StateRunning
+	case EventPaused:
+		return StatePaused
+	case EventHibernated, EventLost:
+		return StateHibernated
+	case EventClosed:
+		return StateClosed
+	}
+	return ""
+}
+
+func (l *eventLog) add(e Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	l.seq++
+	e.Seq = l.seq
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	if st := stateAfter(e.Type); st != "" {
+		l.state = st
+	}
+	e.State = l.state
+	if e.State == "" {
+		e.State = StateRunning
+	}
+	if len(l.events) == MaxEvents {
+		l.events = append(l.events[:0], l.events[1:]...)
+	}
+	l.events = append(l.events, e)
+	l.ended = e.Type == EventClosed
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
+// since returns the events after seq after (a copy), whether the log has
+// ended, and, if it has not, a channel closed at the next event.
+func (l *eventLog) since(after int64) ([]Event, bool, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Event
+	for _, e := range l.events {
+		if e.Seq > after {
+			out = append(out, e)
+		}
+	}
+	if l.ended {
+		return out, true, nil
+	}
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return out, false, l.changed
+}
+
+// Events is a session's event log, as read by a face: its events after
+// a given one, and the next as they come.
+type Events interface {
+	// Since returns the events after seq after, oldest first (those
+	// still kept: MaxEvents), whether the session has ended (no event
+	// follows), and, if not, a channel closed at its next event.
+	Since(after int64) (events []Event, ended bool, next <-chan struct{})
+}
+
+// Since implements Events.
+func (l *eventLog) Since(after int64) ([]Event, bool, <-chan struct{}) { return l.since(after) }
+
+// Events returns the session's events (see Events).
+func (s *Session) Events() Events { return &s.events }
+
+// note adds an event to the session's log.
+func (s *Session) note(e Event) { s.events.add(e) }
+
+// noteRestored notes e, an event that restored the session: res says
+// what came back.
+func (s *Session) noteRestored(e Event, res *Restored) {
+	if res != nil {
+		r := *res
+		e.Restored, e.Snapshot = &r, r.Snapshot
+	}
+	s.note(e)
+}
+
+// noteLost notes EventLost: the session's processes were lost (cause),
+// and it sleeps on h, whose wake brings back what it says.
+func (s *Session) noteLost(cause string, h *hibernating) {
+	e := Event{Type: EventLost, Reason: cause + ": its processes are gone; its next use wakes it"}
+	if h.m != nil {
+		e.Snapshot = h.m.ID
+		e.Reason += " from " + h.from
+	}
+	if h.lost != "" {
+		e.Reason += "; lost: " + h.lost
+	}
+	s.note(e)
+}
+
+// watchKernel notes EventKernelDied if k, the session's kernel, ends on
+// its own (not retired: a restart, hibernation, close), while the session
+// is open.
+func (s *Session) watchKernel(k *kernel.Kernel) {
+	if k == nil || k.Retired() {
+		return
+	}
+	go func() {
+		select {
+		case <-k.Exited():
+		case <-s.done:
+			return
+		}
+		s.mu.Lock()
+		current := s.k == k && !s.closed
+		s.mu.Unlock()
+		if !current || k.Retired() {
+			return
+		}
+		s.note(Event{Type: EventKernelDied, Reason: k.ExitReason() + ": its variables are gone, its files stay; the session runs again once restarted"})
+	}()
+}
+
+// ClosedEventsKept is how long a manager keeps a closed session's events
+// (and why it closed), and MaxClosedEvents how many sessions' at most.
+const (
+	ClosedEventsKept = time.Hour
+	MaxClosedEvents  = 1000
+)
+
+// ended is what a manager remembers of a closed session.
+type ended struct {
+	owner  string
+	at     time.Time
+	reason string
+	events *eventLog
+}
+
+// endedSessions are a manager's closed sessions, the latest first out
+// (MaxClosedEvents, ClosedEventsKept).
+type endedSessions struct {
+	mu    sync.Mutex
+	byID  map[string]*ended
+	order []string // oldest first
+}
+
+func (e *endedSessions) add(id string, x *ended) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.byID == nil {
+		e.byID = map[string]*ended{}
+	}
+	if _, ok := e.byID[id]; !ok {
+		e.order = append(e.order, id)
+	}
+	e.byID[id] = x
+	e.pruneLocked(time.Now())
+}
+
+func (e *endedSessions) pruneLocked(now time.Time) {
+	n := 0
+	for _, id := range e.order {
+		x := e.byID[id]
+		if len(e.order)-n <= MaxClosedEvents && now.Sub(x.at) < ClosedEventsKept {
+			break
+		}
+		delete(e.byID, id)
+		n++
+	}
+	e.order = e.order[n:]
+}
+
+func (e *endedSessions) get(owner, id string) *ended {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pruneLocked(time.Now())
+	x := e.byID[id]
+	if x == nil || x.owner != owner {
+		return nil
+	}
+	return x
+}
+
+// closedError is ErrNotFound for a session that was closed not long ago:
+// it says when and why.
+type closedError struct {
+	id string
+	x  *ended
+}
+
+func (e *closedError) Error() string {
+	return fmt.Sprintf("session %s was closed at %s: %s (its events: GET /v1/sessions/%s/events)",
+		e.id, e.x.at.UTC().Format(time.RFC3339), closeWords(e.x.reason), e.id)
+}
+
+func (e *closedError) Is(target error) bool { return target == ErrNotFound }
+
+// closeWords says a close's reason in words.
+func closeWords(reason string) string {
+	switch reason {
+	case "deleted":
+		return "deleted by its owner"
+	case "idle":
+		return "idle past the server's limit"
+	case "expired":
+		return "past the server's maximum lifetime"
+	case "shutdown":
+		return "the server shut down"
+	}
+	return reason
+}
+
+// SessionEvents returns owner's session id's events: a session held, or
+// one closed within ClosedEventsKept.
+func (m *Manager) SessionEvents(owner, id string) (Events, error) {
+	if ms, err := m.Get(owner, id); err == nil {
+		return ms.Events(), nil
+	}
+	if x := m.ended.get(owner, id); x != nil {
+		return x.events, nil
+	}
+	return nil, ErrNotFound
+}
