@@ -241,11 +241,21 @@ func (s *Session) watchKernel(k *kernel.Kernel) {
 }
 
 // ClosedEventsKept is how long a manager keeps a closed session's events
-// (and why it closed), and MaxClosedEvents how many sessions' at most.
+// (and why it closed), MaxClosedEvents how many sessions' at most, and
+// closedTail how many of each one's latest events.
 const (
 	ClosedEventsKept = time.Hour
 	MaxClosedEvents  = 1000
+	closedTail       = 64
 )
+
+// tail is a copy of the log with its latest n events only.
+func (l *eventLog) tail(n int) *eventLog {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	evs := l.events[max(0, len(l.events)-n):]
+	return &eventLog{events: append([]Event(nil), evs...), seq: l.seq, state: l.state, ended: l.ended}
+}
 
 // ended is what a manager remembers of a closed session.
 type ended struct {

@@ -195,6 +195,11 @@ func TestEventLogBound(t *testing.T) {
 	if got, ended, next := l.since(MaxEvents + 10); len(got) != 1 || !ended || next != nil {
 		t.Errorf("after the close: %+v, ended %v", got, ended)
 	}
+	// What a manager keeps of a closed session: its latest events.
+	kept := l.tail(closedTail)
+	if got, ended, _ := kept.since(0); len(got) != closedTail || got[len(got)-1].Type != EventClosed || !ended {
+		t.Errorf("tail: %d events, ended %v", len(got), ended)
+	}
 }
 
 // The manager keeps the closed sessions' events for ClosedEventsKept, at

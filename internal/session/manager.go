@@ -967,7 +967,7 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 		m.forget(ms)
 		ms.Session.closeWhy.Store(&reason)
 		err := ms.Session.Close()
-		m.ended.add(ms.ID(), &ended{owner: ms.Owner, at: time.Now(), reason: reason, events: &ms.Session.events})
+		m.ended.add(ms.ID(), &ended{owner: ms.Owner, at: time.Now(), reason: reason, events: ms.Session.events.tail(closedTail)})
 		m.kick() // a slot is free: the pool may grow to its target
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {
