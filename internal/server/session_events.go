@@ -44,15 +44,7 @@ func (s *Server) sessionEvents(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]any{"events": list, "ended": ended})
 		return
 	}
-	out := eventstream.New(w, func(h http.Header) {
-		if kind == "sse" {
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-		} else {
-			h.Set("Content-Type", "application/x-ndjson")
-		}
-		h.Set("X-Accel-Buffering", "no")
-	})
+	out := eventstream.New(w, streamHeader(kind))
 	defer out.Close()
 	keepalive := []byte(": keepalive\n\n")
 	if kind != "sse" {

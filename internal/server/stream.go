@@ -25,14 +25,9 @@ func streamKind(r *http.Request) string {
 	return ""
 }
 
-// stream runs exec, writing each event as it comes (NDJSON lines or SSE
-// data events) and a keepalive event while nothing happens. The response
-// headers are sent with the first event, so an error before any event is
-// still a proper JSON error. Once closed is closed (the session is being
-// killed), a write blocked on a client that does not read fails at once,
-// so the kill never waits on the client.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, closed <-chan struct{}, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
-	out := eventstream.New(w, func(h http.Header) {
+// streamHeader sets a stream's headers for kind ("sse" or "ndjson").
+func streamHeader(kind string) func(http.Header) {
+	return func(h http.Header) {
 		if kind == "sse" {
 			h.Set("Content-Type", "text/event-stream")
 			h.Set("Cache-Control", "no-cache")
@@ -40,7 +35,17 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, clo
 			h.Set("Content-Type", "application/x-ndjson")
 		}
 		h.Set("X-Accel-Buffering", "no")
-	})
+	}
+}
+
+// stream runs exec, writing each event as it comes (NDJSON lines or SSE
+// data events) and a keepalive event while nothing happens. The response
+// headers are sent with the first event, so an error before any event is
+// still a proper JSON error. Once closed is closed (the session is being
+// killed), a write blocked on a client that does not read fails at once,
+// so the kill never waits on the client.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, kind string, closed <-chan struct{}, exec func(kernel.EventFunc) (*kernel.Result, error)) (*kernel.Result, error) {
+	out := eventstream.New(w, streamHeader(kind))
 	frame := func(v any) []byte {
 		b, err := json.Marshal(v)
 		if err != nil {
