@@ -531,7 +531,9 @@ func TestKeepSessionsSIGTERM(t *testing.T) {
 	a.term(t)
 	bserve := startKept(t, dataDir, "--pool", "0")
 	// Its events, anew on this server, say how it came back.
-	var evs struct{ Events []struct{ Type, How, Reason string } }
+	var evs struct {
+		Events []struct{ Type, How, Reason string }
+	}
 	if err := json.Unmarshal(bserve.mustCall(t, "GET", "/v1/sessions/"+id+"/events", nil, 200), &evs); err != nil ||
 		len(evs.Events) != 1 || evs.Events[0].Type != "created" || evs.Events[0].How != "taken_over" {
 		t.Errorf("a taken-over session's events: %+v %v", evs, err)
