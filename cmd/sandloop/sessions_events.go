@@ -73,19 +73,29 @@ func printSessionEvent(w io.Writer, e client.SessionEvent) {
 		fmt.Fprintf(&b, " (%s)", e.State)
 	}
 	var parts []string
-	if e.How != "" {
-		parts = append(parts, "from "+e.How)
+	switch e.How {
+	case "":
+	case "new":
+		parts = append(parts, "a new kernel")
+	case "pool":
+		parts = append(parts, "from the warm pool")
+	case "fork":
+		parts = append(parts, "a fork of "+e.Parent)
+	case "taken_over":
+		parts = append(parts, "taken over")
+	default: // template, snapshot: named below
+		parts = append(parts, "from a "+e.How)
 	}
-	for _, f := range [][2]string{{"template", e.Template}, {"parent", e.Parent}, {"checkpoint", e.Checkpoint}, {"snapshot", e.Snapshot}} {
+	if e.Reason != "" {
+		parts = append(parts, e.Reason)
+	}
+	for _, f := range [][2]string{{"template", e.Template}, {"checkpoint", e.Checkpoint}, {"snapshot", e.Snapshot}} {
 		if f[1] != "" {
 			parts = append(parts, f[0]+" "+f[1])
 		}
 	}
 	if len(e.Children) > 0 {
 		parts = append(parts, "into "+strings.Join(e.Children, ", "))
-	}
-	if e.Reason != "" {
-		parts = append(parts, e.Reason)
 	}
 	if len(parts) > 0 {
 		b.WriteString(": " + strings.Join(parts, "; "))

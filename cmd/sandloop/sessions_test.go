@@ -106,7 +106,7 @@ func TestSessionsCLI(t *testing.T) {
 
 	// What happened to it, one line each; --follow until its close.
 	out = cli(0, "events", s.ID)
-	for _, want := range []string{"#1  created: from ", "checkpoint: checkpoint " + named, "undone", "  restored from undo: ",
+	for _, want := range []string{"#1  created: a new kernel", "checkpoint: checkpoint " + named, "undone", "  restored from undo: ",
 		"checkpoint_restored", "forked: into " + kids[0], "paused: asked for", "#7  resumed\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("events: no %q in\n%s", want, out)

@@ -209,7 +209,7 @@ func (s *Session) noteLost(cause string, h *hibernating) {
 	e := Event{Type: EventLost, Reason: cause + ": its processes are gone; its next use wakes it"}
 	if h.m != nil {
 		e.Snapshot = h.m.ID
-		e.Reason += " from " + h.from
+		e.Reason += " from its latest snapshot"
 	}
 	if h.lost != "" {
 		e.Reason += "; lost: " + h.lost
