@@ -8,6 +8,7 @@ import { CheckpointStrip } from './checkpoints.js';
 import { SnapshotPanel, restoredNotice } from './snapshots.js';
 import { PortsPanel } from './ports.js';
 import { UsagePanel } from './usage.js';
+import { HistoryPanel, closedInfo } from './history.js';
 import { TerminalPanel } from './terminal.js';
 
 export function mountNotebook(root, sessionID) {
@@ -121,9 +122,11 @@ class Notebook {
     this.restoredEl = h('div', { id: 'nb-restored-slot' });
     this.ports = new PortsPanel(this.base);
     this.usage = new UsagePanel(this.base);
+    this.history = new HistoryPanel(this);
     this.term = new TerminalPanel(this.base);
+    this.goneWhy = h('span', { id: 'nb-gone-why' }, ' (it was closed, or ended after being idle)');
     this.goneNote = h('div', { class: 'callout callout-error', id: 'nb-gone', role: 'alert', hidden: true },
-      h('strong', {}, 'This session no longer exists'), ' (it was closed, or ended after being idle); its kernel and files are gone. ',
+      h('strong', {}, 'This session no longer exists'), this.goneWhy, '; its kernel and files are gone. ',
       h('a', { href: '#/notebook' }, 'Start another session'), '.');
     this.layout = h('div', { class: 'nb-layout' },
       h('section', { class: 'nb-main', 'aria-labelledby': 'nb-title' },
@@ -143,7 +146,7 @@ class Notebook {
         this.cellsEl,
         h('div', { class: 'row nb-live' }, btn('+ Add cell', 'nb-add', () => this.addCell('', true).focus(), 'btn btn-ghost')),
         this.term.el),
-      h('div', { class: 'nb-side' }, this.files.el, this.snaps.el, this.ports.el, this.usage.el, this.net.el));
+      h('div', { class: 'nb-side' }, this.files.el, this.snaps.el, this.ports.el, this.usage.el, this.history.el, this.net.el));
     root.append(this.layout);
     this.refreshInfo();
     this.files.load('');
@@ -152,6 +155,7 @@ class Notebook {
     this.snaps.load();
     this.ports.load();
     this.usage.start();
+    this.history.start();
     this.load();
     // A session may end while the tab is elsewhere (idle timeout), and
     // another tab may have changed the notebook: look again when the
@@ -177,6 +181,7 @@ class Notebook {
     clearTimeout(this.net.again);
     clearTimeout(this.ports.again);
     this.usage.stop();
+    this.history.stop();
     this.term.dispose();
     if (this.saveTimer) this.save(); // now, not after the pause
   }
@@ -317,14 +322,17 @@ class Notebook {
       if (s.message) this.sessionInfo.append(h('span', { class: 'small err' }, s.message));
       this.restoredEl.replaceChildren(...[restoredNotice(s.restored)].filter(Boolean));
     } catch (e) {
-      if (e.status === 404) this.gone();
+      if (e.status === 404) this.gone(closedInfo(e.message));
       else this.sessionInfo.replaceChildren(h('span', { class: 'err' }, e.message));
     }
   }
 
   // gone shows that the session has ended (closed elsewhere, expired, or
   // the server restarted): its controls go, since none of them can work.
-  gone() {
+  // gone marks the session closed; closed, if given, is when and why
+  // ({at, reason}: its close event, or its 404's words).
+  gone(closed) {
+    if (closed?.at) this.goneWhy.textContent = ` (closed ${new Date(closed.at).toLocaleString()}: ${closed.reason})`;
     if (this.layout.classList.contains('nb-gone')) return;
     this.layout.classList.add('nb-gone');
     this.goneNote.hidden = false;
@@ -389,6 +397,7 @@ class Notebook {
       this.net.afterCell();
       this.ck.load();
       this.ports.afterCell();
+      this.history.load();
     }
   }
 
@@ -407,11 +416,12 @@ class Notebook {
       this.changed(true);
       toast('Kernel restarted: variables are cleared, files are kept');
       this.refreshInfo();
+      this.history.load();
     } catch (e) { this.failed('Restart', e); }
   }
 
   failed(what, e) {
-    if (e.status === 404) this.gone();
+    if (e.status === 404) this.gone(closedInfo(e.message));
     else toast(what + ' failed: ' + e.message, 'error');
   }
 

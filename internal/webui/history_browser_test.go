@@ -1,0 +1,58 @@
+package webui
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+	"github.com/sandloop/sandloop/internal/session"
+)
+
+// TestBrowserHistory: the notebook's History panel lists what happened
+// to the session (how it was created, a pause and resume made over the
+// API, a kernel that died in a cell, its restart), and once the session
+// is deleted elsewhere, the notebook says it is gone, when, and why.
+func TestBrowserHistory(t *testing.T) {
+	mgr := session.NewManager(&session.ManagerOptions{})
+	t.Cleanup(func() { mgr.Close() })
+	ts := serve(t, "", mgr, nil, nil)
+	p := newPage(t, 1366, 900)
+	p.do("open notebook", chromedp.Navigate(ts.URL+"/#/notebook"),
+		chromedp.Click(chromedp.CSS("#session-new")),
+		chromedp.WaitVisible(chromedp.CSS(".cell textarea")),
+		chromedp.WaitVisible(chromedp.CSS("#ev-panel")))
+	id := strings.TrimPrefix(eval[string](p, "location.hash"), "#/notebook/")
+	p.until("the creation listed", `document.querySelector('#ev-list li[data-type=created]')?.textContent.includes('Created')`)
+
+	for _, verb := range []string{"pause", "resume"} {
+		resp, err := http.Post(ts.URL+"/v1/sessions/"+id+"/"+verb, "application/json", nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", verb, resp, err)
+		}
+		resp.Body.Close()
+	}
+	p.until("the pause and the resume listed", `[...document.querySelectorAll('#ev-list li')].map(e => e.dataset.type).join() == 'created,paused,resumed'`)
+	if got := p.text("#ev-list li[data-type=paused]"); !strings.Contains(got, "Paused") || !strings.Contains(got, "asked for") {
+		t.Errorf("the pause's line: %q", got)
+	}
+
+	sel := chromedp.CSS(".cell:nth-child(1) textarea")
+	p.do("a cell that kills its kernel", chromedp.SetValue(sel, "import os\nos._exit(3)"), chromedp.Focus(sel),
+		chromedp.KeyEvent(kb.Enter, chromedp.KeyModifiers(chromedp.ModifierShift)),
+		chromedp.WaitVisible(chromedp.CSS(".cell:nth-child(1) .cell-status .badge")))
+	p.until("the kernel's death listed", `document.querySelector('#ev-list li[data-type=kernel_died]')?.textContent.includes('exited with status 3')`)
+	p.do("restart", chromedp.Click(chromedp.CSS("#nb-restart")))
+	p.until("the restart listed", `!!document.querySelector('#ev-list li[data-type=kernel_restarted]')`)
+
+	req, _ := http.NewRequest("DELETE", ts.URL+"/v1/sessions/"+id, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 204 {
+		t.Fatalf("delete: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	p.do("refresh the files", chromedp.Click(chromedp.CSS("#files-refresh")))
+	p.until("gone, saying why", `!document.getElementById('nb-gone').hidden && document.getElementById('nb-gone-why').textContent.includes('deleted by its owner')`)
+	p.shot("history")
+}
