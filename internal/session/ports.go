@@ -50,6 +50,11 @@ func (s *Session) reacher() (portReacher, error) {
 	if s.opts.Network == jail.NetworkHost {
 		return nil, jail.ErrNoOwnNetwork
 	}
+	if err := s.k.Err(); err != nil {
+		// Its sandbox ended with the kernel: nothing listens, and its
+		// PID 1 is gone (not "process already finished").
+		return nil, fmt.Errorf("%w: %w", ErrRestartRequired, err)
+	}
 	r, ok := s.proc.(portReacher)
 	if !ok {
 		return nil, ErrPortsUnsupported
@@ -74,6 +79,9 @@ func (s *Session) DialPort(ctx context.Context, port int) (net.Conn, error) {
 // of its addresses), sorted; the egress proxy's listener is not among them.
 func (s *Session) Ports() ([]int, error) {
 	r, err := s.reacher()
+	if errors.Is(err, ErrRestartRequired) {
+		return nil, nil // a dead kernel's sandbox: no server listens
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -126,3 +126,32 @@ func TestDialPortRefusedOnHostNetwork(t *testing.T) {
 		t.Errorf("DialPort on the host's network: %v, want ErrNoOwnNetwork", err)
 	}
 }
+
+// Once the kernel has died its sandbox is gone with it: no port is
+// listed (not an error about a process), and a dial says the session
+// needs a restart; after one, its ports are reached again.
+func TestPortsOfADeadKernel(t *testing.T) {
+	s := newSession(t, Options{})
+	echoServer(t, s, 8125)
+	if ports, err := s.Ports(); err != nil || !slices.Contains(ports, 8125) {
+		t.Fatalf("ports %v, %v: want 8125", ports, err)
+	}
+	runCode(t, s, "import os\nos._exit(3)")
+	if ports, err := s.Ports(); err != nil || len(ports) != 0 {
+		t.Errorf("a dead kernel's ports: %v, %v; want none, no error", ports, err)
+	}
+	if _, err := s.DialPort(context.Background(), 8125); !errors.Is(err, ErrRestartRequired) {
+		t.Errorf("a dial into a dead kernel's sandbox: %v, want ErrRestartRequired", err)
+	}
+	if err := s.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, s, 8125)
+	c, err := s.DialPort(context.Background(), 8125)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(t, c, "hi"); got != "8125:hi" {
+		t.Errorf("after the restart: %q", got)
+	}
+}
