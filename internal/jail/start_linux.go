@@ -389,7 +389,7 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			return abort(err)
 		}
 	}
-	if err := json.NewEncoder(cfgW).Encode(&initCfg); err != nil {
+	if err := sendConfig(cfgW, &initCfg); err != nil {
 		return abort(fmt.Errorf("configure jail: %w", err))
 	}
 	cfgW.Close()
