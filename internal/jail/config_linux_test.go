@@ -2,7 +2,11 @@ package jail
 
 import (
 	"bytes"
+	"context"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestConfigEndsWithTheValue: the last byte the host writes of a jail's
@@ -29,5 +33,32 @@ func TestConfigEndsWithTheValue(t *testing.T) {
 	var cut initConfig
 	if err := readConfig(bytes.NewReader(b[:len(b)-1]), &cut); err == nil {
 		t.Errorf("the init has its configuration without the last of the %d bytes the host writes (%q): it can close its end before the host has written that byte", len(b), b[len(b)-1:])
+	}
+}
+
+// TestInitEndReported: a start that fails because its init ended before
+// it took its configuration says how the init ended (a signal, an exit
+// status), not only that the configuration's pipe was closed.
+func TestInitEndReported(t *testing.T) {
+	cfg := &Config{Path: "/bin/true", Workspace: testWorkspace(t)}
+	initStarted = func(c *Config, pid int) {
+		if c != cfg {
+			return
+		}
+		// Our child, not yet waited for: its number is its own.
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+			t.Errorf("kill the init: %v", err)
+			return
+		}
+		// Until it is a zombie (left for the start to reap).
+		var info unix.Siginfo
+		if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+			t.Errorf("wait for the init: %v", err)
+		}
+	}
+	t.Cleanup(func() { initStarted = nil })
+	_, err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "the jail's init had ended: signal: killed") {
+		t.Fatalf("Run of a jail whose init was killed before its configuration: %v, want it to say the init had been killed", err)
 	}
 }
