@@ -39,12 +39,20 @@ type hostProcess interface {
 	Signal(os.Signal) error
 	Kill() error
 	pid() int
+	// ended says whether it has ended (before it is waited for).
+	ended() bool
 }
 
 // osProcess is an init that is our child.
 type osProcess struct{ *os.Process }
 
 func (p osProcess) pid() int { return p.Pid }
+
+// ended: a zombie. Not yet waited for, the number is still our child's.
+func (p osProcess) ended() bool {
+	st := procState(p.Pid)
+	return st == 'Z' || st == 'X'
+}
 
 // pidfdProcess is an init held by a pidfd (a keeper's child).
 type pidfdProcess struct {
@@ -69,6 +77,13 @@ func (p pidfdProcess) Signal(sig os.Signal) error {
 }
 
 func (p pidfdProcess) Kill() error { return p.Signal(syscall.SIGKILL) }
+
+// ended: a pidfd polls readable once its process has ended.
+func (p pidfdProcess) ended() bool {
+	pfd := []unix.PollFd{{Fd: int32(p.fd.Fd()), Events: unix.POLLIN}}
+	n, err := unix.Poll(pfd, 0)
+	return err == nil && n > 0
+}
 
 // waitPidfd returns a function that waits for the process of fd to end
 // (a pidfd polls readable then), or for cancel to be readable (Detach).

@@ -3,6 +3,7 @@ package jail
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -19,7 +20,7 @@ const initArg0 = "sandloop-jail-init"
 
 // Descriptors handed to the init. The program's extra files follow.
 const (
-	initConfigFD    = 3 // init reads its initConfig (JSON) until EOF
+	initConfigFD    = 3 // init reads its initConfig (one JSON value: sendConfig)
 	initStatusFD    = 4 // init writes one initStatus (JSON) and closes it
 	initWorkspaceFD = 5 // the workspace's mount (open_tree) or /dev/null
 	initFirstExtra  = 6
@@ -129,7 +130,7 @@ func runInit() int {
 	report := func(st initStatus) { _ = enc.Encode(st) }
 	var cfg initConfig
 	cf := os.NewFile(initConfigFD, "config")
-	if err := json.NewDecoder(cf).Decode(&cfg); err != nil {
+	if err := readConfig(cf, &cfg); err != nil {
 		report(initStatus{Error: "read config: " + err.Error()})
 		return 126
 	}
@@ -157,6 +158,28 @@ func runInit() int {
 		return 128 + st.Signal
 	}
 	return st.ExitCode
+}
+
+// sendConfig writes v to a pipe whose reader decodes one JSON value
+// from it and then closes its end (the init's readConfig, runJoin): the
+// value and not a byte more. A byte after the value (json.Encoder's
+// newline) would be written after the reader had what it needed, and
+// whenever the pipe's buffer split the write just before that byte (a
+// value of a multiple of 64 KiB, as a zygote template's configuration
+// with its files can be), the reader could have closed its end by then:
+// the write failed with EPIPE and the jail did not start.
+func sendConfig(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// readConfig reads the init's configuration (sendConfig's value).
+func readConfig(r io.Reader, cfg *initConfig) error {
+	return json.NewDecoder(r).Decode(cfg)
 }
 
 func setupAndStart(cfg *initConfig) (int, error) {

@@ -536,7 +536,7 @@ func (j *joining) send(c joinCommand) error {
 		}
 		return nil
 	}
-	if err := json.NewEncoder(j.cfgW).Encode(&c); err != nil {
+	if err := sendConfig(j.cfgW, &c); err != nil {
 		return fmt.Errorf("configure the joined process: %w", err)
 	}
 	return nil

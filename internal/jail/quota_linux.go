@@ -165,9 +165,8 @@ func ownerRuns(owner string) bool {
 	if err != nil || procOwner(pid) != owner {
 		return false
 	}
-	stat := readFileString("/proc/" + pidStr + "/stat")
-	i := strings.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || (stat[i+2] != 'Z' && stat[i+2] != 'X')
+	st := procState(pid)
+	return st != 'Z' && st != 'X'
 }
 
 // SweepWorkspacesOf unmounts and removes the workspaces NewQuotaDirFor

@@ -366,9 +366,14 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	stW.Close()
 	p.statusF = stR
 	p.status = bufio.NewReader(io.LimitReader(stR, 1<<20))
+	// lost: the init had ended before abort killed it (see initLost).
+	lost := false
 	abort := func(err error) (*Process, error) {
 		_ = p.proc.Kill()
-		_, _ = p.waitProc()
+		ps, _ := p.waitProc()
+		if lost {
+			err = fmt.Errorf("%w (the jail's init had ended: %s)", err, initEnd(ps))
+		}
 		stR.Close()
 		if p.pidfd != nil {
 			p.pidfd.Close()
@@ -389,13 +394,27 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 			return abort(err)
 		}
 	}
-	if err := json.NewEncoder(cfgW).Encode(&initCfg); err != nil {
-		return abort(fmt.Errorf("configure jail: %w", err))
+	// initLost aborts after err from a pipe whose init's end closed
+	// before its time (EPIPE, EOF), saying how the init ended: killed by
+	// a signal (whose?), an exit status (its runtime failed: why is on
+	// the program's stderr), or not yet (it closed the pipe itself, or it
+	// was still ending).
+	initLost := func(err error) (*Process, error) {
+		if lost = p.proc.ended(); !lost {
+			err = fmt.Errorf("%w (the jail's init had not ended yet)", err)
+		}
+		return abort(err)
+	}
+	if initStarted != nil {
+		initStarted(cfg, p.pid)
+	}
+	if err := sendConfig(cfgW, &initCfg); err != nil {
+		return initLost(fmt.Errorf("configure jail: %w", err))
 	}
 	cfgW.Close()
 	var st initStatus
 	if err := readStatus(p.status, &st); err != nil {
-		return abort(fmt.Errorf("jail did not start: %w", err))
+		return initLost(fmt.Errorf("jail did not start: %w", err))
 	}
 	if st.Error != "" {
 		return abort(fmt.Errorf("set up jail: %s", st.Error))
@@ -408,6 +427,19 @@ func start(ctx context.Context, cfg *Config, limits Limits, ws workspaceMount) (
 	}
 	p.killAt(ctx, limits.Timeout)
 	return p, nil
+}
+
+// initStarted, when set (tests only), is called with the init's PID
+// before its configuration is sent.
+var initStarted func(cfg *Config, pid int)
+
+// initEnd says how an init that was waited for ended (ps nil: unknown
+// here, as of a keeper's child, which the keeper reaps).
+func initEnd(ps *os.ProcessState) string {
+	if ps == nil {
+		return "its exit status is not known here"
+	}
+	return ps.String()
 }
 
 // killAt kills the process when timeout (if > 0) has passed, marking it

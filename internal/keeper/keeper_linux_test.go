@@ -29,11 +29,14 @@ func newKeeper(t *testing.T) (string, *Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Pinned while it surely runs (it has just answered): a test that
+	// killed it leaves its number free for any process by the cleanup.
+	keeper := testutil.Pin(t, c.Pid())
 	t.Cleanup(func() {
 		c.Close()
-		syscall.Kill(c.Pid(), syscall.SIGKILL)
+		keeper.Kill()
 		testutil.WaitFor(t, 30*time.Second, func() error {
-			if alive(c.Pid()) {
+			if !keeper.Ended() {
 				return errors.New("the keeper is still running")
 			}
 			return nil

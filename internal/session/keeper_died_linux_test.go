@@ -86,13 +86,15 @@ func startTestKeeper(t *testing.T) *keeper.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := c.Pid()
+	// Pinned while it surely runs (it has just answered): a test that
+	// killed it leaves its number free for any process by the cleanup.
+	keeper := testutil.Pin(t, c.Pid())
 	t.Cleanup(func() {
 		c.Close()
-		syscall.Kill(pid, syscall.SIGKILL)
+		keeper.Kill()
 		testutil.WaitFor(t, 30*time.Second, func() error {
-			if syscall.Kill(pid, 0) == nil {
-				return fmt.Errorf("keeper %d still runs", pid)
+			if !keeper.Ended() {
+				return fmt.Errorf("keeper %d still runs", keeper.Pid)
 			}
 			return nil
 		})
