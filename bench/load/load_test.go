@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -160,7 +159,7 @@ func TestSamplerTellsOursFromOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) })
+	t.Cleanup(testutil.Pin(t, orphan).Kill) // by a pidfd: its number may be another's by then
 	name := func(kind string) string { return "sandloop-sampler-" + kind + "-" + strconv.Itoa(os.Getpid()) }
 	plant := func(kind string, pid int) {
 		d := filepath.Join(parents[0], name(kind))

@@ -342,7 +342,7 @@ func TestJoinUnreportedEnd(t *testing.T) {
 		pid = pids[0]
 		return nil
 	})
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	t.Cleanup(testutil.Pin(t, pid).Kill) // not by its number: it may be long gone
 	st := strings.Fields(readFileString(fmt.Sprintf("/proc/%d/stat", pid)))
 	if len(st) < 4 {
 		t.Fatalf("stat of the program: %v", st)

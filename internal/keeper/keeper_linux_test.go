@@ -180,9 +180,10 @@ func TestKeeperDeath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pin2 := testutil.Pin(t, c2.Pid()) // after Close it may end and its number be reused
 	defer func() {
 		c2.Close()
-		syscall.Kill(c2.Pid(), syscall.SIGKILL)
+		pin2.Kill()
 	}()
 	if c2.Pid() == c.Pid() {
 		t.Fatal("no new keeper")
