@@ -24,12 +24,14 @@ type SessionEvent struct {
 	Time time.Time `json:"time"`
 	// Type is "created", "paused", "resumed", "hibernated", "woken",
 	// "checkpoint", "checkpoint_restored", "undone", "forked", "snapshot",
-	// "kernel_restarted", "kernel_died", "lost" or "closed" (the last).
+	// "kernel_restarted", "kernel_died", "taken_over" (the server
+	// restarted, the kernel lived on in its keeper), "lost" or "closed"
+	// (the last).
 	Type string `json:"type"`
 	// State is the session's state after it.
 	State string `json:"state"`
-	// How, for "created": "new", "pool", "template", "snapshot", "fork"
-	// or "taken_over" (alive in its keeper across a server's restart).
+	// How, for "created": "new", "pool", "template", "snapshot" or
+	// "fork".
 	How string `json:"how,omitempty"`
 	// Reason says why, in words.
 	Reason     string   `json:"reason,omitempty"`

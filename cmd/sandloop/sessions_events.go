@@ -20,7 +20,7 @@ func newSessionEventsCmd(f *sessionsFlags) *cobra.Command {
 	var since int64
 	cmd := &cobra.Command{
 		Use:   "events ID",
-		Short: "What happened to a session: created, paused, hibernated, woken, restored, forked, lost, closed, each with why",
+		Short: "What happened to a session: created, paused, hibernated, woken, restored, forked, taken over, lost, closed, each with why",
 		Long: `A session's lifecycle events, oldest first: how it was created, each pause and resume,
 hibernation and wake, checkpoint, undo, fork, snapshot and restart, a kernel that died,
 a loss of its processes (its keeper or the server died) and its close, each with why and,
@@ -81,8 +81,6 @@ func printSessionEvent(w io.Writer, e client.SessionEvent) {
 		parts = append(parts, "from the warm pool")
 	case "fork":
 		parts = append(parts, "a fork of "+e.Parent)
-	case "taken_over":
-		parts = append(parts, "taken over")
 	default: // template, snapshot: named below
 		parts = append(parts, "from a "+e.How)
 	}

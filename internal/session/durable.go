@@ -110,7 +110,13 @@ type durableRecord struct {
 	// (jail.NewLastingQuotaDir) outlives a server's (or keeper's) death,
 	// and the next server takes its files (adopt).
 	Workspace string `json:"workspace,omitempty"`
+	// Events are the session's latest events (recordEvents), written at
+	// each one: the next server's go on from them.
+	Events []Event `json:"events,omitempty"`
 }
+
+// recordEvents is how many of a session's latest events its record holds.
+const recordEvents = 64
 
 // salvageNote is what a salvaged snapshot lacks: its variables are as of
 // VariablesAsOf (zero: it has none), and Lost says what was lost.
@@ -172,6 +178,62 @@ func (m *Manager) saveRecord(ms *Managed) {
 	}
 }
 
+// recordEventsOf has ms's record written again at each of its events
+// (it holds the latest): in the background, as an event may be noted
+// under the session's lock, which a record's writing takes. Close waits
+// for the writes under way.
+func (m *Manager) recordEventsOf(ms *Managed) {
+	if ms.durable == nil {
+		return
+	}
+	ms.Session.noted = func() {
+		m.recordWrites.add()
+		go func() {
+			defer m.recordWrites.done()
+			m.saveRecord(ms)
+		}()
+	}
+}
+
+// inflight counts work under way in the background, which wait waits
+// for (unlike a WaitGroup's, its count may rise from zero while one
+// waits: a session closing in the background notes its events late).
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to zero (nil: no one waits)
+}
+
+func (f *inflight) add() {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inflight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n--; f.n == 0 && f.idle != nil {
+		close(f.idle)
+		f.idle = nil
+	}
+}
+
+// wait returns once nothing is under way.
+func (f *inflight) wait() {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return
+	}
+	if f.idle == nil {
+		f.idle = make(chan struct{})
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	<-idle
+}
+
 // recordOf is ms's record as it stands.
 func (m *Manager) recordOf(ms *Managed) durableRecord {
 	ms.durable.mu.Lock()
@@ -186,7 +248,7 @@ func (m *Manager) recordOfLocked(ms *Managed) durableRecord {
 		Egress: keptPolicyOf(ms.Egress), Env: s.opts.Env, ExecTimeout: ms.ExecTimeout, PortAccess: ms.PortAccess,
 		Template: ms.Template, Checkpoints: s.opts.Checkpoints,
 		Snapshot: d.snap, SnapshotAt: d.at, Hibernated: d.hibernated, UsedAt: d.usedAt, Salvaged: d.salvaged,
-		Workspace: s.workspaceNow()}
+		Workspace: s.workspaceNow(), Events: s.events.latest(recordEvents)}
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -733,15 +795,17 @@ func RecordedWorkspaces(dir string) map[string]bool {
 
 // durableOf is the state of a session taken over from the keeper, from
 // its record (a new one if it had none).
-func (m *Manager) durableOf(id string) *durableState {
+func (m *Manager) durableOf(id string) (*durableState, []Event) {
 	if m.opts.Records == "" || m.opts.Snapshots == nil {
-		return nil
+		return nil, nil
 	}
 	d := &durableState{}
-	if rec := m.loadRecord(id); rec != nil {
-		d.snap, d.at, d.usedAt = rec.Snapshot, rec.SnapshotAt, rec.UsedAt
+	rec := m.loadRecord(id)
+	if rec == nil {
+		return d, nil
 	}
-	return d
+	d.snap, d.at, d.usedAt = rec.Snapshot, rec.SnapshotAt, rec.UsedAt
+	return d, rec.Events
 }
 
 // Restore brings back, asleep on their latest snapshots, the sessions
@@ -831,10 +895,12 @@ func (m *Manager) adopt(ctx context.Context, rec *durableRecord) error {
 	}
 	took := m.takeLeftover(ctx, rec, &h, d)
 	s.sleepOn(h)
+	s.events.seed(rec.Events) // its history under the servers before
 	ms := &Managed{Session: s, Owner: rec.Owner, Created: rec.Created, Limits: rec.Limits, Network: rec.Network, Egress: policy,
 		ExecTimeout: rec.ExecTimeout, PortAccess: rec.PortAccess, Template: rec.Template, mgr: m, lastUsed: time.Now(),
 		durable: d}
 	s.woken = ms.wokeInUse
+	m.recordEventsOf(ms)
 	if took {
 		// The record names the files taken from now on; the snapshot
 		// they replace goes.

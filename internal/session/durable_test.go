@@ -117,17 +117,20 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 	if _, err := m2.Get("bob", ms.ID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("bob sees alice's restored session: %v", err)
 	}
-	// Its events, anew on this server, start with the loss.
+	// Its history goes on from the server before (its record holds it),
+	// with the loss.
 	evs, _, _ = back.Events().Since(0)
-	if len(evs) != 1 || evs[0].Type != EventLost || evs[0].State != StateHibernated || evs[0].Snapshot != second[0].ID ||
-		!strings.Contains(evs[0].Reason, "the server restarted") || !strings.Contains(evs[0].Reason, "lost: what was done") {
-		t.Errorf("a restored session's events: %+v", evs)
+	if types := eventTypes(evs); types != "created snapshot snapshot lost" || evs[3].Seq != 4 {
+		t.Errorf("a restored session's events: %s %+v", types, evs)
+	} else if e := evs[3]; e.State != StateHibernated || e.Snapshot != second[0].ID ||
+		!strings.Contains(e.Reason, "the server restarted") || !strings.Contains(e.Reason, "lost: what was done") {
+		t.Errorf("the loss: %+v", e)
 	}
 	res, err := back.Wake(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if evs, _, _ = back.Events().Since(1); len(evs) != 1 || evs[0].Type != EventWoken || evs[0].Restored == nil || evs[0].Restored.Lost != res.Lost {
+	if evs, _, _ = back.Events().Since(4); len(evs) != 1 || evs[0].Type != EventWoken || evs[0].Seq != 5 || evs[0].Restored == nil || evs[0].Restored.Lost != res.Lost {
 		t.Errorf("the wake's event: %+v", evs)
 	}
 	if res.AsOf.IsZero() || !strings.Contains(res.Lost, "after") || !slices.Contains(res.Variables, "v_b") {

@@ -20,9 +20,10 @@ import (
 // They are kept in memory, the latest MaxEvents of each session, numbered
 // from 1 (Seq) so a reader can resume after the last it saw, and a closed
 // session's stay with its manager for ClosedEventsKept (its id then says
-// why it is gone: Manager.Get). A server that restarts starts each
-// session's events anew with how it came back ("lost", or "created" with
-// How "taken_over").
+// why it is gone: Manager.Get). A durable session's latest recordEvents
+// are written with its record at each event (durable.go), so the server
+// that brings it back after a restart goes on from them, with how it came
+// back: "taken_over", "lost" or "hibernated".
 
 // Event types (Event.Type).
 const (
@@ -53,6 +54,9 @@ const (
 	// EventKernelDied: the kernel ended on its own (Reason: how, e.g.
 	// killed by the memory limit); the next cell says so too.
 	EventKernelDied = "kernel_died"
+	// EventTakenOver: the server restarted, and the session's kernel
+	// lived on in its keeper: taken over alive, nothing lost.
+	EventTakenOver = "taken_over"
 	// EventLost: the session's processes were lost with the process that
 	// held them (its keeper, or the server): it sleeps on its latest
 	// snapshot, and its next use wakes it (Reason says from what, and
@@ -65,12 +69,11 @@ const (
 
 // How a session was created (Event.How).
 const (
-	CreatedNew       = "new"        // a kernel started for it
-	CreatedPool      = "pool"       // a kernel ready in the warm pool
-	CreatedTemplate  = "template"   // in a template (Event.Template)
-	CreatedSnapshot  = "snapshot"   // from a snapshot (Event.Snapshot, Restored)
-	CreatedFork      = "fork"       // forked (Event.Parent, Restored)
-	CreatedTakenOver = "taken_over" // alive in the keeper across a server's restart
+	CreatedNew      = "new"      // a kernel started for it
+	CreatedPool     = "pool"     // a kernel ready in the warm pool
+	CreatedTemplate = "template" // in a template (Event.Template)
+	CreatedSnapshot = "snapshot" // from a snapshot (Event.Snapshot, Restored)
+	CreatedFork     = "fork"     // forked (Event.Parent, Restored)
 )
 
 // Event is one transition in a session's life.
@@ -114,7 +117,7 @@ type eventLog struct {
 // the types that do not change it).
 func stateAfter(typ string) string {
 	switch typ {
-	case EventCreated, EventResumed, EventWoken, EventCheckpointRestored, EventUndone, EventKernelRestarted:
+	case EventCreated, EventResumed, EventWoken, EventCheckpointRestored, EventUndone, EventKernelRestarted, EventTakenOver:
 		return StateRunning
 	case EventPaused:
 		return StatePaused
@@ -155,6 +158,26 @@ func (l *eventLog) add(e Event) {
 	}
 }
 
+// seed starts the log with evs, a durable session's recorded events (a
+// server before this one noted them): the next event follows them.
+func (l *eventLog) seed(evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append([]Event(nil), evs[max(0, len(evs)-MaxEvents):]...)
+	last := evs[len(evs)-1]
+	l.seq, l.state = last.Seq, last.State
+}
+
+// latest is a copy of the latest n events.
+func (l *eventLog) latest(n int) []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.events[max(0, len(l.events)-n):]...)
+}
+
 // since returns the events after seq after (a copy), whether the log has
 // ended, and, if it has not, a channel closed at the next event.
 func (l *eventLog) since(after int64) ([]Event, bool, <-chan struct{}) {
@@ -190,8 +213,14 @@ func (l *eventLog) Since(after int64) ([]Event, bool, <-chan struct{}) { return 
 // Events returns the session's events (see Events).
 func (s *Session) Events() Events { return &s.events }
 
-// note adds an event to the session's log.
-func (s *Session) note(e Event) { s.events.add(e) }
+// note adds an event to the session's log, and tells the manager of a
+// durable session (its record holds its latest events).
+func (s *Session) note(e Event) {
+	s.events.add(e)
+	if s.noted != nil {
+		s.noted()
+	}
+}
 
 // noteRestored notes e, an event that restored the session: res says
 // what came back.
@@ -251,10 +280,10 @@ const (
 
 // tail is a copy of the log with its latest n events only.
 func (l *eventLog) tail(n int) *eventLog {
+	evs := l.latest(n)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	evs := l.events[max(0, len(l.events)-n):]
-	return &eventLog{events: append([]Event(nil), evs...), seq: l.seq, state: l.state, ended: l.ended}
+	return &eventLog{events: evs, seq: l.seq, state: l.state, ended: l.ended}
 }
 
 // ended is what a manager remembers of a closed session.

@@ -194,6 +194,7 @@ func (s *Session) dropKept() {
 // the next server (Reattach). A session that is not kept is closed. A
 // running execution ends with an error, not a result.
 func (s *Session) Detach() error {
+	s.letGo.Store(true)
 	s.mu.Lock()
 	kept := s.opts.Keeper != nil && s.keptExtra != nil && s.k.Err() == nil
 	if !kept || s.closed {

@@ -554,6 +554,8 @@ type Manager struct {
 
 	ended endedSessions // the sessions closed lately: their events, why (events.go)
 
+	recordWrites inflight // records written again at an event (recordEventsOf)
+
 	refill  chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -872,6 +874,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		ms.durable = &durableState{}
 	}
 	s.woken = ms.wokeInUse
+	m.recordEventsOf(ms)
 	m.sessions[s.ID()] = ms
 	// Its kernel was started in a keeper that died before it was
 	// registered here: KeeperDied's sweep missed it (see there).
@@ -1107,6 +1110,7 @@ func (m *Manager) Close() error {
 		go func() { defer m.closing.Done(); s.Close() }()
 	}
 	wg.Wait()
+	m.recordWrites.wait()
 	// What is still closing in the background gets one more bound: Close
 	// returns, and the process may exit, even if a kernel will not die
 	// (its jail's init dies with this process: Pdeathsig).

@@ -109,7 +109,10 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 	now := time.Now()
 	ms := &Managed{Session: s, Owner: st.Owner, Created: st.Created, Limits: st.Limits, Network: st.Network, Egress: s.opts.Egress,
 		ExecTimeout: st.ExecTimeout, FromPool: st.FromPool, PortAccess: st.PortAccess, Template: st.Template, mgr: m, lastUsed: now}
-	ms.durable = m.durableOf(s.ID())
+	var evs []Event
+	ms.durable, evs = m.durableOf(s.ID())
+	s.events.seed(evs) // its history under the servers before
+	m.recordEventsOf(ms)
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -124,7 +127,7 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 	s.woken = ms.wokeInUse
 	m.sessions[s.ID()] = ms
 	m.mu.Unlock()
-	ms.note(Event{Type: EventCreated, How: CreatedTakenOver, Template: ms.Template,
+	ms.note(Event{Type: EventTakenOver,
 		Reason: "the server restarted, and the session's kernel lived on in its keeper: its variables and files are as they were"})
 	m.log.Info("session reattached", "session", s.ID())
 	return nil

@@ -275,6 +275,13 @@ type Session struct {
 
 	events   eventLog               // events.go
 	closeWhy atomic.Pointer[string] // the reason Close's event gives (a manager's)
+	// noted, if set, is told of each event once noted (a durable
+	// session's manager writes its record); it must not block. Set
+	// before the session is shared.
+	noted func()
+	// letGo: Detach let go of the session for the next server (its
+	// record stays): its Close is no close to note.
+	letGo atomic.Bool
 
 	exports exportCache // fork.go: the last fork's export, for the next one
 	remap   remapState  // remap.go: its buffers mapped from that export's file
@@ -644,7 +651,9 @@ func (s *Session) Close() error {
 	if p := s.closeWhy.Load(); p != nil {
 		why = *p
 	}
-	s.note(Event{Type: EventClosed, Reason: closeWords(why)})
+	if !s.letGo.Load() { // let go of (Detach), it is not closed for its owner
+		s.note(Event{Type: EventClosed, Reason: closeWords(why)})
+	}
 	return err
 }
 

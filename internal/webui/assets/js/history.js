@@ -17,9 +17,9 @@ const KEEP = 50; // lines shown, the latest
 const LABELS = {
   created: 'Created', paused: 'Paused', resumed: 'Resumed', hibernated: 'Hibernated', woken: 'Woken',
   checkpoint: 'Checkpoint', checkpoint_restored: 'Checkpoint restored', undone: 'Undone', forked: 'Forked',
-  snapshot: 'Snapshot', kernel_restarted: 'Restarted', kernel_died: 'Kernel died', lost: 'Processes lost', closed: 'Closed',
+  snapshot: 'Snapshot', kernel_restarted: 'Restarted', kernel_died: 'Kernel died', taken_over: 'Taken over', lost: 'Processes lost', closed: 'Closed',
 };
-const HOW = { new: 'a new kernel', pool: 'from the warm pool', template: 'in a template', snapshot: 'from a snapshot', fork: 'a fork', taken_over: 'taken over after a server restart' };
+const HOW = { new: 'a new kernel', pool: 'from the warm pool', template: 'in a template', snapshot: 'from a snapshot', fork: 'a fork' };
 
 // detail says in one line what an event carries.
 export function eventDetail(e) {
