@@ -317,7 +317,14 @@ func (h *Handler) kill(sb *sandbox, reason string) {
 	h.mu.Unlock()
 	h.forget(sb.id)
 	sb.shutdown()
-	if err := h.opts.Manager.Delete(sb.owner, sb.id); err != nil && !errors.Is(err, session.ErrNotFound) {
+	why := "deleted"
+	switch reason {
+	case "timeout":
+		why = "its E2B timeout ended (the create's timeout, or Sandbox.setTimeout)"
+	case "shutdown":
+		why = "shutdown"
+	}
+	if err := h.opts.Manager.DeleteFor(sb.owner, sb.id, why); err != nil && !errors.Is(err, session.ErrNotFound) {
 		h.log.Warn("e2b: close session", "sandbox", sb.id, "err", err)
 	}
 	h.log.Info("e2b: sandbox killed", "sandbox", sb.id, "reason", reason)

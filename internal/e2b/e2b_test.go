@@ -307,6 +307,14 @@ func TestReaper(t *testing.T) {
 		}
 		return nil
 	})
+	// The session's history says why it went.
+	evs, err := ts.mgr.SessionEvents("owner-a", c.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, ended, _ := evs.Since(0); !ended || !strings.Contains(all[len(all)-1].Reason, "E2B timeout") {
+		t.Errorf("the closed sandbox's last event: %+v", all)
+	}
 }
 
 func TestFilesREST(t *testing.T) {

@@ -934,7 +934,12 @@ func (m *Manager) List(owner string) []*Managed {
 }
 
 // Delete closes owner's session id.
-func (m *Manager) Delete(owner, id string) error {
+func (m *Manager) Delete(owner, id string) error { return m.DeleteFor(owner, id, "deleted") }
+
+// DeleteFor is Delete, its close saying why (the reason of OnClose and of
+// the session's closed event): a face that ends a session on its own
+// terms (an E2B sandbox's timeout) says so.
+func (m *Manager) DeleteFor(owner, id, reason string) error {
 	m.mu.Lock()
 	ms, ok := m.sessions[id]
 	if !ok || ms.Session == nil || ms.Owner != owner {
@@ -944,7 +949,7 @@ func (m *Manager) Delete(owner, id string) error {
 	delete(m.sessions, id)
 	m.closing.Add(1) // under mu: Close's Wait counts it
 	m.mu.Unlock()
-	return m.closeSession(ms, "deleted")
+	return m.closeSession(ms, reason)
 }
 
 // closeSession closes ms (already forgotten by the manager), waiting at
