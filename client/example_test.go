@@ -281,3 +281,44 @@ func ExampleOptions_onRestored() {
 	fmt.Println(r.Text(), c.SessionID(s.ID) == s.ID) // no restore here: the same id
 	// Output: 2 true
 }
+
+func ExampleClient_WatchSessionEvents() {
+	ctx := context.Background()
+	c, err := client.New(serverURL, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := c.CreateSession(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// What happened to the session so far...
+	evs, _, err := c.SessionEvents(ctx, s.ID, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(evs[0].Seq, evs[0].Type, evs[0].State)
+
+	// ...and each transition as it comes, until it closes (watching is
+	// no use of it: it neither wakes it nor keeps it open).
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchSessionEvents(ctx, s.ID, evs[len(evs)-1].Seq, func(e client.SessionEvent) error {
+			fmt.Println(e.Seq, e.Type, e.State, e.Reason)
+			return nil
+		})
+	}()
+	if _, err := c.Pause(ctx, s.ID); err != nil {
+		log.Fatal(err)
+	}
+	if err := c.DeleteSession(ctx, s.ID); err != nil {
+		log.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// 1 created running
+	// 2 paused paused asked for
+	// 3 closed closed deleted by its owner
+}
