@@ -76,6 +76,7 @@ bench: deps gen
 	$(GO) test -run '^$$' -bench ColdExec -benchtime 30x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench ServeDefault -benchtime 8x ./cmd/sandloop
 	$(GO) test -run '^$$' -bench Reattach -benchtime 1x ./cmd/sandloop
+	$(GO) test -run '^$$' -bench RestoreAfterDeath -benchtime 1x ./internal/session
 	$(GO) test -run '^$$' -bench Execute -benchtime 5000x ./internal/session
 	$(GO) test -run '^$$' -bench CreateExecute -benchtime 40x ./client
 	$(GO) test -run '^$$' -bench Burst100 -benchtime 1x ./client

@@ -77,7 +77,7 @@ func TestKeeperDiedWhileCreating(t *testing.T) {
 
 // startTestKeeper starts a real keeper (this test binary) and returns
 // its client; the cleanup kills it by its PID.
-func startTestKeeper(t *testing.T) *keeper.Client {
+func startTestKeeper(t testing.TB) *keeper.Client {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("a keeper's sessions need root (their workspaces are host directories)")
