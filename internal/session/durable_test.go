@@ -108,7 +108,18 @@ func TestAutoSnapshotAndRestore(t *testing.T) {
 		t.Errorf("events before the loss: %s %+v", types, evs)
 	}
 	managedRun(t, ms, "v_c = 3") // after the snapshot: lost with the processes
-	m.Detach()                   // its processes go; its record stays
+	_, _, next := ms.Events().Since(3)
+	m.Detach() // its processes go; its record stays
+	// A reader of its events stops waiting (a stream ends, not holding
+	// up the server's shutdown), with no close: it goes on elsewhere.
+	select {
+	case <-next:
+	default:
+		t.Error("a reader waiting for the session's next event still waits after the server let go of it")
+	}
+	if evs, ended, _ := ms.Events().Since(3); len(evs) != 0 || !ended {
+		t.Errorf("after the server let go: events %+v, ended %v; want none, ended", evs, ended)
+	}
 
 	m2, back := restoreOne(t, o, ms)
 	if !back.Hibernated() {

@@ -158,6 +158,20 @@ func (l *eventLog) add(e Event) {
 	}
 }
 
+// end ends the log without an event: this server let go of the session
+// (Detach), which goes on under the next. Readers waiting for its next
+// event stop waiting (a stream ends, not holding up the server's
+// shutdown).
+func (l *eventLog) end() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
 // seed starts the log with evs, a durable session's recorded events (a
 // server before this one noted them): the next event follows them.
 func (l *eventLog) seed(evs []Event) {

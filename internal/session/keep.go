@@ -212,6 +212,7 @@ func (s *Session) Detach() error {
 	k := s.k
 	s.mu.Unlock()
 	close(s.done)
+	s.events.end()
 	k.Detach()
 	if s.gate != nil {
 		s.gate.Close()

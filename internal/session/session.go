@@ -651,7 +651,9 @@ func (s *Session) Close() error {
 	if p := s.closeWhy.Load(); p != nil {
 		why = *p
 	}
-	if !s.letGo.Load() { // let go of (Detach), it is not closed for its owner
+	if s.letGo.Load() { // let go of (Detach), it is not closed for its owner
+		s.events.end()
+	} else {
 		s.note(Event{Type: EventClosed, Reason: closeWords(why)})
 	}
 	return err
