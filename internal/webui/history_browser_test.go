@@ -34,6 +34,13 @@ func TestBrowserHistory(t *testing.T) {
 		resp.Body.Close()
 	}
 	p.until("the pause and the resume listed", `[...document.querySelectorAll('#ev-list li')].map(e => e.dataset.type).join() == 'created,paused,resumed'`)
+	// A pause made elsewhere shows in the checkpoint strip's state too.
+	resp, err := http.Post(ts.URL+"/v1/sessions/"+id+"/pause", "application/json", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("pause: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	p.until("the strip says paused", `document.getElementById('ck-state').textContent == 'paused'`)
 	if got := p.text("#ev-list li[data-type=paused]"); !strings.Contains(got, "Paused") || !strings.Contains(got, "asked for") {
 		t.Errorf("the pause's line: %q", got)
 	}
@@ -47,12 +54,15 @@ func TestBrowserHistory(t *testing.T) {
 	p.until("the restart listed", `!!document.querySelector('#ev-list li[data-type=kernel_restarted]')`)
 
 	req, _ := http.NewRequest("DELETE", ts.URL+"/v1/sessions/"+id, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 204 {
 		t.Fatalf("delete: %v %v", resp, err)
 	}
 	resp.Body.Close()
 	p.do("refresh the files", chromedp.Click(chromedp.CSS("#files-refresh")))
 	p.until("gone, saying why", `!document.getElementById('nb-gone').hidden && document.getElementById('nb-gone-why').textContent.includes('deleted by its owner')`)
+	if got := eval[string](p, `document.getElementById('ck-state').textContent`); got != "closed" {
+		t.Errorf("the strip's state after the close: %q", got)
+	}
 	p.shot("history")
 }

@@ -51,7 +51,7 @@ export class CheckpointStrip {
   showState(state) {
     this.state = state;
     this.stateEl.textContent = state;
-    this.stateEl.className = 'badge ' + (state === 'paused' || state === 'hibernated' ? 'badge-warn' : 'badge-ok');
+    this.stateEl.className = 'badge ' + (state === 'paused' || state === 'hibernated' ? 'badge-warn' : state === 'closed' ? '' : 'badge-ok');
     this.resumeBtn.hidden = state !== 'paused';
     this.pauseBtn.hidden = state === 'paused';
   }

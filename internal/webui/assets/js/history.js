@@ -101,6 +101,10 @@ export class HistoryPanel {
         detail ? h('span', { class: 'small' }, ' — ' + detail) : null));
       if (e.type === 'closed') this.nb.gone({ at: e.time, reason: e.reason });
     }
+    // A pause, resume or hibernation made elsewhere (the API, the CLI, the
+    // reaper) shows in the checkpoint strip's state too.
+    const last = r.events.at(-1);
+    if (last) this.nb.ck.showState(last.state);
     while (this.items.children.length > KEEP) this.items.firstChild.remove();
     this.note.textContent = this.items.children.length ? '' : 'Nothing yet.';
     if (r.ended) this.ended = true;

@@ -334,6 +334,7 @@ class Notebook {
   gone(closed) {
     if (closed?.at) this.goneWhy.textContent = ` (closed ${new Date(closed.at).toLocaleString()}: ${closed.reason})`;
     if (this.layout.classList.contains('nb-gone')) return;
+    this.ck.showState('closed');
     this.layout.classList.add('nb-gone');
     this.goneNote.hidden = false;
     this.sessionInfo.replaceChildren(h('span', { class: 'mono' }, this.id), statusBadge('closed', { id: 'session-status' }));
