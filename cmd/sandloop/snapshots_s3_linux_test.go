@@ -47,8 +47,11 @@ func startWeed(t *testing.T, key, secret string) string {
 		fmt.Sprintf("-volume.port=%d", ports[2]), fmt.Sprintf("-volume.port.grpc=%d", ports[3]),
 		"-filer", fmt.Sprintf("-filer.port=%d", ports[4]), fmt.Sprintf("-filer.port.grpc=%d", ports[5]),
 		"-s3", fmt.Sprintf("-s3.port=%d", ports[6]), fmt.Sprintf("-s3.port.grpc=%d", ports[7]),
-		"-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32")
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+key, "AWS_SECRET_ACCESS_KEY="+secret)
+		"-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32",
+		"-filer.localSocket="+filepath.Join(dir, "filer.sock"))
+	// TMPDIR: its logs (glog's) and its filer's sockets go in its own
+	// directory, removed with it, not in the host's /tmp.
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+key, "AWS_SECRET_ACCESS_KEY="+secret, "TMPDIR="+dir)
 	log, err := os.Create(filepath.Join(dir, "weed.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +62,10 @@ func startWeed(t *testing.T, key, secret string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// Its gRPC sockets: in /tmp whatever TMPDIR says (no flag moves them).
+		for i, name := range []string{"master", "volume", "filer", "s3"} {
+			defer os.Remove(fmt.Sprintf("/tmp/seaweedfs-%s-grpc-%d.sock", name, ports[2*i+1]))
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()

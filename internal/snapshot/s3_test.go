@@ -35,6 +35,7 @@ var weed struct {
 	endpoint string
 	err      error
 	skip     string
+	sockets  []string // its gRPC sockets, which it makes in /tmp whatever TMPDIR says
 }
 
 func weedBinary() string {
@@ -88,8 +89,12 @@ func startWeed() {
 		"-filer", fmt.Sprintf("-filer.port=%d", p[4]), fmt.Sprintf("-filer.port.grpc=%d", p[5]),
 		"-s3", fmt.Sprintf("-s3.port=%d", p[6]), fmt.Sprintf("-s3.port.grpc=%d", p[7]),
 		"-s3.port.iceberg=0", "-s3.port.lance=0",
-		"-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32")
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+weedKey, "AWS_SECRET_ACCESS_KEY="+weedSecret)
+		"-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32",
+		"-filer.localSocket="+filepath.Join(dir, "filer.sock"))
+	weed.sockets = weedSockets(p[1], p[3], p[5], p[7])
+	// TMPDIR: its logs (glog's) and its filer's sockets go in its own
+	// directory, removed with it, not in the host's /tmp.
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+weedKey, "AWS_SECRET_ACCESS_KEY="+weedSecret, "TMPDIR="+dir)
 	log, err := os.Create(filepath.Join(dir, "weed.log"))
 	if err != nil {
 		weed.err = err
@@ -148,6 +153,22 @@ func stopWeed() {
 	if weed.dir != "" {
 		os.RemoveAll(weed.dir)
 	}
+	for _, s := range weed.sockets {
+		os.Remove(s)
+	}
+}
+
+// weedSockets are the sockets weed server makes for its master's,
+// volume's, filer's and S3's gRPC ports, in /tmp (no flag moves them).
+func weedSockets(master, volume, filer, s3 int) []string {
+	var out []string
+	for _, s := range []struct {
+		name string
+		port int
+	}{{"master", master}, {"volume", volume}, {"filer", filer}, {"s3", s3}} {
+		out = append(out, fmt.Sprintf("/tmp/seaweedfs-%s-grpc-%d.sock", s.name, s.port))
+	}
+	return out
 }
 
 // openS3 gives each test a key prefix of its own in the one bucket.
