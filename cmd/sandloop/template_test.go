@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -83,7 +84,9 @@ func TestTemplateBuildImageRefusals(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Name: "/etc/cron.d/evil", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
 	tw.Write([]byte("x"))
 	tw.Close()
-	layer, err := tarball.LayerFromReader(bytes.NewReader(b.Bytes()))
+	// From an opener, not LayerFromReader: that buffers the tar in a
+	// temporary file of the host's /tmp it never removes.
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b.Bytes())), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
