@@ -1087,6 +1087,11 @@ func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
 
 // sleepLost puts ms to sleep on its latest snapshot (KeeperDied).
 func (m *Manager) sleepLost(ctx context.Context, ms *Managed) error {
+	if !ms.Session.events.begun() {
+		// Lost as it was made (its keeper died then), before Create or
+		// Fork noted its creation: that first, then the loss.
+		ms.note(createdEvent(ms))
+	}
 	d := ms.durable
 	if d == nil || m.opts.Snapshots == nil {
 		return errors.New("its processes were lost and it has no snapshot to come back from (the server keeps none: --snapshot-every)")

@@ -62,8 +62,9 @@ const (
 	// snapshot, and its next use wakes it (Reason says from what, and
 	// what is lost).
 	EventLost = "lost"
-	// EventClosed: the session ended (Reason: "deleted", "idle",
-	// "expired", "shutdown", ...). It is the last event.
+	// EventClosed: the session ended (Reason, in words: deleted by its
+	// owner, idle, past its lifetime, the server shut down...). It is the
+	// last event.
 	EventClosed = "closed"
 )
 
@@ -109,7 +110,7 @@ type eventLog struct {
 	events  []Event // the latest MaxEvents, oldest first
 	seq     int64
 	state   string
-	ended   bool          // EventClosed was added: no more
+	ended   bool          // EventClosed was added, or end called: no more
 	changed chan struct{} // closed at the next event (nil: none made yet)
 }
 
@@ -156,6 +157,13 @@ func (l *eventLog) add(e Event) {
 		close(l.changed)
 		l.changed = nil
 	}
+}
+
+// begun says whether an event was added.
+func (l *eventLog) begun() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seq > 0
 }
 
 // end ends the log without an event: this server let go of the session
@@ -308,7 +316,7 @@ type ended struct {
 	events *eventLog
 }
 
-// endedSessions are a manager's closed sessions, the latest first out
+// endedSessions are a manager's closed sessions, the oldest going first
 // (MaxClosedEvents, ClosedEventsKept).
 type endedSessions struct {
 	mu    sync.Mutex

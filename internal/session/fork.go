@@ -312,7 +312,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			release := child.Lease()
 			defer release()
 			reports[i], errs[i] = child.Session.adopt(ctx, src, free)
-			if errs[i] == nil {
+			if errs[i] == nil && !child.events.begun() { // (begun: lost as it was made, see sleepLost)
 				r := *reports[i]
 				child.note(Event{Type: EventCreated, How: CreatedFork, Parent: id, Template: child.Template, Restored: &r})
 			}

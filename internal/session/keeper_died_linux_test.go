@@ -67,6 +67,10 @@ func TestKeeperDiedWhileCreating(t *testing.T) {
 	if got := r.ms.State(); got != StateHibernated {
 		t.Fatalf("a session created as its keeper died: state %q, want %q", got, StateHibernated)
 	}
+	// Its creation, then its loss, whichever put it to sleep.
+	if evs, _, _ := r.ms.Events().Since(0); eventTypes(evs) != "created lost" || evs[1].State != StateHibernated {
+		t.Errorf("a session created as its keeper died: events %+v", evs)
+	}
 	if got := managedText(t, r.ms, "import os\nsorted(os.listdir('.')), 'x' in globals()"); got != "([], False)" {
 		t.Errorf("woken: %s, want an empty session", got)
 	}

@@ -727,13 +727,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	if rd != nil {
 		snapshotStage("create", t0)
 	}
-	e := Event{Type: EventCreated, How: CreatedNew, Template: ms.Template}
-	switch {
-	case ms.FromPool:
-		e.How = CreatedPool
-	case ms.Template != "":
-		e.How = CreatedTemplate
-	}
+	e := createdEvent(ms)
 	if rd != nil {
 		if err := m.fromSnapshot(ctx, ms, rd); err != nil {
 			ms.Close()
@@ -741,10 +735,23 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 		}
 		e.How, e.Snapshot, e.Restored = CreatedSnapshot, opts.Snapshot, ms.Restored()
 	}
-	if opts.forkOf == "" {
+	if opts.forkOf == "" && !ms.events.begun() { // (sleepLost noted one lost as it was made)
 		ms.note(e)
 	}
 	return ms, nil
+}
+
+// createdEvent is ms's EventCreated, as far as create knows: a session
+// from a snapshot or a fork says so once it holds what it came from.
+func createdEvent(ms *Managed) Event {
+	e := Event{Type: EventCreated, How: CreatedNew, Template: ms.Template}
+	switch {
+	case ms.FromPool:
+		e.How = CreatedPool
+	case ms.Template != "":
+		e.How = CreatedTemplate
+	}
+	return e
 }
 
 func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, err error) {
