@@ -78,6 +78,7 @@ export class HistoryPanel {
 
   async read() {
     let r;
+    const gen = this.nb.ck.stateGen; // a pause or resume answered meanwhile knows better
     try {
       r = await getJSON(`${this.base}/events?since=${this.since}`);
     } catch (e) {
@@ -104,7 +105,7 @@ export class HistoryPanel {
     // A pause, resume or hibernation made elsewhere (the API, the CLI, the
     // reaper) shows in the checkpoint strip's state too.
     const last = r.events.at(-1);
-    if (last) this.nb.ck.showState(last.state);
+    if (last && gen === this.nb.ck.stateGen) this.nb.ck.showState(last.state);
     while (this.items.children.length > KEEP) this.items.firstChild.remove();
     this.note.textContent = this.items.children.length ? '' : 'Nothing yet.';
     if (r.ended) this.ended = true;
