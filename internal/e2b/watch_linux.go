@@ -92,34 +92,51 @@ func watchDir(ws *workspace.Workspace, rel string, recursive bool, maxDirs int, 
 // recursive, those under it; with report, what is found under it is
 // reported as created (it was made before the watch could see it).
 func (w *dirWatcher) add(dir string, report bool) error {
-	f, err := w.ws.OpenDir(joinRel(w.root, dir))
+	f, err := w.watch(dir)
 	if err != nil {
 		return err
+	}
+	defer f.Close()
+	return w.walk(dir, f, report)
+}
+
+// watch opens directory dir and adds its watch; the caller closes the
+// directory.
+func (w *dirWatcher) watch(dir string) (*os.File, error) {
+	f, err := w.ws.OpenDir(joinRel(w.root, dir))
+	if err != nil {
+		return nil, err
 	}
 	w.mu.Lock()
 	n := len(w.dirs)
 	w.mu.Unlock()
 	if n >= w.maxDirs {
 		f.Close()
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("more than %d directories to watch: watch a smaller tree", w.maxDirs))
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("more than %d directories to watch: watch a smaller tree", w.maxDirs))
 	}
 	var wd int
 	err = w.control(func(fd int) error {
 		var err error
-		wd, err = unix.InotifyAddWatch(fd, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), watchMask)
+		wd, err = unix.InotifyAddWatch(fd, "/proc/thread-self/fd/"+strconv.Itoa(int(f.Fd())), watchMask)
 		return err
 	})
 	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.ENOSPC) {
-			return connect.NewError(connect.CodeResourceExhausted, errors.New("this host watches as many directories as it may (fs.inotify.max_user_watches)"))
+			return nil, connect.NewError(connect.CodeResourceExhausted, errors.New("this host watches as many directories as it may (fs.inotify.max_user_watches)"))
 		}
-		return fmt.Errorf("watch %s: %w", dir, err)
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
 	}
 	w.mu.Lock()
 	w.dirs[int32(wd)] = dir
 	w.mu.Unlock()
-	defer f.Close()
+	return f, nil
+}
+
+// walk follows, when recursive, the directories under dir (open as f,
+// watched already). Each is watched before it is reported: whoever sees
+// a directory's creation and then writes in it is sure to see that too.
+func (w *dirWatcher) walk(dir string, f *os.File, report bool) error {
 	if !w.recursive {
 		return nil
 	}
@@ -129,16 +146,37 @@ func (w *dirWatcher) add(dir string, report bool) error {
 	}
 	for _, de := range names {
 		name := joinRel2(dir, de.Name())
+		if de.Type()&fs.ModeType != fs.ModeDir {
+			if report && !w.deliver(fsEvent{Name: name, Type: eventCreate}) {
+				return errStopped
+			}
+			continue
+		}
+		sub, err := w.watch(name)
+		if err != nil && !gone(err) {
+			return err
+		}
 		if report && !w.deliver(fsEvent{Name: name, Type: eventCreate}) {
+			if sub != nil {
+				sub.Close()
+			}
 			return errStopped
 		}
-		if de.Type()&fs.ModeType == fs.ModeDir {
-			if err := w.add(name, report); err != nil && !errors.Is(err, workspace.ErrNotFound) && !errors.Is(err, workspace.ErrNotDir) {
+		if sub != nil {
+			err = w.walk(name, sub, report)
+			sub.Close()
+			if err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// gone says err is a directory's removal or replacement by another kind
+// of file, meanwhile: nothing to watch, and its parent's watch reports it.
+func gone(err error) bool {
+	return errors.Is(err, workspace.ErrNotFound) || errors.Is(err, workspace.ErrNotDir)
 }
 
 // joinRel2 joins a name to a directory relative to the watched one ("" for it).
@@ -257,6 +295,19 @@ func (w *dirWatcher) handle(wd int32, mask, cookie uint32, name string) (stop bo
 	}
 	name = joinRel2(dir, name)
 	isDir := mask&unix.IN_ISDIR != 0
+	// A directory new to the tree is watched before its creation is
+	// reported (see walk).
+	var sub *os.File
+	if w.recursive && isDir && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && !(mask&unix.IN_MOVED_TO != 0 && w.movedFrom != nil) {
+		var werr error
+		sub, werr = w.watch(name)
+		if werr != nil && !gone(werr) {
+			return true, werr
+		}
+		if sub != nil {
+			defer sub.Close()
+		}
+	}
 	for _, op := range []struct {
 		bits uint32
 		t    eventType
@@ -283,18 +334,23 @@ func (w *dirWatcher) handle(wd int32, mask, cookie uint32, name string) (stop bo
 	case mask&unix.IN_MOVED_TO != 0 && w.movedFrom != nil:
 		w.rename(w.movedFrom.name, name)
 		w.movedFrom = nil
-	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+	case sub != nil:
 		// What a new directory got before its watch was added is
 		// reported as created (a directory moved in held it before).
-		err := w.add(name, mask&unix.IN_CREATE != 0)
-		switch {
-		case errors.Is(err, errStopped):
-			return true, nil
-		case err != nil && !errors.Is(err, workspace.ErrNotFound) && !errors.Is(err, workspace.ErrNotDir):
-			return true, err
+		if err := w.walk(name, sub, mask&unix.IN_CREATE != 0); err != nil {
+			return true, noStop(err)
 		}
 	}
 	return false, nil
+}
+
+// noStop is the error a watcher ends with for err (none when deliver
+// stopped it).
+func noStop(err error) error {
+	if errors.Is(err, errStopped) {
+		return nil
+	}
+	return err
 }
 
 func (w *dirWatcher) end(err error) {
