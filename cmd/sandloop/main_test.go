@@ -223,6 +223,9 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--idle-action", "kill"}, `--idle-action: idle action "kill": must be "close" or "pause"`},
 		{[]string{"doctor", "--timeout", "0s"}, "--timeout 0s: want a positive duration"},
 		{[]string{"frobnicate"}, "unknown command"},
+		// A wrong number of arguments says how the command is used.
+		{[]string{"sessions", "exec", "abc", "print(1)"}, "accepts 1 arg(s), received 2 (usage: sandloop sessions exec ID [-c CODE]; see 'sandloop sessions exec --help')"},
+		{[]string{"sessions", "rm"}, "(usage: sandloop sessions rm ID...;"},
 	}
 	for _, c := range cases {
 		code, out, errOut := sandloop(t, "", c.args...)

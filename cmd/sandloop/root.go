@@ -43,7 +43,25 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newServeCmd(), newGatewayCmd(), newMCPCmd(),
 		newSessionsCmd(), newDoctorCmd(), newVersionCmd(), newTemplateCmd(),
 	)
+	explainArgs(root)
 	return root
+}
+
+// explainArgs makes a wrong number of arguments, in c and every command
+// under it, say how the command is used: cobra's words alone ("accepts 1
+// arg(s), received 2") do not say which argument is wanted where.
+func explainArgs(c *cobra.Command) {
+	if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return usagef("%v (usage: %s; see '%s --help')", err, strings.TrimSuffix(cmd.UseLine(), " [flags]"), cmd.CommandPath())
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		explainArgs(sub)
+	}
 }
 
 func execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
