@@ -100,7 +100,10 @@ export class HistoryPanel {
         h('span', { class: 'small muted', title: new Date(e.time).toLocaleString() }, fmtAgo(e.time)), ' ',
         h('strong', {}, LABELS[e.type] || e.type),
         detail ? h('span', { class: 'small' }, ' — ' + detail) : null));
-      if (e.type === 'closed') this.nb.gone({ at: e.time, reason: e.reason });
+      if (e.type === 'closed') {
+        this.nb.gone({ at: e.time, reason: e.reason });
+        this.ended = true;
+      }
     }
     // A pause, resume or hibernation made elsewhere (the API, the CLI, the
     // reaper) shows in the checkpoint strip's state too.
@@ -108,6 +111,9 @@ export class HistoryPanel {
     if (last && gen === this.nb.ck.stateGen) this.nb.ck.showState(last.state);
     while (this.items.children.length > KEEP) this.items.firstChild.remove();
     this.note.textContent = this.items.children.length ? '' : 'Nothing yet.';
-    if (r.ended) this.ended = true;
+    // A history that ended without a close was handed over: the server is
+    // restarting and the next one takes the session on (its history goes
+    // on there, numbered after this one's), so the panel keeps polling.
+    if (r.ended && !this.ended) this.note.textContent = 'The server is handing the session over to the next one; its history goes on there.';
   }
 }
