@@ -39,6 +39,7 @@ type Cluster interface {
 	PutPlacement(ctx context.Context, p store.Placement) error
 	GetPlacement(ctx context.Context, id string) (*store.Placement, error)
 	DeletePlacement(ctx context.Context, id string) error
+	ClosePlacement(ctx context.Context, id string) error
 	SetSnapshot(ctx context.Context, id, snap string) error
 	SetRestoredAs(ctx context.Context, id, to string) (string, error)
 	FenceHost(ctx context.Context, host, keep string) ([]store.Placement, error)
@@ -414,10 +415,12 @@ func (g *Gateway) afterResponse(resp *http.Response) error {
 		// The host says the epoch ended (it restarted before we noticed).
 		go g.fence(context.WithoutCancel(req.Context()), t.pl.Host, now)
 	}
-	if deleted {
+	if deleted && t.pl.ClosedAt.IsZero() {
+		// Kept, marked closed, until pruned: its id still leads to its
+		// host, which says when and why it closed.
 		g.routes.drop(t.pl.ID)
-		if err := g.opts.Cluster.DeletePlacement(req.Context(), t.pl.ID); err != nil {
-			g.log.Warn("forget session", "session", t.pl.ID, "err", err)
+		if err := g.opts.Cluster.ClosePlacement(req.Context(), t.pl.ID); err != nil {
+			g.log.Warn("record a session's close", "session", t.pl.ID, "err", err)
 		}
 	}
 	if req.Method == http.MethodPost && resp.StatusCode == http.StatusCreated && t.pl.Kind == store.KindSession &&
@@ -542,14 +545,24 @@ func (g *Gateway) resolveFor(w http.ResponseWriter, r *http.Request, id, kind st
 	if err == nil && (mine && pl.Owner != ownerOf(r.Context()) || pl.Kind != kind) {
 		err = store.ErrNotFound
 	}
+	what := map[string]string{store.KindSession: "session", store.KindRun: "run", store.KindMCP: "MCP session"}[kind]
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		what := map[string]string{store.KindSession: "session", store.KindRun: "run", store.KindMCP: "MCP session"}[kind]
 		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("%s %s: not found", what, id), 0)
 		return target{}, false
 	case err != nil:
 		g.log.Warn("look up session", "session", id, "err", err)
 		server.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the sessions table cannot be read; retry shortly", 1)
+		return target{}, false
+	}
+	if !pl.ClosedAt.IsZero() {
+		// Deleted through a gateway: its host says when and why, and
+		// keeps its last events, for a while; after that, or without its
+		// host, the gateway says what it knows.
+		if u, epoch, reachable, known := g.hosts.get(pl.Host); known && reachable && epoch == pl.Epoch && time.Since(pl.ClosedAt) < hostKeepsClosed {
+			return target{url: u, epoch: pl.Epoch, pl: pl}, true
+		}
+		server.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("%s %s was closed at %s: deleted by its owner", what, id, pl.ClosedAt.UTC().Format(time.RFC3339)), 0)
 		return target{}, false
 	}
 	if pl.Lost {
@@ -577,6 +590,10 @@ func (g *Gateway) resolveFor(w http.ResponseWriter, r *http.Request, id, kind st
 	}
 	return target{url: u, epoch: pl.Epoch, pl: pl}, true
 }
+
+// hostKeepsClosed is how long a host tells of a closed session
+// (session.ClosedEventsKept, which this package does not import).
+const hostKeepsClosed = time.Hour
 
 func writeGone(w http.ResponseWriter, pl *store.Placement) {
 	server.WriteError(w, http.StatusGone, "host_lost", fmt.Sprintf("the host of %s %s was lost (it restarted or stopped answering): its state is gone; create a new one", pl.Kind, pl.ID), 0)

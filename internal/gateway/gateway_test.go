@@ -312,6 +312,10 @@ func TestEpochFencing(t *testing.T) {
 	if st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/execute", `{"code":"print(1+1)"}`); st != 200 || !strings.Contains(body, `"stdout":"2\n"`) {
 		t.Fatalf("execute: %d %s", st, body)
 	}
+	deleted, _ := f.create(tok1)
+	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+deleted, ""); st != http.StatusNoContent {
+		t.Fatalf("delete: %d", st)
+	}
 	f.hosts[0].restart() // the gateway has not noticed (no health round)
 	st, body := f.do(tok1, "POST", "/v1/sessions/"+id+"/execute", `{"code":"1"}`)
 	if st != http.StatusGone || !strings.Contains(body, `"host_lost"`) {
@@ -330,6 +334,14 @@ func TestEpochFencing(t *testing.T) {
 	}
 	// A health round learns the new epoch; new sessions work.
 	f.gw.Refresh(t.Context())
+	// A session deleted before the restart was not lost: the gateway,
+	// whose host no longer knows it, says when it closed.
+	if pl, err := f.pg.GetPlacement(t.Context(), deleted); err != nil || pl.Lost || pl.ClosedAt.IsZero() {
+		t.Errorf("the deleted session's placement after the fence: %+v %v, want closed, not lost", pl, err)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+deleted, ""); st != http.StatusNotFound || !strings.Contains(body, "was closed at") || !strings.Contains(body, "deleted by its owner") {
+		t.Errorf("the deleted session after its host's restart: %d %s, want 404 saying it was closed", st, body)
+	}
 	id2, _ := f.create(tok1)
 	if st, _ := f.do(tok1, "GET", "/v1/sessions/"+id2, ""); st != 200 {
 		t.Errorf("new session after the restart: %d", st)
@@ -453,12 +465,29 @@ func TestOwnershipAndAuth(t *testing.T) {
 	if st, body := f.do(tok1, "GET", "/v1/hosts", ""); st != 200 || !strings.Contains(body, `"ready":true`) {
 		t.Errorf("hosts: %d %s", st, body)
 	}
-	// Deleting forgets the placement.
+	// Deleting marks the placement closed: the id still leads to its
+	// host, which says when and why it closed and keeps its events; the
+	// gateway says it too once the host no longer does.
 	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+id, ""); st >= 300 {
 		t.Fatalf("delete: %d", st)
 	}
-	if _, err := f.pg.GetPlacement(t.Context(), id); err == nil {
-		t.Error("a deleted session is still placed")
+	if pl, err := f.pg.GetPlacement(t.Context(), id); err != nil || pl.ClosedAt.IsZero() {
+		t.Errorf("a deleted session's placement: %+v %v, want it marked closed", pl, err)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+id, ""); st != http.StatusNotFound || !strings.Contains(body, "was closed at") || !strings.Contains(body, "deleted by its owner") {
+		t.Errorf("a deleted session: %d %s, want 404 saying when and why it closed", st, body)
+	}
+	if st, body := f.do(tok1, "GET", "/v1/sessions/"+id+"/events", ""); st != 200 || !strings.Contains(body, `"type":"closed"`) {
+		t.Errorf("a deleted session's events: %d %s, want its close", st, body)
+	}
+	if st, body := f.do(tok2, "GET", "/v1/sessions/"+id, ""); st != http.StatusNotFound || strings.Contains(body, "closed") {
+		t.Errorf("another token's deleted session: %d %s, want a plain 404", st, body)
+	}
+	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+id, ""); st != http.StatusNotFound {
+		t.Errorf("a second delete: %d, want 404", st)
+	}
+	if hostKeepsClosed != session.ClosedEventsKept {
+		t.Errorf("hostKeepsClosed %v, the host's %v", hostKeepsClosed, session.ClosedEventsKept)
 	}
 }
 
@@ -491,8 +520,8 @@ func TestForkThroughGateway(t *testing.T) {
 	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+fork.Sessions[0].ID, ""); st != http.StatusNoContent {
 		t.Errorf("delete a fork: %d", st)
 	}
-	if _, err := f.pg.GetPlacement(t.Context(), fork.Sessions[0].ID); err == nil {
-		t.Errorf("a deleted fork's placement is still recorded")
+	if pl, err := f.pg.GetPlacement(t.Context(), fork.Sessions[0].ID); err != nil || pl.ClosedAt.IsZero() {
+		t.Errorf("a deleted fork's placement: %+v %v, want it marked closed", pl, err)
 	}
 }
 

@@ -41,6 +41,10 @@ type Placement struct {
 	Snapshot string
 	// RestoredAs is the session a lost one was restored as ("" if not).
 	RestoredAs string
+	// ClosedAt is when the session was deleted through a gateway (zero
+	// while it lives): its row stays until Prune, so that its id still
+	// leads to its host, which says when and why it closed.
+	ClosedAt time.Time
 }
 
 // HostRecord is a host as a gateway last saw it.
@@ -57,7 +61,7 @@ type HostRecord struct {
 // PutPlacement records where a new session lives.
 func (p *Postgres) PutPlacement(ctx context.Context, pl Placement) error {
 	_, err := p.pool.Exec(ctx, `INSERT INTO sessions (id, kind, owner, host, epoch, created_at, lost, snapshot) VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
-		ON CONFLICT (id) DO UPDATE SET kind=$2, owner=$3, host=$4, epoch=$5, created_at=$6, lost=$7, snapshot=$8, restored_as=''`,
+		ON CONFLICT (id) DO UPDATE SET kind=$2, owner=$3, host=$4, epoch=$5, created_at=$6, lost=$7, snapshot=$8, restored_as='', closed_at=0`,
 		pl.ID, pl.Kind, pl.Owner, pl.Host, pl.Epoch, toMillis(p.nowMillis()), pl.Lost, pl.Snapshot)
 	if err != nil {
 		return fmt.Errorf("record session %s: %w", pl.ID, err)
@@ -68,9 +72,9 @@ func (p *Postgres) PutPlacement(ctx context.Context, pl Placement) error {
 // GetPlacement returns where a session lives, or ErrNotFound.
 func (p *Postgres) GetPlacement(ctx context.Context, id string) (*Placement, error) {
 	pl := Placement{ID: id}
-	var created int64
-	err := p.pool.QueryRow(ctx, `SELECT kind, owner, host, epoch, lost, created_at, snapshot, restored_as FROM sessions WHERE id = $1`, id).
-		Scan(&pl.Kind, &pl.Owner, &pl.Host, &pl.Epoch, &pl.Lost, &created, &pl.Snapshot, &pl.RestoredAs)
+	var created, closed int64
+	err := p.pool.QueryRow(ctx, `SELECT kind, owner, host, epoch, lost, created_at, snapshot, restored_as, closed_at FROM sessions WHERE id = $1`, id).
+		Scan(&pl.Kind, &pl.Owner, &pl.Host, &pl.Epoch, &pl.Lost, &created, &pl.Snapshot, &pl.RestoredAs, &closed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("session %s: %w", id, ErrNotFound)
 	}
@@ -78,6 +82,9 @@ func (p *Postgres) GetPlacement(ctx context.Context, id string) (*Placement, err
 		return nil, fmt.Errorf("look up session %s: %w", id, err)
 	}
 	pl.CreatedAt = fromMillis(created)
+	if closed != 0 {
+		pl.ClosedAt = fromMillis(closed)
+	}
 	return &pl, nil
 }
 
@@ -128,13 +135,25 @@ func (p *Postgres) DeletePlacement(ctx context.Context, id string) error {
 	})
 }
 
+// ClosePlacement records that session id was deleted (its row stays
+// until Prune: see Placement.ClosedAt) and tells the gateways.
+func (p *Postgres) ClosePlacement(ctx context.Context, id string) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET closed_at = $2 WHERE id = $1 AND closed_at = 0`, id, toMillis(p.nowMillis())); err != nil {
+			return fmt.Errorf("record the close of session %s: %w", id, err)
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, "s:"+id)
+		return err
+	})
+}
+
 // FenceHost marks lost every live session of host whose epoch is not keep
 // (keep "" marks all of them: the host is gone) and tells the gateways.
 // It returns the placements it marked, so runs among them can be ended.
 func (p *Postgres) FenceHost(ctx context.Context, host, keep string) ([]Placement, error) {
 	var out []Placement
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE sessions SET lost = true, lost_at = $3 WHERE host = $1 AND epoch <> $2 AND NOT lost
+		rows, err := tx.Query(ctx, `UPDATE sessions SET lost = true, lost_at = $3 WHERE host = $1 AND epoch <> $2 AND NOT lost AND closed_at = 0
 			RETURNING id, kind, owner, epoch`, host, keep, toMillis(p.nowMillis()))
 		if err != nil {
 			return err
@@ -249,7 +268,7 @@ type Pruned struct {
 }
 
 // Prune deletes what a cell no longer needs, older than retention: the
-// rows of sessions marked lost that long ago; of sessions (and MCP
+// rows of sessions marked lost, or closed, that long ago; of sessions (and MCP
 // sessions) created longer ago than maxLifetime + retention (no host
 // keeps one past its --max-lifetime, so it has closed: idle-reaped or
 // expired on its host, which tells no gateway); of runs placed that long
@@ -261,7 +280,7 @@ func (p *Postgres) Prune(ctx context.Context, retention, maxLifetime time.Durati
 	now := p.nowMillis()
 	cut := toMillis(now.Add(-retention))
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM sessions WHERE lost AND lost_at < $1`, cut)
+		tag, err := tx.Exec(ctx, `DELETE FROM sessions WHERE lost AND lost_at < $1 OR closed_at <> 0 AND closed_at < $1`, cut)
 		if err != nil {
 			return err
 		}

@@ -104,6 +104,11 @@ func TestPrune(t *testing.T) {
 	place("lost-old", KindSession, "h-old")
 	place("open-old", KindSession, "h1")
 	place("mcp-old", KindMCP, "h1")
+	// A session deleted through a gateway: marked closed, never lost.
+	place("closed-old", KindSession, "h-old")
+	if err := p.ClosePlacement(ctx, "closed-old"); err != nil {
+		t.Fatal(err)
+	}
 	run("run-done", "done")
 	run("run-running", "running")
 	if err := p.PutHost(ctx, HostRecord{Name: "h-old", URL: "http://h-old", Epoch: "e1", SeenAt: clk.now()}); err != nil {
@@ -112,8 +117,11 @@ func TestPrune(t *testing.T) {
 	if err := p.Heartbeat(ctx, Registration{Name: "h-old", URL: "http://h-old", Epoch: "e1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.FenceHost(ctx, "h-old", ""); err != nil {
-		t.Fatal(err)
+	if lost, err := p.FenceHost(ctx, "h-old", ""); err != nil || len(lost) != 1 || lost[0].ID != "lost-old" {
+		t.Fatalf("fenced %+v %v, want lost-old only", lost, err)
+	}
+	if pl, err := p.GetPlacement(ctx, "closed-old"); err != nil || pl.Lost || !pl.ClosedAt.Equal(clk.now().UTC().Truncate(time.Millisecond)) {
+		t.Fatalf("closed-old: %+v %v, want closed now, not lost", pl, err)
 	}
 	// A day and an hour later: h1 is seen, a new session is lost just now.
 	clk.advance(retention + time.Hour)
@@ -122,6 +130,10 @@ func TestPrune(t *testing.T) {
 	}
 	place("lost-new", KindSession, "h2")
 	place("open-new", KindSession, "h1")
+	place("closed-new", KindSession, "h1")
+	if err := p.ClosePlacement(ctx, "closed-new"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.FenceHost(ctx, "h2", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -129,16 +141,16 @@ func TestPrune(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// lost-old (lost a retention ago) and run-done; open-old is within
-	// lifetime + retention.
-	if n != (Pruned{Sessions: 2, Hosts: 1, Registrations: 1}) {
-		t.Errorf("pruned %+v, want 2 sessions (lost-old, run-done), 1 host, 1 registration", n)
+	// lost-old (lost a retention ago), closed-old (closed as long ago)
+	// and run-done; open-old is within lifetime + retention.
+	if n != (Pruned{Sessions: 3, Hosts: 1, Registrations: 1}) {
+		t.Errorf("pruned %+v, want 3 sessions (lost-old, closed-old, run-done), 1 host, 1 registration", n)
 	}
 	exists := func(id string) bool {
 		_, err := p.GetPlacement(ctx, id)
 		return err == nil
 	}
-	for id, want := range map[string]bool{"lost-old": false, "run-done": false, "run-running": true, "open-old": true, "mcp-old": true, "lost-new": true, "open-new": true} {
+	for id, want := range map[string]bool{"lost-old": false, "closed-old": false, "run-done": false, "run-running": true, "open-old": true, "mcp-old": true, "lost-new": true, "open-new": true, "closed-new": true} {
 		if exists(id) != want {
 			t.Errorf("%s kept = %v, want %v", id, !want, want)
 		}

@@ -177,6 +177,12 @@ CREATE INDEX sessions_by_lost_at ON sessions (lost_at) WHERE lost;
 ALTER TABLE sessions ADD COLUMN snapshot TEXT NOT NULL DEFAULT '';
 ALTER TABLE sessions ADD COLUMN restored_as TEXT NOT NULL DEFAULT '';
 `,
+	// 8: when a session was deleted through a gateway: its row stays
+	// until pruned, so its id still says when and why it closed.
+	`
+ALTER TABLE sessions ADD COLUMN closed_at BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX sessions_by_closed_at ON sessions (closed_at) WHERE closed_at <> 0;
+`,
 }
 
 // pgMigrationLock is the advisory lock key that makes concurrent openers

@@ -43,7 +43,7 @@ export function eventDetail(e) {
 // closedInfo is when and why a session closed, from the words of its
 // 404 ({at, reason}); null if they do not say.
 export function closedInfo(message) {
-  const m = message?.match(/was closed at (\S+): (.*?) \(its events:/);
+  const m = message?.match(/was closed at (\S+): (.*?)(?: \(its events|$)/);
   return m ? { at: m[1], reason: m[2] } : null;
 }
 
