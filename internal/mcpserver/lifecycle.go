@@ -41,13 +41,13 @@ func toolsRestored(r *session.Restored) *tools.Restored {
 	if r == nil {
 		return &tools.Restored{From: "unknown"}
 	}
-	return &tools.Restored{From: r.From, Files: r.Files, Variables: r.Variables, NotRestored: r.NotRestored, ExecutionCount: r.ExecutionCount}
+	return &tools.Restored{From: r.From, Files: r.Files, Variables: r.Variables, NotRestored: r.NotRestored, ExecutionCount: r.ExecutionCount, Lost: r.Lost}
 }
 
 // Checkpoint takes a checkpoint of the connection's session, making it
 // first if need be.
 func (c *callSession) Checkpoint(ctx context.Context, name string) (*tools.Checkpoint, error) {
-	sess, err := c.s.session(ctx, c.req.Session)
+	sess, err := c.awake(ctx)
 	if err != nil {
 		return nil, err
 	}

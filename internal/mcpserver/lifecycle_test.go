@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
+	"github.com/sandloop/sandloop/internal/snapshot"
 	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/tools"
 )
@@ -142,4 +143,49 @@ func TestForkSession(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A session woken from its sleep on a snapshot (idle past serve's
+// --idle-hibernate, or its keeper's death) by a call tells the model, in
+// that call, what came back and what did not; the next call says nothing.
+func TestWokenSessionSaysWhatCameBack(t *testing.T) {
+	d, err := snapshot.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := snapshot.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
+	t.Cleanup(func() { mgr.Close() })
+	cs := connect(t, newServer(t, forkSource{mgr}, nil), nil)
+	exec := func(code string) string {
+		t.Helper()
+		res := call(t, cs, "execute_python", map[string]any{"code": code})
+		if res.IsError {
+			t.Fatalf("%s: %s", code, text(res))
+		}
+		return text(res)
+	}
+	exec("x = 41\ngen = (i for i in range(3))\nopen('kept.txt', 'w').write('k')")
+	list := mgr.List("mcp")
+	if len(list) != 1 {
+		t.Fatalf("%d sessions, want 1", len(list))
+	}
+	if _, err := list[0].Hibernate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	out := exec("print(x + 1, open('kept.txt').read())")
+	for _, want := range []string{"note: this sandbox session had been put to sleep on a snapshot", "Restored from hibernation: 1 file", "Variables back: x", "NOT restored", "gen", "42 k"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the call that woke the session lacks %q:\n%s", want, out)
+		}
+	}
+	if out := exec("x"); strings.Contains(out, "note:") {
+		t.Errorf("the next call repeats a note:\n%s", out)
+	}
+	if res := call(t, cs, "list_files", map[string]any{}); res.IsError || strings.Contains(text(res), "note:") {
+		t.Errorf("list_files: %s", text(res))
+	}
 }

@@ -60,8 +60,47 @@ type callSession struct {
 
 func (c *callSession) Note() string { return c.note }
 
-func (c *callSession) Files(ctx context.Context) (tools.Files, error) {
+// addNote adds n to the call's note.
+func (c *callSession) addNote(n string) {
+	if c.note != "" {
+		c.note += "\n"
+	}
+	c.note += n
+}
+
+// asleep is a session that may sleep on a snapshot (session.Managed:
+// hibernated when idle past serve's --idle-hibernate, or put to sleep
+// when its keeper died), which a call wakes.
+type asleep interface {
+	Hibernated() bool
+	Wake(ctx context.Context) (*session.Restored, error)
+}
+
+// awake is the connection's session, made on first use, and woken first
+// if it slept: what came back, and what did not, goes to the call's note
+// (a wake inside the call would leave the model to find its variables
+// gone).
+func (c *callSession) awake(ctx context.Context) (Session, error) {
 	sess, err := c.s.session(ctx, c.req.Session)
+	if err != nil {
+		return nil, err
+	}
+	if a, ok := sess.(asleep); ok && a.Hibernated() {
+		r, err := a.Wake(ctx)
+		switch {
+		case errors.Is(err, session.ErrClosed):
+			return sess, nil // the call finds it closed, and says so
+		case err != nil:
+			return nil, fmt.Errorf("wake the sandbox session: %w", err)
+		case r != nil:
+			c.addNote(tools.WokeNote(toolsRestored(r)))
+		}
+	}
+	return sess, nil
+}
+
+func (c *callSession) Files(ctx context.Context) (tools.Files, error) {
+	sess, err := c.awake(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -70,20 +109,20 @@ func (c *callSession) Files(ctx context.Context) (tools.Files, error) {
 
 func (c *callSession) Execute(ctx context.Context, kreq kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
 	s, ss := c.s, c.req.Session
-	sess, err := s.session(ctx, ss)
+	sess, err := c.awake(ctx)
 	if err != nil {
 		return nil, err
 	}
 	res, err := sess.Execute(ctx, kreq, onEvent)
 	switch {
 	case errors.Is(err, session.ErrRestartRequired):
-		c.note = fmt.Sprintf("note: the previous kernel had died (%v); a fresh one was started for this call: Python variables are gone, files are kept", err)
+		c.addNote(fmt.Sprintf("note: the previous kernel had died (%v); a fresh one was started for this call: Python variables are gone, files are kept", err))
 		if err := sess.Restart(ctx); err != nil {
 			return nil, fmt.Errorf("restart the sandbox session: %w", err)
 		}
 		res, err = sess.Execute(ctx, kreq, onEvent)
 	case errors.Is(err, session.ErrClosed):
-		c.note = "note: the previous sandbox session had been closed; a new one was started for this call: Python variables and files are gone"
+		c.addNote("note: the previous sandbox session had been closed; a new one was started for this call: Python variables and files are gone")
 		s.replace(ss, sess)
 		sess, err = s.session(ctx, ss)
 		if err != nil {

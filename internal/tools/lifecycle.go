@@ -24,6 +24,9 @@ type Restored struct {
 	Variables      []string
 	NotRestored    []string
 	ExecutionCount int
+	// Lost says what else did not come back: what was done after the
+	// snapshot a session lost with its processes came back from.
+	Lost string
 }
 
 // Checkpointer is a Session that checkpoint and undo work on.
@@ -58,7 +61,16 @@ func restoredText(r *Restored) string {
 			b.WriteString("\n- " + n)
 		}
 	}
+	if r.Lost != "" {
+		b.WriteString("\nLost (redo it if you need it): " + r.Lost + ".")
+	}
 	return b.String()
+}
+
+// WokeNote tells the model that the session it works in had been put to
+// sleep on a snapshot and was woken for its call, and what came back.
+func WokeNote(r *Restored) string {
+	return "note: this sandbox session had been put to sleep on a snapshot (idle too long, or its processes were lost) and was woken for this call. " + restoredText(r)
 }
 
 func plural(n int, what string) string {
