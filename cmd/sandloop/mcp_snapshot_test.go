@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/snapshot/snapshottest"
 )
 
 // mcpWithSnapshots is serve's /mcp (mcpHandler) over a manager with a
@@ -17,14 +18,7 @@ import (
 // records, if set), and an MCP client connected to it.
 func mcpWithSnapshots(t *testing.T, records string) (*session.Manager, *snapshot.Store, *mcp.ClientSession) {
 	t.Helper()
-	d, err := snapshot.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.New(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := snapshottest.Dir(t)
 	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st, Records: records})
 	t.Cleanup(func() { mgr.Close() })
 	h, err := mcpHandler(mgr)

@@ -6,20 +6,13 @@ import (
 	"testing"
 
 	"github.com/sandloop/sandloop/internal/session"
-	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/snapshot/snapshottest"
 )
 
 // Snapshots are their owner's: another key's create from it, delete and
 // list find nothing (404, false, not listed); errors have E2B's shape.
 func TestSnapshotsOwnerScoped(t *testing.T) {
-	d, err := snapshot.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.New(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := snapshottest.Dir(t)
 	ts := newTestServerWith(t, Options{}, session.ManagerOptions{Snapshots: st})
 	a := ts.create(t, keyA, `{}`)
 	resp, b := ts.control(t, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", `{"name":"mine"}`, keyA)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
-	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/snapshot/snapshottest"
 	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/tools"
 )
@@ -149,14 +149,7 @@ func TestForkSession(t *testing.T) {
 // --idle-hibernate, or its keeper's death) by a call tells the model, in
 // that call, what came back and what did not; the next call says nothing.
 func TestWokenSessionSaysWhatCameBack(t *testing.T) {
-	d, err := snapshot.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.New(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := snapshottest.Dir(t)
 	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
 	t.Cleanup(func() { mgr.Close() })
 	cs := connect(t, newServer(t, forkSource{mgr}, nil), nil)

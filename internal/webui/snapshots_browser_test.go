@@ -10,7 +10,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 	"github.com/sandloop/sandloop/internal/session"
-	"github.com/sandloop/sandloop/internal/snapshot"
+	"github.com/sandloop/sandloop/internal/snapshot/snapshottest"
 )
 
 // TestBrowserSnapshots drives the notebook's snapshots panel on a real
@@ -20,14 +20,7 @@ import (
 // back; a hibernated session's next cell wakes it, and the notebook says
 // so.
 func TestBrowserSnapshots(t *testing.T) {
-	d, err := snapshot.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.New(d, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := snapshottest.Dir(t)
 	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
 	t.Cleanup(func() { mgr.Close() })
 	ts := serve(t, "", mgr, nil, nil)
