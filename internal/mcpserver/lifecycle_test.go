@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandloop/sandloop/internal/mcpserver"
 	"github.com/sandloop/sandloop/internal/session"
 	"github.com/sandloop/sandloop/internal/snapshot/snapshottest"
@@ -34,14 +35,7 @@ func TestCheckpointAndUndo(t *testing.T) {
 	if res := call(t, cs, "undo", nil); !res.IsError || !strings.Contains(text(res), "no code has run") {
 		t.Errorf("undo before any code: %s", text(res))
 	}
-	exec := func(code string) string {
-		t.Helper()
-		res := call(t, cs, "execute_python", map[string]any{"code": code})
-		if res.IsError {
-			t.Fatalf("%s: %s", code, text(res))
-		}
-		return text(res)
-	}
+	exec := func(code string) string { t.Helper(); return executeOK(t, cs, code) }
 	exec("rows = [1, 2]\nopen('a.txt', 'w').write('a')")
 	res := call(t, cs, "checkpoint", map[string]any{"name": "two rows"})
 	id := regexp.MustCompile(`Checkpoint (cp\d+) taken`).FindStringSubmatch(text(res))
@@ -102,14 +96,7 @@ func TestForkSession(t *testing.T) {
 	mgr := session.NewManager(&session.ManagerOptions{})
 	t.Cleanup(func() { mgr.Close() })
 	cs := connect(t, newServer(t, forkSource{mgr}, nil), nil)
-	exec := func(code string) string {
-		t.Helper()
-		res := call(t, cs, "execute_python", map[string]any{"code": code})
-		if res.IsError {
-			t.Fatalf("%s: %s", code, text(res))
-		}
-		return text(res)
-	}
+	exec := func(code string) string { t.Helper(); return executeOK(t, cs, code) }
 	exec("x = 1\ngen = (i for i in range(3))")
 	res := call(t, cs, "fork_session", nil)
 	m := regexp.MustCompile(`now working in session (\S+), a copy of (\S+)\.`).FindStringSubmatch(text(res))
@@ -153,14 +140,7 @@ func TestWokenSessionSaysWhatCameBack(t *testing.T) {
 	mgr := session.NewManager(&session.ManagerOptions{Snapshots: st})
 	t.Cleanup(func() { mgr.Close() })
 	cs := connect(t, newServer(t, forkSource{mgr}, nil), nil)
-	exec := func(code string) string {
-		t.Helper()
-		res := call(t, cs, "execute_python", map[string]any{"code": code})
-		if res.IsError {
-			t.Fatalf("%s: %s", code, text(res))
-		}
-		return text(res)
-	}
+	exec := func(code string) string { t.Helper(); return executeOK(t, cs, code) }
 	exec("x = 41\ngen = (i for i in range(3))\nopen('kept.txt', 'w').write('k')")
 	list := mgr.List("mcp")
 	if len(list) != 1 {
@@ -181,4 +161,15 @@ func TestWokenSessionSaysWhatCameBack(t *testing.T) {
 	if res := call(t, cs, "list_files", map[string]any{}); res.IsError || strings.Contains(text(res), "note:") {
 		t.Errorf("list_files: %s", text(res))
 	}
+}
+
+// executeOK runs code with execute_python and returns the result's text;
+// a tool error fails the test.
+func executeOK(t *testing.T, cs *mcp.ClientSession, code string) string {
+	t.Helper()
+	res := call(t, cs, "execute_python", map[string]any{"code": code})
+	if res.IsError {
+		t.Fatalf("%s: %s", code, text(res))
+	}
+	return text(res)
 }
