@@ -188,6 +188,26 @@ func TestChartRendersAndDecodes(t *testing.T) {
 		}
 	}
 
+	// Without a snapshot store, none is named; with one, the hosts write
+	// to it (and read its keys from the Secret).
+	if args := strings.Join(c.Args, " "); strings.Contains(args, "--snapshot") || c.EnvFrom != nil {
+		t.Errorf("host args without a snapshot store: %s %v", args, c.EnvFrom)
+	}
+	for _, doc := range render(t, map[string]any{"snapshots": map[string]any{"store": "s3://s3.cell.invalid/snaps/cell", "existingSecret": "snap-keys", "every": "15s"}}) {
+		obj, err := decode(doc)
+		if err != nil {
+			t.Fatalf("%v in:\n%s", err, doc)
+		}
+		if d, ok := obj.(*appsv1.Deployment); ok && d.Name == "cell-host" {
+			c := d.Spec.Template.Spec.Containers[0]
+			args := strings.Join(c.Args, " ")
+			if !strings.Contains(args, "--snapshot-store=s3://s3.cell.invalid/snaps/cell") || !strings.Contains(args, "--snapshot-every=15s") ||
+				len(c.EnvFrom) != 1 || c.EnvFrom[0].SecretRef == nil || c.EnvFrom[0].SecretRef.Name != "snap-keys" {
+				t.Errorf("host with a snapshot store: args %s, envFrom %+v", args, c.EnvFrom)
+			}
+		}
+	}
+
 	// Autoscaling off: no HPA rendered.
 	for _, doc := range render(t, map[string]any{"host": map[string]any{"autoscaling": map[string]any{"enabled": false}}}) {
 		if strings.Contains(doc, "HorizontalPodAutoscaler") {
