@@ -84,7 +84,7 @@ func TestE2BSDKs(t *testing.T) {
 	for _, tc := range []struct {
 		mode  string
 		steps int
-	}{{"interpreter", 25}, {"e2b-2.45", 14}, {"lifecycle", 5}, {"fork", 3}, {"snapshots", 4}} {
+	}{{"interpreter", 25}, {"e2b-2.45", 14}, {"lifecycle", 6}, {"fork", 3}, {"snapshots", 4}} {
 		t.Run(tc.mode, func(t *testing.T) {
 			t.Parallel()
 			out, err := e2btest.Run(t, env, 5*time.Minute, tc.mode)

@@ -137,9 +137,17 @@ func (h *Handler) controlRoutes() *http.ServeMux {
 	h.templateRoutes(mux)
 	// Calls of E2B's API that sandloop does not do (yet) say so, rather
 	// than a 404 the SDKs would read as "sandbox not found".
-	for _, p := range []string{"GET /sandboxes/metrics", "/snapshots/"} {
-		mux.HandleFunc(p, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: metrics of many sandboxes at once are not implemented, and snapshots are listed at GET /snapshots", r.Method, r.URL.Path))
+	for _, u := range []struct{ pattern, why string }{
+		{"GET /sandboxes/metrics", "metrics of many sandboxes at once are not implemented (each sandbox's: GET /sandboxes/{id}/metrics)"},
+		{"/snapshots/", "snapshots are listed at GET /snapshots"},
+		{"/volumes", noVolumes},
+		{"/volumes/", noVolumes},
+		{"/volumecontent/", noVolumes},
+		{"/secrets", noSecrets},
+		{"/secrets/", noSecrets},
+	} {
+		mux.HandleFunc(u.pattern, h.requireKey(func(w http.ResponseWriter, r *http.Request, _ string) {
+			writeControlError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not supported by sandloop: %s", r.Method, r.URL.Path, u.why))
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -176,6 +184,32 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
+// What E2B has and sandloop does not: the SDKs' calls for them are
+// refused, saying so.
+const (
+	noVolumes = "volumes are not implemented: a sandbox's files stay in its /home/user (kept by pause, forks and snapshots); upload what it needs with files.write"
+	noSecrets = "secrets are not implemented: give a sandbox its values with envs, at create or per command"
+)
+
+// unsupported says which part of a create this server does not have
+// ("" if none is asked for): refused, never ignored (a sandbox without
+// the volume it was asked to mount would lose what is written there).
+func (req *createRequest) unsupported() string {
+	given := func(raw json.RawMessage) bool {
+		v := strings.TrimSpace(string(raw))
+		return v != "" && v != "null" && v != "[]" && v != "{}"
+	}
+	switch {
+	case given(req.VolumeMounts):
+		return "volumeMounts: " + noVolumes
+	case given(req.MCP):
+		return "mcp: E2B's MCP gateway does not run in sandloop's sandboxes; sandloop serves its own MCP tools (execute_python, run_shell, files) at /mcp"
+	case given(req.IAM):
+		return "iam: sandloop issues no workload identity tokens to sandboxes"
+	}
+	return ""
+}
+
 type createRequest struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    *float64          `json:"timeout"`
@@ -188,6 +222,10 @@ type createRequest struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	networkRequest // network, allow_internet_access (network.go)
+	// Not implemented: refused (unsupported).
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	MCP          json.RawMessage `json:"mcp"`
+	IAM          json.RawMessage `json:"iam"`
 }
 
 // created is the answer to create and connect.
@@ -252,6 +290,10 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 			writeControlError(w, http.StatusBadRequest, fmt.Sprintf("envVars: %q is not a valid variable name", k))
 			return
 		}
+	}
+	if msg := req.unsupported(); msg != "" {
+		writeControlError(w, http.StatusBadRequest, msg)
+		return
 	}
 	if req.TemplateID == "" {
 		req.TemplateID = "base"

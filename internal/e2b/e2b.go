@@ -222,7 +222,9 @@ func (h *Handler) Mounts() map[string]http.Handler {
 		"/sandboxes", "/sandboxes/", "/v2/sandboxes", "/v2/sandboxes/", "/snapshots", "/snapshots/", "/templates/",
 		"/health", "/files", "/filesystem.Filesystem/", "/process.Process/",
 		"/execute", "/contexts", "/contexts/",
-		"/templates/", "/v3/templates", "/v2/templates/",
+		"/v3/templates", "/v2/templates/",
+		// Not implemented; mounted so that the SDKs hear so (control.go).
+		"/volumes", "/volumes/", "/volumecontent/", "/secrets", "/secrets/",
 	} {
 		m[p] = h
 	}

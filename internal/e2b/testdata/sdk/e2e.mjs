@@ -775,6 +775,19 @@ async function lifecycle() {
     assert.equal(await s.kill(), true)
     await throws(() => Sandbox.connect(s.sandboxId), (e) => assert.equal(e?.name, 'SandboxNotFoundError'))
   })
+  await step('what sandloop lacks (volumes, secrets, the MCP gateway) is refused, saying so, never ignored', async () => {
+    const { Volume, Secret } = await import('e2b')
+    await throws(() => Volume.create('data'), (e) => assert.match(String(e?.message), /volumes are not implemented/))
+    await throws(() => Secret.create('token', 'value'), (e) => assert.match(String(e?.message), /secrets are not implemented/))
+    await throws(() => Sandbox.create({ volumeMounts: { '/data': 'data' }, metadata: { run } }),
+      (e) => assert.match(String(e?.message), /volumeMounts: volumes are not implemented/))
+    await throws(() => Sandbox.create({ mcp: { exa: { apiKey: 'k' } }, metadata: { run } }),
+      (e) => assert.match(String(e?.message), /mcp: E2B's MCP gateway/))
+    const left = []
+    const pager = Sandbox.list({ query: { metadata: { run } } })
+    while (pager.hasNext) for (const s of await pager.nextItems()) left.push(s.sandboxId)
+    assert.deepEqual(left, [], 'a refused create leaves no sandbox')
+  })
 }
 
 async function fork() {
