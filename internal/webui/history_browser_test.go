@@ -2,6 +2,7 @@ package webui
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -65,4 +66,21 @@ func TestBrowserHistory(t *testing.T) {
 		t.Errorf("the strip's state after the close: %q", got)
 	}
 	p.shot("history")
+
+	// A gateway says when a session deleted through it closed in words of
+	// its own, without the host's "(its events: ...)": both are read.
+	for msg, want := range map[string]string{
+		"session a1 was closed at 2026-12-07T10:04:11Z: idle past the server's limit (its events: GET /v1/sessions/a1/events)": `{"at":"2026-12-07T10:04:11Z","reason":"idle past the server's limit"}`,
+		"session a1 was closed at 2026-12-07T10:04:11Z: deleted by its owner":                                                  `{"at":"2026-12-07T10:04:11Z","reason":"deleted by its owner"}`,
+		"session a1: not found": `null`,
+	} {
+		js := `import('/ui/js/history.js').then(m => JSON.stringify(m.closedInfo(` + strconv.Quote(msg) + `)))`
+		got, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("closedInfo(%q) = %s, want %s", msg, got, want)
+		}
+	}
 }
