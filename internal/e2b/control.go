@@ -321,9 +321,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	// created with allowPublicTraffic: false; then the traffic token is
 	// needed (e2b-traffic-access-token), as E2B's own proxy does.
 	trafficToken := randomHex(16)
-	public := req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
+	access := session.PortAccess{Public: true, Token: trafficToken}
+	if n := req.Network; n != nil {
+		access.Public = n.AllowPublicTraffic == nil || *n.AllowPublicTraffic
+		access.HostMask, access.TLSPorts = n.MaskRequestHost, n.HTTPSPorts
+	}
 	ms, err := h.opts.Manager.Create(r.Context(), session.CreateOptions{Owner: owner, Env: req.EnvVars, Egress: egressPolicy,
-		PortAccess: session.PortAccess{Public: public, Token: trafficToken}, Template: tmpl, Snapshot: snap, Commands: !h.opts.ColdCommands})
+		PortAccess: access, Template: tmpl, Snapshot: snap, Commands: !h.opts.ColdCommands})
 	if err != nil {
 		if snap != "" && !errors.Is(err, session.ErrCapacity) {
 			writeSnapshotError(w, err)

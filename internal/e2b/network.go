@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sandloop/sandloop/internal/egress"
@@ -85,6 +86,14 @@ func (h *Handler) resolveNetwork(cfg networkJSON, internet *bool) (*egress.Allow
 	}
 	if len(cfg.EgressProxy) > 0 {
 		return nil, st, badNetwork("network.egressProxy is not supported by sandloop: its own proxy carries the sandbox's traffic; leave egressProxy out")
+	}
+	if m := cfg.MaskRequestHost; m != "" && (len(m) > 255 || strings.ContainsFunc(m, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '/' })) {
+		return nil, st, badNetwork(fmt.Sprintf("network.maskRequestHost %q: must be a host name, with :PORT or ${PORT} if wanted (e.g. \"localhost:${PORT}\")", m))
+	}
+	for _, p := range cfg.HTTPSPorts {
+		if p < 1 || p > 65535 || strconv.Itoa(p) == portEnvd || strconv.Itoa(p) == portInterpreter {
+			return nil, st, badNetwork(fmt.Sprintf("network.httpsPorts: %d is not a port of the sandbox's apps (1-65535, not envd's %s nor the code interpreter's %s)", p, portEnvd, portInterpreter))
+		}
 	}
 	closed := !st.access
 	var subtract []string // denied ranges besides ALL_TRAFFIC

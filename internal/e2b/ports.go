@@ -40,7 +40,8 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, sb *sandbox,
 		return
 	}
 	sb.ms.Touch()
-	portproxy.Serve(w, r, sb.ms, p, &portproxy.Options{Path: r.URL.Path, DropHeaders: []string{"X-Access-Token"}, Logger: h.log})
+	host, useTLS := sb.ms.PortAccess.Reach(p)
+	portproxy.Serve(w, r, sb.ms, p, &portproxy.Options{Path: r.URL.Path, DropHeaders: []string{"X-Access-Token"}, Host: host, TLS: useTLS, Logger: h.log})
 }
 
 // domainOf is the domain create and connect answer: the server's own

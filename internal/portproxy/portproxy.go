@@ -19,6 +19,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -199,6 +200,13 @@ type Options struct {
 	// origin's storage). The host route (PORT-ID.localhost) is an origin of
 	// its own and needs none.
 	Sandbox bool
+	// Host, if set, is the Host header the app sees, in place of the
+	// name the client used.
+	Host string
+	// TLS speaks HTTPS to the app (it serves TLS on its port), not
+	// checking its certificate: a self-signed one is what such an app
+	// has.
+	TLS bool
 	// Logger receives diagnostics. If nil, they are discarded.
 	Logger *slog.Logger
 }
@@ -222,8 +230,11 @@ func Serve(w http.ResponseWriter, r *http.Request, d Dialer, port int, o *Option
 			pr.SetXForwarded()
 			out := pr.Out
 			out.URL.Scheme = "http"
+			if opts.TLS {
+				out.URL.Scheme = "https"
+			}
 			out.URL.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			out.Host = pr.In.Host // the app sees the name the user typed
+			out.Host = cmpStr(opts.Host, pr.In.Host) // by default the app sees the name the user typed
 			out.URL.Path = cmpStr(opts.Path, "/")
 			out.URL.RawPath = ""
 			q := out.URL.Query()
@@ -260,6 +271,9 @@ func Serve(w http.ResponseWriter, r *http.Request, d Dialer, port int, o *Option
 			},
 			DisableKeepAlives:     true,
 			ResponseHeaderTimeout: 0,
+			// The app's own certificate, over a connection into its
+			// sandbox: nothing to verify it against (Options.TLS).
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 		},
 		FlushInterval: -1, // stream as the app writes (server-sent events, long polls)
 		ModifyResponse: func(resp *http.Response) error {

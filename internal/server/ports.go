@@ -228,7 +228,8 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) {
 	ms.Touch()
 	// On the API's own origin: the app's pages run sandboxed (an opaque
 	// origin), never with access to the web UI's storage and its token.
-	portproxy.Serve(w, r, ms, port, &portproxy.Options{Path: "/" + r.PathValue("path"), Prefix: prefix, DropAuthorization: dropAuth, Sandbox: true, Logger: s.log})
+	host, useTLS := ms.PortAccess.Reach(port)
+	portproxy.Serve(w, r, ms, port, &portproxy.Options{Path: "/" + r.PathValue("path"), Prefix: prefix, DropAuthorization: dropAuth, Sandbox: true, Host: host, TLS: useTLS, Logger: s.log})
 }
 
 // serveHostPort is the host route: PORT-ID.localhost, before the API's
@@ -244,7 +245,8 @@ func (s *Server) serveHostPort(w http.ResponseWriter, r *http.Request, t portpro
 		return
 	}
 	ms.Touch()
-	portproxy.Serve(w, r, ms, t.Port, &portproxy.Options{Path: r.URL.Path, DropAuthorization: dropAuth, Logger: s.log})
+	host, useTLS := ms.PortAccess.Reach(t.Port)
+	portproxy.Serve(w, r, ms, t.Port, &portproxy.Options{Path: r.URL.Path, DropAuthorization: dropAuth, Host: host, TLS: useTLS, Logger: s.log})
 }
 
 // PreviewURL signs a preview URL of port of session id until exp, under

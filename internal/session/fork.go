@@ -290,7 +290,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 			child, err := m.Create(ctx, CreateOptions{
 				Owner: owner, Limits: parent.Limits, Env: parent.Session.opts.Env, Network: parent.Network,
 				Egress: parent.Egress, ExecTimeout: parent.ExecTimeout, Checkpoints: parent.CheckpointMode(),
-				PortAccess: PortAccess{Public: parent.PortAccess.Public}, // a token, if any, is the child's own
+				PortAccess: PortAccess{Public: parent.PortAccess.Public, HostMask: parent.PortAccess.HostMask, TLSPorts: parent.PortAccess.TLSPorts}, // a token, if any, is the child's own
 				frozen:     src.frozen,
 				forkOf:     id,
 			})

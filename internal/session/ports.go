@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
@@ -33,6 +35,23 @@ type PortAccess struct {
 	// Token, if set, is accepted in portproxy.TokenHeader (and E2B's
 	// traffic-token header): E2B's trafficAccessToken.
 	Token string
+	// HostMask, if set, is the Host header the session's apps see on the
+	// requests proxied to them, "${PORT}" replaced by the port (E2B's
+	// maskRequestHost, e.g. "localhost:${PORT}" for a dev server that
+	// refuses other names); else the name the client used.
+	HostMask string `json:",omitempty"`
+	// TLSPorts are the ports whose apps serve HTTPS: the proxy speaks TLS
+	// to them, not checking their certificates (E2B's httpsPorts).
+	TLSPorts []int `json:",omitempty"`
+}
+
+// Reach is how the proxy reaches port: the Host header its app sees (""
+// for the client's) and whether it speaks TLS to it.
+func (a PortAccess) Reach(port int) (host string, tls bool) {
+	if a.HostMask != "" {
+		host = strings.ReplaceAll(a.HostMask, "${PORT}", strconv.Itoa(port))
+	}
+	return host, slices.Contains(a.TLSPorts, port)
 }
 
 // portReacher is a kernel process whose loopback the host can reach.

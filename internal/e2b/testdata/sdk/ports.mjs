@@ -3,7 +3,8 @@
 // host name PORT-ID.localhost:N; Node cannot resolve *.localhost, so it
 // dials the server with that Host, as the docs say) and by E2B's header
 // routing; a sandbox created with allowPublicTraffic: false needs its
-// traffic token; a port nothing listens on answers 502.
+// traffic token; a port nothing listens on answers 502; maskRequestHost
+// sets the Host the app sees, and httpsPorts reaches apps serving HTTPS.
 //
 //   node ports.mjs
 //
@@ -109,6 +110,58 @@ await step('one sandbox cannot be reached under another\'s id', async () => {
   const r = await get(sbx.getHost(8080), '/')
   assert.equal(r.status, 502, r.body)
 })
+// An app that says the Host it saw, over HTTP or (with the certificate
+// files) HTTPS.
+const hostApp = (port, tls) => `
+import threading, http.server, ssl
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("${tls ? 'tls ' : ''}app saw " + self.path + " host " + self.headers["Host"]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", ${port}), H)
+${tls ? 'ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain("/tmp/c.pem", "/tmp/k.pem"); srv.socket = ctx.wrap_socket(srv.socket, server_side=True)' : ''}
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+`
+const masked = await Sandbox.create({ network: { maskRequestHost: 'localhost:${PORT}', httpsPorts: [8443] } })
+await step('maskRequestHost: the app sees that Host; httpsPorts: an app serving HTTPS (self-signed) is reached', async () => {
+  assert.equal((await masked.runCode(hostApp(3000, false))).error, undefined)
+  const byName = await get(masked.getHost(3000), '/a')
+  assert.equal(byName.body, 'app saw /a host localhost:3000')
+  const byHeader = await get(api.host, '/b', { 'E2b-Sandbox-Id': masked.sandboxId, 'E2b-Sandbox-Port': '3000' })
+  assert.equal(byHeader.body, 'app saw /b host localhost:3000')
+  const cert = await masked.runCode(`
+import datetime
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "app")])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(1)
+        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+open("/tmp/k.pem", "wb").write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+open("/tmp/c.pem", "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+`)
+  assert.equal(cert.error, undefined, 'a self-signed certificate')
+  assert.equal((await masked.runCode(hostApp(8443, true))).error, undefined)
+  const secure = await get(masked.getHost(8443), '/s')
+  assert.equal(secure.status, 200, secure.body)
+  assert.equal(secure.body, 'tls app saw /s host localhost:8443')
+  const unmasked = await get(sbx.getHost(3000), '/c')
+  assert.equal(unmasked.body, 'app on 3000 saw /c', 'another sandbox is not masked')
+})
+await step('a port of sandloop\'s own in httpsPorts is refused', async () => {
+  let err
+  try {
+    await Sandbox.create({ network: { httpsPorts: [49983] } })
+  } catch (e) {
+    err = e
+  }
+  assert.match(String(err?.message), /httpsPorts: 49983 is not a port of the sandbox's apps/)
+})
+await masked.kill()
 await sbx.kill()
 await priv.kill()
 await step('a killed sandbox\'s port is gone', async () => {
