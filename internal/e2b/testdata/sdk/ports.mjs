@@ -151,6 +151,14 @@ open("/tmp/c.pem", "wb").write(cert.public_bytes(serialization.Encoding.PEM))
   assert.equal(secure.body, 'tls app saw /s host localhost:8443')
   const unmasked = await get(sbx.getHost(3000), '/c')
   assert.equal(unmasked.body, 'app on 3000 saw /c', 'another sandbox is not masked')
+  const [child] = await masked.fork({ count: 1, timeoutMs: 60000 })
+  try {
+    assert.equal((await child.runCode(hostApp(3000, false))).error, undefined)
+    const r = await get(child.getHost(3000), '/d')
+    assert.equal(r.body, 'app saw /d host localhost:3000', 'a fork keeps the mask')
+  } finally {
+    await child.kill()
+  }
 })
 await step('a port of sandloop\'s own in httpsPorts is refused', async () => {
   let err
