@@ -415,12 +415,21 @@ func (g *Gateway) afterResponse(resp *http.Response) error {
 		// The host says the epoch ended (it restarted before we noticed).
 		go g.fence(context.WithoutCancel(req.Context()), t.pl.Host, now)
 	}
-	if deleted && t.pl.ClosedAt.IsZero() {
+	switch {
+	case deleted && t.pl.ClosedAt.IsZero() && resp.StatusCode < 300:
 		// Kept, marked closed, until pruned: its id still leads to its
 		// host, which says when and why it closed.
 		g.routes.drop(t.pl.ID)
 		if err := g.opts.Cluster.ClosePlacement(req.Context(), t.pl.ID); err != nil {
 			g.log.Warn("record a session's close", "session", t.pl.ID, "err", err)
+		}
+	case deleted && t.pl.ClosedAt.IsZero():
+		// Gone before (its host closed it, idle or past its lifetime: the
+		// host's 404 says when and why): forgotten, as the gateway would
+		// otherwise say it was deleted now.
+		g.routes.drop(t.pl.ID)
+		if err := g.opts.Cluster.DeletePlacement(req.Context(), t.pl.ID); err != nil {
+			g.log.Warn("forget session", "session", t.pl.ID, "err", err)
 		}
 	}
 	if req.Method == http.MethodPost && resp.StatusCode == http.StatusCreated && t.pl.Kind == store.KindSession &&

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -485,6 +486,29 @@ func TestOwnershipAndAuth(t *testing.T) {
 	}
 	if st, _ := f.do(tok1, "DELETE", "/v1/sessions/"+id, ""); st != http.StatusNotFound {
 		t.Errorf("a second delete: %d, want 404", st)
+	}
+	// A session its host closed on its own (here: deleted on the host
+	// directly), then deleted through the gateway: the host's 404 says
+	// why; the gateway forgets it rather than say it was deleted now.
+	gone, _ := f.create(tok1)
+	pl, err := f.pg.GetPlacement(t.Context(), gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _, _, _ := f.gw.hosts.get(pl.Host)
+	req, _ := http.NewRequest("DELETE", u.JoinPath("/v1/sessions", gone).String(), nil)
+	req.Header.Set(server.HeaderGatewaySecret, secret)
+	req.Header.Set(server.HeaderOwner, pl.Owner)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete on the host: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if st, body := f.do(tok1, "DELETE", "/v1/sessions/"+gone, ""); st != http.StatusNotFound || !strings.Contains(body, "was closed at") {
+		t.Errorf("a delete of a session its host closed: %d %s, want the host's 404", st, body)
+	}
+	if _, err := f.pg.GetPlacement(t.Context(), gone); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the placement of a session its host closed, after a delete through the gateway: %v, want it forgotten", err)
 	}
 	if hostKeepsClosed != session.ClosedEventsKept {
 		t.Errorf("hostKeepsClosed %v, the host's %v", hostKeepsClosed, session.ClosedEventsKept)

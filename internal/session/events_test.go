@@ -164,6 +164,12 @@ func TestSessionEvents(t *testing.T) {
 	if _, err := m.Get("bob", s.ID()); err == nil || err.Error() != ErrNotFound.Error() {
 		t.Errorf("bob's Get of alice's closed session: %v", err)
 	}
+	if err := m.Delete("alice", s.ID()); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "was closed at") {
+		t.Errorf("a second Delete of a closed session: %v", err)
+	}
+	if err := m.Delete("bob", s.ID()); err == nil || err.Error() != ErrNotFound.Error() {
+		t.Errorf("bob's Delete of alice's closed session: %v", err)
+	}
 	if _, err := m.SessionEvents("bob", s.ID()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("bob reads alice's events: %v", err)
 	}

@@ -951,6 +951,9 @@ func (m *Manager) DeleteFor(owner, id, reason string) error {
 	ms, ok := m.sessions[id]
 	if !ok || ms.Session == nil || ms.Owner != owner {
 		m.mu.Unlock()
+		if x := m.ended.get(owner, id); x != nil {
+			return &closedError{id, x} // (a second delete: when and why)
+		}
 		return ErrNotFound
 	}
 	delete(m.sessions, id)
