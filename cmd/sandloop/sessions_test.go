@@ -264,8 +264,8 @@ func TestSessionsCLIUse(t *testing.T) {
 	if out, _ := cli("", 0, "rm", id, kid); out != id+" deleted\n"+kid+" deleted\n" {
 		t.Errorf("rm: %q", out)
 	}
-	if _, errOut := cli("", 2, "rm", id); !strings.Contains(errOut, "not found") {
-		t.Errorf("rm of a deleted session: %s", errOut)
+	if _, errOut := cli("", 2, "rm", id); !strings.Contains(errOut, "was closed at") || !strings.Contains(errOut, "deleted by its owner") {
+		t.Errorf("rm of a deleted session: %s, want when and why it closed", errOut)
 	}
 	if out, errOut := cli("", 0, "ls"); strings.Contains(out, id) || !strings.Contains(errOut, "no sessions") {
 		t.Errorf("ls after rm: %s %s", out, errOut)

@@ -173,13 +173,14 @@ func TestCheckpointRestore(t *testing.T) {
 	// the live kernel and one dormant process per checkpoint; nothing
 	// else (no leftovers of the old live kernels).
 	got := execOK(t, k, `import os, time
-for _ in range(50):
+for _ in range(100):
     procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and open('/proc/%s/stat' % p).read().split(') ')[1][0] != 'Z')
-    if len(procs) == 5:
+    anchor = os.getppid()
+    cmd = open('/proc/%d/cmdline' % anchor).read().split('\0')[1:3]
+    if len(procs) == 5 and cmd:
         break
     time.sleep(0.1)  # the old live kernel exits after the new one answers
-anchor = os.getppid()
-print(len(procs), 1 in procs, anchor in procs, open('/proc/%d/cmdline' % anchor).read().split('\0')[1:3])`)
+print(len(procs), 1 in procs, anchor in procs, cmd)`)
 	if got != "5 True True ['-I', '-S']" {
 		t.Errorf("processes: %s, want the init, the anchor, the live kernel and two checkpoints", got)
 	}
