@@ -228,7 +228,11 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, o ForkOptions) ([]
 	if err != nil {
 		return nil, nil, err
 	}
-	defer parent.Lease()()
+	release, err := parent.use()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
 	m.mu.Lock()
 	room := m.opts.MaxSessions - len(m.sessions)
 	m.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -119,6 +120,37 @@ func TestLeaseRule(t *testing.T) {
 			t.Errorf("second Close: %v", err)
 		}
 	})
+}
+
+// A session the manager has let go of (reaped, deleted) takes no more
+// calls, even while its close is still under way: the caller holding it
+// learns it is closed, rather than run a cell on a kernel about to be
+// killed (or, for the reaper, have one killed under it).
+func TestLetGoTakesNoCalls(t *testing.T) {
+	m := leaseManager(t, time.Hour) // the test reaps, by Reap
+	ctx := context.Background()
+	for i := range 16 {
+		ms, err := m.Create(ctx, CreateOptions{Owner: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reaped := make(chan int)
+		if i%2 == 0 {
+			go func() { reaped <- m.Reap(time.Now().Add(2 * time.Hour)) }()
+		} else {
+			go func() { m.Delete("a", ms.ID()); reaped <- 1 }()
+		}
+		for alive(m, ms) {
+			runtime.Gosched()
+		}
+		// Forgotten: its close may not have begun yet.
+		if _, err := ms.Execute(ctx, kernel.Request{Code: "1"}, nil); !errors.Is(err, ErrClosed) {
+			t.Errorf("session %d: execute once the manager let go of it: %v, want ErrClosed", i, err)
+		}
+		if n := <-reaped; n != 1 {
+			t.Fatalf("session %d: reaped %d sessions, want 1", i, n)
+		}
+	}
 }
 
 // Close waits for every close, including those of sessions a Delete or

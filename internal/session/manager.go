@@ -299,7 +299,9 @@ const NoTemplate = "-"
 // for longer work spanning several calls, and Pin for good (a session
 // whose life its owner governs: an E2B sandbox's time to live, an agent
 // run).
-// Idle reaping, and the lifecycle built on it, asks only idleSince.
+// Idle reaping, and the lifecycle built on it, asks only
+// Manager.reapVerdictLocked. A session the manager let go of (reaped,
+// deleted) fails every such call with ErrClosed.
 //
 // A paused session (Pause, or the reaper with IdleAction "pause") is
 // resumed by every call on it but Close (and the manager's Delete), which
@@ -322,6 +324,7 @@ type Managed struct {
 	lastUsed  time.Time
 	busy      int
 	pinned    bool
+	gone      bool      // the manager let go of it (reaped, deleted, shut down): its close is under way
 	hibFailed time.Time // the last failed hibernation
 
 	durable *durableState // with ManagerOptions.Records (durable.go)
@@ -337,16 +340,33 @@ func (m *Managed) Touch() { m.mu.Lock(); m.lastUsed = time.Now(); m.mu.Unlock() 
 // A paused session is resumed (Lease is how longer work on a session
 // starts: it needs the session running).
 func (m *Managed) Lease() (release func()) {
+	release, _ = m.lease()
+	return release
+}
+
+// use is Lease for one call on the session: ErrClosed if the manager has
+// let go of it (reaped or deleted, its close under way), rather than a
+// call run on a kernel about to be closed. The reaper decides and marks
+// under m.mu, as use does: a session is either reaped idle or in use.
+func (m *Managed) use() (release func(), err error) {
+	release, gone := m.lease()
+	if gone {
+		release()
+		return nil, ErrClosed
+	}
+	return release, nil
+}
+
+// lease is Lease, saying too whether the manager had let go of the
+// session (then it is not resumed).
+func (m *Managed) lease() (release func(), gone bool) {
 	m.mu.Lock()
 	m.busy++
 	m.lastUsed = time.Now()
+	gone = m.gone
 	m.mu.Unlock()
-	m.markUsed()
-	if err := m.Session.Resume(); err != nil && !errors.Is(err, ErrClosed) {
-		m.Session.log.Warn("resume a paused session", "err", err)
-	}
 	var once sync.Once
-	return func() {
+	release = func() {
 		once.Do(func() {
 			m.mu.Lock()
 			m.busy--
@@ -358,7 +378,31 @@ func (m *Managed) Lease() (release func()) {
 			m.markUsed()
 		})
 	}
+	if gone {
+		return release, true
+	}
+	m.markUsed()
+	if err := m.Session.Resume(); err != nil && !errors.Is(err, ErrClosed) {
+		m.Session.log.Warn("resume a paused session", "err", err)
+	}
+	return release, false
 }
+
+// inUse runs f with m in use (use): ErrClosed, f not run, if the manager
+// has let go of m.
+func inUse[T any](m *Managed, f func() (T, error)) (T, error) {
+	release, err := m.use()
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer release()
+	return f()
+}
+
+// letGo marks the session let go of by its manager: calls on it fail with
+// ErrClosed from now on (use). Under m.mgr.mu, where it is forgotten.
+func (m *Managed) letGo() { m.mu.Lock(); m.gone = true; m.mu.Unlock() }
 
 // Pin marks the session in use until it is closed: it is never reaped as
 // idle (MaxLifetime still applies). For sessions whose owner governs their
@@ -368,34 +412,25 @@ func (m *Managed) Pin() { m.mu.Lock(); m.pinned = true; m.mu.Unlock() }
 // LastUsed is when the session last served a request.
 func (m *Managed) LastUsed() time.Time { m.mu.Lock(); defer m.mu.Unlock(); return m.lastUsed }
 
-func (m *Managed) idleSince() (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lastUsed, m.busy == 0 && !m.pinned
-}
-
 // Execute is Session.Execute, with the session in use meanwhile.
 func (m *Managed) Execute(ctx context.Context, req kernel.Request, onEvent kernel.EventFunc) (*kernel.Result, error) {
-	defer m.Lease()()
-	return m.Session.Execute(ctx, req, onEvent)
+	return inUse(m, func() (*kernel.Result, error) { return m.Session.Execute(ctx, req, onEvent) })
 }
 
 // CheckComplete is Session.CheckComplete, with the session in use meanwhile.
 func (m *Managed) CheckComplete(ctx context.Context, code string) (string, error) {
-	defer m.Lease()()
-	return m.Session.CheckComplete(ctx, code)
+	return inUse(m, func() (string, error) { return m.Session.CheckComplete(ctx, code) })
 }
 
 // Restart is Session.Restart, with the session in use meanwhile.
 func (m *Managed) Restart(ctx context.Context) error {
-	defer m.Lease()()
-	return m.Session.Restart(ctx)
+	_, err := inUse(m, func() (struct{}, error) { return struct{}{}, m.Session.Restart(ctx) })
+	return err
 }
 
 // Checkpoint is Session.Checkpoint, with the session in use meanwhile.
 func (m *Managed) Checkpoint(ctx context.Context, name string) (*Checkpoint, error) {
-	defer m.Lease()()
-	return m.Session.Checkpoint(ctx, name)
+	return inUse(m, func() (*Checkpoint, error) { return m.Session.Checkpoint(ctx, name) })
 }
 
 // Checkpoints is Session.Checkpoints; it counts as a use.
@@ -407,21 +442,19 @@ func (m *Managed) Checkpoints() []Checkpoint {
 // RestoreCheckpoint is Session.RestoreCheckpoint, with the session in use
 // meanwhile.
 func (m *Managed) RestoreCheckpoint(ctx context.Context, id string) (*Restored, error) {
-	defer m.Lease()()
-	return m.Session.RestoreCheckpoint(ctx, id)
+	return inUse(m, func() (*Restored, error) { return m.Session.RestoreCheckpoint(ctx, id) })
 }
 
 // DeleteCheckpoint is Session.DeleteCheckpoint, with the session in use
 // meanwhile.
 func (m *Managed) DeleteCheckpoint(ctx context.Context, id string) error {
-	defer m.Lease()()
-	return m.Session.DeleteCheckpoint(ctx, id)
+	_, err := inUse(m, func() (struct{}, error) { return struct{}{}, m.Session.DeleteCheckpoint(ctx, id) })
+	return err
 }
 
 // Undo is Session.Undo, with the session in use meanwhile.
 func (m *Managed) Undo(ctx context.Context) (*Restored, error) {
-	defer m.Lease()()
-	return m.Session.Undo(ctx)
+	return inUse(m, func() (*Restored, error) { return m.Session.Undo(ctx) })
 }
 
 // Interrupt is Session.Interrupt; it counts as a use.
@@ -957,6 +990,7 @@ func (m *Manager) DeleteFor(owner, id, reason string) error {
 		return ErrNotFound
 	}
 	delete(m.sessions, id)
+	ms.letGo()
 	m.closing.Add(1) // under mu: Close's Wait counts it
 	m.mu.Unlock()
 	return m.closeSession(ms, reason)
@@ -1094,6 +1128,7 @@ func (m *Manager) Close() error {
 	sessions := make([]*Managed, 0, len(m.sessions))
 	for _, ms := range m.sessions {
 		if ms.Session != nil {
+			ms.letGo()
 			sessions = append(sessions, ms)
 		}
 	}
@@ -1215,48 +1250,32 @@ func (m *Manager) Reap(now time.Time) int {
 	var reasons []string
 	m.mu.Lock()
 	paused := m.pausedLocked()
-	hib := m.opts.IdleHibernate
 	for id, ms := range m.sessions {
 		if ms.Session == nil {
 			continue
 		}
-		last, idle := ms.idleSince()
-		isPaused := ms.Session.paused.Load()
-		isHibernated := ms.Session.hib.on.Load()
+		// Decided and marked in one critical section of ms.mu, as a call
+		// on it marks it in use (Managed.use): a call that starts after
+		// the verdict finds the session let go of, never one closed
+		// under it.
 		ms.mu.Lock()
-		unused, failed := ms.busy == 0, ms.hibFailed
-		ms.mu.Unlock()
-		switch {
-		case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
-			reasons = append(reasons, "expired")
-		case isHibernated:
-			if !(m.opts.PausedTimeout > 0 && unused && now.Sub(last) > m.opts.PausedTimeout) {
-				continue
-			}
-			reasons = append(reasons, "idle")
-		case hib > 0 && m.opts.Snapshots != nil && (idle || isPaused && unused) && now.Sub(last) > hib && now.Sub(failed) > hib:
-			// Idle, or paused (pinned ones too: an E2B sandbox's pause),
-			// that long: to storage.
-			toHibernate = append(toHibernate, ms)
-			continue
-		case isPaused:
-			if !(m.opts.PausedTimeout > 0 && idle && now.Sub(last) > m.opts.PausedTimeout) {
-				continue
-			}
-			reasons = append(reasons, "idle")
-		case m.opts.IdleTimeout > 0 && idle && now.Sub(last) > m.opts.IdleTimeout:
-			if m.opts.IdleAction == IdleActionPause && paused < m.opts.MaxPaused {
-				toPause = append(toPause, ms)
-				paused++
-				continue
-			}
-			reasons = append(reasons, "idle")
-		default:
-			continue
+		v, reason := m.reapVerdictLocked(ms, now, paused)
+		if v == reapClose {
+			ms.gone = true
 		}
-		victims = append(victims, ms)
-		delete(m.sessions, id)
-		m.closing.Add(1) // one per closeSession below
+		ms.mu.Unlock()
+		switch v {
+		case reapHibernate:
+			toHibernate = append(toHibernate, ms)
+		case reapPause:
+			toPause = append(toPause, ms)
+			paused++
+		case reapClose:
+			victims = append(victims, ms)
+			reasons = append(reasons, reason)
+			delete(m.sessions, id)
+			m.closing.Add(1) // one per closeSession below
+		}
 	}
 	m.mu.Unlock()
 	m.hibernateIdle(toHibernate)
@@ -1272,6 +1291,7 @@ func (m *Manager) Reap(now time.Time) int {
 			m.mu.Lock()
 			if m.sessions[ms.ID()] == ms {
 				delete(m.sessions, ms.ID())
+				ms.letGo()
 				m.closing.Add(1)
 				victims = append(victims, ms)
 				reasons = append(reasons, "idle")
@@ -1286,4 +1306,45 @@ func (m *Manager) Reap(now time.Time) int {
 	}
 	wg.Wait()
 	return len(victims)
+}
+
+// What the reaper does with a session.
+type reapAction int
+
+const (
+	reapNone reapAction = iota
+	reapClose
+	reapPause
+	reapHibernate
+)
+
+// reapVerdictLocked decides what Reap does with ms at now, paused sessions
+// counted so far; ms.mu held. With reapClose, the reason of its close.
+func (m *Manager) reapVerdictLocked(ms *Managed, now time.Time, paused int) (reapAction, string) {
+	last, unused := ms.lastUsed, ms.busy == 0
+	idle := unused && !ms.pinned
+	isPaused := ms.Session.paused.Load()
+	hib := m.opts.IdleHibernate
+	switch {
+	case m.opts.MaxLifetime > 0 && now.Sub(ms.Created) > m.opts.MaxLifetime:
+		return reapClose, "expired"
+	case ms.Session.hib.on.Load():
+		if m.opts.PausedTimeout > 0 && unused && now.Sub(last) > m.opts.PausedTimeout {
+			return reapClose, "idle"
+		}
+	case hib > 0 && m.opts.Snapshots != nil && (idle || isPaused && unused) && now.Sub(last) > hib && now.Sub(ms.hibFailed) > hib:
+		// Idle, or paused (pinned ones too: an E2B sandbox's pause),
+		// that long: to storage.
+		return reapHibernate, ""
+	case isPaused:
+		if m.opts.PausedTimeout > 0 && idle && now.Sub(last) > m.opts.PausedTimeout {
+			return reapClose, "idle"
+		}
+	case m.opts.IdleTimeout > 0 && idle && now.Sub(last) > m.opts.IdleTimeout:
+		if m.opts.IdleAction == IdleActionPause && paused < m.opts.MaxPaused {
+			return reapPause, ""
+		}
+		return reapClose, "idle"
+	}
+	return reapNone, ""
 }

@@ -118,7 +118,10 @@ func (s *Session) Ports() ([]int, error) {
 // connection is open (close it to give the session back), so a long
 // WebSocket to an app in the sandbox keeps it from being reaped as idle.
 func (m *Managed) DialPort(ctx context.Context, port int) (net.Conn, error) {
-	release := m.Lease()
+	release, err := m.use()
+	if err != nil {
+		return nil, err
+	}
 	c, err := m.Session.DialPort(ctx, port)
 	if err != nil {
 		release()

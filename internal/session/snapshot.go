@@ -50,7 +50,11 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id, name string) (*snapsh
 	if err != nil {
 		return nil, err
 	}
-	defer ms.Lease()()
+	release, err := ms.use()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := ms.Session.acquireRunning(ctx); err != nil {
 		return nil, err
 	}
