@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // readerOrNil keeps a nil *os.File from becoming a non-nil io.Reader.
@@ -159,12 +160,49 @@ func copyWorkspace(ws, out string, force, keepCaches bool) (clash []string, err 
 }
 
 // clashList is "3 existing file(s) (a, b, c)", at most five named.
-func clashList(files []string) string {
+func clashList(files []string) string { return "existing " + fileList(files) }
+
+// fileList is "3 file(s) (a, b, c)", at most five named.
+func fileList(files []string) string {
 	list := strings.Join(files[:min(len(files), 5)], ", ")
 	if len(files) > 5 {
 		list += fmt.Sprintf(" and %d more", len(files)-5)
 	}
-	return fmt.Sprintf("%d existing file(s) (%s)", len(files), list)
+	return fmt.Sprintf("%d file(s) (%s)", len(files), list)
+}
+
+// fileStamp is what tells a file changed: its size and time of change.
+type fileStamp struct {
+	size int64
+	mod  time.Time
+}
+
+// stampFiles stamps each regular file under root but the caches, by its
+// path relative to root.
+func stampFiles(root string) (map[string]fileStamp, error) {
+	out := map[string]fileStamp{}
+	err := walkFiles(root, cacheSkip(false), func(rel string, fi fs.FileInfo) {
+		out[rel] = fileStamp{fi.Size(), fi.ModTime()}
+	})
+	return out, err
+}
+
+// madeFiles are the files under root, caches left out, that are not in
+// before or changed since, sorted. A workspace it cannot read (the
+// sandbox's last state) makes none.
+func madeFiles(root string, before map[string]fileStamp) []string {
+	now, err := stampFiles(root)
+	if err != nil {
+		return nil
+	}
+	var made []string
+	for rel, st := range now {
+		if was, ok := before[rel]; !ok || was.size != st.size || !was.mod.Equal(st.mod) {
+			made = append(made, rel)
+		}
+	}
+	slices.Sort(made)
+	return made
 }
 
 // walkFiles calls fn with each regular file under root (its path relative

@@ -175,6 +175,31 @@ open("result.txt", "w").write(str(len(rows)))`)
 	}
 }
 
+// A run without --out that leaves files says they go with the sandbox,
+// naming them; its inputs (the script, --with) and caches are not named,
+// nor is anything when the program wrote nothing.
+func TestRunSaysFilesAreDiscarded(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	os.Mkdir(data, 0o755)
+	writeFile(t, data, "in.csv", "a,b\n")
+	script := writeFile(t, dir, "job.py", `import os
+os.makedirs("results", exist_ok=True)
+open("results/summary.txt", "w").write("2")
+os.makedirs(".cache", exist_ok=True)
+open(".cache/x", "w").write("c")
+open("data/in.csv", "a").write("1,2\n")`)
+	code, _, errOut := sandloop(t, "", "run", "--with", data, script)
+	want := "sandloop: note: the program wrote 2 file(s) (data/in.csv, results/summary.txt), discarded with its sandbox; to keep them, run again with --out DIR\n"
+	if code != 0 || errOut != want {
+		t.Errorf("exit %d, stderr %q; want 0, %q", code, errOut, want)
+	}
+	code, _, errOut = sandloop(t, "", "run", "--with", data, writeFile(t, dir, "read.py", `print(open("data/in.csv").read())`))
+	if code != 0 || errOut != "" {
+		t.Errorf("a run that wrote nothing: exit %d, stderr %q", code, errOut)
+	}
+}
+
 func TestExecCodeAndStdin(t *testing.T) {
 	code, out, _ := sandloop(t, "", "exec", "-c", "print(6*7)")
 	if code != 0 || out != "42\n" {

@@ -168,6 +168,12 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 			return err
 		}
 	}
+	var inputs map[string]fileStamp // what the workspace held before the run (without --out)
+	if s.out == "" {
+		if inputs, err = stampFiles(ws); err != nil {
+			return err
+		}
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	env := []string{"PYTHONUNBUFFERED=1"}
@@ -223,6 +229,9 @@ func (s *scriptRun) run(cmd *cobra.Command, argv []string, prepare func(ws strin
 		if err := s.copyOut(ws, stderr); err != nil {
 			return err
 		}
+	} else if made := madeFiles(ws, inputs); len(made) > 0 {
+		// They go with the sandbox: say so, rather than lose them unsaid.
+		fmt.Fprintf(stderr, "sandloop: note: the program wrote %s, discarded with its sandbox; to keep them, run again with --out DIR\n", fileList(made))
 	}
 	if s.stats {
 		printNetworkLog(stderr, netLog)
