@@ -158,6 +158,10 @@ func TestChartRendersAndDecodes(t *testing.T) {
 		t.Error("no capability may be added, nor privilege")
 	case pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != 615:
 		t.Errorf("grace period %v: must cover --drain-timeout", pod.TerminationGracePeriodSeconds)
+	case c.StartupProbe == nil || c.StartupProbe.HTTPGet == nil || c.StartupProbe.HTTPGet.Path != "/healthz" || c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold < 300:
+		// Its sessions restored before it answers: the liveness probe
+		// (a minute) must not kill a restart that takes longer.
+		t.Errorf("startup probe %+v: a restarted host needs minutes to restore its sessions", c.StartupProbe)
 	}
 	if lim := c.Resources.Limits.Memory().Value(); lim != (32*512+512)<<20 {
 		t.Errorf("memory limit %d: sessions x memory per session + overhead", lim)
