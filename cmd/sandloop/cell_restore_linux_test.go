@@ -56,7 +56,7 @@ func TestCellRestoreLostHost(t *testing.T) {
 		}
 		c.hostCSV = "http://" + strings.Join(addrs, ",http://")
 		gw = c.start("gateway", freeAddr(t), "gateway", "--gateway-secret-file", c.secret, "--database", c.db,
-			"--hosts", c.hostCSV, "--token", c.token, "--token", other, "--health-interval", "200ms", "--lost-after", "2s")
+			"--hosts", c.hostCSV, "--token", c.token, "--token", other, "--health-interval", "200ms", "--lost-after", "5s")
 		c.gws = []*proc{gw}
 		c.waitFor("the gateway sees 2 ready hosts", func() bool {
 			var h struct {

@@ -114,7 +114,7 @@ func (c *cell) startHost(i int, addr string) *proc {
 
 func (c *cell) startGateway(i int, addr string) *proc {
 	return c.start(fmt.Sprintf("gateway%d", i), addr, "gateway", "--gateway-secret-file", c.secret, "--database", c.db,
-		"--hosts", c.hostCSV, "--token", c.token, "--health-interval", "200ms", "--lost-after", "2s", "--drain-timeout", "20s")
+		"--hosts", c.hostCSV, "--token", c.token, "--health-interval", "200ms", "--lost-after", "5s", "--drain-timeout", "20s")
 }
 
 func (p *proc) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -297,24 +298,30 @@ func TestControlPlane(t *testing.T) {
 func TestReaper(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, Options{ReapInterval: 50 * time.Millisecond})
-	c := ts.create(t, keyA, `{"timeout":0.5}`)
+	c := ts.create(t, keyA, `{"timeout":60}`)
 	ws := ts.h.lookup(c.SandboxID).ms.Workspace()
+	// Half a second from now, its workspace known (the reaper may not
+	// take it before).
+	if resp, b := ts.control(t, "POST", "/sandboxes/"+c.SandboxID+"/timeout", `{"timeout":0.5}`, keyA); resp.StatusCode != 204 {
+		t.Fatalf("set timeout: %d %s", resp.StatusCode, b)
+	}
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		_, err := ts.mgr.Get("owner-a", c.SandboxID)
 		_, serr := os.Stat(ws) // the session's Close removes the workspace last
 		if err == nil || ts.h.lookup(c.SandboxID) != nil || !os.IsNotExist(serr) {
 			return errors.New("the sandbox, its session or its workspace outlived its timeout")
 		}
+		// The session's history says why it went (once its close has
+		// ended: the workspace goes a moment before the close is noted).
+		evs, err := ts.mgr.SessionEvents("owner-a", c.SandboxID)
+		if err != nil {
+			return err
+		}
+		if all, ended, _ := evs.Since(0); !ended || !strings.Contains(all[len(all)-1].Reason, "E2B timeout") {
+			return fmt.Errorf("the closed sandbox's last event: %+v", all)
+		}
 		return nil
 	})
-	// The session's history says why it went.
-	evs, err := ts.mgr.SessionEvents("owner-a", c.SandboxID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if all, ended, _ := evs.Since(0); !ended || !strings.Contains(all[len(all)-1].Reason, "E2B timeout") {
-		t.Errorf("the closed sandbox's last event: %+v", all)
-	}
 }
 
 func TestFilesREST(t *testing.T) {
@@ -696,20 +703,25 @@ func TestInterpreter(t *testing.T) {
 			t.Errorf("execute %s: %d %s, want %d", c2.body, resp.StatusCode, b, c2.status)
 		}
 	}
-	// A client that goes away interrupts the cell; the state stays.
-	req, _ := http.NewRequest("POST", ts.URL+"/execute", strings.NewReader(`{"code":"import time\ny = 1\ntime.sleep(30)\ny = 2"}`))
+	// A client that goes away interrupts the cell; the state stays. It
+	// goes once the cell says y is set (however slow the machine).
+	abort, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(abort, "POST", ts.URL+"/execute", strings.NewReader(`{"code":"import time\ny = 1\nprint('set', flush=True)\ntime.sleep(30)\ny = 2"}`))
 	req.Header.Set("E2b-Sandbox-Id", c.SandboxID)
 	req.Header.Set("E2b-Sandbox-Port", portInterpreter)
 	req.Header.Set("E2B-Traffic-Access-Token", c.TrafficAccessToken)
-	cl := &http.Client{Timeout: time.Second}
-	if resp, err := cl.Do(req); err == nil {
-		// Headers come at once; the body is cut by the client's timeout.
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() && !strings.Contains(sc.Text(), `"set\n"`) {
+		}
+		cancel()
 		_, err = io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err == nil {
 			t.Error("the sleeping cell finished")
 		}
 	}
+	cancel()
 	start := time.Now()
 	_, b = interp("POST", "/execute", `{"code":"y"}`)
 	if lines := ndjson(t, b); lines[0]["text"] != "1" || time.Since(start) > 10*time.Second {

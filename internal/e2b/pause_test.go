@@ -147,11 +147,16 @@ func TestOnTimeoutPause(t *testing.T) {
 	if resp, b := ts.control(t, "POST", "/v2/sandboxes", `{"autoResume":{"enabled":true}}`, keyA); resp.StatusCode != 400 {
 		t.Errorf("autoResume without autoPause: %d %s, want 400", resp.StatusCode, b)
 	}
-	auto := ts.create(t, keyA, `{"timeout":1,"autoPause":true,"autoResume":{"enabled":true}}`)
-	manual := ts.create(t, keyA, `{"timeout":1,"autoPause":true}`)
+	auto := ts.create(t, keyA, `{"timeout":60,"autoPause":true,"autoResume":{"enabled":true}}`)
+	manual := ts.create(t, keyA, `{"timeout":60,"autoPause":true}`)
 	for _, c := range []created{auto, manual} {
 		if st, _ := ts.interp(t, c, "y = 3"); st != 200 {
 			t.Fatalf("execute: %d", st)
+		}
+		// A second of life from now, once the cell ran (a slow start
+		// under load does not eat it).
+		if resp, b := ts.control(t, "POST", "/sandboxes/"+c.SandboxID+"/timeout", `{"timeout":1}`, keyA); resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("set timeout: %d %s", resp.StatusCode, b)
 		}
 	}
 	for _, c := range []created{auto, manual} {

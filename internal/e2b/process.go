@@ -453,6 +453,12 @@ func readerOrNil(r *io.PipeReader) io.Reader {
 	return r
 }
 
+// timeoutPassed ends the stream of a command killed at its deadline
+// (Connect-Timeout-Ms).
+func timeoutPassed() error {
+	return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command's timeout passed: it was killed"))
+}
+
 // relay streams a process's events until it ends or the client leaves.
 func relay(ctx context.Context, p *process, sub chan processEvent, stream *connect.ServerStream[eventResponse]) error {
 	defer p.unsubscribe(sub)
@@ -461,6 +467,12 @@ func relay(ctx context.Context, p *process, sub chan processEvent, stream *conne
 		case ev, ok := <-sub:
 			if !ok {
 				return connect.NewError(connect.CodeResourceExhausted, errors.New("the stream fell too far behind the process's output"))
+			}
+			if ev.End != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// Killed by the jail's timer, set to the same deadline,
+				// before this select saw the context's end: the client
+				// hears of its deadline either way.
+				return timeoutPassed()
 			}
 			if err := stream.Send(&eventResponse{Event: ev}); err != nil {
 				return err
@@ -477,7 +489,7 @@ func relay(ctx context.Context, p *process, sub chan processEvent, stream *conne
 				case <-p.ended:
 				case <-time.After(5 * time.Second):
 				}
-				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command's timeout passed: it was killed"))
+				return timeoutPassed()
 			}
 			return ctx.Err()
 		}

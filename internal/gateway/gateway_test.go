@@ -178,6 +178,8 @@ type swapHost struct {
 	zygote session.Zygote
 	// fixed selects the pool before issue 26 (session.ManagerOptions.FixedPool).
 	fixed bool
+	// closeTimeout, if set, is the host's session.ManagerOptions.CloseTimeout.
+	closeTimeout time.Duration
 }
 
 const secret = "test-secret-0123456789abcdef0123456789"
@@ -198,7 +200,7 @@ func newHost(t testing.TB, configure ...func(*swapHost)) *swapHost {
 
 func (sh *swapHost) restart() {
 	sh.gen++
-	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote, FixedPool: sh.fixed}
+	mo := &session.ManagerOptions{MaxSessions: sh.maxSessions, PoolSize: sh.pool, Zygote: sh.zygote, FixedPool: sh.fixed, CloseTimeout: sh.closeTimeout}
 	so := &server.Options{GatewaySecret: secret, Epoch: fmt.Sprintf("epoch-%p-%d", sh, sh.gen)}
 	if sh.templates != nil {
 		mo.Templates, so.Templates = sh.templates, sh.templates

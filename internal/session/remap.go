@@ -22,8 +22,8 @@ const remapPiece = 4 << 20
 var remapBefore func(*Session)
 
 // remapHolding, if set (by tests), is called while a remap piece holds
-// the session's turn, before the kernel's request.
-var remapHolding func(*Session)
+// the session's turn, before the kernel's request; ctx ends with the run.
+var remapHolding func(context.Context, *Session)
 
 // remapState is a session's remaps under way (remapLater).
 type remapState struct {
@@ -156,7 +156,7 @@ func (s *Session) remapPiece(ctx context.Context, f *os.File, piece [][3]uint64)
 		return false
 	}
 	if remapHolding != nil {
-		remapHolding(s)
+		remapHolding(ctx, s)
 	}
 	k, err := s.kernel()
 	if err != nil || k.Err() != nil {

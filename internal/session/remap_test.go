@@ -234,11 +234,16 @@ func TestPauseStopsTheRemap(t *testing.T) {
 	want := managedText(t, parent, remapDigest)
 	holding := make(chan struct{})
 	var once sync.Once
-	remapHolding = func(s *Session) {
+	remapHolding = func(ctx context.Context, s *Session) {
 		if s == ps {
 			once.Do(func() {
 				close(holding)
-				time.Sleep(300 * time.Millisecond) // the pause comes meanwhile
+				// Held until the pause stops the run (a guard against
+				// a pause that would not).
+				select {
+				case <-ctx.Done():
+				case <-time.After(30 * time.Second):
+				}
 			})
 		}
 	}

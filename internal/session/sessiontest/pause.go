@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,16 +87,24 @@ func CheckPause(t *testing.T, s *session.Session) {
 		return nil
 	})
 
-	// Mid-execution: refused, clearly.
+	// Mid-execution (the cell has said it runs): refused, clearly.
 	started := make(chan struct{})
+	var once sync.Once
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Execute(context.Background(), kernel.Request{Code: "import time; time.sleep(1.5)", Timeout: time.Minute},
-			func(kernel.Event) {})
+		_, err := s.Execute(context.Background(), kernel.Request{Code: "import time; print('in', flush=True); time.sleep(1.5)", Timeout: time.Minute},
+			func(ev kernel.Event) {
+				if ev.Type == "stdout" {
+					once.Do(func() { close(started) })
+				}
+			})
 		done <- err
 	}()
-	go func() { time.Sleep(300 * time.Millisecond); close(started) }()
-	<-started
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the cell ended before it printed: %v", err)
+	}
 	if err := s.Pause(); !errors.Is(err, session.ErrBusy) {
 		t.Errorf("pause mid-execution: %v, want ErrBusy", err)
 	}
