@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -27,8 +28,8 @@ type sessionsFlags struct {
 func newSessionsCmd() *cobra.Command {
 	var f sessionsFlags
 	cmd := &cobra.Command{
-		Use:   "sessions [ls|new|exec|rm|checkpoint|checkpoints|restore|undo|fork|pause|resume|restart|snapshot|snapshots|drop-snapshot|hibernate|events] ID ...",
-		Short: "The sessions of a running server: create, run code, checkpoints, undo, fork, pause and resume, snapshots, hibernation, events",
+		Use:   "sessions [ls|new|exec|rm|files|put|get|archive|checkpoint|checkpoints|restore|undo|fork|pause|resume|restart|snapshot|snapshots|drop-snapshot|hibernate|events] ID ...",
+		Short: "The sessions of a running server: create, run code, files in and out, checkpoints, undo, fork, pause and resume, snapshots, hibernation, events",
 		Long: `The sessions of a running sandloop server (sandloop serve), through its HTTP API.
 The server is --url (or SANDLOOP_URL; default http://127.0.0.1:8080) and the token
 --token (or SANDLOOP_TOKEN), the same token the sessions were created with: another
@@ -230,6 +231,7 @@ token's sessions are not found.`,
 	}
 	cmd.AddCommand(ls)
 	cmd.AddCommand(sessionUseCmds(&f)...)
+	cmd.AddCommand(sessionFileCmds(&f)...)
 	cmd.AddCommand(checkpoint, checkpoints, restore, undo, fork, pause, resume, restart, snap, snaps, dropSnap, hibernate, newSessionEventsCmd(&f))
 	return cmd
 }
@@ -276,6 +278,12 @@ func withClientFor(cmd *cobra.Command, f *sessionsFlags, d time.Duration, call f
 func serverError(server string, err error) error {
 	var ae *client.APIError
 	var ue *url.Error
+	var use *usageError
+	var pe *fs.PathError
+	var le *os.LinkError
+	if errors.As(err, &use) || errors.As(err, &pe) || errors.As(err, &le) {
+		return err // ours: a local file, or how the command was called
+	}
 	if errors.As(err, &ue) {
 		err = ue.Err // the method and URL are known to the user
 	}

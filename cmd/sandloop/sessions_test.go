@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -269,5 +272,94 @@ func TestSessionsCLIUse(t *testing.T) {
 	}
 	if out, errOut := cli("", 0, "ls"); strings.Contains(out, id) || !strings.Contains(errOut, "no sessions") {
 		t.Errorf("ls after rm: %s %s", out, errOut)
+	}
+}
+
+// sandloop sessions put, files, get and archive: a directory and a file
+// (and stdin) in, the code's results out, by file, by directory and to
+// stdout; the exact bytes both ways; a local file holding something else
+// never overwritten without --force, and nothing written then; symbolic
+// links left out, and counted.
+func TestSessionsCLIFiles(t *testing.T) {
+	const token = "cli-token-ffffffffffff"
+	url := cliServer(t, token)
+	t.Setenv("SANDLOOP_TOKEN", token)
+	cli := func(stdin string, want int, args ...string) (string, string) {
+		t.Helper()
+		return sessionsCLI(t, url, stdin, want, args...)
+	}
+	dir := t.TempDir()
+	proj := filepath.Join(dir, "proj")
+	os.MkdirAll(filepath.Join(proj, "sub"), 0o755)
+	binary := string([]byte{0, 1, 2, 255, '\n', 'x'})
+	writeFile(t, proj, "data.csv", "a,b\n1,2\n")
+	writeFile(t, filepath.Join(proj, "sub"), "blob.bin", binary)
+	os.Symlink("data.csv", filepath.Join(proj, "link.csv"))
+	out, _ := cli("", 0, "new")
+	id := strings.TrimSpace(out)
+
+	if out, errOut := cli("", 0, "put", id, proj); !strings.Contains(out, "put 2 file(s)") || !strings.Contains(errOut, "1 symbolic link(s)") {
+		t.Errorf("put a directory: %q %q", out, errOut)
+	}
+	cli("", 0, "put", id, filepath.Join(proj, "data.csv"), "in/renamed.csv")
+	cli("piped\n", 0, "put", id, "-", "notes/p.txt")
+	if _, errOut := cli("", 2, "put", id, "-"); !strings.Contains(errOut, "stdin needs the PATH") {
+		t.Errorf("put - without PATH: %q", errOut)
+	}
+	if out, _ := cli("", 0, "exec", id, "-c", `import os
+b = open("proj/sub/blob.bin", "rb").read()
+print(open("proj/data.csv").read() == open("in/renamed.csv").read(), b == bytes([0, 1, 2, 255, 10, 120]), open("notes/p.txt").read() == "piped\n")
+os.makedirs("out/deep", exist_ok=True)
+open("out/r.txt", "w").write("result")
+open("out/deep/b.bin", "wb").write(b)
+os.symlink("r.txt", "out/l")`); out != "True True True\n" {
+		t.Fatalf("the files in the session: %q", out)
+	}
+	if out, _ := cli("", 0, "files", id, "out"); !strings.Contains(out, "out/r.txt") || !strings.Contains(out, "out/deep/") {
+		t.Errorf("files: %q", out)
+	}
+	if out, _ := cli("", 0, "get", id, "out/r.txt", "-"); out != "result" {
+		t.Errorf("get to stdout: %q", out)
+	}
+	local := filepath.Join(dir, "got")
+	if out, errOut := cli("", 0, "get", id, "out", local); !strings.Contains(out, "got 2 file(s)") || !strings.Contains(errOut, "1 symbolic link(s)") {
+		t.Errorf("get a directory: %q %q", out, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(local, "deep", "b.bin")); string(b) != binary {
+		t.Errorf("got deep/b.bin %q, want %q", b, binary)
+	}
+	// Again: the same files are no clash.
+	cli("", 0, "get", id, "out", local)
+	os.WriteFile(filepath.Join(local, "r.txt"), []byte("mine"), 0o644)
+	os.Remove(filepath.Join(local, "deep", "b.bin"))
+	if _, errOut := cli("", 2, "get", id, "out", local); !strings.Contains(errOut, "would overwrite existing 1 file(s) (r.txt); nothing was written") {
+		t.Errorf("get over a changed file: %q", errOut)
+	}
+	if _, err := os.Stat(filepath.Join(local, "deep", "b.bin")); err == nil {
+		t.Error("a refused get wrote files")
+	}
+	if _, errOut := cli("", 2, "get", id, "out/r.txt", filepath.Join(local, "r.txt")); !strings.Contains(errOut, "holds something else") {
+		t.Errorf("get a file over a changed one: %q", errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(local, "r.txt")); string(b) != "mine" {
+		t.Errorf("a refused get changed the file: %q", b)
+	}
+	cli("", 0, "get", id, "out/r.txt", local, "--force") // into the directory
+	if b, _ := os.ReadFile(filepath.Join(local, "r.txt")); string(b) != "result" {
+		t.Errorf("get --force: %q", b)
+	}
+	if _, errOut := cli("", 2, "get", id, "out", "-"); !strings.Contains(errOut, "is a directory") {
+		t.Errorf("a directory to stdout: %q", errOut)
+	}
+	if _, errOut := cli("", 2, "get", id, "missing.txt", local); !strings.Contains(errOut, "no such file") {
+		t.Errorf("get a missing file: %q", errOut)
+	}
+	arch := filepath.Join(dir, "w.tar.gz")
+	cli("", 0, "archive", id, "-o", arch)
+	if out, err := exec.Command("tar", "tzf", arch).Output(); err != nil || !strings.Contains(string(out), "proj/sub/blob.bin") {
+		t.Errorf("archive: %s %v", out, err)
+	}
+	if _, errOut := cli("", 2, "archive", id, "-o", arch); !strings.Contains(errOut, "exists") {
+		t.Errorf("archive over a file: %q", errOut)
 	}
 }
