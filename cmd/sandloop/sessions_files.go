@@ -230,6 +230,9 @@ func getFile(ctx context.Context, cmd *cobra.Command, c *client.Client, id strin
 	if st, err := os.Stat(local); err == nil && st.IsDir() {
 		local = filepath.Join(local, name)
 	}
+	if err := os.MkdirAll(filepath.Dir(local), 0o755); err != nil {
+		return nil, err
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(local), ".sandloop-get-*")
 	if err != nil {
 		return nil, err
