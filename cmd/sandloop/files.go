@@ -160,15 +160,18 @@ func copyWorkspace(ws, out string, force, keepCaches bool) (clash []string, err 
 }
 
 // clashList is "3 existing file(s) (a, b, c)", at most five named.
-func clashList(files []string) string { return "existing " + fileList(files) }
+func clashList(files []string) string { return kindList(files, "existing ") }
 
 // fileList is "3 file(s) (a, b, c)", at most five named.
-func fileList(files []string) string {
+func fileList(files []string) string { return kindList(files, "") }
+
+// kindList is "3 KINDfile(s) (a, b, c)", at most five named.
+func kindList(files []string, kind string) string {
 	list := strings.Join(files[:min(len(files), 5)], ", ")
 	if len(files) > 5 {
 		list += fmt.Sprintf(" and %d more", len(files)-5)
 	}
-	return fmt.Sprintf("%d file(s) (%s)", len(files), list)
+	return fmt.Sprintf("%d %sfile(s) (%s)", len(files), kind, list)
 }
 
 // fileStamp is what tells a file changed: its size and time of change.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -125,7 +123,7 @@ type replConfig struct {
 type repl struct {
 	replConfig
 	s      *session.Session
-	nimage int
+	images imageSaver
 }
 
 func runRepl(ctx context.Context, cfg replConfig) error {
@@ -137,7 +135,7 @@ func runRepl(ctx context.Context, cfg replConfig) error {
 		return err
 	}
 	defer s.Close()
-	r := &repl{replConfig: cfg, s: s}
+	r := &repl{replConfig: cfg, s: s, images: imageSaver{Dir: cfg.Images, Prefix: "sandloop-repl-"}}
 	for _, p := range cfg.Keep.with {
 		if err := r.copyIn(p); err != nil {
 			return usagef("--with %s: %v", p, unwrapPathError(err))
@@ -389,59 +387,4 @@ func (r *repl) show(e kernel.Event) {
 	}
 }
 
-var imageExt = map[string]string{"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
-
-func (r *repl) showResult(data map[string]string) {
-	saved := false
-	for _, mime := range []string{"image/png", "image/jpeg", "image/svg+xml"} {
-		v, ok := data[mime]
-		if !ok {
-			continue
-		}
-		path, err := r.saveImage(mime, v)
-		if err != nil {
-			fmt.Fprintf(r.Err, "sandloop: could not save the %s image: %v\n", mime, err)
-		} else {
-			fmt.Fprintf(r.Out, "[image: %s]\n", path)
-		}
-		saved = true
-		break
-	}
-	if text, ok := data["text/plain"]; ok && !(saved && strings.HasPrefix(text, "<Figure ")) {
-		fmt.Fprintln(r.Out, text)
-		return
-	}
-	if !saved && len(data) > 0 {
-		mimes := make([]string, 0, len(data))
-		for m := range data {
-			mimes = append(mimes, m)
-		}
-		sort.Strings(mimes)
-		fmt.Fprintf(r.Out, "[%s]\n", strings.Join(mimes, ", "))
-	}
-}
-
-func (r *repl) saveImage(mime, value string) (string, error) {
-	raw := []byte(value)
-	if mime != "image/svg+xml" {
-		var err error
-		if raw, err = base64.StdEncoding.DecodeString(value); err != nil {
-			return "", err
-		}
-	}
-	if r.Images == "" {
-		dir, err := os.MkdirTemp("", "sandloop-repl-*")
-		if err != nil {
-			return "", err
-		}
-		r.Images = dir
-	} else if err := os.MkdirAll(r.Images, 0o755); err != nil {
-		return "", err
-	}
-	r.nimage++
-	path := filepath.Join(r.Images, fmt.Sprintf("image-%d%s", r.nimage, imageExt[mime]))
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		return "", err
-	}
-	return path, nil
-}
+func (r *repl) showResult(data map[string]string) { showData(r.Out, r.Err, data, &r.images) }

@@ -279,7 +279,7 @@ func TestSessionsCLIUse(t *testing.T) {
 // (and stdin) in, the code's results out, by file, by directory and to
 // stdout; the exact bytes both ways; a local file holding something else
 // never overwritten without --force, and nothing written then; symbolic
-// links left out, and counted.
+// links left out, and counted. And exec's images, saved to files.
 func TestSessionsCLIFiles(t *testing.T) {
 	const token = "cli-token-ffffffffffff"
 	url := cliServer(t, token)
@@ -315,6 +315,18 @@ open("out/deep/b.bin", "wb").write(b)
 os.symlink("r.txt", "out/l")`); out != "True True True\n" {
 		t.Fatalf("the files in the session: %q", out)
 	}
+	// An image the code shows goes to a file, named instead of the
+	// figure's text; one there already is kept.
+	imgs := filepath.Join(dir, "imgs")
+	os.MkdirAll(imgs, 0o755)
+	writeFile(t, imgs, "image-1.png", "mine")
+	plot := "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+	if out, _ := cli("", 0, "exec", id, "--images", imgs, "-c", plot); out != "[image: "+filepath.Join(imgs, "image-2.png")+"]\n" {
+		t.Errorf("exec showing a plot: %q", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(imgs, "image-2.png")); !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("the saved image is no PNG: %q", b[:min(len(b), 8)])
+	}
 	if out, _ := cli("", 0, "files", id, "out"); !strings.Contains(out, "out/r.txt") || !strings.Contains(out, "out/deep/") {
 		t.Errorf("files: %q", out)
 	}
@@ -332,7 +344,7 @@ os.symlink("r.txt", "out/l")`); out != "True True True\n" {
 	cli("", 0, "get", id, "out", local)
 	os.WriteFile(filepath.Join(local, "r.txt"), []byte("mine"), 0o644)
 	os.Remove(filepath.Join(local, "deep", "b.bin"))
-	if _, errOut := cli("", 2, "get", id, "out", local); !strings.Contains(errOut, "would overwrite existing 1 file(s) (r.txt); nothing was written") {
+	if _, errOut := cli("", 2, "get", id, "out", local); !strings.Contains(errOut, "would overwrite 1 existing file(s) (r.txt); nothing was written") {
 		t.Errorf("get over a changed file: %q", errOut)
 	}
 	if _, err := os.Stat(filepath.Join(local, "deep", "b.bin")); err == nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -72,14 +71,15 @@ Limits not given take the server's defaults; values above its maxima are refused
 	fl.DurationVar(&timeout, "timeout", 0, "the default timeout of its executions, e.g. 2m (default: the server's)")
 	fl.StringArrayVar(&env, "env", nil, "environment variable K=V of its kernel (repeatable)")
 
-	var code string
+	var code, imagesDir string
 	var execTimeout time.Duration
 	execCmd := &cobra.Command{
 		Use:   "exec ID [-c CODE]",
 		Short: "Run Python code (inline or on stdin) in a session, keeping its state",
 		Long: `Run Python code in a session of the server, as the next cell of its notebook: variables and
 imports stay for the next exec. Output streams as it comes (stdout to stdout, stderr and a
-traceback to stderr); the value of a last expression is printed as the REPL would. Exit code:
+traceback to stderr); the value of a last expression is printed as the REPL would, an image
+the code shows is written to a file (--images DIR) and named. Exit code:
 0, 1 if the code raised, 124 if it timed out, 130 if interrupted (Ctrl-C interrupts it; the
 session keeps its state), 137 if the kernel died (sandloop sessions restart ID starts a new one).`,
 		Args: cobra.ExactArgs(1),
@@ -104,8 +104,9 @@ session keeps its state), 137 if the kernel died (sandloop sessions restart ID s
 				if f.json {
 					res, err = c.Execute(ctx, args[0], src, eo)
 				} else {
+					images := &imageSaver{Dir: imagesDir, Prefix: "sandloop-exec-"}
 					res, err = c.ExecuteStream(ctx, args[0], src, eo, func(e client.Event) {
-						showEvent(cmd.OutOrStdout(), cmd.ErrOrStderr(), e)
+						showEvent(cmd.OutOrStdout(), cmd.ErrOrStderr(), e, images)
 					})
 				}
 				return res, err
@@ -125,6 +126,7 @@ session keeps its state), 137 if the kernel died (sandloop sessions restart ID s
 	}
 	execCmd.Flags().StringVarP(&code, "code", "c", "", "the code to run (default: read stdin)")
 	execCmd.Flags().DurationVar(&execTimeout, "timeout", 0, "interrupt the code after this long, e.g. 30s (default: the session's)")
+	execCmd.Flags().StringVar(&imagesDir, "images", "", "directory for images the code shows, named on stdout (default: a new temporary directory)")
 
 	rmCmd := &cobra.Command{
 		Use:     "rm ID...",
@@ -169,23 +171,14 @@ func execExitCode(s client.Status) int {
 // showEvent prints one event of an execution as the REPL does: output as
 // it comes, a displayed value's text (or the kinds of data it has), the
 // traceback, and a line for an end that is not a plain one.
-func showEvent(out, errw io.Writer, e client.Event) {
+func showEvent(out, errw io.Writer, e client.Event, images *imageSaver) {
 	switch e.Type {
 	case client.EventStdout:
 		io.WriteString(out, e.Text)
 	case client.EventStderr:
 		io.WriteString(errw, e.Text)
 	case client.EventResult:
-		if text, ok := e.Data["text/plain"]; ok {
-			fmt.Fprintln(out, text)
-		} else if len(e.Data) > 0 {
-			mimes := make([]string, 0, len(e.Data))
-			for m := range e.Data {
-				mimes = append(mimes, m)
-			}
-			slices.Sort(mimes)
-			fmt.Fprintf(out, "[%s]\n", strings.Join(mimes, ", "))
-		}
+		showData(out, errw, e.Data, images)
 	case client.EventError:
 		tb := e.Traceback
 		if tb == "" {
