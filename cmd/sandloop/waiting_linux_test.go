@@ -8,12 +8,13 @@ import (
 	"github.com/sandloop/sandloop/internal/llm/llmtest"
 )
 
-// slowModel is a model server that is rate limited once, then takes 2.5s
-// to answer its first step.
+// slowModel is a model server that is rate limited once, then takes 4s to
+// answer its first step: the indicator's "2s" has about two seconds to be
+// drawn (a redraw every 250 ms), however late a loaded machine wakes it.
 func slowModel(t *testing.T) {
 	useModel(t, llmtest.Script{
 		{Status: 429, RetryAfter: "1"},
-		{Delay: 2500 * time.Millisecond, ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
+		{Delay: 4 * time.Second, ToolCalls: tc("execute_python", `{"code":"print(6*7)"}`)},
 		{ToolCalls: tc("finish", `{"summary":"printed 42"}`)},
 	})
 }

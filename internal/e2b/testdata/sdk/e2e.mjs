@@ -277,7 +277,10 @@ async function interpreter() {
       assert.ok(!e.error.traceback.includes('kernel.py'), e.error.traceback)
     })
     await step('runCode timeout keeps state', async () => {
-      await throws(() => sbx.runCode('import time\ny = 5\ntime.sleep(30)\ny = 6', { timeoutMs: 1500 }), (e) => assert.equal(e.name, 'TimeoutError'))
+      // y set in a cell of its own: the 1.5 s start when the headers
+      // arrive, which may be before a loaded kernel runs a line.
+      await sbx.runCode('y = 5')
+      await throws(() => sbx.runCode('import time\ntime.sleep(30)\ny = 6', { timeoutMs: 1500 }), (e) => assert.equal(e.name, 'TimeoutError'))
       const t0 = Date.now()
       const e = await sbx.runCode('y')
       assert.equal(e.text, '5')
@@ -749,9 +752,12 @@ async function lifecycle() {
     await sbx.kill()
   }
   await step("onTimeout 'pause' with autoResume", async () => {
-    const s = await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause', autoResume: true }, metadata: { run } })
+    // Created long, shortened once the cell ran (a slow first cell is not
+    // paused); a resume gives it its time to live again, the create's.
+    const s = await Sandbox.create({ timeoutMs: 60000, lifecycle: { onTimeout: 'pause', autoResume: true }, metadata: { run } })
     try {
       await s.runCode('y = 5')
+      await s.setTimeout(2000)
       const info = await waitState(Sandbox, s.sandboxId, 'paused', 20000)
       assert.equal(info.lifecycle?.onTimeout, 'pause')
       assert.equal(info.lifecycle?.autoResume, true)
