@@ -29,6 +29,10 @@ const (
 	EventResult = "result" // a displayed value: the last expression, display(), a figure
 	EventError  = "error"  // the exception that ended the code
 	EventEnd    = "end"    // always last
+	// EventRestored comes first when the request woke the session from
+	// hibernation (or restored it): Text says what came back and what
+	// did not, as the Sandloop-Restored header does.
+	EventRestored = "restored"
 )
 
 // Event is one item of an execution stream. Which fields are set depends

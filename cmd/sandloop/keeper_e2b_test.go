@@ -163,3 +163,44 @@ func TestKeepSessionsE2BKeeperKilled(t *testing.T) {
 	}
 	c.term(t)
 }
+
+// TestServeRestartKeepsSessionsE2B: serve without a keeper, its sessions
+// durable (--snapshot-every), stopped with SIGTERM, puts each sandbox to
+// sleep on a snapshot, and the next serve on the same --data-dir adopts
+// it, with E2B's own SDK (keep.mjs screate/safter): getInfo has its
+// metadata and time to live, the paused one is still paused, and connect
+// + runCode on the same id find every variable that serializes (set after
+// the last automatic snapshot too), the files and envs, the first cell
+// saying what did not come back.
+func TestServeRestartKeepsSessionsE2B(t *testing.T) {
+	e2btest.SDK(t)
+	const token = "shelve-e2b-token-0123456789"
+	dataDir := t.TempDir()
+	start := func() (*keptServe, e2btest.Env) {
+		s := startServeIn(t, dataDir, nil, "--pool", "0", "--e2b=true", "--token", token, "--snapshot-every", "1h")
+		return s, e2btest.Env{URL: s.url, Key: e2b.KeyForToken(token)}
+	}
+	a, env := start()
+	out, err := e2btest.RunScript(t, env, 3*time.Minute, "keep.mjs", "screate")
+	if err != nil {
+		t.Fatalf("keep.mjs screate: %v\n%s", err, out)
+	}
+	var ids []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "ids" {
+			ids = f[1:]
+		}
+	}
+	if len(ids) != 2 {
+		t.Fatalf("keep.mjs screate printed no ids:\n%s", out)
+	}
+	a.term(t)
+	if !strings.Contains(a.stderr.String(), `"shutdown: sessions asleep on their snapshots, for the next server" sessions=2`) {
+		t.Errorf("serve's shutdown did not put both sessions to sleep:\n%s", tail(a.stderr.String(), 20))
+	}
+	_, env = start()
+	out, err = e2btest.RunScript(t, env, 3*time.Minute, "keep.mjs", "safter", ids[0], ids[1])
+	if err != nil || !strings.Contains(string(out), "done") {
+		t.Fatalf("keep.mjs safter a SIGTERM restart: %v\n%s", err, out)
+	}
+}

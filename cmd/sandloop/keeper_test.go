@@ -44,7 +44,15 @@ func startKept(t testing.TB, dataDir string, args ...string) *keptServe {
 // startKeptEnv is startKept with env added to serve's environment.
 func startKeptEnv(t testing.TB, dataDir string, env []string, args ...string) *keptServe {
 	t.Helper()
-	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--keep-sessions", "--e2b=false"}, args...)...)
+	return startServeIn(t, dataDir, env, append([]string{"--keep-sessions", "--e2b=false"}, args...)...)
+}
+
+// startServeIn starts serve on dataDir (a real process: this test binary
+// as the CLI), env added to its environment. The cleanup kills it (by its
+// PID) if it is still running.
+func startServeIn(t testing.TB, dataDir string, env []string, args ...string) *keptServe {
+	t.Helper()
+	cmd := cliCommand(t.Context(), append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, args...)...)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Cancel = func() error {
 		if t.Failed() {

@@ -179,6 +179,8 @@ func showEvent(out, errw io.Writer, e client.Event, images *imageSaver) {
 		io.WriteString(errw, e.Text)
 	case client.EventResult:
 		showData(out, errw, e.Data, images)
+	case client.EventRestored:
+		fmt.Fprintf(errw, "sandloop: the session was asleep and woke for this: restored %s\n", e.Text)
 	case client.EventError:
 		tb := e.Traceback
 		if tb == "" {

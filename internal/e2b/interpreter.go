@@ -243,11 +243,13 @@ func resultLine(e kernel.Event) outputLine {
 }
 
 // lossNotice is, once per restore, what a restore of the sandbox after
-// its processes were lost brought back and what it lost ("" if its
-// latest restore was no such restore, or was told already).
+// its processes were lost, or a wake from hibernation that could not
+// bring back everything, brought back and what it lost ("" if its latest
+// restore was no such restore, or was told already).
 func (sb *sandbox) lossNotice() string {
 	res := sb.ms.Session.Restored()
-	if res == nil || (res.AsOf.IsZero() && res.Lost == "") {
+	woke := res != nil && res.From == "hibernation" && len(res.NotRestored) > 0
+	if res == nil || (res.AsOf.IsZero() && res.Lost == "" && !woke) {
 		return ""
 	}
 	key := res.From + " " + res.AsOf.String()

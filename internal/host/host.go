@@ -201,6 +201,10 @@ type Host struct {
 	serveErr error
 	stopBeat func()
 	keeper   *keeperLink // with KeepSessions
+	// records is where the sessions' records are kept (durable sessions:
+	// with KeepSessions, SnapshotEvery or IdleHibernate), "" for none.
+	// Without a keeper, shutdown hibernates them for the next server.
+	records string
 	// cellPG is the cell's database once opened (cell): snapshots
 	// written before are not recorded there.
 	cellPG    atomic.Pointer[store.Postgres]
@@ -291,6 +295,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if snaps != nil && h.cfg.DataDir != "" && (h.cfg.KeepSessions || every > 0 || h.cfg.IdleHibernate > 0) {
 		records = filepath.Join(h.cfg.DataDir, "session-records")
 	}
+	h.records = records
 	mo := &session.ManagerOptions{
 		Records: records, SnapshotEvery: max(every, 0),
 		Snapshots: snaps, IdleHibernate: h.cfg.IdleHibernate,
@@ -383,9 +388,11 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		}
 		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log,
 			ColdCommands: h.cfg.ColdCommands || h.cfg.OldPipeline, CommandTrace: h.cfg.E2BCommandTrace}
-		if h.keeper != nil {
-			// The keeper keeps the sandboxes' sessions; these records what
-			// E2B adds (tokens, metadata, time to live), for the next server.
+		if h.records != "" {
+			// The keeper keeps the sandboxes' sessions, or shutdown puts
+			// them to sleep on their snapshots (Close); these records
+			// what E2B adds (tokens, metadata, time to live), for the
+			// next server.
 			eo.StateDir = filepath.Join(h.cfg.DataDir, "e2b")
 		}
 		if h.tmpl != nil {
@@ -603,7 +610,8 @@ func (h *Host) Drain(ctx context.Context, d time.Duration) {
 // Close stops the host in order: the registration first (gateways place
 // nothing more here), the MCP streams, then the HTTP server's listener
 // (in-flight requests get 10s, while E2B's sandboxes, the runs and every
-// session are closed), the history and the zygote. It returns the
+// session are closed: left to the keeper with one, put to sleep on their
+// snapshots with records), the history and the zygote. It returns the
 // manager's error.
 func (h *Host) Close() error {
 	h.closeOnce.Do(func() {
@@ -613,9 +621,12 @@ func (h *Host) Close() error {
 		if stopBeat != nil {
 			stopBeat()
 		}
-		if h.keeper != nil {
+		switch {
+		case h.keeper != nil:
 			h.log.Info("shutting down: the sessions stay in the keeper for the next server")
-		} else {
+		case h.records != "":
+			h.log.Info("shutting down: each session goes to sleep on a snapshot; the next server on this data directory wakes it at its next use")
+		default:
 			h.log.Info("shutting down: closing every session")
 		}
 		h.closeMounts()
@@ -639,20 +650,27 @@ func (h *Host) Close() error {
 				<-served
 			}()
 		}
-		if h.e2b != nil && h.keeper != nil && h.keeper.alive() {
-			h.e2b.Detach() // the sandboxes' sessions stay in the keeper
+		if h.e2b != nil && (h.keeper != nil && h.keeper.alive() || h.keeper == nil && h.records != "") {
+			h.e2b.Detach() // the sandboxes' sessions stay, in the keeper or asleep
 		} else if h.e2b != nil {
 			h.e2b.Close() // before the manager closes the sessions
 		}
 		if h.runs != nil {
 			h.runs.Close()
 		}
-		if h.keeper != nil {
+		switch {
+		case h.keeper != nil:
 			// Kept for the next server (an upgrade): not closed. Those
 			// whose keeper died are left to their records and snapshots:
 			// the next server restores them.
 			h.closeErr = h.mgr.Detach()
-		} else {
+		case h.records != "":
+			// Durable sessions without a keeper: hibernated, so that a
+			// restart loses nothing of them (their files and variables).
+			var n int
+			n, h.closeErr = h.mgr.Shelve(context.Background())
+			h.log.Info("shutdown: sessions asleep on their snapshots, for the next server", "sessions", n)
+		default:
 			h.closeErr = h.mgr.Close()
 		}
 		if h.keeper != nil {

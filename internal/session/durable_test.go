@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -473,5 +474,82 @@ func TestChangedSince(t *testing.T) {
 				t.Errorf("changedSince = %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// TestShelve: a server that shuts down without a keeper, its sessions
+// durable, hibernates each of them (a running cell interrupted first) and
+// leaves it to its record: the next manager on the same records brings
+// every one back asleep, and its wake restores all its variables and
+// files, those set after its last automatic snapshot too (nothing is lost
+// to the restart), and says what could not come back.
+func TestShelve(t *testing.T) {
+	ctx := context.Background()
+	st, _, _ := snapshotStore(t, nil)
+	o := ManagerOptions{Snapshots: st, Records: t.TempDir()}
+	m := forkManager(t, o)
+	idle, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := m.Create(ctx, CreateOptions{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managedRun(t, idle, "open('kept.txt', 'w').write('files')\nx = 41\ng = (i for i in range(3))")
+	if n := m.SnapshotChanged(ctx, 0); n != 1 {
+		t.Fatalf("%d automatic snapshots written, want 1", n)
+	}
+	managedRun(t, idle, "x += 1\nopen('later.txt', 'w').write('after the snapshot')") // after it: kept too
+	started := make(chan struct{})
+	var once sync.Once
+	ran := make(chan *kernel.Result, 1)
+	go func() {
+		r, _ := busy.Execute(ctx, kernel.Request{Code: "import time\ny = 7\nprint('in', flush=True)\ntime.sleep(60)"}, func(ev kernel.Event) {
+			if ev.Type == kernel.EventStdout {
+				once.Do(func() { close(started) })
+			}
+		})
+		ran <- r
+	}()
+	<-started
+	n, err := m.Shelve(ctx)
+	if n != 2 || err != nil {
+		t.Fatalf("shelve: %d asleep, %v; want 2", n, err)
+	}
+	if r := <-ran; r == nil || r.Status != kernel.StatusInterrupted {
+		t.Errorf("the running cell: %+v, want interrupted", r)
+	}
+	m2 := forkManager(t, o)
+	if n, err := m2.Restore(ctx); n != 2 || err != nil {
+		t.Fatalf("restore: %d, %v; want 2", n, err)
+	}
+	back, err := m2.Get("alice", idle.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.Hibernated() {
+		t.Fatal("a shelved session came back awake")
+	}
+	evs, _, _ := back.Events().Since(0)
+	if len(evs) < 2 || !strings.Contains(evs[len(evs)-2].Reason, "the server shut down") || !strings.Contains(evs[len(evs)-1].Reason, "nothing was lost") {
+		t.Errorf("its events: %+v", evs)
+	}
+	res, err := back.Wake(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(res.Variables, "x") || len(res.NotRestored) != 1 || !strings.HasPrefix(res.NotRestored[0], "g:") {
+		t.Errorf("what came back: %+v", res)
+	}
+	if got := managedText(t, back, "x, open('kept.txt').read(), open('later.txt').read()"); got != "(42, 'files', 'after the snapshot')" {
+		t.Errorf("after the restart: %q", got)
+	}
+	other, err := m2.Get("alice", busy.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := managedText(t, other, "y"); got != "7" {
+		t.Errorf("the interrupted session's y: %q", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandloop/sandloop/internal/jail"
@@ -139,4 +140,71 @@ func (m *Manager) reattach(ctx context.Context, r KeptRecord) error {
 func (m *Manager) Detach() error {
 	m.detaching.Store(true)
 	return m.Close()
+}
+
+// Shelve stops the manager of a server that comes back on the same
+// records without a keeper (a restart, an upgrade): each durable session
+// (ManagerOptions.Records) is hibernated first, its files and variables
+// written to the snapshot store and its processes ended, and then left to
+// its record, which the next server's Restore brings back asleep on the
+// same id: nothing that serializes is lost to the restart. A cell running
+// is interrupted first (within shelveBusyWait). A session whose
+// hibernation fails is let go as Detach does: the next server takes its
+// files, with the variables of its latest snapshot. Without records it is
+// Close. It returns how many sessions went to sleep, and Close's error.
+func (m *Manager) Shelve(ctx context.Context) (int, error) {
+	if m.opts.Records == "" || m.opts.Snapshots == nil {
+		return 0, m.Close()
+	}
+	m.mu.Lock()
+	var list []*Managed
+	for _, ms := range m.sessions {
+		if ms.Session != nil && ms.durable != nil && !ms.Session.hib.on.Load() {
+			list = append(list, ms)
+		}
+	}
+	m.mu.Unlock()
+	var slept atomic.Int64
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for _, ms := range list {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := m.shelve(ctx, ms); err != nil {
+				m.log.Warn("shutdown: a session could not be hibernated: the next server takes its files, with the variables of its latest snapshot", "session", ms.ID(), "err", err)
+				return
+			}
+			slept.Add(1)
+		})
+	}
+	wg.Wait()
+	m.detaching.Store(true)
+	return int(slept.Load()), m.Close()
+}
+
+// shelveBusyWait bounds how long Shelve waits for a session's interrupted
+// cell to end.
+const shelveBusyWait = 5 * time.Second
+
+// shelve hibernates ms for Shelve, interrupting its running cell first.
+func (m *Manager) shelve(ctx context.Context, ms *Managed) error {
+	const reason = "the server shut down: it sleeps on its snapshot until the next server on its data directory wakes it at its next use"
+	deadline := time.Now().Add(shelveBusyWait)
+	interrupted := false
+	for {
+		hctx, cancel := context.WithTimeout(ctx, snapshotDeadline)
+		_, err := ms.hibernate(hctx, reason)
+		cancel()
+		if !errors.Is(err, ErrBusy) || time.Now().After(deadline) {
+			return err
+		}
+		if !interrupted {
+			interrupted = true
+			if err := ms.Session.Interrupt(); err != nil && !errors.Is(err, ErrClosed) {
+				m.log.Debug("shutdown: interrupt a running cell", "session", ms.ID(), "err", err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

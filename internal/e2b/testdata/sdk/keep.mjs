@@ -24,6 +24,17 @@
 //   node keep.mjs kagain ID       after serve and keeper were both killed and serve restarted:
 //                                 the same, x + z = 43, then kill
 //
+// A SIGTERM of serve without a keeper, its sessions durable (--snapshot-every): each goes to
+// sleep on a snapshot, and the next serve wakes it (TestServeRestartKeepsSessionsE2B):
+//
+//   node keep.mjs screate         a sandbox (metadata, envs, variables, one a generator, files by
+//                                 the files API and by a cell) and a paused one; prints "ids ID PAUSED"
+//   node keep.mjs safter ID PAUSED
+//                                 after the restart: getInfo (metadata, time to live; the paused one
+//                                 still paused), connect + runCode with every variable back, the
+//                                 first cell saying what came back and that g did not; files, envs;
+//                                 connect resumes the paused one
+//
 // Each step prints "ok <step>"; a failure prints the error and exits 1.
 import assert from 'node:assert/strict'
 import { Sandbox } from '@e2b/code-interpreter'
@@ -159,6 +170,53 @@ switch (process.argv[2]) {
     }
     break
   }
+  case 'screate': {
+    let sbx
+    await step('create', async () => {
+      sbx = await Sandbox.create({ metadata: { who: 'shelve' }, envs: { GREETING: 'hi' }, timeoutMs: 600_000 })
+      await sbx.runCode('x = 41\nopen("made.txt", "w").write("by a cell")\ng = (i for i in range(3))')
+      await sbx.files.write('kept.txt', 'kept')
+    })
+    let paused
+    await step('pause one', async () => {
+      paused = await Sandbox.create({ timeoutMs: 600_000 })
+      await paused.runCode('y = 7')
+      await paused.pause()
+    })
+    console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
+    break
+  }
+  case 'safter': {
+    const [id, pid] = process.argv.slice(3)
+    await step('getInfo after the restart', async () => {
+      const info = await Sandbox.getInfo(id)
+      assert.equal(info.metadata.who, 'shelve')
+      assert.equal(info.state, 'running')
+      assert.ok(new Date(info.endAt) - Date.now() > 6 * 60_000, `endAt ${info.endAt}`)
+      assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
+    })
+    await step('connect and runCode on the same id: every variable back, and what was not, said', async () => {
+      const sbx = await Sandbox.connect(id)
+      const ex = await sbx.runCode('x + 1')
+      assert.equal(text(ex), '42')
+      const said = ex.logs.stderr.join('')
+      assert.match(said, /^\[sandloop\] this sandbox was restored from hibernation: files exact \(2 files\); variables restored: .*x/, `stderr: ${said}`)
+      assert.match(said, /not restorable: g: /)
+      assert.equal((await sbx.runCode('1')).logs.stderr.join(''), '', 'the restore is told once')
+      assert.equal(text(await sbx.runCode('import os\nos.environ["GREETING"]')), "'hi'")
+      assert.equal(await sbx.files.read('kept.txt'), 'kept')
+      assert.equal(await sbx.files.read('made.txt'), 'by a cell')
+      assert.equal((await sbx.commands.run('echo $GREETING')).stdout.trim(), 'hi')
+      await sbx.kill()
+    })
+    await step('the paused one is still paused; connect resumes it', async () => {
+      const p = await Sandbox.connect(pid)
+      assert.equal(text(await p.runCode('y')), '7')
+      assert.equal((await p.getInfo()).state, 'running')
+      await p.kill()
+    })
+    break
+  }
   case 'kset': {
     await step('runCode alone', async () => {
       const sbx = await Sandbox.connect(process.argv[3])
@@ -167,7 +225,7 @@ switch (process.argv[2]) {
     break
   }
   default:
-    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING | kcreate | kafter ID PAUSED | kset ID | kagain ID')
+    console.error('usage: node keep.mjs create | after RUNNING PAUSED | again RUNNING | kcreate | kafter ID PAUSED | kset ID | kagain ID | screate | safter ID PAUSED')
     process.exit(2)
 }
 console.log('done')
