@@ -388,7 +388,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		}
 		eo := &e2b.Options{Manager: h.mgr, Keys: keys, Zygote: zy, MaxTimeout: max(h.cfg.MaxLifetime, 0), Network: network, Logger: h.log,
 			ColdCommands: h.cfg.ColdCommands || h.cfg.OldPipeline, CommandTrace: h.cfg.E2BCommandTrace}
-		if h.records != "" {
+		if h.keeper != nil || h.shelves() {
 			// The keeper keeps the sandboxes' sessions, or shutdown puts
 			// them to sleep on their snapshots (Close); these records
 			// what E2B adds (tokens, metadata, time to live), for the
@@ -624,7 +624,7 @@ func (h *Host) Close() error {
 		switch {
 		case h.keeper != nil:
 			h.log.Info("shutting down: the sessions stay in the keeper for the next server")
-		case h.records != "":
+		case h.shelves():
 			h.log.Info("shutting down: each session goes to sleep on a snapshot; the next server on this data directory wakes it at its next use")
 		default:
 			h.log.Info("shutting down: closing every session")
@@ -650,7 +650,7 @@ func (h *Host) Close() error {
 				<-served
 			}()
 		}
-		if h.e2b != nil && (h.keeper != nil && h.keeper.alive() || h.keeper == nil && h.records != "") {
+		if h.e2b != nil && (h.keeper != nil && h.keeper.alive() || h.shelves()) {
 			h.e2b.Detach() // the sandboxes' sessions stay, in the keeper or asleep
 		} else if h.e2b != nil {
 			h.e2b.Close() // before the manager closes the sessions
@@ -664,7 +664,7 @@ func (h *Host) Close() error {
 			// whose keeper died are left to their records and snapshots:
 			// the next server restores them.
 			h.closeErr = h.mgr.Detach()
-		case h.records != "":
+		case h.shelves():
 			// Durable sessions without a keeper: hibernated, so that a
 			// restart loses nothing of them (their files and variables).
 			var n int
@@ -690,6 +690,16 @@ func (h *Host) Close() error {
 		}
 	})
 	return h.closeErr
+}
+
+// shelves says whether shutdown puts the sessions to sleep on snapshots
+// for the next server on the same data directory (Manager.Shelve): they
+// are durable, no keeper holds them, and this is no cell's host (a
+// gateway restores a host's sessions elsewhere, from their latest
+// snapshots, once the host's process is gone: the next one's epoch is
+// new).
+func (h *Host) shelves() bool {
+	return h.keeper == nil && h.records != "" && h.cfg.GatewaySecret == ""
 }
 
 // closeMounts closes the mounted handlers that hold connections open
