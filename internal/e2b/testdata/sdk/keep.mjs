@@ -52,9 +52,34 @@ async function step(name, fn) {
 
 const text = (ex) => ex.results.find((r) => r.isMainResult)?.text ?? ex.text
 
+// pauseOne is the step that makes a paused sandbox (y = 7) and returns it.
+async function pauseOne() {
+  let paused
+  await step('pause one', async () => {
+    paused = await Sandbox.create({ timeoutMs: 600_000 })
+    await paused.runCode('y = 7')
+    await paused.pause()
+    assert.equal((await paused.getInfo()).state, 'paused')
+  })
+  return paused
+}
+
+// infoKept is the step that checks getInfo after a restart: sandbox id's
+// metadata and its 10-minute time to live, and paused one pid still paused.
+async function infoKept(id, pid, who) {
+  await step('getInfo after the restart', async () => {
+    const info = await Sandbox.getInfo(id)
+    assert.equal(info.metadata.who, who)
+    assert.equal(info.state, 'running')
+    // The time to live asked at create, not a fresh default of 5 minutes.
+    assert.ok(new Date(info.endAt) - Date.now() > 6 * 60_000, `endAt ${info.endAt}`)
+    assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
+  })
+}
+
 switch (process.argv[2]) {
   case 'create': {
-    let sbx, paused
+    let sbx
     await step('create', async () => {
       sbx = await Sandbox.create({ metadata: { who: 'keep' }, envs: { GREETING: 'hi' }, timeoutMs: 600_000 })
       const ex = await sbx.runCode('x = 41\nimport os\nos.environ["GREETING"]')
@@ -63,25 +88,13 @@ switch (process.argv[2]) {
       await sbx.commands.run('sleep 600', { background: true })
       assert.equal((await sbx.commands.list()).length, 1)
     })
-    await step('pause one', async () => {
-      paused = await Sandbox.create({ timeoutMs: 600_000 })
-      await paused.runCode('y = 7')
-      await paused.pause()
-      assert.equal((await paused.getInfo()).state, 'paused')
-    })
+    const paused = await pauseOne()
     console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
     break
   }
   case 'after': {
     const [id, pid] = process.argv.slice(3)
-    await step('getInfo after the restart', async () => {
-      const info = await Sandbox.getInfo(id)
-      assert.equal(info.metadata.who, 'keep')
-      assert.equal(info.state, 'running')
-      // The time to live asked at create, not a fresh default of 5 minutes.
-      assert.ok(new Date(info.endAt) - Date.now() > 6 * 60_000, `endAt ${info.endAt}`)
-      assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
-    })
+    await infoKept(id, pid, 'keep')
     await step('connect and runCode on the same id', async () => {
       const sbx = await Sandbox.connect(id)
       assert.equal(sbx.sandboxId, id)
@@ -116,13 +129,7 @@ switch (process.argv[2]) {
       await sbx.runCode('x = 41\nopen("made.txt", "w").write("by a cell")')
       await sbx.files.write('kept.txt', 'kept')
     })
-    let paused
-    await step('pause one', async () => {
-      paused = await Sandbox.create({ timeoutMs: 600_000 })
-      await paused.runCode('y = 7')
-      await paused.pause()
-      assert.equal((await paused.getInfo()).state, 'paused')
-    })
+    const paused = await pauseOne()
     console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
     break
   }
@@ -177,24 +184,13 @@ switch (process.argv[2]) {
       await sbx.runCode('x = 41\nopen("made.txt", "w").write("by a cell")\ng = (i for i in range(3))')
       await sbx.files.write('kept.txt', 'kept')
     })
-    let paused
-    await step('pause one', async () => {
-      paused = await Sandbox.create({ timeoutMs: 600_000 })
-      await paused.runCode('y = 7')
-      await paused.pause()
-    })
+    const paused = await pauseOne()
     console.log(`ids ${sbx.sandboxId} ${paused.sandboxId}`)
     break
   }
   case 'safter': {
     const [id, pid] = process.argv.slice(3)
-    await step('getInfo after the restart', async () => {
-      const info = await Sandbox.getInfo(id)
-      assert.equal(info.metadata.who, 'shelve')
-      assert.equal(info.state, 'running')
-      assert.ok(new Date(info.endAt) - Date.now() > 6 * 60_000, `endAt ${info.endAt}`)
-      assert.equal((await Sandbox.getInfo(pid)).state, 'paused')
-    })
+    await infoKept(id, pid, 'shelve')
     await step('connect and runCode on the same id: every variable back, and what was not, said', async () => {
       const sbx = await Sandbox.connect(id)
       const ex = await sbx.runCode('x + 1')
