@@ -626,6 +626,8 @@ func (h *Host) Close() error {
 			h.log.Info("shutting down: the sessions stay in the keeper for the next server")
 		case h.shelves():
 			h.log.Info("shutting down: each session goes to sleep on a snapshot; the next server on this data directory wakes it at its next use")
+		case h.records == "" && h.mgr.Stats().Sessions > 0 && h.cfg.GatewaySecret == "":
+			h.log.Info("shutting down: closing every session, its files with it (with --snapshot-every, sessions sleep on snapshots across a restart instead)", "sessions", h.mgr.Stats().Sessions)
 		default:
 			h.log.Info("shutting down: closing every session")
 		}
