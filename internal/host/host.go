@@ -418,6 +418,11 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 	if h.e2b != nil {
 		so.Dispatch = h.e2b.Dispatch
 	}
+	if h.records != "" {
+		// Sessions outlive this server (a keeper, records): their web UI
+		// notebooks too.
+		so.NotebookDir = filepath.Join(h.cfg.DataDir, "notebooks")
+	}
 	if h.srv, err = server.New(&so); err != nil {
 		return nil, err
 	}

@@ -2,12 +2,16 @@ package server
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -16,7 +20,9 @@ import (
 // counts), kept by the server so that a reload, a second tab or another
 // browser shows the notebook as it is. It lives in the server's memory,
 // beside the session and never in its workspace, so code in the sandbox
-// cannot read or forge it; it goes when the session does.
+// cannot read or forge it; it goes when the session does. Where sessions
+// outlive their server, it is kept in Options.NotebookDir too (a host
+// directory, as the memory), and the next server shows it.
 
 // DefaultMaxNotebookBytes caps one notebook (its JSON or .ipynb), when
 // Options leave MaxNotebookBytes zero.
@@ -88,14 +94,96 @@ func (s *Server) maxNotebookBytes() int64 {
 	return DefaultMaxNotebookBytes
 }
 
-// notebookOf is a copy of the session's notebook (no cells if none was saved).
+// notebookOf is a copy of the session's notebook (no cells if none was
+// saved), from NotebookDir if this server has not seen it yet.
 func (s *Server) notebookOf(id string) Notebook {
 	s.notebooks.mu.Lock()
 	defer s.notebooks.mu.Unlock()
 	if e := s.notebooks.m[id]; e != nil {
 		return e.nb
 	}
+	if e := s.loadNotebook(id); e != nil {
+		if s.notebooks.m == nil {
+			s.notebooks.m = map[string]*storedNotebook{}
+		}
+		s.notebooks.m[id] = e
+		return e.nb
+	}
 	return Notebook{Cells: []NotebookCell{}}
+}
+
+// notebookFile is where NotebookDir keeps session id's notebook.
+func (s *Server) notebookFile(id string) string {
+	return filepath.Join(s.opts.NotebookDir, id+".json")
+}
+
+// notebookRecord is a notebook's file in NotebookDir.
+type notebookRecord struct {
+	Owner    string   `json:"owner"`
+	Notebook Notebook `json:"notebook"`
+}
+
+// loadNotebook reads session id's notebook from NotebookDir, if it keeps
+// one; the caller holds s.notebooks.mu.
+func (s *Server) loadNotebook(id string) *storedNotebook {
+	if s.opts.NotebookDir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(s.notebookFile(id))
+	if err != nil {
+		return nil
+	}
+	var rec notebookRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		s.log.Warn("a session's kept notebook is unreadable: it starts empty", "session", id, "err", err)
+		return nil
+	}
+	if rec.Notebook.Cells == nil {
+		rec.Notebook.Cells = []NotebookCell{}
+	}
+	return &storedNotebook{owner: rec.Owner, nb: rec.Notebook}
+}
+
+// keepNotebook writes e, session id's notebook, to NotebookDir (a failure
+// is logged: the notebook is still served from memory); the caller holds
+// s.notebooks.mu.
+func (s *Server) keepNotebook(id string, e *storedNotebook) {
+	if s.opts.NotebookDir == "" {
+		return
+	}
+	b, err := json.Marshal(notebookRecord{Owner: e.owner, Notebook: e.nb})
+	if err == nil {
+		err = os.MkdirAll(s.opts.NotebookDir, 0o700)
+	}
+	if err == nil {
+		tmp := s.notebookFile(id) + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, s.notebookFile(id))
+		}
+	}
+	if err != nil {
+		s.log.Warn("keep a session's notebook for the next server", "session", id, "err", err)
+	}
+}
+
+// sweepNotebooks removes from NotebookDir the notebooks of sessions the
+// manager does not hold (closed while no server ran, or not restored).
+func (s *Server) sweepNotebooks() {
+	if s.opts.NotebookDir == "" {
+		return
+	}
+	paths, _ := filepath.Glob(filepath.Join(s.opts.NotebookDir, "*.json"))
+	for _, p := range paths {
+		id := strings.TrimSuffix(filepath.Base(p), ".json")
+		b, err := os.ReadFile(p)
+		var rec notebookRecord
+		if err == nil && json.Unmarshal(b, &rec) == nil {
+			if _, err := s.opts.Manager.Get(rec.Owner, id); err == nil {
+				continue
+			}
+		}
+		os.Remove(p)
+	}
 }
 
 // saveNotebook replaces the session's cells, unless base names a revision
@@ -111,19 +199,26 @@ func (s *Server) saveNotebook(owner, id string, cells []NotebookCell, base *int6
 	for sid, e := range s.notebooks.m {
 		if _, err := s.opts.Manager.Get(e.owner, sid); err != nil {
 			delete(s.notebooks.m, sid)
+			if s.opts.NotebookDir != "" {
+				os.Remove(s.notebookFile(sid))
+			}
 		}
 	}
 	e := s.notebooks.m[id]
 	if e == nil {
-		e = &storedNotebook{owner: owner, nb: Notebook{}}
-		s.notebooks.m[id] = e
+		e = s.loadNotebook(id) // its revisions go on from the server before
 	}
+	if e == nil || e.owner != owner {
+		e = &storedNotebook{owner: owner, nb: Notebook{}}
+	}
+	s.notebooks.m[id] = e
 	if base != nil && *base != e.nb.Revision {
 		return Notebook{}, &apiError{http.StatusConflict, "notebook_changed",
 			fmt.Sprintf("the notebook was saved elsewhere since revision %d (it is at revision %d): GET it again, or PUT without revision to overwrite it", *base, e.nb.Revision), 0}
 	}
 	now := time.Now().UTC()
 	e.nb = Notebook{Cells: cells, Revision: e.nb.Revision + 1, UpdatedAt: &now}
+	s.keepNotebook(id, e)
 	return e.nb, nil
 }
 

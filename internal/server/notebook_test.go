@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"mime"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,3 +191,47 @@ func cellOf(code string, r kernel.Result) NotebookCell {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// With NotebookDir (sessions that outlive their server), a session's
+// notebook is kept there too: the next server on the same sessions shows
+// its cells, and its revisions go on; the files of sessions no longer held
+// go, at the next server's start and at a save.
+func TestNotebookKeptForTheNextServer(t *testing.T) {
+	dir := t.TempDir()
+	ts := newTestServer(t, session.ManagerOptions{}, Options{Tokens: []string{"alice-token-0123456789"}, NotebookDir: dir})
+	id := ts.create(t, "")
+	gone := ts.create(t, "")
+	base := "/v1/sessions/" + id + "/notebook"
+	var nb Notebook
+	if resp := ts.do(t, "PUT", base, `{"cells":[{"id":"a","source":"x = 1","execution_count":1,"outputs":[]}]}`, &nb); resp.StatusCode != 200 || nb.Revision != 1 {
+		t.Fatalf("save: %d %+v", resp.StatusCode, nb)
+	}
+	ts.do(t, "PUT", "/v1/sessions/"+gone+"/notebook", `{"cells":[]}`, nil)
+	if fi, err := os.Stat(filepath.Join(dir, id+".json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the kept notebook: %v %v", fi, err)
+	}
+	ts.do(t, "DELETE", "/v1/sessions/"+gone, "", nil)
+	os.WriteFile(filepath.Join(dir, "0123456789abcdef.json"), []byte(`{"owner":"alice","notebook":{"cells":[]}}`), 0o600)
+
+	// The next server, on the same sessions.
+	srv2, err := New(&Options{Manager: ts.mgr, Tokens: []string{"alice-token-0123456789"}, NotebookDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "0123456789abcdef.json")); err == nil {
+		t.Error("the notebook of a session no server holds was kept")
+	}
+	if _, err := os.Stat(filepath.Join(dir, gone+".json")); err == nil {
+		t.Error("a deleted session's notebook was kept")
+	}
+	hs2 := httptest.NewServer(srv2)
+	defer hs2.Close()
+	ts2 := &testServer{Server: hs2, mgr: ts.mgr, srv: srv2, token: "alice-token-0123456789"}
+	var got Notebook
+	if resp := ts2.do(t, "GET", base, "", &got); resp.StatusCode != 200 || len(got.Cells) != 1 || got.Cells[0].Source != "x = 1" || got.Revision != 1 {
+		t.Fatalf("the next server's notebook: %d %+v", resp.StatusCode, got)
+	}
+	if resp := ts2.do(t, "PUT", base, `{"cells":[],"revision":1}`, &got); resp.StatusCode != 200 || got.Revision != 2 {
+		t.Errorf("a save at the kept revision: %d %+v", resp.StatusCode, got)
+	}
+}

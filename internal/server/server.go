@@ -74,6 +74,12 @@ type Options struct {
 	// MaxNotebookBytes caps a session's notebook (PUT .../notebook). If
 	// zero, DefaultMaxNotebookBytes.
 	MaxNotebookBytes int64
+	// NotebookDir, if set, keeps each session's notebook there too (a
+	// file per session, 0600), for the next server when sessions outlive
+	// this one (a keeper, sessions put to sleep at shutdown): its web UI
+	// then shows the cells as they were. New removes the files of
+	// sessions the manager does not hold.
+	NotebookDir string
 	// GatewaySecret, if set, makes this server a host of a cell: every
 	// request but the public routes must carry it in HeaderGatewaySecret
 	// (only the cell's gateways know it), and HeaderOwner names the caller
@@ -193,6 +199,7 @@ func New(o *Options) (*Server, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.tokens = NewTokens(opts.Tokens)
+	s.sweepNotebooks()
 	// A cell's host: see Front.NoBrowserChecks.
 	s.front = Front{Mux: s.mux, AllowedHosts: opts.AllowedHosts, NoBrowserChecks: opts.GatewaySecret != ""}
 	reg := prometheus.NewRegistry()
