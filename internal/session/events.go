@@ -390,10 +390,18 @@ func closeWords(reason string) string {
 	return reason
 }
 
-// SessionEvents returns owner's session id's events: a session held, or
-// one closed within ClosedEventsKept.
+// SessionEvents returns owner's session id's events: a session held, one
+// being closed, or one closed within ClosedEventsKept.
 func (m *Manager) SessionEvents(owner, id string) (Events, error) {
 	if ms, err := m.Get(owner, id); err == nil {
+		return ms.Events(), nil
+	}
+	// Being closed: its own events still, its close to come (ended has
+	// it only once the close is over).
+	m.mu.Lock()
+	ms := m.shutting[id]
+	m.mu.Unlock()
+	if ms != nil && ms.Owner == owner {
 		return ms.Events(), nil
 	}
 	if x := m.ended.get(owner, id); x != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandloop/sandloop/internal/kernel"
+	"github.com/sandloop/sandloop/internal/testutil"
 )
 
 // leaseManager reaps sessions idle for more than idle, looking often.
@@ -183,5 +184,46 @@ func TestCloseRacingDeletes(t *testing.T) {
 	}
 	for range len(all) / 2 {
 		<-deleted
+	}
+}
+
+// A session being closed still serves its events, its close to come, to
+// its owner: a client watching them while it deletes the session (or the
+// reaper closes it) never gets "not found" in between.
+func TestEventsWhileClosing(t *testing.T) {
+	m := leaseManager(t, time.Hour)
+	ms, err := m.Create(context.Background(), CreateOptions{Owner: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms.Session.turn <- struct{}{} // its close waits for the turn
+	deleted := make(chan error, 1)
+	go func() { deleted <- m.Delete("a", ms.ID()) }()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if alive(m, ms) {
+			return errors.New("not let go of yet")
+		}
+		return nil
+	})
+	evs, err := m.SessionEvents("a", ms.ID())
+	if err != nil {
+		t.Fatalf("the events of a session being closed: %v", err)
+	}
+	if _, err := m.SessionEvents("b", ms.ID()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("another owner's view of a session being closed: %v", err)
+	}
+	if _, ended, _ := evs.Since(0); ended {
+		t.Error("the events ended before the close")
+	}
+	<-ms.Session.turn
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	all, ended, _ := evs.Since(0)
+	if !ended || len(all) == 0 || all[len(all)-1].Type != EventClosed {
+		t.Errorf("after the close: %+v, ended %v; want the close last", all, ended)
+	}
+	if _, err := m.SessionEvents("a", ms.ID()); err != nil {
+		t.Errorf("the events of a closed session: %v", err)
 	}
 }

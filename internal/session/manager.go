@@ -400,9 +400,27 @@ func inUse[T any](m *Managed, f func() (T, error)) (T, error) {
 	return f()
 }
 
-// letGo marks the session let go of by its manager: calls on it fail with
-// ErrClosed from now on (use). Under m.mgr.mu, where it is forgotten.
-func (m *Managed) letGo() { m.mu.Lock(); m.gone = true; m.mu.Unlock() }
+// letGoLocked forgets ms, which is about to be closed (or let go of at
+// shutdown), under m.mu: calls on it fail with ErrClosed from now on
+// (Managed.use), and its events are served until its close has ended
+// (shutting).
+func (m *Manager) letGoLocked(ms *Managed) {
+	delete(m.sessions, ms.ID())
+	ms.mu.Lock()
+	ms.gone = true
+	ms.mu.Unlock()
+	m.shutting[ms.ID()] = ms
+}
+
+// closeEnded notes that ms's close (or its letting go) has ended: ended holds
+// its events from now on, if it was closed.
+func (m *Manager) closeEnded(ms *Managed) {
+	m.mu.Lock()
+	if m.shutting[ms.ID()] == ms {
+		delete(m.shutting, ms.ID())
+	}
+	m.mu.Unlock()
+}
 
 // Pin marks the session in use until it is closed: it is never reaped as
 // idle (MaxLifetime still applies). For sessions whose owner governs their
@@ -586,6 +604,10 @@ type Manager struct {
 	usage samplers // the sessions whose metrics are watched (usage.go)
 
 	ended endedSessions // the sessions closed lately: their events, why (events.go)
+	// shutting are the sessions let go of whose close has not ended yet
+	// (under mu): their events are still served (SessionEvents) until
+	// ended holds them.
+	shutting map[string]*Managed
 
 	recordWrites inflight // records written again at an event (recordEventsOf)
 
@@ -671,6 +693,7 @@ func NewManager(o *ManagerOptions) *Manager {
 	m := &Manager{
 		opts: opts, log: log, defaults: def, max: mx,
 		sessions: map[string]*Managed{},
+		shutting: map[string]*Managed{},
 		refill:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
@@ -989,8 +1012,7 @@ func (m *Manager) DeleteFor(owner, id, reason string) error {
 		}
 		return ErrNotFound
 	}
-	delete(m.sessions, id)
-	ms.letGo()
+	m.letGoLocked(ms)
 	m.closing.Add(1) // under mu: Close's Wait counts it
 	m.mu.Unlock()
 	return m.closeSession(ms, reason)
@@ -1013,13 +1035,16 @@ func (m *Manager) closeSession(ms *Managed, reason string) error {
 				// which restores it if its kernel is gone.
 				ms.Session.keepSnapshots.Store(true)
 			}
-			done <- ms.Session.Detach() // kept for the next server
+			err := ms.Session.Detach() // kept for the next server
+			m.closeEnded(ms)
+			done <- err
 			return
 		}
 		m.forget(ms)
 		ms.Session.closeWhy.Store(&reason)
 		err := ms.Session.Close()
 		m.ended.add(ms.ID(), &ended{owner: ms.Owner, at: time.Now(), reason: reason, events: ms.Session.events.tail(closedTail)})
+		m.closeEnded(ms)
 		m.kick() // a slot is free: the pool may grow to its target
 		m.log.Info("session closed", "session", ms.ID(), "reason", reason)
 		if m.opts.OnClose != nil {
@@ -1128,7 +1153,7 @@ func (m *Manager) Close() error {
 	sessions := make([]*Managed, 0, len(m.sessions))
 	for _, ms := range m.sessions {
 		if ms.Session != nil {
-			ms.letGo()
+			m.letGoLocked(ms)
 			sessions = append(sessions, ms)
 		}
 	}
@@ -1262,6 +1287,7 @@ func (m *Manager) Reap(now time.Time) int {
 		v, reason := m.reapVerdictLocked(ms, now, paused)
 		if v == reapClose {
 			ms.gone = true
+			m.shutting[id] = ms
 		}
 		ms.mu.Unlock()
 		switch v {
@@ -1290,8 +1316,7 @@ func (m *Manager) Reap(now time.Time) int {
 			m.log.Warn("pausing an idle session failed: closing it", "session", ms.ID(), "err", err)
 			m.mu.Lock()
 			if m.sessions[ms.ID()] == ms {
-				delete(m.sessions, ms.ID())
-				ms.letGo()
+				m.letGoLocked(ms)
 				m.closing.Add(1)
 				victims = append(victims, ms)
 				reasons = append(reasons, "idle")
