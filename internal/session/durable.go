@@ -1052,6 +1052,21 @@ func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
 	// died) sees the mark at its registration, one registered before is
 	// in the sweep.
 	m.keeperDeaths = append(m.keeperDeaths, int64(pid))
+	// The pool's kernels it spawned died with it: not handed out.
+	kept := m.pool[:0]
+	var dead []*Session
+	for _, s := range m.pool {
+		if s.keeperPid.Load() == int64(pid) {
+			dead = append(dead, s)
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	m.pool = kept
+	m.closing.Add(len(dead))
+	for _, s := range dead {
+		go func() { defer m.closing.Done(); s.Close() }()
+	}
 	var lost []*Managed
 	for _, ms := range m.sessions {
 		if ms.Session != nil && ms.Session.keeperPid.Load() == int64(pid) && !ms.Session.hib.on.Load() {
@@ -1059,6 +1074,9 @@ func (m *Manager) KeeperDied(ctx context.Context, pid int) (int, error) {
 		}
 	}
 	m.mu.Unlock()
+	if len(dead) > 0 {
+		m.kick() // refilled in the next keeper
+	}
 	var (
 		mu   sync.Mutex
 		n    int

@@ -884,7 +884,7 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 
 	s := pooled
 	if s != nil {
-		if err := s.Err(); err != nil { // died while waiting in the pool
+		if err := s.Err(); err != nil || m.keeperDiedSince(s) { // died while waiting in the pool
 			s.Close()
 			s = nil
 		} else {
@@ -953,6 +953,27 @@ func (m *Manager) create(ctx context.Context, opts CreateOptions) (_ *Managed, e
 	}
 	m.log.Info("session created", "session", s.ID(), "pooled", ms.FromPool)
 	return ms, nil
+}
+
+// keeperDeathsNow is how many keepers KeeperDied was told of so far.
+func (m *Manager) keeperDeathsNow() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.keeperDeaths)
+}
+
+// keeperDiedSince says whether the keeper that spawned pooled kernel s
+// died after s's start began (its kernel then died with it, though s may
+// not have seen it yet): only deaths since count, as a later keeper may
+// reuse a dead one's pid.
+func (m *Manager) keeperDiedSince(s *Session) bool {
+	pid := s.keeperPid.Load()
+	if pid == 0 {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Contains(m.keeperDeaths[min(s.deathsBefore, len(m.keeperDeaths)):], pid)
 }
 
 // Get returns owner's session id.
@@ -1227,8 +1248,12 @@ func (m *Manager) poolLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			o := m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout)
 			o.EgressStandby = true // for a session in allow mode or in none mode
+			deaths := m.keeperDeathsNow()
 			s, err := New(ctx, o)
 			cancel()
+			if err == nil {
+				s.deathsBefore = deaths
+			}
 			if err != nil {
 				m.log.Error("pool: start kernel", "err", err)
 				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)

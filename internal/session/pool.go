@@ -504,8 +504,12 @@ func (m *Manager) poolLoopFair() {
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 				o := m.sessionOptions(m.defaults, nil, jail.NetworkNone, nil, m.opts.ExecTimeout)
 				o.EgressStandby = true // for a session in allow mode or in none mode
+				deaths := m.keeperDeathsNow()
 				s, err := New(ctx, o)
 				cancel()
+				if err == nil {
+					s.deathsBefore = deaths
+				}
 				d := time.Since(t0)
 				if err == nil && m.opts.PrepareCommands {
 					m.prepareCommandPooled(s)

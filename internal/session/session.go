@@ -266,6 +266,10 @@ type Session struct {
 	// the sessions a dead keeper held are those whose kernels it spawned
 	// (Manager.KeeperDied).
 	keeperPid atomic.Int64
+	// deathsBefore is how many keepers the manager knew dead when this
+	// session's start began (a pooled kernel): one that dies after is
+	// this kernel's, if its pid is keeperPid (Manager.keeperDiedSince).
+	deathsBefore int
 	// woken, if set, is told of a wake that Resume made (not the
 	// manager's own Managed.Wake): the manager's bookkeeping. Set before
 	// the session is shared.
