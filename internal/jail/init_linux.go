@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -344,18 +345,48 @@ func forwardSignals() {
 	}()
 }
 
-// warmThreads lets the Go runtime start the threads the init needs while
-// it supervises (one blocked in wait4, one in the signal loop, the one
-// that takes over the processor): blocking a little in a system call, as
-// wait4 will, makes the runtime hand its processor to another thread. The
-// program's NPROC limit counts the init's threads as they are when it
-// starts (programRlimits), so threads started later would come out of the
-// program's share.
+// warmThreads gives the init, before it starts the program, every thread
+// it will need while it supervises, so that its thread count cannot grow
+// afterwards: the program's NPROC limit counts the init's threads as they
+// are when it starts (programRlimits), and a thread the init started later
+// would come out of the program's share (under load the Go runtime used to
+// start one or two more as the program ran, so `--pids 10` allowed 7 more
+// processes rather than 9).
+//
+// It runs the init on one processor (GOMAXPROCS 1): at most one of its
+// threads then runs Go code, and the others it may need at once are those
+// blocked in system calls (wait4, a signal's kill, a pipe's write, the
+// runtime's own). Then it makes warmThreadCount threads exist at once, for
+// sure: as many goroutines each lock themselves to a thread of their own
+// and wait until all are locked, which the runtime can satisfy only with
+// that many distinct threads. They unlock before they end, so the threads
+// are kept, idle, for later (the runtime takes an idle thread before it
+// starts a new one; one that ends locked would be ended). The runtime's
+// own threads (sysmon, the template thread that starts threads for a
+// locked one, as the init's main thread is) exist by then too.
 func warmThreads() {
-	for range 3 {
-		_ = unix.Nanosleep(&unix.Timespec{Nsec: 2e6}, nil)
+	runtime.GOMAXPROCS(1)
+	var locked, done sync.WaitGroup
+	release := make(chan struct{})
+	for range warmThreadCount {
+		locked.Add(1)
+		done.Go(func() {
+			runtime.LockOSThread()
+			locked.Done()
+			<-release
+			runtime.UnlockOSThread()
+		})
 	}
+	locked.Wait()
+	close(release)
+	done.Wait()
 }
+
+// warmThreadCount is how many threads warmThreads makes besides the
+// init's main one (blocked in wait4 while it supervises): more than the
+// init can need at once on one processor (one running, the signal
+// forwarder's kill, a write to the host, the runtime's scavenger).
+const warmThreadCount = 4
 
 // superviseChild forwards signals from the host to the program, reaps
 // every process that ends in the jail, and returns the program's exit
