@@ -4,7 +4,8 @@
 // in one run: the pipeline before issue 26 on a fresh host, the current
 // one on a fresh host (a first burst), and a repeated burst on that host
 // once its pool has refilled to the burst it remembers
-// (session.ManagerOptions.PoolPeakHold).
+// (session.ManagerOptions.PoolPeakHold); and, where the face has it, a
+// fourth: the first burst on a fresh host configured for it (--pool n).
 package burst
 
 import (
@@ -148,24 +149,31 @@ type Face struct {
 	// Profile, if set, records the burst named old, first or repeated
 	// (ProfileFromEnv: BURST_PROFILE); it returns what stops it.
 	Profile func(name string) (stop func())
-	// Note, if set, is called after each burst (old, first or repeated)
-	// and says what the face saw of it (for a cell: the sessions per host).
+	// Note, if set, is called after each burst (old, first, repeated or
+	// sized) and says what the face saw of it (for a cell: the sessions
+	// per host).
 	Note func(name string) string
+	// StartSized, if set, starts a fresh host (or cell) configured for
+	// bursts of N (`serve --pool N`: that many kernels kept ready from
+	// its start) and waits until its pool holds them: a fourth burst,
+	// "sized", measures what a deployment that expects such bursts gets
+	// from its very first one. It returns as Start does.
+	StartSized func() (one One, pool func() (Pool, error), stop func())
 }
 
-// Rows are the three bursts of one run.
+// Rows are the bursts of one run (Sized only with Face.StartSized).
 type Rows struct {
-	Old, First, Again Result
+	Old, First, Again, Sized Result
 	// Refill is how long after the first burst's last answer the
 	// repeated one was sent; Waited says so, with the pool it found.
 	Refill time.Duration
 	Waited string
 }
 
-// Three runs the three bursts of f in turn (each host stopped before the
-// next starts), logs them in two lines (the testing package keeps only a
-// benchmark's first ten) and fails b unless every client of each
-// succeeded.
+// Three runs the three bursts of f in turn, and the sized one if f has
+// StartSized (each host stopped before the next starts), logs them in two
+// or three lines (the testing package keeps only a benchmark's first ten)
+// and fails b unless every client of each succeeded.
 func Three(b *testing.B, f Face) Rows {
 	b.Helper()
 	profile := func(name string) func() (stop func()) {
@@ -187,7 +195,7 @@ func Three(b *testing.B, f Face) Rows {
 	stop()
 
 	one, pool, stop := f.Start(false)
-	defer stop()
+	defer func() { stop() }() // the sized host's, once it replaces this one
 	r.First = run(one, "first")
 	// The pool refills to the burst it remembers: sent once it has (and
 	// the first burst's sessions are gone), or after two minutes whatever
@@ -220,10 +228,21 @@ func Three(b *testing.B, f Face) Rows {
 	r.Again = run(one, "repeated")
 	b.Logf("old pipeline (fresh host): %s | first burst (fresh host): %s", r.Old, r.First)
 	b.Logf("repeated burst (%s): %s", r.Waited, r.Again)
-	for _, x := range []struct {
+	rows := []struct {
 		name string
 		Result
-	}{{"old pipeline", r.Old}, {"first burst", r.First}, {"repeated burst", r.Again}} {
+	}{{"old pipeline", r.Old}, {"first burst", r.First}, {"repeated burst", r.Again}}
+	if f.StartSized != nil {
+		stop()
+		one, _, stop = f.StartSized()
+		r.Sized = run(one, "sized")
+		b.Logf("sized pool (a fresh host with --pool %d, its first burst): %s", f.N, r.Sized)
+		rows = append(rows, struct {
+			name string
+			Result
+		}{"sized pool", r.Sized})
+	}
+	for _, x := range rows {
 		if x.OK != f.N {
 			b.Errorf("%s: %d of %d succeeded: %v", x.name, x.OK, f.N, x.FirstErr)
 		}
@@ -259,6 +278,10 @@ func Report(b *testing.B, rs []Rows) {
 		b.ReportMetric(op50/rp50, "repeat-p50-speedup")
 	}
 	b.ReportMetric(mean(func(r Rows) time.Duration { return r.Refill })/1000, "refill-s")
+	if rs[0].Sized.N > 0 {
+		b.ReportMetric(mean(func(r Rows) time.Duration { return r.Sized.P50 }), "sized-p50-ms")
+		b.ReportMetric(mean(func(r Rows) time.Duration { return r.Sized.P95 }), "sized-p95-ms")
+	}
 	b.ReportMetric(0, "ns/op")
 }
 
