@@ -302,7 +302,7 @@ func New(ctx context.Context, ln net.Listener, cfg *Config) (_ *Host, err error)
 		PoolSize: h.cfg.PoolSize, MaxSessions: h.cfg.MaxSessions, IdleTimeout: h.cfg.IdleTimeout, IdleAction: h.cfg.IdleAction,
 		MaxLifetime: h.cfg.MaxLifetime, ExecTimeout: h.cfg.ExecTimeout, Defaults: h.cfg.Defaults, Max: h.cfg.Max,
 		DefaultEgress: eg.DefaultPolicy(), EgressCache: h.cfg.WheelCache, Logger: h.log, Zygote: zy,
-		FixedPool: h.cfg.OldPipeline, PoolMemory: max(poolMem, 1),
+		FixedPool: h.cfg.OldPipeline, PoolMemory: max(poolMem, 1), PoolPeakFile: h.poolPeakFile(),
 		// E2B's sandboxes run commands: pooled kernels make a join ahead
 		// while sandboxes have started commands lately (CommandsRecent).
 		PrepareCommands: h.cfg.E2B && !h.cfg.ColdCommands && !h.cfg.OldPipeline,
@@ -697,6 +697,16 @@ func (h *Host) Close() error {
 		}
 	})
 	return h.closeErr
+}
+
+// poolPeakFile is where the pool keeps the bursts it remembers for the
+// next server on the same data directory (session.ManagerOptions
+// PoolPeakFile); none without one.
+func (h *Host) poolPeakFile() string {
+	if h.cfg.DataDir == "" {
+		return ""
+	}
+	return filepath.Join(h.cfg.DataDir, "pool-peaks.json")
 }
 
 // shelves says whether shutdown puts the sessions to sleep on snapshots

@@ -115,6 +115,11 @@ type ManagerOptions struct {
 	// minutes; negative: bursts are not remembered (the pool follows the
 	// arrival rate only).
 	PoolPeakHold time.Duration
+	// PoolPeakFile, if set, is where the bursts the pool remembers are
+	// kept (poolpeak.go), so that a manager started on the same file
+	// within PoolPeakHold of a burst fills its pool for it at once, as the
+	// manager before it did.
+	PoolPeakFile string
 	// PoolIdleShrink is how long without a create before the kernels
 	// above the pool's target are closed. If zero, 30 seconds.
 	PoolIdleShrink time.Duration
@@ -600,6 +605,10 @@ type Manager struct {
 	keeperDeaths []int64
 
 	fair fairPool // without FixedPool (pool.go)
+	// peakSave is the write of PoolPeakFile due (poolpeak.go), under mu;
+	// peakFileMu orders the writes.
+	peakSave   *time.Timer
+	peakFileMu sync.Mutex
 
 	usage samplers // the sessions whose metrics are watched (usage.go)
 
@@ -696,6 +705,17 @@ func NewManager(o *ManagerOptions) *Manager {
 		shutting: map[string]*Managed{},
 		refill:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
+	}
+	if opts.PoolPeakFile != "" && !opts.FixedPool && opts.PoolPeakHold > 0 {
+		peaks, err := m.loadPeaks(time.Now())
+		if err != nil {
+			log.Warn("the bursts the last server's pool remembered are not read; the pool starts without them", "file", opts.PoolPeakFile, "err", err)
+		}
+		if len(peaks) > 0 {
+			m.fair.peaks = peaks
+			log.Info("the pool remembers the largest burst before the restart and fills for it", "creates", peaks[0].n,
+				"within", poolRateWindow, "at", peaks[0].at.UTC().Format(time.RFC3339), "until", peaks[0].at.Add(opts.PoolPeakHold).UTC().Format(time.RFC3339))
+		}
 	}
 	m.wg.Add(2)
 	if opts.FixedPool {
@@ -1167,6 +1187,9 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	if m.peakSave != nil {
+		defer m.savePeaks(true) // once the manager's lock is let go
+	}
 	for _, w := range m.fair.waiters {
 		w.ch <- nil // they find the manager closed
 	}

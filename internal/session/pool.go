@@ -184,6 +184,7 @@ func (m *Manager) tookLocked(now time.Time) {
 		f.peaks = f.peaks[:len(f.peaks)-1]
 	}
 	f.peaks = append(f.peaks, poolPeak{n, now})
+	m.peaksChangedLocked()
 }
 
 // peakLocked is the largest burst seen in the last PoolPeakHold (n 0 if

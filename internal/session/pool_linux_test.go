@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -296,5 +297,49 @@ func TestStatsSpares(t *testing.T) {
 	t.Cleanup(func() { cold.Close() })
 	if st := cold.Stats(); st.Spares != 0 {
 		t.Errorf("without a zygote: %+v", st)
+	}
+}
+
+// A manager started on the PoolPeakFile of one that saw a burst (a
+// restarted server) fills its pool for that burst before any create.
+func TestPoolPeakKeptForTheNextManager(t *testing.T) {
+	if a := memAvailable(); a < poolMinAvailable {
+		t.Skipf("the host has %d MiB available: the pool does not grow past PoolSize below %d MiB", a>>20, poolMinAvailable>>20)
+	}
+	const pool, burst = 1, 6
+	o := ManagerOptions{PoolSize: pool, MaxSessions: 16, PoolMemory: -1, PoolPeakHold: 10 * time.Minute,
+		PoolPeakFile: filepath.Join(t.TempDir(), "pool-peaks.json")}
+	m := newForkingManager(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, burst)
+	for i := range burst {
+		wg.Go(func() {
+			s, err := m.Create(ctx, CreateOptions{Owner: "o"})
+			if err == nil {
+				err = m.Delete("o", s.ID())
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next := newForkingManager(t, o)
+	testutil.WaitFor(t, 2*time.Minute, func() error {
+		if st := next.Stats(); st.PoolReady != burst || st.PoolTarget != burst || !strings.Contains(st.PoolReason, "largest burst") {
+			return fmt.Errorf("the next manager's pool holds %d kernels, target %d (%s), want %d for the burst", st.PoolReady, st.PoolTarget, st.PoolReason, burst)
+		}
+		return nil
+	})
+	next.mu.Lock()
+	defer next.mu.Unlock()
+	if next.fair.arrivals != 0 {
+		t.Errorf("%d creates reached the next manager's pool, want none", next.fair.arrivals)
 	}
 }

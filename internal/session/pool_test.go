@@ -1,6 +1,10 @@
 package session
 
 import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -205,4 +209,72 @@ func BenchmarkPoolTarget(b *testing.B) {
 	b.ReportMetric(float64(after.Nanoseconds())/float64(b.N), "now-ns")
 	b.Logf("target %d: %v per call with the reason, %v without (%.1fx)", n2,
 		before/time.Duration(b.N), after/time.Duration(b.N), float64(before)/float64(max(after, 1)))
+}
+
+// The bursts the pool remembers are kept in PoolPeakFile for the next
+// manager: it reads back those still remembered (in tookLocked's order,
+// whatever the file's), none once PoolPeakHold has passed, and says what
+// is wrong with a file it cannot read. Takes are made up, as above.
+func TestPoolPeakFile(t *testing.T) {
+	const hold = time.Minute
+	file := filepath.Join(t.TempDir(), "data", "pool-peaks.json")
+	newM := func() *Manager {
+		return &Manager{opts: ManagerOptions{PoolPeakHold: hold, PoolPeakFile: file}, sessions: map[string]*Managed{}, log: slog.New(slog.DiscardHandler)}
+	}
+	t0 := time.Date(2026, 12, 7, 7, 0, 0, 0, time.UTC)
+	m := newM()
+	for i := range 9 { // a burst of 9, then one of 4 ten seconds later
+		m.tookLocked(t0.Add(time.Duration(i) * time.Millisecond))
+	}
+	for i := range 4 {
+		m.tookLocked(t0.Add(10*time.Second + time.Duration(i)*time.Millisecond))
+	}
+	if m.peakSave == nil {
+		t.Fatal("no write of the peaks is due after a burst")
+	}
+	m.savePeaks(false)
+	if m.peakSave != nil {
+		t.Error("the write is still due once done")
+	}
+	type peak struct {
+		n  int
+		at time.Time
+	}
+	read := func(now time.Time) []peak {
+		t.Helper()
+		peaks, err := newM().loadPeaks(now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []peak
+		for _, p := range peaks {
+			got = append(got, peak{p.n, p.at})
+		}
+		return got
+	}
+	want := []peak{{9, t0.Add(8 * time.Millisecond)}, {4, t0.Add(10*time.Second + 3*time.Millisecond)}}
+	if got := read(t0.Add(30 * time.Second)); !slices.EqualFunc(got, want, func(a, b peak) bool { return a.n == b.n && a.at.Equal(b.at) }) {
+		t.Errorf("peaks read back within the hold: %v, want %v", got, want)
+	}
+	if got := read(t0.Add(hold + 5*time.Second)); len(got) != 1 || got[0].n != 4 {
+		t.Errorf("peaks read back once the largest is forgotten: %v, want only the burst of 4", got)
+	}
+	if got := read(t0.Add(hold + 11*time.Second)); len(got) != 0 {
+		t.Errorf("peaks read back after the hold: %v, want none", got)
+	}
+	// A file in another order (written by hand, or by a later version)
+	// is put back in order: a later burst as large replaces an earlier one.
+	if err := os.WriteFile(file, []byte(`{"peaks":[{"creates":2,"at":"2026-12-07T07:00:07Z"},{"creates":3,"at":"2026-12-07T07:00:00Z"},{"creates":5,"at":"2026-12-07T07:00:05Z"},{"creates":0,"at":"2026-12-07T07:00:06Z"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want = []peak{{5, t0.Add(5 * time.Second)}, {2, t0.Add(7 * time.Second)}}
+	if got := read(t0.Add(10 * time.Second)); !slices.EqualFunc(got, want, func(a, b peak) bool { return a.n == b.n && a.at.Equal(b.at) }) {
+		t.Errorf("peaks read back from a file out of order: %v, want %v", got, want)
+	}
+	if err := os.WriteFile(file, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if peaks, err := newM().loadPeaks(t0); err == nil || len(peaks) != 0 {
+		t.Errorf("a broken file: %v, %v; want an error and no peaks", peaks, err)
+	}
 }
