@@ -53,6 +53,9 @@ type sandbox struct {
 	// lossSaid: the restore of a lost sandbox that runCode told of
 	// (lossNotice), so that it is told once.
 	lossSaid string
+	// userSaid: a command was told it runs as the sandbox's user, not
+	// the one it asked for (userNotice).
+	userSaid bool
 }
 
 func (sb *sandbox) deadline() time.Time {

@@ -542,6 +542,20 @@ func TestProcessRPC(t *testing.T) {
 	if _, ok := msgs[0]["event"].(map[string]any)["start"]; !ok {
 		t.Errorf("first event is not start: %v", msgs[0])
 	}
+	// The SDKs' `user` (a Basic user name): E2B's "user" is the sandbox's
+	// own; a command asked to run as root runs as it too, and the first
+	// such command says so on its stderr, before its own output.
+	basic := func(name string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(name+":")) }
+	for i, u := range []struct{ user, notice string }{
+		{"user", ""},
+		{"root", `[sandloop] this sandbox has one user and no root: commands asked to run as "root" run as that user (sandbox, uid 1000)` + "\n"},
+		{"root", ""},
+	} {
+		msgs, _ := ts.stream(t, c, "process.Process/Start", bash("id -u; echo e >&2", nil), "Authorization", basic(u.user))
+		if _, out, errOut, end := events(t, msgs); out != "1000\n" || errOut != u.notice+"e\n" || end["exitCode"] != nil && end["exitCode"] != 0.0 {
+			t.Errorf("command %d as %q: stdout %q, stderr %q (want %q), end %v", i, u.user, out, errOut, u.notice+"e\n", end)
+		}
+	}
 	os.MkdirAll(filepath.Join(ts.h.lookup(c.SandboxID).ms.Workspace(), "sub"), 0o777)
 	msgs, _ = ts.stream(t, c, "process.Process/Start", bash("pwd", map[string]any{"cwd": "/workspace/sub"}))
 	if _, out, _, _ := events(t, msgs); out != "/workspace/sub\n" {

@@ -2,10 +2,12 @@ package e2b
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path"
 	"sort"
@@ -371,6 +373,9 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 	}
 	p.pty = terminal != nil
 	sub := p.subscribe()
+	if n := sb.userNotice(req.Header()); n != "" {
+		_, _ = outWriter{p, true}.Write([]byte(n)) // before the command's own output
+	}
 	// The process belongs to the sandbox, not to this request: a client
 	// that goes away leaves it running (background commands).
 	// It runs inside the sandbox's own jail, beside the kernel: the same
@@ -433,6 +438,42 @@ func (h *Handler) start(ctx context.Context, req *connect.Request[startRequest],
 		h.writeTrace(p)
 	}
 	return err
+}
+
+// userNotice is what the first command of a sandbox asked to run as a
+// user it does not have (the SDKs' `user: 'root'`, sent as the
+// Authorization header's Basic user name) says on its stderr, before its
+// own output: a sandbox has one user, and no root, so the command runs as
+// that user. Said once per sandbox; "" for every other command. (Files
+// need no notice: what the user may not write fails, saying so.)
+func (sb *sandbox) userNotice(h http.Header) string {
+	name := basicUser(h.Get("Authorization"))
+	if name == "" || name == sandboxUser || name == jail.SandboxUser {
+		return ""
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.userSaid {
+		return ""
+	}
+	sb.userSaid = true
+	return fmt.Sprintf("[sandloop] this sandbox has one user and no root: commands asked to run as %q run as that user (%s, uid %d)\n",
+		name, jail.SandboxUser, jail.SandboxUID)
+}
+
+// basicUser is the user name of an Authorization header's Basic
+// credentials ("" if there are none).
+func basicUser(auth string) string {
+	scheme, cred, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return ""
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return ""
+	}
+	name, _, _ := strings.Cut(string(b), ":")
+	return name
 }
 
 // writeTrace writes p's stages to Options.CommandTrace.

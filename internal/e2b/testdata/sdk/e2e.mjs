@@ -140,6 +140,12 @@ async function common(Sandbox, sbx, label) {
     assert.equal(r.exitCode, 0)
     assert.equal(r.stdout, 'out\n/home/user\nbar-cmd\ndeep')
     assert.equal(r.stderr, 'err\n')
+    // No root in a sandbox: a command asked to run as root runs as its
+    // user, and the first says so on its stderr.
+    const asRoot = await sbx.commands.run('id -u', { user: 'root' })
+    assert.equal(asRoot.stdout, '1000\n')
+    assert.match(asRoot.stderr, /^\[sandloop\] this sandbox has one user and no root: commands asked to run as "root" run as that user/)
+    assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stderr, '')
     const inDir = await sbx.commands.run('pwd', { cwd: '/workspace/sub' })
     assert.equal(inDir.stdout.trim(), '/workspace/sub')
     const failed = await throws(() => sbx.commands.run('echo partial; exit 3'))
