@@ -74,9 +74,10 @@ func (m *Manager) peaksChangedLocked() {
 	m.peakSave = time.AfterFunc(peakSaveDelay, func() { m.savePeaks(false) })
 }
 
-// savePeaks writes the peaks to PoolPeakFile if a write is due (all:
-// even if none is, as the manager closes). A failure is logged: the pool
-// works on without it, the next server starts without the memory.
+// savePeaks writes the peaks to PoolPeakFile if a write is due; once the
+// manager is closed, only for its Close (closing), which writes the one
+// still due. A failure is logged: the pool works on without it, the next
+// server starts without the memory.
 func (m *Manager) savePeaks(closing bool) {
 	// One write at a time, and a close waits for one under way (the
 	// directory may be removed once the manager is closed).
