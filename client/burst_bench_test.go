@@ -29,8 +29,8 @@ import (
 //     session.ManagerOptions.PoolPeakHold); how long that refill took after
 //     the first burst's last answer is printed too;
 //   - "sized pool": the first burst on a fresh host started with a pool
-//     of 100 (`serve --pool 100`, what a deployment that expects bursts
-//     of 100 sets), once those kernels are ready.
+//     of 100 (`serve --pool 100 --max-sessions 128`, what a deployment
+//     that expects bursts of 100 sets), once those kernels are ready.
 //
 // It prints for each the successes, p50, p95 and the last answer, and the
 // sessions made per second over the burst; -benchtime 1x is one of each.

@@ -228,6 +228,9 @@ func (sf *serveFlags) config(logTo io.Writer) (*host.Config, error) {
 	if cfg.MaxSessions == 0 {
 		return nil, usagef("--max-sessions 0 is not a limit: give the number of sessions held at once, at least 1 (default 64)")
 	}
+	if cfg.PoolSize > cfg.MaxSessions {
+		return nil, usagef("--pool %d is more than --max-sessions %d: the sandboxes kept ready are for sessions to come, and at most --max-sessions are held at once; raise --max-sessions or lower --pool", cfg.PoolSize, cfg.MaxSessions)
+	}
 	if cfg.WheelCache, err = openWheelCache(sf.wheelCache, cfg.DataDir, sf.wheelCacheSize, sf.pipIndex, cfg.Logger); err != nil {
 		return nil, err
 	}

@@ -120,6 +120,7 @@ for p in ps: p.kill(); p.wait()`
 		{[]string{"exec", "--pids", "3", "-c", "1"}, "--pids must be at least 8"},
 		{[]string{"exec", "--memory", "8M", "-c", "1"}, "--memory must be at least 16M"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-sessions", "0"}, "--max-sessions 0 is not a limit"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--pool", "100"}, "--pool 100 is more than --max-sessions 64"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-pids", "0"}, "--max-pids 0 is not a limit"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--max-files", "3"}, "--max-files must be at least 16"},
 		{[]string{"serve", "--addr", "127.0.0.1:0", "--spare-memory", "0"}, `"0" is not a size (use e.g. 512M or 2G)`},
