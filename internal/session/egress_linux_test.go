@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -270,7 +271,32 @@ func TestEgressPooledManager(t *testing.T) {
 	}
 	// A default session takes the next pooled kernel, whose listener is
 	// closed: nothing answers on the proxy's port, which the code may use.
+	// It stops listening even while another descriptor of it is open, as
+	// in a child this process forks at that moment (the pool starts the
+	// next kernel at once: a copy of every descriptor until it executes):
+	// the test holds one of each pooled kernel's listener.
 	waitPool()
+	var copies []int
+	m.mu.Lock()
+	for _, s := range m.pool {
+		s.mu.Lock()
+		if ln, ok := s.standby.(syscall.Conn); ok {
+			rc, err := ln.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Control(func(fd uintptr) {
+				if c, err := syscall.Dup(int(fd)); err == nil {
+					copies = append(copies, c)
+				}
+			})
+		}
+		s.mu.Unlock()
+	}
+	m.mu.Unlock()
+	if len(copies) == 0 {
+		t.Fatal("no pooled kernel holds a listener on standby")
+	}
 	plain, err := m.Create(context.Background(), CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -289,10 +315,16 @@ try:
     print("connected")
 except Exception as e:
     print(type(e).__name__)
-s = socket.socket(); s.bind(("127.0.0.1", %d)); s.listen(); print("bound")
-`, egress.Port, egress.Port))
-	if want := "proxy vars: []\nConnectionRefusedError\nbound\n"; res.Stdout != want {
+`, egress.Port))
+	if want := "proxy vars: []\nConnectionRefusedError\n"; res.Stdout != want {
 		t.Errorf("a none-mode pooled session: %q %q, want %q", res.Stdout, res.Stderr, want)
+	}
+	for _, c := range copies {
+		syscall.Close(c)
+	}
+	res = runCode(t, plain.Session, fmt.Sprintf(`s = socket.socket(); s.bind(("127.0.0.1", %d)); s.listen(); print("bound")`, egress.Port))
+	if res.Stdout != "bound\n" {
+		t.Errorf("a none-mode pooled session binding the proxy's port: %q %q", res.Stdout, res.Stderr)
 	}
 }
 

@@ -12,10 +12,12 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/sandloop/sandloop/internal/egress"
 	"github.com/sandloop/sandloop/internal/jail"
 	"github.com/sandloop/sandloop/internal/kernel"
+	"golang.org/x/sys/unix"
 )
 
 // KernelPath is where kernel.py is placed inside the jail (read-only).
@@ -172,8 +174,29 @@ func (s *Session) closeStandby() {
 	s.standby = nil
 	s.mu.Unlock()
 	if ln != nil {
+		stopListening(ln)
 		ln.Close()
 	}
+}
+
+// stopListening makes ln's socket stop listening now, whatever other
+// descriptors of it exist: a child this server is forking at the moment
+// (a jail or a kernel starting) holds a copy of every descriptor until it
+// executes its program, and until then closing ln alone would leave the
+// socket listening on the session's loopback, where the session's code
+// could connect to it (and find nobody serving) or fail to bind its port.
+// shutdown(2) acts on the socket, not the descriptor: a listening TCP
+// socket goes to the closed state and refuses connections at once.
+func stopListening(ln net.Listener) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
 // ArmEgress lets a session started with Options.EgressStandby out through
