@@ -65,8 +65,9 @@ const (
 var HostID = 65534
 
 // initThreads is the room kept above Limits.Pids for the jail's init, whose
-// Go runtime runs 7 to 10 threads (more under load) as the program's user, in
-// the program's group. Too little room would fail the init, not the program.
+// Go runtime runs 7 to 12 threads (10 to 12 where warmThreads made them
+// ahead) as the program's user, in the program's group. Too little room
+// would fail the init, not the program.
 const initThreads = 16
 
 // DefaultPython is the interpreter used inside the jail.

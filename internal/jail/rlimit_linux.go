@@ -47,9 +47,10 @@ func applyRlimits(set []rlimit) error {
 // same user) included: the program's limit is its own share plus the
 // threads the init has when it starts the program, so that --pids 8 means
 // 8 of the program's processes and threads, not 8 and the init's spare
-// room. (If the init starts more threads later, they come out of the
-// program's share; the init itself is never refused a thread: its own
-// NPROC is not lowered, and the cgroup keeps room for it.)
+// room. The init makes every thread it needs before the fork
+// (warmThreads), so none comes out of the program's share later; and it is
+// never refused one: its own NPROC is not lowered, and the cgroup keeps
+// room for it.
 func programRlimits(cfg *initConfig) []rlimit {
 	var set []rlimit
 	if cfg.RlimitMemory {
