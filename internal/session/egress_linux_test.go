@@ -26,6 +26,7 @@ import (
 	"github.com/sandloop/sandloop/internal/kernel"
 	"github.com/sandloop/sandloop/internal/testutil"
 	"github.com/sandloop/sandloop/internal/zygote"
+	"golang.org/x/sys/unix"
 )
 
 // egressWorld is a package index and another HTTPS site, both on this
@@ -286,7 +287,10 @@ func TestEgressPooledManager(t *testing.T) {
 				t.Fatal(err)
 			}
 			rc.Control(func(fd uintptr) {
-				if c, err := syscall.Dup(int(fd)); err == nil {
+				// Close-on-exec, as every descriptor of the server: a
+				// copy without it would outlive the exec of the next
+				// jail's init and be held there for its whole life.
+				if c, err := unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0); err == nil {
 					copies = append(copies, c)
 				}
 			})
@@ -321,7 +325,7 @@ except Exception as e:
 	}
 	// Its port is free for the code once no descriptor of the old socket
 	// is left: the test's copies closed, and a child being forked (above)
-	// past its exec, within milliseconds (seen: one retry of 10 ms).
+	// past its exec, within milliseconds.
 	for _, c := range copies {
 		syscall.Close(c)
 	}
