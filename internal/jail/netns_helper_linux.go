@@ -106,9 +106,11 @@ func dialViaHelper(ctx context.Context, pidfd, port int) (net.Conn, error) {
 	}
 	got, err := unix.ParseUnixRights(&msgs[0])
 	if err != nil || len(got) != 1 {
+		for _, fd := range got {
+			unix.Close(fd)
+		}
 		return nil, errors.New("enter the sandbox's network: the helper sent no socket")
 	}
-	unix.CloseOnExec(got[0])
 	f := os.NewFile(uintptr(got[0]), "sandbox-port")
 	defer f.Close()
 	return net.FileConn(f)
@@ -122,7 +124,9 @@ func recvmsg(f *os.File, buf, oob []byte) (n, oobn int, err error) {
 	}
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
-		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+		// Close-on-exec from the start: a child this server forks and
+		// executes meanwhile (a jail's init) must not keep the socket.
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
 		return rerr != unix.EAGAIN
 	})
 	if err == nil {
