@@ -234,6 +234,7 @@ func Three(b *testing.B, f Face) Rows {
 	}{{"old pipeline", r.Old}, {"first burst", r.First}, {"repeated burst", r.Again}}
 	if f.StartSized != nil {
 		stop()
+		stop = func() {} // closed: not again if StartSized fails
 		one, _, stop = f.StartSized()
 		r.Sized = run(one, "sized")
 		b.Logf("sized pool (a fresh host with --pool %d, its first burst): %s", f.N, r.Sized)
