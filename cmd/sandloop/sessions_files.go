@@ -124,9 +124,10 @@ files are left out, and counted.`,
 		Short: "Copy a file or directory of a session's workspace here (to LOCAL, by default its name; - for stdout)",
 		Long: `Copy PATH (relative to /workspace), a file or a directory with everything under it, from
 the session to LOCAL (by default PATH's name, here; a file goes into LOCAL if LOCAL is a
-directory, a directory's contents go into LOCAL; - writes a file to stdout). Before writing anything it checks that no local file holding something
-else would be overwritten: those are listed and nothing is written, unless --force.
-Symbolic links are left out, and counted.`,
+directory, a directory's contents go into LOCAL; - writes a file to stdout). Before
+writing anything it checks that no local file holding something else would be
+overwritten: those are listed and nothing is written, unless --force. Symbolic links are
+left out, and counted.`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, src := args[0], args[1]
